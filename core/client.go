@@ -1,0 +1,361 @@
+package core
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Client is the lease engine over a Backend. It implements Locker and Admin.
+//
+// A Client runs one renewer goroutine for all of its sessions, which batches
+// every renewal due within half a renew interval into one Backend.Renew call,
+// and, while anyone waits in Acquire, one Watcher goroutine. Close stops both
+// and waits for them.
+type Client struct {
+	b       Backend
+	name    string
+	cfg     clientConfig
+	obs     Observer
+	watcher Watcher
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[*session]struct{}
+	waiters  map[string]map[chan struct{}]struct{}
+	renewing bool // renewer goroutine started
+	watching bool // watcher goroutine started
+	wake     chan struct{}
+}
+
+var (
+	_ Locker = (*Client)(nil)
+	_ Admin  = (*Client)(nil)
+)
+
+// New returns a Client over b. Options given by WithDefaults are validated
+// here, so a bad default fails now rather than at the first acquisition.
+func New(b Backend, opts ...ClientOption) (*Client, error) {
+	if b == nil {
+		return nil, invalidOption("Backend", "nil")
+	}
+	cfg := clientConfig{releaseTimeout: DefaultReleaseTimeout}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if len(cfg.errs) > 0 {
+		return nil, cfg.errs[0]
+	}
+	if _, err := resolve(cfg.defaults, nil); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		b: b, name: b.Name(), cfg: cfg, obs: cfg.observer,
+		ctx: ctx, cancel: cancel,
+		sessions: make(map[*session]struct{}),
+		waiters:  make(map[string]map[chan struct{}]struct{}),
+		wake:     make(chan struct{}, 1),
+	}
+	c.watcher, _ = b.(Watcher)
+	return c, nil
+}
+
+// Backend returns the backend the client runs on.
+func (c *Client) Backend() Backend { return c.b }
+
+// TryAcquire implements Locker.
+func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (Session, error) {
+	return c.acquire(ctx, key, opts, ModeTry)
+}
+
+// Acquire implements Locker.
+func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (Session, error) {
+	return c.acquire(ctx, key, opts, ModeWait)
+}
+
+func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mode) (s Session, err error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	cfg, err := resolve(c.cfg.defaults, opts)
+	if err != nil {
+		return nil, err
+	}
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
+	slot := cfg.schedule != nil
+	obsCtx := ctx
+	start := time.Now()
+	attempts := 0
+	if c.obs != nil {
+		obsCtx = c.obs.AcquireStart(ctx, AcquireStartEvent{Backend: c.name, Key: key, Mode: mode, Slot: slot})
+		defer func() {
+			c.obs.AcquireEnd(obsCtx, AcquireEndEvent{Backend: c.name, Key: key, Mode: mode, Slot: slot,
+				Session: s, Attempts: attempts, Wait: time.Since(start), Err: err})
+		}()
+	}
+	if cfg.jitter > 0 {
+		if err := sleepCtx(ctx, mrand.N(cfg.jitter+1)); err != nil {
+			return nil, errJoin(ErrNotAcquired, err)
+		}
+	}
+	var wake chan struct{}
+	if mode == ModeWait {
+		wake = c.addWaiter(key)
+		defer c.removeWaiter(key, wake)
+	}
+	var timer *time.Timer
+	for {
+		attempts++
+		ss, err := c.attempt(ctx, obsCtx, key, cfg)
+		if err == nil {
+			return ss, nil
+		}
+		var busy *NotAcquiredError
+		if mode == ModeTry || !errors.As(err, &busy) {
+			if ctx.Err() != nil && !errors.Is(err, ErrNotAcquired) {
+				return nil, errJoin(ErrNotAcquired, ctx.Err(), err)
+			}
+			return nil, err
+		}
+		d := backoffWait(cfg.backoffMin, cfg.backoffMax, attempts-1)
+		if h := busy.Holder; h != nil && h.Remaining > 0 && h.Remaining < d {
+			d = h.Remaining + time.Millisecond
+		}
+		if timer == nil {
+			timer = time.NewTimer(d)
+			defer timer.Stop()
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errJoin(ErrNotAcquired, ctx.Err())
+		case <-c.ctx.Done():
+			return nil, ErrClosed
+		case <-wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// backoffWait is the n-th (0-based) polling wait: uniform in
+// [min, min(max, min·2^n)]. It depends only on its arguments (and randomness).
+func backoffWait(min, max time.Duration, n int) time.Duration {
+	hi := min
+	for i := 0; i < n && hi < max; i++ {
+		hi *= 2
+	}
+	if hi > max {
+		hi = max
+	}
+	if hi <= min {
+		return min
+	}
+	return min + mrand.N(hi-min+1)
+}
+
+// attempt makes one claim of key.
+func (c *Client) attempt(ctx, obsCtx context.Context, key string, cfg config) (*session, error) {
+	req := AcquireRequest{Key: key, Owner: cfg.owner, OwnerToken: rand.Text(), TTL: cfg.ttl}
+	var serverNow time.Time
+	if cfg.schedule != nil {
+		now, err := c.b.Now(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("dislock: %s: read store clock: %w", c.name, err)
+		}
+		serverNow = now
+		req.ExpireAt = SlotEnd(cfg.schedule, now, cfg.tolerance)
+		if !req.ExpireAt.After(now) {
+			return nil, invalidOption("ForSlot", "schedule has no slot after %v", now)
+		}
+	}
+	sent := time.Now()
+	lease, err := c.b.TryAcquire(ctx, req)
+	if err != nil {
+		if errors.Is(err, ErrNotAcquired) {
+			return nil, err
+		}
+		// The claim may have been applied before the failure: undo it by
+		// owner token so that nothing stays held until its TTL.
+		c.releaseDetached(ctx, key, req.OwnerToken)
+		return nil, fmt.Errorf("dislock: %s: acquire %q: %w", c.name, key, err)
+	}
+	s := &session{
+		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token,
+		slot: cfg.schedule != nil, ttl: cfg.ttl, interval: cfg.renewInterval,
+		renewDeadline: cfg.renewDeadline, minHold: cfg.minHold,
+		acquiredAt: sent, obsCtx: context.WithoutCancel(obsCtx),
+		done: make(chan struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	if s.slot {
+		base := lease.AcquiredAt
+		if base.IsZero() {
+			base = serverNow
+		}
+		s.deadline = sent.Add(lease.ExpiresAt.Sub(base))
+	} else {
+		s.deadline = sent.Add(cfg.renewDeadline)
+		s.nextRenew = sent.Add(cfg.renewInterval)
+	}
+	if !c.register(s) {
+		c.releaseDetached(ctx, key, req.OwnerToken)
+		return nil, ErrClosed
+	}
+	return s, nil
+}
+
+// register adds s to the renewer; false when the client is closed.
+func (c *Client) register(s *session) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.sessions[s] = struct{}{}
+	if !c.renewing {
+		c.renewing = true
+		c.wg.Add(1)
+		go c.renewLoop()
+	}
+	c.kick()
+	return true
+}
+
+func (c *Client) kick() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Client) unregister(s *session) {
+	c.mu.Lock()
+	delete(c.sessions, s)
+	c.mu.Unlock()
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// releaseDetached releases key by owner token on a context that ignores the
+// caller's cancellation but keeps its values, bounded by the release timeout.
+func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+	defer cancel()
+	err := c.b.Release(rctx, ReleaseRequest{Key: key, OwnerToken: ownerToken})
+	if err == nil {
+		c.notify(key)
+	}
+	return err
+}
+
+// Close implements Locker: it releases every session, stops the renewer and
+// the watcher, and waits for them.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	list := make([]*session, 0, len(c.sessions))
+	for s := range c.sessions {
+		list = append(list, s)
+	}
+	c.mu.Unlock()
+
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, 16)
+	)
+	for _, s := range list {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := s.release(context.Background(), ErrClosed); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	c.cancel()
+	c.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Inspect implements Admin when the backend does.
+func (c *Client) Inspect(ctx context.Context, key string) (Info, bool, error) {
+	if err := ValidateKey(key); err != nil {
+		return Info{}, false, err
+	}
+	a, ok := c.b.(Admin)
+	if !ok {
+		return Info{}, false, ErrUnsupported
+	}
+	return a.Inspect(ctx, key)
+}
+
+// List implements Admin when the backend does.
+func (c *Client) List(ctx context.Context, prefix string) ([]Info, error) {
+	a, ok := c.b.(Admin)
+	if !ok {
+		return nil, ErrUnsupported
+	}
+	return a.List(ctx, prefix)
+}
+
+// ForceRelease implements Admin when the backend does. Waiters are woken.
+func (c *Client) ForceRelease(ctx context.Context, key string) (bool, error) {
+	if err := ValidateKey(key); err != nil {
+		return false, err
+	}
+	a, ok := c.b.(Admin)
+	if !ok {
+		return false, ErrUnsupported
+	}
+	released, err := a.ForceRelease(ctx, key)
+	if released {
+		c.notify(key)
+	}
+	return released, err
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func errJoin(errs ...error) error { return errors.Join(errs...) }
+
+func isReleased(err error) bool { return errors.Is(err, ErrReleased) || errors.Is(err, ErrClosed) }

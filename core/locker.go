@@ -1,0 +1,127 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// Locker takes distributed locks. Implementations are safe for concurrent use
+// by many goroutines.
+//
+// The ctx passed to TryAcquire and Acquire bounds the acquisition only: the
+// Session it returns lives until Release, lease loss or Close, whatever
+// happens to ctx afterwards. Values of ctx (a trace context, say) are kept for
+// the session's background work.
+//
+// Locks are not reentrant: a key this process already holds reads as busy to
+// a second acquisition.
+type Locker interface {
+	// TryAcquire makes one attempt. A lock held elsewhere yields an error
+	// matching ErrNotAcquired (a *NotAcquiredError with the holder's Info when
+	// known); invalid keys and options yield ErrInvalidKey / ErrInvalidOption;
+	// anything else is a backend failure wrapping the driver's error.
+	TryAcquire(ctx context.Context, key string, opts ...Option) (Session, error)
+	// Acquire waits until the lock is held or ctx ends; in the latter case the
+	// error is errors.Join(ErrNotAcquired, ctx.Err()) and nothing is left held.
+	Acquire(ctx context.Context, key string, opts ...Option) (Session, error)
+	// Close releases every session this Locker holds, stops its goroutines
+	// and waits for them. Later calls return ErrClosed.
+	Close() error
+}
+
+// Session is one held lock. It is safe for concurrent use.
+//
+// A Session ends when it is released, when its lease is lost, or when its
+// Locker closes; Done is then closed, Err is non-nil and
+// context.Cause(Context()) tells which (ErrReleased, ErrLeaseLost, ErrClosed).
+type Session interface {
+	// Key is the lock's key.
+	Key() string
+	// Token is the fencing token: it strictly increases with every new
+	// acquisition of Key and stays the same across renewals. Pass it to the
+	// resource you protect and have it reject smaller tokens. 0 when the
+	// backend has no fencing tokens.
+	Token() uint64
+	// Owner is the human-readable owner recorded with the lock.
+	Owner() string
+	// Deadline is the instant, on this process's monotonic clock, until which
+	// this session may act as the holder. Renewals move it forward. Work that
+	// cannot finish before it must not start.
+	Deadline() time.Time
+	// Context is cancelled when the session ends; its cause is ErrLeaseLost,
+	// ErrReleased or ErrClosed. It carries the values of the acquiring ctx.
+	Context() context.Context
+	// Done is closed when the session ends.
+	Done() <-chan struct{}
+	// Err is nil while the session is held, and the reason it ended after.
+	Err() error
+	// Release gives the lock up (or, under MinHold and slot mode, leaves it
+	// to expire at the promised time). It is idempotent, checked against the
+	// owner on the server, and works with a cancelled ctx: the round trip runs
+	// on a detached, bounded context. Releasing a lost session returns nil.
+	Release(ctx context.Context) error
+}
+
+// Admin lets operators look at and break locks. Backends that support it are
+// exposed through *Client, which implements Admin.
+type Admin interface {
+	// Inspect returns the holder of key; ok is false when the key is free.
+	Inspect(ctx context.Context, key string) (info Info, ok bool, err error)
+	// List returns the held locks whose key starts with prefix.
+	List(ctx context.Context, prefix string) ([]Info, error)
+	// ForceRelease deletes key whoever holds it. The holder learns of it at
+	// its next renewal (ErrLeaseLost). released is false when the key was free.
+	ForceRelease(ctx context.Context, key string) (released bool, err error)
+}
+
+type sessionKey struct{}
+
+// WithSession returns a copy of ctx that carries s.
+func WithSession(ctx context.Context, s Session) context.Context {
+	return context.WithValue(ctx, sessionKey{}, s)
+}
+
+// SessionFromContext returns the session carried by ctx, if any.
+func SessionFromContext(ctx context.Context) (Session, bool) {
+	s, ok := ctx.Value(sessionKey{}).(Session)
+	return s, ok
+}
+
+// Bind returns a context that carries s and is cancelled when either ctx is
+// cancelled or s ends; in the latter case its cause is the session's cause
+// (ErrLeaseLost, ErrReleased, ErrClosed). Call the returned cancel function
+// when done with it.
+func Bind(ctx context.Context, s Session) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(WithSession(ctx, s))
+	stop := context.AfterFunc(s.Context(), func() { cancel(context.Cause(s.Context())) })
+	return ctx, func() {
+		stop()
+		cancel(context.Canceled)
+	}
+}
+
+// Do acquires key (waiting, as Acquire does), runs fn with a context that is
+// cancelled if the lease is lost, and releases the lock. It returns fn's
+// error, or an error matching ErrLeaseLost when the lease was lost while fn
+// ran, even if fn returned nil.
+func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context) error, opts ...Option) (err error) {
+	s, err := l.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := Bind(ctx, s)
+	defer cancel()
+	ferr := fn(runCtx)
+	lost := s.Err()
+	rerr := s.Release(ctx)
+	switch {
+	case lost != nil && !isReleased(lost):
+		if ferr != nil {
+			return errJoin(lost, ferr)
+		}
+		return lost
+	case ferr != nil:
+		return ferr
+	}
+	return rerr
+}

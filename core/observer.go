@@ -1,0 +1,176 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// Mode says how an acquisition was asked for.
+type Mode string
+
+// Acquisition modes, as reported to Observers.
+const (
+	ModeTry  Mode = "try"  // TryAcquire
+	ModeWait Mode = "wait" // Acquire
+)
+
+// Observer sees every store operation of a Client, including the background
+// renewals and lease losses no caller is waiting for. Each Start hook returns
+// the context the matching End hook (and, for acquisitions, all later events
+// of that session) receives, so a tracer can keep its span there. Hooks are
+// called synchronously and must be fast and safe for concurrent use.
+//
+// Embed NopObserver to implement only some hooks.
+type Observer interface {
+	AcquireStart(ctx context.Context, e AcquireStartEvent) context.Context
+	AcquireEnd(ctx context.Context, e AcquireEndEvent)
+	RenewStart(ctx context.Context, e RenewStartEvent) context.Context
+	RenewEnd(ctx context.Context, e RenewEndEvent)
+	ReleaseStart(ctx context.Context, e ReleaseStartEvent) context.Context
+	ReleaseEnd(ctx context.Context, e ReleaseEndEvent)
+	// Lost is called once when a session's lease is lost. ctx is the one
+	// AcquireEnd received.
+	Lost(ctx context.Context, e LostEvent)
+}
+
+// AcquireStartEvent starts an acquisition.
+type AcquireStartEvent struct {
+	Backend string
+	Key     string
+	Mode    Mode
+	Slot    bool // the acquisition is for a schedule slot (ForSlot)
+}
+
+// AcquireEndEvent ends an acquisition.
+type AcquireEndEvent struct {
+	Backend  string
+	Key      string
+	Mode     Mode
+	Slot     bool
+	Session  Session // nil unless acquired
+	Attempts int     // store attempts made
+	Wait     time.Duration
+	Err      error // nil when acquired; matches ErrNotAcquired when busy
+}
+
+// RenewStartEvent starts the renewal of one session's lease. Renewals of
+// many sessions share one round trip; each session gets its own events.
+type RenewStartEvent struct {
+	Backend string
+	Key     string
+	Token   uint64
+}
+
+// RenewEndEvent ends one session's renewal.
+type RenewEndEvent struct {
+	Backend string
+	Key     string
+	Token   uint64
+	Err     error // nil when renewed
+}
+
+// ReleaseStartEvent starts a release.
+type ReleaseStartEvent struct {
+	Backend string
+	Key     string
+	Token   uint64
+}
+
+// ReleaseEndEvent ends a release.
+type ReleaseEndEvent struct {
+	Backend string
+	Key     string
+	Token   uint64
+	Held    time.Duration // from acquisition to release
+	Kept    bool          // the lock was left to expire (min hold or slot)
+	Err     error
+}
+
+// LostEvent reports a lost lease.
+type LostEvent struct {
+	Backend string
+	Key     string
+	Token   uint64
+	Held    time.Duration
+	Err     error // matches ErrLeaseLost
+}
+
+// NopObserver implements Observer with hooks that do nothing. Embed it.
+type NopObserver struct{}
+
+func (NopObserver) AcquireStart(ctx context.Context, _ AcquireStartEvent) context.Context {
+	return ctx
+}
+func (NopObserver) AcquireEnd(context.Context, AcquireEndEvent) {}
+func (NopObserver) RenewStart(ctx context.Context, _ RenewStartEvent) context.Context {
+	return ctx
+}
+func (NopObserver) RenewEnd(context.Context, RenewEndEvent) {}
+func (NopObserver) ReleaseStart(ctx context.Context, _ ReleaseStartEvent) context.Context {
+	return ctx
+}
+func (NopObserver) ReleaseEnd(context.Context, ReleaseEndEvent) {}
+func (NopObserver) Lost(context.Context, LostEvent)             {}
+
+// Observers composes observers; hooks run in order, each Start hook receiving
+// the context the previous one returned. Nil observers are skipped.
+func Observers(obs ...Observer) Observer {
+	var list multiObserver
+	for _, o := range obs {
+		switch o := o.(type) {
+		case nil:
+		case multiObserver:
+			list = append(list, o...)
+		default:
+			list = append(list, o)
+		}
+	}
+	switch len(list) {
+	case 0:
+		return nil
+	case 1:
+		return list[0]
+	}
+	return list
+}
+
+type multiObserver []Observer
+
+func (m multiObserver) AcquireStart(ctx context.Context, e AcquireStartEvent) context.Context {
+	for _, o := range m {
+		ctx = o.AcquireStart(ctx, e)
+	}
+	return ctx
+}
+func (m multiObserver) AcquireEnd(ctx context.Context, e AcquireEndEvent) {
+	for _, o := range m {
+		o.AcquireEnd(ctx, e)
+	}
+}
+func (m multiObserver) RenewStart(ctx context.Context, e RenewStartEvent) context.Context {
+	for _, o := range m {
+		ctx = o.RenewStart(ctx, e)
+	}
+	return ctx
+}
+func (m multiObserver) RenewEnd(ctx context.Context, e RenewEndEvent) {
+	for _, o := range m {
+		o.RenewEnd(ctx, e)
+	}
+}
+func (m multiObserver) ReleaseStart(ctx context.Context, e ReleaseStartEvent) context.Context {
+	for _, o := range m {
+		ctx = o.ReleaseStart(ctx, e)
+	}
+	return ctx
+}
+func (m multiObserver) ReleaseEnd(ctx context.Context, e ReleaseEndEvent) {
+	for _, o := range m {
+		o.ReleaseEnd(ctx, e)
+	}
+}
+func (m multiObserver) Lost(ctx context.Context, e LostEvent) {
+	for _, o := range m {
+		o.Lost(ctx, e)
+	}
+}

@@ -1,0 +1,252 @@
+package core
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Defaults used when no option says otherwise.
+const (
+	DefaultTTL            = 30 * time.Second
+	DefaultSlotTolerance  = time.Second
+	DefaultBackoffMin     = 10 * time.Millisecond
+	DefaultBackoffMax     = time.Second
+	DefaultReleaseTimeout = 5 * time.Second
+	maxOwnerLen           = 256
+)
+
+// Option configures one acquisition. Options are plain values: applying the
+// same options to many acquisitions gives each the same configuration.
+// Invalid values are reported by the acquisition (or by New, for defaults) as
+// an error matching ErrInvalidOption that names the option.
+type Option func(*config)
+
+// config is the resolved configuration of one acquisition.
+type config struct {
+	ttl, renewInterval, renewDeadline time.Duration
+	owner                             string
+	jitter, minHold                   time.Duration
+	schedule                          Schedule
+	slotSet                           bool
+	tolerance                         time.Duration
+	backoffMin, backoffMax            time.Duration
+	errs                              []error
+}
+
+// TTL sets the lease's time to live on the server (default 30s). Unless set
+// explicitly, the renew interval is TTL/3 and the renew deadline 2/3 TTL.
+func TTL(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, invalidOption("TTL", "must be positive, got %v", d))
+			return
+		}
+		c.ttl = d
+	}
+}
+
+// RenewInterval sets how often a held lease is renewed (default TTL/3). It
+// must be shorter than the renew deadline.
+func RenewInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, invalidOption("RenewInterval", "must be positive, got %v", d))
+			return
+		}
+		c.renewInterval = d
+	}
+}
+
+// RenewDeadline sets how long after the send time of the last successful
+// acquire or renewal the session still counts as held (default 2/3 TTL). It
+// must be shorter than the TTL, so that a holder that cannot renew knows it
+// lost the lock before the server can grant it to anyone else; the margin
+// (TTL - RenewDeadline) must cover clock-rate drift and the kill time of
+// whatever the lock protects.
+func RenewDeadline(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, invalidOption("RenewDeadline", "must be positive, got %v", d))
+			return
+		}
+		c.renewDeadline = d
+	}
+}
+
+// WithOwner sets the human-readable owner stored with the lock (default
+// host:pid). It is metadata only; ownership is checked with a random token.
+func WithOwner(owner string) Option {
+	return func(c *config) {
+		switch {
+		case owner == "":
+			c.errs = append(c.errs, invalidOption("Owner", "empty"))
+		case len(owner) > maxOwnerLen:
+			c.errs = append(c.errs, invalidOption("Owner", "%d bytes, the limit is %d", len(owner), maxOwnerLen))
+		case !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0:
+			c.errs = append(c.errs, invalidOption("Owner", "must be valid UTF-8 without NUL"))
+		default:
+			c.owner = owner
+		}
+	}
+}
+
+// Jitter sleeps a uniformly random time in [0, max] before the first
+// attempt, so that schedulers firing at the same instant do not all hit the
+// store at once.
+func Jitter(max time.Duration) Option {
+	return func(c *config) {
+		if max < 0 {
+			c.errs = append(c.errs, invalidOption("Jitter", "must not be negative, got %v", max))
+			return
+		}
+		c.jitter = max
+	}
+}
+
+// MinHold keeps the lock at least d after acquisition: a Release before then
+// leaves the lock to expire at acquisition + d instead of freeing it. This
+// stops a fast job from running once on every node whose ticker fires a little
+// later than the first one's.
+func MinHold(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.errs = append(c.errs, invalidOption("MinHold", "must not be negative, got %v", d))
+			return
+		}
+		c.minHold = d
+	}
+}
+
+// ForSlot switches to slot mode: at most one acquisition per slot of sched.
+// The lease expires at the slot's end, computed on the store's clock as
+// sched.Next(storeNow + tolerance), and is not renewed; Release leaves it held
+// until then, and the session ends (ErrLeaseLost) when the slot does. The
+// tolerance (SlotTolerance, default 1s) lets a start that fires slightly
+// early belong to the coming slot. A slot acquisition costs two round trips:
+// the store's clock, then the claim.
+func ForSlot(sched Schedule) Option {
+	return func(c *config) {
+		c.slotSet = true
+		if sched == nil {
+			c.errs = append(c.errs, invalidOption("ForSlot", "nil schedule"))
+			return
+		}
+		c.schedule = sched
+	}
+}
+
+// SlotTolerance sets how early a start may fire and still belong to the
+// coming slot (default 1s). Keep it below the shortest slot.
+func SlotTolerance(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.errs = append(c.errs, invalidOption("SlotTolerance", "must not be negative, got %v", d))
+			return
+		}
+		c.tolerance = d
+	}
+}
+
+// Backoff bounds the polling interval of Acquire when the backend does not
+// notify releases, or a notification is missed (defaults 10ms and 1s). The
+// n-th wait is drawn uniformly from [min, min(max, min·2^n)], and never
+// sleeps past the holder's known expiry.
+func Backoff(min, max time.Duration) Option {
+	return func(c *config) {
+		if min <= 0 || max < min {
+			c.errs = append(c.errs, invalidOption("Backoff", "need 0 < min <= max, got min %v max %v", min, max))
+			return
+		}
+		c.backoffMin, c.backoffMax = min, max
+	}
+}
+
+// resolve applies defaults and opts and checks the relations between them.
+func resolve(defaults, opts []Option) (config, error) {
+	c := config{
+		tolerance:  DefaultSlotTolerance,
+		backoffMin: DefaultBackoffMin,
+		backoffMax: DefaultBackoffMax,
+	}
+	for _, o := range defaults {
+		if o != nil {
+			o(&c)
+		}
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if len(c.errs) > 0 {
+		return c, c.errs[0]
+	}
+	if c.ttl == 0 {
+		c.ttl = DefaultTTL
+	}
+	if c.renewDeadline == 0 {
+		c.renewDeadline = c.ttl * 2 / 3
+	}
+	if c.renewInterval == 0 {
+		c.renewInterval = c.ttl / 3
+		if c.renewInterval >= c.renewDeadline {
+			c.renewInterval = c.renewDeadline / 2
+		}
+	}
+	switch {
+	case c.renewDeadline >= c.ttl:
+		return c, invalidOption("RenewDeadline", "%v must be shorter than the TTL %v", c.renewDeadline, c.ttl)
+	case c.renewInterval >= c.renewDeadline:
+		return c, invalidOption("RenewInterval", "%v must be shorter than the renew deadline %v", c.renewInterval, c.renewDeadline)
+	case c.renewInterval < time.Millisecond:
+		return c, invalidOption("RenewInterval", "%v is below the 1ms minimum", c.renewInterval)
+	}
+	if c.owner == "" {
+		c.owner = defaultOwner()
+	}
+	return c, nil
+}
+
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
+}
+
+// ClientOption configures a Client.
+type ClientOption func(*clientConfig)
+
+type clientConfig struct {
+	defaults       []Option
+	observer       Observer
+	releaseTimeout time.Duration
+	errs           []error
+}
+
+// WithDefaults sets options applied to every acquisition before its own.
+// They are validated by New.
+func WithDefaults(opts ...Option) ClientOption {
+	return func(c *clientConfig) { c.defaults = append(c.defaults, opts...) }
+}
+
+// WithObserver adds an Observer; several compose in order. Nil is ignored.
+func WithObserver(o Observer) ClientOption {
+	return func(c *clientConfig) { c.observer = Observers(c.observer, o) }
+}
+
+// WithReleaseTimeout bounds releases, which run on a context detached from
+// the caller's cancellation (default 5s).
+func WithReleaseTimeout(d time.Duration) ClientOption {
+	return func(c *clientConfig) {
+		if d <= 0 {
+			c.errs = append(c.errs, invalidOption("ReleaseTimeout", "must be positive, got %v", d))
+			return
+		}
+		c.releaseTimeout = d
+	}
+}

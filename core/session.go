@@ -1,0 +1,130 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// session is the engine's Session.
+type session struct {
+	c                      *Client
+	key, owner, ownerToken string
+	token                  uint64
+	slot                   bool
+	ttl, interval          time.Duration
+	renewDeadline, minHold time.Duration
+	acquiredAt             time.Time // local, monotonic
+	obsCtx                 context.Context
+	ctx                    context.Context
+	cancel                 context.CancelCauseFunc
+	done                   chan struct{}
+
+	mu         sync.Mutex
+	deadline   time.Time // local, monotonic
+	nextRenew  time.Time
+	failures   int  // consecutive renewals with unknown outcome
+	inflight   bool // part of a renewal batch in flight
+	err        error
+	unreleased bool // ended locally, server release still owed
+}
+
+var _ Session = (*session)(nil)
+
+func (s *session) Key() string              { return s.key }
+func (s *session) Token() uint64            { return s.token }
+func (s *session) Owner() string            { return s.owner }
+func (s *session) Context() context.Context { return s.ctx }
+func (s *session) Done() <-chan struct{}    { return s.done }
+
+func (s *session) Deadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline
+}
+
+func (s *session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// end marks the session ended with cause; it reports whether this call ended it.
+func (s *session) end(cause error, owesRelease bool) bool {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return false
+	}
+	s.err = cause
+	s.unreleased = owesRelease
+	s.mu.Unlock()
+	s.c.unregister(s)
+	s.cancel(cause)
+	close(s.done)
+	return true
+}
+
+// lose ends the session with a lease-loss error and tells the observer.
+func (s *session) lose(reason error) {
+	cause := reason
+	if !isLeaseLost(reason) {
+		cause = fmt.Errorf("%w: %q: %w", ErrLeaseLost, s.key, reason)
+	}
+	if !s.end(cause, false) {
+		return
+	}
+	if o := s.c.obs; o != nil {
+		o.Lost(s.obsCtx, LostEvent{Backend: s.c.name, Key: s.key, Token: s.token, Held: time.Since(s.acquiredAt), Err: cause})
+	}
+}
+
+// Release implements Session.
+func (s *session) Release(ctx context.Context) error { return s.release(ctx, ErrReleased) }
+
+func (s *session) release(ctx context.Context, cause error) error {
+	if s.end(cause, true) {
+		// ended now; fall through to the server release
+	}
+	s.mu.Lock()
+	owe := s.unreleased
+	s.unreleased = false
+	s.mu.Unlock()
+	if !owe {
+		return nil
+	}
+	c := s.c
+	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken}
+	held := time.Since(s.acquiredAt)
+	kept := s.slot
+	if !s.slot && s.minHold > held {
+		req.Keep = s.minHold - held
+		kept = true
+	}
+	octx := s.obsCtx
+	if c.obs != nil {
+		octx = c.obs.ReleaseStart(octx, ReleaseStartEvent{Backend: c.name, Key: s.key, Token: s.token})
+	}
+	var err error
+	if !s.slot { // a slot lock is kept until the slot ends: nothing to send
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+		err = c.b.Release(rctx, req)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("dislock: %s: release %q: %w", c.name, s.key, err)
+			s.mu.Lock()
+			s.unreleased = true // a later Release may retry
+			s.mu.Unlock()
+		} else if !kept {
+			c.notify(s.key)
+		}
+	}
+	if c.obs != nil {
+		c.obs.ReleaseEnd(octx, ReleaseEndEvent{Backend: c.name, Key: s.key, Token: s.token, Held: held, Kept: kept, Err: err})
+	}
+	return err
+}
+
+func isLeaseLost(err error) bool { return err != nil && errors.Is(err, ErrLeaseLost) }
