@@ -1,0 +1,57 @@
+// Package locktest is the conformance suite every dislock backend and every
+// Locker decorator runs. A backend supplies a Harness; Run checks the rules
+// of the core contract against it, each subtest naming the rule it checks.
+//
+//	func TestConformance(t *testing.T) {
+//		locktest.Run(t, locktest.Harness{
+//			NewBackend: func(t testing.TB) core.Backend { return newBackend(t) },
+//			Steal:      steal,
+//		})
+//	}
+//
+// Faults that every backend can suffer the same way (a store that stops
+// answering, a crashed holder, lost replies) are injected by locktest itself
+// through a Backend wrapper, so a backend needs no test hooks for them.
+package locktest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Harness describes the backend under test.
+type Harness struct {
+	// NewBackend returns a new, independent connection to the one store
+	// under test: two Backends from it must behave as two processes. It
+	// registers its own cleanup with t.Cleanup.
+	NewBackend func(t testing.TB) core.Backend
+
+	// Wrap, when set, wraps every Locker the suite builds: the decorator
+	// under test. The suite checks that it changes no behaviour.
+	Wrap func(core.Locker) core.Locker
+
+	// Steal, when set, makes key held by another owner behind the holder's
+	// back (as if its lease had expired and someone else took it). Delete
+	// removes key behind the holder's back. Cases that need them are
+	// skipped when they are nil.
+	Steal  func(ctx context.Context, key string) error
+	Delete func(ctx context.Context, key string) error
+
+	// KeyPrefix is put before every key, so suites running at the same
+	// time against one server never collide. Run adds a random part.
+	KeyPrefix string
+
+	// TTL is the lease used by timing cases (default 600ms). Raise it for
+	// a slow store; keep TTL/3 well above a round trip.
+	TTL time.Duration
+
+	// Capabilities the backend lacks: cases that need them are skipped
+	// with this reason in the log rather than forked.
+	NoFencing bool // tokens are 0
+	NoWatch   bool // no release notifications
+	NoAdmin   bool // no Inspect/List/ForceRelease
+	NoSlots   bool // ForSlot unsupported
+}

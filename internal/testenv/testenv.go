@@ -1,0 +1,75 @@
+// Package testenv finds the servers dislock's tests run against.
+//
+// Tests read DISLOCK_TEST_PG and DISLOCK_TEST_REDIS (URLs) with local
+// defaults. When a server does not answer, a test fails under CI (CI=true)
+// and is skipped elsewhere, with a message saying how to start it.
+package testenv
+
+import (
+	"crypto/rand"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Default server URLs.
+const (
+	DefaultPG    = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultRedis = "redis://127.0.0.1:6379/0"
+)
+
+// PG returns the PostgreSQL URL for tests, failing (CI) or skipping the test
+// when the server does not accept connections.
+func PG(t testing.TB) string {
+	t.Helper()
+	return need(t, "DISLOCK_TEST_PG", DefaultPG, "5432")
+}
+
+// Redis returns the Redis URL for tests, failing (CI) or skipping the test
+// when the server does not accept connections.
+func Redis(t testing.TB) string {
+	t.Helper()
+	return need(t, "DISLOCK_TEST_REDIS", DefaultRedis, "6379")
+}
+
+// CI reports whether the tests run under CI (CI=true).
+func CI() bool {
+	v := strings.ToLower(os.Getenv("CI"))
+	return v == "true" || v == "1"
+}
+
+func need(t testing.TB, env, def, port string) string {
+	t.Helper()
+	raw := os.Getenv(env)
+	if raw == "" {
+		raw = def
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("%s is not a valid URL", env)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	conn, err := net.DialTimeout("tcp", host, 3*time.Second)
+	if err != nil {
+		msg := fmt.Sprintf("%s: server at %s not reachable (%v); run scripts/test.sh, which starts it", env, host, err)
+		if CI() {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	conn.Close()
+	return raw
+}
+
+// Name returns a unique name for a test's keys or tables: prefix, then a
+// random suffix of lowercase letters and digits.
+func Name(prefix string) string {
+	return prefix + strings.ToLower(rand.Text()[:10])
+}
