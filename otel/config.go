@@ -1,0 +1,89 @@
+package otel
+
+import (
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName is the instrumentation scope of the tracer and the meter: the
+// package's import path.
+const ScopeName = "github.com/dislock/dislock/otel"
+
+// Version is the instrumentation version reported with ScopeName.
+const Version = "0.1.0"
+
+// KeyMode says how the lock key appears on spans. Keys never appear on
+// metrics, whatever the mode.
+type KeyMode int
+
+const (
+	// KeyRaw puts the key as is in the dislock.key span attribute (default).
+	KeyRaw KeyMode = iota
+	// KeyHashed puts the hex SHA-256 of the key in dislock.key.sha256
+	// instead. It hides the key from casual readers; a key that can be
+	// guessed (a job name, say) can still be confirmed by hashing the guess.
+	KeyHashed
+	// KeyOmitted leaves the key out of spans entirely.
+	KeyOmitted
+)
+
+// Option configures an Observer.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	tp         trace.TracerProvider
+	mp         metric.MeterProvider
+	keyMode    KeyMode
+	renewSpans bool
+	attrsFn    func(key string) []attribute.KeyValue
+}
+
+// WithTracerProvider sets the TracerProvider spans are created with. Without
+// it (or with nil) the global provider at the time New is called is used.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) {
+		if tp != nil {
+			c.tp = tp
+		}
+	})
+}
+
+// WithMeterProvider sets the MeterProvider instruments are created with.
+// Without it (or with nil) the global provider at the time New is called is
+// used.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) {
+		if mp != nil {
+			c.mp = mp
+		}
+	})
+}
+
+// WithKey sets how the lock key appears on spans (default KeyRaw). When the
+// key is hashed or omitted it is also removed from error messages recorded
+// on spans.
+func WithKey(m KeyMode) Option {
+	return optionFunc(func(c *config) { c.keyMode = m })
+}
+
+// WithRenewSpans turns a span per successful renewal on or off (default
+// off). Failed renewals always get a span; renewal durations are always
+// measured. See the package documentation for why the default is off.
+func WithRenewSpans(on bool) Option {
+	return optionFunc(func(c *config) { c.renewSpans = on })
+}
+
+// WithMetricAttributesFn adds attributes to every measurement of a session,
+// computed once from its key when the acquisition starts (for example a job
+// name taken from a key prefix). fn must map the keys of a process to a
+// small, bounded set of values: every distinct value is a new time series.
+// fn is called concurrently. Measurements with extra attributes allocate an
+// attribute set each; without this option they allocate none.
+func WithMetricAttributesFn(fn func(key string) []attribute.KeyValue) Option {
+	return optionFunc(func(c *config) { c.attrsFn = fn })
+}
