@@ -1,0 +1,56 @@
+// Package core is dislock's contract and its lease engine.
+//
+// Users code against two interfaces, Locker and Session. Backends (pg,
+// redislock, memlock) implement the small Backend driver interface, and
+// Client — the engine, written once — turns any Backend into a Locker:
+// leases with heartbeat renewal, a local deadline on the monotonic clock,
+// loss notification, blocking acquisition woken by release notifications,
+// schedule-slot locks, min hold, jitter and fencing tokens.
+//
+// # What is guaranteed
+//
+// Mutual exclusion as seen by the store: the store grants a key to one owner
+// token at a time, and every renewal and release is checked against that
+// token on the store. A session's Deadline is the send time of its last
+// successful acquire or renewal plus the renew deadline (default 2/3 of the
+// TTL), on this process's monotonic clock. When no renewal succeeds by then,
+// the session ends with ErrLeaseLost — Done closes and Context is cancelled —
+// before the store can grant the key to anyone else (that takes the full
+// TTL). A renewal the store refuses ends the session at once. Loss is never
+// silent.
+//
+// # What is not guaranteed
+//
+// A lease is not a fence. A process that pauses (GC, SIGSTOP, a swapped-out
+// VM) for longer than the margin TTL - RenewDeadline can wake up believing it
+// still holds a lock that has passed to someone else, and clock-rate drift
+// between this process and the store eats into the same margin. When the
+// protected resource can check it, pass Session.Token (strictly increasing per
+// key, kept across renewals) with every write and have the resource reject
+// tokens smaller than the largest it has seen. Work that cannot finish before
+// Session.Deadline must not start.
+//
+// A store that loses data (a Redis restart without persistence, a failover to
+// a replica that missed a write, an unlogged PostgreSQL table after a crash)
+// can grant a lock twice; the backend packages say exactly when.
+//
+// # Concurrency
+//
+// Lockers, Sessions and Elections are safe for concurrent use. A Client runs
+// one renewer goroutine for all of its sessions, which batches every renewal
+// due within half a renew interval into one Backend.Renew call, plus one
+// Watcher goroutine while anyone waits in Acquire. Close releases every
+// session, stops both and waits for them.
+//
+// # Slots and min hold
+//
+// Schedulers that fire on several machines at slightly different moments want
+// one start per tick, not mutual exclusion of the runs. ForSlot(schedule)
+// holds the key until the end of the slot the start belongs to, computed on
+// the store's clock; MinHold(d) keeps a released lock until d after it was
+// taken. Either stops a fast job from running on every node.
+//
+// Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost,
+// ErrReleased, ErrClosed, ErrInvalidKey, ErrInvalidOption, ErrUnsupported);
+// backend failures wrap the driver's error.
+package core
