@@ -1,0 +1,38 @@
+package pg_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/pg"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// harness runs the conformance suite on a fresh table; opts configure every
+// Backend (exec mode, legacy table, async commit).
+func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option) locktest.Harness {
+	ident := pgx.Identifier{table}.Sanitize()
+	return locktest.Harness{
+		NewBackend: func(tb testing.TB) core.Backend {
+			return newBackend(tb, table, opts...)
+		},
+		Steal: func(ctx context.Context, key string) error {
+			_, err := admin.Exec(ctx, `UPDATE `+ident+` SET owner = 'thief', holder = 'stolen',
+				token = nextval(pg_get_serial_sequence($2, 'token')) WHERE key = $1 AND expire_at > now()`, key, ident)
+			return err
+		},
+		Delete: func(ctx context.Context, key string) error {
+			_, err := admin.Exec(ctx, `DELETE FROM `+ident+` WHERE key = $1`, key)
+			return err
+		},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	locktest.Run(t, harness(t, admin, table))
+}

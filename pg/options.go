@@ -1,0 +1,145 @@
+package pg
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/dislock/dislock/core"
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTable is the lock table used when WithTable is not given.
+const DefaultTable = "dislock_locks"
+
+// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1); longer names
+// would be truncated silently by the server.
+const maxIdentLen = 63
+
+// Option configures a Backend. Invalid values make NewBackend fail with an
+// error matching core.ErrInvalidOption that names the option.
+type Option func(*config)
+
+type config struct {
+	table        pgx.Identifier
+	autoMigrate  bool
+	asyncCommit  bool
+	unlogged     bool
+	legacy       bool
+	noListen     bool
+	listenConfig *pgx.ConnConfig
+	clientOpts   []core.ClientOption
+	errs         []error
+}
+
+func newConfig(opts []Option) (config, error) {
+	c := config{table: pgx.Identifier{DefaultTable}}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if len(c.errs) > 0 {
+		return c, c.errs[0]
+	}
+	return c, nil
+}
+
+func invalidOption(name, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+}
+
+// WithTable sets the lock table (default "dislock_locks"). A name with a dot
+// is "schema.table"; the part after the first dot is the table name. Each
+// part is quoted as an identifier, so it is used exactly as written (case
+// included) and never interpreted as SQL. Empty parts, parts longer than 63
+// bytes, invalid UTF-8 and NUL bytes are rejected.
+func WithTable(name string) Option {
+	return func(c *config) {
+		parts := strings.SplitN(name, ".", 2)
+		for _, p := range parts {
+			switch {
+			case p == "":
+				c.errs = append(c.errs, invalidOption("WithTable", "empty name or schema"))
+				return
+			case len(p) > maxIdentLen:
+				c.errs = append(c.errs, invalidOption("WithTable", "%d bytes, the limit is %d", len(p), maxIdentLen))
+				return
+			case !utf8.ValidString(p):
+				c.errs = append(c.errs, invalidOption("WithTable", "not valid UTF-8"))
+				return
+			case strings.IndexByte(p, 0) >= 0:
+				c.errs = append(c.errs, invalidOption("WithTable", "contains a NUL byte"))
+				return
+			}
+		}
+		c.table = pgx.Identifier(parts)
+	}
+}
+
+// WithAutoMigrate makes NewBackend create the lock table when it is missing
+// (as Migrate does). Off by default: the table is then expected to exist, and
+// its absence is an error naming the fix.
+func WithAutoMigrate() Option {
+	return func(c *config) { c.autoMigrate = true }
+}
+
+// WithAsyncCommit commits every acquire, renewal and release with
+// synchronous_commit = off, set for that statement's own transaction only
+// (set_config(..., true) inside the statement; no session state). A write no
+// longer waits for the WAL flush, which makes it about as fast as a read.
+//
+// The cost: if the database server crashes (not merely a client or a
+// connection), the commits of roughly the last 3×wal_writer_delay (600 ms by
+// default) can be lost although they were reported as done. An acquisition
+// may then vanish while its holder still runs, so the lock can be granted
+// twice, and fencing tokens handed out in that window can be handed out
+// again. Use it only where that is acceptable.
+func WithAsyncCommit() Option {
+	return func(c *config) { c.asyncCommit = true }
+}
+
+// WithUnlogged makes Migrate (and WithAutoMigrate) create the table UNLOGGED:
+// writes skip the WAL entirely. After a database crash PostgreSQL empties an
+// unlogged table, so every lock held at that moment is dropped and can be
+// granted again while its holders still run (they learn of the loss at their
+// next renewal). It has no effect on an existing table.
+func WithUnlogged() Option {
+	return func(c *config) { c.unlogged = true }
+}
+
+// WithLegacyTable uses the 3-column table of the older Python tool,
+// key_value(key text primary key, value text not null, expire_at timestamptz
+// not null), so that old and new deployments can share it. value holds the
+// owner token. There are no fencing tokens (Session.Token is 0) and no
+// acquisition time; the owner reported by Inspect is the value column.
+func WithLegacyTable() Option {
+	return func(c *config) { c.legacy = true }
+}
+
+// WithoutListen turns release notifications off: waiters poll. Use it when
+// the pool goes through a transaction pooler (PgBouncer pool_mode =
+// transaction), where LISTEN is accepted but notifications never arrive, and
+// no direct connection is available for WithListenConfig.
+func WithoutListen() Option {
+	return func(c *config) { c.noListen = true }
+}
+
+// WithListenConfig sets the connection used for LISTEN (default: a separate
+// connection made from the pool's own ConnConfig). Point it at the database
+// server directly when the pool goes through a transaction pooler.
+func WithListenConfig(cfg *pgx.ConnConfig) Option {
+	return func(c *config) {
+		if cfg == nil {
+			c.errs = append(c.errs, invalidOption("WithListenConfig", "nil config"))
+			return
+		}
+		c.listenConfig = cfg.Copy()
+	}
+}
+
+// WithClientOptions passes options to core.New when the Locker is built by
+// New. NewBackend ignores them.
+func WithClientOptions(opts ...core.ClientOption) Option {
+	return func(c *config) { c.clientOpts = append(c.clientOpts, opts...) }
+}

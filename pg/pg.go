@@ -1,0 +1,279 @@
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Backend is the PostgreSQL store. It implements core.Backend, core.Watcher
+// and core.Admin and is safe for concurrent use.
+type Backend struct {
+	pool    *pgxpool.Pool
+	ownPool bool // Open created the pool; Close closes it
+	cfg     config
+	table   string // quoted, as written in statements
+	channel string // pg_notify channel of this table
+	stmt    statements
+}
+
+var (
+	_ core.Backend = (*Backend)(nil)
+	_ core.Watcher = (*Backend)(nil)
+	_ core.Admin   = (*Backend)(nil)
+)
+
+// NewBackend returns a Backend on pool, which stays the caller's: Close does
+// not close it. It checks the lock table now (creating it first under
+// WithAutoMigrate), so a missing table, column or privilege is reported here
+// with an error matching ErrSchema that names the table and the fix.
+func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backend, error) {
+	if pool == nil {
+		return nil, invalidOption("pool", "nil")
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{pool: pool, cfg: cfg, table: cfg.table.Sanitize()}
+	b.stmt = buildStatements(b.table, cfg.legacy, cfg.asyncCommit)
+	if cfg.autoMigrate {
+		if err := b.Migrate(ctx); err != nil {
+			return nil, err
+		}
+	}
+	oid, err := b.checkSchema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Every process that uses the table derives the same channel from the
+	// table's identity, however each one spelled the name.
+	b.channel = "dislock_" + strconv.FormatUint(uint64(oid), 10)
+	return b, nil
+}
+
+// New returns a Locker on pool: core.New over NewBackend, with the options
+// given by WithClientOptions. The pool stays the caller's.
+func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client, error) {
+	b, err := NewBackend(ctx, pool, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return core.New(b, b.cfg.clientOpts...)
+}
+
+// Open connects to the database at connString with a pool of its own and
+// returns a Backend on it; Backend.Close closes that pool. Neither the
+// connection string nor any part of it appears in an error it returns.
+func Open(ctx context.Context, connString string, opts ...Option) (*Backend, error) {
+	pcfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		// The parser's message quotes the connection string: say only
+		// that it is invalid.
+		return nil, fmt.Errorf("%w: connection string: cannot be parsed", core.ErrInvalidOption)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("pg: open pool: %w", err)
+	}
+	b, err := NewBackend(ctx, pool, opts...)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	b.ownPool = true
+	return b, nil
+}
+
+// Table returns the lock table's name as quoted in statements.
+func (b *Backend) Table() string { return b.table }
+
+// Name implements core.Backend.
+func (b *Backend) Name() string { return "pg" }
+
+// Close implements core.Backend. It closes the pool only when Open made it.
+func (b *Backend) Close() error {
+	if b.ownPool {
+		b.pool.Close()
+	}
+	return nil
+}
+
+func micro(d time.Duration) int64 { return d.Microseconds() }
+
+// TryAcquire implements core.Backend with one statement; see buildStatements.
+func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if err := core.ValidateKey(req.Key); err != nil {
+		return core.Lease{}, err
+	}
+	var expireAt any
+	if !req.ExpireAt.IsZero() {
+		expireAt = req.ExpireAt
+	} else if req.TTL <= 0 {
+		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", req.TTL)
+	}
+	rows, err := b.pool.Query(ctx, b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
+	if err != nil {
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+	}
+	defer rows.Close()
+	var (
+		found    bool
+		mine     bool
+		owner    string
+		token    int64
+		acquired pgtype.Timestamptz
+		expires  time.Time
+		left     int64
+	)
+	if rows.Next() {
+		found = true
+		if err := rows.Scan(&mine, &owner, &token, &acquired, &expires, &left); err != nil {
+			return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+	}
+	switch {
+	case !found:
+		// Taken by a concurrent acquirer after this statement's read.
+		return core.Lease{}, core.Busy(req.Key, nil)
+	case mine:
+		return core.Lease{Token: uint64(token), AcquiredAt: acquired.Time, ExpiresAt: expires}, nil
+	}
+	return core.Lease{}, core.Busy(req.Key, &core.Info{
+		Key: req.Key, Owner: owner, Token: uint64(token), AcquiredAt: acquired.Time,
+		ExpiresAt: expires, Remaining: time.Duration(left) * time.Microsecond,
+	})
+}
+
+// Renew implements core.Backend: one statement for the whole batch.
+func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	keys := make([]string, len(reqs))
+	holders := make([]string, len(reqs))
+	ttls := make([]int64, len(reqs))
+	for i, r := range reqs {
+		keys[i], holders[i], ttls[i] = r.Key, r.OwnerToken, micro(r.TTL)
+	}
+	rows, err := b.pool.Query(ctx, b.stmt.renew, keys, holders, ttls)
+	if err != nil {
+		return nil, fmt.Errorf("pg: renew: %w", err)
+	}
+	defer rows.Close()
+	type kh struct{ key, holder string }
+	renewed := make(map[kh]bool, len(reqs))
+	for rows.Next() {
+		var k kh
+		if err := rows.Scan(&k.key, &k.holder); err != nil {
+			return nil, fmt.Errorf("pg: renew: %w", err)
+		}
+		renewed[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pg: renew: %w", err)
+	}
+	results := make([]error, len(reqs))
+	for i, r := range reqs {
+		if !renewed[kh{r.Key, r.OwnerToken}] {
+			results[i] = core.Gone(r.Key, "held by another owner, expired or deleted")
+		}
+	}
+	return results, nil
+}
+
+// Release implements core.Backend: an owner-checked delete that notifies
+// waiters in the same statement, or with Keep > 0 an owner-checked update of
+// the expiry.
+func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	if req.Keep > 0 {
+		if _, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep)); err != nil {
+			return fmt.Errorf("pg: release: %w", err)
+		}
+		return nil
+	}
+	if _, err := b.pool.Exec(ctx, b.stmt.release, req.Key, req.OwnerToken, b.channel); err != nil {
+		return fmt.Errorf("pg: release: %w", err)
+	}
+	return nil
+}
+
+// Now implements core.Backend: the database's clock.
+func (b *Backend) Now(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	if err := b.pool.QueryRow(ctx, b.stmt.now).Scan(&now); err != nil {
+		return time.Time{}, fmt.Errorf("pg: now: %w", err)
+	}
+	return now, nil
+}
+
+// Inspect implements core.Admin.
+func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, error) {
+	info := core.Info{Key: key}
+	var (
+		token    int64
+		acquired pgtype.Timestamptz
+		left     int64
+	)
+	err := b.pool.QueryRow(ctx, b.stmt.inspect, key).Scan(&info.Owner, &token, &acquired, &info.ExpiresAt, &left)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return core.Info{}, false, nil
+	}
+	if err != nil {
+		return core.Info{}, false, fmt.Errorf("pg: inspect: %w", err)
+	}
+	info.Token, info.AcquiredAt, info.Remaining = uint64(token), acquired.Time, time.Duration(left)*time.Microsecond
+	return info, true, nil
+}
+
+// List implements core.Admin: the held locks whose key starts with prefix,
+// ordered by key.
+func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) {
+	rows, err := b.pool.Query(ctx, b.stmt.list, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("pg: list: %w", err)
+	}
+	defer rows.Close()
+	var list []core.Info
+	for rows.Next() {
+		var (
+			info     core.Info
+			token    int64
+			acquired pgtype.Timestamptz
+			left     int64
+		)
+		if err := rows.Scan(&info.Key, &info.Owner, &token, &acquired, &info.ExpiresAt, &left); err != nil {
+			return nil, fmt.Errorf("pg: list: %w", err)
+		}
+		info.Token, info.AcquiredAt, info.Remaining = uint64(token), acquired.Time, time.Duration(left)*time.Microsecond
+		list = append(list, info)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pg: list: %w", err)
+	}
+	return list, nil
+}
+
+// ForceRelease implements core.Admin: deletes key whoever holds it and
+// notifies waiters. The holder learns of it at its next renewal.
+func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
+	var (
+		released bool
+		n        int64
+	)
+	if err := b.pool.QueryRow(ctx, b.stmt.forceRelease, key, b.channel).Scan(&released, &n); err != nil {
+		return false, fmt.Errorf("pg: force release: %w", err)
+	}
+	return released, nil
+}

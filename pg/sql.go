@@ -1,0 +1,100 @@
+package pg
+
+import "fmt"
+
+// statements holds the SQL of every operation, built once per Backend for its
+// table. Every statement stands alone (autocommit), so it works in any query
+// exec mode and behind transaction poolers.
+type statements struct {
+	acquire, renew, release, keep, now string
+	inspect, list, forceRelease        string
+}
+
+// asyncClause turns synchronous_commit off for the statement's own
+// transaction. It is a conjunct of a WHERE clause that every written row
+// passes, so it is evaluated whenever the statement writes.
+const asyncClause = ` AND set_config('synchronous_commit', 'off', true) IS NOT NULL`
+
+// micros converts a bigint parameter of microseconds to an interval.
+const micros = `::bigint * interval '1 microsecond'`
+
+// remaining is the time left on a row, in microseconds, on the server clock.
+const remaining = `(extract(epoch FROM expire_at - now()) * 1000000)::bigint`
+
+func buildStatements(table string, legacy, async bool) statements {
+	ac := ""
+	if async {
+		ac = asyncClause
+	}
+	// Column roles: the human-readable owner, the owner token, the fencing
+	// token and the acquisition time. The legacy table keeps only the owner
+	// token (in value).
+	owner, holder, token, acquiredAt := "owner", "holder", "token", "acquired_at"
+	insertCols := "key, owner, holder, acquired_at, expire_at"
+	insertVals := "$1::text, $2::text, $3::text, now(), "
+	set := "owner = excluded.owner, holder = excluded.holder, token = excluded.token, " +
+		"acquired_at = excluded.acquired_at, expire_at = excluded.expire_at"
+	if legacy {
+		owner, holder, token, acquiredAt = "value", "value", "0::bigint", "NULL::timestamptz"
+		insertCols = "key, value, expire_at"
+		insertVals = "$1::text, $3::text, "
+		set = "value = excluded.value, expire_at = excluded.expire_at"
+	}
+	var s statements
+	// Acquire reads the row first (cur). Only when it is missing or expired
+	// does the guarded INSERT run; a live row, whoever holds it, is answered
+	// from the read alone: no row lock, no write, no commit flush. The ON
+	// CONFLICT arm covers the race where another session inserted or took
+	// over the row after the read: its WHERE re-checks the expiry on the
+	// latest row version, and a row taken in between yields no result row
+	// (busy, holder unknown). A live row with the caller's own owner token is
+	// an idempotent success.
+	s.acquire = fmt.Sprintf(`WITH cur AS (
+	SELECT %[2]s AS owner, %[3]s AS holder, %[4]s AS token, %[5]s AS acquired_at, expire_at
+	FROM %[1]s WHERE key = $1::text
+), ins AS (
+	INSERT INTO %[1]s AS l (%[6]s)
+	SELECT %[7]scoalesce($5::timestamptz, now() + $4%[8]s)
+	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.expire_at > now())%[9]s
+	ON CONFLICT (key) DO UPDATE SET %[10]s
+	WHERE l.expire_at <= now()
+	RETURNING %[4]s AS token, %[5]s AS acquired_at, expire_at
+)
+SELECT true, ''::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint FROM ins
+UNION ALL
+SELECT holder = $3::text, owner, token, acquired_at, expire_at, %[11]s
+FROM cur WHERE expire_at > now()`,
+		table, owner, holder, token, acquiredAt, insertCols, insertVals, micros, ac, set, remaining)
+
+	s.renew = fmt.Sprintf(`UPDATE %[1]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond'
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, holder, ttl)
+WHERE l.key = r.key AND l.%[2]s = r.holder AND l.expire_at > now()%[3]s
+RETURNING l.key, l.%[2]s`, table, holder, ac)
+
+	// The notification is sent when the statement's transaction commits;
+	// the payload is the key (at most 1024 bytes, under pg_notify's 8000).
+	s.release = fmt.Sprintf(`WITH d AS (
+	DELETE FROM %[1]s WHERE key = $1::text AND %[2]s = $2::text%[3]s RETURNING key
+)
+SELECT pg_notify($3::text, key) FROM d`, table, holder, ac)
+
+	s.keep = fmt.Sprintf(`UPDATE %[1]s SET expire_at = now() + $3%[4]s
+WHERE key = $1::text AND %[2]s = $2::text AND expire_at > now()%[3]s`, table, holder, ac, micros)
+
+	s.now = `SELECT now()`
+
+	s.inspect = fmt.Sprintf(`SELECT %[2]s, %[3]s, %[4]s, expire_at, %[5]s
+FROM %[1]s WHERE key = $1::text AND expire_at > now()`, table, owner, token, acquiredAt, remaining)
+
+	s.list = fmt.Sprintf(`SELECT key, %[2]s, %[3]s, %[4]s, expire_at, %[5]s
+FROM %[1]s WHERE starts_with(key, $1::text) AND expire_at > now() ORDER BY key`,
+		table, owner, token, acquiredAt, remaining)
+
+	s.forceRelease = fmt.Sprintf(`WITH d AS (
+	DELETE FROM %[1]s WHERE key = $1::text RETURNING key, expire_at > now() AS live
+), n AS (
+	SELECT pg_notify($2::text, key) FROM d WHERE live
+)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table)
+	return s
+}

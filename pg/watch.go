@@ -1,0 +1,57 @@
+package pg
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/jackc/pgx/v5"
+)
+
+// listenSetupTimeout bounds connecting and subscribing, so that an
+// unavailable LISTEN is an error (the engine then polls) rather than a hang.
+const listenSetupTimeout = 10 * time.Second
+
+// Watch implements core.Watcher. It opens one dedicated connection (not
+// taken from the pool, so it never starves it), LISTENs on the table's
+// channel and calls fn with the key of each release. It returns an error
+// when the connection or LISTEN fails, and ctx's error when ctx ends; the
+// engine polls meanwhile and retries. Under WithoutListen it returns
+// core.ErrUnsupported at once.
+func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
+	if b.cfg.noListen {
+		return core.ErrUnsupported
+	}
+	cc := b.cfg.listenConfig
+	if cc == nil {
+		cc = b.pool.Config().ConnConfig
+	}
+	cc = cc.Copy()
+	setup, cancel := context.WithTimeout(ctx, listenSetupTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(setup, cc)
+	if err != nil {
+		return fmt.Errorf("pg: listen: connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(setup, "LISTEN "+pgx.Identifier{b.channel}.Sanitize(), pgx.QueryExecModeSimpleProtocol); err != nil {
+		return fmt.Errorf("pg: listen: %w", err)
+	}
+	cancel()
+	ready()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("pg: listen: %w", err)
+		}
+		fn(n.Payload)
+	}
+}
