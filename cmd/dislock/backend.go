@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/pg"
+	"github.com/dislock/dislock/redislock"
+)
+
+// locker is what the CLI needs of a backend: locks, and the operator calls.
+type locker interface {
+	core.Locker
+	core.Admin
+}
+
+var _ locker = (*core.Client)(nil)
+
+// errBadURL marks URL problems, which are configuration errors (exit 2).
+var errBadURL = errors.New("bad URL")
+
+// scheme returns the lower-cased scheme of rawURL without parsing the rest,
+// so that no parser error can quote the URL.
+func scheme(rawURL string) string {
+	i := strings.Index(rawURL, "://")
+	if i <= 0 {
+		return ""
+	}
+	return strings.ToLower(rawURL[:i])
+}
+
+// openLocker connects to the backend the URL's scheme names. The returned
+// close function closes the Locker, then the connections. Errors never
+// contain the URL; those matching errBadURL are configuration errors.
+func openLocker(ctx context.Context, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+	switch s := scheme(rawURL); s {
+	case "postgres", "postgresql":
+		return openPG(ctx, rawURL, table, log)
+	case "redis", "rediss",
+		"redis+sentinel", "rediss+sentinel", "redis-sentinel", "rediss-sentinel",
+		"redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster":
+		if table != "" {
+			log.Warn("LOCK_TABLE is ignored by the Redis backend")
+		}
+		return openRedis(rawURL, s)
+	case "":
+		return nil, nil, fmt.Errorf("%w: the value is not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)", errBadURL)
+	default:
+		if len(s) > 32 || strings.ContainsAny(s, "@:/ ") {
+			s = "?"
+		}
+		return nil, nil, fmt.Errorf("%w: unknown scheme %q (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)", errBadURL, s)
+	}
+}
+
+// openPG opens a pool and a Locker on the lock table. A table in the older
+// 3-column layout (key, value, expire_at) is used as such; a missing table is
+// created.
+func openPG(ctx context.Context, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+	pcfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		// The parser's message quotes the connection string.
+		return nil, nil, fmt.Errorf("%w: the PostgreSQL connection string cannot be parsed", errBadURL)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pg: connect: %w", err)
+	}
+	var opts []pg.Option
+	if table != "" {
+		opts = append(opts, pg.WithTable(table))
+	}
+	b, err := pg.NewBackend(ctx, pool, opts...)
+	if errors.Is(err, pg.ErrSchema) {
+		log.Debug("lock table not usable as is; trying the 3-column layout", "err", err)
+		if lb, lerr := pg.NewBackend(ctx, pool, append(opts, pg.WithLegacyTable())...); lerr == nil {
+			b, err = lb, nil
+		} else if mb, merr := pg.NewBackend(ctx, pool, append(opts, pg.WithAutoMigrate())...); merr == nil {
+			b, err = mb, nil
+		}
+	}
+	if err != nil {
+		pool.Close()
+		if errors.Is(err, core.ErrInvalidOption) {
+			return nil, nil, fmt.Errorf("%w: %s: %w", errBadURL, specTable.name(), err)
+		}
+		return nil, nil, err
+	}
+	c, err := core.New(b)
+	if err != nil {
+		b.Close()
+		pool.Close()
+		return nil, nil, err
+	}
+	return c, func() error {
+		err := c.Close()
+		pool.Close()
+		return err
+	}, nil
+}
+
+// openRedis builds a client for a single server (redis://, rediss://),
+// Sentinel (redis+sentinel://host:port,…/db?master_name=NAME) or Cluster
+// (redis+cluster://host:port?addr=host2:port2…).
+func openRedis(rawURL, s string) (locker, func() error, error) {
+	base := "redis"
+	if strings.HasPrefix(s, "rediss") {
+		base = "rediss"
+	}
+	u := base + rawURL[len(s):]
+	var client redis.UniversalClient
+	switch {
+	case strings.HasSuffix(s, "sentinel"):
+		u = commaHosts(u)
+		o, err := redis.ParseFailoverURL(u)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: the Redis Sentinel URL cannot be parsed (it needs master_name=NAME)", errBadURL)
+		}
+		if o.MasterName == "" {
+			return nil, nil, fmt.Errorf("%w: the Redis Sentinel URL needs master_name=NAME", errBadURL)
+		}
+		client = redis.NewFailoverClient(o)
+	case strings.HasSuffix(s, "cluster"):
+		o, err := redis.ParseClusterURL(commaHosts(u))
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: the Redis Cluster URL cannot be parsed", errBadURL)
+		}
+		client = redis.NewClusterClient(o)
+	default:
+		o, err := redis.ParseURL(u)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: the Redis URL cannot be parsed", errBadURL)
+		}
+		client = redis.NewClient(o)
+	}
+	c, err := redislock.New(client)
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return c, func() error {
+		err := c.Close()
+		return errors.Join(err, client.Close())
+	}, nil
+}
+
+// commaHosts rewrites scheme://user@h1:p1,h2:p2/… into the addr= query
+// parameters the go-redis parsers expect.
+func commaHosts(u string) string {
+	i := strings.Index(u, "://") + 3
+	end := len(u)
+	if j := strings.IndexAny(u[i:], "/?"); j >= 0 {
+		end = i + j
+	}
+	at := strings.LastIndex(u[i:end], "@")
+	hostStart := i
+	if at >= 0 {
+		hostStart = i + at + 1
+	}
+	hosts := strings.Split(u[hostStart:end], ",")
+	if len(hosts) < 2 {
+		return u
+	}
+	rest := u[end:]
+	var extra []string
+	for _, h := range hosts[1:] {
+		extra = append(extra, "addr="+h)
+	}
+	path, query, hasQuery := strings.Cut(rest, "?")
+	if hasQuery && query != "" {
+		query += "&" + strings.Join(extra, "&")
+	} else {
+		query = strings.Join(extra, "&")
+	}
+	return u[:hostStart] + hosts[0] + path + "?" + query
+}

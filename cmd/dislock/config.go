@@ -1,0 +1,452 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Key prefixes, as in the original tool.
+const (
+	schedulePrefix = "cronjob-lock:schedule:"
+	leasePrefix    = "cronjob-lock:lease:"
+)
+
+// Default values of the settings that have one.
+const (
+	defaultTTL      = 60 * time.Second
+	defaultGrace    = 10 * time.Second
+	defaultURLEnv   = "DATABASE_URL"
+	minTTL          = time.Second
+	minLeaseDefault = time.Second
+	maxLeaseDefault = 10 * time.Second
+)
+
+// Exit codes.
+const (
+	exitOK        = 0
+	exitFailure   = 1
+	exitUsage     = 2
+	exitLeaseLost = 75 // EX_TEMPFAIL
+	exitNotExec   = 126
+	exitNotFound  = 127
+)
+
+// spec describes one setting: its flag, its environment variable, its default
+// and its help text.
+type spec struct {
+	flag, env, def, arg, help string
+}
+
+// The settings. Flags win over environment variables, which win over defaults.
+var (
+	specKey        = spec{"key", "LOCK_KEY", "", "NAME", "lock name (required); the locks are " + schedulePrefix + "NAME and " + leasePrefix + "NAME"}
+	specSchedule   = spec{"schedule", "CRON_SCHEDULE", "", "SPEC", "cron schedule of the job, for the schedule strategy: 5 fields, or @hourly, @daily, @every 10m…"}
+	specStrategy   = spec{"strategy", "LOCK_STRATEGY", "schedule", "LIST", "schedule, lease, or both (schedule,lease): schedule runs the command at most once per schedule slot, lease keeps others out while it runs"}
+	specTable      = spec{"table", "LOCK_TABLE", "", "NAME", "PostgreSQL table of the locks (schema.table allowed; default: the backend's)"}
+	specTTL        = spec{"ttl", "RUN_LOCK_TTL_SECONDS", "60", "SECONDS", "lease time to live on the server; the lease is renewed while the command runs"}
+	specInterval   = spec{"lease-interval", "LOCK_LEASE_INTERVAL", "", "SECONDS", "lease renewal interval (default TTL×0.3, clamped to 1s…10s); shorter than the TTL"}
+	specJitter     = spec{"jitter", "LOCK_JITTER_SECONDS", "0", "SECONDS", "sleep a random time up to this long before taking the lock"}
+	specOnLoss     = spec{"on-lease-loss", "LOCK_ON_LEASE_LOSS", "terminate", "POLICY", "what to do when the lease is lost: terminate (the command's process group, exit 75) or continue"}
+	specLogLevel   = spec{"log-level", "CRONJOB_LOCK_LOG_LEVEL", "INFO", "LEVEL", "DEBUG, INFO, WARNING or ERROR"}
+	specGrace      = spec{"grace", "DISLOCK_GRACE_SECONDS", "10", "SECONDS", "time between SIGTERM and SIGKILL when the command is terminated after a lease loss (shortened when the lease would expire first)"}
+	specBusyExit   = spec{"busy-exit-code", "DISLOCK_BUSY_EXIT_CODE", "0", "CODE", "exit code when the lock is held elsewhere and the command does not start"}
+	specURLEnv     = spec{"url-env", "DISLOCK_URL_ENV", defaultURLEnv, "NAME", "environment variable holding the backend URL (subcommands; the run form names it as its first argument)"}
+	specForce      = spec{"force", "", "", "", "release: break the lock whoever holds it"}
+	specAllForHelp = []spec{specKey, specSchedule, specStrategy, specTable, specTTL, specInterval, specJitter, specOnLoss, specLogLevel, specGrace, specBusyExit, specURLEnv, specForce}
+)
+
+// name is how messages refer to a setting: the environment variable and the flag.
+func (s spec) name() string {
+	if s.env == "" {
+		return "--" + s.flag
+	}
+	return s.env + " (--" + s.flag + ")"
+}
+
+// usageError is a configuration or usage error (exit 2).
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+func badSetting(s spec, format string, args ...any) error {
+	return usagef("%s: %s", s.name(), fmt.Sprintf(format, args...))
+}
+
+// Subcommands.
+const (
+	subRun     = ""
+	subStatus  = "status"
+	subList    = "list"
+	subRelease = "release"
+)
+
+// invocation is a parsed command line.
+type invocation struct {
+	sub  string   // subRun or a subcommand
+	args []string // the subcommand's positional arguments
+	help bool
+
+	urlEnv string // name of the variable holding the backend URL
+	url    string
+	table  string
+	force  bool
+
+	level     slog.Level
+	levelWarn string // set when the log level was not understood
+
+	run runConfig // subRun only
+}
+
+// runConfig is the configuration of the run form.
+type runConfig struct {
+	command       []string
+	key           string
+	schedule      core.Schedule
+	scheduleSpec  string
+	useSchedule   bool
+	useLease      bool
+	ttl           time.Duration
+	interval      time.Duration
+	renewDeadline time.Duration
+	intervalWarn  string
+	jitter        time.Duration
+	onLossCont    bool
+	grace         time.Duration
+	busyExit      int
+}
+
+func (r *runConfig) scheduleKey() string { return schedulePrefix + r.key }
+func (r *runConfig) leaseKey() string    { return leasePrefix + r.key }
+
+// settings resolves each setting from the flags that were set, then the
+// environment, then the default.
+type settings struct {
+	flags  map[string]string
+	getenv func(string) (string, bool)
+}
+
+func (s *settings) get(sp spec) string {
+	if v, ok := s.flags[sp.flag]; ok {
+		return v
+	}
+	if sp.env != "" {
+		if v, ok := s.getenv(sp.env); ok && strings.TrimSpace(v) != "" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return sp.def
+}
+
+// has reports whether the setting was given by a flag or the environment.
+func (s *settings) has(sp spec) bool {
+	if _, ok := s.flags[sp.flag]; ok {
+		return true
+	}
+	if sp.env == "" {
+		return false
+	}
+	v, ok := s.getenv(sp.env)
+	return ok && strings.TrimSpace(v) != ""
+}
+
+// newFlagSet defines every flag as a string; values are checked afterwards so
+// that each error names both the flag and its environment variable.
+func newFlagSet() (*flag.FlagSet, *bool) {
+	fs := flag.NewFlagSet("dislock", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	for _, sp := range specAllForHelp {
+		if sp.flag == specForce.flag {
+			continue
+		}
+		fs.String(sp.flag, sp.def, sp.help)
+	}
+	force := fs.Bool(specForce.flag, false, specForce.help)
+	return fs, force
+}
+
+// parseArgs parses the command line (without the program name) and the
+// environment. Errors are *usageError.
+func parseArgs(args []string, getenv func(string) (string, bool)) (*invocation, error) {
+	fs, force := newFlagSet()
+	inv := &invocation{}
+	if len(args) > 0 {
+		switch args[0] {
+		case subStatus, subList, subRelease:
+			inv.sub = args[0]
+			args = args[1:]
+		}
+	}
+	var pos []string
+	var err error
+	if inv.sub == subRun {
+		err = fs.Parse(args)
+		pos = fs.Args()
+	} else {
+		pos, err = parseInterspersed(fs, args)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		inv.help = true
+		return inv, nil
+	}
+	if err != nil {
+		return nil, usagef("%v (see dislock --help)", err)
+	}
+	set := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = f.Value.String() })
+	st := &settings{flags: set, getenv: getenv}
+	inv.force = *force
+	inv.level, inv.levelWarn = parseLevel(st.get(specLogLevel))
+	inv.table = st.get(specTable)
+
+	switch inv.sub {
+	case subRun:
+		if _, ok := set[specURLEnv.flag]; ok {
+			inv.urlEnv = st.get(specURLEnv)
+		} else {
+			if len(pos) == 0 {
+				return nil, usagef("missing URL_ENV: usage: dislock [flags] URL_ENV [--] command [args…] (see dislock --help)")
+			}
+			inv.urlEnv, pos = pos[0], pos[1:]
+		}
+		if len(pos) > 0 && pos[0] == "--" {
+			pos = pos[1:]
+		}
+		if len(pos) == 0 {
+			return nil, usagef("missing command: usage: dislock [flags] URL_ENV [--] command [args…] (see dislock --help)")
+		}
+		if err := parseRun(st, &inv.run); err != nil {
+			return nil, err
+		}
+		inv.run.command = pos
+	case subStatus, subRelease:
+		if len(pos) != 1 {
+			return nil, usagef("usage: dislock %s [flags] KEY (exactly one key, as shown by dislock list)", inv.sub)
+		}
+		if err := core.ValidateKey(pos[0]); err != nil {
+			return nil, usagef("KEY: %v", err)
+		}
+		inv.urlEnv = st.get(specURLEnv)
+	case subList:
+		if len(pos) > 1 {
+			return nil, usagef("usage: dislock list [flags] [PREFIX]")
+		}
+		inv.urlEnv = st.get(specURLEnv)
+	}
+	inv.args = pos
+	if inv.sub == subRelease && !inv.force {
+		return nil, usagef("release breaks the lock whoever holds it; repeat with --force to confirm")
+	}
+	if inv.sub != subRelease && inv.force {
+		return nil, usagef("--force is only for dislock release")
+	}
+	if !validEnvName(inv.urlEnv) {
+		return nil, usagef("URL_ENV: %q is not an environment variable name", inv.urlEnv)
+	}
+	u, ok := getenv(inv.urlEnv)
+	u = strings.TrimSpace(u)
+	if !ok || u == "" {
+		return nil, usagef("URL_ENV: the environment variable %s that should hold the backend URL is not set", inv.urlEnv)
+	}
+	inv.url = u
+	return inv, nil
+}
+
+// parseInterspersed parses flags that may come before or after positional
+// arguments; "--" ends the flags.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(args) > 0 && len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+func validEnvName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, r := range s {
+		switch {
+		case r == '_', r >= 'A' && r <= 'Z', r >= 'a' && r <= 'z':
+		case r >= '0' && r <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// parseRun checks the settings of the run form.
+func parseRun(st *settings, r *runConfig) error {
+	r.key = st.get(specKey)
+	if r.key == "" {
+		return badSetting(specKey, "required: the name of the lock")
+	}
+	if err := core.ValidateKey(r.leaseKey()); err != nil {
+		return badSetting(specKey, "%v", err)
+	}
+
+	strategy := strings.ToLower(st.get(specStrategy))
+	for _, part := range strings.Split(strategy, ",") {
+		switch strings.TrimSpace(part) {
+		case "schedule":
+			if r.useSchedule {
+				return badSetting(specStrategy, "schedule given twice in %q", strategy)
+			}
+			r.useSchedule = true
+		case "lease":
+			if r.useLease {
+				return badSetting(specStrategy, "lease given twice in %q", strategy)
+			}
+			r.useLease = true
+		default:
+			return badSetting(specStrategy, "%q is not schedule, lease or schedule,lease", strategy)
+		}
+	}
+
+	r.scheduleSpec = st.get(specSchedule)
+	if r.useSchedule {
+		if r.scheduleSpec == "" {
+			return badSetting(specSchedule, "required by the schedule strategy")
+		}
+		sched, err := parseSchedule(r.scheduleSpec)
+		if err != nil {
+			return badSetting(specSchedule, "%q: %v", r.scheduleSpec, err)
+		}
+		r.schedule = sched
+	}
+
+	var err error
+	if r.ttl, err = parseSeconds(st.get(specTTL)); err != nil {
+		return badSetting(specTTL, "%v", err)
+	}
+	if r.ttl < minTTL {
+		return badSetting(specTTL, "must be at least %v, got %v", minTTL, r.ttl)
+	}
+	r.renewDeadline = r.ttl * 2 / 3
+	if st.has(specInterval) {
+		if r.interval, err = parseSeconds(st.get(specInterval)); err != nil {
+			return badSetting(specInterval, "%v", err)
+		}
+		switch {
+		case r.interval < 10*time.Millisecond:
+			return badSetting(specInterval, "must be at least 10ms, got %v", r.interval)
+		case r.interval >= r.ttl:
+			return badSetting(specInterval, "%v must be shorter than %s %v", r.interval, specTTL.env, r.ttl)
+		case r.interval >= r.renewDeadline:
+			// Renewals this sparse leave little room: the session counts as
+			// lost halfway between the interval and the TTL.
+			r.renewDeadline = r.interval + (r.ttl-r.interval)/2
+			r.intervalWarn = fmt.Sprintf("%s %v is more than 2/3 of %s %v: a single failed renewal loses the lease",
+				specInterval.env, r.interval, specTTL.env, r.ttl)
+		}
+	} else {
+		r.interval = min(max(r.ttl*3/10, minLeaseDefault), maxLeaseDefault)
+		if r.interval >= r.renewDeadline {
+			r.interval = r.ttl / 3
+		}
+	}
+
+	if r.jitter, err = parseSeconds(st.get(specJitter)); err != nil {
+		return badSetting(specJitter, "%v", err)
+	}
+	if r.jitter < 0 {
+		return badSetting(specJitter, "must not be negative, got %v", r.jitter)
+	}
+
+	switch strings.ToLower(st.get(specOnLoss)) {
+	case "terminate":
+	case "continue":
+		r.onLossCont = true
+	default:
+		return badSetting(specOnLoss, "%q is not terminate or continue", st.get(specOnLoss))
+	}
+
+	if r.grace, err = parseSeconds(st.get(specGrace)); err != nil {
+		return badSetting(specGrace, "%v", err)
+	}
+	if r.grace < 0 {
+		return badSetting(specGrace, "must not be negative, got %v", r.grace)
+	}
+
+	code, err := strconv.Atoi(st.get(specBusyExit))
+	if err != nil || code < 0 || code > 255 {
+		return badSetting(specBusyExit, "%q is not an exit code from 0 to 255", st.get(specBusyExit))
+	}
+	r.busyExit = code
+	return nil
+}
+
+// parseSeconds reads a number of seconds ("60", "0.5") or a Go duration ("1m30s").
+func parseSeconds(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > 1e9 {
+			return 0, fmt.Errorf("%q is not a usable number of seconds", s)
+		}
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return d, nil
+	}
+	return 0, fmt.Errorf("%q is not a number of seconds", s)
+}
+
+// parseSchedule parses a standard cron spec (5 fields, descriptors such as
+// @hourly, @every 10m, and a CRON_TZ= prefix). @every slots are aligned to the
+// Unix epoch so that every machine agrees on them; other specs are evaluated
+// in the local time zone unless CRON_TZ says otherwise.
+func parseSchedule(specText string) (core.Schedule, error) {
+	s, err := cron.ParseStandard(specText)
+	if err != nil {
+		return nil, err
+	}
+	if every, ok := s.(cron.ConstantDelaySchedule); ok {
+		if every.Delay < time.Second {
+			return nil, fmt.Errorf("@every needs at least 1s")
+		}
+		return core.Every(every.Delay), nil
+	}
+	return core.ScheduleFunc(func(t time.Time) time.Time { return s.Next(t.In(time.Local)) }), nil
+}
+
+// parseLevel maps CRONJOB_LOCK_LOG_LEVEL to a slog level; an unknown value
+// gives WARNING and a warning to log.
+func parseLevel(s string) (slog.Level, string) {
+	switch strings.ToUpper(strings.TrimSpace(s)) {
+	case "DEBUG":
+		return slog.LevelDebug, ""
+	case "INFO", "":
+		return slog.LevelInfo, ""
+	case "WARNING", "WARN":
+		return slog.LevelWarn, ""
+	case "ERROR", "CRITICAL", "FATAL":
+		return slog.LevelError, ""
+	}
+	return slog.LevelWarn, fmt.Sprintf("%s: unknown level %q, using WARNING", specLogLevel.name(), s)
+}

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	c := newCLI(os.Stdout, os.Stderr, os.LookupEnv)
+	os.Exit(c.exitCode(c.run(os.Args[1:])))
+}
+
+// exitError carries the process's exit code. A nil err means there is
+// nothing left to log (the command's own exit code, or a busy lock).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+func exitWith(code int, err error) error { return &exitError{code: code, err: err} }
+
+// cli holds the process's outputs, environment and logger.
+type cli struct {
+	stdout, stderr io.Writer
+	getenv         func(string) (string, bool)
+	level          *slog.LevelVar
+	red            *redactor
+	log            *slog.Logger
+}
+
+func newCLI(stdout, stderr io.Writer, getenv func(string) (string, bool)) *cli {
+	c := &cli{stdout: stdout, stderr: stderr, getenv: getenv, level: new(slog.LevelVar)}
+	c.setRedactor(newRedactor("", ""))
+	return c
+}
+
+// setRedactor installs r in front of the log output. It is called before
+// any goroutine logs.
+func (c *cli) setRedactor(r *redactor) {
+	c.red = r
+	c.log = slog.New(&redactHandler{r: r, next: slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: c.level})})
+}
+
+// exitCode logs err (redacted) and returns the exit code it stands for.
+func (c *cli) exitCode(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	code := exitFailure
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+		err = ee.err
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		code = exitUsage
+	}
+	if err != nil {
+		c.log.Error(err.Error(), "exit_code", code)
+	}
+	return code
+}
+
+func (c *cli) run(args []string) error {
+	inv, err := parseArgs(args, c.getenv)
+	if err != nil {
+		return err
+	}
+	if inv.help {
+		c.usage(c.stdout)
+		return nil
+	}
+	c.level.Set(inv.level)
+	c.setRedactor(newRedactor(inv.urlEnv, inv.url))
+	if inv.levelWarn != "" {
+		c.log.Warn(inv.levelWarn)
+	}
+	switch inv.sub {
+	case subStatus:
+		return c.status(inv)
+	case subList:
+		return c.list(inv)
+	case subRelease:
+		return c.release(inv)
+	}
+	return c.runLocked(inv)
+}
+
+// open connects to the backend within a bounded time; errors carry their
+// exit code.
+func (c *cli) open(ctx context.Context, inv *invocation) (locker, func() error, error) {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	l, closeFn, err := openLocker(ctx, inv.url, inv.table, c.log)
+	switch {
+	case err == nil:
+		return l, closeFn, nil
+	case errors.Is(err, errBadURL):
+		return nil, nil, exitWith(exitUsage, fmt.Errorf("URL in %s: %w", inv.urlEnv, err))
+	}
+	return nil, nil, exitWith(exitFailure, fmt.Errorf("connect to the backend in %s: %w", inv.urlEnv, err))
+}
+
+// connectTimeout bounds connecting and each operator call.
+const connectTimeout = 30 * time.Second
+
+func (c *cli) status(inv *invocation) error {
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	l, closeFn, err := c.open(ctx, inv)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	key := inv.args[0]
+	info, ok, err := l.Inspect(ctx, key)
+	if err != nil {
+		return exitWith(exitFailure, fmt.Errorf("status %q: %w", key, err))
+	}
+	if !ok {
+		fmt.Fprintf(c.stdout, "%s\tfree\n", key)
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "%s\theld\towner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s\n",
+		key, info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond))
+	return nil
+}
+
+func (c *cli) list(inv *invocation) error {
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	l, closeFn, err := c.open(ctx, inv)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	prefix := ""
+	if len(inv.args) > 0 {
+		prefix = inv.args[0]
+	}
+	infos, err := l.List(ctx, prefix)
+	if err != nil {
+		return exitWith(exitFailure, fmt.Errorf("list: %w", err))
+	}
+	for _, info := range infos {
+		fmt.Fprintf(c.stdout, "%s\towner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s\n",
+			info.Key, info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond))
+	}
+	return nil
+}
+
+func (c *cli) release(inv *invocation) error {
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	l, closeFn, err := c.open(ctx, inv)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	key := inv.args[0]
+	if info, ok, err := l.Inspect(ctx, key); err == nil && ok {
+		c.log.Warn("force-releasing a held lock; its holder learns of the loss at its next renewal",
+			"key", key, "owner", info.Owner, "token", info.Token)
+	}
+	released, err := l.ForceRelease(ctx, key)
+	if err != nil {
+		return exitWith(exitFailure, fmt.Errorf("release %q: %w", key, err))
+	}
+	if released {
+		fmt.Fprintf(c.stdout, "%s\treleased\n", key)
+	} else {
+		fmt.Fprintf(c.stdout, "%s\tfree\n", key)
+	}
+	return nil
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// usage prints the help text, with each flag's environment variable.
+func (c *cli) usage(w io.Writer) {
+	var b strings.Builder
+	b.WriteString(`Usage:
+  dislock [flags] URL_ENV [--] command [args…]
+  dislock status [flags] KEY
+  dislock list [flags] [PREFIX]
+  dislock release --force [flags] KEY
+
+Runs command under a distributed lock, for crontabs: on every machine, at most
+one instance per schedule slot (strategy schedule) and/or at a time (strategy
+lease). URL_ENV names the environment variable that holds the backend URL:
+postgres://, postgresql://, redis://, rediss://, redis+sentinel://h1:p1,h2:p2/db?master_name=NAME,
+redis+cluster://h1:p1,h2:p2. The URL is never printed.
+
+The command runs in its own process group with DISLOCK_KEY, DISLOCK_TOKEN
+(fencing token) and DISLOCK_DEADLINE (RFC 3339) added to its environment.
+SIGINT, SIGTERM and SIGHUP are forwarded to the group; the lock is released
+when the command has exited.
+
+Exit codes: 0 the command succeeded, or the lock is held elsewhere and the
+command did not start (see --busy-exit-code); 1 runtime failure (for example
+the backend is unreachable; the command did not start); 2 bad configuration or
+usage; 75 the lease was lost and the command terminated; 126/127 the command
+cannot be executed / was not found; otherwise the command's own exit code
+(128+N when a signal N ended it).
+
+Flags (each overrides its environment variable):
+`)
+	for _, sp := range specAllForHelp {
+		arg := ""
+		if sp.arg != "" {
+			arg = " " + sp.arg
+		}
+		fmt.Fprintf(&b, "  --%s%s\n", sp.flag, arg)
+		env := ""
+		if sp.env != "" {
+			env = "$" + sp.env + ". "
+		}
+		def := ""
+		if sp.def != "" {
+			def = " (default " + sp.def + ")"
+		}
+		fmt.Fprintf(&b, "      %s%s%s\n", env, sp.help, def)
+	}
+	b.WriteString("\nStatus, list and release take KEY as stored, e.g. " + schedulePrefix + "NAME or " + leasePrefix + "NAME.\n")
+	io.WriteString(w, b.String())
+}
