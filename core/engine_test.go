@@ -1,0 +1,466 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newPair returns two Lockers (processes) on one memlock store and their
+// backend handles.
+func newPair(t *testing.T, opts ...core.ClientOption) (*memlock.Store, [2]*core.Client, [2]*memlock.Backend) {
+	t.Helper()
+	st := memlock.NewStore()
+	var cs [2]*core.Client
+	var bs [2]*memlock.Backend
+	for i := range cs {
+		bs[i] = st.Backend()
+		c, err := core.New(bs[i], opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs[i] = c
+		t.Cleanup(func() { c.Close() })
+	}
+	return st, cs, bs
+}
+
+func TestOptionValidation(t *testing.T) {
+	l, err := memlock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, c := range []struct {
+		field string
+		opts  []core.Option
+	}{
+		{"TTL", []core.Option{core.TTL(0)}},
+		{"TTL", []core.Option{core.TTL(-1)}},
+		{"RenewInterval", []core.Option{core.RenewInterval(0)}},
+		{"RenewInterval", []core.Option{core.TTL(9 * time.Second), core.RenewDeadline(6 * time.Second), core.RenewInterval(6 * time.Second)}},
+		{"RenewInterval", []core.Option{core.TTL(9 * time.Second), core.RenewDeadline(6 * time.Second), core.RenewInterval(7 * time.Second)}},
+		{"RenewDeadline", []core.Option{core.TTL(9 * time.Second), core.RenewDeadline(9 * time.Second)}},
+		{"RenewDeadline", []core.Option{core.TTL(9 * time.Second), core.RenewDeadline(10 * time.Second)}},
+		{"RenewDeadline", []core.Option{core.RenewDeadline(-1)}},
+		{"Jitter", []core.Option{core.Jitter(-time.Second)}},
+		{"MinHold", []core.Option{core.MinHold(-time.Second)}},
+		{"ForSlot", []core.Option{core.ForSlot(nil)}},
+		{"SlotTolerance", []core.Option{core.SlotTolerance(-1)}},
+		{"Owner", []core.Option{core.WithOwner("")}},
+		{"Owner", []core.Option{core.WithOwner(strings.Repeat("o", 257))}},
+		{"Owner", []core.Option{core.WithOwner("a\x00b")}},
+		{"Backoff", []core.Option{core.Backoff(0, time.Second)}},
+		{"Backoff", []core.Option{core.Backoff(time.Second, time.Millisecond)}},
+	} {
+		t.Run(c.field, func(t *testing.T) {
+			_, err := l.TryAcquire(context.Background(), "k", c.opts...)
+			if !errors.Is(err, core.ErrInvalidOption) {
+				t.Fatalf("got %v, want ErrInvalidOption", err)
+			}
+			if !strings.Contains(err.Error(), c.field) {
+				t.Fatalf("error %q does not name %s", err, c.field)
+			}
+			if core.ErrorType(err) != "invalid_option" {
+				t.Fatalf("ErrorType = %q", core.ErrorType(err))
+			}
+		})
+	}
+	// A bad default fails at construction.
+	if _, err := memlock.New(core.WithDefaults(core.TTL(0))); !errors.Is(err, core.ErrInvalidOption) {
+		t.Fatalf("New with bad default: %v", err)
+	}
+	if _, err := memlock.New(core.WithReleaseTimeout(0)); !errors.Is(err, core.ErrInvalidOption) {
+		t.Fatalf("New with bad release timeout: %v", err)
+	}
+	// Options are stateless: one slice serves many acquisitions alike.
+	opts := []core.Option{core.TTL(time.Minute), core.WithOwner("me")}
+	for i := 0; i < 3; i++ {
+		s, err := l.TryAcquire(context.Background(), fmt.Sprint("k", i), opts...)
+		if err != nil || s.Owner() != "me" {
+			t.Fatalf("acquisition %d: %v", i, err)
+		}
+		s.Release(context.Background())
+	}
+}
+
+func TestValidateKey(t *testing.T) {
+	for name, k := range map[string]string{
+		"empty": "", "long": strings.Repeat("k", core.MaxKeyLen+1), "utf8": "\xc3\x28", "nul": "a\x00",
+	} {
+		if err := core.ValidateKey(k); !errors.Is(err, core.ErrInvalidKey) || !strings.Contains(err.Error(), "key") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	for _, k := range []string{"k", strings.Repeat("k", core.MaxKeyLen), "鍵 {x} \r\n"} {
+		if err := core.ValidateKey(k); err != nil {
+			t.Errorf("%q: %v", k, err)
+		}
+	}
+}
+
+func TestErrorType(t *testing.T) {
+	for err, want := range map[error]string{
+		nil:                                 "",
+		core.ErrLeaseLost:                   "lease_lost",
+		fmt.Errorf("x: %w", core.ErrClosed): "closed",
+		core.Busy("k", nil):                 "not_acquired",
+		errors.Join(core.ErrNotAcquired, context.DeadlineExceeded): "not_acquired",
+		context.Canceled:     "canceled",
+		errors.New("driver"): "backend",
+	} {
+		if got := core.ErrorType(err); got != want {
+			t.Errorf("ErrorType(%v) = %q, want %q", err, got, want)
+		}
+	}
+}
+
+// The engine's timing, on synctest's fake clock: renewals every TTL/3, one
+// backend call per interval however many sessions, loss exactly at the
+// renew deadline counted from the send time of the last good renewal.
+func TestRenewalCadence(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		var ss []core.Session
+		for i := 0; i < 50; i++ {
+			s, err := cs[0].TryAcquire(context.Background(), fmt.Sprint("k", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ss = append(ss, s)
+			time.Sleep(100 * time.Millisecond) // acquisitions spread over 5s
+		}
+		start := bs[0].Stats()
+		time.Sleep(100 * time.Second)
+		st := bs[0].Stats()
+		calls := st.Renews - start.Renews
+		// 100s at a 10s interval: about 10 batches, not 500 calls.
+		if calls < 9 || calls > 12 {
+			t.Fatalf("renew calls in 100s = %d, want about 10 (one per interval)", calls)
+		}
+		if per := (st.RenewedLeases - start.RenewedLeases) / calls; per < 40 {
+			t.Fatalf("leases per batch = %d, want nearly all 50", per)
+		}
+		for _, s := range ss {
+			if s.Err() != nil {
+				t.Fatal(s.Err())
+			}
+		}
+	})
+}
+
+func TestLossAtRenewDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		s, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		acquired := time.Now()
+		time.Sleep(15 * time.Second) // one renewal at 10s
+		bs[0].SetDown(true)
+		<-s.Done()
+		lost := time.Since(acquired)
+		// The last good renewal was sent at 10s; deadline = 10s + 20s.
+		if lost != 30*time.Second {
+			t.Fatalf("lost after %v, want exactly 30s", lost)
+		}
+		if !errors.Is(context.Cause(s.Context()), core.ErrLeaseLost) {
+			t.Fatalf("cause %v", context.Cause(s.Context()))
+		}
+		// The store still had it until 10s + 30s TTL: loss came first.
+		if !s.Deadline().Before(acquired.Add(40 * time.Second)) {
+			t.Fatalf("deadline %v not before the store's expiry", s.Deadline().Sub(acquired))
+		}
+	})
+}
+
+func TestLossWhileRenewalHangs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		s, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		acquired := time.Now()
+		bs[0].SetLatency(time.Hour) // every call hangs far past the TTL
+		<-s.Done()
+		if lost := time.Since(acquired); lost != 20*time.Second {
+			t.Fatalf("lost after %v, want exactly the 20s renew deadline", lost)
+		}
+		bs[0].SetLatency(0)
+	})
+}
+
+func TestTransientRenewFailureIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		s, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(9 * time.Second)
+		bs[0].SetDown(true) // the renewal due at 10s fails
+		time.Sleep(6 * time.Second)
+		bs[0].SetDown(false) // retries about every 3s succeed before 20s
+		time.Sleep(60 * time.Second)
+		if s.Err() != nil {
+			t.Fatalf("session lost after a short outage: %v", s.Err())
+		}
+	})
+}
+
+func TestRefusedRenewalIsLostAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		s, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		acquired := time.Now()
+		st.Steal("k")
+		<-s.Done()
+		if lost := time.Since(acquired); lost != 10*time.Second {
+			t.Fatalf("lost after %v, want at the first renewal (10s)", lost)
+		}
+	})
+}
+
+func TestWaiterWakesNoLaterThanExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		if _, err := cs[0].TryAcquire(context.Background(), "k"); err != nil {
+			t.Fatal(err)
+		}
+		bs[0].SetDown(true) // the holder crashes
+		start := time.Now()
+		// Polling alone would wait up to an hour between attempts.
+		s, err := cs[1].Acquire(context.Background(), "k", core.Backoff(time.Hour, time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d < 30*time.Second || d > 31*time.Second {
+			t.Fatalf("acquired after %v, want right at the holder's 30s expiry", d)
+		}
+		s.Release(context.Background())
+	})
+}
+
+func TestWaiterWokenByLocalRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, _ := newPair(t)
+		s, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan time.Time)
+		go func() {
+			s2, err := cs[0].Acquire(context.Background(), "k", core.Backoff(time.Hour, time.Hour))
+			if err == nil {
+				s2.Release(context.Background())
+			}
+			got <- time.Now()
+		}()
+		synctest.Wait()
+		time.Sleep(time.Second)
+		released := time.Now()
+		s.Release(context.Background())
+		if at := <-got; at.Sub(released) > time.Millisecond {
+			t.Fatalf("woke %v after the release", at.Sub(released))
+		}
+	})
+}
+
+func TestJitterAndMinHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, _ := newPair(t)
+		start := time.Now()
+		s, err := cs[0].TryAcquire(context.Background(), "k", core.Jitter(5*time.Second), core.MinHold(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("jitter slept %v > 5s", d)
+		}
+		s.Release(context.Background())
+		if _, err := cs[1].TryAcquire(context.Background(), "k"); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("min hold not kept: %v", err)
+		}
+		s2, err := cs[1].Acquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d < time.Minute {
+			t.Fatalf("freed after %v, min hold 1m", d)
+		}
+		s2.Release(context.Background())
+		// Jitter honours ctx.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = cs[0].TryAcquire(ctx, "j", core.Jitter(time.Hour))
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("jitter with ctx: %v", err)
+		}
+	})
+}
+
+func TestSlotEndUsesStoreClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, cs, _ := newPair(t)
+		// The store's clock runs 3s ahead of this process.
+		st.SetClockOffset(3 * time.Second)
+		base := time.Now().Add(3 * time.Second).Truncate(time.Minute).Add(time.Minute)
+		// Fire at 0.5s before the store's minute: it belongs to the coming slot.
+		time.Sleep(base.Add(-500 * time.Millisecond).Sub(time.Now().Add(3 * time.Second)))
+		s, err := cs[0].TryAcquire(context.Background(), "k", core.ForSlot(core.Every(time.Minute)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Ends at base+1m on the store's clock, 3s earlier locally.
+		want := base.Add(time.Minute).Add(-3 * time.Second)
+		if got := s.Deadline(); got.Sub(want).Abs() > time.Millisecond {
+			t.Fatalf("slot deadline %v, want %v", got, want)
+		}
+		s.Release(context.Background())
+		if _, err := cs[1].TryAcquire(context.Background(), "k", core.ForSlot(core.Every(time.Minute))); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("a second start in the slot: %v", err)
+		}
+		time.Sleep(time.Until(s.Deadline())) // released, but kept until the slot ends
+		s2, err := cs[1].TryAcquire(context.Background(), "k", core.ForSlot(core.Every(time.Minute)))
+		if err != nil {
+			t.Fatalf("next slot: %v", err)
+		}
+		s2.Release(context.Background())
+	})
+}
+
+func TestElection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		var elected, revoked atomic.Int32
+		var es [2]*core.Election
+		for i := range es {
+			e, err := core.Campaign(cs[i], "leader", core.WithRetry(time.Second),
+				core.OnElected(func(core.Session) { elected.Add(1) }),
+				core.OnRevoked(func(error) { revoked.Add(1) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			es[i] = e
+			t.Cleanup(func() { e.Close() })
+		}
+		synctest.Wait()
+		time.Sleep(time.Second)
+		if es[0].IsLeader() == es[1].IsLeader() {
+			t.Fatalf("leaders: %v %v, want exactly one", es[0].IsLeader(), es[1].IsLeader())
+		}
+		lead, standby := 0, 1
+		if es[1].IsLeader() {
+			lead, standby = 1, 0
+		}
+		info, ok, err := es[standby].Leader(context.Background())
+		if err != nil || !ok || info.Token != es[lead].Session().Token() {
+			t.Fatalf("Leader() = %+v %v %v", info, ok, err)
+		}
+		// The leader is cut off: IsLeader turns false at its deadline, and
+		// the standby takes over once the TTL has run out.
+		bs[lead].SetDown(true)
+		deadline := es[lead].Session().Deadline()
+		time.Sleep(time.Until(deadline))
+		if es[lead].IsLeader() {
+			t.Fatal("IsLeader still true at the local deadline")
+		}
+		time.Sleep(15 * time.Second)
+		if !es[standby].IsLeader() {
+			t.Fatal("standby did not take over within the TTL")
+		}
+		bs[lead].SetDown(false)
+		time.Sleep(30 * time.Second) // the old leader campaigns again and subscribes
+		if es[lead].IsLeader() || !es[standby].IsLeader() {
+			t.Fatal("leadership changed without cause")
+		}
+		// Close hands over at once.
+		es[standby].Close()
+		synctest.Wait()
+		time.Sleep(10 * time.Millisecond)
+		if !es[lead].IsLeader() {
+			t.Fatal("no hand-over after Close")
+		}
+		es[lead].Close()
+		if elected.Load() != 3 || revoked.Load() != 3 {
+			t.Fatalf("elected %d revoked %d, want 3 and 3", elected.Load(), revoked.Load())
+		}
+	})
+}
+
+func TestBindAndDo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		s, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := core.Bind(context.Background(), s)
+		defer cancel()
+		st.Steal("k")
+		<-ctx.Done()
+		if !errors.Is(context.Cause(ctx), core.ErrLeaseLost) {
+			t.Fatalf("Bind cause %v", context.Cause(ctx))
+		}
+		if got, _ := core.SessionFromContext(ctx); got != s {
+			t.Fatal("Bind lost the session")
+		}
+		// Do reports a loss even when fn returns nil.
+		err = core.Do(context.Background(), cs[1], "d", func(ctx context.Context) error {
+			st.Steal("d")
+			<-ctx.Done()
+			return nil
+		})
+		if !errors.Is(err, core.ErrLeaseLost) {
+			t.Fatalf("Do = %v", err)
+		}
+	})
+}
+
+func TestCloseStopsEverything(t *testing.T) {
+	st := memlock.NewStore()
+	c, err := st.Locker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter on another key is running when Close comes.
+	other, _ := st.Locker()
+	defer other.Close()
+	h, _ := other.TryAcquire(context.Background(), "busy")
+	defer h.Release(context.Background())
+	errc := make(chan error)
+	go func() {
+		_, err := c.Acquire(context.Background(), "busy")
+		errc <- err
+	}()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, core.ErrClosed) {
+		t.Fatalf("waiter after Close: %v", err)
+	}
+	if !errors.Is(s.Err(), core.ErrClosed) || st.Held("k") {
+		t.Fatalf("Close left the session: %v held=%v", s.Err(), st.Held("k"))
+	}
+}
