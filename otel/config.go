@@ -1,6 +1,8 @@
 package otel
 
 import (
+	"strconv"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -27,6 +29,19 @@ const (
 	// KeyOmitted leaves the key out of spans entirely.
 	KeyOmitted
 )
+
+// String returns "raw", "hashed" or "omitted".
+func (m KeyMode) String() string {
+	switch m {
+	case KeyRaw:
+		return "raw"
+	case KeyHashed:
+		return "hashed"
+	case KeyOmitted:
+		return "omitted"
+	}
+	return "KeyMode(" + strconv.Itoa(int(m)) + ")"
+}
 
 // Option configures an Observer.
 type Option interface{ apply(*config) }
