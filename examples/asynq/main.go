@@ -1,0 +1,188 @@
+// Command asynq runs two asynq workers that share a dislock lock, so that the
+// tasks of one account run one at a time although both workers pick them up.
+//
+// With REDIS_URL unset it needs no server: asynq runs on an in-process
+// miniredis and the locks live in memory. With REDIS_URL set (for example
+// redis://127.0.0.1:6379/0) asynq uses that Redis.
+//
+//	go run ./examples/asynq
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/integrations/asynqlock"
+)
+
+const (
+	taskType = "report:build"
+	tasks    = 4
+	account  = "42"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+// run enqueues the tasks, runs two workers until every task is done (or ctx
+// ends), and prints what happens to out.
+func run(ctx context.Context, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	p := &printer{w: out}
+
+	rdb, where, closeRedis, err := connect()
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+	p.printf("asynq on %s; locks in memory (memlock)\n", where)
+
+	// One lock store, one Locker per worker: each acts as a separate process.
+	store := memlock.NewStore()
+	queue := "dislock-example-" + strings.ToLower(rand.Text()[:8])
+	inspector := asynq.NewInspectorFromRedisClient(rdb)
+	defer inspector.Close()
+	defer inspector.DeleteQueue(queue, true) //nolint:errcheck // best effort
+
+	done := make(chan int, tasks)
+	var (
+		mu      sync.Mutex
+		running int
+		overlap bool
+	)
+	for _, name := range []string{"worker-1", "worker-2"} {
+		locker, err := store.Locker()
+		if err != nil {
+			return err
+		}
+		defer locker.Close()
+		handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			s, _ := core.SessionFromContext(ctx)
+			mu.Lock()
+			running++
+			overlap = overlap || running > 1
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				running--
+				mu.Unlock()
+			}()
+			p.printf("%s: runs task %s for account %s (fencing token %d)\n", name, t.Payload(), account, s.Token())
+			select { // the work
+			case <-time.After(300 * time.Millisecond):
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			p.printf("%s: done task %s\n", name, t.Payload())
+			var n int
+			fmt.Sscan(string(t.Payload()), &n)
+			done <- n
+			return nil
+		})
+		mux := asynq.NewServeMux()
+		mux.Use(asynqlock.Middleware(locker,
+			asynqlock.WithKey(asynqlock.ByHeader("account")),
+			asynqlock.BusyDelay(0, 500*time.Millisecond),
+		))
+		mux.Handle(taskType, handler)
+		srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+			Concurrency:              2,
+			Queues:                   map[string]int{queue: 1},
+			IsFailure:                asynqlock.IsFailure,
+			RetryDelayFunc:           asynqlock.RetryDelay(nil),
+			TaskCheckInterval:        50 * time.Millisecond,
+			DelayedTaskCheckInterval: 200 * time.Millisecond,
+			LogLevel:                 asynq.FatalLevel,
+			ShutdownTimeout:          2 * time.Second,
+			ErrorHandler: asynq.ErrorHandlerFunc(func(_ context.Context, t *asynq.Task, err error) {
+				if errors.Is(err, core.ErrNotAcquired) {
+					p.printf("%s: task %s is busy (account %s held elsewhere): retry later, no retry used\n", name, t.Payload(), account)
+					return
+				}
+				p.printf("%s: task %s failed: %v\n", name, t.Payload(), err)
+			}),
+		})
+		if err := srv.Start(mux); err != nil {
+			return err
+		}
+		defer srv.Shutdown()
+	}
+
+	client := asynq.NewClientFromRedisClient(rdb)
+	defer client.Close()
+	for i := 1; i <= tasks; i++ {
+		t := asynq.NewTaskWithHeaders(taskType, []byte(fmt.Sprint(i)), map[string]string{"account": account})
+		if _, err := client.EnqueueContext(ctx, t, asynq.Queue(queue), asynq.MaxRetry(3)); err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	p.printf("enqueued %d tasks for account %s\n", tasks, account)
+
+	for n := 0; n < tasks; n++ {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for tasks: %w", ctx.Err())
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if overlap {
+		return errors.New("two tasks of one account ran at the same time")
+	}
+	p.printf("all %d tasks done, one at a time\n", tasks)
+	return nil
+}
+
+// connect returns the Redis client asynq uses: REDIS_URL's, or an embedded
+// miniredis.
+func connect() (rdb redis.UniversalClient, where string, closeFn func(), err error) {
+	if u := os.Getenv("REDIS_URL"); u != "" {
+		opt, err := redis.ParseURL(u)
+		if err != nil {
+			return nil, "", nil, errors.New("REDIS_URL is not a valid Redis URL")
+		}
+		c := redis.NewClient(opt)
+		return c, "the Redis at REDIS_URL", func() { c.Close() }, nil
+	}
+	m, err := miniredis.Run()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	return c, "an embedded miniredis (set REDIS_URL to use a real Redis)", func() { c.Close(); m.Close() }, nil
+}
+
+// printer serialises output from the workers' goroutines.
+type printer struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (p *printer) printf(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, format, args...)
+}

@@ -1,0 +1,424 @@
+package asynqlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Defaults used when no option says otherwise.
+const (
+	DefaultPrefix         = "asynqlock:"
+	DefaultGrace          = 10 * time.Second
+	DefaultBusyDelayMin   = time.Second
+	DefaultBusyDelayMax   = 3 * time.Second
+	DefaultReleaseTimeout = 5 * time.Second
+)
+
+// Option configures the middleware.
+type Option func(*config)
+
+type config struct {
+	key            KeyFunc
+	prefix         string
+	lockOpts       []core.Option
+	onBusy         Policy
+	onExhausted    Policy
+	grace          time.Duration
+	delayMin       time.Duration
+	delayMax       time.Duration
+	releaseTimeout time.Duration
+	errs           []error
+}
+
+func invalid(name, format string, args ...any) error {
+	return fmt.Errorf("%w: asynqlock: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+}
+
+// WithKey sets how a task's lock key is derived (default ByType). The key
+// function's result is put after the prefix; an empty result means the task
+// runs without a lock.
+func WithKey(fn KeyFunc) Option {
+	return func(c *config) {
+		if fn == nil {
+			c.errs = append(c.errs, invalid("WithKey", "nil key function"))
+			return
+		}
+		c.key = fn
+	}
+}
+
+// Prefix is put before every lock key (default DefaultPrefix), so that the
+// locks of asynq tasks share a namespace of their own. It may be empty.
+func Prefix(p string) Option {
+	return func(c *config) { c.prefix = p }
+}
+
+// LockOptions are passed to every acquisition (core.TTL, core.WithOwner, …).
+func LockOptions(opts ...core.Option) Option {
+	return func(c *config) { c.lockOpts = append(c.lockOpts, opts...) }
+}
+
+// OnBusy sets what happens to a task whose key is held elsewhere (default
+// RetryLater).
+func OnBusy(p Policy) Option {
+	return func(c *config) {
+		if err := p.check("OnBusy"); err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.onBusy = p
+	}
+}
+
+// OnExhausted sets what happens to a busy task on its last attempt (its
+// retry count has reached its MaxRetry), when the busy policy would retry it
+// later. asynq archives a task that fails on its last attempt whatever
+// Config.IsFailure says, so retrying later is not possible then; the default
+// is Wait(0): wait for the lock until the task's deadline. RetryLater is not
+// a valid value.
+func OnExhausted(p Policy) Option {
+	return func(c *config) {
+		if err := p.check("OnExhausted"); err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		if p.kind == kindRetryLater {
+			c.errs = append(c.errs, invalid("OnExhausted", "RetryLater cannot apply once retries are exhausted"))
+			return
+		}
+		c.onExhausted = p
+	}
+}
+
+// Grace sets how long after the task's deadline the lock stays held if the
+// handler has not returned (default DefaultGrace). asynq cancels the
+// handler's context at the deadline; a handler that ignores it keeps running,
+// but its lock is released at deadline + grace so that the key does not stay
+// locked for as long as the handler hangs.
+func Grace(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.errs = append(c.errs, invalid("Grace", "must not be negative, got %v", d))
+			return
+		}
+		c.grace = d
+	}
+}
+
+// BusyDelay sets the range from which the retry delay of a busy task is
+// drawn (uniformly; default DefaultBusyDelayMin to DefaultBusyDelayMax). The
+// delay travels in the *BusyError and is applied by RetryDelay. asynq keeps
+// retry times in whole seconds and moves due tasks every
+// Config.DelayedTaskCheckInterval (default 5s), which bound how soon a
+// bounced task runs again.
+func BusyDelay(min, max time.Duration) Option {
+	return func(c *config) {
+		if min < 0 || max < min {
+			c.errs = append(c.errs, invalid("BusyDelay", "need 0 <= min <= max, got min %v max %v", min, max))
+			return
+		}
+		c.delayMin, c.delayMax = min, max
+	}
+}
+
+// ReleaseTimeout bounds the release after the handler returns, which runs on
+// a context detached from the task's cancellation (default
+// DefaultReleaseTimeout).
+func ReleaseTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, invalid("ReleaseTimeout", "must be positive, got %v", d))
+			return
+		}
+		c.releaseTimeout = d
+	}
+}
+
+type policyKind int
+
+const (
+	kindRetryLater policyKind = iota
+	kindSkip
+	kindRevoke
+	kindArchive
+	kindWait
+)
+
+// Policy says what the middleware does with a task whose key is held
+// elsewhere. Compare policies with ==.
+type Policy struct {
+	kind policyKind
+	max  time.Duration
+}
+
+var (
+	// RetryLater returns a *BusyError (matching core.ErrNotAcquired): asynq
+	// retries the task. Wire IsFailure and RetryDelay into asynq.Config so
+	// that the bounce consumes none of the task's retries and comes back
+	// after a short delay.
+	RetryLater = Policy{kind: kindRetryLater}
+	// Skip returns nil: the task counts as done (completed when it has a
+	// retention period, deleted otherwise) without its handler running.
+	Skip = Policy{kind: kindSkip}
+	// Revoke returns an error wrapping asynq.RevokeTask: the task is deleted,
+	// neither retried nor archived.
+	Revoke = Policy{kind: kindRevoke}
+	// Archive returns an error wrapping asynq.SkipRetry: the task is archived.
+	Archive = Policy{kind: kindArchive}
+)
+
+// Wait waits up to max for the lock, within the task's deadline; max 0 waits
+// until the deadline. If the lock is still busy then, the task is handled as
+// by RetryLater (or, on its last attempt, it fails and asynq archives it with
+// the busy error).
+func Wait(max time.Duration) Policy { return Policy{kind: kindWait, max: max} }
+
+func (p Policy) check(opt string) error {
+	switch {
+	case p.kind < kindRetryLater || p.kind > kindWait:
+		return invalid(opt, "unknown policy")
+	case p.kind == kindWait && p.max < 0:
+		return invalid(opt, "Wait: must not be negative, got %v", p.max)
+	}
+	return nil
+}
+
+func (p Policy) String() string {
+	switch p.kind {
+	case kindRetryLater:
+		return "RetryLater"
+	case kindSkip:
+		return "Skip"
+	case kindRevoke:
+		return "Revoke"
+	case kindArchive:
+		return "Archive"
+	case kindWait:
+		if p.max == 0 {
+			return "Wait(deadline)"
+		}
+		return fmt.Sprintf("Wait(%v)", p.max)
+	}
+	return "Policy(?)"
+}
+
+// BusyError is returned (by RetryLater, and when a Wait gives up) for a task
+// whose key is held elsewhere. It matches core.ErrNotAcquired.
+type BusyError struct {
+	Key     string        // the full lock key
+	RetryIn time.Duration // the delay RetryDelay gives asynq
+	Err     error         // the Locker's error, matching core.ErrNotAcquired
+}
+
+func (e *BusyError) Error() string { return "asynqlock: task busy: " + e.Err.Error() }
+
+// Unwrap returns the Locker's error.
+func (e *BusyError) Unwrap() error { return e.Err }
+
+// IsFailure is an asynq.Config.IsFailure that does not count a busy bounce
+// (an error wrapping a *BusyError) as a failure: asynq then retries the task
+// without incrementing its retry count or its queue's failure statistics.
+// Every other non-nil error is a failure.
+func IsFailure(err error) bool {
+	if err == nil {
+		return false
+	}
+	var b *BusyError
+	return !errors.As(err, &b)
+}
+
+// RetryDelay returns an asynq.Config.RetryDelayFunc that retries a busy
+// task after the short jittered delay carried by its *BusyError (see
+// BusyDelay) and every other failed task after fallback's delay (nil means
+// asynq.DefaultRetryDelayFunc).
+func RetryDelay(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
+	if fallback == nil {
+		fallback = asynq.DefaultRetryDelayFunc
+	}
+	return func(n int, err error, t *asynq.Task) time.Duration {
+		var b *BusyError
+		if errors.As(err, &b) {
+			return b.RetryIn
+		}
+		return fallback(n, err, t)
+	}
+}
+
+// New returns the middleware, or an error matching core.ErrInvalidOption
+// that names the first invalid option.
+func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
+	c := config{
+		key:            ByType,
+		prefix:         DefaultPrefix,
+		onBusy:         RetryLater,
+		onExhausted:    Wait(0),
+		grace:          DefaultGrace,
+		delayMin:       DefaultBusyDelayMin,
+		delayMax:       DefaultBusyDelayMax,
+		releaseTimeout: DefaultReleaseTimeout,
+	}
+	if l == nil {
+		c.errs = append(c.errs, invalid("Locker", "nil"))
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if len(c.errs) > 0 {
+		return nil, c.errs[0]
+	}
+	m := &middleware{l: l, c: c}
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			return m.process(ctx, t, next)
+		})
+	}, nil
+}
+
+// Middleware returns an asynq middleware that runs at most one task per key
+// at a time across every server that uses the same lock store. Use it with
+// ServeMux.Use, or around one handler: Middleware(l)(h).
+//
+// It panics when an option is invalid, as it is called once while wiring a
+// server; New returns the error instead.
+func Middleware(l core.Locker, opts ...Option) asynq.MiddlewareFunc {
+	mw, err := New(l, opts...)
+	if err != nil {
+		panic(err.Error())
+	}
+	return mw
+}
+
+type middleware struct {
+	l core.Locker
+	c config
+}
+
+func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
+	k, err := m.c.key(ctx, t)
+	if err != nil {
+		return fmt.Errorf("asynqlock: key of task %q: %w: %w", t.Type(), err, asynq.SkipRetry)
+	}
+	if k == "" {
+		return next.ProcessTask(ctx, t)
+	}
+	key := m.c.prefix + k
+	if err := core.ValidateKey(key); err != nil {
+		return fmt.Errorf("asynqlock: key of task %q: %w: %w", t.Type(), err, asynq.SkipRetry)
+	}
+	s, err := m.acquire(ctx, key, m.c.onBusy, false)
+	if err != nil {
+		return err
+	}
+	if s == nil { // skipped
+		return nil
+	}
+	return m.run(ctx, t, next, s)
+}
+
+// acquire takes key under policy p. It returns a nil session and nil error
+// when the task is to be skipped. fallback is true when p is the OnExhausted
+// policy.
+func (m *middleware) acquire(ctx context.Context, key string, p Policy, fallback bool) (core.Session, error) {
+	var (
+		s   core.Session
+		err error
+	)
+	if p.kind == kindWait {
+		s, err = m.wait(ctx, key, p.max)
+	} else {
+		s, err = m.l.TryAcquire(ctx, key, m.c.lockOpts...)
+	}
+	if err == nil {
+		return s, nil
+	}
+	if !errors.Is(err, core.ErrNotAcquired) || ctx.Err() != nil {
+		if errors.Is(err, core.ErrInvalidKey) || errors.Is(err, core.ErrInvalidOption) {
+			return nil, fmt.Errorf("asynqlock: %w: %w", err, asynq.SkipRetry)
+		}
+		// A store failure or the task's own cancellation: an ordinary
+		// failure, retried with backoff and counted.
+		return nil, fmt.Errorf("asynqlock: acquire %q: %w", key, err)
+	}
+	busy := &BusyError{Key: key, RetryIn: m.delay(), Err: err}
+	switch p.kind {
+	case kindSkip:
+		return nil, nil
+	case kindRevoke:
+		return nil, fmt.Errorf("%w: %w", busy, asynq.RevokeTask)
+	case kindArchive:
+		return nil, fmt.Errorf("%w: %w", busy, asynq.SkipRetry)
+	}
+	// RetryLater, or a Wait that ran out. On the last attempt asynq would
+	// archive the task: apply the OnExhausted policy instead.
+	if !fallback && exhausted(ctx) {
+		return m.acquire(ctx, key, m.c.onExhausted, true)
+	}
+	return nil, busy
+}
+
+// wait acquires key, waiting up to max (0: until ctx ends).
+func (m *middleware) wait(ctx context.Context, key string, max time.Duration) (core.Session, error) {
+	wctx := ctx
+	if max > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, max)
+		defer cancel()
+	}
+	return m.l.Acquire(wctx, key, m.c.lockOpts...)
+}
+
+func (m *middleware) delay() time.Duration {
+	if m.c.delayMax <= m.c.delayMin {
+		return m.c.delayMin
+	}
+	return m.c.delayMin + mrand.N(m.c.delayMax-m.c.delayMin+1)
+}
+
+// exhausted reports whether this is the task's last attempt: asynq archives
+// it if it fails, whatever Config.IsFailure says.
+func exhausted(ctx context.Context) bool {
+	n, ok1 := asynq.GetRetryCount(ctx)
+	max, ok2 := asynq.GetMaxRetry(ctx)
+	return ok1 && ok2 && n >= max
+}
+
+// run calls next while s is held and releases s afterwards, also when next
+// panics (asynq recovers the panic outside the middleware chain).
+func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler, s core.Session) (err error) {
+	release := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.c.releaseTimeout)
+		defer cancel()
+		// A failed release is reported to the Locker's Observer; the lock
+		// then expires after its TTL. It does not change the task's outcome.
+		_ = s.Release(rctx)
+	}
+	defer release()
+	if dl, ok := ctx.Deadline(); ok {
+		// Stop holding (and renewing) the lock at deadline + grace even if
+		// the handler never returns.
+		timer := time.AfterFunc(time.Until(dl)+m.c.grace, release)
+		defer timer.Stop()
+	}
+	runCtx, cancel := core.Bind(ctx, s)
+	defer cancel()
+	err = next.ProcessTask(runCtx, t)
+	if cause := s.Err(); cause != nil && !errors.Is(cause, core.ErrReleased) {
+		// The lock was lost (or its Locker closed) while the handler ran:
+		// the work may have overlapped another holder's, so the task fails
+		// and asynq retries it.
+		if err == nil {
+			return fmt.Errorf("asynqlock: task %q: %w", t.Type(), cause)
+		}
+		return fmt.Errorf("%w; asynqlock: %w", err, cause)
+	}
+	return err
+}
