@@ -35,7 +35,7 @@ type Backend interface {
 	// Now returns the store's clock.
 	Now(ctx context.Context) (time.Time, error)
 	// Close frees what the backend itself opened (never the caller's client
-	// or pool).
+	// or pool). Client.Close calls it; it must be safe to call more than once.
 	Close() error
 }
 

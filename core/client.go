@@ -267,7 +267,8 @@ func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string) er
 }
 
 // Close implements Locker: it releases every session, stops the renewer and
-// the watcher, and waits for them.
+// the watcher, waits for them, and then closes the Backend (which frees only
+// what the backend opened itself, never the caller's pool or client).
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -302,6 +303,9 @@ func (c *Client) Close() error {
 	wg.Wait()
 	c.cancel()
 	c.wg.Wait()
+	if err := c.b.Close(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
