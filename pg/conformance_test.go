@@ -36,3 +36,46 @@ func TestConformance(t *testing.T) {
 	table := newTable(t, admin)
 	locktest.Run(t, harness(t, admin, table))
 }
+
+// TestConformanceExecMode runs the suite with no prepared statements at all
+// (QueryExecModeExec), as behind PgBouncer in transaction mode.
+func TestConformanceExecMode(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	h := harness(t, admin, table)
+	h.NewBackend = func(tb testing.TB) core.Backend {
+		return newBackendPool(tb, table, func(c *pgxpool.Config) {
+			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		})
+	}
+	locktest.Run(t, h)
+}
+
+// TestConformanceSimpleProtocolAsync runs the suite over the simple query
+// protocol with asynchronous commit.
+func TestConformanceSimpleProtocolAsync(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	h := harness(t, admin, table)
+	h.NewBackend = func(tb testing.TB) core.Backend {
+		return newBackendPool(tb, table, func(c *pgxpool.Config) {
+			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		}, pg.WithAsyncCommit())
+	}
+	locktest.Run(t, h)
+}
+
+// TestConformanceLegacy runs the suite on the 3-column key_value table of
+// the older tool: everything but fencing tokens.
+func TestConformanceLegacy(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin, pg.WithLegacyTable())
+	ident := pgx.Identifier{table}.Sanitize()
+	h := harness(t, admin, table, pg.WithLegacyTable())
+	h.NoFencing = true
+	h.Steal = func(ctx context.Context, key string) error {
+		_, err := admin.Exec(ctx, `UPDATE `+ident+` SET value = 'stolen' WHERE key = $1 AND expire_at > now()`, key)
+		return err
+	}
+	locktest.Run(t, h)
+}

@@ -97,3 +97,15 @@ func init() {
 		os.Setenv("DISLOCK_TEST_PG", testenv.DefaultPG)
 	}
 }
+
+// newBackendPool is newBackend with a pool config edit.
+func newBackendPool(t testing.TB, table string, edit func(*pgxpool.Config), opts ...pg.Option) *pg.Backend {
+	t.Helper()
+	pool := newPool(t, edit)
+	b, err := pg.NewBackend(ctxT(t), pool, append([]pg.Option{pg.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatalf("NewBackend: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}

@@ -111,8 +111,11 @@ func WithUnlogged() Option {
 // WithLegacyTable uses the 3-column table of the older Python tool,
 // key_value(key text primary key, value text not null, expire_at timestamptz
 // not null), so that old and new deployments can share it. value holds the
-// owner token. There are no fencing tokens (Session.Token is 0) and no
-// acquisition time; the owner reported by Inspect is the value column.
+// owner token followed by a space and the human-readable owner; the token
+// alone guards renewals and releases, and a row written by the older tool
+// (whose value never starts with this session's random token) is simply a
+// lock held by someone else. There are no fencing tokens (Session.Token is
+// 0) and no acquisition time (Info.AcquiredAt is zero).
 func WithLegacyTable() Option {
 	return func(c *config) { c.legacy = true }
 }

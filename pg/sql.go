@@ -29,15 +29,19 @@ func buildStatements(table string, legacy, async bool) statements {
 	// Column roles: the human-readable owner, the owner token, the fencing
 	// token and the acquisition time. The legacy table keeps only the owner
 	// token (in value).
-	owner, holder, token, acquiredAt := "owner", "holder", "token", "acquired_at"
+	owner, holder, lholder, token, acquiredAt := "owner", "holder", "l.holder", "token", "acquired_at"
 	insertCols := "key, owner, holder, acquired_at, expire_at"
 	insertVals := "$1::text, $2::text, $3::text, now(), "
 	set := "owner = excluded.owner, holder = excluded.holder, token = excluded.token, " +
 		"acquired_at = excluded.acquired_at, expire_at = excluded.expire_at"
 	if legacy {
-		owner, holder, token, acquiredAt = "value", "value", "0::bigint", "NULL::timestamptz"
+		// value is "<owner token> <owner>": the token guards renew and
+		// release, the rest is the human-readable owner. Rows written by
+		// the older tool have no such token, so they never match ours.
+		owner, holder, lholder = "substr(value, strpos(value, ' ') + 1)", "split_part(value, ' ', 1)", "split_part(l.value, ' ', 1)"
+		token, acquiredAt = "0::bigint", "NULL::timestamptz"
 		insertCols = "key, value, expire_at"
-		insertVals = "$1::text, $3::text, "
+		insertVals = "$1::text, $3::text || ' ' || $2::text, "
 		set = "value = excluded.value, expire_at = excluded.expire_at"
 	}
 	var s statements
@@ -60,7 +64,7 @@ func buildStatements(table string, legacy, async bool) statements {
 	WHERE l.expire_at <= now()
 	RETURNING %[4]s AS token, %[5]s AS acquired_at, expire_at
 )
-SELECT true, ''::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint FROM ins
+SELECT true, $2::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint FROM ins
 UNION ALL
 SELECT holder = $3::text, owner, token, acquired_at, expire_at, %[11]s
 FROM cur WHERE expire_at > now()`,
@@ -68,8 +72,8 @@ FROM cur WHERE expire_at > now()`,
 
 	s.renew = fmt.Sprintf(`UPDATE %[1]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond'
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, holder, ttl)
-WHERE l.key = r.key AND l.%[2]s = r.holder AND l.expire_at > now()%[3]s
-RETURNING l.key, l.%[2]s`, table, holder, ac)
+WHERE l.key = r.key AND %[2]s = r.holder AND l.expire_at > now()%[3]s
+RETURNING l.key, r.holder`, table, lholder, ac)
 
 	// The notification is sent when the statement's transaction commits;
 	// the payload is the key (at most 1024 bytes, under pg_notify's 8000).
