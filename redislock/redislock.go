@@ -1,0 +1,533 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+)
+
+// DefaultPrefix is the Redis key prefix used unless WithPrefix says otherwise.
+const DefaultPrefix = "dislock"
+
+// fenceKeep is how long a lock's fencing counter outlives the lock. Tokens
+// keep growing without it (they are at least the server time in µs); it
+// covers a server clock that steps back.
+const fenceKeep = 24 * time.Hour
+
+// renewChunk is the most leases one renew script call extends, so that one
+// call never blocks the server for long.
+const renewChunk = 256
+
+// Option configures a Backend.
+type Option func(*options)
+
+type options struct {
+	prefix     string
+	clientOpts []core.ClientOption
+	subTimeout time.Duration
+	errs       []error
+}
+
+func invalidOption(name, format string, args ...any) error {
+	return fmt.Errorf("%w: redislock.%s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+}
+
+// WithPrefix sets the prefix of every Redis key and of the release channel
+// (default "dislock"). Lockers that should see each other's locks use the
+// same prefix. It must be non-empty and may contain neither "{" nor "}" (the
+// hash tag that keeps a lock's keys in one Cluster slot follows it).
+func WithPrefix(prefix string) Option {
+	return func(o *options) {
+		switch {
+		case prefix == "":
+			o.errs = append(o.errs, invalidOption("WithPrefix", "empty"))
+		case strings.ContainsAny(prefix, "{}"):
+			o.errs = append(o.errs, invalidOption("WithPrefix", "%q contains a brace", prefix))
+		default:
+			o.prefix = prefix
+		}
+	}
+}
+
+// WithClientOptions passes options to core.New when New builds the Locker.
+// NewBackend ignores them.
+func WithClientOptions(opts ...core.ClientOption) Option {
+	return func(o *options) { o.clientOpts = append(o.clientOpts, opts...) }
+}
+
+// WithSubscribeTimeout bounds how long Watch waits for Redis to confirm the
+// release subscription (default 5s). When it is not confirmed in time the
+// Locker polls instead, and tries to subscribe again later.
+func WithSubscribeTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d <= 0 {
+			o.errs = append(o.errs, invalidOption("WithSubscribeTimeout", "must be positive, got %v", d))
+			return
+		}
+		o.subTimeout = d
+	}
+}
+
+// New returns a Locker (which also implements core.Admin) on client. The
+// client stays the caller's: Close on the Locker does not close it.
+func New(client redis.UniversalClient, opts ...Option) (*core.Client, error) {
+	b, o, err := newBackend(client, opts)
+	if err != nil {
+		return nil, err
+	}
+	return core.New(b, o.clientOpts...)
+}
+
+// Backend is the Redis store for core's lease engine. It implements
+// core.Backend, core.Watcher and core.Admin, and is safe for concurrent use.
+// Most programs use New; NewBackend is for wrapping or composing backends.
+type Backend struct {
+	client     redis.UniversalClient
+	prefix     string
+	channel    string
+	group      grouping
+	subTimeout time.Duration
+}
+
+var (
+	_ core.Backend = (*Backend)(nil)
+	_ core.Watcher = (*Backend)(nil)
+	_ core.Admin   = (*Backend)(nil)
+)
+
+// grouping says which leases one renew script call may cover.
+type grouping int
+
+const (
+	groupAll  grouping = iota // one server: any keys
+	groupSlot                 // Redis Cluster: keys of one hash slot
+	groupTag                  // other sharding clients: keys of one hash tag
+)
+
+// NewBackend returns a Backend on client. client may be a *redis.Client
+// (single node or Sentinel failover), a *redis.ClusterClient or any other
+// redis.UniversalClient that routes keys by hash tag.
+func NewBackend(client redis.UniversalClient, opts ...Option) (*Backend, error) {
+	b, _, err := newBackend(client, opts)
+	return b, err
+}
+
+func newBackend(client redis.UniversalClient, opts []Option) (*Backend, options, error) {
+	o := options{prefix: DefaultPrefix, subTimeout: 5 * time.Second}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if len(o.errs) > 0 {
+		return nil, o, o.errs[0]
+	}
+	if client == nil {
+		return nil, o, invalidOption("New", "nil redis client")
+	}
+	b := &Backend{
+		client:     client,
+		prefix:     o.prefix,
+		channel:    o.prefix + ":released",
+		subTimeout: o.subTimeout,
+	}
+	switch client.(type) {
+	case *redis.Client:
+		b.group = groupAll
+	case *redis.ClusterClient:
+		b.group = groupSlot
+	default:
+		b.group = groupTag
+	}
+	return b, o, nil
+}
+
+// Name implements core.Backend.
+func (b *Backend) Name() string { return "redis" }
+
+// Close implements core.Backend. It does not close the Redis client, which
+// belongs to the caller.
+func (b *Backend) Close() error { return nil }
+
+// TryAcquire implements core.Backend.
+func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if err := core.ValidateKey(req.Key); err != nil {
+		return core.Lease{}, err
+	}
+	lock, fence := b.keys(req.Key)
+	var expireAt int64
+	if !req.ExpireAt.IsZero() {
+		expireAt = req.ExpireAt.UnixMilli()
+		if expireAt <= 0 {
+			expireAt = 1
+		}
+	}
+	ttl := req.TTL.Milliseconds()
+	if ttl < 1 {
+		ttl = 1
+	}
+	cmd := acquireScript.run(ctx, b.client, []string{lock, fence},
+		req.OwnerToken, req.Owner, ttl, expireAt, fenceKeep.Milliseconds())
+	vals, err := cmd.Slice()
+	if err != nil {
+		return core.Lease{}, fmt.Errorf("redislock: acquire: %w", err)
+	}
+	r, err := parseHolder(vals)
+	if err != nil {
+		return core.Lease{}, fmt.Errorf("redislock: acquire: %w", err)
+	}
+	if !r.mine {
+		info := r.info(req.Key)
+		return core.Lease{}, core.Busy(req.Key, &info)
+	}
+	lease := core.Lease{Token: r.token, AcquiredAt: r.acquired}
+	switch {
+	case r.pttl >= 0:
+		lease.ExpiresAt = r.now.Add(time.Duration(r.pttl) * time.Millisecond)
+	case !req.ExpireAt.IsZero():
+		lease.ExpiresAt = time.UnixMilli(expireAt)
+	default:
+		lease.ExpiresAt = r.now.Add(time.Duration(ttl) * time.Millisecond)
+	}
+	return lease, nil
+}
+
+// holder is a parsed acquire reply.
+type holder struct {
+	mine     bool
+	token    uint64
+	acquired time.Time
+	pttl     int64 // -3: fresh claim, -1: no expiry
+	now      time.Time
+	owner    string
+}
+
+func (h holder) info(key string) core.Info {
+	i := core.Info{Key: key, Owner: h.owner, Token: h.token, AcquiredAt: h.acquired}
+	if h.pttl >= 0 {
+		i.Remaining = time.Duration(h.pttl) * time.Millisecond
+		i.ExpiresAt = h.now.Add(i.Remaining)
+	}
+	return i
+}
+
+// parseHolder reads {mine, token, acquired_us, pttl, time_s, time_us[, owner]}.
+func parseHolder(v []any) (holder, error) {
+	var h holder
+	if len(v) < 6 {
+		return h, fmt.Errorf("unexpected script reply %v", v)
+	}
+	mine, err1 := toInt(v[0])
+	tok, err2 := toInt(v[1])
+	acq, err3 := toInt(v[2])
+	pttl, err4 := toInt(v[3])
+	sec, err5 := toInt(v[4])
+	usec, err6 := toInt(v[5])
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
+		return h, fmt.Errorf("unexpected script reply: %w", err)
+	}
+	h.mine = mine == 1
+	h.token = uint64(tok)
+	if acq > 0 {
+		h.acquired = time.UnixMicro(acq)
+	}
+	h.pttl = pttl
+	h.now = time.Unix(sec, usec*1000)
+	if len(v) > 6 {
+		h.owner, _ = v[6].(string)
+	}
+	return h, nil
+}
+
+// toInt reads an integer or a decimal string reply element.
+func toInt(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		return strconv.ParseInt(x, 10, 64)
+	case nil:
+		return 0, nil
+	}
+	return 0, fmt.Errorf("not an integer: %T", v)
+}
+
+// Renew implements core.Backend. Leases are grouped into as few renew script
+// calls as the topology allows (all keys in one call on a single server, one
+// call per hash slot on Cluster) and the calls go out in one pipeline, which
+// a Cluster client sends as one pipeline per node.
+func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	results := make([]error, len(reqs))
+	type group struct {
+		c   *call
+		idx []int
+	}
+	var groups []*group
+	byID := map[string]*group{}
+	for i, r := range reqs {
+		var id string
+		switch b.group {
+		case groupAll:
+		case groupSlot:
+			id = strconv.Itoa(hashSlot(escapeKey(r.Key)))
+		case groupTag:
+			id = r.Key
+		}
+		g := byID[id]
+		if g == nil || len(g.idx) == renewChunk {
+			g = &group{c: &call{s: renewScript}}
+			byID[id] = g
+			groups = append(groups, g)
+		}
+		ttl := r.TTL.Milliseconds()
+		if ttl < 1 {
+			ttl = 1
+		}
+		g.c.keys = append(g.c.keys, b.lockKey(r.Key))
+		g.c.args = append(g.c.args, r.OwnerToken, ttl)
+		g.idx = append(g.idx, i)
+	}
+	calls := make([]*call, len(groups))
+	for i, g := range groups {
+		calls[i] = g.c
+	}
+	runBatch(ctx, b.client, calls)
+	failed := 0
+	var firstErr error
+	for _, g := range groups {
+		vals, err := g.c.cmd.Slice()
+		if err == nil && len(vals) != len(g.idx) {
+			err = fmt.Errorf("unexpected script reply of %d items for %d leases", len(vals), len(g.idx))
+		}
+		if err != nil {
+			err = fmt.Errorf("redislock: renew: %w", err)
+			if firstErr == nil {
+				firstErr = err
+			}
+			for _, i := range g.idx {
+				results[i] = err
+				failed++
+			}
+			continue
+		}
+		for j, i := range g.idx {
+			if n, _ := toInt(vals[j]); n != 1 {
+				results[i] = core.Gone(reqs[i].Key, "held by another owner or gone")
+			}
+		}
+	}
+	if failed == len(reqs) && firstErr != nil {
+		return nil, firstErr
+	}
+	return results, nil
+}
+
+// Release implements core.Backend.
+func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	var keep int64
+	if req.Keep > 0 {
+		keep = req.Keep.Milliseconds()
+		if keep < 1 {
+			keep = 1
+		}
+	}
+	err := releaseScript.run(ctx, b.client, []string{b.lockKey(req.Key)},
+		req.OwnerToken, keep, b.channel, req.Key).Err()
+	if err != nil {
+		return fmt.Errorf("redislock: release: %w", err)
+	}
+	return nil
+}
+
+// Now implements core.Backend with TIME. On Cluster it reads one node's
+// clock; nodes' clocks are assumed to agree within the slot tolerance.
+func (b *Backend) Now(ctx context.Context) (time.Time, error) {
+	t, err := b.client.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redislock: TIME: %w", err)
+	}
+	return t, nil
+}
+
+// Watch implements core.Watcher with one subscription to the release
+// channel ("<prefix>:released", message = key). It returns an error rather
+// than wait when Redis does not confirm the subscription within the
+// subscribe timeout (pub/sub unavailable, e.g. behind some proxies), and
+// when the connection fails; the engine then polls and calls Watch again.
+func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
+	ps := b.client.Subscribe(ctx, b.channel)
+	defer ps.Close()
+	// go-redis does not interrupt a blocked read when ctx ends: closing the
+	// subscription does.
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+	defer stop()
+
+	msg, err := ps.ReceiveTimeout(ctx, b.subTimeout)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("redislock: subscribe: %w", err)
+	}
+	if _, ok := msg.(*redis.Subscription); !ok {
+		return fmt.Errorf("redislock: subscribe: unexpected reply %T", msg)
+	}
+	ready()
+
+	// Between messages the connection is checked with PING; a PING not
+	// answered by the next check ends the watch.
+	idle := 30 * time.Second
+	pinged := false
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, idle)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && !pinged {
+				if err := ps.Ping(ctx); err != nil {
+					return fmt.Errorf("redislock: subscription: %w", err)
+				}
+				pinged = true
+				continue
+			}
+			return fmt.Errorf("redislock: subscription: %w", err)
+		}
+		pinged = false
+		if m, ok := msg.(*redis.Message); ok && m.Channel == b.channel {
+			fn(m.Payload)
+		}
+	}
+}
+
+// Inspect implements core.Admin.
+func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, error) {
+	if err := core.ValidateKey(key); err != nil {
+		return core.Info{}, false, err
+	}
+	c := &call{s: inspectScript, keys: []string{b.lockKey(key)}}
+	runBatch(ctx, b.client, []*call{c})
+	info, ok, err := parseInspect(key, c.cmd)
+	if err != nil {
+		return core.Info{}, false, fmt.Errorf("redislock: inspect: %w", err)
+	}
+	return info, ok, nil
+}
+
+func parseInspect(key string, cmd *redis.Cmd) (core.Info, bool, error) {
+	v, err := cmd.Slice()
+	if err != nil {
+		return core.Info{}, false, err
+	}
+	if len(v) == 1 {
+		return core.Info{}, false, nil
+	}
+	if len(v) != 7 {
+		return core.Info{}, false, fmt.Errorf("unexpected script reply %v", v)
+	}
+	owner, _ := v[1].(string)
+	h, err := parseHolder(append([]any{int64(0)}, v[2:]...))
+	if err != nil {
+		return core.Info{}, false, err
+	}
+	h.owner = owner
+	return h.info(key), true, nil
+}
+
+// List implements core.Admin. It walks the keyspace with SCAN (on every
+// master of a Cluster), never KEYS, and reads each lock found; the result is
+// sorted by key. Locks taken or freed during the walk may or may not appear.
+func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) {
+	var (
+		mu    sync.Mutex
+		found []string
+	)
+	pattern := b.scanPattern(prefix)
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			for _, k := range keys {
+				if key, ok := b.userKey(k); ok && strings.HasPrefix(key, prefix) {
+					found = append(found, key)
+				}
+			}
+			mu.Unlock()
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	}
+	var err error
+	switch c := b.client.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return scan(ctx, n) })
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return scan(ctx, n) })
+	default:
+		err = scan(ctx, c)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redislock: list: SCAN: %w", err)
+	}
+	sort.Strings(found)
+	found = compactStrings(found) // SCAN may return a key twice
+	list := make([]core.Info, 0, len(found))
+	for start := 0; start < len(found); start += 512 {
+		end := min(start+512, len(found))
+		calls := make([]*call, end-start)
+		for i := range calls {
+			calls[i] = &call{s: inspectScript, keys: []string{b.lockKey(found[start+i])}}
+		}
+		runBatch(ctx, b.client, calls)
+		for i, c := range calls {
+			info, ok, err := parseInspect(found[start+i], c.cmd)
+			if err != nil {
+				return nil, fmt.Errorf("redislock: list: %w", err)
+			}
+			if ok {
+				list = append(list, info)
+			}
+		}
+	}
+	return list, nil
+}
+
+func compactStrings(s []string) []string {
+	out := s[:0]
+	for i, v := range s {
+		if i == 0 || v != s[i-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// ForceRelease implements core.Admin: it deletes the lock whoever holds it
+// and publishes the release. The holder learns of it at its next renewal.
+func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
+	if err := core.ValidateKey(key); err != nil {
+		return false, err
+	}
+	n, err := forceReleaseScript.run(ctx, b.client, []string{b.lockKey(key)}, b.channel, key).Int()
+	if err != nil {
+		return false, fmt.Errorf("redislock: force release: %w", err)
+	}
+	return n == 1, nil
+}

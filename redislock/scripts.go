@@ -1,0 +1,97 @@
+package redislock
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireLua string
+	//go:embed renew.lua
+	renewLua string
+	//go:embed release.lua
+	releaseLua string
+	//go:embed inspect.lua
+	inspectLua string
+	//go:embed forcerelease.lua
+	forceReleaseLua string
+
+	acquireScript      = newScript(acquireLua)
+	renewScript        = newScript(renewLua)
+	releaseScript      = newScript(releaseLua)
+	inspectScript      = newScript(inspectLua)
+	forceReleaseScript = newScript(forceReleaseLua)
+)
+
+// script is a Lua script run by SHA1 (EVALSHA), falling back to its source
+// (EVAL, which also caches it on that server) when the server answers
+// NOSCRIPT: after a restart, a failover or SCRIPT FLUSH, and on each Cluster
+// node the first time.
+type script struct {
+	src, sha string
+}
+
+func newScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// run runs s as one command.
+func (s *script) run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	cmd := c.EvalSha(ctx, s.sha, keys, args...)
+	if isNoScript(cmd.Err()) {
+		cmd = c.Eval(ctx, s.src, keys, args...)
+	}
+	return cmd
+}
+
+func isNoScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// call is one script invocation in a batch.
+type call struct {
+	s    *script
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+}
+
+// runBatch runs calls in one pipeline (which a Cluster client splits into
+// one pipeline per node, sent in parallel). go-redis does not fall back from
+// EVALSHA to EVAL inside a pipeline, so the calls answered NOSCRIPT are sent
+// again, by source, in a second pipeline. Each call's outcome is in its cmd.
+func runBatch(ctx context.Context, c redis.UniversalClient, calls []*call) {
+	switch len(calls) {
+	case 0:
+		return
+	case 1:
+		k := calls[0]
+		k.cmd = k.s.run(ctx, c, k.keys, k.args...)
+		return
+	}
+	pipe := c.Pipeline()
+	for _, k := range calls {
+		k.cmd = pipe.EvalSha(ctx, k.s.sha, k.keys, k.args...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	var retry []*call
+	for _, k := range calls {
+		if isNoScript(k.cmd.Err()) {
+			retry = append(retry, k)
+		}
+	}
+	if len(retry) == 0 {
+		return
+	}
+	pipe = c.Pipeline()
+	for _, k := range retry {
+		k.cmd = pipe.Eval(ctx, k.s.src, k.keys, k.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+}
