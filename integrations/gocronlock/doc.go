@@ -1,0 +1,87 @@
+// Package gocronlock runs gocron v2 jobs once across many schedulers, on any
+// dislock core.Locker (PostgreSQL, Redis, memlock).
+//
+// It offers three things; pick by what must hold across the schedulers.
+//
+//   - NewLocker, for gocron.WithDistributedLocker: every scheduler runs the
+//     jobs, and each tick of a job runs on one of them only. Choose it to
+//     spread jobs over the schedulers and keep working when any of them is
+//     down, without a leader.
+//   - NewElector, for gocron.WithDistributedElector: one scheduler, the
+//     leader, runs every job; the others stand by and take over when it
+//     closes (at once) or dies (about one TTL later). Choose it when the jobs
+//     must all run in one place, or there are many fast jobs (one lock for
+//     all of them instead of one per run).
+//   - Wrap and NewTask: a lock taken inside the job itself, whose session
+//     (fencing token, a context cancelled on lease loss) the job can use.
+//     gocron's Locker interface cannot hand the lock to the job. Choose it
+//     when the job writes to something that can check a fencing token, or
+//     must stop as soon as it no longer holds the lock.
+//
+// They do not mix in one scheduler: with an Elector gocron ignores every
+// Locker. A Task can run under either.
+//
+// # Each tick once: slots
+//
+// Schedulers' tickers never fire at exactly the same instant: clocks differ
+// by milliseconds to seconds, and timers fire late under load. With a plain
+// lock, a fast job finishes and releases before a later scheduler's ticker
+// fires, so that scheduler runs the same tick again. Locker therefore takes
+// a slot lock (core.ForSlot) for every job whose schedule it knows: at most
+// one run starts per slot of the schedule, the lock is kept until the slot
+// ends, and the slot is computed on the lock store's clock, so the
+// schedulers' own clocks do not matter. A start up to the slot tolerance
+// (default: 1s or half a slot, whichever is shorter) early belongs to the
+// coming slot. Starts that spread over less than that tolerance around a
+// slot boundary therefore count as one tick.
+//
+// gocron passes a Locker only the job's name, so tell the Locker each job's
+// schedule: Locker.Schedule(name, core.Every(d)) for gocron.DurationJob(d)
+// and Locker.Schedule(name, sched) with sched from Cron for
+// gocron.CronJob, and give the job that name with gocron.WithName. For a
+// duration job, also start it at a multiple of the interval
+// (gocron.WithStartAt) so that its ticks fall near the slots' boundaries.
+// The Slot option sets a schedule for all other jobs; MinHold instead keeps
+// a plain lock at least that long, which works when the schedulers' ticks
+// spread over less than the hold and the hold is shorter than the interval.
+// A job with neither takes a plain lease, held while it runs: runs never
+// overlap, but a fast job may run more than once per tick.
+//
+// A Locker makes one attempt per run, bounded by TryTimeout, and never
+// waits: a run that starts late would be a duplicate. Unlock releases on a
+// context of its own, bounded by ReleaseTimeout, because gocron hands it an
+// already-cancelled context at shutdown; failures go to OnError and to the
+// core.Locker's Observer (gocron drops them).
+//
+// # Guarantees
+//
+//   - Locker: at most one run starts per slot of a job across all schedulers
+//     sharing the store (for a job without a slot: no two runs overlap while
+//     the lease holds). A busy lock is an error matching core.ErrNotAcquired
+//     and gocron skips that run; a store failure keeps its cause.
+//   - Elector: IsLeader is true on at most one scheduler at a time, as long
+//     as the machines' clocks run at the same rate: a leader's IsLeader
+//     turns false when its local deadline passes (2/3 of the TTL after its
+//     last renewal by default), before the store lets anyone else take over.
+//     It costs no I/O and no allocation.
+//   - Task: the job's context is cancelled, with cause core.ErrLeaseLost,
+//     when the lock is lost, and the run then returns an error matching
+//     core.ErrLeaseLost even if the job returned nil.
+//
+// # What is not guaranteed
+//
+//   - That a tick runs at all: if every scheduler is down, busy or cannot
+//     reach the store, the tick is skipped, never run late.
+//   - Mutual exclusion while a job runs past its slot: a slot lock ends with
+//     its slot, so a job longer than its interval may overlap the next
+//     tick's run on another scheduler, as it overlaps its own next run on a
+//     single gocron scheduler. Use a Task with a lease for exclusion, or
+//     gocron.WithSingletonMode for overlap on one scheduler.
+//   - That a leader or lock holder has stopped acting when the next one
+//     starts: a process that pauses (GC, a frozen VM) past its deadline may
+//     still finish a write it had begun. A lease is not a fence; have the
+//     protected resource reject writes that carry a fencing token
+//     (Session.Token) smaller than the largest it has seen. Elector.Session
+//     and a Task's session give the token.
+//   - Exactly-once: a job that fails midway is not rerun elsewhere.
+package gocronlock

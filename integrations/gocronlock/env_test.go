@@ -1,0 +1,280 @@
+package gocronlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/pg"
+	"github.com/dislock/dislock/redislock"
+)
+
+// env is one lock store shared by the simulated processes of a test.
+type env struct {
+	name string
+	// backend returns a new handle on the store: one process's connection.
+	backend func(t *testing.T) core.Backend
+	// recorder returns a run recorder kept in (or next to) the store.
+	recorder func(t *testing.T) recorder
+}
+
+// forEachStore runs fn against memlock, PostgreSQL and Redis, in parallel.
+// The real servers come from internal/testenv: missing servers fail the
+// test under CI and skip it elsewhere.
+func forEachStore(t *testing.T, fn func(t *testing.T, e *env)) {
+	for _, name := range []string{"memlock", "pg", "redis"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, newEnv(t, name))
+		})
+	}
+}
+
+func newEnv(t *testing.T, name string) *env {
+	t.Helper()
+	switch name {
+	case "memlock":
+		store := memlock.NewStore()
+		return &env{name: name,
+			backend:  func(*testing.T) core.Backend { return store.Backend() },
+			recorder: func(*testing.T) recorder { return &memRecorder{} },
+		}
+	case "pg":
+		url := testenv.PG(t)
+		ctx := context.Background()
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			t.Fatalf("pgxpool: %v", err)
+		}
+		table := testenv.Name("gocronlock_")
+		t.Cleanup(func() {
+			_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+			pool.Close()
+		})
+		return &env{name: name,
+			backend: func(t *testing.T) core.Backend {
+				b, err := pg.NewBackend(ctx, pool, pg.WithTable(table), pg.WithAutoMigrate())
+				if err != nil {
+					t.Fatalf("pg.NewBackend: %v", err)
+				}
+				t.Cleanup(func() { _ = b.Close() })
+				return b
+			},
+			recorder: func(t *testing.T) recorder { return newPGRecorder(t, pool, testenv.Name("gocronlock_runs_")) },
+		}
+	case "redis":
+		url := testenv.Redis(t)
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatalf("redis URL: %v", err)
+		}
+		client := redis.NewClient(opt)
+		prefix := testenv.Name("gocronlocktest")
+		t.Cleanup(func() {
+			ctx := context.Background()
+			iter := client.Scan(ctx, 0, prefix+"*", 100).Iterator()
+			for iter.Next(ctx) {
+				client.Del(ctx, iter.Val())
+			}
+			_ = client.Close()
+		})
+		return &env{name: name,
+			backend: func(t *testing.T) core.Backend {
+				b, err := redislock.NewBackend(client, redislock.WithPrefix(prefix))
+				if err != nil {
+					t.Fatalf("redislock.NewBackend: %v", err)
+				}
+				t.Cleanup(func() { _ = b.Close() })
+				return b
+			},
+			recorder: func(*testing.T) recorder { return &redisRecorder{c: client, key: testenv.Name(prefix + ":runs:")} },
+		}
+	}
+	t.Fatalf("unknown store %q", name)
+	return nil
+}
+
+// locker returns a Locker acting as a separate process; it is closed when
+// the test ends.
+func (e *env) locker(t *testing.T, opts ...core.ClientOption) *core.Client {
+	t.Helper()
+	c, err := core.New(e.backend(t), opts...)
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// killable returns a Locker whose access to the store can be cut, like a
+// process that froze or lost its network: it neither renews nor releases.
+func (e *env) killable(t *testing.T) (*core.Client, *cutBackend) {
+	t.Helper()
+	cb := &cutBackend{Backend: e.backend(t)}
+	c, err := core.New(cb)
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c, cb
+}
+
+var errCut = errors.New("test: store unreachable")
+
+// cutBackend wraps a Backend; once cut, every call fails.
+type cutBackend struct {
+	core.Backend
+	cut atomic.Bool
+}
+
+func (b *cutBackend) Cut() { b.cut.Store(true) }
+
+func (b *cutBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if b.cut.Load() {
+		return core.Lease{}, errCut
+	}
+	return b.Backend.TryAcquire(ctx, req)
+}
+
+func (b *cutBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	if b.cut.Load() {
+		return nil, errCut
+	}
+	return b.Backend.Renew(ctx, reqs)
+}
+
+func (b *cutBackend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	if b.cut.Load() {
+		return errCut
+	}
+	return b.Backend.Release(ctx, req)
+}
+
+func (b *cutBackend) Now(ctx context.Context) (time.Time, error) {
+	if b.cut.Load() {
+		return time.Time{}, errCut
+	}
+	return b.Backend.Now(ctx)
+}
+
+func (b *cutBackend) Watch(ctx context.Context, ready func(), fn func(string)) error {
+	w, ok := b.Backend.(core.Watcher)
+	if !ok {
+		return core.ErrUnsupported
+	}
+	return w.Watch(ctx, ready, fn)
+}
+
+func (b *cutBackend) Inspect(ctx context.Context, key string) (core.Info, bool, error) {
+	return b.Backend.(core.Admin).Inspect(ctx, key)
+}
+
+func (b *cutBackend) List(ctx context.Context, prefix string) ([]core.Info, error) {
+	return b.Backend.(core.Admin).List(ctx, prefix)
+}
+
+func (b *cutBackend) ForceRelease(ctx context.Context, key string) (bool, error) {
+	return b.Backend.(core.Admin).ForceRelease(ctx, key)
+}
+
+// run is one job run.
+type run struct {
+	node int
+	at   time.Time // wall clock of the store (or of this machine, for memlock and Redis)
+}
+
+// recorder counts job runs where every simulated process can see them.
+type recorder interface {
+	record(ctx context.Context, node int) error
+	runs(ctx context.Context) ([]run, error)
+}
+
+type memRecorder struct {
+	mu   sync.Mutex
+	list []run
+}
+
+func (r *memRecorder) record(_ context.Context, node int) error {
+	r.mu.Lock()
+	r.list = append(r.list, run{node: node, at: time.Now()})
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *memRecorder) runs(context.Context) ([]run, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]run(nil), r.list...), nil
+}
+
+// pgRecorder inserts one row per run, stamped with the database's clock.
+type pgRecorder struct {
+	pool  *pgxpool.Pool
+	table string
+}
+
+func newPGRecorder(t *testing.T, pool *pgxpool.Pool, table string) *pgRecorder {
+	t.Helper()
+	r := &pgRecorder{pool: pool, table: pgx.Identifier{table}.Sanitize()}
+	if _, err := pool.Exec(context.Background(), "CREATE TABLE "+r.table+
+		" (id bigserial PRIMARY KEY, node int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"); err != nil {
+		t.Fatalf("create runs table: %v", err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+r.table) })
+	return r
+}
+
+func (r *pgRecorder) record(ctx context.Context, node int) error {
+	_, err := r.pool.Exec(context.WithoutCancel(ctx), "INSERT INTO "+r.table+" (node) VALUES ($1)", node)
+	return err
+}
+
+func (r *pgRecorder) runs(ctx context.Context) ([]run, error) {
+	rows, err := r.pool.Query(ctx, "SELECT node, at FROM "+r.table+" ORDER BY at")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (run, error) {
+		var x run
+		err := row.Scan(&x.node, &x.at)
+		return x, err
+	})
+}
+
+// redisRecorder appends one entry per run to a list.
+type redisRecorder struct {
+	c   *redis.Client
+	key string
+}
+
+func (r *redisRecorder) record(ctx context.Context, node int) error {
+	return r.c.RPush(context.WithoutCancel(ctx), r.key, fmt.Sprintf("%d %d", node, time.Now().UnixNano())).Err()
+}
+
+func (r *redisRecorder) runs(ctx context.Context) ([]run, error) {
+	vals, err := r.c.LRange(ctx, r.key, 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	var list []run
+	for _, v := range vals {
+		var node int
+		var ns int64
+		if _, err := fmt.Sscan(v, &node, &ns); err != nil {
+			return nil, err
+		}
+		list = append(list, run{node: node, at: time.Unix(0, ns)})
+	}
+	return list, nil
+}

@@ -1,0 +1,267 @@
+package gocronlock
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Defaults used when no option says otherwise.
+const (
+	DefaultPrefix         = "gocron:"
+	DefaultTryTimeout     = 2 * time.Second
+	DefaultReleaseTimeout = 5 * time.Second
+	DefaultElectorJitter  = 100 * time.Millisecond
+	DefaultElectorRetry   = time.Second
+)
+
+// Option configures NewLocker, NewElector, Wrap and NewTask. Options that do
+// not apply to a constructor are rejected by it with an error matching
+// core.ErrInvalidOption that names the option.
+type Option func(*config)
+
+// scope says which constructors an option applies to.
+type scope uint8
+
+const (
+	forLocker scope = 1 << iota
+	forTask
+	forElector
+	forAll = forLocker | forTask | forElector
+)
+
+var scopeNames = map[scope]string{forLocker: "NewLocker", forTask: "Wrap/NewTask", forElector: "NewElector"}
+
+type config struct {
+	prefix         string
+	ttl            time.Duration
+	jitter         time.Duration
+	jitterSet      bool
+	lockOpts       []core.Option
+	tryTimeout     time.Duration
+	releaseTimeout time.Duration
+	minHold        time.Duration
+	slot           core.Schedule
+	tolerance      time.Duration
+	toleranceSet   bool
+	onError        func(key string, err error)
+	onElected      func(core.Session)
+	onRevoked      func(error)
+	retry          time.Duration
+
+	used []usedOption
+	errs []error
+}
+
+type usedOption struct {
+	name  string
+	scope scope
+}
+
+func invalid(name, format string, args ...any) error {
+	return fmt.Errorf("%w: gocronlock: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+}
+
+func (c *config) use(name string, s scope) { c.used = append(c.used, usedOption{name, s}) }
+
+// resolveConfig applies opts for the constructor s and checks them.
+func resolveConfig(s scope, opts []Option) (config, error) {
+	c := config{
+		prefix:         DefaultPrefix,
+		tryTimeout:     DefaultTryTimeout,
+		releaseTimeout: DefaultReleaseTimeout,
+		retry:          DefaultElectorRetry,
+	}
+	if s == forElector {
+		c.jitter = DefaultElectorJitter
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if len(c.errs) > 0 {
+		return c, c.errs[0]
+	}
+	for _, u := range c.used {
+		if u.scope&s == 0 {
+			return c, invalid(u.name, "does not apply to %s", scopeNames[s])
+		}
+	}
+	if c.slot != nil && c.minHold > 0 {
+		return c, invalid("MinHold", "cannot be combined with Slot: a slot lock is already kept until the slot ends")
+	}
+	return c, nil
+}
+
+// coreOptions returns the core options common to every acquisition.
+func (c *config) coreOptions() []core.Option {
+	var opts []core.Option
+	if c.ttl > 0 {
+		opts = append(opts, core.TTL(c.ttl))
+	}
+	if c.jitter > 0 {
+		opts = append(opts, core.Jitter(c.jitter))
+	}
+	return append(opts, c.lockOpts...)
+}
+
+// Prefix is put before every lock key (default DefaultPrefix): a Locker
+// locks prefix + job name, Wrap and NewElector prefix + key. It may be empty.
+func Prefix(p string) Option {
+	return func(c *config) { c.use("Prefix", forAll); c.prefix = p }
+}
+
+// TTL sets the lease TTL of lease-mode locks (Locker jobs without a slot,
+// tasks, the leader lock). It defaults to the core.Locker's default (30s
+// unless configured otherwise). A leader that dies is replaced about one TTL
+// later.
+func TTL(d time.Duration) Option {
+	return func(c *config) {
+		c.use("TTL", forAll)
+		if d <= 0 {
+			c.errs = append(c.errs, invalid("TTL", "must be positive, got %v", d))
+			return
+		}
+		c.ttl = d
+	}
+}
+
+// Jitter waits a uniformly random time in [0, max] before each attempt
+// (core.Jitter). NewElector defaults to DefaultElectorJitter so that
+// schedulers started together do not campaign at the same instant; the
+// others default to no jitter. Under a slot lock keep it well below the
+// slot tolerance.
+func Jitter(max time.Duration) Option {
+	return func(c *config) {
+		c.use("Jitter", forAll)
+		if max < 0 {
+			c.errs = append(c.errs, invalid("Jitter", "must not be negative, got %v", max))
+			return
+		}
+		c.jitter, c.jitterSet = max, true
+	}
+}
+
+// LockOptions adds core options to every acquisition (owner, renew
+// interval, renew deadline, ...). They are applied after the options this
+// package derives, so they win.
+func LockOptions(opts ...core.Option) Option {
+	return func(c *config) { c.use("LockOptions", forAll); c.lockOpts = append(c.lockOpts, opts...) }
+}
+
+// TryTimeout bounds the single lock attempt a run makes (default
+// DefaultTryTimeout). A run never waits for a busy lock: a late start
+// would be a duplicate.
+func TryTimeout(d time.Duration) Option {
+	return func(c *config) {
+		c.use("TryTimeout", forLocker|forTask)
+		if d <= 0 {
+			c.errs = append(c.errs, invalid("TryTimeout", "must be positive, got %v", d))
+			return
+		}
+		c.tryTimeout = d
+	}
+}
+
+// ReleaseTimeout bounds the release after a run (default
+// DefaultReleaseTimeout). The release runs on a context detached from the
+// job's, which gocron has already cancelled at shutdown.
+func ReleaseTimeout(d time.Duration) Option {
+	return func(c *config) {
+		c.use("ReleaseTimeout", forLocker|forTask)
+		if d <= 0 {
+			c.errs = append(c.errs, invalid("ReleaseTimeout", "must be positive, got %v", d))
+			return
+		}
+		c.releaseTimeout = d
+	}
+}
+
+// Slot locks each run to one slot of sched (core.ForSlot): at most one run
+// starts per slot across all schedulers, and the lock is kept until the slot
+// ends, so a fast job does not run again on a scheduler whose ticker fires a
+// little later. For a Locker it is the default for jobs without a schedule
+// registered with Locker.Schedule; for Wrap it is the task's schedule.
+func Slot(sched core.Schedule) Option {
+	return func(c *config) {
+		c.use("Slot", forLocker|forTask)
+		if sched == nil {
+			c.errs = append(c.errs, invalid("Slot", "nil schedule"))
+			return
+		}
+		c.slot = sched
+	}
+}
+
+// SlotTolerance sets how early a start may fire and still belong to the
+// coming slot (core.SlotTolerance). By default it is 1s or half the slot,
+// whichever is shorter, so that starts anywhere within half a slot of its
+// boundary count for that slot.
+func SlotTolerance(d time.Duration) Option {
+	return func(c *config) {
+		c.use("SlotTolerance", forLocker|forTask)
+		if d < 0 {
+			c.errs = append(c.errs, invalid("SlotTolerance", "must not be negative, got %v", d))
+			return
+		}
+		c.tolerance, c.toleranceSet = d, true
+	}
+}
+
+// MinHold keeps a lease-mode lock at least d after it was taken
+// (core.MinHold): a run that ends sooner leaves the lock to expire then, so
+// schedulers whose tickers fire up to d later skip the tick. Choose d longer
+// than the spread of the schedulers' tickers and shorter than the interval.
+// For a Locker it applies to jobs without a slot schedule. Slot locks are
+// more precise; see Slot.
+func MinHold(d time.Duration) Option {
+	return func(c *config) {
+		c.use("MinHold", forLocker|forTask)
+		if d < 0 {
+			c.errs = append(c.errs, invalid("MinHold", "must not be negative, got %v", d))
+			return
+		}
+		c.minHold = d
+	}
+}
+
+// OnError is called with the lock key and the error when a lock attempt
+// fails for another reason than a busy lock, when a release fails, and when
+// a lease-mode lock was lost while its job ran. gocron drops these errors
+// (it ignores Unlock's result). fn is called synchronously and must be
+// safe for concurrent use. Release failures and losses also reach the
+// core.Locker's Observer.
+func OnError(fn func(key string, err error)) Option {
+	return func(c *config) { c.use("OnError", forLocker|forTask); c.onError = fn }
+}
+
+// OnElected is called, from the campaign goroutine, when this scheduler
+// becomes leader, with the leader session (owner, fencing token). Keep it
+// short.
+func OnElected(fn func(core.Session)) Option {
+	return func(c *config) { c.use("OnElected", forElector); c.onElected = fn }
+}
+
+// OnRevoked is called, from the campaign goroutine, when this scheduler
+// stops being leader, with the cause: an error matching core.ErrLeaseLost,
+// core.ErrReleased after Resign, or core.ErrClosed after Close. Keep it
+// short.
+func OnRevoked(fn func(error)) Option {
+	return func(c *config) { c.use("OnRevoked", forElector); c.onRevoked = fn }
+}
+
+// Retry sets the pause between campaign attempts after a failure or a
+// resignation (default DefaultElectorRetry, jittered ±50%). Standbys wait
+// for the leader lock and are woken by its release.
+func Retry(d time.Duration) Option {
+	return func(c *config) {
+		c.use("Retry", forElector)
+		if d <= 0 {
+			c.errs = append(c.errs, invalid("Retry", "must be positive, got %v", d))
+			return
+		}
+		c.retry = d
+	}
+}

@@ -1,0 +1,63 @@
+package gocronlock
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Cron parses a crontab the way gocron.CronJob(crontab, withSeconds) does on
+// a scheduler whose location is loc (nil means time.Local), and returns it as
+// a core.Schedule for Locker.Schedule or Slot. A "TZ=" or "CRON_TZ=" prefix
+// in crontab overrides loc.
+func Cron(crontab string, withSeconds bool, loc *time.Location) (core.Schedule, error) {
+	if loc == nil {
+		loc = time.Local
+	}
+	spec := crontab
+	if !strings.HasPrefix(spec, "TZ=") && !strings.HasPrefix(spec, "CRON_TZ=") {
+		spec = fmt.Sprintf("CRON_TZ=%s %s", loc.String(), crontab)
+	}
+	var (
+		sched cron.Schedule
+		err   error
+	)
+	if withSeconds {
+		p := cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+		sched, err = p.Parse(spec)
+	} else {
+		sched, err = cron.ParseStandard(spec)
+	}
+	if err != nil {
+		return nil, invalid("Cron", "%q: %v", crontab, err)
+	}
+	if sched.Next(time.Now()).IsZero() {
+		return nil, invalid("Cron", "%q never fires", crontab)
+	}
+	return sched, nil
+}
+
+// slotTolerance returns the tolerance for a start at now under sched: the
+// configured one, or by default 1s or half the slot, whichever is shorter.
+func (c *config) slotTolerance(sched core.Schedule, now time.Time) time.Duration {
+	if c.toleranceSet {
+		return c.tolerance
+	}
+	tol := core.DefaultSlotTolerance
+	next := sched.Next(now)
+	if next.IsZero() {
+		return tol
+	}
+	after := sched.Next(next)
+	if after.IsZero() {
+		return tol
+	}
+	if half := after.Sub(next) / 2; half < tol {
+		tol = half
+	}
+	return tol
+}
