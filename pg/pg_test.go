@@ -1,0 +1,378 @@
+package pg_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/pg"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Rule: two Lockers on two separate pools (two processes) exclude each other.
+func TestTwoPoolsExclude(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	a := newClient(t, newBackend(t, table))
+	b := newClient(t, newBackend(t, table))
+	ctx := ctxT(t)
+	s, err := a.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("second pool acquired a held lock: %v", err)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := b.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+	if s2.Token() <= s.Token() {
+		t.Errorf("token went from %d to %d", s.Token(), s2.Token())
+	}
+	_ = s2.Release(ctx)
+}
+
+// Rule: 16 contenders on one key with a shared counter lose no update.
+func TestCounter16Contenders(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	lockers := []*core.Client{
+		newClient(t, newBackend(t, table)),
+		newClient(t, newBackend(t, table)),
+	}
+	const workers, rounds = 16, 5
+	var counter atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	ctx := ctxT(t)
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := lockers[i%len(lockers)]
+			for range rounds {
+				err := core.Do(ctx, l, "counter", func(ctx context.Context) error {
+					v := counter.Load() // read-modify-write that only the lock protects
+					runtime.Gosched()
+					counter.Store(v + 1)
+					return nil
+				}, core.TTL(5*time.Second))
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := counter.Load(); got != workers*rounds {
+		t.Fatalf("counter = %d, want %d: updates were lost", got, workers*rounds)
+	}
+}
+
+// Rule: a busy key is answered by a read: the row is neither written nor
+// locked by a failed try.
+func TestBusyTryWritesNothing(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	ident := pgx.Identifier{table}.Sanitize()
+	a := newClient(t, newBackend(t, table))
+	b := newBackend(t, table)
+	ctx := ctxT(t)
+	s, err := a.TryAcquire(ctx, "hot", core.TTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(ctx)
+	var xmin, xmax string
+	read := func() (string, string) {
+		var mn, mx string
+		if err := admin.QueryRow(ctx, `SELECT xmin::text, xmax::text FROM `+ident+` WHERE key = 'hot'`).Scan(&mn, &mx); err != nil {
+			t.Fatal(err)
+		}
+		return mn, mx
+	}
+	xmin, xmax = read()
+	for range 20 {
+		_, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "hot", Owner: "b", OwnerToken: "tok-b", TTL: time.Second})
+		var na *core.NotAcquiredError
+		if !errors.As(err, &na) || na.Holder == nil || na.Holder.Token != s.Token() || na.Holder.Remaining <= 0 {
+			t.Fatalf("busy answer = %v", err)
+		}
+	}
+	if mn, mx := read(); mn != xmin || mx != xmax {
+		t.Fatalf("failed tries touched the row: xmin %s→%s xmax %s→%s", xmin, mn, xmax, mx)
+	}
+}
+
+// Rule: table names are identifiers, never SQL: an injection attempt creates
+// an oddly named table and nothing else; quotes in names work.
+func TestBadTableNames(t *testing.T) {
+	admin := newPool(t, nil)
+	ctx := ctxT(t)
+	canary := testenv.Name("canary_")
+	if _, err := admin.Exec(ctx, `CREATE TABLE `+canary+` (x int)`); err != nil {
+		t.Fatal(err)
+	}
+	dropAtCleanup(t, admin, pgx.Identifier{canary})
+	suffix := testenv.Name("")
+	for _, name := range []string{
+		"locks; DROP TABLE " + canary + ";--" + suffix,
+		`odd "name" ` + suffix,
+		`public.Mixed Case ` + suffix,
+	} {
+		t.Run("", func(t *testing.T) {
+			parts := strings.SplitN(name, ".", 2)
+			dropAtCleanup(t, admin, pgx.Identifier(parts))
+			pool := newPool(t, nil)
+			l, err := pg.New(ctx, pool, pg.WithTable(name), pg.WithAutoMigrate())
+			if err != nil {
+				t.Fatalf("table %q: %v", name, err)
+			}
+			defer l.Close()
+			s, err := l.TryAcquire(ctx, "k")
+			if err != nil {
+				t.Fatalf("table %q: %v", name, err)
+			}
+			if err := s.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+canary).Scan(&n); err != nil {
+				t.Fatalf("canary gone: %v", err)
+			}
+		})
+	}
+	for _, bad := range []string{"", ".", "x.", ".x", "a\x00b", strings.Repeat("x", 64), "s." + strings.Repeat("y", 64), "\xff"} {
+		_, err := pg.NewBackend(ctx, admin, pg.WithTable(bad))
+		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithTable") {
+			t.Errorf("WithTable(%q) = %v, want ErrInvalidOption naming WithTable", bad, err)
+		}
+	}
+}
+
+// Rule: keys up to core.MaxKeyLen bytes work; longer ones are rejected
+// before any SQL is sent.
+func TestKeyLimits(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	b := newBackend(t, table)
+	l := newClient(t, b)
+	ctx := ctxT(t)
+	key := strings.Repeat("é", core.MaxKeyLen/2) // 1024 bytes
+	s, err := l.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatalf("key at the limit: %v", err)
+	}
+	info, held, err := l.Inspect(ctx, key)
+	if err != nil || !held || info.Token != s.Token() {
+		t.Fatalf("Inspect = %+v %v %v", info, held, err)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{key + "x", "", "a\x00b", "\xff"} {
+		if _, err := l.TryAcquire(ctx, bad); !errors.Is(err, core.ErrInvalidKey) {
+			t.Errorf("Locker key %q: %v", bad, err)
+		}
+		if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: bad, OwnerToken: "t", TTL: time.Second}); !errors.Is(err, core.ErrInvalidKey) {
+			t.Errorf("Backend key %q: %v", bad, err)
+		}
+	}
+}
+
+// Rule: a wrong or missing table is found at start-up with an error naming
+// the table and the fix.
+func TestSchemaCheck(t *testing.T) {
+	admin := newPool(t, nil)
+	ctx := ctxT(t)
+	cases := []struct {
+		name, ddl, want string
+		opts           []pg.Option
+	}{
+		{"missing", "", "does not exist", nil},
+		{"timestamp", `CREATE TABLE %s (key text PRIMARY KEY, owner text NOT NULL, holder text NOT NULL,
+			token bigint GENERATED BY DEFAULT AS IDENTITY, acquired_at timestamptz NOT NULL, expire_at timestamp NOT NULL)`,
+			"expire_at is timestamp without time zone", nil},
+		{"legacy timestamp", `CREATE TABLE %s (key text PRIMARY KEY, value text NOT NULL, expire_at timestamp NOT NULL)`,
+			"expire_at is timestamp without time zone", []pg.Option{pg.WithLegacyTable()}},
+		{"missing column", `CREATE TABLE %s (key text PRIMARY KEY, value text NOT NULL, expire_at timestamptz NOT NULL)`,
+			"column owner is missing", nil},
+		{"no key index", `CREATE TABLE %s (key text, value text NOT NULL, expire_at timestamptz NOT NULL)`,
+			"no unique index", []pg.Option{pg.WithLegacyTable()}},
+		{"no token default", `CREATE TABLE %s (key text PRIMARY KEY, owner text NOT NULL, holder text NOT NULL,
+			token bigint NOT NULL, acquired_at timestamptz NOT NULL, expire_at timestamptz NOT NULL)`,
+			"no sequence default", nil},
+		{"view", `CREATE VIEW %s AS SELECT 1 AS x`, "is not a table", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			name := testenv.Name("dislock_bad_")
+			ident := pgx.Identifier{name}.Sanitize()
+			if c.ddl != "" {
+				if _, err := admin.Exec(ctx, strings.Replace(c.ddl, "%s", ident, 1)); err != nil {
+					t.Fatal(err)
+				}
+				kind := "TABLE"
+				if c.name == "view" {
+					kind = "VIEW"
+				}
+				t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP "+kind+" IF EXISTS "+ident) })
+			}
+			_, err := pg.NewBackend(ctx, admin, append([]pg.Option{pg.WithTable(name)}, c.opts...)...)
+			if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), c.want) ||
+				!strings.Contains(err.Error(), ident) || !strings.Contains(err.Error(), "fix") {
+				t.Fatalf("NewBackend = %v, want ErrSchema naming %s, %q and a fix", err, ident, c.want)
+			}
+		})
+	}
+}
+
+// Rule: a role without DELETE on the table is told so at start-up.
+func TestRoleWithoutDelete(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	ident := pgx.Identifier{table}.Sanitize()
+	ctx := ctxT(t)
+	role := testenv.Name("dislock_role_")
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	if _, err := admin.Exec(ctx, `GRANT SELECT, INSERT, UPDATE ON `+ident+` TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+	_, err := pg.NewBackend(ctx, pool, pg.WithTable(table))
+	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), "DELETE") || !strings.Contains(err.Error(), ident) {
+		t.Fatalf("NewBackend = %v, want ErrSchema naming DELETE and %s", err, ident)
+	}
+	if _, err := admin.Exec(ctx, `GRANT DELETE ON `+ident+` TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	l, err := pg.New(ctx, pool, pg.WithTable(table))
+	if err != nil {
+		t.Fatalf("with all four privileges: %v", err)
+	}
+	defer l.Close()
+	s, err := l.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("least-privilege role cannot acquire: %v", err)
+	}
+	_ = s.Release(ctx)
+}
+
+// Rule: clients whose sessions use different TimeZone settings never both
+// hold a lock, and agree on its expiry.
+func TestTimeZones(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	zone := func(tz string) *core.Client {
+		return newClient(t, newBackendPool(t, table, func(c *pgxpool.Config) {
+			c.ConnConfig.RuntimeParams["timezone"] = tz
+		}))
+	}
+	east, west := zone("Pacific/Kiritimati"), zone("Pacific/Pago_Pago") // UTC+14, UTC-11
+	ctx := ctxT(t)
+	for i, pair := range [][2]*core.Client{{east, west}, {west, east}} {
+		s, err := pair[0].TryAcquire(ctx, "tz", core.TTL(5*time.Second))
+		if err != nil {
+			t.Fatalf("pair %d: %v", i, err)
+		}
+		_, err = pair[1].TryAcquire(ctx, "tz")
+		var na *core.NotAcquiredError
+		if !errors.As(err, &na) {
+			t.Fatalf("pair %d: a client in another time zone acquired a held lock: %v", i, err)
+		}
+		if na.Holder == nil || na.Holder.Remaining <= 0 || na.Holder.Remaining > 5*time.Second {
+			t.Fatalf("pair %d: holder %+v", i, na.Holder)
+		}
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Rule: Watch returns an error, not a hang, when LISTEN is unavailable, and
+// ErrUnsupported under WithoutListen.
+func TestWatchUnavailable(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	cc := admin.Config().ConnConfig.Copy()
+	cc.Port = 1 // nothing listens there
+	cc.ConnectTimeout = 2 * time.Second
+	b := newBackend(t, table, pg.WithListenConfig(cc))
+	ctx := ctxT(t)
+	done := make(chan error, 1)
+	go func() { done <- b.Watch(ctx, func() { t.Error("ready called") }, func(string) {}) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Watch returned nil")
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Watch hangs when LISTEN is unavailable")
+	}
+	b2 := newBackend(t, table, pg.WithoutListen())
+	if err := b2.Watch(ctx, func() {}, func(string) {}); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("WithoutListen: Watch = %v", err)
+	}
+	// A Locker still acquires after a release, by polling.
+	l1, l2 := newClient(t, b2), newClient(t, b)
+	s, err := l1.TryAcquire(ctx, "poll")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		s2, err := l2.Acquire(ctx, "poll", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
+		if err == nil {
+			err = s2.Release(ctx)
+		}
+		got <- err
+	}()
+	_ = s.Release(ctx)
+	if err := <-got; err != nil {
+		t.Fatalf("polling waiter: %v", err)
+	}
+}
+
+// Rule: Open never puts the connection string in an error.
+func TestOpenKeepsSecrets(t *testing.T) {
+	const secret = "s3cr3t-sentinel-pw"
+	ctx := ctxT(t)
+	for _, dsn := range []string{
+		"postgres://user:" + secret + "@127.0.0.1:1/db?connect_timeout=1",
+		"postgres://user:" + secret + "@127.0.0.1:bad/db",
+		"host=127.0.0.1 port=1 password=" + secret + " connect_timeout=1",
+		"password=" + secret + " sslmode=nonsense",
+	} {
+		b, err := pg.Open(ctx, dsn)
+		if err == nil {
+			_ = b.Close()
+			t.Fatalf("Open succeeded on a bad target")
+		}
+		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "127.0.0.1:bad") {
+			t.Errorf("error leaks the connection string: %v", err)
+		}
+	}
+}
