@@ -1,0 +1,137 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+)
+
+// recorder is an Observer that writes down every hook call.
+type recorder struct {
+	name   string
+	mu     sync.Mutex
+	events []string
+}
+
+type obsKey struct{ name string }
+
+func (r *recorder) add(ctx context.Context, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	tag, _ := ctx.Value(obsKey{r.name}).(string)
+	r.events = append(r.events, fmt.Sprintf(format, args...)+" ctx="+tag)
+}
+
+func (r *recorder) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.events...)
+}
+
+func (r *recorder) AcquireStart(ctx context.Context, e core.AcquireStartEvent) context.Context {
+	r.add(ctx, "acquire-start %s %s", e.Key, e.Mode)
+	return context.WithValue(ctx, obsKey{r.name}, r.name)
+}
+func (r *recorder) AcquireEnd(ctx context.Context, e core.AcquireEndEvent) {
+	r.add(ctx, "acquire-end %s ok=%v busy=%v attempts=%d", e.Key, e.Err == nil, errors.Is(e.Err, core.ErrNotAcquired), e.Attempts)
+}
+func (r *recorder) RenewStart(ctx context.Context, e core.RenewStartEvent) context.Context {
+	r.add(ctx, "renew-start %s", e.Key)
+	return ctx
+}
+func (r *recorder) RenewEnd(ctx context.Context, e core.RenewEndEvent) {
+	r.add(ctx, "renew-end %s ok=%v", e.Key, e.Err == nil)
+}
+func (r *recorder) ReleaseStart(ctx context.Context, e core.ReleaseStartEvent) context.Context {
+	r.add(ctx, "release-start %s", e.Key)
+	return ctx
+}
+func (r *recorder) ReleaseEnd(ctx context.Context, e core.ReleaseEndEvent) {
+	r.add(ctx, "release-end %s kept=%v", e.Key, e.Kept)
+}
+func (r *recorder) Lost(ctx context.Context, e core.LostEvent) {
+	r.add(ctx, "lost %s %v", e.Key, errors.Is(e.Err, core.ErrLeaseLost))
+}
+
+func TestObserverSeesEverything(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		r1, r2 := &recorder{name: "r1"}, &recorder{name: "r2"}
+		c, err := st.Locker(core.WithDefaults(core.TTL(30*time.Second)), core.WithObserver(r1), core.WithObserver(r2), core.WithObserver(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ctx := context.Background()
+		s, err := c.TryAcquire(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.TryAcquire(ctx, "a"); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatal(err)
+		}
+		time.Sleep(11 * time.Second) // one background renewal
+		s.Release(ctx)
+		s2, _ := c.TryAcquire(ctx, "b")
+		st.Steal("b")
+		<-s2.Done()
+		want := []string{
+			"acquire-start a try ctx=", "acquire-end a ok=true busy=false attempts=1 ctx=r1",
+			"acquire-start a try ctx=", "acquire-end a ok=false busy=true attempts=1 ctx=r1",
+			"renew-start a ctx=r1", "renew-end a ok=true ctx=r1",
+			"release-start a ctx=r1", "release-end a kept=false ctx=r1",
+			"acquire-start b try ctx=", "acquire-end b ok=true busy=false attempts=1 ctx=r1",
+			"renew-start b ctx=r1", "renew-end b ok=false ctx=r1",
+			"lost b true ctx=r1",
+		}
+		got := r1.list()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("events:\n got %q\nwant %q", got, want)
+		}
+		// Each observer finds its own values in the composed context.
+		if g := r2.list(); len(g) != len(want) || g[1] != "acquire-end a ok=true busy=false attempts=1 ctx=r2" {
+			t.Fatalf("second observer: %q", g)
+		}
+	})
+}
+
+// A backend without Admin makes the Client's Admin calls say so.
+type bareBackend struct{ core.Backend }
+
+func TestAdminUnsupported(t *testing.T) {
+	c, err := core.New(bareBackend{memlock.NewStore().Backend()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if _, _, err := c.Inspect(ctx, "k"); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("Inspect: %v", err)
+	}
+	if _, err := c.List(ctx, ""); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("List: %v", err)
+	}
+	if _, err := c.ForceRelease(ctx, "k"); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("ForceRelease: %v", err)
+	}
+	// Without a Watcher, waiting still works by polling.
+	s, _ := c.TryAcquire(ctx, "k", core.TTL(time.Second))
+	go func() { time.Sleep(50 * time.Millisecond); s.Release(ctx) }()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s2, err := c.Acquire(wctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.Release(ctx)
+	if _, err := core.New(nil); !errors.Is(err, core.ErrInvalidOption) {
+		t.Fatalf("New(nil): %v", err)
+	}
+}
