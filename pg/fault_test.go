@@ -1,0 +1,267 @@
+package pg_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/pg"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// renewCounter reports every renewal outcome on a channel.
+type renewCounter struct {
+	core.NopObserver
+	ok, failed chan struct{}
+}
+
+func newRenewCounter() *renewCounter {
+	return &renewCounter{ok: make(chan struct{}, 1024), failed: make(chan struct{}, 1024)}
+}
+
+func (r *renewCounter) RenewEnd(_ context.Context, e core.RenewEndEvent) {
+	ch := r.ok
+	if e.Err != nil {
+		ch = r.failed
+	}
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func drain(ch chan struct{}) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
+// terminate ends every server connection whose application_name is app.
+func terminate(t *testing.T, admin *pgxpool.Pool, app string) int {
+	t.Helper()
+	var n int
+	err := admin.QueryRow(ctxT(t), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1 AND pid <> pg_backend_pid()`, app).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// faultPool is a pool tagged with a unique application_name whose new
+// connections fail while down is set.
+func faultPool(t *testing.T) (pool *pgxpool.Pool, app string, down *atomic.Bool) {
+	app = testenv.Name("dislock_fault_")
+	down = new(atomic.Bool)
+	pool = newPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["application_name"] = app
+		d := &net.Dialer{Timeout: 2 * time.Second}
+		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if down.Load() {
+				return nil, errors.New("test: network down")
+			}
+			return d.DialContext(ctx, network, addr)
+		}
+	})
+	return pool, app, down
+}
+
+// Rule: pg_terminate_backend on the Locker's connections while locks are
+// held: the leases survive when reconnecting works within the renew
+// deadline.
+func TestTerminateBackendSurvives(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	pool, app, _ := faultPool(t)
+	b, err := pg.NewBackend(ctxT(t), pool, pg.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := newRenewCounter()
+	l := newClient(t, b, core.WithObserver(obs))
+	ctx := ctxT(t)
+	var sessions []core.Session
+	for _, k := range []string{"a", "b", "c"} {
+		s, err := l.TryAcquire(ctx, k, core.TTL(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sessions = append(sessions, s)
+	}
+	if n := terminate(t, admin, app); n == 0 {
+		t.Fatal("no connection to terminate")
+	}
+	drain(obs.ok)
+	// Two successful renewal rounds after the cut prove recovery.
+	for i := 0; i < 2*len(sessions); i++ {
+		select {
+		case <-obs.ok:
+		case <-time.After(5 * time.Second):
+			t.Fatal("renewals did not recover after pg_terminate_backend")
+		}
+	}
+	for _, s := range sessions {
+		if err := s.Err(); err != nil {
+			t.Fatalf("%s lost although the reconnect was quick: %v", s.Key(), err)
+		}
+		info, held, err := l.Inspect(ctx, s.Key())
+		if err != nil || !held || info.Token != s.Token() {
+			t.Fatalf("Inspect %s = %+v %v %v", s.Key(), info, held, err)
+		}
+		_ = s.Release(ctx)
+	}
+}
+
+// Rule: when the connections are cut and cannot come back within the renew
+// deadline, the loss is signalled before the server could give the lock to
+// anyone else.
+func TestTerminateBackendLossSignalled(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	pool, app, down := faultPool(t)
+	b, err := pg.NewBackend(ctxT(t), pool, pg.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newClient(t, b)
+	other := newClient(t, newBackend(t, table))
+	ctx := ctxT(t)
+	const ttl = 2 * time.Second
+	s, err := l.TryAcquire(ctx, "k", core.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.Store(true)
+	terminate(t, admin, app)
+	cut := time.Now()
+	select {
+	case <-s.Done():
+	case <-time.After(2 * ttl):
+		t.Fatal("loss not signalled")
+	}
+	lostAfter := time.Since(cut)
+	if !errors.Is(s.Err(), core.ErrLeaseLost) {
+		t.Fatalf("Err = %v", s.Err())
+	}
+	// The server still holds it until its expiry: the holder knew first.
+	_, err = other.TryAcquire(ctx, "k")
+	if !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("lock free at the moment of loss (%v after the cut): %v", lostAfter, err)
+	}
+	s2, err := other.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("lock never freed: %v", err)
+	}
+	_ = s2.Release(ctx)
+}
+
+// Rule: statement_timeout firing is a typed error and leaves nothing half
+// done.
+func TestStatementTimeout(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	ident := pgx.Identifier{table}.Sanitize()
+	ctx := ctxT(t)
+	// An expired row whose lock another transaction holds: the acquire's
+	// takeover has to wait for it.
+	if _, err := admin.Exec(ctx, `INSERT INTO `+ident+` (key, owner, holder, acquired_at, expire_at)
+		VALUES ('k', 'old', 'old-token', now() - interval '1 minute', now() - interval '1 second')`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+ident+` WHERE key = 'k' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	b := newBackendPool(t, table, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["statement_timeout"] = "200"
+	})
+	l := newClient(t, b)
+	_, err = l.TryAcquire(ctx, "k")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57014" || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("TryAcquire = %v, want a wrapped *pgconn.PgError 57014", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var holder string
+	if err := admin.QueryRow(ctx, `SELECT holder FROM `+ident+` WHERE key = 'k'`).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	if holder != "old-token" {
+		t.Fatalf("row changed by a timed-out acquire: holder %q", holder)
+	}
+	s, err := l.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("after the blocker left: %v", err)
+	}
+	_ = s.Release(ctx)
+}
+
+// lostReply commits every acquire on the server and then reports a failure,
+// as when the connection drops between the commit and the reply.
+type lostReply struct{ *pg.Backend }
+
+func (b lostReply) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if _, err := b.Backend.TryAcquire(ctx, req); err != nil {
+		return core.Lease{}, err
+	}
+	return core.Lease{}, &pgconn.ConnectError{}
+}
+
+// Rule: a reply lost after the server committed an acquire is reconciled:
+// the lock is released by owner token before the error is returned, not left
+// held until its TTL.
+func TestLostReplyReconciled(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	b := newBackend(t, table)
+	l := newClient(t, lostReply{b})
+	ctx := ctxT(t)
+	if _, err := l.TryAcquire(ctx, "k", core.TTL(time.Minute)); err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("TryAcquire = %v, want a backend failure", err)
+	}
+	if info, held, err := b.Inspect(ctx, "k"); err != nil || held {
+		t.Fatalf("orphan lock left until its TTL: %+v %v %v", info, held, err)
+	}
+	// The same holds when the caller's context is cancelled mid-statement:
+	// a statement cancelled before commit changes nothing.
+	ident := pgx.Identifier{table}.Sanitize()
+	if _, err := admin.Exec(ctx, `INSERT INTO `+ident+` (key, owner, holder, acquired_at, expire_at)
+		VALUES ('c', 'old', 'old-token', now() - interval '1 minute', now() - interval '1 second')`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+ident+` WHERE key = 'c' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	l2 := newClient(t, b)
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := l2.TryAcquire(cctx, "c"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire with expiring ctx = %v", err)
+	}
+	_ = tx.Rollback(ctx)
+	if info, held, err := b.Inspect(ctx, "c"); err != nil || held {
+		t.Fatalf("cancelled acquire left a lock: %+v %v %v", info, held, err)
+	}
+}
