@@ -1,0 +1,330 @@
+package asynqlock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"go.uber.org/goleak"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/integrations/asynqlock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// lockers returns two Lockers on one in-memory store, acting as two
+// processes.
+func lockers(t *testing.T) (*memlock.Store, core.Locker, core.Locker) {
+	t.Helper()
+	store := memlock.NewStore()
+	a, err := store.Locker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := store.Locker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return store, a, b
+}
+
+func mustNew(t *testing.T, l core.Locker, opts ...asynqlock.Option) asynq.MiddlewareFunc {
+	t.Helper()
+	mw, err := asynqlock.New(l, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+func TestKeyFuncs(t *testing.T) {
+	ctx := context.Background()
+	key := func(fn asynqlock.KeyFunc, task *asynq.Task) string {
+		t.Helper()
+		k, err := fn(ctx, task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	if got := key(asynqlock.ByType, asynq.NewTask("email:send", []byte("x"))); got != "email:send" {
+		t.Errorf("ByType = %q", got)
+	}
+	a := key(asynqlock.ByTypeAndPayload, asynq.NewTask("t", []byte("a")))
+	a2 := key(asynqlock.ByTypeAndPayload, asynq.NewTask("t", []byte("a")))
+	b := key(asynqlock.ByTypeAndPayload, asynq.NewTask("t", []byte("b")))
+	if a != a2 || a == b || !strings.HasPrefix(a, "t:") {
+		t.Errorf("ByTypeAndPayload: a=%q a again=%q b=%q", a, a2, b)
+	}
+	long := key(asynqlock.ByTypeAndPayload, asynq.NewTask(strings.Repeat("x", 5000), make([]byte, 1<<20)))
+	if len(long) > 600 || core.ValidateKey(asynqlock.DefaultPrefix+long) != nil {
+		t.Errorf("ByTypeAndPayload of a long type: %d bytes, %v", len(long), core.ValidateKey(long))
+	}
+	if got := key(asynqlock.ByType, asynq.NewTask("bad\x00type", nil)); core.ValidateKey(got) != nil {
+		t.Errorf("ByType of a type with NUL = %q, not a valid key", got)
+	}
+	byAcct := asynqlock.ByHeader("account")
+	if got := key(byAcct, asynq.NewTaskWithHeaders("t", nil, map[string]string{"account": "42"})); got != "42" {
+		t.Errorf("ByHeader = %q", got)
+	}
+	if got := key(byAcct, asynq.NewTask("t", nil)); got != "" {
+		t.Errorf("ByHeader without the header = %q, want empty", got)
+	}
+	if _, err := asynqlock.ByTaskID(ctx, asynq.NewTask("t", nil)); err == nil {
+		t.Error("ByTaskID outside asynq: no error")
+	}
+}
+
+func TestNew_InvalidOptions(t *testing.T) {
+	_, l, _ := lockers(t)
+	cases := map[string]struct {
+		l    core.Locker
+		opts []asynqlock.Option
+	}{
+		"Locker":         {nil, nil},
+		"WithKey":        {l, []asynqlock.Option{asynqlock.WithKey(nil)}},
+		"Grace":          {l, []asynqlock.Option{asynqlock.Grace(-time.Second)}},
+		"BusyDelay":      {l, []asynqlock.Option{asynqlock.BusyDelay(2*time.Second, time.Second)}},
+		"OnBusy":         {l, []asynqlock.Option{asynqlock.OnBusy(asynqlock.Wait(-1))}},
+		"OnExhausted":    {l, []asynqlock.Option{asynqlock.OnExhausted(asynqlock.RetryLater)}},
+		"ReleaseTimeout": {l, []asynqlock.Option{asynqlock.ReleaseTimeout(0)}},
+	}
+	for name, c := range cases {
+		_, err := asynqlock.New(c.l, c.opts...)
+		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: err = %v, want ErrInvalidOption naming it", name, err)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Middleware with an invalid option did not panic")
+		}
+	}()
+	asynqlock.Middleware(l, asynqlock.Grace(-1))
+}
+
+func TestMiddleware_EmptyKeyRunsUnlocked(t *testing.T) {
+	_, l, _ := lockers(t)
+	mw := mustNew(t, l, asynqlock.WithKey(asynqlock.ByHeader("account")))
+	ran := false
+	err := mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		ran = true
+		if _, ok := core.SessionFromContext(ctx); ok {
+			t.Error("a task without key got a session")
+		}
+		return nil
+	})).ProcessTask(context.Background(), asynq.NewTask("t", nil))
+	if err != nil || !ran {
+		t.Fatalf("err = %v, ran = %v", err, ran)
+	}
+}
+
+func TestMiddleware_KeyErrorIsPermanent(t *testing.T) {
+	_, l, _ := lockers(t)
+	boom := errors.New("boom")
+	mw := mustNew(t, l, asynqlock.WithKey(func(context.Context, *asynq.Task) (string, error) { return "", boom }))
+	err := mw(noop()).ProcessTask(context.Background(), asynq.NewTask("t", nil))
+	if !errors.Is(err, boom) || !errors.Is(err, asynq.SkipRetry) {
+		t.Fatalf("err = %v, want boom wrapped with SkipRetry", err)
+	}
+	// A key the Locker rejects is permanent too.
+	mw = mustNew(t, l, asynqlock.Prefix(""), asynqlock.WithKey(func(context.Context, *asynq.Task) (string, error) {
+		return strings.Repeat("k", core.MaxKeyLen+1), nil
+	}))
+	err = mw(noop()).ProcessTask(context.Background(), asynq.NewTask("t", nil))
+	if !errors.Is(err, core.ErrInvalidKey) || !errors.Is(err, asynq.SkipRetry) {
+		t.Fatalf("err = %v, want ErrInvalidKey wrapped with SkipRetry", err)
+	}
+}
+
+func noop() asynq.Handler {
+	return asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })
+}
+
+// TestMiddleware_BusyPolicies checks what each policy returns for a busy key
+// (the asynq outcomes are checked against real servers in server_test.go).
+func TestMiddleware_BusyPolicies(t *testing.T) {
+	_, holder, l := lockers(t)
+	ctx := context.Background()
+	s, err := holder.TryAcquire(ctx, asynqlock.DefaultPrefix+"t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(ctx)
+	task := asynq.NewTask("t", nil)
+	cases := []struct {
+		p     asynqlock.Policy
+		check func(error) bool
+	}{
+		{asynqlock.RetryLater, func(err error) bool {
+			var b *asynqlock.BusyError
+			return errors.As(err, &b) && errors.Is(err, core.ErrNotAcquired) && !asynqlock.IsFailure(err) &&
+				b.RetryIn >= 10*time.Millisecond && b.RetryIn <= 20*time.Millisecond &&
+				asynqlock.RetryDelay(nil)(0, err, task) == b.RetryIn
+		}},
+		{asynqlock.Skip, func(err error) bool { return err == nil }},
+		{asynqlock.Revoke, func(err error) bool {
+			return errors.Is(err, asynq.RevokeTask) && errors.Is(err, core.ErrNotAcquired)
+		}},
+		{asynqlock.Archive, func(err error) bool {
+			return errors.Is(err, asynq.SkipRetry) && errors.Is(err, core.ErrNotAcquired)
+		}},
+		{asynqlock.Wait(30 * time.Millisecond), func(err error) bool {
+			return errors.Is(err, core.ErrNotAcquired) && !asynqlock.IsFailure(err)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.p.String(), func(t *testing.T) {
+			mw := mustNew(t, l, asynqlock.OnBusy(c.p), asynqlock.BusyDelay(10*time.Millisecond, 20*time.Millisecond))
+			ran := false
+			err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran = true; return nil })).ProcessTask(ctx, task)
+			if ran {
+				t.Error("handler ran while the key was busy")
+			}
+			if !c.check(err) {
+				t.Errorf("err = %v", err)
+			}
+		})
+	}
+}
+
+func TestMiddleware_WaitRunsAfterHolder(t *testing.T) {
+	_, holder, l := lockers(t)
+	ctx := context.Background()
+	s, err := holder.TryAcquire(ctx, asynqlock.DefaultPrefix+"t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan time.Time, 1)
+	mw := mustNew(t, l, asynqlock.OnBusy(asynqlock.Wait(10*time.Second)),
+		asynqlock.WithKey(func(ctx context.Context, t *asynq.Task) (string, error) {
+			// The middleware is about to wait: let the holder go.
+			time.AfterFunc(20*time.Millisecond, func() { released <- time.Now(); s.Release(ctx) })
+			return asynqlock.ByType(ctx, t)
+		}))
+	var started time.Time
+	err = mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		started = time.Now()
+		return nil
+	})).ProcessTask(ctx, asynq.NewTask("t", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rel := <-released; started.IsZero() || started.Before(rel) {
+		t.Fatalf("handler started %v, holder released %v", started, rel)
+	}
+}
+
+func TestMiddleware_SessionAndLeaseLoss(t *testing.T) {
+	for _, how := range []string{"steal", "delete"} {
+		t.Run(how, func(t *testing.T) {
+			store, l, _ := lockers(t)
+			mw := mustNew(t, l, asynqlock.LockOptions(core.TTL(150*time.Millisecond)))
+			var cause error
+			err := mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+				s, ok := core.SessionFromContext(ctx)
+				if !ok || s.Key() != asynqlock.DefaultPrefix+"t" || s.Token() == 0 {
+					t.Errorf("session in ctx: %v %v", s, ok)
+				}
+				if how == "steal" {
+					store.Steal(s.Key())
+				} else {
+					store.Delete(s.Key())
+				}
+				select {
+				case <-ctx.Done():
+					cause = context.Cause(ctx)
+				case <-time.After(10 * time.Second):
+					t.Error("ctx not cancelled on lease loss")
+				}
+				return nil // the handler does not notice
+			})).ProcessTask(context.Background(), asynq.NewTask("t", nil))
+			if !errors.Is(cause, core.ErrLeaseLost) {
+				t.Errorf("ctx cause = %v, want ErrLeaseLost", cause)
+			}
+			if !errors.Is(err, core.ErrLeaseLost) || !asynqlock.IsFailure(err) {
+				t.Errorf("err = %v, want a failure matching ErrLeaseLost", err)
+			}
+		})
+	}
+}
+
+func TestMiddleware_PanicReleases(t *testing.T) {
+	store, l, _ := lockers(t)
+	mw := mustNew(t, l)
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Errorf("recovered %v, want the handler's panic", r)
+			}
+		}()
+		mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+			if !store.Held(asynqlock.DefaultPrefix + "t") {
+				t.Error("key not held while the handler runs")
+			}
+			panic("boom")
+		})).ProcessTask(context.Background(), asynq.NewTask("t", nil))
+	}()
+	if store.Held(asynqlock.DefaultPrefix + "t") {
+		t.Error("key still held after the handler panicked")
+	}
+}
+
+// TestMiddleware_GraceReleasesHungHandler: a handler that ignores its
+// context keeps the lock only until the task's deadline plus the grace.
+func TestMiddleware_GraceReleasesHungHandler(t *testing.T) {
+	store, l, _ := lockers(t)
+	mw := mustNew(t, l, asynqlock.Grace(50*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	unblock := make(chan struct{})
+	returned := make(chan error, 1)
+	go func() {
+		returned <- mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+			<-unblock // ignores ctx
+			return nil
+		})).ProcessTask(ctx, asynq.NewTask("t", nil))
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for store.Held(asynqlock.DefaultPrefix+"t") || time.Now().Before(deadlineOf(ctx)) {
+		if time.Now().After(deadline) {
+			t.Fatal("key still held long after deadline + grace")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case err := <-returned:
+		t.Fatalf("handler returned early: %v", err)
+	default:
+	}
+	close(unblock)
+	if err := <-returned; err != nil {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func deadlineOf(ctx context.Context) time.Time { d, _ := ctx.Deadline(); return d }
+
+func TestRetryDelay_Fallback(t *testing.T) {
+	task := asynq.NewTask("t", nil)
+	f := asynqlock.RetryDelay(func(n int, err error, _ *asynq.Task) time.Duration { return time.Duration(n) * time.Hour })
+	if got := f(3, errors.New("x"), task); got != 3*time.Hour {
+		t.Errorf("fallback delay = %v", got)
+	}
+	busy := &asynqlock.BusyError{Key: "k", RetryIn: 2 * time.Second, Err: core.ErrNotAcquired}
+	if got := f(3, errors.Join(errors.New("wrapped"), busy), task); got != 2*time.Second {
+		t.Errorf("busy delay = %v", got)
+	}
+	if got := asynqlock.RetryDelay(nil)(0, errors.New("x"), task); got < 15*time.Second {
+		t.Errorf("default fallback delay = %v, want asynq's default (>= 15s)", got)
+	}
+	if asynqlock.IsFailure(nil) || !asynqlock.IsFailure(errors.New("x")) || !asynqlock.IsFailure(core.ErrNotAcquired) {
+		t.Error("IsFailure: only *BusyError is not a failure")
+	}
+}
