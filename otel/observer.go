@@ -189,7 +189,8 @@ func sessionFrom(ctx context.Context) *sessionCtx {
 // opCtx is the context RenewStart and ReleaseStart return.
 type opCtx struct {
 	context.Context
-	span  trace.Span // nil when no span was started
+	st    *sessionCtx // nil when AcquireStart did not run on this chain
+	span  trace.Span  // nil when no span was started
 	start time.Time
 }
 
@@ -359,8 +360,7 @@ func isTimeout(err error) bool {
 // as a child of ctx's span.
 func (o *Observer) AcquireStart(ctx context.Context, e core.AcquireStartEvent) context.Context {
 	mode := modeOf(e.Mode, e.Slot)
-	ctx, span := o.tracer.Start(ctx, SpanAcquire, trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(o.spanAttrs(e.Backend, mode, e.Key, 0)...))
+	ctx, span := o.tracer.Start(ctx, SpanAcquire, trace.WithAttributes(o.spanAttrs(e.Backend, mode, e.Key, 0)...))
 	st := &sessionCtx{Context: ctx, span: span, tab: o.table(e.Backend, mode)}
 	if o.attrsFn != nil {
 		st.extra = o.attrsFn(e.Key)
@@ -429,13 +429,28 @@ func (o *Observer) endSession(ctx context.Context, st *sessionCtx, held time.Dur
 	}
 }
 
+// startOp returns the context of a renewal or release: it keeps the
+// session's state and the start time so the End hook needs no lookups
+// through the engine's contexts.
+func startOp(ctx context.Context) *opCtx {
+	return &opCtx{Context: ctx, st: sessionFrom(ctx), start: time.Now()}
+}
+
+// mode is the session's dislock.mode, "" when unknown.
+func (op *opCtx) mode() string {
+	if op.st != nil {
+		return op.st.tab.mode
+	}
+	return ""
+}
+
 // RenewStart implements core.Observer. With WithRenewSpans(true) it starts a
 // dislock.renew span as a child of the session's acquire span.
 func (o *Observer) RenewStart(ctx context.Context, e core.RenewStartEvent) context.Context {
-	op := &opCtx{Context: ctx, start: time.Now()}
+	op := startOp(ctx)
 	if o.renewSpans {
-		op.Context, op.span = o.tracer.Start(ctx, SpanRenew, trace.WithSpanKind(trace.SpanKindInternal),
-			trace.WithAttributes(o.spanAttrs(e.Backend, modeFrom(ctx), e.Key, e.Token)...))
+		op.Context, op.span = o.tracer.Start(ctx, SpanRenew,
+			trace.WithAttributes(o.spanAttrs(e.Backend, op.mode(), e.Key, e.Token)...))
 	}
 	return op
 }
@@ -444,17 +459,12 @@ func (o *Observer) RenewStart(ctx context.Context, e core.RenewStartEvent) conte
 // ends the renew span. A failed renewal gets a span (backdated to the
 // renewal's start) even without WithRenewSpans.
 func (o *Observer) RenewEnd(ctx context.Context, e core.RenewEndEvent) {
-	op := opFrom(ctx)
 	now := time.Now()
-	start := now
-	if op != nil {
-		start = op.start
+	op := opFrom(ctx)
+	if op == nil { // RenewStart did not run on this context's chain
+		op = &opCtx{Context: ctx, st: sessionFrom(ctx), start: now}
 	}
-	var (
-		outcome string
-		errType string
-		cached  mopts
-	)
+	var outcome, errType string
 	switch {
 	case e.Err == nil:
 		outcome = OutcomeRenewed
@@ -463,14 +473,10 @@ func (o *Observer) RenewEnd(ctx context.Context, e core.RenewEndEvent) {
 	default:
 		outcome, errType = OutcomeError, core.ErrorType(e.Err)
 	}
-	var span trace.Span
-	if op != nil {
-		span = op.span
-	}
+	span := op.span
 	if span == nil && e.Err != nil {
-		_, span = o.tracer.Start(ctx, SpanRenew, trace.WithSpanKind(trace.SpanKindInternal),
-			trace.WithTimestamp(start),
-			trace.WithAttributes(o.spanAttrs(e.Backend, modeFrom(ctx), e.Key, e.Token)...))
+		_, span = o.tracer.Start(ctx, SpanRenew, trace.WithTimestamp(op.start),
+			trace.WithAttributes(o.spanAttrs(e.Backend, op.mode(), e.Key, e.Token)...))
 	}
 	if span != nil {
 		if span.IsRecording() {
@@ -481,29 +487,23 @@ func (o *Observer) RenewEnd(ctx context.Context, e core.RenewEndEvent) {
 		}
 		span.End(trace.WithTimestamp(now))
 	}
-	st := sessionFrom(ctx)
+	st := op.st
 	if st == nil {
 		st = &sessionCtx{tab: o.table(e.Backend, "")}
 	}
+	var cached mopts
 	if outcome == OutcomeRenewed {
 		cached = st.tab.renewed
 	}
-	o.renewDur.Record(ctx, now.Sub(start).Seconds(), st.measure(cached, outcome, errType).rec...)
-}
-
-func modeFrom(ctx context.Context) string {
-	if st := sessionFrom(ctx); st != nil {
-		return st.tab.mode
-	}
-	return ""
+	o.renewDur.Record(ctx, now.Sub(op.start).Seconds(), st.measure(cached, outcome, errType).rec...)
 }
 
 // ReleaseStart implements core.Observer: it starts the dislock.release span
 // as a child of the session's acquire span.
 func (o *Observer) ReleaseStart(ctx context.Context, e core.ReleaseStartEvent) context.Context {
-	op := &opCtx{start: time.Now()}
-	op.Context, op.span = o.tracer.Start(ctx, SpanRelease, trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(o.spanAttrs(e.Backend, modeFrom(ctx), e.Key, e.Token)...))
+	op := startOp(ctx)
+	op.Context, op.span = o.tracer.Start(ctx, SpanRelease,
+		trace.WithAttributes(o.spanAttrs(e.Backend, op.mode(), e.Key, e.Token)...))
 	return op
 }
 
@@ -511,8 +511,12 @@ func (o *Observer) ReleaseStart(ctx context.Context, e core.ReleaseStartEvent) c
 // release of a session takes it out of dislock.sessions.active and records
 // dislock.held.duration.
 func (o *Observer) ReleaseEnd(ctx context.Context, e core.ReleaseEndEvent) {
-	if op := opFrom(ctx); op != nil && op.span != nil {
-		span := op.span
+	op := opFrom(ctx)
+	if op == nil { // ReleaseStart did not run on this context's chain
+		o.endSession(ctx, sessionFrom(ctx), e.Held, false)
+		return
+	}
+	if span := op.span; span != nil {
 		if span.IsRecording() {
 			outcome := OutcomeReleased
 			switch {
@@ -528,7 +532,7 @@ func (o *Observer) ReleaseEnd(ctx context.Context, e core.ReleaseEndEvent) {
 		}
 		span.End()
 	}
-	o.endSession(ctx, sessionFrom(ctx), e.Held, false)
+	o.endSession(ctx, op.st, e.Held, false)
 }
 
 // Lost implements core.Observer: it emits a dislock.lease_lost span, a new
@@ -544,8 +548,7 @@ func (o *Observer) Lost(ctx context.Context, e core.LostEvent) {
 	}
 	attrs := o.spanAttrs(e.Backend, mode, e.Key, e.Token)
 	attrs = append(attrs, AttrHeldSeconds.Float64(e.Held.Seconds()))
-	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(attrs...)}
+	opts := []trace.SpanStartOption{trace.WithNewRoot(), trace.WithAttributes(attrs...)}
 	if acq.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: acq}))
 	}

@@ -1,6 +1,7 @@
 package otel_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -801,3 +803,32 @@ type observed struct {
 }
 
 func (o observed) Close() error { return errors.Join(o.Client.Close(), o.orig.Close()) }
+
+func TestStdoutExporter(t *testing.T) {
+	var buf bytes.Buffer
+	exp, err := stdouttrace.New(stdouttrace.WithWriter(&buf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	obs, err := dlotel.New(dlotel.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := memlock.New(core.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	s, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Release(context.Background())
+	for _, want := range []string{`"Name":"dislock.acquire"`, `"Name":"dislock.release"`, `"dislock.outcome"`} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("stdout output lacks %s:\n%s", want, buf.String())
+		}
+	}
+}

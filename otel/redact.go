@@ -69,26 +69,21 @@ func isValueEnd(c byte) bool {
 	return false
 }
 
-func isWordByte(c byte) bool {
-	return c == '_' || c == '-' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
-}
-
 func redactParams(msg string) string {
 	lower := strings.ToLower(msg)
 	var b strings.Builder
 	last := 0 // msg[:last] is written or skipped
 	for i := 0; i < len(lower); i++ {
-		if i > 0 && isWordByte(lower[i-1]) {
-			continue
-		}
 		for _, w := range secretWords {
 			if !strings.HasPrefix(lower[i:], w) {
 				continue
 			}
+			// Any name ending in a secret word counts (db_password,
+			// sslpassword, auth_token), followed by an optional closing
+			// quote and spaces, then = or :, as in password=x,
+			// password: x, "password":"x".
 			j := i + len(w)
-			// Optional quote and spaces around the separator, as in
-			// password=x, password: x, "password":"x".
-			for j < len(lower) && (lower[j] == '"' || lower[j] == '\'') {
+			if j < len(lower) && (lower[j] == '"' || lower[j] == '\'') {
 				j++
 			}
 			for j < len(lower) && lower[j] == ' ' {
@@ -98,14 +93,25 @@ func redactParams(msg string) string {
 				continue
 			}
 			j++
-			for j < len(lower) && (lower[j] == ' ' || lower[j] == '"' || lower[j] == '\'') {
+			for j < len(lower) && lower[j] == ' ' {
 				j++
 			}
 			k := j
-			for k < len(lower) && !isValueEnd(lower[k]) {
-				k++
+			if j < len(lower) && (lower[j] == '"' || lower[j] == '\'') {
+				// A quoted value runs to its closing quote.
+				j++
+				k = strings.IndexByte(lower[j:], lower[j-1])
+				if k < 0 {
+					k = len(lower)
+				} else {
+					k += j
+				}
+			} else {
+				for k < len(lower) && !isValueEnd(lower[k]) {
+					k++
+				}
 			}
-			if k == j || strings.HasPrefix(msg[j:k], "REDACTED") {
+			if k == j || msg[j:k] == "REDACTED" {
 				continue
 			}
 			b.WriteString(msg[last:j])
