@@ -1,0 +1,89 @@
+package asynqlock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/integrations/asynqlock"
+)
+
+// Three tasks for one account, on a server with three workers: the
+// middleware runs them one at a time. asynq runs on an in-process miniredis
+// here and the locks live in memory; in production both would be real
+// stores shared by every server.
+func Example() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locker, err := memlock.New()
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close()
+
+	var (
+		mu               sync.Mutex
+		running, maxSeen int
+	)
+	done := make(chan struct{}, 3)
+	mux := asynq.NewServeMux()
+	mux.Use(asynqlock.Middleware(locker,
+		asynqlock.WithKey(asynqlock.ByHeader("account")), // one task per account at a time
+		asynqlock.BusyDelay(0, 200*time.Millisecond),
+	))
+	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
+		s, _ := core.SessionFromContext(ctx) // s.Token() fences writes
+		_ = s.Token()
+		mu.Lock()
+		running++
+		maxSeen = max(maxSeen, running)
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond) // the work
+		mu.Lock()
+		running--
+		mu.Unlock()
+		done <- struct{}{}
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency:    3,
+		IsFailure:      asynqlock.IsFailure,       // a busy bounce consumes no retry
+		RetryDelayFunc: asynqlock.RetryDelay(nil), // and comes back after BusyDelay
+		// Quicker polling than the defaults, for the example's sake.
+		TaskCheckInterval:        20 * time.Millisecond,
+		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		LogLevel:                 asynq.FatalLevel,
+	})
+	if err := srv.Start(mux); err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+
+	client := asynq.NewClientFromRedisClient(rdb)
+	defer client.Close()
+	for i := 1; i <= 3; i++ {
+		task := asynq.NewTaskWithHeaders("report:build", []byte(fmt.Sprint(i)), map[string]string{"account": "42"})
+		if _, err := client.Enqueue(task); err != nil {
+			panic(err)
+		}
+	}
+	for range 3 {
+		<-done
+	}
+	mu.Lock()
+	fmt.Printf("3 tasks done, at most %d at a time\n", maxSeen)
+	mu.Unlock()
+	// Output: 3 tasks done, at most 1 at a time
+}
