@@ -1,0 +1,166 @@
+package gocronlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/integrations/gocronlock"
+)
+
+// Rule: a scheduler shut down while a job holds its lock releases the lock,
+// although gocron hands Unlock an already-cancelled context.
+func TestShutdownReleasesLock(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		admin := e.locker(t)
+		locker, err := gocronlock.NewLocker(e.locker(t), gocronlock.OnError(func(key string, err error) {
+			t.Errorf("OnError(%q): %v", key, err)
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newScheduler(t, gocron.WithDistributedLocker(locker))
+		started := make(chan struct{})
+		var jobCtx context.Context
+		if _, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(func(ctx context.Context) {
+			jobCtx = ctx
+			close(started)
+			<-ctx.Done()
+		}), gocron.WithName("busy"), gocron.WithStartAt(gocron.WithStartImmediately())); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		select {
+		case <-started:
+		case <-time.After(5 * time.Second):
+			t.Fatal("job did not start")
+		}
+		ctx := context.Background()
+		key := gocronlock.DefaultPrefix + "busy"
+		if _, held, err := admin.Inspect(ctx, key); err != nil || !held {
+			t.Fatalf("Inspect while the job runs: held %v, %v", held, err)
+		}
+		if err := s.Shutdown(); err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		if jobCtx.Err() == nil {
+			t.Fatal("gocron did not cancel the job's context")
+		}
+		if info, held, err := admin.Inspect(ctx, key); err != nil || held {
+			t.Errorf("after Shutdown: held %v (%+v), %v; want released", held, info, err)
+		}
+	})
+}
+
+// Rule: a wrapped task whose lease is lost while it runs sees its context
+// cancelled with cause core.ErrLeaseLost, and the run returns an error
+// matching core.ErrLeaseLost (reported to OnError too).
+func TestTaskLeaseLost(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		admin := e.locker(t)
+		sessions := make(chan core.Session, 1)
+		causes := make(chan error, 1)
+		reported := make(chan error, 4)
+		task, err := gocronlock.NewTask(e.locker(t), "report", func(ctx context.Context, s core.Session) error {
+			if got, ok := core.SessionFromContext(ctx); !ok || got != s {
+				t.Errorf("ctx does not carry the session")
+			}
+			sessions <- s
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return nil
+		}, gocronlock.TTL(time.Second), gocronlock.OnError(func(_ string, err error) { reported <- err }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runErrs := make(chan error, 1)
+		s := newScheduler(t)
+		if _, err := s.NewJob(gocron.DurationJob(time.Hour), task,
+			gocron.WithStartAt(gocron.WithStartImmediately()),
+			gocron.WithEventListeners(gocron.AfterJobRunsWithError(func(_ uuid.UUID, _ string, err error) { runErrs <- err }))); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		var sess core.Session
+		select {
+		case sess = <-sessions:
+		case <-time.After(5 * time.Second):
+			t.Fatal("task did not start")
+		}
+		if sess.Key() != gocronlock.DefaultPrefix+"report" || sess.Token() == 0 {
+			t.Errorf("session key %q token %d", sess.Key(), sess.Token())
+		}
+		// Someone else breaks the lock; the holder learns at its next renewal.
+		if ok, err := admin.ForceRelease(context.Background(), sess.Key()); err != nil || !ok {
+			t.Fatalf("ForceRelease: %v, %v", ok, err)
+		}
+		select {
+		case cause := <-causes:
+			if !errors.Is(cause, core.ErrLeaseLost) {
+				t.Errorf("task ctx cause %v, want core.ErrLeaseLost", cause)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("task ctx not cancelled after the lease was lost")
+		}
+		select {
+		case err := <-runErrs:
+			if !errors.Is(err, core.ErrLeaseLost) {
+				t.Errorf("run returned %v, want core.ErrLeaseLost", err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("run did not return an error")
+		}
+		select {
+		case err := <-reported:
+			if !errors.Is(err, core.ErrLeaseLost) {
+				t.Errorf("OnError got %v, want core.ErrLeaseLost", err)
+			}
+		default:
+			t.Error("loss not reported to OnError")
+		}
+		if err := s.Shutdown(); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
+}
+
+// Rule: a wrapped task on a busy lock returns an error matching
+// core.ErrNotAcquired without running; when free, it runs with the session
+// and releases afterwards.
+func TestTaskBusyMemlock(t *testing.T) {
+	e := newEnv(t, "memlock")
+	other := e.locker(t)
+	ctx := context.Background()
+	calls := 0
+	run, err := gocronlock.Wrap(e.locker(t), "job", func(ctx context.Context, s core.Session) error {
+		calls++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := other.TryAcquire(ctx, gocronlock.DefaultPrefix+"job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(ctx); !errors.Is(err, core.ErrNotAcquired) {
+		t.Errorf("busy run returned %v, want core.ErrNotAcquired", err)
+	}
+	if calls != 0 {
+		t.Errorf("fn ran on a busy lock")
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(ctx); err != nil || calls != 1 {
+		t.Errorf("free run: %v, calls %d", err, calls)
+	}
+	if _, ok, _ := other.Inspect(ctx, gocronlock.DefaultPrefix+"job"); ok {
+		t.Errorf("lock still held after the run")
+	}
+}
