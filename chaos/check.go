@@ -1,0 +1,404 @@
+package chaos
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Config gives the checker the timing the run used.
+type Config struct {
+	// RenewDeadline is the sessions' renew deadline. After a state-loss fault
+	// (a lock removed behind its holder's back) the old holder may keep
+	// acting until its next renewal is refused, and never past the fault's
+	// start plus RenewDeadline plus Slack.
+	RenewDeadline time.Duration
+	// Slack is the round-trip and clock allowance added to that bound. It
+	// never widens the window of any other fault, which is zero.
+	Slack time.Duration
+	// LossSlack is how long after a session's local deadline the engine may
+	// take to signal the loss (timer and scheduling delay).
+	LossSlack time.Duration
+}
+
+// Hold is one session as the history shows it: it may act from OK until End,
+// the earliest of its release start, its loss signal and its final local
+// deadline.
+type Hold struct {
+	ID        int64         `json:"id"`
+	Contender string        `json:"contender"`
+	Key       string        `json:"key"`
+	Token     uint64        `json:"token"`
+	Start     time.Duration `json:"start"` // acquire-start
+	OK        time.Duration `json:"ok"`    // acquire-ok
+	Deadline  time.Duration `json:"deadline"`
+	LostAt    time.Duration `json:"lost_at,omitempty"`
+	ReleaseAt time.Duration `json:"release_at,omitempty"`
+	End       time.Duration `json:"end"`
+	EndBy     string        `json:"end_by"` // "release", "loss" or "deadline"
+	Ended     bool          `json:"ended"`  // a hold-end event was recorded
+	lost      bool
+	released  bool
+}
+
+func (h Hold) String() string {
+	s := fmt.Sprintf("hold %d (%s, key %q, token %d): acquire-start %.3fs, acquire-ok %.3fs, local deadline %.3fs",
+		h.ID, h.Contender, h.Key, h.Token, h.Start.Seconds(), h.OK.Seconds(), h.Deadline.Seconds())
+	if h.lost {
+		s += fmt.Sprintf(", loss signalled %.3fs", h.LostAt.Seconds())
+	}
+	if h.released {
+		s += fmt.Sprintf(", release-start %.3fs", h.ReleaseAt.Seconds())
+	}
+	return s + fmt.Sprintf(" => may act until %.3fs (%s)", h.End.Seconds(), h.EndBy)
+}
+
+// Violation is one broken rule with the evidence.
+type Violation struct {
+	Rule   string  `json:"rule"`
+	Key    string  `json:"key,omitempty"`
+	Detail string  `json:"detail"`
+	A      *Hold   `json:"a,omitempty"`
+	B      *Hold   `json:"b,omitempty"`
+	Events []Event `json:"events,omitempty"`
+}
+
+// Rules the checker enforces (Violation.Rule).
+const (
+	RuleOverlap      = "overlapping holds"
+	RuleTokenOrder   = "fencing token went backwards"
+	RuleTokenReuse   = "fencing token reused"
+	RuleStaleFenced  = "stale fenced write accepted"
+	RuleFenceOrder   = "fenced register order"
+	RuleLostUpdate   = "lost update"
+	RuleActedOutside = "acted outside its hold"
+	RuleLossLate     = "loss signalled late"
+	RuleLossMissing  = "loss never signalled"
+	RuleNoReacquire  = "cannot acquire after faults healed"
+	RuleHeldAfterRun = "key held after the run"
+	RuleUnfinished   = "contender did not finish"
+)
+
+// Report is the checker's verdict.
+type Report struct {
+	Seed       uint64      `json:"seed"`
+	Holds      []Hold      `json:"holds"`
+	Violations []Violation `json:"violations"`
+}
+
+// OK reports whether no rule was broken.
+func (r Report) OK() bool { return len(r.Violations) == 0 }
+
+// String prints the seed and every violation with its offending holds.
+func (r Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d: %d holds, %d violations\n", r.Seed, len(r.Holds), len(r.Violations))
+	for i, v := range r.Violations {
+		fmt.Fprintf(&b, "%d. %s", i+1, v.Rule)
+		if v.Key != "" {
+			fmt.Fprintf(&b, " on key %q", v.Key)
+		}
+		fmt.Fprintf(&b, ": %s\n", v.Detail)
+		if v.A != nil {
+			fmt.Fprintf(&b, "   A: %s\n", v.A)
+		}
+		if v.B != nil {
+			fmt.Fprintf(&b, "   B: %s\n", v.B)
+		}
+		for _, e := range v.Events {
+			fmt.Fprintf(&b, "   | %s\n", e)
+		}
+	}
+	return b.String()
+}
+
+type fault struct {
+	name       string
+	start, end time.Duration
+	stateLoss  bool
+}
+
+// Check is a pure function over a history. The rules, per key:
+//
+//   - Mutual exclusion. Hold A may act from its acquire-ok until End, the
+//     earliest of its release start, its loss signal and its final local
+//     deadline (the send time of its last successful acquire or renewal plus
+//     the renew deadline, shorter than the TTL). The store cannot grant the
+//     key to B before A's lease expires there, at least TTL after that send
+//     time, so for two holds with A.OK <= B.OK the rule is A.End <= B.OK, with
+//     no slack at all: the TTL minus the renew deadline is the margin, and
+//     faults on the network (cut, dropped replies, latency, reset, killed
+//     server connections, a paused store) do not widen it. Only a state-loss
+//     fault F (lock deleted, store restarted without persistence) lets B in
+//     while A cannot know: such an overlap is allowed when F started between
+//     A's acquire-start and B's acquire-ok and A.End <= F.start +
+//     RenewDeadline + Slack (A's renewals after F are refused, so its
+//     deadline cannot move past that).
+//   - Fencing tokens strictly increase: when A.OK < B.Start, A.Token <
+//     B.Token, and no two holds share a token.
+//   - The fenced register never accepts a stale token: accepted writes in the
+//     register's own order carry non-decreasing tokens, and no write is
+//     accepted after (by reply time) a write with a greater token was.
+//   - No lost update in the unfenced counter: between a hold's read and its
+//     write of the counter no other hold writes it, unless the two holds'
+//     overlap is one the first rule allows.
+//   - A holder acts only inside its hold: counter writes happen before End.
+//   - A loss is signalled no later than the final local deadline plus
+//     LossSlack, and a holder that saw its deadline pass saw the signal.
+//   - After the Healed event every contender acquires again, no key is held
+//     after the run, and every hold and contender finished.
+func Check(h History, cfg Config) Report {
+	rep := Report{Seed: h.Seed}
+	holds := map[int64]*Hold{}
+	var order []int64
+	starts := map[string]time.Duration{} // contender+key -> last acquire-start
+	var faults []fault
+	open := map[string]int{}
+	var healedAt time.Duration
+	healed := false
+	contenders := map[string]bool{}
+	okAfterHeal := map[string]bool{}
+	get := func(e Event) *Hold {
+		return holds[e.Hold]
+	}
+	for _, e := range h.Events {
+		if e.Contender != "" && e.Kind != Stuck {
+			contenders[e.Contender] = true
+		}
+		switch e.Kind {
+		case AcquireStart:
+			starts[e.Contender+"\x00"+e.Key] = e.At
+		case AcquireOK:
+			hd := &Hold{ID: e.Hold, Contender: e.Contender, Key: e.Key, Token: e.Token,
+				Start: e.At, OK: e.At, Deadline: e.Deadline}
+			if s, ok := starts[e.Contender+"\x00"+e.Key]; ok {
+				hd.Start = s
+			}
+			holds[e.Hold] = hd
+			order = append(order, e.Hold)
+			if healed && e.At >= healedAt {
+				okAfterHeal[e.Contender] = true
+			}
+		case Lost:
+			if hd := get(e); hd != nil && !hd.lost {
+				hd.lost, hd.LostAt = true, e.At
+			}
+		case ReleaseStart:
+			if hd := get(e); hd != nil && !hd.released {
+				hd.released, hd.ReleaseAt = true, e.At
+			}
+		case HoldEnd:
+			if hd := get(e); hd != nil {
+				hd.Ended = true
+				if e.Deadline != 0 {
+					hd.Deadline = e.Deadline
+				}
+			}
+		case LossMissing:
+			v := Violation{Rule: RuleLossMissing, Key: e.Key, Events: []Event{e},
+				Detail: "the local deadline passed and the session still reported no loss"}
+			if hd := get(e); hd != nil {
+				c := *hd
+				v.A = &c
+			}
+			rep.Violations = append(rep.Violations, v)
+		case FaultStart:
+			open[e.Fault] = len(faults)
+			faults = append(faults, fault{name: e.Fault, start: e.At, end: -1, stateLoss: e.StateLoss})
+		case FaultEnd:
+			if i, ok := open[e.Fault]; ok {
+				faults[i].end = e.At
+				delete(open, e.Fault)
+			}
+		case Healed:
+			healed, healedAt = true, e.At
+		case HeldAfterRun:
+			rep.Violations = append(rep.Violations, Violation{Rule: RuleHeldAfterRun, Key: e.Key, Events: []Event{e},
+				Detail: "the key was still held after every Locker closed and its TTL passed"})
+		case Stuck:
+			rep.Violations = append(rep.Violations, Violation{Rule: RuleUnfinished, Key: e.Key, Events: []Event{e},
+				Detail: fmt.Sprintf("%s did not stop in time", e.Contender)})
+		}
+	}
+
+	byKey := map[string][]*Hold{}
+	for _, id := range order {
+		hd := holds[id]
+		hd.End, hd.EndBy = hd.Deadline, "deadline"
+		if hd.lost && hd.LostAt < hd.End {
+			hd.End, hd.EndBy = hd.LostAt, "loss"
+		}
+		if hd.released && hd.ReleaseAt < hd.End {
+			hd.End, hd.EndBy = hd.ReleaseAt, "release"
+		}
+		byKey[hd.Key] = append(byKey[hd.Key], hd)
+		rep.Holds = append(rep.Holds, *hd)
+		if !hd.Ended {
+			c := *hd
+			rep.Violations = append(rep.Violations, Violation{Rule: RuleUnfinished, Key: hd.Key, A: &c,
+				Detail: "the hold has no hold-end: its contender never finished with it"})
+		}
+		if hd.lost && hd.LostAt > hd.Deadline+cfg.LossSlack {
+			c := *hd
+			rep.Violations = append(rep.Violations, Violation{Rule: RuleLossLate, Key: hd.Key, A: &c,
+				Detail: fmt.Sprintf("loss signalled %v after the local deadline (allowed %v)",
+					(hd.LostAt - hd.Deadline).Round(time.Millisecond), cfg.LossSlack)})
+		}
+	}
+
+	// excused reports whether the overlap of a (earlier acquire-ok) and b is
+	// one a state-loss fault allows.
+	excused := func(a, b *Hold) (bool, string) {
+		for _, f := range faults {
+			if f.stateLoss && f.start >= a.Start && f.start <= b.OK && a.End <= f.start+cfg.RenewDeadline+cfg.Slack {
+				return true, f.name
+			}
+		}
+		return false, ""
+	}
+	faultsBetween := func(from, to time.Duration) string {
+		var names []string
+		for _, f := range faults {
+			if f.start <= to && (f.end < 0 || f.end >= from) {
+				names = append(names, fmt.Sprintf("%s [%.3fs, %.3fs]", f.name, f.start.Seconds(), f.end.Seconds()))
+			}
+		}
+		if len(names) == 0 {
+			return "none"
+		}
+		return strings.Join(names, ", ")
+	}
+
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		list := byKey[k]
+		sort.SliceStable(list, func(i, j int) bool { return list[i].OK < list[j].OK })
+		for i, a := range list {
+			for _, b := range list[i+1:] {
+				if a.End > b.OK && b.End > b.OK {
+					if ok, _ := excused(a, b); !ok {
+						ca, cb := *a, *b
+						rep.Violations = append(rep.Violations, Violation{Rule: RuleOverlap, Key: k, A: &ca, B: &cb,
+							Detail: fmt.Sprintf("A may act until %.3fs but B acquired at %.3fs: %v of overlap, none allowed (faults active: %s)",
+								a.End.Seconds(), b.OK.Seconds(), (a.End - b.OK).Round(time.Microsecond), faultsBetween(a.OK, b.OK))})
+					}
+				}
+				if a.Token != 0 && a.Token == b.Token {
+					ca, cb := *a, *b
+					rep.Violations = append(rep.Violations, Violation{Rule: RuleTokenReuse, Key: k, A: &ca, B: &cb,
+						Detail: fmt.Sprintf("two sessions got token %d", a.Token)})
+				} else if a.OK < b.Start && a.Token != 0 && b.Token != 0 && b.Token < a.Token {
+					ca, cb := *a, *b
+					rep.Violations = append(rep.Violations, Violation{Rule: RuleTokenOrder, Key: k, A: &ca, B: &cb,
+						Detail: fmt.Sprintf("B started acquiring after A had token %d and got the smaller token %d (faults: %s)",
+							a.Token, b.Token, faultsBetween(a.OK, b.OK))})
+				}
+			}
+		}
+	}
+
+	// Counter and fenced register.
+	lastRead := map[int64]Event{}
+	writes := map[string][]Event{}
+	fenced := map[string][]Event{}
+	for _, e := range h.Events {
+		switch e.Kind {
+		case CounterRead:
+			lastRead[e.Hold] = e
+		case CounterWrite:
+			writes[e.Key] = append(writes[e.Key], e)
+			if hd := holds[e.Hold]; hd != nil && e.At > hd.End {
+				c := *hd
+				rep.Violations = append(rep.Violations, Violation{Rule: RuleActedOutside, Key: e.Key, A: &c, Events: []Event{e},
+					Detail: fmt.Sprintf("counter written at %.3fs, %v after the hold ended", e.At.Seconds(), (e.At - hd.End).Round(time.Microsecond))})
+			}
+		case FencedWrite:
+			fenced[e.Key] = append(fenced[e.Key], e)
+		}
+	}
+	for _, e := range h.Events {
+		if e.Kind != CounterWrite {
+			continue
+		}
+		r, ok := lastRead[e.Hold]
+		if !ok {
+			continue
+		}
+		for _, o := range writes[e.Key] {
+			if o.Hold == e.Hold || o.At <= r.At || o.At >= e.At {
+				continue
+			}
+			a, b := holds[o.Hold], holds[e.Hold]
+			if a != nil && b != nil {
+				first, second := a, b
+				if second.OK < first.OK {
+					first, second = second, first
+				}
+				if ok, _ := excused(first, second); ok {
+					continue
+				}
+			}
+			v := Violation{Rule: RuleLostUpdate, Key: e.Key, Events: []Event{r, o, e},
+				Detail: fmt.Sprintf("hold %d read %d, hold %d wrote %d, then hold %d wrote %d: one increment is lost",
+					e.Hold, r.Value, o.Hold, o.Value, e.Hold, e.Value)}
+			if b != nil {
+				c := *b
+				v.A = &c
+			}
+			if a != nil {
+				c := *a
+				v.B = &c
+			}
+			rep.Violations = append(rep.Violations, v)
+		}
+	}
+	fkeys := make([]string, 0, len(fenced))
+	for k := range fenced {
+		fkeys = append(fkeys, k)
+	}
+	sort.Strings(fkeys)
+	for _, k := range fkeys {
+		var acc []Event
+		for _, e := range fenced[k] {
+			if e.Accepted {
+				acc = append(acc, e)
+			}
+		}
+		sort.SliceStable(acc, func(i, j int) bool { return acc[i].Value < acc[j].Value })
+		for i := 1; i < len(acc); i++ {
+			if acc[i].Token < acc[i-1].Token {
+				rep.Violations = append(rep.Violations, Violation{Rule: RuleFenceOrder, Key: k, Events: []Event{acc[i-1], acc[i]},
+					Detail: fmt.Sprintf("the register accepted token %d after token %d", acc[i].Token, acc[i-1].Token)})
+			}
+		}
+		for _, w := range acc {
+			for _, o := range acc {
+				if o.Token > w.Token && o.At < w.Sent {
+					rep.Violations = append(rep.Violations, Violation{Rule: RuleStaleFenced, Key: k, Events: []Event{o, w},
+						Detail: fmt.Sprintf("token %d was accepted although token %d had been accepted before it was sent", w.Token, o.Token)})
+					break
+				}
+			}
+		}
+	}
+
+	if healed {
+		names := make([]string, 0, len(contenders))
+		for c := range contenders {
+			names = append(names, c)
+		}
+		sort.Strings(names)
+		for _, c := range names {
+			if !okAfterHeal[c] {
+				rep.Violations = append(rep.Violations, Violation{Rule: RuleNoReacquire,
+					Detail: fmt.Sprintf("%s acquired nothing after the faults healed at %.3fs", c, healedAt.Seconds())})
+			}
+		}
+	}
+	return rep
+}

@@ -1,0 +1,197 @@
+package chaos
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// hb builds fake histories.
+type hb struct{ h History }
+
+func (b *hb) add(e Event) *hb { b.h.Events = append(b.h.Events, e); return b }
+
+// hold appends a complete hold: acquire-start at start, ok at ok, released at
+// rel (or, when rel is 0, lost at its deadline).
+func (b *hb) hold(id int64, who, key string, tok uint64, start, ok, deadline, rel int) *hb {
+	b.add(Event{At: ms(start), Kind: AcquireStart, Contender: who, Key: key})
+	b.add(Event{At: ms(ok), Kind: AcquireOK, Contender: who, Key: key, Hold: id, Token: tok, Deadline: ms(deadline)})
+	end := rel
+	if rel == 0 {
+		b.add(Event{At: ms(deadline + 1), Kind: Lost, Contender: who, Key: key, Hold: id, Token: tok})
+		end = deadline + 1
+	} else {
+		b.add(Event{At: ms(rel), Kind: ReleaseStart, Contender: who, Key: key, Hold: id, Token: tok})
+	}
+	b.add(Event{At: ms(end + 1), Kind: HoldEnd, Contender: who, Key: key, Hold: id, Token: tok, Deadline: ms(deadline)})
+	return b
+}
+
+func (b *hb) history() History {
+	h := History{Seed: 42, Events: append([]Event(nil), b.h.Events...)}
+	// Sort as the recorder does.
+	r := &Recorder{h: h}
+	return r.History()
+}
+
+var cfg = Config{RenewDeadline: ms(1000), Slack: ms(50), LossSlack: ms(100)}
+
+func rules(r Report) []string {
+	var out []string
+	for _, v := range r.Violations {
+		out = append(out, v.Rule)
+	}
+	return out
+}
+
+func wantRules(t *testing.T, r Report, want ...string) {
+	t.Helper()
+	got := rules(r)
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("violations = %q, want %q\n%s", got, want, r)
+	}
+}
+
+func TestCheckCleanHistory(t *testing.T) {
+	b := &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 300)
+	b.hold(2, "c2", "k", 11, 100, 310, 1310, 600)
+	b.hold(3, "c1", "k", 12, 400, 700, 1700, 0) // lost at its deadline
+	b.hold(4, "c2", "k", 13, 800, 1702, 2702, 1800)
+	b.hold(5, "c1", "other", 3, 0, 5, 1005, 500) // another key may overlap
+	wantRules(t, Check(b.history(), cfg))
+}
+
+// TestCheckHolderActsPastDeadline is the counterexample the suite exists to
+// find: a holder whose engine never ends its session (the local deadline is
+// disabled, so it keeps extending), while the store has long given the key to
+// someone else.
+func TestCheckHolderActsPastDeadline(t *testing.T) {
+	b := &hb{}
+	b.add(Event{At: ms(200), Kind: FaultStart, Fault: "cut"})
+	b.hold(1, "c1", "k", 10, 0, 5, 4000, 3000) // deadline kept moving: acts until 3s
+	b.add(Event{At: ms(1500), Kind: CounterRead, Contender: "c1", Key: "k", Hold: 1, Value: 7})
+	b.add(Event{At: ms(1800), Kind: FaultEnd, Fault: "cut"})
+	b.hold(2, "c2", "k", 11, 1000, 1600, 2600, 2000)
+	b.add(Event{At: ms(1610), Kind: CounterRead, Contender: "c2", Key: "k", Hold: 2, Value: 7})
+	b.add(Event{At: ms(1620), Kind: CounterWrite, Contender: "c2", Key: "k", Hold: 2, Read: 7, Value: 8})
+	b.add(Event{At: ms(1700), Kind: CounterWrite, Contender: "c1", Key: "k", Hold: 1, Read: 7, Value: 8})
+	r := Check(b.history(), cfg)
+	wantRules(t, r, RuleOverlap, RuleLostUpdate)
+	out := r.String()
+	for _, want := range []string{"seed 42", "hold 1 (c1", "hold 2 (c2", "none allowed", "cut [0.200s, 1.800s]", "one increment is lost"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	t.Logf("the counterexample as printed:\n%s", out)
+}
+
+func TestCheckStateLossWindow(t *testing.T) {
+	mk := func(aEnd int) History {
+		b := &hb{}
+		b.hold(1, "c1", "k", 10, 0, 5, aEnd, 0)
+		b.add(Event{At: ms(300), Kind: FaultStart, Fault: "delete", StateLoss: true})
+		b.add(Event{At: ms(301), Kind: FaultEnd, Fault: "delete"})
+		b.hold(2, "c2", "k", 11, 310, 320, 1320, 900)
+		return b.history()
+	}
+	// A learns of the deletion at its deadline, within RenewDeadline+Slack of it.
+	wantRules(t, Check(mk(1200), cfg))
+	// A keeps acting past the fault start + RenewDeadline + Slack.
+	wantRules(t, Check(mk(1400), cfg), RuleOverlap)
+}
+
+func TestCheckNetworkFaultAllowsNoOverlap(t *testing.T) {
+	b := &hb{}
+	b.add(Event{At: ms(0), Kind: FaultStart, Fault: "latency"})
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 0)
+	b.hold(2, "c2", "k", 11, 10, 1005, 2005, 1100) // exactly at A's end: fine
+	b.hold(3, "c3", "k", 12, 10, 1100, 2100, 1101) // B released at 1100: fine
+	b.add(Event{At: ms(3000), Kind: FaultEnd, Fault: "latency"})
+	wantRules(t, Check(b.history(), cfg))
+	b.hold(4, "c4", "k", 13, 1050, 1099, 2099, 1100) // overlaps hold 2 by 1ms
+	wantRules(t, Check(b.history(), cfg), RuleOverlap)
+}
+
+func TestCheckTokens(t *testing.T) {
+	b := &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 100)
+	b.hold(2, "c2", "k", 9, 200, 210, 1210, 300)
+	wantRules(t, Check(b.history(), cfg), RuleTokenOrder)
+
+	b = &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 100)
+	b.hold(2, "c2", "k", 10, 200, 210, 1210, 300)
+	wantRules(t, Check(b.history(), cfg), RuleTokenReuse)
+
+	// Acquisitions that ran concurrently may get tokens in either order.
+	b = &hb{}
+	b.hold(1, "c1", "k", 11, 0, 50, 1050, 100)
+	b.hold(2, "c2", "k", 10, 10, 150, 1150, 300)
+	wantRules(t, Check(b.history(), cfg))
+}
+
+func TestCheckFencedRegister(t *testing.T) {
+	b := &hb{}
+	b.add(Event{At: ms(100), Sent: ms(90), Kind: FencedWrite, Key: "k", Hold: 1, Token: 10, Accepted: true, Value: 1})
+	b.add(Event{At: ms(200), Sent: ms(190), Kind: FencedWrite, Key: "k", Hold: 2, Token: 12, Accepted: true, Value: 2})
+	b.add(Event{At: ms(300), Sent: ms(290), Kind: FencedWrite, Key: "k", Hold: 1, Token: 10})
+	wantRules(t, Check(b.history(), cfg))
+	b.add(Event{At: ms(400), Sent: ms(390), Kind: FencedWrite, Key: "k", Hold: 1, Token: 10, Accepted: true, Value: 3})
+	wantRules(t, Check(b.history(), cfg), RuleFenceOrder, RuleStaleFenced)
+}
+
+func TestCheckLossTiming(t *testing.T) {
+	b := &hb{}
+	b.add(Event{At: ms(0), Kind: AcquireStart, Contender: "c1", Key: "k"})
+	b.add(Event{At: ms(5), Kind: AcquireOK, Contender: "c1", Key: "k", Hold: 1, Token: 1, Deadline: ms(1005)})
+	b.add(Event{At: ms(1300), Kind: Lost, Contender: "c1", Key: "k", Hold: 1, Token: 1})
+	b.add(Event{At: ms(1301), Kind: HoldEnd, Contender: "c1", Key: "k", Hold: 1, Deadline: ms(1005)})
+	wantRules(t, Check(b.history(), cfg), RuleLossLate)
+
+	b = &hb{}
+	b.add(Event{At: ms(0), Kind: AcquireStart, Contender: "c1", Key: "k"})
+	b.add(Event{At: ms(5), Kind: AcquireOK, Contender: "c1", Key: "k", Hold: 1, Token: 1, Deadline: ms(1005)})
+	b.add(Event{At: ms(1200), Kind: LossMissing, Contender: "c1", Key: "k", Hold: 1})
+	wantRules(t, Check(b.history(), cfg), RuleLossMissing, RuleUnfinished)
+}
+
+func TestCheckActedOutsideHold(t *testing.T) {
+	b := &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 500)
+	b.add(Event{At: ms(400), Kind: CounterRead, Contender: "c1", Key: "k", Hold: 1})
+	b.add(Event{At: ms(600), Kind: CounterWrite, Contender: "c1", Key: "k", Hold: 1, Value: 1})
+	wantRules(t, Check(b.history(), cfg), RuleActedOutside)
+}
+
+func TestCheckEndOfRun(t *testing.T) {
+	b := &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 100)
+	b.hold(2, "c2", "k", 11, 150, 160, 1160, 200)
+	b.add(Event{At: ms(300), Kind: Healed})
+	b.hold(3, "c1", "k", 12, 400, 410, 1410, 500)
+	b.add(Event{At: ms(2000), Kind: HeldAfterRun, Key: "k", Token: 12})
+	b.add(Event{At: ms(2001), Kind: Stuck, Contender: "c3"})
+	wantRules(t, Check(b.history(), cfg), RuleHeldAfterRun, RuleUnfinished, RuleNoReacquire)
+}
+
+func TestHistoryJSONRoundTrip(t *testing.T) {
+	b := &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 100)
+	h := b.history()
+	var buf bytes.Buffer
+	if err := h.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadHistory(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Events) != len(h.Events) || back.Seed != h.Seed || back.Events[1] != h.Events[1] {
+		t.Fatalf("round trip changed the history: %+v", back)
+	}
+}
