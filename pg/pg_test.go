@@ -204,7 +204,7 @@ func TestSchemaCheck(t *testing.T) {
 	ctx := ctxT(t)
 	cases := []struct {
 		name, ddl, want string
-		opts           []pg.Option
+		opts            []pg.Option
 	}{
 		{"missing", "", "does not exist", nil},
 		{"timestamp", `CREATE TABLE %s (key text PRIMARY KEY, owner text NOT NULL, holder text NOT NULL,
