@@ -1,9 +1,10 @@
 // Command asynq runs two asynq workers that share a dislock lock, so that the
 // tasks of one account run one at a time although both workers pick them up.
 //
-// With REDIS_URL unset it needs no server: asynq runs on an in-process
-// miniredis and the locks live in memory. With REDIS_URL set (for example
-// redis://127.0.0.1:6379/0) asynq uses that Redis.
+// With REDIS_URL unset it needs no server: asynq and the locks (redislock)
+// use an in-process miniredis. With REDIS_URL set (for example
+// redis://127.0.0.1:6379/0) both use that Redis; run the program on two
+// machines at once and the tasks of one account still run one at a time.
 //
 //	go run ./examples/asynq
 package main
@@ -25,8 +26,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/asynqlock"
+	"github.com/dislock/dislock/redislock"
 )
 
 const (
@@ -52,15 +53,14 @@ func run(ctx context.Context, out io.Writer) error {
 	defer cancel()
 	p := &printer{w: out}
 
-	rdb, where, closeRedis, err := connect()
+	newClient, where, closeRedis, err := connect()
 	if err != nil {
 		return err
 	}
 	defer closeRedis()
-	p.printf("asynq on %s; locks in memory (memlock)\n", where)
-
-	// One lock store, one Locker per worker: each acts as a separate process.
-	store := memlock.NewStore()
+	p.printf("asynq and locks on %s\n", where)
+	rdb := newClient()
+	defer rdb.Close()
 	queue := "dislock-example-" + strings.ToLower(rand.Text()[:8])
 	inspector := asynq.NewInspectorFromRedisClient(rdb)
 	defer inspector.Close()
@@ -73,7 +73,11 @@ func run(ctx context.Context, out io.Writer) error {
 		overlap bool
 	)
 	for _, name := range []string{"worker-1", "worker-2"} {
-		locker, err := store.Locker()
+		// Each worker has its own Redis client and Locker, as it would in
+		// its own process.
+		lockClient := newClient()
+		defer lockClient.Close()
+		locker, err := redislock.New(lockClient, redislock.WithPrefix("dislock-example"))
 		if err != nil {
 			return err
 		}
@@ -156,23 +160,22 @@ func run(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-// connect returns the Redis client asynq uses: REDIS_URL's, or an embedded
-// miniredis.
-func connect() (rdb redis.UniversalClient, where string, closeFn func(), err error) {
+// connect returns a function that makes clients of the Redis to use:
+// REDIS_URL's, or an embedded miniredis (closed by closeFn).
+func connect() (newClient func() *redis.Client, where string, closeFn func(), err error) {
 	if u := os.Getenv("REDIS_URL"); u != "" {
 		opt, err := redis.ParseURL(u)
 		if err != nil {
 			return nil, "", nil, errors.New("REDIS_URL is not a valid Redis URL")
 		}
-		c := redis.NewClient(opt)
-		return c, "the Redis at REDIS_URL", func() { c.Close() }, nil
+		return func() *redis.Client { return redis.NewClient(opt) }, "the Redis at REDIS_URL", func() {}, nil
 	}
 	m, err := miniredis.Run()
 	if err != nil {
 		return nil, "", nil, err
 	}
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	return c, "an embedded miniredis (set REDIS_URL to use a real Redis)", func() { c.Close(); m.Close() }, nil
+	newClient = func() *redis.Client { return redis.NewClient(&redis.Options{Addr: m.Addr()}) }
+	return newClient, "an embedded miniredis (set REDIS_URL to use a real Redis)", m.Close, nil
 }
 
 // printer serialises output from the workers' goroutines.

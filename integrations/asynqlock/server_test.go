@@ -16,6 +16,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/integrations/asynqlock"
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/redislock"
 )
 
 // These tests run real asynq servers on the Redis of testenv.Redis. Each test
@@ -161,6 +162,32 @@ func busyCounter(ch chan<- error) asynq.ErrorHandler {
 func TestServers_OneAtATime(t *testing.T) {
 	e := newEnv(t)
 	_, la, lb := lockers(t)
+	oneAtATime(t, e, la, lb)
+}
+
+// TestServers_OneAtATime_Redislock: the same with the locks in the same
+// Redis (redislock), each server with its own Redis client.
+func TestServers_OneAtATime_Redislock(t *testing.T) {
+	e := newEnv(t)
+	prefix := testenv.Name("asynqlock-test")
+	var ls []core.Locker
+	for range 2 {
+		opt, err := redis.ParseURL(testenv.Redis(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := redis.NewClient(opt)
+		l, err := redislock.New(c, redislock.WithPrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close(); c.Close() })
+		ls = append(ls, l)
+	}
+	oneAtATime(t, e, ls[0], ls[1])
+}
+
+func oneAtATime(t *testing.T, e *env, la, lb core.Locker) {
 	const n = 12
 	type span struct{ start, end time.Time }
 	var (
