@@ -71,17 +71,38 @@ func TestConformanceMiniredis(t *testing.T) {
 	}))
 }
 
-func TestConformanceCluster(t *testing.T) {
+// TestCluster runs against a 3-master Redis Cluster (see clusterAddrs).
+func TestCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
 	}
 	addrs := clusterAddrs(t)
-	prefix := testenv.Name("dislocktest-")
-	h := harness(t, prefix, func(t testing.TB) redis.UniversalClient {
+	newClient := func(t testing.TB) redis.UniversalClient {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 		t.Cleanup(func() { c.Close() })
 		return c
+	}
+	t.Run("Conformance", func(t *testing.T) {
+		h := harness(t, testenv.Name("dislocktest-"), newClient)
+		h.TTL = time.Second
+		locktest.Run(t, h)
 	})
-	h.TTL = time.Second
-	locktest.Run(t, h)
+	t.Run("ScriptFlush", func(t *testing.T) {
+		c := newClient(t).(*redis.ClusterClient)
+		testScriptFlush(t, c, func(ctx context.Context) error {
+			return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+				return n.ScriptFlush(ctx).Err()
+			})
+		})
+	})
+	t.Run("OddKeys", func(t *testing.T) {
+		c := newClient(t)
+		testOddKeys(t, c, func(key string) int64 {
+			n, err := c.ClusterKeySlot(context.Background(), key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		})
+	})
 }

@@ -7,3 +7,6 @@ func LockKey(prefix, key string) string {
 
 // HashSlot exposes hashSlot to tests.
 var HashSlot = hashSlot
+
+// AcquireSHA is the SHA1 of the acquire script.
+var AcquireSHA = acquireScript.sha

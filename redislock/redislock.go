@@ -67,7 +67,9 @@ func WithClientOptions(opts ...core.ClientOption) Option {
 
 // WithSubscribeTimeout bounds how long Watch waits for Redis to confirm the
 // release subscription (default 5s). When it is not confirmed in time the
-// Locker polls instead, and tries to subscribe again later.
+// Locker polls instead, and tries to subscribe again later. go-redis bounds
+// opening the pub/sub connection by the client's DialTimeout and
+// ReadTimeout rather than by this timeout.
 func WithSubscribeTimeout(d time.Duration) Option {
 	return func(o *options) {
 		if d <= 0 {
@@ -365,14 +367,19 @@ func (b *Backend) Now(ctx context.Context) (time.Time, error) {
 // subscribe timeout (pub/sub unavailable, e.g. behind some proxies), and
 // when the connection fails; the engine then polls and calls Watch again.
 func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
-	ps := b.client.Subscribe(ctx, b.channel)
+	// The connection set-up, SUBSCRIBE and its confirmation share one
+	// bound.
+	sctx, cancel := context.WithTimeout(ctx, b.subTimeout)
+	defer cancel()
+	ps := b.client.Subscribe(sctx, b.channel)
 	defer ps.Close()
 	// go-redis does not interrupt a blocked read when ctx ends: closing the
 	// subscription does.
 	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
 	defer stop()
 
-	msg, err := ps.ReceiveTimeout(ctx, b.subTimeout)
+	msg, err := ps.ReceiveTimeout(sctx, b.subTimeout)
+	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()

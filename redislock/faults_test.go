@@ -1,0 +1,459 @@
+package redislock_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/redislock"
+)
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newBackend(t testing.TB, c redis.UniversalClient, prefix string) *redislock.Backend {
+	t.Helper()
+	b, err := redislock.NewBackend(c, redislock.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func newLocker(t testing.TB, c redis.UniversalClient, prefix string, opts ...core.Option) *core.Client {
+	t.Helper()
+	l, err := redislock.New(c, redislock.WithPrefix(prefix),
+		redislock.WithClientOptions(core.WithDefaults(opts...)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func ownerToken(i int) string { return fmt.Sprintf("owner-token-%d", i) }
+
+// scriptFlushRule: scripts are run by SHA; after SCRIPT FLUSH (as after a
+// restart or failover) every operation, single or pipelined, still works.
+func testScriptFlush(t *testing.T, c redis.UniversalClient, flush func(ctx context.Context) error) {
+	const rule = "SCRIPT FLUSH between acquire and renew/release changes nothing"
+	ctx := ctxT(t, 30*time.Second)
+	prefix := testenv.Name("dislocktest-")
+	b := newBackend(t, c, prefix)
+
+	// More leases than one renew script call takes, so that renewal is a
+	// pipeline even on one server.
+	const n = 300
+	reqs := make([]core.RenewRequest, n)
+	for i := range n {
+		key := fmt.Sprintf("flush/%d", i)
+		if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: key, Owner: "t", OwnerToken: ownerToken(i), TTL: 5 * time.Second}); err != nil {
+			t.Fatalf("acquire %q: %v", key, err)
+		}
+		reqs[i] = core.RenewRequest{Key: key, OwnerToken: ownerToken(i), TTL: time.Minute}
+	}
+	if err := flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.Renew(ctx, reqs)
+	if err != nil {
+		t.Fatalf("rule %q: Renew: %v", rule, err)
+	}
+	for i, e := range res {
+		if e != nil {
+			t.Fatalf("rule %q: Renew[%d]: %v", rule, i, e)
+		}
+	}
+	info, ok, err := b.Inspect(ctx, "flush/7")
+	if err != nil || !ok || info.Remaining < 30*time.Second {
+		t.Fatalf("rule %q: after renew, Inspect = %+v %v %v", rule, info, ok, err)
+	}
+	// A stale owner token is still refused after the flush.
+	if err := flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.Renew(ctx, []core.RenewRequest{{Key: "flush/1", OwnerToken: "stale", TTL: time.Minute}})
+	if err != nil || !errors.Is(res[0], core.ErrLeaseLost) {
+		t.Fatalf("rule %q: stale Renew = %v %v", rule, res, err)
+	}
+	if err := flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		key := fmt.Sprintf("flush/%d", i)
+		if err := b.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: ownerToken(i)}); err != nil {
+			t.Fatalf("rule %q: release %q: %v", rule, key, err)
+		}
+	}
+	if list, err := b.List(ctx, "flush/"); err != nil || len(list) != 0 {
+		t.Fatalf("rule %q: after release, List = %d locks, %v", rule, len(list), err)
+	}
+
+	// Through the engine: a session survives flushes across its renewals.
+	l := newLocker(t, c, prefix, core.TTL(600*time.Millisecond))
+	s, err := l.TryAcquire(ctx, "flush/session")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-s.Done():
+			t.Fatalf("rule %q: session lost: %v", rule, s.Err())
+		case <-time.After(400 * time.Millisecond):
+		}
+	}
+	if err := flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatalf("rule %q: Release: %v", rule, err)
+	}
+	if _, ok, _ := b.Inspect(ctx, "flush/session"); ok {
+		t.Fatalf("rule %q: lock still held after Release", rule)
+	}
+}
+
+func TestScriptFlush(t *testing.T) {
+	p := startPrivateRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
+	defer c.Close()
+	testScriptFlush(t, c, func(ctx context.Context) error { return c.ScriptFlush(ctx).Err() })
+}
+
+// dropConn is a net.Conn that, when armed, lets the next command that
+// contains match reach the server, reads the server's reply and throws it
+// away, then breaks the connection: the reply to an applied command is lost.
+type dropConn struct {
+	net.Conn
+	match   []byte
+	armed   *atomic.Bool
+	dropped *atomic.Int32
+	mu      sync.Mutex
+	drop    bool
+}
+
+func (c *dropConn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, c.match) && c.armed.CompareAndSwap(true, false) {
+		c.mu.Lock()
+		c.drop = true
+		c.mu.Unlock()
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *dropConn) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	drop := c.drop
+	c.mu.Unlock()
+	if !drop {
+		return c.Conn.Read(p)
+	}
+	// The reply arriving proves the server applied the command.
+	buf := make([]byte, 4096)
+	c.Conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Conn.Read(buf); err != nil {
+		return 0, err
+	}
+	c.dropped.Add(1)
+	c.Conn.Close()
+	return 0, io.EOF
+}
+
+func TestLostAcquireReply(t *testing.T) {
+	opt, err := redis.ParseURL(testenv.Redis(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, retries := range []int{3, -1} {
+		t.Run("MaxRetries="+strconv.Itoa(retries), func(t *testing.T) {
+			const rule = "a lost acquire reply leaves the caller holding the lock or the lock free, never orphaned"
+			var armed atomic.Bool
+			var dropped atomic.Int32
+			o := *opt
+			o.MaxRetries = retries
+			o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				var d net.Dialer
+				nc, err := d.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &dropConn{Conn: nc, match: []byte(redislock.AcquireSHA), armed: &armed, dropped: &dropped}, nil
+			}
+			c := redis.NewClient(&o)
+			defer c.Close()
+			prefix := testenv.Name("dislocktest-")
+			l := newLocker(t, c, prefix, core.TTL(30*time.Second))
+			ctx := ctxT(t, 20*time.Second)
+			const key = "lost-reply"
+
+			armed.Store(true)
+			s, err := l.TryAcquire(ctx, key)
+			if dropped.Load() != 1 {
+				t.Fatalf("no reply was dropped (dropped=%d, err=%v)", dropped.Load(), err)
+			}
+			info, held, ierr := l.Inspect(ctx, key)
+			if ierr != nil {
+				t.Fatal(ierr)
+			}
+			switch {
+			case err == nil:
+				// go-redis retried; the retry found its own owner token.
+				if !held || info.Token != s.Token() {
+					t.Fatalf("rule %q: session %d but Inspect = %+v held=%v", rule, s.Token(), info, held)
+				}
+				if retries < 0 {
+					t.Fatalf("acquire succeeded without retries")
+				}
+				if err := s.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				if held {
+					t.Fatalf("rule %q: acquire failed (%v) but the lock is held until its TTL: %+v", rule, err, info)
+				}
+				if retries >= 0 {
+					t.Fatalf("acquire failed although go-redis retries: %v", err)
+				}
+			}
+			// Either way the key is free for the next caller now.
+			s2, err := l.TryAcquire(ctx, key)
+			if err != nil {
+				t.Fatalf("rule %q: key not free afterwards: %v", rule, err)
+			}
+			s2.Release(ctx)
+		})
+	}
+}
+
+func TestOddKeys(t *testing.T) {
+	c := sharedRedis(t)
+	testOddKeys(t, c, nil)
+}
+
+// testOddKeys: any key core accepts round-trips through acquire, Inspect,
+// List and ForceRelease; a key past the limit is a clear error. slotOf,
+// when set, reports the server's hash slot of a Redis key.
+func testOddKeys(t *testing.T, c redis.UniversalClient, slotOf func(string) int64) {
+	const rule = "keys of any valid bytes round-trip; both Redis keys of a lock share a hash slot"
+	ctx := ctxT(t, 30*time.Second)
+	prefix := testenv.Name("dislocktest-")
+	l := newLocker(t, c, prefix)
+	base := "odd/"
+	keys := []string{
+		"}", "{", "{}", "}{", "{a}", "a}b{c", "}}}", "%", "%7D", "%25", "%7d}",
+		"with space", "tab\tand\r\nCRLF", "*3\r\n$3\r\nDEL\r\n$1\r\nx\r\n",
+		"glob*?[a-z]\\", "ünïcødé-鍵-🔒", ":fence", "x}:fence",
+	}
+	for i := range keys {
+		keys[i] = base + keys[i]
+	}
+	keys = append(keys, base+strings.Repeat("}", core.MaxKeyLen-len(base)))
+	keys = append(keys, base+strings.Repeat("é", (core.MaxKeyLen-len(base))/2))
+	for _, k := range keys {
+		if len(k) > core.MaxKeyLen {
+			t.Fatalf("test key too long: %d", len(k))
+		}
+	}
+	held := map[string]core.Session{}
+	for _, k := range keys {
+		s, err := l.TryAcquire(ctx, k)
+		if err != nil {
+			t.Fatalf("rule %q: TryAcquire(%q): %v", rule, k, err)
+		}
+		held[k] = s
+		info, ok, err := l.Inspect(ctx, k)
+		if err != nil || !ok || info.Key != k || info.Token != s.Token() {
+			t.Fatalf("rule %q: Inspect(%q) = %+v %v %v", rule, k, info, ok, err)
+		}
+		if slotOf != nil {
+			lock := redislock.LockKey(prefix, k)
+			if a, b := slotOf(lock), slotOf(lock+":fence"); a != b || a != int64(redislock.HashSlot(lock[len(prefix)+2:len(lock)-1])) {
+				t.Fatalf("rule %q: %q: lock slot %d, counter slot %d", rule, k, a, b)
+			}
+		}
+	}
+	list, err := l.List(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != len(keys) {
+		t.Fatalf("rule %q: List(%q) has %d locks, want %d", rule, base, len(list), len(keys))
+	}
+	for _, info := range list {
+		if s := held[info.Key]; s == nil || s.Token() != info.Token {
+			t.Fatalf("rule %q: List returned %q (token %d), not a held key", rule, info.Key, info.Token)
+		}
+	}
+	// Prefixes with glob and brace characters select exactly their keys.
+	for _, p := range []string{base + "glob*", base + "}", base + "{", base + "%", base + "*"} {
+		list, err := l.List(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		for _, k := range keys {
+			if strings.HasPrefix(k, p) {
+				want++
+			}
+		}
+		if len(list) != want {
+			t.Fatalf("rule %q: List(%q) = %d locks, want %d", rule, p, len(list), want)
+		}
+	}
+	for _, k := range keys {
+		if ok, err := l.ForceRelease(ctx, k); err != nil || !ok {
+			t.Fatalf("rule %q: ForceRelease(%q) = %v %v", rule, k, ok, err)
+		}
+	}
+	for _, bad := range []string{base + strings.Repeat("x", core.MaxKeyLen), "", "nul\x00", "\xff"} {
+		_, err := l.TryAcquire(ctx, bad)
+		if !errors.Is(err, core.ErrInvalidKey) {
+			t.Fatalf("TryAcquire(%d-byte key) = %v, want ErrInvalidKey", len(bad), err)
+		}
+	}
+	_, err = l.TryAcquire(ctx, base+strings.Repeat("x", core.MaxKeyLen))
+	if !strings.Contains(err.Error(), "limit is 1024") {
+		t.Fatalf("oversize key error does not say the limit: %v", err)
+	}
+}
+
+func TestRestartWithoutPersistence(t *testing.T) {
+	const rule = "a restart without persistence: the holder is told of its loss, later tokens are still larger"
+	p := startPrivateRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1,
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	prefix := testenv.Name("dislocktest-")
+	ttl := 1500 * time.Millisecond
+	l := newLocker(t, c, prefix, core.TTL(ttl))
+	ctx := ctxT(t, 30*time.Second)
+	s, err := l.TryAcquire(ctx, "restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := s.Token()
+	p.Restart()
+	select {
+	case <-s.Done():
+	case <-time.After(3 * ttl):
+		t.Fatalf("rule %q: holder not told within %v", rule, 3*ttl)
+	}
+	if !errors.Is(s.Err(), core.ErrLeaseLost) {
+		t.Fatalf("rule %q: session ended with %v", rule, s.Err())
+	}
+	s2, err := l.TryAcquire(ctx, "restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Release(ctx)
+	if s2.Token() <= old {
+		t.Fatalf("rule %q: token %d after restart, %d before", rule, s2.Token(), old)
+	}
+}
+
+func TestWatchFailsWithoutPubSub(t *testing.T) {
+	const rule = "Watch returns an error, not hang, when pub/sub is unavailable; waiters then poll"
+	p := startPrivateRedis(t, "--rename-command", "SUBSCRIBE", "")
+	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
+	defer c.Close()
+	prefix := testenv.Name("dislocktest-")
+	b, err := redislock.NewBackend(c, redislock.WithPrefix(prefix), redislock.WithSubscribeTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Watch(ctxT(t, 10*time.Second), func() {}, func(string) {}) }()
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("rule %q: Watch = %v", rule, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("rule %q: Watch hangs", rule)
+	}
+
+	// A waiter still gets the lock soon after a release, by polling.
+	l1 := newLocker(t, c, prefix, core.TTL(10*time.Second), core.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	l2 := newLocker(t, c, prefix, core.TTL(10*time.Second), core.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	ctx := ctxT(t, 10*time.Second)
+	s, err := l1.TryAcquire(ctx, "poll")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		s2, err := l2.Acquire(ctx, "poll")
+		if err == nil {
+			s2.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // let the waiter find the lock busy
+	start := time.Now()
+	s.Release(ctx)
+	if err := <-got; err != nil {
+		t.Fatalf("rule %q: waiter: %v", rule, err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("rule %q: waiter took %v", rule, d)
+	}
+}
+
+func TestWatchBlackHole(t *testing.T) {
+	const rule = "Watch returns an error, not hang, when the server never confirms the subscription"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns sync.WaitGroup
+	stop := make(chan struct{})
+	defer func() { close(stop); ln.Close(); conns.Wait() }()
+	conns.Add(1)
+	go func() {
+		defer conns.Done()
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() { // read everything, answer nothing
+				defer conns.Done()
+				go func() { <-stop; nc.Close() }()
+				io.Copy(io.Discard, nc)
+			}()
+		}
+	}()
+	// go-redis bounds the set-up of a pub/sub connection by its dial and
+	// read timeouts, not by the context.
+	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
+	defer c.Close()
+	b, err := redislock.NewBackend(c, redislock.WithSubscribeTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = b.Watch(ctxT(t, 20*time.Second), func() { t.Error("ready called") }, func(string) {})
+	if err == nil || time.Since(start) > 3*time.Second {
+		t.Fatalf("rule %q: Watch = %v after %v", rule, err, time.Since(start))
+	}
+}
