@@ -176,8 +176,9 @@ var (
 
 // Wait waits up to max for the lock, within the task's deadline; max 0 waits
 // until the deadline. If the lock is still busy then, the task is handled as
-// by RetryLater (or, on its last attempt, it fails and asynq archives it with
-// the busy error).
+// by RetryLater: bounced, or on its last attempt given to the OnExhausted
+// policy. As an OnExhausted policy, a Wait that runs out returns the
+// *BusyError, and asynq archives the task with it.
 func Wait(max time.Duration) Policy { return Policy{kind: kindWait, max: max} }
 
 func (p Policy) check(opt string) error {
@@ -285,7 +286,8 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 
 // Middleware returns an asynq middleware that runs at most one task per key
 // at a time across every server that uses the same lock store. Use it with
-// ServeMux.Use, or around one handler: Middleware(l)(h).
+// ServeMux.Use, or around one handler: Middleware(l)(h). The middleware and
+// the handlers it returns are safe for concurrent use.
 //
 // It panics when an option is invalid, as it is called once while wiring a
 // server; New returns the error instead.
