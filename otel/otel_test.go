@@ -832,3 +832,44 @@ func TestStdoutExporter(t *testing.T) {
 		}
 	}
 }
+
+func TestSessionEndCountedOnce(t *testing.T) {
+	f := newFixture(t)
+	fb := &failing{Backend: f.store.Backend()}
+	l := f.lockerOn(t, fb)
+	ctx := context.Background()
+	s, err := l.TryAcquire(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	// A failed Release ends the session locally; its retry is another
+	// release span but not another end.
+	fb.release.Store(true)
+	if err := s.Release(ctx); err == nil {
+		t.Fatal("release did not fail")
+	}
+	fb.release.Store(false)
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.spans(dlotel.SpanRelease)); n != 2 {
+		t.Errorf("%d release spans, want 2", n)
+	}
+	if got := attrs(f.spans(dlotel.SpanRelease)[0])[dlotel.AttrOutcome].Emit(); got != "error" {
+		t.Errorf("failed release outcome %q", got)
+	}
+	// Close releases "b".
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rm := f.collect(t)
+	if v := sumValue(rm, dlotel.MetricSessionsActive, nil); v != 0 {
+		t.Errorf("active sessions %d, want 0", v)
+	}
+	if n := histCount(rm, dlotel.MetricHeldDuration, nil); n != 2 {
+		t.Errorf("held.duration count %d, want 2 (one per session)", n)
+	}
+}
