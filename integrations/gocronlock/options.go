@@ -153,7 +153,9 @@ func LockOptions(opts ...core.Option) Option {
 
 // TryTimeout bounds the single lock attempt a run makes (default
 // DefaultTryTimeout). A run never waits for a busy lock: a late start
-// would be a duplicate.
+// would be a duplicate. When the attempt times out, the core.Locker first
+// releases the claim that may have reached the store (bounded by its own
+// release timeout), and the run is then skipped.
 func TryTimeout(d time.Duration) Option {
 	return func(c *config) {
 		c.use("TryTimeout", forLocker|forTask)

@@ -1,0 +1,199 @@
+package gocronlock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/integrations/gocronlock"
+)
+
+// Rule: invalid options, and options that do not apply to a constructor,
+// are rejected up front with an error matching core.ErrInvalidOption.
+func TestOptionsRejected(t *testing.T) {
+	l, err := memlock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	fn := func(context.Context, core.Session) error { return nil }
+	cases := map[string]error{}
+	_, cases["Locker TTL(0)"] = gocronlock.NewLocker(l, gocronlock.TTL(0))
+	_, cases["Locker OnElected"] = gocronlock.NewLocker(l, gocronlock.OnElected(func(core.Session) {}))
+	_, cases["Locker Slot(nil)"] = gocronlock.NewLocker(l, gocronlock.Slot(nil))
+	_, cases["Locker Slot+MinHold"] = gocronlock.NewLocker(l, gocronlock.Slot(core.Every(time.Minute)), gocronlock.MinHold(time.Second))
+	_, cases["Locker nil"] = gocronlock.NewLocker(nil)
+	_, cases["Elector MinHold"] = gocronlock.NewElector(l, "k", gocronlock.MinHold(time.Second))
+	_, cases["Elector Retry(0)"] = gocronlock.NewElector(l, "k", gocronlock.Retry(0))
+	_, cases["Elector bad lock option"] = gocronlock.NewElector(l, "k", gocronlock.LockOptions(core.TTL(-1)))
+	_, cases["Wrap Retry"] = gocronlock.Wrap(l, "k", fn, gocronlock.Retry(time.Second))
+	_, cases["Wrap TryTimeout(0)"] = gocronlock.Wrap(l, "k", fn, gocronlock.TryTimeout(0))
+	_, cases["Wrap nil fn"] = gocronlock.Wrap(l, "k", nil)
+	_, cases["Task Jitter(-1)"] = gocronlock.NewTask(l, "k", fn, gocronlock.Jitter(-1))
+	for name, err := range cases {
+		if !errors.Is(err, core.ErrInvalidOption) {
+			t.Errorf("%s: got %v, want core.ErrInvalidOption", name, err)
+		}
+	}
+	if _, err := gocronlock.Wrap(l, "bad\x00key", fn); !errors.Is(err, core.ErrInvalidKey) {
+		t.Errorf("Wrap with a NUL in the key: %v, want core.ErrInvalidKey", err)
+	}
+}
+
+// Rule: Cron parses crontabs as gocron.CronJob does, in the given location
+// unless the crontab names one.
+func TestCron(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skip(err)
+	}
+	at := time.Date(2025, 1, 15, 13, 59, 30, 0, time.UTC)
+	for _, c := range []struct {
+		spec    string
+		seconds bool
+		loc     *time.Location
+		want    time.Time
+	}{
+		{"*/5 * * * *", false, time.UTC, time.Date(2025, 1, 15, 14, 0, 0, 0, time.UTC)},
+		{"30 * * * * *", true, time.UTC, time.Date(2025, 1, 15, 14, 0, 30, 0, time.UTC)},
+		{"0 9 * * *", false, ny, time.Date(2025, 1, 15, 14, 0, 0, 0, time.UTC)},
+		{"CRON_TZ=UTC 0 9 * * *", false, ny, time.Date(2025, 1, 16, 9, 0, 0, 0, time.UTC)},
+		{"@hourly", false, time.UTC, time.Date(2025, 1, 15, 14, 0, 0, 0, time.UTC)},
+	} {
+		s, err := gocronlock.Cron(c.spec, c.seconds, c.loc)
+		if err != nil {
+			t.Errorf("Cron(%q): %v", c.spec, err)
+			continue
+		}
+		if got := s.Next(at); !got.Equal(c.want) {
+			t.Errorf("Cron(%q).Next(%v) = %v, want %v", c.spec, at, got.UTC(), c.want)
+		}
+	}
+	for _, bad := range []string{"", "* * *", "61 * * * *"} {
+		if _, err := gocronlock.Cron(bad, false, nil); !errors.Is(err, core.ErrInvalidOption) {
+			t.Errorf("Cron(%q): %v, want core.ErrInvalidOption", bad, err)
+		}
+	}
+}
+
+// Rule: Lock makes one attempt; a busy job lock is an error matching
+// core.ErrNotAcquired; Unlock with a cancelled context still releases a
+// lease lock; keys are prefix + job name.
+func TestLockerBusyAndUnlock(t *testing.T) {
+	store := memlock.NewStore()
+	a, _ := store.Locker()
+	b, _ := store.Locker()
+	defer a.Close()
+	defer b.Close()
+	la, err := gocronlock.NewLocker(a, gocronlock.Prefix("jobs/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, _ := gocronlock.NewLocker(b, gocronlock.Prefix("jobs/"))
+	ctx := context.Background()
+	lock, err := la.Lock(ctx, "sync")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !store.Held("jobs/sync") {
+		t.Errorf("key jobs/sync not held")
+	}
+	start := time.Now()
+	if _, err := lb.Lock(ctx, "sync"); !errors.Is(err, core.ErrNotAcquired) {
+		t.Errorf("second Lock: %v, want core.ErrNotAcquired", err)
+	} else if d := time.Since(start); d > time.Second {
+		t.Errorf("busy Lock took %v: it must not wait", d)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := lock.Unlock(cancelled); err != nil {
+		t.Errorf("Unlock with a cancelled ctx: %v", err)
+	}
+	if store.Held("jobs/sync") {
+		t.Errorf("key still held after Unlock")
+	}
+	lock, err = lb.Lock(ctx, "sync")
+	if err != nil {
+		t.Fatalf("Lock after release: %v", err)
+	}
+	_ = lock.Unlock(ctx)
+}
+
+// Rule: a registered schedule makes a slot lock that outlives Unlock until
+// the slot ends; removing the registration goes back to the default.
+func TestLockerScheduleSlot(t *testing.T) {
+	store := memlock.NewStore()
+	a, _ := store.Locker()
+	defer a.Close()
+	l, _ := gocronlock.NewLocker(a)
+	if err := l.Schedule("hourly", core.Every(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lock, err := l.Lock(ctx, "hourly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lock.Unlock(ctx)
+	if _, err := l.Lock(ctx, "hourly"); !errors.Is(err, core.ErrNotAcquired) {
+		t.Errorf("second Lock in the same slot: %v, want core.ErrNotAcquired", err)
+	}
+	if err := l.Schedule("other", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Schedule("bad\x00", core.Every(time.Hour)); !errors.Is(err, core.ErrInvalidKey) {
+		t.Errorf("Schedule with a bad name: %v", err)
+	}
+}
+
+// Rule: a lock attempt is bounded by TryTimeout, and a slow store is
+// reported to OnError; a failed release is returned by Unlock and reported.
+func TestLockerFailuresReported(t *testing.T) {
+	store := memlock.NewStore()
+	backend := store.Backend()
+	c, err := core.New(backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var mu sync.Mutex
+	var reported []error
+	l, _ := gocronlock.NewLocker(c, gocronlock.TryTimeout(50*time.Millisecond), gocronlock.ReleaseTimeout(50*time.Millisecond),
+		gocronlock.OnError(func(_ string, err error) {
+			mu.Lock()
+			reported = append(reported, err)
+			mu.Unlock()
+		}))
+	ctx := context.Background()
+
+	// The attempt gives up after TryTimeout; core then releases the claim
+	// that may have reached the store, which costs one more (slow) call.
+	backend.SetLatency(300 * time.Millisecond)
+	start := time.Now()
+	if _, err := l.Lock(ctx, "slow"); err == nil {
+		t.Fatal("Lock on a slow store succeeded")
+	}
+	if d := time.Since(start); d > 900*time.Millisecond {
+		t.Errorf("Lock took %v with a 50ms TryTimeout and 300ms latency", d)
+	}
+	backend.SetLatency(0)
+
+	lock, err := l.Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend.SetDown(true)
+	if err := lock.Unlock(ctx); !errors.Is(err, memlock.ErrUnavailable) {
+		t.Errorf("Unlock on a down store: %v, want memlock.ErrUnavailable", err)
+	}
+	backend.SetDown(false)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reported) != 2 || !errors.Is(reported[1], memlock.ErrUnavailable) {
+		t.Errorf("OnError got %v, want the timeout and the release failure", reported)
+	}
+}
