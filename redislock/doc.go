@@ -1,0 +1,101 @@
+// Package redislock is the Redis backend of dislock, on go-redis v9.
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//	locker, err := redislock.New(rdb)
+//	...
+//	s, err := locker.TryAcquire(ctx, "nightly-report")
+//	if errors.Is(err, core.ErrNotAcquired) {
+//		return nil // another process runs it
+//	}
+//
+// New accepts any redis.UniversalClient: a *redis.Client (one server, or a
+// Sentinel failover client from redis.NewFailoverClient), a
+// *redis.ClusterClient, or what redis.NewUniversalClient returns. The client
+// stays the caller's; closing the Locker does not close it. Redis 6 or later
+// (or Valkey) is required.
+//
+// # How locks are stored
+//
+// Lock key k lives in the hash "<prefix>:{k'}" (fields owner, otoken, token,
+// acquired) with a PEXPIRE TTL, and its last fencing token in the string
+// "<prefix>:{k'}:fence". k' is k with "%" written as "%25" and "}" as "%7D",
+// so the Cluster hash tag is always exactly k': both keys of one lock share a
+// slot whatever bytes k holds, and k is recovered exactly from the Redis key
+// (Admin.List). The prefix (WithPrefix, default "dislock") may contain no
+// braces.
+//
+// Every operation is one Lua script, kept as an embedded .lua file and run
+// with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
+// failover or SCRIPT FLUSH), inside pipelines too:
+//
+//   - acquire claims a free key, or answers with the holder (owner, fencing
+//     token, acquired-at, remaining TTL) without writing anything. Run again
+//     with the same owner token it returns the same lease, so a retry after
+//     a lost reply is not mistaken for "busy".
+//   - renew extends, owner-checked, every lease of a batch: a Locker renews
+//     all of its sessions in one round trip per node (one script call for
+//     up to 256 leases on one server, one per hash slot on Cluster, in one
+//     pipeline per node).
+//   - release deletes the key if the owner token still holds it and
+//     PUBLISHes the key on "<prefix>:released", or, for a minimum hold,
+//     shortens its TTL instead.
+//
+// Slot locks (core.ForSlot) expire with PEXPIREAT at the slot's end,
+// computed from the server's TIME.
+//
+// Waiters are woken by one subscription per Locker to "<prefix>:released".
+// When pub/sub is unavailable (a proxy that refuses SUBSCRIBE, say) the
+// subscription fails within WithSubscribeTimeout and the Locker polls
+// instead, retrying the subscription in the background.
+//
+// # Guarantees
+//
+// On one Redis server that keeps its data:
+//
+//   - At most one owner token holds a key at any instant of the server's
+//     clock; a session's local Deadline ends before the server's TTL (the
+//     renew deadline is shorter than the TTL), so a holder that stops
+//     renewing knows it lost the lock before anyone else can take it, given
+//     clocks whose rates agree.
+//   - Fencing tokens strictly increase per key: a new token is
+//     max(last token + 1, server TIME in microseconds). The counter key
+//     outlives its lock by a day, and tokens keep growing without it as long
+//     as the server's clock does not step back past earlier tokens.
+//   - Renew and release check the owner token on the server: a stale session
+//     never renews or frees a newer holder's lock.
+//
+// # What is not guaranteed
+//
+//   - Replication is asynchronous. After a failover (Sentinel, Cluster) the
+//     promoted replica may not have the last acquisitions: two processes can
+//     then hold one key at once, and fencing tokens are no longer ordered
+//     unless the new master's clock is ahead of every earlier token (they
+//     are microsecond timestamps, so the usual case is a larger token unless
+//     clocks differ by more than the time since the last acquisition). WAIT
+//     is not used; this is not Redlock.
+//   - A restart without persistence loses every lock. Holders learn of it at
+//     their next renewal (ErrLeaseLost); new tokens are still larger because
+//     they come from the server's clock. With persistence (AOF), a restart
+//     keeps what was written to disk, subject to its fsync policy.
+//   - TTLs run on the server's wall clock. A clock that jumps forward
+//     expires locks early; keep the server's clock slewed, not stepped.
+//   - On Cluster, the time of a slot's end is read from one node and applied
+//     on the key's node: nodes' clocks must agree within the slot tolerance.
+//   - A lease is not a fence. Pass Session.Token to the resource you protect
+//     and have it reject tokens smaller than the largest it has seen.
+//
+// # Unit tests without a server
+//
+// The scripts run on miniredis (github.com/alicebob/miniredis/v2), so code
+// that takes locks can be tested without a Redis server. Call
+// m.ClockTTL(true) so that TTLs run on the clock, as they do on a server
+// (otherwise they only move with m.FastForward):
+//
+//	m := miniredis.RunT(t)
+//	m.ClockTTL(true)
+//	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+//	locker, err := redislock.New(rdb)
+//
+// For tests that need no Redis at all, core/memlock is the in-memory
+// backend.
+package redislock
