@@ -431,3 +431,21 @@ func TestServers_PanicReleases(t *testing.T) {
 	}
 	e.waitState(id, asynq.TaskStateArchived)
 }
+
+// TestServers_ByTaskID: under a server the task ID is in the context, and
+// ByTaskID keys the lock by it.
+func TestServers_ByTaskID(t *testing.T) {
+	e := newEnv(t)
+	_, l, _ := lockers(t)
+	keys := make(chan string, 1)
+	e.serve(wired(), asynqlock.Middleware(l, asynqlock.WithKey(asynqlock.ByTaskID)), func(ctx context.Context, _ *asynq.Task) error {
+		s, _ := core.SessionFromContext(ctx)
+		keys <- s.Key()
+		return nil
+	})
+	id := e.enqueue("x").ID
+	if got, want := recv(t, keys, "the handler to run"), asynqlock.DefaultPrefix+"id:"+id; got != want {
+		t.Errorf("lock key %q, want %q", got, want)
+	}
+	e.waitState(id, asynq.TaskStateCompleted)
+}
