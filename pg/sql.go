@@ -30,10 +30,10 @@ func buildStatements(table string, legacy, async bool) statements {
 	// token and the acquisition time. The legacy table keeps only the owner
 	// token (in value).
 	owner, holder, lholder, token, acquiredAt := "owner", "holder", "l.holder", "token", "acquired_at"
+	expire := "coalesce($5::timestamptz, now() + $4" + micros + ")"
 	insertCols := "key, owner, holder, acquired_at, expire_at"
-	insertVals := "$1::text, $2::text, $3::text, now(), "
-	set := "owner = excluded.owner, holder = excluded.holder, token = excluded.token, " +
-		"acquired_at = excluded.acquired_at, expire_at = excluded.expire_at"
+	insertVals := "$1::text, $2::text, $3::text, now(), " + expire
+	set := "owner = $2::text, holder = $3::text, token = DEFAULT, acquired_at = now(), expire_at = " + expire
 	if legacy {
 		// value is "<owner token> <owner>": the token guards renew and
 		// release, the rest is the human-readable owner. Rows written by
@@ -41,34 +41,41 @@ func buildStatements(table string, legacy, async bool) statements {
 		owner, holder, lholder = "substr(value, strpos(value, ' ') + 1)", "split_part(value, ' ', 1)", "split_part(l.value, ' ', 1)"
 		token, acquiredAt = "0::bigint", "NULL::timestamptz"
 		insertCols = "key, value, expire_at"
-		insertVals = "$1::text, $3::text || ' ' || $2::text, "
-		set = "value = excluded.value, expire_at = excluded.expire_at"
+		insertVals = "$1::text, $3::text || ' ' || $2::text, " + expire
+		set = "value = $3::text || ' ' || $2::text, expire_at = " + expire
 	}
 	var s statements
-	// Acquire reads the row first (cur). Only when it is missing or expired
-	// does the guarded INSERT run; a live row, whoever holds it, is answered
-	// from the read alone: no row lock, no write, no commit flush. The ON
-	// CONFLICT arm covers the race where another session inserted or took
-	// over the row after the read: its WHERE re-checks the expiry on the
-	// latest row version, and a row taken in between yields no result row
-	// (busy, holder unknown). A live row with the caller's own owner token is
-	// an idempotent success.
+	// Acquire reads the row first (cur). A live row, whoever holds it, is
+	// answered from that read alone: no row lock, no write, no commit flush
+	// (a live row with the caller's own owner token is an idempotent
+	// success). A missing row is inserted with ON CONFLICT DO NOTHING, so a
+	// concurrent inserter makes this one busy without taking a lock. An
+	// expired row is taken over by an UPDATE whose WHERE re-checks the expiry
+	// on the latest row version (READ COMMITTED re-evaluation), so of several
+	// concurrent takeovers one wins and the others skip the row without
+	// locking it. Losing such a race yields no result row: busy, holder
+	// unknown. The fencing token is the column's identity default (DEFAULT).
 	s.acquire = fmt.Sprintf(`WITH cur AS (
 	SELECT %[2]s AS owner, %[3]s AS holder, %[4]s AS token, %[5]s AS acquired_at, expire_at
 	FROM %[1]s WHERE key = $1::text
 ), ins AS (
 	INSERT INTO %[1]s AS l (%[6]s)
-	SELECT %[7]scoalesce($5::timestamptz, now() + $4%[8]s)
-	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.expire_at > now())%[9]s
-	ON CONFLICT (key) DO UPDATE SET %[10]s
-	WHERE l.expire_at <= now()
+	SELECT %[7]s
+	WHERE NOT EXISTS (SELECT 1 FROM cur)%[8]s
+	ON CONFLICT (key) DO NOTHING
+	RETURNING %[4]s AS token, %[5]s AS acquired_at, expire_at
+), upd AS (
+	UPDATE %[1]s AS l SET %[9]s
+	WHERE l.key = $1::text AND l.expire_at <= now()%[8]s
 	RETURNING %[4]s AS token, %[5]s AS acquired_at, expire_at
 )
 SELECT true, $2::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint FROM ins
 UNION ALL
-SELECT holder = $3::text, owner, token, acquired_at, expire_at, %[11]s
+SELECT true, $2::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint FROM upd
+UNION ALL
+SELECT holder = $3::text, owner, token, acquired_at, expire_at, %[10]s
 FROM cur WHERE expire_at > now()`,
-		table, owner, holder, token, acquiredAt, insertCols, insertVals, micros, ac, set, remaining)
+		table, owner, holder, token, acquiredAt, insertCols, insertVals, ac, set, remaining)
 
 	s.renew = fmt.Sprintf(`UPDATE %[1]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond'
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, holder, ttl)

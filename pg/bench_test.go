@@ -1,0 +1,341 @@
+package pg_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/pg"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Every benchmark measures a SELECT 1 round trip on the same pool and at
+// the same concurrency in the same run, and reports its own cost as a ratio
+// to it (x_select1: time per operation ÷ time per SELECT 1; for the hot key,
+// attempts_per_select1: attempts per second ÷ SELECT 1 per second).
+
+// select1 returns the mean time of one SELECT 1 with par goroutines sharing
+// pool, measured over about 300ms.
+func select1(b *testing.B, pool *pgxpool.Pool, par int) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	var ops atomic.Int64
+	stop := time.Now().Add(300 * time.Millisecond)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				var one int
+				if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+					b.Error(err)
+					return
+				}
+				ops.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start) / time.Duration(ops.Load())
+}
+
+func benchPool(b *testing.B, conns int32) *pgxpool.Pool {
+	return newPool(b, func(c *pgxpool.Config) { c.MaxConns, c.MinConns = conns, conns })
+}
+
+func benchTable(b *testing.B, pool *pgxpool.Pool) string {
+	return newTable(b, pool)
+}
+
+func reportRatio(b *testing.B, base time.Duration) {
+	per := b.Elapsed() / time.Duration(b.N)
+	b.ReportMetric(float64(per)/float64(base), "x_select1")
+	b.ReportMetric(float64(base.Microseconds()), "select1_µs")
+}
+
+func BenchmarkSelect1(b *testing.B) {
+	pool := benchPool(b, 4)
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		var one int
+		if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// Uncontended TryAcquire + Release through the Locker, durable (default)
+// and with WithAsyncCommit.
+func BenchmarkTryAcquireRelease(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		opts []pg.Option
+	}{{"durable", nil}, {"async", []pg.Option{pg.WithAsyncCommit()}}} {
+		b.Run(mode.name, func(b *testing.B) {
+			pool := benchPool(b, 4)
+			table := benchTable(b, pool)
+			l, err := pg.New(context.Background(), pool, append([]pg.Option{pg.WithTable(table)}, mode.opts...)...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			ctx := context.Background()
+			base := select1(b, pool, 1)
+			b.ResetTimer()
+			for b.Loop() {
+				s, err := l.TryAcquire(ctx, "k")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportRatio(b, base)
+		})
+	}
+}
+
+// The plain TTL-row lock people write by hand: an upsert guarded only by the
+// ON CONFLICT WHERE, then a delete.
+const (
+	naiveAcquire = `INSERT INTO %s AS l (key, owner, holder, acquired_at, expire_at)
+VALUES ($1, $2, $3, now(), now() + interval '30 seconds')
+ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, holder = excluded.holder,
+	token = excluded.token, acquired_at = excluded.acquired_at, expire_at = excluded.expire_at
+WHERE l.expire_at <= now() RETURNING token`
+	naiveRelease = `DELETE FROM %s WHERE key = $1 AND holder = $2`
+)
+
+func BenchmarkPlainTTLRow(b *testing.B) {
+	pool := benchPool(b, 4)
+	table := benchTable(b, pool)
+	ident := pgx.Identifier{table}.Sanitize()
+	acq, rel := fmt.Sprintf(naiveAcquire, ident), fmt.Sprintf(naiveRelease, ident)
+	ctx := context.Background()
+	base := select1(b, pool, 1)
+	b.ResetTimer()
+	for b.Loop() {
+		tok := rand.Text()
+		var token int64
+		if err := pool.QueryRow(ctx, acq, "k", "me", tok).Scan(&token); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, rel, "k", tok); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRatio(b, base)
+}
+
+// Hot key: 64 goroutines try-lock one key (and release when they win). The
+// metric is attempts per second ÷ SELECT 1 per second at the same
+// concurrency on the same pool. "naive" is the unguarded upsert.
+func BenchmarkHotKey64(b *testing.B) {
+	for _, mode := range []string{"dislock", "naive"} {
+		b.Run(mode, func(b *testing.B) {
+			pool := benchPool(b, 16)
+			table := benchTable(b, pool)
+			be, err := pg.NewBackend(context.Background(), pool, pg.WithTable(table))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ident := pgx.Identifier{table}.Sanitize()
+			acq, rel := fmt.Sprintf(naiveAcquire, ident), fmt.Sprintf(naiveRelease, ident)
+			ctx := context.Background()
+			base := select1(b, pool, 64)
+			var wins atomic.Int64
+			b.SetParallelism((64 + 1) / 2) // ×GOMAXPROCS
+			if n := testingProcs(); n != 2 {
+				b.SetParallelism((64 + n - 1) / n)
+			}
+			b.ResetTimer()
+			b.RunParallel(func(p *testing.PB) {
+				for p.Next() {
+					tok := rand.Text()
+					if mode == "naive" {
+						var token int64
+						err := pool.QueryRow(ctx, acq, "hot", "me", tok).Scan(&token)
+						if errors.Is(err, pgx.ErrNoRows) {
+							continue
+						}
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						wins.Add(1)
+						if _, err := pool.Exec(ctx, rel, "hot", tok); err != nil {
+							b.Error(err)
+							return
+						}
+						continue
+					}
+					_, err := be.TryAcquire(ctx, core.AcquireRequest{Key: "hot", Owner: "me", OwnerToken: tok, TTL: 30 * time.Second})
+					if errors.Is(err, core.ErrNotAcquired) {
+						continue
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					wins.Add(1)
+					if err := be.Release(ctx, core.ReleaseRequest{Key: "hot", OwnerToken: tok}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			per := b.Elapsed() / time.Duration(b.N)
+			b.ReportMetric(float64(base)/float64(per), "attempts_per_select1")
+			b.ReportMetric(float64(wins.Load())/b.Elapsed().Seconds(), "acquisitions/s")
+		})
+	}
+}
+
+// Hand-off: 16 goroutines on two Lockers (two pools, so wake-ups cross
+// processes through LISTEN/NOTIFY) take turns on one key; the metric is the
+// time from the start of Release to the next holder's acquisition.
+func BenchmarkHandoff16(b *testing.B) {
+	admin := benchPool(b, 2)
+	table := benchTable(b, admin)
+	var lockers []*core.Client
+	for range 2 {
+		pool := benchPool(b, 8)
+		l, err := pg.New(context.Background(), pool, pg.WithTable(table))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		lockers = append(lockers, l)
+	}
+	base := select1(b, admin, 1)
+	var (
+		mu       sync.Mutex
+		released time.Time // zero when no release is pending
+		gaps     []time.Duration
+		left     atomic.Int64
+	)
+	left.Store(int64(b.N))
+	ctx := context.Background()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := lockers[i%2]
+			for left.Load() > 0 {
+				s, err := l.Acquire(ctx, "handoff", core.Backoff(50*time.Millisecond, time.Second))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				if !released.IsZero() {
+					gaps = append(gaps, now.Sub(released))
+				}
+				mu.Unlock()
+				left.Add(-1)
+				mu.Lock()
+				released = time.Now()
+				mu.Unlock()
+				if err := s.Release(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if len(gaps) == 0 {
+		return
+	}
+	slices.Sort(gaps)
+	p50 := gaps[len(gaps)/2]
+	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
+	b.ReportMetric(float64(gaps[len(gaps)*9/10].Microseconds())/1000, "p90_ms")
+	b.ReportMetric(float64(p50)/float64(base), "p50_x_select1")
+}
+
+// countingBackend counts Renew calls and renewed items.
+type countingBackend struct {
+	*pg.Backend
+	calls, items atomic.Int64
+}
+
+func (c *countingBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	c.calls.Add(1)
+	c.items.Add(int64(len(reqs)))
+	return c.Backend.Renew(ctx, reqs)
+}
+
+// Holding 1,000 leases on one Locker: renew statements (write transactions)
+// per renew interval, and committed transactions on the database per
+// interval (pg_stat_database, which includes anything else running there).
+func BenchmarkHold1000(b *testing.B) {
+	for b.Loop() {
+		pool := benchPool(b, 8)
+		table := benchTable(b, pool)
+		be, err := pg.NewBackend(context.Background(), pool, pg.WithTable(table))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cb := &countingBackend{Backend: be}
+		l, err := core.New(cb)
+		if err != nil {
+			b.Fatal(err)
+		}
+		const n, ttl = 1000, 3 * time.Second
+		interval := ttl / 3
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < n; i += 8 {
+					if _, err := l.TryAcquire(ctx, fmt.Sprintf("lease-%d", i), core.TTL(ttl)); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		xacts := func() int64 {
+			var x int64
+			if err := pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&x); err != nil {
+				b.Fatal(err)
+			}
+			return x
+		}
+		calls0, items0, x0 := cb.calls.Load(), cb.items.Load(), xacts()
+		const rounds = 3
+		time.Sleep(rounds * interval) // a measuring window, not synchronisation
+		calls, items, x := cb.calls.Load()-calls0, cb.items.Load()-items0, xacts()-x0-1
+		b.ReportMetric(float64(calls)/rounds, "renew_stmts/interval")
+		b.ReportMetric(float64(items)/rounds, "leases_renewed/interval")
+		b.ReportMetric(float64(x)/rounds, "db_commits/interval")
+		if err := l.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func testingProcs() int { return runtimeGOMAXPROCS() }
+
+func runtimeGOMAXPROCS() int { return runtime.GOMAXPROCS(0) }
