@@ -119,7 +119,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	var timer *time.Timer
 	for {
 		attempts++
-		ss, err := c.attempt(ctx, obsCtx, key, cfg)
+		ss, err := c.attempt(obsCtx, ctx, key, cfg)
 		if err == nil {
 			return ss, nil
 		}
@@ -167,8 +167,10 @@ func backoffWait(min, max time.Duration, n int) time.Duration {
 	return min + mrand.N(hi-min+1)
 }
 
-// attempt makes one claim of key.
-func (c *Client) attempt(ctx, obsCtx context.Context, key string, cfg config) (*session, error) {
+// attempt makes one claim of key. Store calls run under opCtx (the caller's
+// ctx as the observer returned it); the session keeps the values of userCtx.
+func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config) (*session, error) {
+	ctx := opCtx
 	req := AcquireRequest{Key: key, Owner: cfg.owner, OwnerToken: rand.Text(), TTL: cfg.ttl}
 	var serverNow time.Time
 	if cfg.schedule != nil {
@@ -197,10 +199,10 @@ func (c *Client) attempt(ctx, obsCtx context.Context, key string, cfg config) (*
 		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token,
 		slot: cfg.schedule != nil, ttl: cfg.ttl, interval: cfg.renewInterval,
 		renewDeadline: cfg.renewDeadline, minHold: cfg.minHold,
-		acquiredAt: sent, obsCtx: context.WithoutCancel(obsCtx),
+		acquiredAt: sent, obsCtx: context.WithoutCancel(opCtx),
 		done: make(chan struct{}),
 	}
-	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(userCtx))
 	if s.slot {
 		base := lease.AcquiredAt
 		if base.IsZero() {

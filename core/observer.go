@@ -17,7 +17,10 @@ const (
 // Observer sees every store operation of a Client, including the background
 // renewals and lease losses no caller is waiting for. Each Start hook returns
 // the context the matching End hook (and, for acquisitions, all later events
-// of that session) receives, so a tracer can keep its span there. Hooks are
+// of that session) receives, so a tracer can keep its span there; it must be
+// derived from the ctx it was given. The store calls of an acquisition run
+// under the ctx AcquireStart returned, so driver spans nest under it. Lost is
+// called before the session's Done channel closes. Hooks are
 // called synchronously and must be fast and safe for concurrent use.
 //
 // Embed NopObserver to implement only some hooks.
@@ -69,11 +72,14 @@ type RenewEndEvent struct {
 	Err     error // nil when renewed
 }
 
-// ReleaseStartEvent starts a release.
+// ReleaseStartEvent starts a release. The hook's ctx is the session's (the
+// one AcquireEnd received); Caller is the ctx passed to Release, or
+// context.Background() when the Locker's Close releases.
 type ReleaseStartEvent struct {
 	Backend string
 	Key     string
 	Token   uint64
+	Caller  context.Context
 }
 
 // ReleaseEndEvent ends a release.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -205,10 +206,13 @@ func resolve(defaults, opts []Option) (config, error) {
 		return c, invalidOption("RenewInterval", "%v is below the 1ms minimum", c.renewInterval)
 	}
 	if c.owner == "" {
-		c.owner = defaultOwner()
+		c.owner = processOwner()
 	}
 	return c, nil
 }
+
+// processOwner is host:pid, computed once.
+var processOwner = sync.OnceValue(defaultOwner)
 
 func defaultOwner() string {
 	host, err := os.Hostname()

@@ -51,8 +51,10 @@ func (s *session) Err() error {
 	return s.err
 }
 
-// end marks the session ended with cause; it reports whether this call ended it.
-func (s *session) end(cause error, owesRelease bool) bool {
+// end marks the session ended with cause; it reports whether this call ended
+// it. before, if set, runs after the session is marked ended and before Done
+// closes, so that whoever waits on Done sees its effects.
+func (s *session) end(cause error, owesRelease bool, before func()) bool {
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
@@ -62,6 +64,9 @@ func (s *session) end(cause error, owesRelease bool) bool {
 	s.unreleased = owesRelease
 	s.mu.Unlock()
 	s.c.unregister(s)
+	if before != nil {
+		before()
+	}
 	s.cancel(cause)
 	close(s.done)
 	return true
@@ -73,21 +78,20 @@ func (s *session) lose(reason error) {
 	if !isLeaseLost(reason) {
 		cause = fmt.Errorf("%w: %q: %w", ErrLeaseLost, s.key, reason)
 	}
-	if !s.end(cause, false) {
-		return
-	}
+	var tell func()
 	if o := s.c.obs; o != nil {
-		o.Lost(s.obsCtx, LostEvent{Backend: s.c.name, Key: s.key, Token: s.token, Held: time.Since(s.acquiredAt), Err: cause})
+		tell = func() {
+			o.Lost(s.obsCtx, LostEvent{Backend: s.c.name, Key: s.key, Token: s.token, Held: time.Since(s.acquiredAt), Err: cause})
+		}
 	}
+	s.end(cause, false, tell)
 }
 
 // Release implements Session.
 func (s *session) Release(ctx context.Context) error { return s.release(ctx, ErrReleased) }
 
 func (s *session) release(ctx context.Context, cause error) error {
-	if s.end(cause, true) {
-		// ended now; fall through to the server release
-	}
+	s.end(cause, true, nil)
 	s.mu.Lock()
 	owe := s.unreleased
 	s.unreleased = false
@@ -105,7 +109,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 	}
 	octx := s.obsCtx
 	if c.obs != nil {
-		octx = c.obs.ReleaseStart(octx, ReleaseStartEvent{Backend: c.name, Key: s.key, Token: s.token})
+		octx = c.obs.ReleaseStart(octx, ReleaseStartEvent{Backend: c.name, Key: s.key, Token: s.token, Caller: ctx})
 	}
 	var err error
 	if !s.slot { // a slot lock is kept until the slot ends: nothing to send

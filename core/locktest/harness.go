@@ -29,6 +29,10 @@ type Harness struct {
 	// registers its own cleanup with t.Cleanup.
 	NewBackend func(t testing.TB) core.Backend
 
+	// ClientOptions are added to every Client the suite builds (after its
+	// own TTL default): an Observer under test, say.
+	ClientOptions []core.ClientOption
+
 	// Wrap, when set, wraps every Locker the suite builds: the decorator
 	// under test. The suite checks that it changes no behaviour.
 	Wrap func(core.Locker) core.Locker

@@ -83,7 +83,8 @@ func (e *env) key(t *testing.T) string {
 func (e *env) proc(t *testing.T, opts ...core.ClientOption) *proc {
 	t.Helper()
 	fb := newFault(e.h.NewBackend(t))
-	c, err := core.New(fb, append([]core.ClientOption{core.WithDefaults(core.TTL(e.ttl))}, opts...)...)
+	all := append([]core.ClientOption{core.WithDefaults(core.TTL(e.ttl))}, e.h.ClientOptions...)
+	c, err := core.New(fb, append(all, opts...)...)
 	if err != nil {
 		t.Fatalf("core.New: %v", err)
 	}
