@@ -1,0 +1,408 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
+
+// each runs bench once per contender, as sub-benchmarks named store/contender.
+func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *store, which string)) {
+	for _, s := range []string{"redis", "pg"} {
+		for _, which := range names[s] {
+			b.Run(s+"/"+which, func(b *testing.B) {
+				var st *store
+				if s == "redis" {
+					st = redisStore(b, nil)
+				} else {
+					st = pgStore(b, benchPG(b), nil)
+				}
+				bench(b, st, which)
+			})
+		}
+	}
+}
+
+var all = map[string][]string{"redis": redisContenders, "pg": pgContenders}
+
+func bg(b *testing.B) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	b.Cleanup(cancel)
+	return ctx
+}
+
+// BenchmarkUncontended: one goroutine acquires and releases a free key. The
+// raw round trip is measured in chunks interleaved with the lock's, so a
+// change of machine load during the run affects both alike. x-rtt is the
+// time of one acquire+release in raw round trips.
+func BenchmarkUncontended(b *testing.B) {
+	each(b, all, func(b *testing.B, st *store, which string) {
+		c := contenderFor(b, st, which)
+		ctx := bg(b)
+		key := name(which, "uncontended")
+		op := func() {
+			u, err := c.try(ctx, key)
+			if err != nil {
+				b.Fatalf("acquire: %v", err)
+			}
+			if err := u(ctx); err != nil {
+				b.Fatalf("release: %v", err)
+			}
+		}
+		op() // warm up connections and statement caches
+		meanRTT(ctx, b, st.rt, 10)
+		const chunk = 50
+		var rttTime, opTime time.Duration
+		b.ResetTimer()
+		for done := 0; done < b.N; {
+			n := min(chunk, b.N-done)
+			b.StopTimer()
+			rttTime += meanRTT(ctx, b, st.rt, n) * time.Duration(n)
+			b.StartTimer()
+			start := time.Now()
+			for range n {
+				op()
+			}
+			opTime += time.Since(start)
+			done += n
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(opTime)/float64(rttTime), "x-rtt")
+		b.ReportMetric(float64(rttTime.Microseconds())/float64(b.N), "rtt-µs")
+	})
+}
+
+// BenchmarkParallelDistinctKeys: 64 goroutines, each acquiring and
+// releasing its own key. x-rtt is acquire+release pairs per second divided
+// by raw round trips per second from 64 goroutines on the same client.
+func BenchmarkParallelDistinctKeys(b *testing.B) {
+	each(b, all, func(b *testing.B, st *store, which string) {
+		c := contenderFor(b, st, which)
+		ctx := bg(b)
+		keys := make([]string, parallelism)
+		for i := range keys {
+			keys[i] = name(which, "distinct", fmt.Sprint(i))
+		}
+		rtt, err := parallelRun(ctx, parallelism, max(b.N, 2*parallelism), func(ctx context.Context, _ int) error { return st.rt(ctx) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		rttOps := max(b.N, 2*parallelism)
+		b.ResetTimer()
+		d, err := parallelRun(ctx, parallelism, b.N, func(ctx context.Context, w int) error {
+			u, err := c.try(ctx, keys[w])
+			if err != nil {
+				return err
+			}
+			return u(ctx)
+		})
+		b.StopTimer()
+		if err != nil {
+			b.Fatal(err)
+		}
+		perSec := float64(b.N) / d.Seconds()
+		b.ReportMetric(perSec/(float64(rttOps)/rtt.Seconds()), "x-rtt")
+		b.ReportMetric(perSec, "pairs/s")
+	})
+}
+
+// BenchmarkHotKey: 64 goroutines try-lock one key, releasing when they get
+// it. x-rtt is attempts per second divided by raw round trips per second
+// from 64 goroutines: how close a failed try comes to one cheap round trip.
+func BenchmarkHotKey(b *testing.B) {
+	each(b, all, func(b *testing.B, st *store, which string) {
+		c := contenderFor(b, st, which)
+		ctx := bg(b)
+		key := name(which, "hot")
+		total := max(b.N, 2*parallelism)
+		rtt, err := parallelRun(ctx, parallelism, total, func(ctx context.Context, _ int) error { return st.rt(ctx) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		var won atomic.Int64
+		b.ResetTimer()
+		d, err := parallelRun(ctx, parallelism, b.N, func(ctx context.Context, _ int) error {
+			u, err := c.try(ctx, key)
+			if errors.Is(err, errBusy) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			won.Add(1)
+			return u(ctx)
+		})
+		b.StopTimer()
+		if err != nil {
+			b.Fatal(err)
+		}
+		perSec := float64(b.N) / d.Seconds()
+		b.ReportMetric(perSec/(float64(total)/rtt.Seconds()), "x-rtt")
+		b.ReportMetric(float64(won.Load())/d.Seconds(), "acq/s")
+	})
+}
+
+// handoffContenders are those with a way to wait. dislock waits for a
+// release notification; bsm/redislock polls every 10 ms (LinearBackoff);
+// redsync polls with its defaults (32 tries, 50–250 ms apart); the TTL row
+// polls every 10 ms; pg_advisory_lock waits on the server.
+var handoffContenders = map[string][]string{
+	"redis": {"dislock", "bsm", "redsync"},
+	"pg":    {"dislock", "dislock-async", "ttlrow", "advisory"},
+}
+
+// BenchmarkHandoff: 16 goroutines, each its own Locker (as 16 processes
+// would be), wait for one key, hold it 1 ms and release it. Latency is from
+// the start of Release to the return of the next holder's acquire; p50-x-rtt
+// and p99-x-rtt divide it by the mean raw round trip. reqs/acq counts the
+// client's commands (Redis) or statements (PostgreSQL) per acquisition,
+// polling included.
+func BenchmarkHandoff(b *testing.B) {
+	for _, s := range []string{"redis", "pg"} {
+		for _, which := range handoffContenders[s] {
+			b.Run(s+"/"+which, func(b *testing.B) {
+				var st *store
+				var reqs func() int64
+				if s == "redis" {
+					h := &commandCount{}
+					st = redisStore(b, h)
+					reqs = h.cmds.Load
+				} else {
+					t := &statementCount{}
+					st = pgStore(b, benchPG(b), t)
+					reqs = t.n.Load
+				}
+				handoff(b, st, which, reqs)
+			})
+		}
+	}
+}
+
+func handoff(b *testing.B, st *store, which string, reqs func() int64) {
+	ctx := bg(b)
+	cs := make([]*contender, waiters)
+	for i := range cs {
+		cs[i] = contenderFor(b, st, which)
+	}
+	key := name(which, "handoff")
+	u, err := cs[0].wait(ctx, key) // warm up
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := u(ctx); err != nil {
+		b.Fatal(err)
+	}
+	rtt := meanRTT(ctx, b, st.rt, 500)
+
+	var (
+		mu         sync.Mutex
+		releasedAt time.Time
+		samples    = make([]time.Duration, 0, b.N)
+		remaining  atomic.Int64
+		wg         sync.WaitGroup
+		errs       = make([]error, waiters)
+	)
+	remaining.Store(int64(b.N))
+	reqs0 := reqs()
+	b.ResetTimer()
+	for g := range waiters {
+		wg.Go(func() {
+			for remaining.Add(-1) >= 0 {
+				u, err := cs[g].wait(ctx, key)
+				if err != nil {
+					errs[g] = err
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				if !releasedAt.IsZero() {
+					samples = append(samples, now.Sub(releasedAt))
+				}
+				mu.Unlock()
+				time.Sleep(holdFor)
+				mu.Lock()
+				releasedAt = time.Now()
+				mu.Unlock()
+				if err := u(ctx); err != nil {
+					errs[g] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	sortDurations(samples)
+	p50, p99 := percentile(samples, 50), percentile(samples, 99)
+	b.ReportMetric(ms(p50), "p50-ms")
+	b.ReportMetric(ms(p99), "p99-ms")
+	b.ReportMetric(float64(p50)/float64(rtt), "p50-x-rtt")
+	b.ReportMetric(float64(p99)/float64(rtt), "p99-x-rtt")
+	b.ReportMetric(float64(reqs()-reqs0)/float64(b.N), "reqs/acq")
+}
+
+// Sizes of BenchmarkHold1000.
+const (
+	leases        = 1000
+	holdTTL       = 3 * time.Second
+	renewInterval = holdTTL / 3 // dislock's default for holdTTL
+	window        = 4           // renew intervals measured per b.N
+)
+
+var holdContenders = map[string][]string{
+	"redis": {"dislock", "bsm", "redsync"},
+	"pg":    {"dislock", "ttlrow"},
+}
+
+// BenchmarkHold1000 holds 1,000 leases of a 3 s TTL, renewed every second:
+// by dislock's renewer, or by calling the library's Refresh/Extend on each
+// lock every interval, one goroutine per lock, as users of bsm/redislock and
+// redsync do. It reports, per renew interval, the commands the server
+// executed (Redis INFO commandstats; PostgreSQL xact_commit of the run's own
+// database), the client's round trips (Redis; a pipeline counts once) or
+// statements (PostgreSQL), and the client's CPU time per lock and second.
+func BenchmarkHold1000(b *testing.B) {
+	for _, s := range []string{"redis", "pg"} {
+		for _, which := range holdContenders[s] {
+			b.Run(s+"/"+which, func(b *testing.B) { hold(b, s, which) })
+		}
+	}
+}
+
+func hold(b *testing.B, s, which string) {
+	ctx := bg(b)
+	var (
+		st       *store
+		trips    func() int64
+		server   func() (int64, error)
+		settle   func() error
+		tripUnit = "client-trips/interval"
+		srvUnit  = "srv-cmds/interval"
+	)
+	if s == "redis" {
+		h := &commandCount{}
+		st = redisStore(b, h)
+		trips = h.trips.Load
+		plain := newRedis(b, st.url, nil)
+		server = func() (int64, error) { return serverCommands(ctx, plain) }
+		settle = func() error { return nil }
+	} else {
+		t := &statementCount{}
+		url := benchPG(b)
+		st = pgStore(b, url, t)
+		trips = t.n.Load
+		tripUnit, srvUnit = "client-stmts/interval", "xact-commits/interval"
+		r := newCommitReader(b, url)
+		var flushed int
+		var last int64
+		server = func() (int64, error) {
+			n, err := r.read(ctx)
+			// Between two reads the reader itself commits two transactions
+			// (the read before and the flush); the pool's flushes are counted
+			// in the later read.
+			if last != 0 {
+				n -= 2 + int64(flushed)
+			}
+			last = n
+			return n, err
+		}
+		settle = func() error {
+			n, err := flushStats(ctx, st.pool)
+			flushed = n
+			return err
+		}
+	}
+	var (
+		hctx, stop = context.WithCancel(ctx)
+		wg         sync.WaitGroup
+		refreshErr atomic.Int64
+	)
+	defer func() { stop(); wg.Wait() }()
+	keys := make([]string, leases)
+	for i := range keys {
+		keys[i] = name(which, "hold", fmt.Sprint(i))
+	}
+	if which == "dislock" {
+		var l core.Locker
+		if s == "redis" {
+			l = newDislockRedis(b, st.rdb, "")
+		} else {
+			l = newDislockPG(b, st.pool, false)
+		}
+		var next atomic.Int64
+		if _, err := parallelRun(ctx, 16, leases, func(ctx context.Context, _ int) error {
+			_, err := l.TryAcquire(ctx, keys[next.Add(1)-1], core.TTL(holdTTL))
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+	} else {
+		c := contenderFor(b, st, which)
+		var next atomic.Int64
+		if _, err := parallelRun(ctx, 16, leases, func(ctx context.Context, _ int) error {
+			refresh, err := c.lease(ctx, keys[next.Add(1)-1], holdTTL)
+			if err != nil {
+				return err
+			}
+			wg.Go(func() {
+				t := time.NewTicker(renewInterval)
+				defer t.Stop()
+				for {
+					select {
+					case <-hctx.Done():
+						return
+					case <-t.C:
+						if err := refresh(hctx); err != nil && hctx.Err() == nil {
+							refreshErr.Add(1)
+						}
+					}
+				}
+			})
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	time.Sleep(renewInterval * 3 / 2) // let renewals settle into their rhythm
+	if err := settle(); err != nil {
+		b.Fatal(err)
+	}
+	srv0, err := server()
+	if err != nil {
+		b.Fatal(err)
+	}
+	trips0, cpu0 := trips(), cpuTime()
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		time.Sleep(window * renewInterval)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	trips1, cpu1 := trips(), cpuTime()
+	if err := settle(); err != nil {
+		b.Fatal(err)
+	}
+	srv1, err := server()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if n := refreshErr.Load(); n > 0 {
+		b.Errorf("%d refreshes failed", n)
+	}
+	intervals := elapsed.Seconds() / renewInterval.Seconds()
+	b.ReportMetric(float64(srv1-srv0)/intervals, srvUnit)
+	b.ReportMetric(float64(trips1-trips0)/intervals, tripUnit)
+	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/(leases*elapsed.Seconds()), "cpu-µs/lock·s")
+	rtt := meanRTT(ctx, b, st.rt, 200)
+	b.ReportMetric(float64(rtt.Microseconds()), "rtt-µs")
+}

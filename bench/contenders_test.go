@@ -1,0 +1,410 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	bsm "github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/pg"
+	"github.com/dislock/dislock/redislock"
+)
+
+// unlockFunc releases a lock a contender took.
+type unlockFunc func(ctx context.Context) error
+
+// contender is one lock implementation as a benchmark drives it.
+type contender struct {
+	// try makes one attempt; errBusy when the lock is held elsewhere.
+	try func(ctx context.Context, key string) (unlockFunc, error)
+	// wait blocks until the lock is held, the way the library's users
+	// wait; nil when the library has no way to wait.
+	wait func(ctx context.Context, key string) (unlockFunc, error)
+	// lease takes a lock of the given TTL for a caller that extends it
+	// itself, lock by lock (libraries without batched renewal); nil for
+	// dislock, which renews on its own.
+	lease func(ctx context.Context, key string, ttl time.Duration) (refresh func(ctx context.Context) error, err error)
+}
+
+// store is what the contenders of one server share in one benchmark.
+type store struct {
+	name string // "pg" or "redis"
+	url  string
+	rt   roundTrip
+	pool *pgxpool.Pool
+	rdb  *redis.Client
+}
+
+// redisStore connects to the benchmark's Redis; hook may be nil.
+func redisStore(tb testing.TB, hook redis.Hook) *store {
+	tb.Helper()
+	url := serverURL(tb, "redis")
+	cleanRedisAtExit(url)
+	c := newRedis(tb, url, hook)
+	return &store{name: "redis", url: url, rt: redisPing(c), rdb: c}
+}
+
+// pgStore connects to the benchmark's PostgreSQL database; tracer may be nil.
+func pgStore(tb testing.TB, url string, tracer pgx.QueryTracer) *store {
+	tb.Helper()
+	p := newPool(tb, url, pgConns, tracer)
+	return &store{name: "pg", url: url, rt: pgSelect1(p), pool: p}
+}
+
+// Names of the contenders, by store.
+var (
+	redisContenders = []string{"dislock", "bsm", "redsync", "raw"}
+	pgContenders    = []string{"dislock", "dislock-async", "ttlrow", "advisory"}
+)
+
+// contenderFor builds the named contender on st. Its locks live under keys
+// of this run only; everything it opens closes at the end of tb.
+func contenderFor(tb testing.TB, st *store, which string) *contender {
+	tb.Helper()
+	switch st.name + "/" + which {
+	case "redis/dislock":
+		return dislockContender(tb, newDislockRedis(tb, st.rdb, ""))
+	case "redis/bsm":
+		return bsmContender(st.rdb)
+	case "redis/redsync":
+		return redsyncContender(st.rdb)
+	case "redis/raw":
+		return rawRedisContender(st.rdb)
+	case "pg/dislock":
+		return dislockContender(tb, newDislockPG(tb, st.pool, false))
+	case "pg/dislock-async":
+		return dislockContender(tb, newDislockPG(tb, st.pool, true))
+	case "pg/ttlrow":
+		return ttlRowContender(tb, st.pool)
+	case "pg/advisory":
+		return advisoryContender(st.pool)
+	}
+	tb.Fatalf("no contender %s/%s", st.name, which)
+	return nil
+}
+
+// ---- dislock ----
+
+// newDislockRedis returns a dislock Locker on c. Lockers made with the same
+// tag in one run see each other's locks.
+func newDislockRedis(tb testing.TB, c redis.UniversalClient, tag string) *core.Client {
+	tb.Helper()
+	l, err := redislock.New(c, redislock.WithPrefix(name("dislock", tag)))
+	if err != nil {
+		tb.Fatalf("redislock.New: %v", err)
+	}
+	tb.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// newDislockPG returns a dislock Locker on pool, on a table of this run
+// (created on first use; the run's database is dropped at exit).
+func newDislockPG(tb testing.TB, pool *pgxpool.Pool, async bool) *core.Client {
+	tb.Helper()
+	table := name("dislock_locks")
+	opts := []pg.Option{pg.WithTable(table), pg.WithAutoMigrate()}
+	if async {
+		opts = append(opts, pg.WithAsyncCommit())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := pg.New(ctx, pool, opts...)
+	if err != nil {
+		tb.Fatalf("pg.New: %v", err)
+	}
+	dropTableAtExit(pool.Config().ConnString(), table)
+	tb.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func dislockContender(tb testing.TB, l core.Locker) *contender {
+	tb.Helper()
+	grab := func(s core.Session, err error) (unlockFunc, error) {
+		if errors.Is(err, core.ErrNotAcquired) {
+			return nil, errBusy
+		}
+		if err != nil {
+			return nil, err
+		}
+		return s.Release, nil
+	}
+	return &contender{
+		try: func(ctx context.Context, key string) (unlockFunc, error) {
+			return grab(l.TryAcquire(ctx, key, core.TTL(ttl)))
+		},
+		wait: func(ctx context.Context, key string) (unlockFunc, error) {
+			return grab(l.Acquire(ctx, key, core.TTL(ttl)))
+		},
+	}
+}
+
+// ---- github.com/bsm/redislock ----
+
+// bsmRetry is the polling interval of waiting bsm/redislock callers.
+const bsmRetry = 10 * time.Millisecond
+
+func bsmContender(c *redis.Client) *contender {
+	cl := bsm.New(c)
+	prefix := name("bsm") + ":"
+	obtain := func(ctx context.Context, key string, opt *bsm.Options) (unlockFunc, error) {
+		l, err := cl.Obtain(ctx, prefix+key, ttl, opt)
+		if errors.Is(err, bsm.ErrNotObtained) {
+			return nil, errBusy
+		}
+		if err != nil {
+			return nil, err
+		}
+		return l.Release, nil
+	}
+	return &contender{
+		try: func(ctx context.Context, key string) (unlockFunc, error) {
+			return obtain(ctx, key, nil)
+		},
+		wait: func(ctx context.Context, key string) (unlockFunc, error) {
+			// Obtain retries until ctx's deadline (or the TTL without one).
+			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			return obtain(ctx, key, &bsm.Options{RetryStrategy: bsm.LinearBackoff(bsmRetry)})
+		},
+		lease: func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
+			l, err := cl.Obtain(ctx, prefix+key, ttl, nil)
+			if err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context) error { return l.Refresh(ctx, ttl, nil) }, nil
+		},
+	}
+}
+
+// ---- github.com/go-redsync/redsync/v4 ----
+
+func redsyncContender(c *redis.Client) *contender {
+	rs := redsync.New(goredis.NewPool(c))
+	prefix := name("redsync") + ":"
+	lock := func(ctx context.Context, m *redsync.Mutex, tries int) (unlockFunc, error) {
+		var err error
+		if tries == 1 {
+			err = m.TryLockContext(ctx)
+		} else {
+			err = m.LockContext(ctx)
+		}
+		if err != nil {
+			if redsyncBusy(err) {
+				return nil, errBusy
+			}
+			return nil, err
+		}
+		return func(ctx context.Context) error { _, err := m.UnlockContext(ctx); return err }, nil
+	}
+	return &contender{
+		try: func(ctx context.Context, key string) (unlockFunc, error) {
+			return lock(ctx, rs.NewMutex(prefix+key, redsync.WithExpiry(ttl), redsync.WithTries(1)), 1)
+		},
+		wait: func(ctx context.Context, key string) (unlockFunc, error) {
+			// The library's defaults: 32 tries, 50–250 ms apart; callers
+			// that must get the lock call Lock again when they run out.
+			for {
+				u, err := lock(ctx, rs.NewMutex(prefix+key, redsync.WithExpiry(ttl)), 0)
+				if !errors.Is(err, errBusy) || ctx.Err() != nil {
+					return u, err
+				}
+			}
+		},
+		lease: func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
+			m := rs.NewMutex(prefix+key, redsync.WithExpiry(ttl), redsync.WithTries(1))
+			if err := m.TryLockContext(ctx); err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context) error {
+				ok, err := m.ExtendContext(ctx)
+				if err == nil && !ok {
+					err = redsync.ErrExtendFailed
+				}
+				return err
+			}, nil
+		},
+	}
+}
+
+func redsyncBusy(err error) bool {
+	var taken *redsync.ErrTaken
+	var nodeTaken *redsync.ErrNodeTaken
+	return errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken) || errors.As(err, &nodeTaken)
+}
+
+// ---- raw SET NX PX + DEL ----
+
+func rawRedisContender(c *redis.Client) *contender {
+	prefix := name("raw") + ":"
+	return &contender{
+		try: func(ctx context.Context, key string) (unlockFunc, error) {
+			k := prefix + key
+			ok, err := c.SetNX(ctx, k, "1", ttl).Result()
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				return nil, errBusy
+			}
+			// Not owner-checked: the floor a lock could reach, not a lock.
+			return func(ctx context.Context) error { return c.Del(ctx, k).Err() }, nil
+		},
+	}
+}
+
+// ---- plain TTL row: INSERT … ON CONFLICT DO UPDATE … WHERE expired; DELETE ----
+
+// ttlRowPoll is the polling interval of waiting TTL-row callers.
+const ttlRowPoll = 10 * time.Millisecond
+
+func ttlRowTable(tb testing.TB, pool *pgxpool.Pool) string {
+	tb.Helper()
+	table := pgx.Identifier{name("ttl_row")}.Sanitize()
+	_, err := pool.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS `+table+` (
+	key       text PRIMARY KEY,
+	owner     text NOT NULL,
+	expire_at timestamptz NOT NULL
+)`)
+	if err != nil {
+		tb.Fatalf("create TTL-row table: %v", err)
+	}
+	dropTableAtExit(pool.Config().ConnString(), name("ttl_row"))
+	return table
+}
+
+func ttlRowContender(tb testing.TB, pool *pgxpool.Pool) *contender {
+	tb.Helper()
+	table := ttlRowTable(tb, pool)
+	acquire := `INSERT INTO ` + table + ` AS t (key, owner, expire_at)
+VALUES ($1, $2, now() + $3 * interval '1 millisecond')
+ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expire_at = excluded.expire_at
+WHERE t.expire_at < now()`
+	release := `DELETE FROM ` + table + ` WHERE key = $1 AND owner = $2`
+	extend := `UPDATE ` + table + ` SET expire_at = now() + $3 * interval '1 millisecond'
+WHERE key = $1 AND owner = $2`
+	try := func(ctx context.Context, key string) (unlockFunc, error) {
+		owner := rand.Text()
+		tag, err := pool.Exec(ctx, acquire, key, owner, ttl.Milliseconds())
+		if err != nil {
+			return nil, err
+		}
+		if tag.RowsAffected() != 1 {
+			return nil, errBusy
+		}
+		return func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, release, key, owner)
+			return err
+		}, nil
+	}
+	return &contender{
+		try: try,
+		lease: func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
+			owner := rand.Text()
+			tag, err := pool.Exec(ctx, acquire, key, owner, ttl.Milliseconds())
+			if err != nil {
+				return nil, err
+			}
+			if tag.RowsAffected() != 1 {
+				return nil, errBusy
+			}
+			return func(ctx context.Context) error {
+				tag, err := pool.Exec(ctx, extend, key, owner, ttl.Milliseconds())
+				if err == nil && tag.RowsAffected() != 1 {
+					err = fmt.Errorf("TTL row %q lost", key)
+				}
+				return err
+			}, nil
+		},
+		wait: func(ctx context.Context, key string) (unlockFunc, error) {
+			for {
+				u, err := try(ctx, key)
+				if !errors.Is(err, errBusy) {
+					return u, err
+				}
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(ttlRowPoll):
+				}
+			}
+		},
+	}
+}
+
+// ---- pg_try_advisory_lock / pg_advisory_lock (session-level) ----
+
+func advisoryContender(pool *pgxpool.Pool) *contender {
+	// The lock lives as long as the connection that took it, so a holder
+	// keeps a connection of the pool until it unlocks.
+	take := func(ctx context.Context, key, fn string) (unlockFunc, error) {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var ok bool
+		if fn == "pg_advisory_lock" {
+			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", key)
+			ok = err == nil
+		} else {
+			err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key).Scan(&ok)
+		}
+		if err != nil || !ok {
+			conn.Release()
+			if err == nil {
+				err = errBusy
+			}
+			return nil, err
+		}
+		return func(ctx context.Context) error {
+			defer conn.Release()
+			var released bool
+			if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key).Scan(&released); err != nil {
+				return err
+			}
+			if !released {
+				return fmt.Errorf("advisory lock %q was not held", key)
+			}
+			return nil
+		}, nil
+	}
+	return &contender{
+		try: func(ctx context.Context, key string) (unlockFunc, error) {
+			return take(ctx, key, "pg_try_advisory_lock")
+		},
+		wait: func(ctx context.Context, key string) (unlockFunc, error) { return take(ctx, key, "pg_advisory_lock") },
+	}
+}
+
+var droppedTables = map[string]bool{}
+
+// dropTableAtExit drops table (unquoted name) at exit, in case the run's
+// private database could not be made.
+func dropTableAtExit(connString, table string) {
+	run.mu.Lock()
+	seen := droppedTables[table]
+	droppedTables[table] = true
+	run.mu.Unlock()
+	if seen {
+		return
+	}
+	atExit(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, connString)
+		if err != nil {
+			return // the database is gone with the run
+		}
+		defer conn.Close(ctx)
+		_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+	})
+}

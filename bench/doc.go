@@ -1,0 +1,14 @@
+// Package bench compares dislock with the locks people use today, on the
+// same servers and in the same run: github.com/bsm/redislock and
+// github.com/go-redsync/redsync/v4 on Redis; a plain two-statement TTL-row
+// lock and pg_try_advisory_lock on PostgreSQL; and the raw round trip of each
+// server (Redis PING, PostgreSQL SELECT 1).
+//
+// Every benchmark reports its result as a ratio to the raw round trip it
+// measured itself (the x-rtt metric), so numbers from different machines can
+// be compared. It is a module of its own so that the competitors stay out of
+// dislock users' builds. Run it all with scripts/bench.sh at the repository
+// root; BENCHMARKS.md holds the numbers and how to read them.
+//
+// The package has no code of its own: everything is in its tests.
+package bench

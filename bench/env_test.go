@@ -1,0 +1,391 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// errBusy is returned by a contender's try when the lock is held elsewhere.
+var errBusy = errors.New("bench: lock busy")
+
+// Sizes shared by the benchmarks.
+const (
+	ttl         = 30 * time.Second // lease TTL where renewal plays no part
+	parallelism = 64               // goroutines of the parallel benchmarks
+	waiters     = 16               // goroutines on the hot key of the hand-off benchmark
+	holdFor     = time.Millisecond // how long each hand-off holder keeps the lock
+	pgConns     = 16               // PostgreSQL pool size, the same for every contender
+	redisConns  = 64               // go-redis pool size, the same for every contender
+)
+
+// run holds what one test binary run shares: a unique name for its keys and
+// tables, and the cleanups TestMain runs at the end.
+var run struct {
+	id       string
+	mu       sync.Mutex
+	cleanups []func()
+	pgOnce   sync.Once
+	pgURL    string // the database this run's benchmarks use
+	pgNote   string
+}
+
+func TestMain(m *testing.M) {
+	run.id = "dlbench_" + strings.ToLower(rand.Text()[:8])
+	code := m.Run()
+	run.mu.Lock()
+	for i := len(run.cleanups) - 1; i >= 0; i-- {
+		run.cleanups[i]()
+	}
+	run.mu.Unlock()
+	os.Exit(code)
+}
+
+func atExit(f func()) {
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	run.cleanups = append(run.cleanups, f)
+}
+
+// name returns a name unique to this run, for keys, prefixes and tables.
+func name(parts ...string) string {
+	return run.id + "_" + strings.Join(parts, "_")
+}
+
+// serverURL returns the URL of the server a benchmark uses: DISLOCK_BENCH_PG /
+// DISLOCK_BENCH_REDIS when set (scripts/bench.sh points the latter at a
+// private redis-server, so that INFO commandstats counts only this run),
+// else the test servers of testenv.
+func serverURL(tb testing.TB, store string) string {
+	tb.Helper()
+	env := "DISLOCK_BENCH_" + strings.ToUpper(store)
+	if u := os.Getenv(env); u != "" {
+		return u
+	}
+	if store == "pg" {
+		return testenv.PG(tb)
+	}
+	return testenv.Redis(tb)
+}
+
+// benchPG returns the URL of a database private to this run, created on
+// first use and dropped at exit, so that pg_stat_database counts only this
+// run's transactions. Without the privilege to create one it falls back to
+// the server's test database, and says so.
+func benchPG(tb testing.TB) string {
+	tb.Helper()
+	base := serverURL(tb, "pg")
+	run.pgOnce.Do(func() {
+		run.pgURL = base
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			run.pgNote = "cannot connect: " + err.Error()
+			return
+		}
+		defer conn.Close(ctx)
+		db := pgx.Identifier{run.id}.Sanitize()
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+			run.pgNote = "no private database (" + err.Error() + "): xact_commit deltas include other clients of the test database"
+			return
+		}
+		u, err := url.Parse(base)
+		if err != nil {
+			return
+		}
+		u.Path = "/" + run.id
+		run.pgURL = u.String()
+		atExit(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, base)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "bench: drop database %s: %v\n", db, err)
+				return
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)"); err != nil {
+				fmt.Fprintf(os.Stderr, "bench: drop database %s: %v\n", db, err)
+			}
+		})
+	})
+	if run.pgNote != "" {
+		tb.Log(run.pgNote)
+	}
+	return run.pgURL
+}
+
+// newPool returns a pool of size conns on url, closed at the end of tb. A
+// non-nil tracer counts its statements.
+func newPool(tb testing.TB, url string, conns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatalf("pg URL: %v", err)
+	}
+	cfg.MaxConns = conns
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pg pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	if err := pool.Ping(context.Background()); err != nil {
+		tb.Fatalf("pg ping: %v", err)
+	}
+	return pool
+}
+
+// newRedis returns a client on url with a pool of redisConns, closed at the
+// end of tb. A non-nil hook counts its commands and round trips.
+func newRedis(tb testing.TB, url string, hook redis.Hook) *redis.Client {
+	tb.Helper()
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		tb.Fatalf("redis URL: %v", err)
+	}
+	opt.PoolSize = redisConns
+	c := redis.NewClient(opt)
+	if hook != nil {
+		c.AddHook(hook)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		tb.Fatalf("redis ping: %v", err)
+	}
+	return c
+}
+
+// deleteKeys removes this run's Redis keys (SCAN, never KEYS or FLUSHALL).
+func deleteKeys(url string) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, run.id+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			c.Unlink(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		c.Unlink(ctx, batch...)
+	}
+}
+
+var redisCleanup sync.Map // url -> struct{}
+
+// cleanRedisAtExit removes this run's keys from the server at url at exit.
+func cleanRedisAtExit(url string) {
+	if _, loaded := redisCleanup.LoadOrStore(url, struct{}{}); !loaded {
+		atExit(func() { deleteKeys(url) })
+	}
+}
+
+// roundTrip is one raw round trip of a store.
+type roundTrip func(ctx context.Context) error
+
+func redisPing(c *redis.Client) roundTrip {
+	return func(ctx context.Context) error { return c.Ping(ctx).Err() }
+}
+
+func pgSelect1(p *pgxpool.Pool) roundTrip {
+	return func(ctx context.Context) error {
+		var n int
+		return p.QueryRow(ctx, "SELECT 1").Scan(&n)
+	}
+}
+
+// meanRTT runs n sequential round trips and returns their mean.
+func meanRTT(ctx context.Context, tb testing.TB, rt roundTrip, n int) time.Duration {
+	tb.Helper()
+	start := time.Now()
+	for range n {
+		if err := rt(ctx); err != nil {
+			tb.Fatalf("round trip: %v", err)
+		}
+	}
+	return time.Since(start) / time.Duration(n)
+}
+
+// parallelRun runs total calls of fn on g goroutines and returns the wall
+// time. fn gets the goroutine's index.
+func parallelRun(ctx context.Context, g, total int, fn func(ctx context.Context, worker int) error) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, g)
+	start := time.Now()
+	for w := range g {
+		wg.Go(func() {
+			for next.Add(1) <= int64(total) {
+				if err := fn(ctx, w); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), errors.Join(errs...)
+}
+
+// percentile returns the p-th percentile (0 < p <= 100) of sorted ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	i := int(float64(len(ds))*p/100+0.5) - 1
+	i = max(0, min(i, len(ds)-1))
+	return ds[i]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// cpuTime is this process's user+system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// commandCount counts a go-redis client's commands and round trips (a
+// pipeline is one round trip).
+type commandCount struct {
+	cmds, trips atomic.Int64
+}
+
+func (h *commandCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *commandCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cmds.Add(1)
+		h.trips.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *commandCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.cmds.Add(int64(len(cmds)))
+		h.trips.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// statementCount counts the statements a pgx pool sends.
+type statementCount struct{ n atomic.Int64 }
+
+func (t *statementCount) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	t.n.Add(1)
+	return ctx
+}
+
+func (t *statementCount) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// serverCommands returns the total calls in INFO commandstats, not counting
+// INFO itself.
+func serverCommands(ctx context.Context, c *redis.Client) (int64, error) {
+	s, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for line := range strings.Lines(s) {
+		line = strings.TrimSpace(line)
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(field, "calls="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("commandstats %q: %w", line, err)
+				}
+				total += n
+			}
+		}
+	}
+	return total, nil
+}
+
+// commitReader reads pg_stat_database.xact_commit of its database through a
+// connection of its own.
+type commitReader struct {
+	conn  *pgx.Conn
+	reads int // transactions this reader committed since its first read
+}
+
+func newCommitReader(tb testing.TB, url string) *commitReader {
+	tb.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		tb.Fatalf("pg connect: %v", err)
+	}
+	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "SET stats_fetch_consistency = none"); err != nil {
+		tb.Fatalf("pg: %v", err)
+	}
+	return &commitReader{conn: conn}
+}
+
+// flush makes the idle connections of pool publish their pending
+// statistics, and returns how many transactions that took.
+func flushStats(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for _, c := range conns {
+		if _, err := c.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+			return 0, err
+		}
+	}
+	return len(conns), nil
+}
+
+// read returns the database's committed transactions. Its own statements
+// are counted in reads so callers can take them out of a delta.
+func (r *commitReader) read(ctx context.Context) (int64, error) {
+	if _, err := r.conn.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := r.conn.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&n)
+	r.reads += 2
+	return n, err
+}
+
+func sortDurations(ds []time.Duration) []time.Duration {
+	slices.Sort(ds)
+	return ds
+}

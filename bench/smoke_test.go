@@ -1,0 +1,49 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestSmoke checks that every contender acquires and releases once against
+// the real servers (the benchmarks themselves only run under -bench), and
+// that a second try on a held key reads as busy.
+func TestSmoke(t *testing.T) {
+	for _, s := range []string{"redis", "pg"} {
+		for _, which := range all[s] {
+			t.Run(s+"/"+which, func(t *testing.T) {
+				var st *store
+				if s == "redis" {
+					st = redisStore(t, nil)
+				} else {
+					st = pgStore(t, serverURL(t, "pg"), nil)
+				}
+				c := contenderFor(t, st, which)
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				key := name(which, "smoke")
+				u, err := c.try(ctx, key)
+				if err != nil {
+					t.Fatalf("try: %v", err)
+				}
+				if _, err := contenderFor(t, st, which).try(ctx, key); !errors.Is(err, errBusy) {
+					t.Errorf("second try on a held key: %v, want busy", err)
+				}
+				if err := u(ctx); err != nil {
+					t.Fatalf("release: %v", err)
+				}
+				if c.wait != nil {
+					u, err := c.wait(ctx, key)
+					if err != nil {
+						t.Fatalf("wait: %v", err)
+					}
+					if err := u(ctx); err != nil {
+						t.Fatalf("release after wait: %v", err)
+					}
+				}
+			})
+		}
+	}
+}
