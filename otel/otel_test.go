@@ -775,34 +775,16 @@ func TestConformance(t *testing.T) {
 	store := memlock.NewStore()
 	const ttl = 600 * time.Millisecond
 	locktest.Run(t, locktest.Harness{
-		NewBackend: func(testing.TB) core.Backend { return store.Backend() },
-		// The suite builds each Locker itself; rebuild it over the same
-		// backend connection with the observer installed.
-		Wrap: func(l core.Locker) core.Locker {
-			c := l.(*core.Client)
-			oc, err := core.New(c.Backend(), core.WithDefaults(core.TTL(ttl)), core.WithObserver(f.obs))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return observed{oc, c}
-		},
-		Steal:  func(_ context.Context, key string) error { store.Steal(key); return nil },
-		Delete: func(_ context.Context, key string) error { store.Delete(key); return nil },
-		TTL:    ttl,
+		NewBackend:    func(testing.TB) core.Backend { return store.Backend() },
+		ClientOptions: []core.ClientOption{core.WithObserver(f.obs)},
+		Steal:         func(_ context.Context, key string) error { store.Steal(key); return nil },
+		Delete:        func(_ context.Context, key string) error { store.Delete(key); return nil },
+		TTL:           ttl,
 	})
 	if len(f.spans(dlotel.SpanAcquire)) == 0 || len(f.spans(dlotel.SpanLeaseLost)) == 0 {
 		t.Error("the suite ran without the observer seeing acquisitions and losses")
 	}
 }
-
-// observed is a Client built with the observer; Close also closes the
-// Client the suite built and handed to Wrap.
-type observed struct {
-	*core.Client
-	orig *core.Client
-}
-
-func (o observed) Close() error { return errors.Join(o.Client.Close(), o.orig.Close()) }
 
 func TestStdoutExporter(t *testing.T) {
 	var buf bytes.Buffer
