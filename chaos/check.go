@@ -144,8 +144,9 @@ type fault struct {
 //     write of the counter no other hold writes it, unless the two holds'
 //     overlap is one the first rule allows.
 //   - A holder acts only inside its hold: counter writes happen before End.
-//   - A loss is signalled no later than the final local deadline plus
-//     LossSlack, and a holder that saw its deadline pass saw the signal.
+//   - A loss is signalled no later than LossSlack after the final local
+//     deadline (or after acquire-ok, for a session whose acquisition outlasted
+//     its renew deadline), and a holder that saw its deadline pass saw the signal.
 //   - After the Healed event every contender acquires again, no key is held
 //     after the run, and every hold and contender finished.
 func Check(h History, cfg Config) Report {
@@ -239,11 +240,14 @@ func Check(h History, cfg Config) Report {
 			rep.Violations = append(rep.Violations, Violation{Rule: RuleUnfinished, Key: hd.Key, A: &c,
 				Detail: "the hold has no hold-end: its contender never finished with it"})
 		}
-		if hd.lost && hd.LostAt > hd.Deadline+cfg.LossSlack {
+		// A session whose acquisition took longer than the renew deadline
+		// is born expired; its loss is due at once.
+		due := max(hd.Deadline, hd.OK)
+		if hd.lost && hd.LostAt > due+cfg.LossSlack {
 			c := *hd
 			rep.Violations = append(rep.Violations, Violation{Rule: RuleLossLate, Key: hd.Key, A: &c,
-				Detail: fmt.Sprintf("loss signalled %v after the local deadline (allowed %v)",
-					(hd.LostAt - hd.Deadline).Round(time.Millisecond), cfg.LossSlack)})
+				Detail: fmt.Sprintf("loss signalled %v after it was due (allowed %v)",
+					(hd.LostAt - due).Round(time.Millisecond), cfg.LossSlack)})
 		}
 	}
 

@@ -1,0 +1,285 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/pg"
+	"github.com/dislock/dislock/redislock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+const pgTable = "dislock_chaos_locks"
+
+// directPool connects to PostgreSQL without the proxy.
+func directPool(t testing.TB, u *url.URL, app string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatalf("parse PostgreSQL URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("connect to PostgreSQL: %v", err)
+	}
+	return pool
+}
+
+// proxiedPGConfig is a pool configuration through the proxy, with the
+// sentinel password in its URL.
+func proxiedPGConfig(t testing.TB, u *url.URL, px *Proxy, app string) *pgxpool.Config {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(viaProxy(u, px.Addr(), "", sentinelPW))
+	if err != nil {
+		t.Fatalf("parse proxied URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.ConnConfig.ConnectTimeout = time.Second
+	cfg.MaxConns = 4
+	return cfg
+}
+
+func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
+	u := pgURL(t)
+	px, err := h.Add("pg", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := "dislock-chaos-" + strings.TrimSuffix(prefix, "-")
+	ctx := context.Background()
+	direct := directPool(t, u, "dislock-chaos-direct")
+	adminB, err := pg.NewBackend(ctx, direct, pg.WithTable(pgTable), pg.WithAutoMigrate())
+	if err != nil {
+		t.Fatalf("lock table: %v", err)
+	}
+	admin, err := core.New(adminB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := newRegister(ctx, direct, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &backendEnv{name: "pg", proxy: px, admin: admin, reg: reg, keyPrefix: prefix}
+	env.newLocker = func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
+		pool, err := pgxpool.NewWithConfig(ctx, proxiedPGConfig(t, u, px, app))
+		if err != nil {
+			return nil, nil, err
+		}
+		l, err := pg.New(ctx, pool, pg.WithTable(pgTable), pg.WithClientOptions(opts...))
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		return l, func() error { err := l.Close(); pool.Close(); return err }, nil
+	}
+	env.deleteKeys = func(ctx context.Context, keys []string) error {
+		_, err := direct.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys)
+		return err
+	}
+	probeCfg := proxiedPGConfig(t, u, px, app).ConnConfig
+	env.probe = func(ctx context.Context) error {
+		conn, err := pgx.ConnectConfig(ctx, probeCfg)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(ctx, "SELECT 1")
+		return err
+	}
+	env.faults = []faultDef{{name: "pg-terminate-storm", run: func(ctx context.Context, rng *mrand.Rand) error {
+		end := time.Now().Add(between(rng, 500*time.Millisecond, 2*time.Second))
+		for time.Now().Before(end) && ctx.Err() == nil {
+			if _, err := direct.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil && ctx.Err() == nil {
+				return fmt.Errorf("terminate backends: %w", err)
+			}
+			sleepCtx(ctx, 100*time.Millisecond)
+		}
+		return nil
+	}}}
+	env.close = func() {
+		_ = admin.Close()
+		direct.Close()
+	}
+	return env
+}
+
+// redisTarget is the Redis server a run uses: a private redis-server with
+// the sentinel as its password when the binary is there, else the shared
+// test server (no restart fault, pauses kept short).
+type redisTarget struct {
+	srv  *redisServer
+	addr string
+	pass string
+	base *url.URL
+}
+
+func newRedisTarget(t *testing.T) *redisTarget {
+	if srv := startRedis(t, sentinelPW); srv != nil {
+		u, _ := url.Parse("redis://127.0.0.1/0")
+		u.Host = srv.addr()
+		return &redisTarget{srv: srv, addr: srv.addr(), pass: sentinelPW, base: u}
+	}
+	u := redisURL(t)
+	pass, _ := u.User.Password()
+	return &redisTarget{addr: u.Host, pass: pass, base: u}
+}
+
+func (rt *redisTarget) directClient() *redis.Client {
+	opts, _ := redis.ParseURL(rt.base.String())
+	opts.Addr = rt.addr
+	opts.Password = rt.pass
+	return redis.NewClient(opts)
+}
+
+// proxiedOptions are client options through the proxy, parsed from a URL
+// that carries the sentinel password (as the server's password when the
+// server is private).
+func (rt *redisTarget) proxiedOptions(t testing.TB, px *Proxy) *redis.Options {
+	t.Helper()
+	raw := viaProxy(rt.base, px.Addr(), "", sentinelPW)
+	if rt.pass != sentinelPW {
+		// A shared server without that password: keep its own credentials.
+		c := *rt.base
+		c.Host = px.Addr()
+		raw = c.String()
+	}
+	opts, err := redis.ParseURL(raw)
+	if err != nil {
+		t.Fatalf("parse proxied Redis URL: %v", err)
+	}
+	opts.ContextTimeoutEnabled = true
+	opts.DialTimeout = 500 * time.Millisecond
+	opts.ReadTimeout = time.Second
+	opts.WriteTimeout = time.Second
+	opts.PoolSize = 4
+	return opts
+}
+
+func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
+	rt := newRedisTarget(t)
+	px, err := h.Add("redis", rt.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rprefix := "dislock-" + strings.TrimSuffix(prefix, "-")
+	direct := rt.directClient()
+	admin, err := redislock.New(direct, redislock.WithPrefix(rprefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &backendEnv{name: "redis", proxy: px, admin: admin, keyPrefix: prefix}
+	if u, ok := optionalPG(); ok {
+		pool := directPool(t, u, "dislock-chaos-direct")
+		reg, err := newRegister(ctx, pool, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.reg = reg
+	}
+	env.newLocker = func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
+		client := redis.NewClient(rt.proxiedOptions(t, px))
+		l, err := redislock.New(client, redislock.WithPrefix(rprefix), redislock.WithSubscribeTimeout(time.Second),
+			redislock.WithClientOptions(opts...))
+		if err != nil {
+			client.Close()
+			return nil, nil, err
+		}
+		return l, func() error { err := l.Close(); return errors.Join(err, client.Close()) }, nil
+	}
+	env.deleteKeys = func(ctx context.Context, keys []string) error {
+		for _, k := range keys {
+			if err := direct.Del(ctx, rprefix+":{"+k+"}").Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	probe := redis.NewClient(rt.proxiedOptions(t, px))
+	env.probe = func(ctx context.Context) error { return probe.Ping(ctx).Err() }
+	maxPause := 300 * time.Millisecond
+	if rt.srv != nil {
+		maxPause = 2 * time.Second
+	}
+	env.faults = []faultDef{{name: "redis-client-pause", run: func(ctx context.Context, rng *mrand.Rand) error {
+		d := between(rng, 100*time.Millisecond, maxPause)
+		if err := direct.Do(ctx, "CLIENT", "PAUSE", d.Milliseconds(), "ALL").Err(); err != nil {
+			return fmt.Errorf("client pause: %w", err)
+		}
+		sleepCtx(ctx, d)
+		return nil
+	}}}
+	if rt.srv != nil {
+		env.faults = append(env.faults, faultDef{name: "redis-restart-empty", stateLoss: true, run: func(ctx context.Context, rng *mrand.Rand) error {
+			rt.srv.kill()
+			sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
+			return rt.srv.start()
+		}})
+	}
+	env.close = func() {
+		_ = admin.Close()
+		_ = probe.Close()
+		_ = direct.Close()
+		if env.reg != nil {
+			env.reg.pool.Close()
+		}
+	}
+	return env
+}
+
+// optionalPG returns the PostgreSQL URL when the server answers (the
+// Redis run uses it only for the fenced register).
+func optionalPG() (*url.URL, bool) {
+	u, err := serverURL("DISLOCK_TEST_PG", defaultPG, "5432")
+	return u, err == nil
+}
+
+func TestChaosPG(t *testing.T) {
+	pgURL(t)
+	for i, seed := range seeds() {
+		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
+			runChaos(t, tierRun(seed), pgSetup)
+		})
+	}
+}
+
+func TestChaosRedis(t *testing.T) {
+	for i, seed := range seeds() {
+		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
+			runChaos(t, tierRun(seed), redisSetup)
+		})
+	}
+}
+
+// seeds is one seed in the short tier and a sweep in the long one.
+func seeds() []uint64 {
+	first := firstSeed()
+	if !longTier() {
+		return []uint64{first}
+	}
+	out := []uint64{first}
+	for i := uint64(1); i < 5; i++ {
+		out = append(out, first+i*7919)
+	}
+	return out
+}
+
+func tierRun(seed uint64) runConfig {
+	cfg := shortRun(seed)
+	if longTier() {
+		cfg.contenders, cfg.keys, cfg.faultPhase = 6, 3, 60*time.Second
+	}
+	return cfg
+}

@@ -1,0 +1,580 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+)
+
+var (
+	flagLong = flag.Bool("chaos.long", false, "run the long tier (seed sweep, longer fault phases, holder pause and kill); also DISLOCK_CHAOS_LONG=1")
+	flagSeed = flag.Uint64("chaos.seed", 0, "seed of the first run (0: derived from the clock); a failure prints the seed to pass here")
+	flagOut  = flag.String("chaos.out", "", "directory for the JSON history of a failed run (default: the system's temporary directory)")
+)
+
+func longTier() bool { return *flagLong || os.Getenv("DISLOCK_CHAOS_LONG") == "1" }
+
+func firstSeed() uint64 {
+	if *flagSeed != 0 {
+		return *flagSeed
+	}
+	return uint64(time.Now().UnixNano())
+}
+
+// sentinelPW is put into every URL the suite builds; it must never show up
+// in any log, error, span, metric or history.
+const sentinelPW = "S3NTINEL-PW"
+
+// timing is the lease timing of a run's sessions.
+type timing struct {
+	ttl, interval, deadline time.Duration
+}
+
+var shortTiming = timing{ttl: 1500 * time.Millisecond, interval: 500 * time.Millisecond, deadline: time.Second}
+
+func (tm timing) options() []core.Option {
+	return []core.Option{core.TTL(tm.ttl), core.RenewInterval(tm.interval), core.RenewDeadline(tm.deadline),
+		core.Backoff(10*time.Millisecond, 200*time.Millisecond)}
+}
+
+// runConfig sizes one chaos run.
+type runConfig struct {
+	seed       uint64
+	contenders int
+	keys       int
+	faultPhase time.Duration
+	timing
+}
+
+func shortRun(seed uint64) runConfig {
+	return runConfig{seed: seed, contenders: 4, keys: 2, faultPhase: 18 * time.Second, timing: shortTiming}
+}
+
+// faultDef is one kind of fault. run applies it, keeps it for a while (never
+// past ctx) and heals it before returning.
+type faultDef struct {
+	name      string
+	stateLoss bool
+	run       func(ctx context.Context, rng *mrand.Rand) error
+}
+
+// backendEnv is what a run needs from one backend.
+type backendEnv struct {
+	name  string
+	proxy *Proxy
+	// newLocker builds a Locker of its own (own pool or client) through the
+	// proxy; the returned function closes the Locker and its pool.
+	newLocker func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error)
+	// admin inspects locks directly, not through the proxy.
+	admin core.Admin
+	// deleteKeys removes locks behind their holders' backs.
+	deleteKeys func(ctx context.Context, keys []string) error
+	// probe makes one round trip through the proxy.
+	probe func(ctx context.Context) error
+	// faults specific to this backend (server side).
+	faults []faultDef
+	// reg is the fenced register (PostgreSQL, direct); nil when unavailable.
+	reg *register
+	// keyPrefix makes this run's keys unique.
+	keyPrefix string
+	close     func()
+}
+
+// sink collects every error string and log line a run produces, for the
+// secret sweep.
+type sink struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *sink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *sink) err(err error) {
+	if err != nil {
+		fmt.Fprintf(s, "%v\n%+v\n%#v\n", err, err, err)
+	}
+}
+
+func (s *sink) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// recObserver records a contender's acquisitions and losses, with the times
+// the engine reports them, and feeds every error into the sink.
+type recObserver struct {
+	core.NopObserver
+	rec  *Recorder
+	name string
+	errs *sink
+	mu   sync.Mutex
+	ids  map[core.Session]int64
+	tok  map[string]int64
+}
+
+func newRecObserver(rec *Recorder, name string, errs *sink) *recObserver {
+	return &recObserver{rec: rec, name: name, errs: errs, ids: map[core.Session]int64{}, tok: map[string]int64{}}
+}
+
+func tokKey(key string, token uint64) string { return fmt.Sprintf("%s\x00%d", key, token) }
+
+func (o *recObserver) AcquireEnd(_ context.Context, e core.AcquireEndEvent) {
+	o.errs.err(e.Err)
+	if e.Session == nil {
+		return
+	}
+	id := o.rec.NewHold()
+	o.mu.Lock()
+	o.ids[e.Session] = id
+	o.tok[tokKey(e.Key, e.Session.Token())] = id
+	o.mu.Unlock()
+	o.rec.Add(Event{Kind: AcquireOK, Contender: o.name, Key: e.Key, Hold: id, Token: e.Session.Token(),
+		Deadline: o.rec.Since(e.Session.Deadline())})
+}
+
+func (o *recObserver) RenewEnd(_ context.Context, e core.RenewEndEvent)     { o.errs.err(e.Err) }
+func (o *recObserver) ReleaseEnd(_ context.Context, e core.ReleaseEndEvent) { o.errs.err(e.Err) }
+
+func (o *recObserver) Lost(_ context.Context, e core.LostEvent) {
+	o.errs.err(e.Err)
+	o.mu.Lock()
+	id := o.tok[tokKey(e.Key, e.Token)]
+	o.mu.Unlock()
+	o.rec.Add(Event{Kind: Lost, Contender: o.name, Key: e.Key, Hold: id, Token: e.Token, Err: errString(e.Err)})
+}
+
+func (o *recObserver) hold(s core.Session) int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.ids[s]
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// register is the fenced resource: one row per key in PostgreSQL, written
+// on a direct connection (not through the proxy) only with a token at least
+// as large as the last one it accepted.
+type register struct {
+	pool  *pgxpool.Pool
+	table string
+}
+
+func newRegister(ctx context.Context, pool *pgxpool.Pool, keys []string) (*register, error) {
+	r := &register{pool: pool, table: "dislock_chaos_register"}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS dislock_chaos_register (
+	id text PRIMARY KEY, token bigint NOT NULL, value bigint NOT NULL)`); err != nil {
+		return nil, fmt.Errorf("create register: %w", err)
+	}
+	for _, k := range keys {
+		if _, err := pool.Exec(ctx, `INSERT INTO dislock_chaos_register (id, token, value) VALUES ($1, 0, 0) ON CONFLICT (id) DO NOTHING`, k); err != nil {
+			return nil, fmt.Errorf("init register: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// write stores a write under token; seq is the register's write count
+// after it when accepted.
+func (r *register) write(ctx context.Context, key string, token uint64) (accepted bool, seq int64, err error) {
+	rows, err := r.pool.Query(ctx, `UPDATE dislock_chaos_register SET token = $2, value = value + 1 WHERE id = $1 AND token <= $2 RETURNING value`, key, int64(token))
+	if err != nil {
+		return false, 0, err
+	}
+	defer rows.Close()
+	if rows.Next() {
+		if err := rows.Scan(&seq); err != nil {
+			return false, 0, err
+		}
+		accepted = true
+	}
+	return accepted, seq, rows.Err()
+}
+
+// run is one chaos run against one backend.
+type run struct {
+	t        *testing.T
+	cfg      runConfig
+	env      *backendEnv
+	rec      *Recorder
+	errs     *sink
+	keys     []string
+	counters map[string]*atomic.Int64
+	ctx      context.Context
+}
+
+type contender struct {
+	name string
+	l    core.Locker
+	obs  *recObserver
+	rng  *mrand.Rand
+	stop func() error
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func between(rng *mrand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
+}
+
+// iteration is one acquire → critical section → release of key. It reports
+// whether the lock was acquired.
+func (r *run) iteration(c *contender, key string, timeout time.Duration) bool {
+	r.rec.Add(Event{Kind: AcquireStart, Contender: c.name, Key: key})
+	actx, cancel := context.WithTimeout(r.ctx, timeout)
+	s, err := c.l.Acquire(actx, key)
+	cancel()
+	if err != nil {
+		r.errs.err(err)
+		kind := AcquireUnknown
+		if errors.Is(err, core.ErrNotAcquired) {
+			kind = AcquireBusy
+		}
+		r.rec.Add(Event{Kind: kind, Contender: c.name, Key: key, Err: err.Error()})
+		return false
+	}
+	id := c.obs.hold(s)
+	steps := 1 + c.rng.IntN(2)
+	for range steps {
+		if !r.critical(c, s, id, key) {
+			break
+		}
+	}
+	if s.Err() == nil && !time.Now().Before(s.Deadline()) {
+		// The deadline passed: the engine must say so at once.
+		select {
+		case <-s.Done():
+		case <-time.After(lossSlack):
+			if s.Err() == nil {
+				r.rec.Add(Event{Kind: LossMissing, Contender: c.name, Key: key, Hold: id, Token: s.Token()})
+			}
+		}
+	}
+	if s.Err() == nil {
+		r.rec.Add(Event{Kind: ReleaseStart, Contender: c.name, Key: key, Hold: id, Token: s.Token()})
+		err := s.Release(context.Background())
+		r.errs.err(err)
+		r.rec.Add(Event{Kind: ReleaseEnd, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Err: errString(err)})
+	}
+	r.rec.Add(Event{Kind: HoldEnd, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Deadline: r.rec.Since(s.Deadline())})
+	return true
+}
+
+// lossSlack is how late after its local deadline a loss may be signalled:
+// the renewer's timer under the race detector on a busy 2-core machine.
+const lossSlack = 250 * time.Millisecond
+
+// critical is one step of the critical section: the unfenced
+// read-sleep-write counter, then a fenced register write. It acts only
+// while the session is held and its local deadline has not passed.
+func (r *run) critical(c *contender, s core.Session, id int64, key string) bool {
+	valid := func(now time.Time) bool { return s.Err() == nil && now.Before(s.Deadline()) }
+	if !valid(time.Now()) {
+		return false
+	}
+	ctr := r.counters[key]
+	v := ctr.Load()
+	r.rec.Add(Event{Kind: CounterRead, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Value: v})
+	sleepCtx(r.ctx, between(c.rng, 5*time.Millisecond, 40*time.Millisecond))
+	now := time.Now()
+	if !valid(now) {
+		return false
+	}
+	ctr.Store(v + 1)
+	r.rec.Add(Event{At: r.rec.Since(now), Kind: CounterWrite, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Read: v, Value: v + 1})
+	if r.env.reg != nil {
+		now = time.Now()
+		if !valid(now) {
+			return false
+		}
+		wctx, cancel := context.WithTimeout(r.ctx, 2*time.Second)
+		acc, seq, err := r.env.reg.write(wctx, key, s.Token())
+		cancel()
+		r.rec.Add(Event{Kind: FencedWrite, Contender: c.name, Key: key, Hold: id, Token: s.Token(),
+			Sent: r.rec.Since(now), Accepted: acc, Value: seq, Err: errString(err)})
+		if err != nil {
+			r.t.Errorf("fenced write on the direct connection: %v", err)
+		}
+	}
+	return true
+}
+
+// proxyFaults are the network faults every backend gets.
+func proxyFaults(px *Proxy, tm timing) []faultDef {
+	hold := func(ctx context.Context, rng *mrand.Rand, lo, hi time.Duration) {
+		sleepCtx(ctx, between(rng, lo, hi))
+	}
+	return []faultDef{
+		{name: "cut", run: func(ctx context.Context, rng *mrand.Rand) error {
+			px.Cut()
+			hold(ctx, rng, 300*time.Millisecond, 2500*time.Millisecond)
+			return px.Restore()
+		}},
+		{name: "drop-replies", run: func(ctx context.Context, rng *mrand.Rand) error {
+			rm, err := px.DropReplies()
+			if err != nil {
+				return err
+			}
+			hold(ctx, rng, 300*time.Millisecond, 2500*time.Millisecond)
+			rm()
+			return nil
+		}},
+		{name: "latency-above-ttl", run: func(ctx context.Context, rng *mrand.Rand) error {
+			rm, err := px.Latency(int((tm.ttl + between(rng, 100*time.Millisecond, 700*time.Millisecond)) / time.Millisecond))
+			if err != nil {
+				return err
+			}
+			hold(ctx, rng, time.Second, 3*time.Second)
+			rm()
+			return nil
+		}},
+		{name: "reset-peer", run: func(ctx context.Context, rng *mrand.Rand) error {
+			rm, err := px.ResetPeer()
+			if err != nil {
+				return err
+			}
+			hold(ctx, rng, 200*time.Millisecond, time.Second)
+			rm()
+			return nil
+		}},
+	}
+}
+
+// runChaos runs contenders against env's backend through its proxy while
+// faults come and go, then heals everything, checks the history and the
+// goroutines, and returns the report.
+func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv) Report {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	rng := mrand.New(mrand.NewPCG(cfg.seed, 0x5eed))
+	prefix := fmt.Sprintf("chaos-%d-", cfg.seed)
+	keys := make([]string, cfg.keys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%shot-%d", prefix, i)
+	}
+	logs := &sink{}
+	h := NewHarness(logs)
+	env := setup(t, h, keys, prefix)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := &run{t: t, cfg: cfg, env: env, rec: NewRecorder(cfg.seed), errs: logs, keys: keys,
+		counters: map[string]*atomic.Int64{}, ctx: ctx}
+	for _, k := range keys {
+		r.counters[k] = new(atomic.Int64)
+	}
+	t.Logf("%s: seed %d (rerun with -chaos.seed=%d), %d contenders, %d keys, faults for %v",
+		env.name, cfg.seed, cfg.seed, cfg.contenders, cfg.keys, cfg.faultPhase)
+
+	var cs []*contender
+	for i := range cfg.contenders {
+		name := fmt.Sprintf("%s-c%d", env.name, i)
+		obs := newRecObserver(r.rec, name, logs)
+		l, stop, err := env.newLocker(ctx, core.WithDefaults(cfg.options()...), core.WithObserver(obs),
+			core.WithReleaseTimeout(time.Second))
+		if err != nil {
+			t.Fatalf("locker %s: %v", name, err)
+		}
+		cs = append(cs, &contender{name: name, l: l, obs: obs, stop: stop,
+			rng: mrand.New(mrand.NewPCG(cfg.seed, uint64(i)+1))})
+	}
+
+	stopLoop := make(chan struct{})
+	var wg sync.WaitGroup
+	done := make([]atomic.Bool, len(cs))
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer done[i].Store(true)
+			for {
+				select {
+				case <-stopLoop:
+					// After the faults healed every contender must get a
+					// lock again.
+					deadline := time.Now().Add(8 * cfg.ttl)
+					for time.Now().Before(deadline) && ctx.Err() == nil {
+						if r.iteration(c, keys[0], 2*cfg.ttl) {
+							return
+						}
+					}
+					return
+				default:
+				}
+				r.iteration(c, keys[c.rng.IntN(len(keys))], 2*cfg.ttl)
+				sleepCtx(ctx, between(c.rng, 0, 20*time.Millisecond))
+			}
+		}()
+	}
+
+	// Fault phase: one fault at a time, with healthy gaps.
+	faults := append(proxyFaults(env.proxy, cfg.timing), env.faults...)
+	faults = append(faults, faultDef{name: "delete-locks", stateLoss: true, run: func(ctx context.Context, _ *mrand.Rand) error {
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return env.deleteKeys(dctx, keys)
+	}})
+	end := time.Now().Add(cfg.faultPhase)
+	counts := map[string]int{}
+	for time.Now().Before(end) {
+		sleepCtx(ctx, between(rng, 300*time.Millisecond, 1200*time.Millisecond))
+		f := faults[rng.IntN(len(faults))]
+		counts[f.name]++
+		r.rec.Add(Event{Kind: FaultStart, Fault: f.name, StateLoss: f.stateLoss})
+		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+		err := f.run(fctx, rng)
+		fcancel()
+		r.rec.Add(Event{Kind: FaultEnd, Fault: f.name})
+		if err != nil {
+			t.Errorf("fault %s: %v", f.name, err)
+		}
+	}
+	// Heal: the store answers through the proxy again.
+	healBy := time.Now().Add(10 * time.Second)
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		err := env.probe(pctx)
+		pcancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(healBy) {
+			t.Fatalf("the store does not answer through the proxy after the faults: %v", err)
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+	r.rec.Add(Event{Kind: Healed})
+	t.Logf("%s: faults applied: %v", env.name, counts)
+	sleepCtx(ctx, cfg.ttl)
+	close(stopLoop)
+
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(20 * cfg.ttl):
+		for i, c := range cs {
+			if !done[i].Load() {
+				r.rec.Add(Event{Kind: Stuck, Contender: c.name})
+			}
+		}
+		cancel()
+		<-finished
+	}
+	for _, c := range cs {
+		if err := c.stop(); err != nil {
+			logs.err(err)
+			t.Errorf("%s: close: %v", c.name, err)
+		}
+	}
+
+	// Nothing may stay held once every Locker closed and a TTL passed.
+	held := map[string]core.Info{}
+	until := time.Now().Add(cfg.ttl + 500*time.Millisecond)
+	for {
+		clear(held)
+		for _, k := range keys {
+			info, ok, err := env.admin.Inspect(context.Background(), k)
+			if err != nil {
+				t.Errorf("inspect %s: %v", k, err)
+			}
+			if ok {
+				held[k] = info
+			}
+		}
+		if len(held) == 0 || time.Now().After(until) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for k, info := range held {
+		r.rec.Add(Event{Kind: HeldAfterRun, Key: k, Token: info.Token})
+	}
+
+	hist := r.rec.History()
+	rep := Check(hist, Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack})
+	acquired, lost := 0, 0
+	for _, e := range hist.Events {
+		switch e.Kind {
+		case AcquireOK:
+			acquired++
+		case Lost:
+			lost++
+		}
+	}
+	t.Logf("%s: %d events, %d holds, %d losses signalled", env.name, len(hist.Events), acquired, lost)
+	if !rep.OK() {
+		path, err := hist.Dump(*flagOut, env.name)
+		if err != nil {
+			t.Logf("dump history: %v", err)
+		}
+		t.Errorf("%s: the history breaks the rules (seed %d, history in %s):\n%s", env.name, cfg.seed, path, rep)
+	}
+	if acquired < cfg.contenders*3 {
+		t.Errorf("%s: only %d acquisitions: the run exercised too little", env.name, acquired)
+	}
+
+	env.close()
+	h.Close()
+	if err := findLeaks(ignore); err != nil {
+		t.Errorf("%s: goroutines still running after the run (seed %d): %v", env.name, cfg.seed, err)
+	}
+	checkNoSecret(t, env.name+" run", logs.String(), historyText(hist))
+	return rep
+}
+
+func historyText(h History) string {
+	var b strings.Builder
+	_ = h.WriteJSON(&b)
+	return b.String()
+}
+
+// checkNoSecret fails when the sentinel password appears in any sink.
+func checkNoSecret(t *testing.T, what string, sinks ...string) {
+	t.Helper()
+	for i, s := range sinks {
+		if j := strings.Index(s, sentinelPW); j >= 0 {
+			lo, hi := max(0, j-200), min(len(s), j+200)
+			t.Errorf("%s: sink %d contains the sentinel password: …%s…", what, i, s[lo:hi])
+		}
+	}
+}
+
+// findLeaks waits up to 10s for the run's goroutines to end (closed
+// connections wind down asynchronously) and reports those still running.
+func findLeaks(opts ...goleak.Option) error {
+	var err error
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+		if err = goleak.Find(opts...); err == nil {
+			return nil
+		}
+	}
+	return err
+}
