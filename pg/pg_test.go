@@ -376,3 +376,37 @@ func TestOpenKeepsSecrets(t *testing.T) {
 		}
 	}
 }
+
+// Rule: Open owns its pool and Backend.Close closes it (goleak in TestMain
+// catches a pool left running); SchemaSQL is what Migrate runs.
+func TestOpenAndSchemaSQL(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	ctx := ctxT(t)
+	b, err := pg.Open(ctx, testenv.PG(t), pg.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := core.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := l.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Release(ctx)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sql, err := pg.SchemaSQL("app.locks", false, true)
+	if err != nil || !strings.Contains(sql, `CREATE UNLOGGED TABLE IF NOT EXISTS "app"."locks"`) || !strings.Contains(sql, "timestamptz") {
+		t.Fatalf("SchemaSQL = %q, %v", sql, err)
+	}
+	if _, err := pg.SchemaSQL("bad\x00", false, false); !errors.Is(err, core.ErrInvalidOption) {
+		t.Fatalf("SchemaSQL(NUL) = %v", err)
+	}
+}
