@@ -28,12 +28,16 @@
 // lock, a fast job finishes and releases before a later scheduler's ticker
 // fires, so that scheduler runs the same tick again. Locker therefore takes
 // a slot lock (core.ForSlot) for every job whose schedule it knows: at most
-// one run starts per slot of the schedule, the lock is kept until the slot
-// ends, and the slot is computed on the lock store's clock, so the
-// schedulers' own clocks do not matter. A start up to the slot tolerance
-// (default: 1s or half a slot, whichever is shorter) early belongs to the
-// coming slot. Starts that spread over less than that tolerance around a
-// slot boundary therefore count as one tick.
+// one run starts per slot of the schedule, and the lock is kept until the
+// slot is over, however fast the job. Slots are computed on the lock
+// store's clock, so the schedulers' own clocks do not matter, and each slot
+// is a window around a tick of the schedule: a start from the slot
+// tolerance (default: 1s or half a slot, whichever is shorter) before the
+// tick until the same tolerance before the next tick belongs to that tick,
+// and the lock expires at the window's end. Starts that fire up to the
+// tolerance early therefore find the previous tick's lock gone, and the
+// starts of one tick on every scheduler count as one tick as long as they
+// fall within the window.
 //
 // gocron passes a Locker only the job's name, so tell the Locker each job's
 // schedule: Locker.Schedule(name, core.Every(d)) for gocron.DurationJob(d)

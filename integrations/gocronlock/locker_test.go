@@ -24,7 +24,8 @@ type tickCase struct {
 	// sched is registered with Locker.Schedule; nil registers nothing.
 	sched core.Schedule
 	opts  []gocronlock.Option
-	work  time.Duration // how long a run lasts
+	work  time.Duration   // how long a run lasts
+	offs  []time.Duration // clock offsets; default lateOffsets
 	// dupes says the case shows the failure this package fixes: some tick
 	// runs on more than one scheduler.
 	dupes bool
@@ -33,7 +34,11 @@ type tickCase struct {
 // The three schedulers' clocks: one exact, one whose ticker fires 150ms late,
 // one whose clock is 1.3s behind (its ticks fire 300ms after the others'
 // second boundaries, and it believes it is running the previous second).
-var tickOffsets = []time.Duration{0, 150 * time.Millisecond, -1300 * time.Millisecond}
+var lateOffsets = []time.Duration{0, -150 * time.Millisecond, -1300 * time.Millisecond}
+
+// Clocks all ahead of the store's: every tick fires 100-300ms before the
+// second boundary on the store's clock (one clock is 1.2s ahead).
+var earlyOffsets = []time.Duration{1200 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond}
 
 const ticks = 5
 
@@ -49,7 +54,8 @@ func everySecondAligned(now time.Time) (gocron.JobDefinition, []gocron.JobOption
 // Rule: with WithDistributedLocker on three schedulers whose tickers fire up
 // to 300ms apart (one clock 1.3s off), every tick of a 1s job runs exactly
 // once across the three, for cron and duration schedules, for a fast job and
-// for one that runs longer than the interval. Runs are recorded in the store
+// for one that runs longer than the interval, and also when every scheduler
+// fires before the tick on the store's clock (all clocks ahead, one by 1.2s). Runs are recorded in the store
 // (a PostgreSQL table, a Redis list); consecutive runs must be about one
 // interval apart: a duplicate shows as a gap of at most 300ms, a missed tick
 // as a gap of about 2s.
@@ -61,6 +67,7 @@ func TestLockerRunsEachTickOnce(t *testing.T) {
 	cases := []tickCase{
 		{name: "fast-cron", def: everySecondCron, sched: cronSched},
 		{name: "long-duration", def: everySecondAligned, sched: core.Every(time.Second), work: 1500 * time.Millisecond},
+		{name: "fast-cron-early-clocks", def: everySecondCron, sched: cronSched, offs: earlyOffsets},
 	}
 	forEachStore(t, func(t *testing.T, e *env) {
 		for _, tc := range cases {
@@ -91,16 +98,20 @@ func TestLockerDefaultsMemlock(t *testing.T) {
 }
 
 func testTicks(t *testing.T, e *env, tc tickCase) {
-	clocks := startClocks(t, tickOffsets...)
+	offs := tc.offs
+	if offs == nil {
+		offs = lateOffsets
+	}
+	clocks := startClocks(t, offs...)
 	rec := e.recorder(t)
 	job := "tick-" + tc.name
 	ran := make(chan struct{}, 64)
 	var (
 		mu    sync.Mutex
-		skips = make([]int, len(tickOffsets))
+		skips = make([]int, len(offs))
 	)
-	scheds := make([]*scheduler, len(tickOffsets))
-	for i := range tickOffsets {
+	scheds := make([]*scheduler, len(offs))
+	for i := range offs {
 		opts := append([]gocronlock.Option{gocronlock.OnError(func(key string, err error) {
 			t.Errorf("node %d: OnError(%q): %v", i, key, err)
 		})}, tc.opts...)

@@ -198,9 +198,11 @@ func Slot(sched core.Schedule) Option {
 }
 
 // SlotTolerance sets how early a start may fire and still belong to the
-// coming slot (core.SlotTolerance). By default it is 1s or half the slot,
-// whichever is shorter, so that starts anywhere within half a slot of its
-// boundary count for that slot.
+// coming slot. By default it is 1s or half the slot, whichever is shorter.
+// Each slot lock covers the window from the tolerance before a tick to the
+// tolerance before the next, and expires at its end, so that early starts
+// of the next tick find it free. Use this option rather than
+// core.SlotTolerance, which keeps the lock until the tick itself.
 func SlotTolerance(d time.Duration) Option {
 	return func(c *config) {
 		c.use("SlotTolerance", forLocker|forTask)

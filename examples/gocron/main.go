@@ -1,0 +1,345 @@
+// Command gocron runs three gocron schedulers that share their jobs through
+// dislock, twice: first electing one leader that runs every job (Elector),
+// then running each tick of a job on one scheduler only (Locker).
+//
+// With no environment the three schedulers share an in-process memlock
+// store. With DATABASE_URL set (postgres://…) they use PostgreSQL; with
+// REDIS_URL set (redis://…) they use Redis. Each scheduler has its own
+// Locker, as it would in its own process.
+//
+//	go run ./examples/gocron
+//	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go run ./examples/gocron
+//	REDIS_URL=redis://127.0.0.1:6379/0 go run ./examples/gocron
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/integrations/gocronlock"
+	"github.com/dislock/dislock/pg"
+	"github.com/dislock/dislock/redislock"
+)
+
+const schedulers = 3
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gocron example:", err)
+		os.Exit(1)
+	}
+}
+
+// run shows the elector, then the locker, and prints what happens to out.
+func run(ctx context.Context, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	p := &printer{w: out}
+	lockers, backend, closeAll, err := newLockers(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	p.printf("backend: %s\n", backend)
+	// A fresh prefix per run keeps this run's keys apart from earlier runs'
+	// on a shared server.
+	prefix := gocronlock.Prefix("examples/gocron/" + strings.ToLower(rand.Text()[:8]) + "/")
+
+	if err := electorDemo(ctx, p, lockers, prefix); err != nil {
+		return err
+	}
+	return lockerDemo(ctx, p, lockers, prefix)
+}
+
+// electorDemo starts three schedulers with a distributed elector: only the
+// leader runs the heartbeat job. Closing the leader's elector hands over to
+// a standby at once.
+func electorDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix gocronlock.Option) error {
+	p.printf("\n== elector: one leader runs every job ==\n")
+	beats := make(chan beat, 16)
+	elected := make(chan int, 8)
+	electors := make([]*gocronlock.Elector, schedulers)
+	scheds := make([]gocron.Scheduler, schedulers)
+	defer func() {
+		for i := range scheds {
+			if scheds[i] != nil {
+				_ = scheds[i].Shutdown()
+			}
+			if electors[i] != nil {
+				_ = electors[i].Close()
+			}
+		}
+	}()
+	for i := range schedulers {
+		name := fmt.Sprintf("scheduler-%d", i+1)
+		el, err := gocronlock.NewElector(lockers[i], "leader", prefix,
+			gocronlock.TTL(5*time.Second),
+			gocronlock.LockOptions(core.WithOwner(name)),
+			gocronlock.OnElected(func(s core.Session) {
+				p.printf("%s: elected leader (fencing token %d)\n", name, s.Token())
+				elected <- i
+			}),
+			gocronlock.OnRevoked(func(err error) {
+				p.printf("%s: no longer leader (%v)\n", name, err)
+			}))
+		if err != nil {
+			return err
+		}
+		electors[i] = el
+		s, err := gocron.NewScheduler(gocron.WithDistributedElector(el))
+		if err != nil {
+			return err
+		}
+		scheds[i] = s
+		_, err = s.NewJob(gocron.DurationJob(300*time.Millisecond), gocron.NewTask(func() {
+			var token uint64
+			if s := el.Session(); s != nil {
+				token = s.Token()
+			}
+			p.printf("%s: heartbeat (token %d)\n", name, token)
+			select {
+			case beats <- beat{i, time.Now()}:
+			default:
+			}
+		}), gocron.WithName("heartbeat"))
+		if err != nil {
+			return err
+		}
+		s.Start()
+	}
+
+	leader, err := recv(ctx, elected)
+	if err != nil {
+		return err
+	}
+	if err := waitBeats(ctx, beats, leader, 3, time.Time{}); err != nil {
+		return err
+	}
+	if info, ok, err := electors[(leader+1)%schedulers].Leader(ctx); err == nil && ok {
+		p.printf("the store says the leader is %s\n", info.Owner)
+	}
+	p.printf("closing scheduler-%d's elector: it hands over at once\n", leader+1)
+	closing := time.Now()
+	if err := electors[leader].Close(); err != nil {
+		return err
+	}
+	closed := time.Now()
+	next, err := recv(ctx, elected)
+	if err != nil {
+		return err
+	}
+	p.printf("scheduler-%d took over after %v\n", next+1, time.Since(closing).Round(10*time.Microsecond))
+	return waitBeats(ctx, beats, next, 3, closed)
+}
+
+// lockerDemo starts three schedulers with a distributed locker and a job
+// that runs every second: each tick runs on one scheduler only, the others
+// find it busy and skip it.
+func lockerDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix gocronlock.Option) error {
+	const ticks = 3
+	p.printf("\n== locker: each tick runs on one scheduler ==\n")
+	sched, err := gocronlock.Cron("* * * * * *", true, nil)
+	if err != nil {
+		return err
+	}
+	type tick struct {
+		node int
+		at   time.Time
+	}
+	runs := make(chan tick, 16)
+	var (
+		mu      sync.Mutex
+		skipped int
+	)
+	scheds := make([]gocron.Scheduler, schedulers)
+	defer func() {
+		for _, s := range scheds {
+			if s != nil {
+				_ = s.Shutdown()
+			}
+		}
+	}()
+	for i := range schedulers {
+		name := fmt.Sprintf("scheduler-%d", i+1)
+		locker, err := gocronlock.NewLocker(lockers[i], prefix,
+			gocronlock.OnError(func(key string, err error) { p.printf("%s: %s: %v\n", name, key, err) }))
+		if err != nil {
+			return err
+		}
+		// gocron tells a Locker only the job's name; the schedule makes
+		// each tick a slot that runs once.
+		if err := locker.Schedule("report", sched); err != nil {
+			return err
+		}
+		s, err := gocron.NewScheduler(gocron.WithDistributedLocker(locker))
+		if err != nil {
+			return err
+		}
+		scheds[i] = s
+		_, err = s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {
+			now := time.Now()
+			p.printf("%s: report for %s\n", name, now.Round(time.Second).Format(time.TimeOnly))
+			select {
+			case runs <- tick{i, now}:
+			default:
+			}
+		}), gocron.WithName("report"),
+			gocron.WithEventListeners(gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) {
+				if errors.Is(err, core.ErrNotAcquired) {
+					mu.Lock()
+					skipped++
+					mu.Unlock()
+				}
+			})))
+		if err != nil {
+			return err
+		}
+	}
+	for _, s := range scheds {
+		s.Start()
+	}
+	seen := map[time.Time]int{}
+	for range ticks {
+		r, err := recv(ctx, runs)
+		if err != nil {
+			return err
+		}
+		seen[r.at.Round(time.Second)]++
+	}
+	for _, s := range scheds {
+		_ = s.Shutdown()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	once := true
+	for _, n := range seen {
+		once = once && n == 1
+	}
+	p.printf("%d ticks, %d runs, %d busy skips; each tick ran once: %v\n", len(seen), ticks, skipped, once)
+	return nil
+}
+
+// newLockers returns one Locker per scheduler on the backend the
+// environment selects, and a function that closes them.
+func newLockers(ctx context.Context) (lockers []core.Locker, backend string, closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	add := func(c *core.Client) {
+		lockers = append(lockers, c)
+		closers = append(closers, func() { _ = c.Close() })
+	}
+	switch {
+	case os.Getenv("DATABASE_URL") != "":
+		for range schedulers {
+			b, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate())
+			if err != nil {
+				return nil, "", nil, err
+			}
+			closers = append(closers, func() { _ = b.Close() })
+			c, err := core.New(b)
+			if err != nil {
+				return nil, "", nil, err
+			}
+			add(c)
+		}
+		return lockers, "PostgreSQL", closeAll, nil
+	case os.Getenv("REDIS_URL") != "":
+		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+		if err != nil {
+			return nil, "", nil, errors.New("REDIS_URL is not a valid redis:// URL")
+		}
+		for range schedulers {
+			rdb := redis.NewClient(opt)
+			closers = append(closers, func() { _ = rdb.Close() })
+			c, err := redislock.New(rdb)
+			if err != nil {
+				return nil, "", nil, err
+			}
+			add(c)
+		}
+		return lockers, "Redis", closeAll, nil
+	}
+	store := memlock.NewStore()
+	for range schedulers {
+		c, err := store.Locker()
+		if err != nil {
+			return nil, "", nil, err
+		}
+		add(c)
+	}
+	return lockers, "memlock (in-process; set DATABASE_URL or REDIS_URL for a server)", closeAll, nil
+}
+
+// recv waits for a value from ch or the end of ctx.
+func recv[T any](ctx context.Context, ch <-chan T) (T, error) {
+	select {
+	case v := <-ch:
+		return v, nil
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// beat is one heartbeat run.
+type beat struct {
+	node int
+	at   time.Time
+}
+
+// waitBeats waits for n heartbeats by node, ignoring those before since; a
+// heartbeat by another scheduler after since is an error.
+func waitBeats(ctx context.Context, ch <-chan beat, node, n int, since time.Time) error {
+	for n > 0 {
+		b, err := recv(ctx, ch)
+		if err != nil {
+			return err
+		}
+		switch {
+		case b.at.Before(since):
+		case b.node == node:
+			n--
+		default:
+			return fmt.Errorf("scheduler-%d ran a job while scheduler-%d led", b.node+1, node+1)
+		}
+	}
+	return nil
+}
+
+// printer serialises output from the schedulers' goroutines.
+type printer struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (p *printer) printf(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, format, args...)
+}

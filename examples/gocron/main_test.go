@@ -1,0 +1,42 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestGocronExample(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("REDIS_URL", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out strings.Builder
+	if err := run(ctx, &out); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	got := out.String()
+	t.Log(got)
+	for _, want := range []string{
+		"backend: memlock",
+		"== elector: one leader runs every job ==",
+		"elected leader (fencing token 1)",
+		"heartbeat (token 1)",
+		"the store says the leader is scheduler-",
+		"it hands over at once",
+		"elected leader (fencing token 2)",
+		"took over after",
+		"== locker: each tick runs on one scheduler ==",
+		"report for",
+		"3 ticks, 3 runs,",
+		"each tick ran once: true",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
