@@ -578,3 +578,6 @@ func findLeaks(opts ...goleak.Option) error {
 	}
 	return err
 }
+
+// goleakIgnore ignores the goroutines running now.
+func goleakIgnore() goleak.Option { return goleak.IgnoreCurrent() }

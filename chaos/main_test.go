@@ -1,0 +1,25 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+// libLogs receives what go-redis logs internally (dial failures and the
+// like), so that the secret sweeps search it too.
+var libLogs = &sink{}
+
+type redisLogger struct{}
+
+func (redisLogger) Printf(_ context.Context, format string, v ...any) {
+	fmt.Fprintf(libLogs, format+"\n", v...)
+}
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(redisLogger{})
+	goleak.VerifyTestMain(m)
+}
