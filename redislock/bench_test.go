@@ -1,0 +1,434 @@
+package redislock_test
+
+// Benchmarks run against a private redis-server started for the benchmark
+// (so INFO commandstats counts only their own commands), or against
+// DISLOCK_BENCH_REDIS when set. Every benchmark measures PING in the same run
+// and reports its result as a ratio to it:
+//
+//	go test -run '^$' -bench . -benchtime 1s ./redislock/
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+)
+
+// benchRedis returns the options of the server benchmarks run against.
+func benchRedis(b *testing.B) *redis.Options {
+	b.Helper()
+	if u := os.Getenv("DISLOCK_BENCH_REDIS"); u != "" {
+		opt, err := redis.ParseURL(u)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return opt
+	}
+	p := startPrivateRedis(b)
+	return &redis.Options{Addr: p.Addr()}
+}
+
+func benchClient(b *testing.B, opt *redis.Options) *redis.Client {
+	c := redis.NewClient(opt)
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+// pingLatency is the mean PING round trip, serial.
+func pingLatency(b *testing.B, c *redis.Client) time.Duration {
+	ctx := context.Background()
+	for range 200 { // warm up
+		c.Ping(ctx)
+	}
+	const n = 3000
+	start := time.Now()
+	for range n {
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start) / n
+}
+
+// pingRate is PINGs per second with g goroutines.
+func pingRate(b *testing.B, c *redis.Client, g int) float64 {
+	ctx := context.Background()
+	var n atomic.Int64
+	stop := time.Now().Add(500 * time.Millisecond)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range g {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				if err := c.Ping(ctx).Err(); err != nil {
+					b.Error(err)
+					return
+				}
+				n.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return float64(n.Load()) / time.Since(start).Seconds()
+}
+
+func BenchmarkPing(b *testing.B) {
+	c := benchClient(b, benchRedis(b))
+	ctx := context.Background()
+	pingLatency(b, c)
+	b.ResetTimer()
+	for range b.N {
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// interleaved runs op b.N times, each after one PING on c, timing both, so
+// that the ratio holds under the same load (the machine may be shared).
+func interleaved(b *testing.B, c *redis.Client, op func() error) {
+	ctx := context.Background()
+	pingLatency(b, c) // warm up
+	var pingT, opT time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+		opT += time.Since(t1)
+		pingT += t1.Sub(t0)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(opT.Nanoseconds())/float64(b.N), "op-ns")
+	b.ReportMetric(float64(pingT.Nanoseconds())/float64(b.N), "ping-ns")
+	b.ReportMetric(float64(opT)/float64(pingT), "x-ping")
+}
+
+// BenchmarkRawSetNXDel is the floor for a lock library: SET NX PX then DEL.
+func BenchmarkRawSetNXDel(b *testing.B) {
+	c := benchClient(b, benchRedis(b))
+	ctx := context.Background()
+	interleaved(b, c, func() error {
+		if err := c.SetNX(ctx, "raw-lock", "v", 30*time.Second).Err(); err != nil {
+			return err
+		}
+		return c.Del(ctx, "raw-lock").Err()
+	})
+}
+
+// BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release.
+func BenchmarkTryAcquireRelease(b *testing.B) {
+	c := benchClient(b, benchRedis(b))
+	ctx := context.Background()
+	l := newLocker(b, c, "bench")
+	interleaved(b, c, func() error {
+		s, err := l.TryAcquire(ctx, "uncontended")
+		if err != nil {
+			return err
+		}
+		return s.Release(ctx)
+	})
+}
+
+const parallelG = 64
+
+func runParallel64(b *testing.B, body func(pb *testing.PB, g int)) {
+	var next atomic.Int64
+	b.SetParallelism(max(1, parallelG/runtime.GOMAXPROCS(0)))
+	b.RunParallel(func(pb *testing.PB) { body(pb, int(next.Add(1))) })
+}
+
+// BenchmarkParallelDistinctKeys: 64 goroutines, each TryAcquire + Release on
+// its own key. ops/ping = (pairs/s) / (PING/s with 64 goroutines).
+func BenchmarkParallelDistinctKeys(b *testing.B) {
+	opt := benchRedis(b)
+	opt.PoolSize = parallelG
+	c := benchClient(b, opt)
+	ctx := context.Background()
+	l := newLocker(b, c, "bench")
+	pings := pingRate(b, c, parallelG)
+	b.ResetTimer()
+	runParallel64(b, func(pb *testing.PB, g int) {
+		key := fmt.Sprintf("distinct/%d", g)
+		for pb.Next() {
+			s, err := l.TryAcquire(ctx, key)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			s.Release(ctx)
+		}
+	})
+	b.StopTimer()
+	pings = (pings + pingRate(b, c, parallelG)) / 2
+	rate := float64(b.N) / b.Elapsed().Seconds()
+	b.ReportMetric(pings, "ping/s")
+	b.ReportMetric(rate, "pairs/s")
+	b.ReportMetric(rate/pings, "pairs/ping")
+}
+
+// BenchmarkRawParallelDistinctKeys is the same with raw SET NX PX + DEL.
+func BenchmarkRawParallelDistinctKeys(b *testing.B) {
+	opt := benchRedis(b)
+	opt.PoolSize = parallelG
+	c := benchClient(b, opt)
+	ctx := context.Background()
+	pings := pingRate(b, c, parallelG)
+	b.ResetTimer()
+	runParallel64(b, func(pb *testing.PB, g int) {
+		key := fmt.Sprintf("raw-distinct/%d", g)
+		for pb.Next() {
+			c.SetNX(ctx, key, "v", 30*time.Second)
+			c.Del(ctx, key)
+		}
+	})
+	b.StopTimer()
+	pings = (pings + pingRate(b, c, parallelG)) / 2
+	rate := float64(b.N) / b.Elapsed().Seconds()
+	b.ReportMetric(rate/pings, "pairs/ping")
+}
+
+// BenchmarkHotKeyFailedTries: 64 goroutines TryAcquire a key held
+// elsewhere. tries/ping = (failed tries/s) / (PING/s with 64 goroutines).
+func BenchmarkHotKeyFailedTries(b *testing.B) {
+	opt := benchRedis(b)
+	opt.PoolSize = parallelG
+	c := benchClient(b, opt)
+	ctx := context.Background()
+	holder := newLocker(b, benchClient(b, opt), "bench", core.TTL(time.Minute))
+	s, err := holder.TryAcquire(ctx, "hot")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Release(ctx)
+	l := newLocker(b, c, "bench")
+	pings := pingRate(b, c, parallelG)
+	b.ResetTimer()
+	runParallel64(b, func(pb *testing.PB, g int) {
+		for pb.Next() {
+			if _, err := l.TryAcquire(ctx, "hot"); !errors.Is(err, core.ErrNotAcquired) {
+				b.Errorf("TryAcquire on a held key: %v", err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	pings = (pings + pingRate(b, c, parallelG)) / 2
+	rate := float64(b.N) / b.Elapsed().Seconds()
+	b.ReportMetric(rate, "tries/s")
+	b.ReportMetric(rate/pings, "tries/ping")
+}
+
+// BenchmarkRawHotKeyFailedTries is the same with a raw SET NX PX.
+func BenchmarkRawHotKeyFailedTries(b *testing.B) {
+	opt := benchRedis(b)
+	opt.PoolSize = parallelG
+	c := benchClient(b, opt)
+	ctx := context.Background()
+	if err := c.Set(ctx, "raw-hot", "holder", time.Minute).Err(); err != nil {
+		b.Fatal(err)
+	}
+	pings := pingRate(b, c, parallelG)
+	b.ResetTimer()
+	runParallel64(b, func(pb *testing.PB, g int) {
+		for pb.Next() {
+			if ok, err := c.SetNX(ctx, "raw-hot", "me", 30*time.Second).Result(); ok || err != nil {
+				b.Errorf("SET NX on a held key: %v %v", ok, err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	pings = (pings + pingRate(b, c, parallelG)) / 2
+	rate := float64(b.N) / b.Elapsed().Seconds()
+	b.ReportMetric(rate/pings, "tries/ping")
+}
+
+// commandCalls reads INFO commandstats: calls per command.
+func commandCalls(b *testing.B, c *redis.Client) map[string]int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out
+}
+
+// scriptCalls counts the scripts run (EVALSHA and EVAL) between two
+// commandstats reads: the requests of this package's operations. (Commands
+// called by scripts are counted by Redis too, under their own names.)
+func scriptCalls(before, after map[string]int64) int64 {
+	return after["evalsha"] - before["evalsha"] + after["eval"] - before["eval"]
+}
+
+// serverCalls counts every command the server ran, scripts' commands
+// included, except INFO.
+func serverCalls(before, after map[string]int64) int64 {
+	var n int64
+	for k, v := range after {
+		if k != "info" {
+			n += v - before[k]
+		}
+	}
+	return n
+}
+
+// BenchmarkHandoff: 16 waiters on one key, each holding it ~1ms. Latency
+// is from the start of a Release to the return of the next Acquire.
+func BenchmarkHandoff(b *testing.B) {
+	for _, procs := range []int{16, 1} {
+		b.Run(fmt.Sprintf("lockers=%d", procs), func(b *testing.B) { benchHandoff(b, procs) })
+	}
+}
+
+func benchHandoff(b *testing.B, procs int) {
+	const waiters = 16
+	opt := benchRedis(b)
+	admin := benchClient(b, opt)
+	ping := pingLatency(b, admin)
+	lockers := make([]core.Locker, procs)
+	for i := range lockers {
+		lockers[i] = newLocker(b, benchClient(b, opt), "bench", core.TTL(10*time.Second))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu        sync.Mutex
+		lat       []time.Duration
+		released  atomic.Int64 // UnixNano of the last Release start, 0 = none yet
+		remaining atomic.Int64
+		wg        sync.WaitGroup
+	)
+	remaining.Store(int64(b.N))
+	before := commandCalls(b, admin)
+	b.ResetTimer()
+	for i := range waiters {
+		l := lockers[i%procs]
+		wg.Go(func() {
+			for {
+				s, err := l.Acquire(ctx, "handoff")
+				if err != nil {
+					return
+				}
+				now := time.Now().UnixNano()
+				if r := released.Load(); r != 0 {
+					mu.Lock()
+					lat = append(lat, time.Duration(now-r))
+					mu.Unlock()
+				}
+				time.Sleep(time.Millisecond) // the work
+				last := remaining.Add(-1) <= 0
+				released.Store(time.Now().UnixNano())
+				s.Release(context.Background())
+				if last {
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	after := commandCalls(b, admin)
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(p(0.5), "p50-ms")
+	b.ReportMetric(p(0.99), "p99-ms")
+	b.ReportMetric(float64(scriptCalls(before, after))/float64(b.N), "req/acq")
+	b.ReportMetric(float64(ping.Microseconds())/1000, "ping-ms")
+}
+
+// countHook counts round trips: a command or a pipeline each.
+type countHook struct{ n atomic.Int64 }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkHold1000: one Locker holds 1,000 leases (TTL 1.5s, renewed every
+// 500ms). Each iteration is one renew interval; reported per interval:
+// server commands, client round trips, and client CPU per lock·second.
+func BenchmarkHold1000(b *testing.B) {
+	const n = 1000
+	ttl := 1500 * time.Millisecond
+	interval := ttl / 3
+	opt := benchRedis(b)
+	admin := benchClient(b, opt)
+	c := benchClient(b, opt)
+	hook := &countHook{}
+	c.AddHook(hook)
+	l := newLocker(b, c, "bench", core.TTL(ttl))
+	ctx := context.Background()
+	sessions := make([]core.Session, n)
+	for i := range sessions {
+		s, err := l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		sessions[i] = s
+	}
+	time.Sleep(interval) // let acquisitions settle into one renewal batch
+	before, trips, cpu := commandCalls(b, admin), hook.n.Load(), cpuTime()
+	start := time.Now()
+	b.ResetTimer()
+	for range b.N {
+		time.Sleep(interval)
+	}
+	b.StopTimer()
+	elapsed := time.Since(start)
+	after, trips2, cpu2 := commandCalls(b, admin), hook.n.Load(), cpuTime()
+	intervals := elapsed.Seconds() / interval.Seconds()
+	for _, s := range sessions {
+		if s.Err() != nil {
+			b.Fatalf("session lost: %v", s.Err())
+		}
+	}
+	b.ReportMetric(float64(scriptCalls(before, after))/intervals, "scripts/interval")
+	b.ReportMetric(float64(serverCalls(before, after))/intervals, "server-cmds/interval")
+	b.ReportMetric(float64(trips2-trips)/intervals, "roundtrips/interval")
+	// CPU per lock and renewal; per lock·s it scales with the renewal rate
+	// (at the default TTL of 30s a lease is renewed every 10s).
+	perRenewal := float64((cpu2 - cpu).Nanoseconds()) / 1000 / (n * intervals)
+	b.ReportMetric(perRenewal, "cpu-µs/renewal")
+	b.ReportMetric(perRenewal/interval.Seconds(), "cpu-µs/lock·s")
+	b.ReportMetric(perRenewal/(core.DefaultTTL/3).Seconds(), "cpu-µs/lock·s@30s")
+}
