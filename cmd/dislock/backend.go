@@ -23,8 +23,11 @@ type locker interface {
 
 var _ locker = (*core.Client)(nil)
 
-// errBadURL marks URL problems, which are configuration errors (exit 2).
-var errBadURL = errors.New("bad URL")
+// badURL is the configuration error (exit 2) for a URL that cannot be
+// used; msg never quotes the URL.
+func badURL(urlEnv, msg string, args ...any) error {
+	return usagef("the URL in %s: %s", urlEnv, fmt.Sprintf(msg, args...))
+}
 
 // scheme returns the lower-cased scheme of rawURL without parsing the rest,
 // so that no parser error can quote the URL.
@@ -38,36 +41,36 @@ func scheme(rawURL string) string {
 
 // openLocker connects to the backend the URL's scheme names. The returned
 // close function closes the Locker, then the connections. Errors never
-// contain the URL; those matching errBadURL are configuration errors.
-func openLocker(ctx context.Context, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+// contain the URL; configuration errors are *usageError.
+func openLocker(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
 	switch s := scheme(rawURL); s {
 	case "postgres", "postgresql":
-		return openPG(ctx, rawURL, table, log)
+		return openPG(ctx, urlEnv, rawURL, table, log)
 	case "redis", "rediss",
 		"redis+sentinel", "rediss+sentinel", "redis-sentinel", "rediss-sentinel",
 		"redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster":
 		if table != "" {
 			log.Warn("LOCK_TABLE is ignored by the Redis backend")
 		}
-		return openRedis(rawURL, s)
+		return openRedis(urlEnv, rawURL, s)
 	case "":
-		return nil, nil, fmt.Errorf("%w: the value is not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)", errBadURL)
+		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)")
 	default:
 		if len(s) > 32 || strings.ContainsAny(s, "@:/ ") {
 			s = "?"
 		}
-		return nil, nil, fmt.Errorf("%w: unknown scheme %q (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)", errBadURL, s)
+		return nil, nil, badURL(urlEnv, "unknown scheme %q (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)", s)
 	}
 }
 
 // openPG opens a pool and a Locker on the lock table. A table in the older
 // 3-column layout (key, value, expire_at) is used as such; a missing table is
 // created.
-func openPG(ctx context.Context, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+func openPG(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
 	pcfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
 		// The parser's message quotes the connection string.
-		return nil, nil, fmt.Errorf("%w: the PostgreSQL connection string cannot be parsed", errBadURL)
+		return nil, nil, badURL(urlEnv, "the PostgreSQL connection string cannot be parsed")
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -89,7 +92,7 @@ func openPG(ctx context.Context, rawURL, table string, log *slog.Logger) (locker
 	if err != nil {
 		pool.Close()
 		if errors.Is(err, core.ErrInvalidOption) {
-			return nil, nil, fmt.Errorf("%w: %s: %w", errBadURL, specTable.name(), err)
+			return nil, nil, badSetting(specTable, "%v", err)
 		}
 		return nil, nil, err
 	}
@@ -109,7 +112,7 @@ func openPG(ctx context.Context, rawURL, table string, log *slog.Logger) (locker
 // openRedis builds a client for a single server (redis://, rediss://),
 // Sentinel (redis+sentinel://host:port,…/db?master_name=NAME) or Cluster
 // (redis+cluster://host:port?addr=host2:port2…).
-func openRedis(rawURL, s string) (locker, func() error, error) {
+func openRedis(urlEnv, rawURL, s string) (locker, func() error, error) {
 	base := "redis"
 	if strings.HasPrefix(s, "rediss") {
 		base = "rediss"
@@ -121,22 +124,22 @@ func openRedis(rawURL, s string) (locker, func() error, error) {
 		u = commaHosts(u)
 		o, err := redis.ParseFailoverURL(u)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: the Redis Sentinel URL cannot be parsed (it needs master_name=NAME)", errBadURL)
+			return nil, nil, badURL(urlEnv, "the Redis Sentinel URL cannot be parsed (it needs master_name=NAME)")
 		}
 		if o.MasterName == "" {
-			return nil, nil, fmt.Errorf("%w: the Redis Sentinel URL needs master_name=NAME", errBadURL)
+			return nil, nil, badURL(urlEnv, "the Redis Sentinel URL needs master_name=NAME")
 		}
 		client = redis.NewFailoverClient(o)
 	case strings.HasSuffix(s, "cluster"):
 		o, err := redis.ParseClusterURL(commaHosts(u))
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: the Redis Cluster URL cannot be parsed", errBadURL)
+			return nil, nil, badURL(urlEnv, "the Redis Cluster URL cannot be parsed")
 		}
 		client = redis.NewClusterClient(o)
 	default:
 		o, err := redis.ParseURL(u)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: the Redis URL cannot be parsed", errBadURL)
+			return nil, nil, badURL(urlEnv, "the Redis URL cannot be parsed")
 		}
 		client = redis.NewClient(o)
 	}

@@ -422,15 +422,19 @@ func parseSeconds(s string) (time.Duration, error) {
 // Unix epoch so that every machine agrees on them; other specs are evaluated
 // in the local time zone unless CRON_TZ says otherwise.
 func parseSchedule(specText string) (core.Schedule, error) {
+	if rest, ok := strings.CutPrefix(strings.TrimSpace(specText), "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err != nil {
+			return nil, fmt.Errorf("@every: %v", err)
+		}
+		if d < time.Second {
+			return nil, fmt.Errorf("@every needs at least 1s, got %v", d)
+		}
+		return core.Every(d), nil
+	}
 	s, err := cron.ParseStandard(specText)
 	if err != nil {
 		return nil, err
-	}
-	if every, ok := s.(cron.ConstantDelaySchedule); ok {
-		if every.Delay < time.Second {
-			return nil, fmt.Errorf("@every needs at least 1s")
-		}
-		return core.Every(every.Delay), nil
 	}
 	return core.ScheduleFunc(func(t time.Time) time.Time { return s.Next(t.In(time.Local)) }), nil
 }

@@ -107,12 +107,13 @@ func (c *cli) run(args []string) error {
 func (c *cli) open(ctx context.Context, inv *invocation) (locker, func() error, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	l, closeFn, err := openLocker(ctx, inv.url, inv.table, c.log)
+	l, closeFn, err := openLocker(ctx, inv.urlEnv, inv.url, inv.table, c.log)
+	var ue *usageError
 	switch {
 	case err == nil:
 		return l, closeFn, nil
-	case errors.Is(err, errBadURL):
-		return nil, nil, exitWith(exitUsage, fmt.Errorf("URL in %s: %w", inv.urlEnv, err))
+	case errors.As(err, &ue):
+		return nil, nil, err
 	}
 	return nil, nil, exitWith(exitFailure, fmt.Errorf("connect to the backend in %s: %w", inv.urlEnv, err))
 }

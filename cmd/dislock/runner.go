@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,7 +18,8 @@ import (
 // Timing of the group's termination.
 const (
 	groupPoll     = 20 * time.Millisecond
-	afterKillWait = 2 * time.Second // how long to wait for a SIGKILLed group to vanish
+	afterKillWait = 2 * time.Second        // how long to wait for a SIGKILLed group to vanish
+	lingerWait    = 200 * time.Millisecond // how long the group may outlive its leader unremarked
 )
 
 // signalError is the cause of an acquisition cut short by a signal.
@@ -217,7 +219,7 @@ func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs <-
 		case <-waited:
 			code := exitStatus(cmd.ProcessState)
 			if !terminating {
-				if groupAlive(pgid) {
+				if groupLingers(pgid) {
 					c.log.Warn("processes the command started are still running in its process group", "pgid", pgid)
 				}
 				c.log.Info("command exited", "exit_code", code)
@@ -293,10 +295,56 @@ func (c *cli) finishGroup(pgid int, killAt time.Time, killed bool) {
 	}
 }
 
-// groupAlive reports whether the process group still has members.
+// groupLingers reports whether members of the group outlive its leader by
+// more than a moment (signalled processes take a little while to exit).
+func groupLingers(pgid int) bool {
+	for end := time.Now().Add(lingerWait); groupAlive(pgid); time.Sleep(groupPoll) {
+		if time.Now().After(end) {
+			return true
+		}
+	}
+	return false
+}
+
+// groupAlive reports whether the process group still has members that are
+// not zombies (exited processes whose parent has not reaped them yet).
 func groupAlive(pgid int) bool {
-	err := syscall.Kill(-pgid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+	if err := syscall.Kill(-pgid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	alive, ok := liveMembers(pgid)
+	return alive || !ok
+}
+
+// liveMembers looks through /proc for a process of group pgid that is not a
+// zombie; ok is false when /proc cannot be read.
+func liveMembers(pgid int) (alive, ok bool) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false, false
+	}
+	want := strconv.Itoa(pgid)
+	for _, e := range entries {
+		name := e.Name()
+		if name[0] < '0' || name[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + name + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid pgrp …; comm may contain spaces and parens.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) >= 3 && f[2] == want && f[0] != "Z" && f[0] != "X" {
+			return true, true
+		}
+	}
+	return false, true
 }
 
 // exitStatus is the command's exit code, or 128+N when signal N ended it.

@@ -1,0 +1,746 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/internal/testenv"
+)
+
+// binary is the dislock executable built by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "dislock-cli-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binary = filepath.Join(dir, "dislock")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build dislock:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// sentinel is a password that must never appear in any output.
+const sentinel = "Sentinel7Pw9Zq"
+
+// urlVar is the environment variable the tests put the backend URL in.
+const urlVar = "DISLOCK_TEST_LOCK_URL"
+
+// fixture is one backend the CLI runs against.
+type fixture struct {
+	name string
+	url  string
+	env  []string // extra settings (LOCK_TABLE)
+	// steal makes the lock key belong to someone else, as another process
+	// that broke it would.
+	steal func(t *testing.T, key string)
+	// forget, when set, deletes a lock key at the end of the test.
+	forget func(key string)
+}
+
+// forEachBackend runs fn against PostgreSQL and Redis, each with its own
+// table or keys. A missing server skips the subtest (fails under CI).
+func forEachBackend(t *testing.T, fn func(t *testing.T, f *fixture)) {
+	t.Run("pg", func(t *testing.T) { fn(t, pgFixture(t)) })
+	t.Run("redis", func(t *testing.T) { fn(t, redisFixture(t)) })
+}
+
+func pgFixture(t *testing.T) *fixture {
+	u := testenv.PG(t)
+	table := testenv.Name("dislock_cli_")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatalf("connect to PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() {
+		conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+		conn.Close(context.Background())
+	})
+	return &fixture{
+		name: "pg", url: u, env: []string{"LOCK_TABLE=" + table},
+		steal: func(t *testing.T, key string) {
+			tag, err := conn.Exec(ctx, "UPDATE "+pgx.Identifier{table}.Sanitize()+" SET holder = 'thief', owner = 'thief' WHERE key = $1", key)
+			if err != nil || tag.RowsAffected() != 1 {
+				t.Fatalf("steal %s: %v (%d rows)", key, err, tag.RowsAffected())
+			}
+		},
+	}
+}
+
+func redisFixture(t *testing.T) *fixture {
+	u := testenv.Redis(t)
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(opt)
+	var mu sync.Mutex
+	var keys []string
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range keys {
+			client.Del(context.Background(), "dislock:{"+k+"}", "dislock:{"+k+"}:fence")
+		}
+		client.Close()
+	})
+	return &fixture{
+		name: "redis", url: u,
+		forget: func(key string) {
+			mu.Lock()
+			keys = append(keys, key)
+			mu.Unlock()
+		},
+		steal: func(t *testing.T, key string) {
+			n, err := client.HSet(context.Background(), "dislock:{"+key+"}", "otoken", "thief", "owner", "thief").Result()
+			if err != nil || n != 0 {
+				t.Fatalf("steal %s: %v (%d new fields: the lock was not there)", key, err, n)
+			}
+		},
+	}
+}
+
+// newKey returns a unique LOCK_KEY whose locks are deleted after the test.
+func (f *fixture) newKey(t *testing.T) string {
+	key := testenv.Name("clitest-")
+	if f.forget != nil {
+		f.forget(schedulePrefix + key)
+		f.forget(leasePrefix + key)
+	}
+	return key
+}
+
+// baseEnv is the test process's environment without any dislock setting,
+// plus the backend URL and the fixture's settings.
+func (f *fixture) baseEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(name, "LOCK_"), strings.HasPrefix(name, "DISLOCK_"), name == "CRON_SCHEDULE",
+			name == "RUN_LOCK_TTL_SECONDS", name == "CRONJOB_LOCK_LOG_LEVEL", name == "DATABASE_URL":
+			continue
+		}
+		env = append(env, kv)
+	}
+	if f != nil {
+		env = append(env, urlVar+"="+f.url)
+		env = append(env, f.env...)
+	}
+	return append(env, extra...)
+}
+
+// syncBuffer is a bytes.Buffer safe for a process to write while a test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// proc is a running dislock.
+type proc struct {
+	cmd            *exec.Cmd
+	stdout, stderr syncBuffer
+	done           chan struct{}
+	code           int
+	started        time.Time
+	ended          time.Time
+}
+
+func start(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{done: make(chan struct{})}
+	p.cmd = exec.Command(binary, args...)
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	p.started = time.Now()
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.cmd.Wait()
+		p.ended = time.Now()
+		p.code = p.cmd.ProcessState.ExitCode()
+		if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			p.code = 128 + int(ws.Signal())
+		}
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.code
+	case <-time.After(timeout):
+		p.cmd.Process.Kill()
+		<-p.done
+		t.Fatalf("dislock did not exit within %v\nstdout: %s\nstderr: %s", timeout, p.stdout.String(), p.stderr.String())
+		return -1
+	}
+}
+
+func (p *proc) output() string { return p.stdout.String() + p.stderr.String() }
+
+// run runs dislock to completion.
+func run(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	p := start(t, env, args...)
+	p.wait(t, 60*time.Second)
+	return p
+}
+
+func expectCode(t *testing.T, p *proc, want int) {
+	t.Helper()
+	if p.code != want {
+		t.Fatalf("exit code %d, want %d\nstdout: %s\nstderr: %s", p.code, want, p.stdout.String(), p.stderr.String())
+	}
+}
+
+// waitFile waits until path exists and returns its content.
+func waitFile(t *testing.T, path string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 && bytes.HasSuffix(b, []byte("\n")) {
+			return strings.TrimSpace(string(b))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear within %v", path, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// processGone reports whether pid has exited (or is a zombie awaiting its
+// reaper).
+func processGone(pid int) bool {
+	if err := syscall.Kill(pid, 0); err != nil {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] == 'Z'
+	}
+	return false
+}
+
+func waitGone(t *testing.T, pid int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !processGone(pid) {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("process %d still alive after %v", pid, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func noSentinel(t *testing.T, p *proc) {
+	t.Helper()
+	if out := p.output(); strings.Contains(out, sentinel) {
+		t.Errorf("the password appears in the output:\n%s", out)
+	}
+}
+
+// Exit codes: the command's own code passes through; 0 on success; 128+N
+// for a command killed by signal N; 127 for a missing command.
+func TestExitCodes(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease")
+		for _, tc := range []struct {
+			cmd  []string
+			want int
+		}{
+			{[]string{"true"}, 0},
+			{[]string{"sh", "-c", "exit 3"}, 3},
+			{[]string{"sh", "-c", "exit 42"}, 42},
+			{[]string{"sh", "-c", "kill -TERM $$"}, 128 + 15},
+			{[]string{"/nonexistent/command"}, 127},
+		} {
+			p := run(t, env, append([]string{urlVar}, tc.cmd...)...)
+			expectCode(t, p, tc.want)
+		}
+	})
+}
+
+// An unreachable backend is a runtime failure (exit 1): the command does not
+// start, and the password in the URL is not printed.
+func TestUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	for _, u := range []string{
+		"postgres://user:" + sentinel + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=5",
+		"redis://user:" + sentinel + "@127.0.0.1:1/0",
+	} {
+		var f *fixture
+		env := f.baseEnv(urlVar+"="+u, "LOCK_KEY=k", "CRON_SCHEDULE=@hourly", "CRONJOB_LOCK_LOG_LEVEL=DEBUG")
+		p := run(t, env, urlVar, "touch", marker)
+		expectCode(t, p, 1)
+		noSentinel(t, p)
+		if exists(marker) {
+			t.Fatalf("%s: the command ran", scheme(u))
+		}
+		if !strings.Contains(p.stderr.String(), urlVar) {
+			t.Errorf("the error does not say which setting holds the URL: %s", p.stderr.String())
+		}
+	}
+}
+
+// Busy: a second dislock on the same key while the first runs exits 0 (or
+// the busy exit code) and its command never starts.
+func TestBusy(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		for _, strategy := range []string{"lease", "schedule", "schedule,lease"} {
+			t.Run(strings.ReplaceAll(strategy, ",", "+"), func(t *testing.T) {
+				dir := t.TempDir()
+				started, stop, second := filepath.Join(dir, "started"), filepath.Join(dir, "stop"), filepath.Join(dir, "second")
+				env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY="+strategy, "CRON_SCHEDULE=@hourly")
+				first := start(t, env, urlVar, "sh", "-c", fmt.Sprintf("echo $$ > %s; while [ ! -e %s ]; do sleep 0.05; done", started, stop))
+				waitFile(t, started, 20*time.Second)
+
+				p := run(t, env, urlVar, "touch", second)
+				expectCode(t, p, 0)
+				if exists(second) {
+					t.Fatal("the second instance's command ran")
+				}
+				p = run(t, env, "--busy-exit-code", "9", urlVar, "touch", second)
+				expectCode(t, p, 9)
+				p = run(t, append(env, "DISLOCK_BUSY_EXIT_CODE=8"), urlVar, "touch", second)
+				expectCode(t, p, 8)
+				if exists(second) {
+					t.Fatal("the second instance's command ran")
+				}
+				os.WriteFile(stop, nil, 0o600)
+				if code := first.wait(t, 20*time.Second); code != 0 {
+					t.Fatalf("first: exit %d: %s", code, first.output())
+				}
+			})
+		}
+	})
+}
+
+// Schedule: two starts in one slot run the command once; the next slot runs
+// it again.
+func TestScheduleSlots(t *testing.T) {
+	const slot = 4 * time.Second
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		dir := t.TempDir()
+		log := filepath.Join(dir, "runs")
+		env := f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@every 4s")
+		cmd := []string{urlVar, "sh", "-c", "echo run >> " + log}
+		runs := func() int {
+			b, _ := os.ReadFile(log)
+			return strings.Count(string(b), "run")
+		}
+		// Start just after a slot boundary: with the default 1s tolerance a
+		// start belongs to the current slot until 1s before its end.
+		sleepUntil := func(at time.Time) { time.Sleep(time.Until(at)) }
+		sleepUntil(time.Now().Truncate(slot).Add(slot + 100*time.Millisecond))
+		slotEnd := time.Now().Truncate(slot).Add(slot)
+
+		expectCode(t, run(t, env, cmd...), 0)
+		expectCode(t, run(t, env, cmd...), 0)
+		if time.Now().After(slotEnd.Add(-time.Second)) {
+			t.Skip("the machine is too slow for 4s slots")
+		}
+		if n := runs(); n != 1 {
+			t.Fatalf("%d runs in one slot, want 1", n)
+		}
+		sleepUntil(slotEnd.Add(100 * time.Millisecond))
+		expectCode(t, run(t, env, cmd...), 0)
+		if n := runs(); n != 2 {
+			t.Fatalf("%d runs after the next slot began, want 2", n)
+		}
+	})
+}
+
+// Lease loss: when the lock is taken from outside, the whole process group
+// is terminated (the grandchild too) and dislock exits 75.
+func TestLeaseLoss(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		dir := t.TempDir()
+		pidFile := filepath.Join(dir, "pid")
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=30", "LOCK_LEASE_INTERVAL=0.5")
+		p := start(t, env, urlVar, "sh", "-c", "sleep 300 & echo $! > "+pidFile+"; wait")
+		pid, err := strconv.Atoi(waitFile(t, pidFile, 20*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.steal(t, leasePrefix+key)
+		if code := p.wait(t, 20*time.Second); code != exitLeaseLost {
+			t.Fatalf("exit %d, want 75: %s", code, p.output())
+		}
+		waitGone(t, pid, 5*time.Second)
+		if !strings.Contains(p.stderr.String(), "lease lost") {
+			t.Errorf("the loss is not logged: %s", p.stderr.String())
+		}
+	})
+}
+
+// A command that ignores SIGTERM is killed after the grace period, or
+// earlier when the lease would otherwise expire first.
+func TestLeaseLossKill(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		for _, tc := range []struct {
+			name          string
+			ttl, grace    string
+			min, max      time.Duration
+			pidFileSuffix string
+		}{
+			// TTL 30s: the grace period (1s) decides.
+			{"grace", "30", "1", 900 * time.Millisecond, 6 * time.Second, "a"},
+			// Grace 60s but TTL 3s: killed before the lease could pass on
+			// (renew deadline 2s + 3/4 of the 1s margin after the last renewal).
+			{"ttl", "3", "60", 0, 4 * time.Second, "b"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				dir := t.TempDir()
+				pidFile := filepath.Join(dir, "pid")
+				key := f.newKey(t)
+				env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS="+tc.ttl,
+					"LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS="+tc.grace)
+				p := start(t, env, urlVar, "sh", "-c", `trap "" TERM; sleep 300 & echo $! > `+pidFile+`; while :; do wait; done`)
+				pid, err := strconv.Atoi(waitFile(t, pidFile, 20*time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.steal(t, leasePrefix+key)
+				stolen := time.Now()
+				if code := p.wait(t, 30*time.Second); code != exitLeaseLost {
+					t.Fatalf("exit %d, want 75: %s", code, p.output())
+				}
+				took := p.ended.Sub(stolen)
+				if took < tc.min || took > tc.max {
+					t.Errorf("the group was killed %v after the steal, want %v…%v\n%s", took, tc.min, tc.max, p.stderr.String())
+				}
+				waitGone(t, pid, 5*time.Second)
+				if !strings.Contains(p.stderr.String(), "SIGKILL") {
+					t.Errorf("no SIGKILL logged: %s", p.stderr.String())
+				}
+			})
+		}
+	})
+}
+
+// Under LOCK_ON_LEASE_LOSS=continue the command keeps running after a loss
+// and its own exit code is returned.
+func TestLeaseLossContinue(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		dir := t.TempDir()
+		started, stop := filepath.Join(dir, "started"), filepath.Join(dir, "stop")
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=3", "LOCK_LEASE_INTERVAL=0.3", "LOCK_ON_LEASE_LOSS=continue")
+		p := start(t, env, urlVar, "sh", "-c", fmt.Sprintf("echo go > %s; while [ ! -e %s ]; do sleep 0.05; done; exit 4", started, stop))
+		waitFile(t, started, 20*time.Second)
+		f.steal(t, leasePrefix+key)
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(p.stderr.String(), "lease lost") {
+			if time.Now().After(deadline) {
+				t.Fatalf("no loss logged: %s", p.output())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		os.WriteFile(stop, nil, 0o600)
+		if code := p.wait(t, 20*time.Second); code != 4 {
+			t.Fatalf("exit %d, want the command's 4: %s", code, p.output())
+		}
+	})
+}
+
+// Signals to dislock reach the command's group; the lock is released after
+// the command exits.
+func TestSignals(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+			t.Run(sigName(sig), func(t *testing.T) {
+				dir := t.TempDir()
+				ready, got := filepath.Join(dir, "ready"), filepath.Join(dir, "got")
+				key := f.newKey(t)
+				env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease")
+				name := sigName(sig)
+				// The shell's trap records the signal, stops the sleep (which
+				// ignores SIGINT, as background jobs of sh do) and exits 5.
+				script := fmt.Sprintf(`trap 'echo %s > %s; kill $pid; exit 5' %s; sleep 300 & pid=$!; echo $pid > %s; wait; exit 9`, name, got, name, ready)
+				p := start(t, env, urlVar, "sh", "-c", script)
+				pid, err := strconv.Atoi(waitFile(t, ready, 20*time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.cmd.Process.Signal(sig)
+				if code := p.wait(t, 20*time.Second); code != 5 {
+					t.Fatalf("exit %d, want the command's 5: %s", code, p.output())
+				}
+				if waitFile(t, got, time.Second) != name {
+					t.Fatalf("the command did not get %s", name)
+				}
+				waitGone(t, pid, 5*time.Second)
+				if strings.Contains(p.stderr.String(), "still running") {
+					t.Errorf("the group outlived the command: %s", p.stderr.String())
+				}
+				st := run(t, f.baseEnv(), "status", "--url-env", urlVar, leasePrefix+key)
+				expectCode(t, st, 0)
+				if !strings.Contains(st.stdout.String(), "free") {
+					t.Fatalf("lock not released: %s", st.output())
+				}
+			})
+		}
+	})
+}
+
+func sigName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGTERM:
+		return "TERM"
+	case syscall.SIGINT:
+		return "INT"
+	case syscall.SIGHUP:
+		return "HUP"
+	}
+	return s.String()
+}
+
+// The command's environment has DISLOCK_KEY, DISLOCK_TOKEN and
+// DISLOCK_DEADLINE; the schedule,lease strategy (in any order) holds both
+// locks while the command runs.
+func TestChildEnvAndBothLocks(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		for _, strategy := range []string{"schedule,lease", "lease, schedule"} {
+			key := f.newKey(t)
+			env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY="+strategy, "CRON_SCHEDULE=@hourly")
+			status := fmt.Sprintf(`"%s" status --url-env %s %s%s; "%s" status --url-env %s %s%s`,
+				binary, urlVar, schedulePrefix, key, binary, urlVar, leasePrefix, key)
+			p := run(t, env, urlVar, "sh", "-c", `echo "$DISLOCK_KEY|$DISLOCK_TOKEN|$DISLOCK_DEADLINE"; `+status)
+			expectCode(t, p, 0)
+			lines := strings.Split(strings.TrimSpace(p.stdout.String()), "\n")
+			if len(lines) != 3 {
+				t.Fatalf("output: %q", p.output())
+			}
+			parts := strings.Split(lines[0], "|")
+			if len(parts) != 3 || parts[0] != leasePrefix+key {
+				t.Fatalf("environment: %q", lines[0])
+			}
+			if tok, err := strconv.ParseUint(parts[1], 10, 64); err != nil || tok == 0 {
+				t.Errorf("DISLOCK_TOKEN %q", parts[1])
+			}
+			if d, err := time.Parse(time.RFC3339, parts[2]); err != nil || d.Before(time.Now().Add(-time.Second)) || d.After(time.Now().Add(time.Minute)) {
+				t.Errorf("DISLOCK_DEADLINE %q: %v", parts[2], err)
+			}
+			for _, l := range lines[1:] {
+				if !strings.Contains(l, "\theld\t") {
+					t.Errorf("%s: lock not held while the command runs: %q", strategy, l)
+				}
+			}
+			// Afterwards: the lease is free, the slot is kept until its end.
+			st := run(t, f.baseEnv(), "list", "--url-env", urlVar, "cronjob-lock:")
+			if !strings.Contains(st.stdout.String(), schedulePrefix+key) || strings.Contains(st.stdout.String(), leasePrefix+key) {
+				t.Errorf("%s: after the run, list shows:\n%s", strategy, st.output())
+			}
+		}
+	})
+}
+
+// Operators see and break locks with status, list and release --force; the
+// holder then loses its lease.
+func TestAdmin(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		dir := t.TempDir()
+		started := filepath.Join(dir, "started")
+		key := f.newKey(t)
+		lockKey := leasePrefix + key
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=10", "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
+		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
+		waitFile(t, started, 20*time.Second)
+		admin := f.baseEnv()
+
+		st := run(t, admin, "status", "--url-env", urlVar, lockKey)
+		expectCode(t, st, 0)
+		if !strings.Contains(st.stdout.String(), "held") {
+			t.Fatalf("status: %s", st.output())
+		}
+		ls := run(t, admin, "list", "--url-env", urlVar, leasePrefix)
+		if !strings.Contains(ls.stdout.String(), lockKey) {
+			t.Fatalf("list: %s", ls.output())
+		}
+		rel := run(t, admin, "release", "--url-env", urlVar, lockKey)
+		expectCode(t, rel, exitUsage)
+		if !strings.Contains(rel.stderr.String(), "--force") {
+			t.Errorf("release without --force: %s", rel.output())
+		}
+		rel = run(t, admin, "release", "--url-env", urlVar, lockKey, "--force")
+		expectCode(t, rel, 0)
+		if !strings.Contains(rel.stdout.String(), "released") {
+			t.Fatalf("release: %s", rel.output())
+		}
+		if code := holder.wait(t, 20*time.Second); code != exitLeaseLost {
+			t.Fatalf("holder: exit %d: %s", code, holder.output())
+		}
+		st = run(t, admin, "status", "--url-env", urlVar, lockKey)
+		if !strings.Contains(st.stdout.String(), "free") {
+			t.Fatalf("status after release: %s", st.output())
+		}
+	})
+}
+
+// Every bad setting is exit 2 with a message naming it, before any
+// connection; the password in the URL never appears.
+func TestBadSettingsProcess(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	pgURL := "postgres://user:" + sentinel + "@127.0.0.1:1/db"
+	ok := []string{urlVar + "=" + pgURL, "LOCK_KEY=k", "CRON_SCHEDULE=@hourly"}
+	cases := []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{"LOCK_KEY="}, nil, "LOCK_KEY"},
+		{[]string{"LOCK_STRATEGY=sometimes"}, nil, "LOCK_STRATEGY"},
+		{[]string{"CRON_SCHEDULE="}, nil, "CRON_SCHEDULE"},
+		{[]string{"CRON_SCHEDULE=99 * * * *"}, nil, "CRON_SCHEDULE"},
+		{[]string{"RUN_LOCK_TTL_SECONDS=soon"}, nil, "RUN_LOCK_TTL_SECONDS"},
+		{[]string{"RUN_LOCK_TTL_SECONDS=-1"}, nil, "RUN_LOCK_TTL_SECONDS"},
+		{[]string{"LOCK_LEASE_INTERVAL=61"}, nil, "LOCK_LEASE_INTERVAL"},
+		{[]string{"LOCK_LEASE_INTERVAL=x"}, nil, "LOCK_LEASE_INTERVAL"},
+		{[]string{"LOCK_JITTER_SECONDS=-3"}, nil, "LOCK_JITTER_SECONDS"},
+		{[]string{"LOCK_JITTER_SECONDS=abc"}, nil, "LOCK_JITTER_SECONDS"},
+		{[]string{"LOCK_ON_LEASE_LOSS=pray"}, nil, "LOCK_ON_LEASE_LOSS"},
+		{[]string{"DISLOCK_GRACE_SECONDS=-1"}, nil, "DISLOCK_GRACE_SECONDS"},
+		{[]string{"DISLOCK_BUSY_EXIT_CODE=256"}, nil, "DISLOCK_BUSY_EXIT_CODE"},
+		{[]string{"LOCK_TABLE=" + strings.Repeat("t", 70)}, nil, "LOCK_TABLE"},
+		{[]string{"LOCK_TABLE=public."}, nil, "LOCK_TABLE"},
+		{[]string{urlVar + "=mysql://user:" + sentinel + "@db/x"}, nil, "unknown scheme"},
+		{[]string{urlVar + "=user:" + sentinel + "@db"}, nil, urlVar},
+		{[]string{urlVar + "=postgres://user:" + sentinel + "@db:notaport/x"}, nil, urlVar},
+		{[]string{urlVar + "=redis://user:" + sentinel + "@db:notaport/x"}, nil, urlVar},
+		{[]string{urlVar + "=redis+sentinel://user:" + sentinel + "@h1:1,h2:2/0"}, nil, "master_name"},
+		{nil, []string{"--ttl", "0"}, "--ttl"},
+		{nil, []string{"--nope"}, "nope"},
+		{nil, []string{"UNSET_VARIABLE_FOR_URL"}, "UNSET_VARIABLE_FOR_URL"},
+	}
+	for _, tc := range cases {
+		var f *fixture
+		env := f.baseEnv(append(append([]string{}, ok...), tc.env...)...)
+		args := tc.args
+		if len(args) == 0 || strings.HasPrefix(args[0], "--") {
+			args = append(args, urlVar)
+		}
+		p := run(t, env, append(args, "touch", marker)...)
+		if p.code != exitUsage || !strings.Contains(p.stderr.String(), tc.want) {
+			t.Errorf("%v %v: exit %d, want 2 naming %s:\n%s", tc.env, tc.args, p.code, tc.want, p.output())
+		}
+		noSentinel(t, p)
+		if exists(marker) {
+			t.Fatalf("%v: the command ran", tc.env)
+		}
+	}
+	// Usage errors of the subcommands.
+	for _, args := range [][]string{{"status"}, {"release", "k"}, {"list", "a", "b"}, {}} {
+		var f *fixture
+		p := run(t, f.baseEnv(ok...), args...)
+		expectCode(t, p, exitUsage)
+		noSentinel(t, p)
+	}
+}
+
+// A password in the URL appears in no output, whatever the log level, for a
+// run that succeeds (where the server accepts it) or fails.
+func TestNoPasswordInOutput(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		u, err := url.Parse(f.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "postgres"
+		if u.User != nil {
+			name = u.User.Username()
+		}
+		u.User = url.UserPassword(name, sentinel)
+		env := f.baseEnv(urlVar+"="+u.String(), "LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=schedule,lease", "CRON_SCHEDULE=@hourly", "CRONJOB_LOCK_LOG_LEVEL=DEBUG")
+		for _, args := range [][]string{
+			{urlVar, "true"},
+			{urlVar, "sh", "-c", "exit 7"},
+			{"list", "--url-env", urlVar},
+			{"status", "--url-env", urlVar, "x"},
+		} {
+			p := run(t, env, args...)
+			noSentinel(t, p)
+		}
+	})
+}
+
+// An unknown log level means WARNING, with a warning.
+func TestUnknownLogLevel(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "CRONJOB_LOCK_LOG_LEVEL=CHATTY")
+		p := run(t, env, urlVar, "true")
+		expectCode(t, p, 0)
+		errs := p.stderr.String()
+		if !strings.Contains(errs, "CRONJOB_LOCK_LOG_LEVEL") || !strings.Contains(errs, "level=WARN") {
+			t.Errorf("no warning about the level: %s", errs)
+		}
+		if strings.Contains(errs, "level=INFO") {
+			t.Errorf("INFO logged at WARNING: %s", errs)
+		}
+	})
+}

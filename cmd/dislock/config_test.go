@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func envOf(kv ...string) func(string) (string, bool) {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+const testURL = "postgres://u:s3cr3t@localhost/db"
+
+func TestParseDefaults(t *testing.T) {
+	inv, err := parseArgs([]string{"DATABASE_URL", "echo", "hi"}, envOf("DATABASE_URL", testURL, "LOCK_KEY", "job", "CRON_SCHEDULE", "*/5 * * * *"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := inv.run
+	if inv.url != testURL || inv.urlEnv != "DATABASE_URL" || strings.Join(r.command, " ") != "echo hi" {
+		t.Errorf("url/env/command: %q %q %q", inv.url, inv.urlEnv, r.command)
+	}
+	if !r.useSchedule || r.useLease {
+		t.Errorf("default strategy should be schedule only: %+v", r)
+	}
+	if r.ttl != 60*time.Second || r.interval != 10*time.Second || r.renewDeadline != 40*time.Second {
+		t.Errorf("ttl %v interval %v renew deadline %v", r.ttl, r.interval, r.renewDeadline)
+	}
+	if r.grace != 10*time.Second || r.busyExit != 0 || r.onLossCont || r.jitter != 0 {
+		t.Errorf("grace %v busy %d cont %v jitter %v", r.grace, r.busyExit, r.onLossCont, r.jitter)
+	}
+	if inv.level != slog.LevelInfo {
+		t.Errorf("level %v", inv.level)
+	}
+	if r.scheduleKey() != "cronjob-lock:schedule:job" || r.leaseKey() != "cronjob-lock:lease:job" {
+		t.Errorf("keys %q %q", r.scheduleKey(), r.leaseKey())
+	}
+}
+
+// The lease interval defaults to clamp(TTL×0.3, 1s, 10s), kept below 2/3 TTL.
+func TestLeaseIntervalDefault(t *testing.T) {
+	for ttl, want := range map[string]time.Duration{
+		"60": 10 * time.Second, "20": 6 * time.Second, "1": time.Second / 3, "2": time.Second, "3": time.Second, "1000": 10 * time.Second,
+	} {
+		inv, err := parseArgs([]string{"U", "true"}, envOf("U", testURL, "LOCK_KEY", "k", "LOCK_STRATEGY", "lease", "RUN_LOCK_TTL_SECONDS", ttl))
+		if err != nil {
+			t.Fatal(ttl, err)
+		}
+		if inv.run.interval != want {
+			t.Errorf("TTL %s: interval %v, want %v", ttl, inv.run.interval, want)
+		}
+		if inv.run.interval >= inv.run.renewDeadline || inv.run.renewDeadline >= inv.run.ttl {
+			t.Errorf("TTL %s: need interval %v < renew deadline %v < TTL %v", ttl, inv.run.interval, inv.run.renewDeadline, inv.run.ttl)
+		}
+	}
+}
+
+// Flags win over the environment; "--" after URL_ENV is accepted.
+func TestFlagsWin(t *testing.T) {
+	env := envOf("U", testURL, "LOCK_KEY", "envkey", "LOCK_STRATEGY", "bogus", "RUN_LOCK_TTL_SECONDS", "abc", "CRONJOB_LOCK_LOG_LEVEL", "DEBUG")
+	inv, err := parseArgs([]string{"--key", "flagkey", "--strategy=lease,schedule", "--schedule", "@hourly", "--ttl", "30", "--lease-interval", "2.5",
+		"--log-level", "error", "--busy-exit-code", "3", "--on-lease-loss", "continue", "--grace", "1m", "--jitter", "0.5",
+		"U", "--", "sh", "-c", "exit 3"}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := inv.run
+	if r.key != "flagkey" || !r.useLease || !r.useSchedule || r.ttl != 30*time.Second || r.interval != 2500*time.Millisecond ||
+		inv.level != slog.LevelError || r.busyExit != 3 || !r.onLossCont || r.grace != time.Minute || r.jitter != 500*time.Millisecond {
+		t.Errorf("flags not applied: %+v level %v", r, inv.level)
+	}
+	if strings.Join(r.command, "|") != "sh|-c|exit 3" {
+		t.Errorf("command %q", r.command)
+	}
+}
+
+// Every bad setting is a usage error that names the setting.
+func TestBadSettings(t *testing.T) {
+	base := []string{"U", testURL, "LOCK_KEY", "k", "CRON_SCHEDULE", "* * * * *"}
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"key missing", []string{"LOCK_KEY", ""}, nil, "LOCK_KEY"},
+		{"key too long", []string{"LOCK_KEY", strings.Repeat("k", 2000)}, nil, "LOCK_KEY"},
+		{"key invalid utf8", []string{"LOCK_KEY", "\xff"}, nil, "LOCK_KEY"},
+		{"strategy unknown", []string{"LOCK_STRATEGY", "weekly"}, nil, "LOCK_STRATEGY"},
+		{"strategy twice", []string{"LOCK_STRATEGY", "lease,lease"}, nil, "LOCK_STRATEGY"},
+		{"strategy empty part", []string{"LOCK_STRATEGY", "schedule,"}, nil, "LOCK_STRATEGY"},
+		{"schedule missing", []string{"CRON_SCHEDULE", ""}, nil, "CRON_SCHEDULE"},
+		{"schedule bad", []string{"CRON_SCHEDULE", "61 * * * *"}, nil, "CRON_SCHEDULE"},
+		{"schedule descriptor bad", []string{"CRON_SCHEDULE", "@fortnightly"}, nil, "CRON_SCHEDULE"},
+		{"ttl text", []string{"RUN_LOCK_TTL_SECONDS", "abc"}, nil, "RUN_LOCK_TTL_SECONDS"},
+		{"ttl zero", []string{"RUN_LOCK_TTL_SECONDS", "0"}, nil, "RUN_LOCK_TTL_SECONDS"},
+		{"ttl negative", []string{"RUN_LOCK_TTL_SECONDS", "-5"}, nil, "RUN_LOCK_TTL_SECONDS"},
+		{"ttl NaN", []string{"RUN_LOCK_TTL_SECONDS", "NaN"}, nil, "RUN_LOCK_TTL_SECONDS"},
+		{"interval text", []string{"LOCK_LEASE_INTERVAL", "often"}, nil, "LOCK_LEASE_INTERVAL"},
+		{"interval zero", []string{"LOCK_LEASE_INTERVAL", "0"}, nil, "LOCK_LEASE_INTERVAL"},
+		{"interval above ttl", []string{"LOCK_LEASE_INTERVAL", "61"}, nil, "LOCK_LEASE_INTERVAL"},
+		{"interval equal ttl", []string{"LOCK_LEASE_INTERVAL", "60"}, nil, "LOCK_LEASE_INTERVAL"},
+		{"jitter negative", []string{"LOCK_JITTER_SECONDS", "-1"}, nil, "LOCK_JITTER_SECONDS"},
+		{"jitter text", []string{"LOCK_JITTER_SECONDS", "some"}, nil, "LOCK_JITTER_SECONDS"},
+		{"on loss", []string{"LOCK_ON_LEASE_LOSS", "ignore"}, nil, "LOCK_ON_LEASE_LOSS"},
+		{"grace negative", []string{"DISLOCK_GRACE_SECONDS", "-1"}, nil, "DISLOCK_GRACE_SECONDS"},
+		{"busy code", []string{"DISLOCK_BUSY_EXIT_CODE", "300"}, nil, "DISLOCK_BUSY_EXIT_CODE"},
+		{"busy code text", []string{"DISLOCK_BUSY_EXIT_CODE", "x"}, nil, "DISLOCK_BUSY_EXIT_CODE"},
+		{"ttl flag", nil, []string{"--ttl", "x"}, "--ttl"},
+		{"url env unset", nil, []string{"NOPE"}, "NOPE"},
+		{"url env not a name", nil, []string{"1-2"}, "URL_ENV"},
+		{"unknown flag", nil, []string{"--bogus"}, "bogus"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			env := envOf(append(append([]string{}, base...), tc.env...)...)
+			args := tc.args
+			if len(args) == 0 || strings.HasPrefix(args[0], "--") {
+				args = append(args, "U", "true")
+			} else {
+				args = append(args, "true")
+			}
+			_, err := parseArgs(args, env)
+			var ue *usageError
+			if !errors.As(err, &ue) {
+				t.Fatalf("want a usage error, got %v", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not name %s", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "s3cr3t") {
+				t.Errorf("error %q shows the password", err)
+			}
+		})
+	}
+}
+
+func TestUsageForms(t *testing.T) {
+	env := envOf("DATABASE_URL", testURL, "OTHER", testURL)
+	for _, tc := range []struct {
+		args []string
+		ok   bool
+		sub  string
+	}{
+		{[]string{"status", "cronjob-lock:lease:k"}, true, subStatus},
+		{[]string{"status", "--url-env", "OTHER", "k"}, true, subStatus},
+		{[]string{"status"}, false, ""},
+		{[]string{"list"}, true, subList},
+		{[]string{"list", "cronjob-lock:", "--url-env=OTHER"}, true, subList},
+		{[]string{"list", "a", "b"}, false, ""},
+		{[]string{"release", "k"}, false, ""},
+		{[]string{"release", "k", "--force"}, true, subRelease},
+		{[]string{"status", "--force", "k"}, false, ""},
+		{[]string{"DATABASE_URL"}, false, ""},
+		{[]string{}, false, ""},
+	} {
+		inv, err := parseArgs(tc.args, env)
+		if (err == nil) != tc.ok {
+			t.Errorf("%q: err %v", tc.args, err)
+			continue
+		}
+		if err == nil && inv.sub != tc.sub {
+			t.Errorf("%q: sub %q", tc.args, inv.sub)
+		}
+	}
+	inv, err := parseArgs([]string{"--help"}, env)
+	if err != nil || !inv.help {
+		t.Fatalf("--help: %v", err)
+	}
+	var out bytes.Buffer
+	newCLI(&out, &out, env).usage(&out)
+	for _, sp := range specAllForHelp {
+		if !strings.Contains(out.String(), "--"+sp.flag) || (sp.env != "" && !strings.Contains(out.String(), "$"+sp.env)) {
+			t.Errorf("help does not list --%s with $%s", sp.flag, sp.env)
+		}
+	}
+}
+
+func TestLogLevel(t *testing.T) {
+	for in, want := range map[string]slog.Level{"debug": slog.LevelDebug, "INFO": slog.LevelInfo, "WARNING": slog.LevelWarn, "warn": slog.LevelWarn, "ERROR": slog.LevelError} {
+		if got, warn := parseLevel(in); got != want || warn != "" {
+			t.Errorf("%s: %v %q", in, got, warn)
+		}
+	}
+	if got, warn := parseLevel("LOUD"); got != slog.LevelWarn || !strings.Contains(warn, "CRONJOB_LOCK_LOG_LEVEL") {
+		t.Errorf("unknown level: %v %q", got, warn)
+	}
+}
+
+func TestSchedule(t *testing.T) {
+	s, err := parseSchedule("@every 10s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2025, 1, 1, 12, 0, 3, 0, time.UTC)
+	if got := s.Next(at); !got.Equal(at.Add(7 * time.Second)) {
+		t.Errorf("@every 10s is not epoch-aligned: %v", got)
+	}
+	s, err = parseSchedule("*/15 * * * *")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Next(at); got.Minute() != 15 || got.Second() != 0 {
+		t.Errorf("*/15: %v", got)
+	}
+	if _, err := parseSchedule("@every 100ms"); err == nil {
+		t.Error("sub-second @every accepted")
+	}
+}
+
+// The kill comes after the grace period, or earlier when the lease could
+// pass to another holder first.
+func TestKillDeadline(t *testing.T) {
+	now := time.Now()
+	cfg := &runConfig{ttl: 60 * time.Second, renewDeadline: 40 * time.Second, grace: 10 * time.Second}
+	// Lost at the local deadline: 20s of server lease left, minus a quarter.
+	if got := killDeadline(now, now, cfg).Sub(now); got != 10*time.Second {
+		t.Errorf("grace-bound: %v", got)
+	}
+	cfg.grace = time.Minute
+	if got := killDeadline(now, now, cfg).Sub(now); got != 15*time.Second {
+		t.Errorf("lease-bound: %v", got)
+	}
+	if got := killDeadline(now, now.Add(-time.Hour), cfg); !got.Equal(now) {
+		t.Errorf("past: %v", got)
+	}
+}
+
+func TestRedact(t *testing.T) {
+	u := "redis://user:p%40ss@host:6379/0?sentinel_password=sp1234"
+	r := newRedactor("REDIS_URL", u)
+	for _, in := range []string{
+		"dial " + u + " failed",
+		"password p@ss rejected, p%40ss",
+		"sentinel sp1234",
+		"cannot parse `postgres://bob:hunter2@db/x`",
+		"host=db user=bob password=hunter2 dbname=x",
+		"user:p@ss@host",
+	} {
+		out := r.String(in)
+		for _, secret := range []string{"p@ss", "p%40ss", "sp1234", "hunter2", u} {
+			if strings.Contains(out, secret) {
+				t.Errorf("%q -> %q still contains %q", in, out, secret)
+			}
+		}
+	}
+	if got := r.String("dial " + u); !strings.Contains(got, "$REDIS_URL") {
+		t.Errorf("URL not named: %q", got)
+	}
+}
+
+func TestCommaHosts(t *testing.T) {
+	for in, want := range map[string]string{
+		"redis://h1:1,h2:2,h3:3/0?master_name=m": "redis://h1:1/0?master_name=m&addr=h2:2&addr=h3:3",
+		"redis://:pw@h1:1,h2:2":                  "redis://:pw@h1:1?addr=h2:2",
+		"redis://h1:1/0":                         "redis://h1:1/0",
+	} {
+		if got := commaHosts(in); got != want {
+			t.Errorf("%s: got %s, want %s", in, got, want)
+		}
+	}
+}
