@@ -187,9 +187,7 @@ func (e *Election) run() {
 		case <-e.ctx.Done():
 		}
 		e.cur.Store(nil)
-		rctx, cancel := context.WithTimeout(context.Background(), DefaultReleaseTimeout)
-		_ = s.Release(rctx)
-		cancel()
+		_ = s.Release(context.Background()) // bounded by the client's release timeout
 		if e.cfg.onRevoked != nil {
 			cause := s.Err()
 			if e.ctx.Err() != nil {

@@ -328,8 +328,9 @@ func TestSlotEndUsesStoreClock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Ends at base+1m on the store's clock, 3s earlier locally.
-		want := base.Add(time.Minute).Add(-3 * time.Second)
+		// Ends at base+1m less the 1s tolerance on the store's clock, 3s
+		// earlier locally.
+		want := base.Add(time.Minute).Add(-time.Second).Add(-3 * time.Second)
 		if got := s.Deadline(); got.Sub(want).Abs() > time.Millisecond {
 			t.Fatalf("slot deadline %v, want %v", got, want)
 		}
@@ -462,5 +463,47 @@ func TestCloseStopsEverything(t *testing.T) {
 	}
 	if !errors.Is(s.Err(), core.ErrClosed) || st.Held("k") {
 		t.Fatalf("Close left the session: %v held=%v", s.Err(), st.Held("k"))
+	}
+}
+
+// Every scheduler fires a little early, tick after tick: each tick still
+// gets exactly one start.
+func TestSlotsWithEarlyStarts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, _ := newPair(t)
+		sched := core.Every(time.Minute)
+		opts := []core.Option{core.ForSlot(sched), core.SlotTolerance(2 * time.Second)}
+		time.Sleep(time.Until(sched.Next(time.Now())))
+		for tick := 0; tick < 5; tick++ {
+			// Both fire 500ms before the tick, then both 500ms after it.
+			next := sched.Next(time.Now())
+			time.Sleep(time.Until(next.Add(-500 * time.Millisecond)))
+			early, late := 0, 0
+			for _, c := range cs {
+				if s, err := c.TryAcquire(context.Background(), "tick", opts...); err == nil {
+					early++
+					s.Release(context.Background())
+				}
+			}
+			time.Sleep(time.Second)
+			for _, c := range cs {
+				if s, err := c.TryAcquire(context.Background(), "tick", opts...); err == nil {
+					late++
+					s.Release(context.Background())
+				}
+			}
+			if early != 1 || late != 0 {
+				t.Fatalf("tick %d: %d early and %d late starts, want 1 and 0", tick, early, late)
+			}
+		}
+	})
+}
+
+func TestValidateOptions(t *testing.T) {
+	if err := core.ValidateOptions(core.TTL(time.Second), core.RenewInterval(time.Second)); !errors.Is(err, core.ErrInvalidOption) {
+		t.Fatalf("ValidateOptions = %v", err)
+	}
+	if err := core.ValidateOptions(core.TTL(time.Second)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -122,8 +122,8 @@ func MinHold(d time.Duration) Option {
 }
 
 // ForSlot switches to slot mode: at most one acquisition per slot of sched.
-// The lease expires at the slot's end, computed on the store's clock as
-// sched.Next(storeNow + tolerance), and is not renewed; Release leaves it held
+// The lease expires at the slot's end, computed on the store's clock by
+// SlotEnd (the next tick less the tolerance), and is not renewed; Release leaves it held
 // until then, and the session ends (ErrLeaseLost) when the slot does. The
 // tolerance (SlotTolerance, default 1s) lets a start that fires slightly
 // early belong to the coming slot. A slot acquisition costs two round trips:
@@ -163,6 +163,15 @@ func Backoff(min, max time.Duration) Option {
 		}
 		c.backoffMin, c.backoffMax = min, max
 	}
+}
+
+// ValidateOptions reports the first invalid option, or invalid relation
+// between options, without acquiring anything: integrations call it when
+// they are configured, so a bad option fails then rather than at the first
+// acquisition.
+func ValidateOptions(opts ...Option) error {
+	_, err := resolve(nil, opts)
+	return err
 }
 
 // resolve applies defaults and opts and checks the relations between them.

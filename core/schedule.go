@@ -35,9 +35,19 @@ func (e every) Next(t time.Time) time.Time {
 
 func (e every) String() string { return fmt.Sprintf("every %v", time.Duration(e)) }
 
-// SlotEnd returns the end of the slot that a start at serverNow belongs to:
-// sched.Next(serverNow + tolerance). A start that fires up to tolerance early
-// (clock skew between schedulers) therefore belongs to the coming slot.
+// SlotEnd returns when the slot that a start at serverNow belongs to ends.
+//
+// Starts may fire up to tolerance early (clock skew between schedulers, or
+// between a scheduler and the store). The slot of tick T therefore runs from
+// T - tolerance to Next(T) - tolerance: a start that fires slightly before T
+// belongs to T's slot, and so does one a little late, while the next tick's
+// early starts find the slot already over. The result is
+// sched.Next(serverNow + tolerance) - tolerance, which is always after
+// serverNow.
 func SlotEnd(sched Schedule, serverNow time.Time, tolerance time.Duration) time.Time {
-	return sched.Next(serverNow.Add(tolerance))
+	next := sched.Next(serverNow.Add(tolerance))
+	if next.IsZero() {
+		return next
+	}
+	return next.Add(-tolerance)
 }
