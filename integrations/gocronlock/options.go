@@ -92,6 +92,10 @@ func resolveConfig(s scope, opts []Option) (config, error) {
 	if c.slot != nil && c.minHold > 0 {
 		return c, invalid("MinHold", "cannot be combined with Slot: a slot lock is already kept until the slot ends")
 	}
+	// Bad core options (LockOptions) fail now, not at the first run.
+	if err := core.ValidateOptions(c.coreOptions()...); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 

@@ -30,6 +30,8 @@ func TestOptionsRejected(t *testing.T) {
 	_, cases["Elector MinHold"] = gocronlock.NewElector(l, "k", gocronlock.MinHold(time.Second))
 	_, cases["Elector Retry(0)"] = gocronlock.NewElector(l, "k", gocronlock.Retry(0))
 	_, cases["Elector bad lock option"] = gocronlock.NewElector(l, "k", gocronlock.LockOptions(core.TTL(-1)))
+	_, cases["Locker bad lock option"] = gocronlock.NewLocker(l, gocronlock.LockOptions(core.RenewInterval(time.Hour)))
+	_, cases["Wrap bad lock option"] = gocronlock.Wrap(l, "k", fn, gocronlock.LockOptions(core.TTL(-1)))
 	_, cases["Wrap Retry"] = gocronlock.Wrap(l, "k", fn, gocronlock.Retry(time.Second))
 	_, cases["Wrap TryTimeout(0)"] = gocronlock.Wrap(l, "k", fn, gocronlock.TryTimeout(0))
 	_, cases["Wrap nil fn"] = gocronlock.Wrap(l, "k", nil)
