@@ -432,3 +432,18 @@ func BenchmarkHold1000(b *testing.B) {
 	b.ReportMetric(perRenewal/interval.Seconds(), "cpu-µs/lock·s")
 	b.ReportMetric(perRenewal/(core.DefaultTTL/3).Seconds(), "cpu-µs/lock·s@30s")
 }
+
+// BenchmarkBackendAcquireRelease is the store's share of
+// BenchmarkTryAcquireRelease: the two scripts alone, without the engine.
+func BenchmarkBackendAcquireRelease(b *testing.B) {
+	c := benchClient(b, benchRedis(b))
+	ctx := context.Background()
+	be := newBackend(b, c, "bench")
+	interleaved(b, c, func() error {
+		req := core.AcquireRequest{Key: "backend", Owner: "o", OwnerToken: "t", TTL: 30 * time.Second}
+		if _, err := be.TryAcquire(ctx, req); err != nil {
+			return err
+		}
+		return be.Release(ctx, core.ReleaseRequest{Key: "backend", OwnerToken: "t"})
+	})
+}
