@@ -13,20 +13,28 @@ import (
 )
 
 // each runs bench once per contender, as sub-benchmarks named store/contender.
-func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *store, which string)) {
+// reqs counts the commands (Redis) or statements (PostgreSQL) the contender's
+// client has sent so far.
+func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *store, which string, reqs func() int64)) {
 	for _, s := range []string{"redis", "pg"} {
 		for _, which := range names[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
-				var st *store
-				if s == "redis" {
-					st = redisStore(b, nil)
-				} else {
-					st = pgStore(b, benchPG(b), nil)
-				}
-				bench(b, st, which)
+				st, reqs := counted(b, s)
+				bench(b, st, which, reqs)
 			})
 		}
 	}
+}
+
+// counted connects to store s ("redis" or "pg") with a client that counts
+// its requests.
+func counted(b *testing.B, s string) (*store, func() int64) {
+	if s == "redis" {
+		h := &commandCount{}
+		return redisStore(b, h), h.cmds.Load
+	}
+	t := &statementCount{}
+	return pgStore(b, benchPG(b), t), t.n.Load
 }
 
 var all = map[string][]string{"redis": redisContenders, "pg": pgContenders}
@@ -42,7 +50,7 @@ func bg(b *testing.B) context.Context {
 // change of machine load during the run affects both alike. x-rtt is the
 // time of one acquire+release in raw round trips.
 func BenchmarkUncontended(b *testing.B) {
-	each(b, all, func(b *testing.B, st *store, which string) {
+	each(b, all, func(b *testing.B, st *store, which string, reqs func() int64) {
 		c := contenderFor(b, st, which)
 		ctx := bg(b)
 		key := name(which, "uncontended")
@@ -59,22 +67,25 @@ func BenchmarkUncontended(b *testing.B) {
 		meanRTT(ctx, b, st.rt, 10)
 		const chunk = 50
 		var rttTime, opTime time.Duration
+		var opReqs int64
 		b.ResetTimer()
 		for done := 0; done < b.N; {
 			n := min(chunk, b.N-done)
 			b.StopTimer()
 			rttTime += meanRTT(ctx, b, st.rt, n) * time.Duration(n)
 			b.StartTimer()
-			start := time.Now()
+			reqs0, start := reqs(), time.Now()
 			for range n {
 				op()
 			}
 			opTime += time.Since(start)
+			opReqs += reqs() - reqs0
 			done += n
 		}
 		b.StopTimer()
 		b.ReportMetric(float64(opTime)/float64(rttTime), "x-rtt")
 		b.ReportMetric(float64(rttTime.Microseconds())/float64(b.N), "rtt-µs")
+		b.ReportMetric(float64(opReqs)/float64(b.N), "reqs/op")
 	})
 }
 
@@ -82,7 +93,7 @@ func BenchmarkUncontended(b *testing.B) {
 // releasing its own key. x-rtt is acquire+release pairs per second divided
 // by raw round trips per second from 64 goroutines on the same client.
 func BenchmarkParallelDistinctKeys(b *testing.B) {
-	each(b, all, func(b *testing.B, st *store, which string) {
+	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
 		c := contenderFor(b, st, which)
 		ctx := bg(b)
 		keys := make([]string, parallelism)
@@ -116,7 +127,7 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 // it. x-rtt is attempts per second divided by raw round trips per second
 // from 64 goroutines: how close a failed try comes to one cheap round trip.
 func BenchmarkHotKey(b *testing.B) {
-	each(b, all, func(b *testing.B, st *store, which string) {
+	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
 		c := contenderFor(b, st, which)
 		ctx := bg(b)
 		key := name(which, "hot")
@@ -158,7 +169,8 @@ var handoffContenders = map[string][]string{
 }
 
 // BenchmarkHandoff: 16 goroutines, each its own Locker (as 16 processes
-// would be), wait for one key, hold it 1 ms and release it. Latency is from
+// would be), wait for one key, hold it 1 ms, release it and queue again once
+// another has taken it. Latency is from
 // the start of Release to the return of the next holder's acquire; p50-x-rtt
 // and p99-x-rtt divide it by the mean raw round trip. reqs/acq counts the
 // client's commands (Redis) or statements (PostgreSQL) per acquisition,
@@ -167,17 +179,7 @@ func BenchmarkHandoff(b *testing.B) {
 	for _, s := range []string{"redis", "pg"} {
 		for _, which := range handoffContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
-				var st *store
-				var reqs func() int64
-				if s == "redis" {
-					h := &commandCount{}
-					st = redisStore(b, h)
-					reqs = h.cmds.Load
-				} else {
-					t := &statementCount{}
-					st = pgStore(b, benchPG(b), t)
-					reqs = t.n.Load
-				}
+				st, reqs := counted(b, s)
 				handoff(b, st, which, reqs)
 			})
 		}
@@ -202,6 +204,8 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 
 	var (
 		mu         sync.Mutex
+		turn       = sync.NewCond(&mu)
+		acquired   int // acquisitions so far
 		releasedAt time.Time
 		samples    = make([]time.Duration, 0, b.N)
 		remaining  atomic.Int64
@@ -224,6 +228,9 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 				if !releasedAt.IsZero() {
 					samples = append(samples, now.Sub(releasedAt))
 				}
+				acquired++
+				mine := acquired
+				turn.Broadcast()
 				mu.Unlock()
 				time.Sleep(holdFor)
 				mu.Lock()
@@ -231,8 +238,20 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 				mu.Unlock()
 				if err := u(ctx); err != nil {
 					errs[g] = err
+					mu.Lock()
+					acquired = b.N // let the others finish
+					turn.Broadcast()
+					mu.Unlock()
 					return
 				}
+				// Join the back of the queue: wait until someone else has
+				// taken the lock, so that every sample is a hand-off from
+				// one holder to a waiter, never a holder taking it again.
+				mu.Lock()
+				for acquired == mine && acquired < b.N {
+					turn.Wait()
+				}
+				mu.Unlock()
 			}
 		})
 	}
@@ -287,6 +306,9 @@ func hold(b *testing.B, s, which string) {
 		settle   func() error
 		tripUnit = "client-trips/interval"
 		srvUnit  = "srv-cmds/interval"
+		// Redis only: the server's CPU time over the window.
+		serverCPUStart func() error
+		serverCPUUsed  func() (time.Duration, error)
 	)
 	if s == "redis" {
 		h := &commandCount{}
@@ -295,6 +317,12 @@ func hold(b *testing.B, s, which string) {
 		plain := newRedis(b, st.url, nil)
 		server = func() (int64, error) { return serverCommands(ctx, plain) }
 		settle = func() error { return nil }
+		var cpu0 time.Duration
+		serverCPUStart = func() (err error) { cpu0, err = serverCPU(ctx, plain); return err }
+		serverCPUUsed = func() (time.Duration, error) {
+			cpu1, err := serverCPU(ctx, plain)
+			return cpu1 - cpu0, err
+		}
 	} else {
 		t := &statementCount{}
 		url := benchPG(b)
@@ -380,6 +408,11 @@ func hold(b *testing.B, s, which string) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if serverCPUStart != nil {
+		if err := serverCPUStart(); err != nil {
+			b.Fatal(err)
+		}
+	}
 	trips0, cpu0 := trips(), cpuTime()
 	b.ResetTimer()
 	start := time.Now()
@@ -389,6 +422,13 @@ func hold(b *testing.B, s, which string) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	trips1, cpu1 := trips(), cpuTime()
+	if serverCPUUsed != nil {
+		used, err := serverCPUUsed()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(used.Microseconds())/(leases*elapsed.Seconds()), "srv-cpu-µs/lock·s")
+	}
 	if err := settle(); err != nil {
 		b.Fatal(err)
 	}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Runs the comparative benchmarks of the nested module bench/ (dislock vs
+# bsm/redislock, redsync, a plain TTL-row lock and PostgreSQL advisory locks)
+# and prints the machine, the server versions, the raw `go test -bench`
+# output and a summary. Results are also written to bench/results/ (ignored
+# by git). Takes about 3 minutes.
+#
+# PostgreSQL: DISLOCK_BENCH_PG, else DISLOCK_TEST_PG (the benchmarks create a
+# private database on it for the run and drop it at the end).
+# Redis: DISLOCK_BENCH_REDIS; when unset, a private redis-server on a free
+# loopback port, so that INFO commandstats and CPU counts see only this run.
+# Extra arguments go to `go test` (e.g. -bench Handoff, -benchtime 2s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/services.sh
+
+PG_URL=${DISLOCK_BENCH_PG:-${DISLOCK_TEST_PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}}
+export DISLOCK_BENCH_PG=$PG_URL
+
+redis_pid=""
+cleanup() { if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi; }
+trap cleanup EXIT
+
+if [ -z "${DISLOCK_BENCH_REDIS:-}" ]; then
+  if command -v redis-server >/dev/null; then
+    port=""
+    for p in $(seq 16379 16399); do
+      if ! timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$p" 2>/dev/null; then port=$p; break; fi
+    done
+    [ -n "$port" ] || { echo "bench: no free port in 16379-16399 for a private redis-server" >&2; exit 1; }
+    dir=$(mktemp -d)
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --dir "$dir" \
+      --logfile "$dir/redis.log" >/dev/null &
+    redis_pid=$!
+    for _ in $(seq 1 50); do
+      timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null && break
+      sleep 0.1
+    done
+    export DISLOCK_BENCH_REDIS="redis://127.0.0.1:$port/0"
+  else
+    export DISLOCK_BENCH_REDIS=${DISLOCK_TEST_REDIS:-redis://127.0.0.1:6379/0}
+  fi
+fi
+
+redis_version() {
+  local u=${DISLOCK_BENCH_REDIS#*://}; u=${u#*@}; u=${u%%/*}
+  redis-cli -h "${u%%:*}" -p "${u##*:}" info server 2>/dev/null | tr -d '\r' | sed -n 's/^redis_version://p'
+}
+
+mkdir -p bench/results
+out=bench/results/bench-$(date -u +%Y%m%dT%H%M%SZ).txt
+{
+  echo "date:     $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "machine:  $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(uname -sr)"
+  echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"
+  echo "go:       $(go version | cut -d' ' -f3-)"
+  echo "postgres: $(psql "$PG_URL" -Atc 'SHOW server_version' 2>/dev/null || echo unknown)"
+  echo "redis:    $(redis_version || echo unknown)$([ -n "$redis_pid" ] && echo ' (private instance for this run)')"
+  echo
+} | tee "$out"
+
+(cd bench && go test -run '^$' -bench . -benchtime 1s -count 1 -timeout 10m "$@" .) | tee -a "$out"
+
+# Summary: each benchmark's own metrics, ratios first.
+{
+  echo
+  echo "summary (x-rtt = ratio to the raw round trip measured in the same benchmark):"
+  awk '/^Benchmark/ {
+    name = $1; sub(/-[0-9]+$/, "", name); sub(/^Benchmark/, "", name)
+    line = sprintf("  %-34s", name)
+    for (i = 5; i < NF; i += 2) if ($(i+1) != "ns/op") line = line sprintf("  %s %s", $i, $(i+1))
+    print line
+  }' "$out"
+} | tee "$out.summary"
+cat "$out.summary" >>"$out"
+rm "$out.summary"
+echo "results written to $out"
