@@ -64,8 +64,10 @@ func needServer(t testing.TB, env, def, port string) *url.URL {
 	return u
 }
 
-func pgURL(t testing.TB) *url.URL    { return needServer(t, "DISLOCK_TEST_PG", defaultPG, "5432") }
-func redisURL(t testing.TB) *url.URL { return needServer(t, "DISLOCK_TEST_REDIS", defaultRedis, "6379") }
+func pgURL(t testing.TB) *url.URL { return needServer(t, "DISLOCK_TEST_PG", defaultPG, "5432") }
+func redisURL(t testing.TB) *url.URL {
+	return needServer(t, "DISLOCK_TEST_REDIS", defaultRedis, "6379")
+}
 
 // viaProxy returns u with its host replaced by the proxy's address and the
 // password set to pass.
