@@ -744,3 +744,35 @@ func TestUnknownLogLevel(t *testing.T) {
 		}
 	})
 }
+
+// A PostgreSQL table in the older 3-column layout (key, value, expire_at) is
+// used as it is, without fencing tokens.
+func TestLegacyTable(t *testing.T) {
+	u := testenv.PG(t)
+	table := testenv.Name("dislock_cli_legacy_")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ident := pgx.Identifier{table}.Sanitize()
+	t.Cleanup(func() {
+		conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+ident)
+		conn.Close(context.Background())
+	})
+	if _, err := conn.Exec(ctx, "CREATE TABLE "+ident+" (key text PRIMARY KEY, value text NOT NULL, expire_at timestamptz NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{url: u, env: []string{"LOCK_TABLE=" + table}}
+	key := f.newKey(t)
+	p := run(t, f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease"), urlVar, "sh", "-c", `echo "$DISLOCK_TOKEN"; `+
+		fmt.Sprintf(`"%s" status --url-env %s %s%s`, binary, urlVar, leasePrefix, key))
+	expectCode(t, p, 0)
+	if !strings.HasPrefix(p.stdout.String(), "0\n") || !strings.Contains(p.stdout.String(), "\theld\t") {
+		t.Fatalf("output: %s", p.output())
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+ident).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("rows left: %d %v", n, err)
+	}
+}

@@ -117,6 +117,7 @@ type runConfig struct {
 	command       []string
 	key           string
 	schedule      core.Schedule
+	slotTolerance time.Duration
 	scheduleSpec  string
 	useSchedule   bool
 	useLease      bool
@@ -334,11 +335,11 @@ func parseRun(st *settings, r *runConfig) error {
 		if r.scheduleSpec == "" {
 			return badSetting(specSchedule, "required by the schedule strategy")
 		}
-		sched, err := parseSchedule(r.scheduleSpec)
+		sched, tol, err := parseSchedule(r.scheduleSpec)
 		if err != nil {
 			return badSetting(specSchedule, "%q: %v", r.scheduleSpec, err)
 		}
-		r.schedule = sched
+		r.schedule, r.slotTolerance = sched, tol
 	}
 
 	var err error
@@ -370,6 +371,10 @@ func parseRun(st *settings, r *runConfig) error {
 		if r.interval >= r.renewDeadline {
 			r.interval = r.ttl / 3
 		}
+	}
+
+	if err := core.ValidateOptions(core.TTL(r.ttl), core.RenewInterval(r.interval), core.RenewDeadline(r.renewDeadline)); err != nil {
+		return badSetting(specInterval, "with %s %v: %v", specTTL.env, r.ttl, err)
 	}
 
 	if r.jitter, err = parseSeconds(st.get(specJitter)); err != nil {
@@ -418,25 +423,26 @@ func parseSeconds(s string) (time.Duration, error) {
 }
 
 // parseSchedule parses a standard cron spec (5 fields, descriptors such as
-// @hourly, @every 10m, and a CRON_TZ= prefix). @every slots are aligned to the
-// Unix epoch so that every machine agrees on them; other specs are evaluated
-// in the local time zone unless CRON_TZ says otherwise.
-func parseSchedule(specText string) (core.Schedule, error) {
+// @hourly, @every 10m, and a CRON_TZ= prefix) and returns it with the slot
+// tolerance that suits it. @every slots are aligned to the Unix epoch so that
+// every machine agrees on them; other specs are evaluated in the local time
+// zone unless CRON_TZ says otherwise.
+func parseSchedule(specText string) (core.Schedule, time.Duration, error) {
 	if rest, ok := strings.CutPrefix(strings.TrimSpace(specText), "@every "); ok {
 		d, err := time.ParseDuration(strings.TrimSpace(rest))
 		if err != nil {
-			return nil, fmt.Errorf("@every: %v", err)
+			return nil, 0, fmt.Errorf("@every: %v", err)
 		}
 		if d < time.Second {
-			return nil, fmt.Errorf("@every needs at least 1s, got %v", d)
+			return nil, 0, fmt.Errorf("@every needs at least 1s, got %v", d)
 		}
-		return core.Every(d), nil
+		return core.Every(d), min(core.DefaultSlotTolerance, d/4), nil
 	}
 	s, err := cron.ParseStandard(specText)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return core.ScheduleFunc(func(t time.Time) time.Time { return s.Next(t.In(time.Local)) }), nil
+	return core.ScheduleFunc(func(t time.Time) time.Time { return s.Next(t.In(time.Local)) }), core.DefaultSlotTolerance, nil
 }
 
 // parseLevel maps CRONJOB_LOCK_LOG_LEVEL to a slog level; an unknown value

@@ -196,22 +196,25 @@ func TestLogLevel(t *testing.T) {
 }
 
 func TestSchedule(t *testing.T) {
-	s, err := parseSchedule("@every 10s")
-	if err != nil {
-		t.Fatal(err)
+	s, tol, err := parseSchedule("@every 10s")
+	if err != nil || tol != time.Second {
+		t.Fatal(tol, err)
 	}
 	at := time.Date(2025, 1, 1, 12, 0, 3, 0, time.UTC)
 	if got := s.Next(at); !got.Equal(at.Add(7 * time.Second)) {
 		t.Errorf("@every 10s is not epoch-aligned: %v", got)
 	}
-	s, err = parseSchedule("*/15 * * * *")
+	if _, tol, _ := parseSchedule("@every 2s"); tol != 500*time.Millisecond {
+		t.Errorf("@every 2s: tolerance %v", tol)
+	}
+	s, _, err = parseSchedule("*/15 * * * *")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := s.Next(at); got.Minute() != 15 || got.Second() != 0 {
 		t.Errorf("*/15: %v", got)
 	}
-	if _, err := parseSchedule("@every 100ms"); err == nil {
+	if _, _, err := parseSchedule("@every 100ms"); err == nil {
 		t.Error("sub-second @every accepted")
 	}
 }

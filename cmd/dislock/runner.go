@@ -121,7 +121,7 @@ func (c *cli) acquire(ctx context.Context, inv *invocation) (sched, lease core.S
 	}
 	if cfg.useSchedule {
 		key := cfg.scheduleKey()
-		s, err := c.try(ctx, l, key, append(jitterOpt(), core.ForSlot(cfg.schedule)), cfg, inv.urlEnv)
+		s, err := c.try(ctx, l, key, append(jitterOpt(), core.ForSlot(cfg.schedule), core.SlotTolerance(cfg.slotTolerance)), cfg, inv.urlEnv)
 		if err != nil {
 			return fail(err)
 		}
