@@ -99,30 +99,17 @@ func BenchmarkUncontended(b *testing.B) {
 func BenchmarkParallelDistinctKeys(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
 		c := contenderFor(b, st, which)
-		ctx := bg(b)
 		keys := make([]string, parallelism)
 		for i := range keys {
 			keys[i] = name(which, "distinct", fmt.Sprint(i))
 		}
-		rtt, err := parallelRun(ctx, parallelism, max(b.N, 2*parallelism), func(ctx context.Context, _ int) error { return st.rt(ctx) })
-		if err != nil {
-			b.Fatal(err)
-		}
-		rttOps := max(b.N, 2*parallelism)
-		b.ResetTimer()
-		d, err := parallelRun(ctx, parallelism, b.N, func(ctx context.Context, w int) error {
+		perSec := parallelVsRTT(b, st, func(ctx context.Context, w int) error {
 			u, err := c.try(ctx, keys[w])
 			if err != nil {
 				return err
 			}
 			return u(ctx)
 		})
-		b.StopTimer()
-		if err != nil {
-			b.Fatal(err)
-		}
-		perSec := float64(b.N) / d.Seconds()
-		b.ReportMetric(perSec/(float64(rttOps)/rtt.Seconds()), "x-rtt")
 		b.ReportMetric(perSec, "pairs/s")
 	})
 }
@@ -133,16 +120,9 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 func BenchmarkHotKey(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
 		c := contenderFor(b, st, which)
-		ctx := bg(b)
 		key := name(which, "hot")
-		total := max(b.N, 2*parallelism)
-		rtt, err := parallelRun(ctx, parallelism, total, func(ctx context.Context, _ int) error { return st.rt(ctx) })
-		if err != nil {
-			b.Fatal(err)
-		}
 		var won atomic.Int64
-		b.ResetTimer()
-		d, err := parallelRun(ctx, parallelism, b.N, func(ctx context.Context, _ int) error {
+		perSec := parallelVsRTT(b, st, func(ctx context.Context, _ int) error {
 			u, err := c.try(ctx, key)
 			if errors.Is(err, errBusy) {
 				return nil
@@ -153,14 +133,44 @@ func BenchmarkHotKey(b *testing.B) {
 			won.Add(1)
 			return u(ctx)
 		})
+		b.ReportMetric(perSec*float64(won.Load())/float64(b.N), "acq/s")
+	})
+}
+
+// parallelVsRTT runs b.N calls of op on 64 goroutines, in rounds alternating
+// with as many raw round trips on the same goroutines, so that a change of
+// machine load affects both alike. It reports x-rtt, op's rate divided by the
+// round trips' rate, and returns op's rate per second.
+func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker int) error) float64 {
+	ctx := bg(b)
+	const rounds = 4
+	ping := func(ctx context.Context, _ int) error { return st.rt(ctx) }
+	if _, err := parallelRun(ctx, parallelism, 2*parallelism, ping); err != nil { // warm up the pools
+		b.Fatal(err)
+	}
+	var rttTime, opTime time.Duration
+	var rttN int
+	b.ResetTimer()
+	for r := range rounds {
+		n := b.N/rounds + min(1, max(0, b.N%rounds-r)) // the calls of this round
 		b.StopTimer()
+		m := max(n, parallelism) // enough round trips to keep every goroutine busy
+		d, err := parallelRun(ctx, parallelism, m, ping)
 		if err != nil {
 			b.Fatal(err)
 		}
-		perSec := float64(b.N) / d.Seconds()
-		b.ReportMetric(perSec/(float64(total)/rtt.Seconds()), "x-rtt")
-		b.ReportMetric(float64(won.Load())/d.Seconds(), "acq/s")
-	})
+		rttTime, rttN = rttTime+d, rttN+m
+		b.StartTimer()
+		d, err = parallelRun(ctx, parallelism, n, op)
+		if err != nil {
+			b.Fatal(err)
+		}
+		opTime += d
+	}
+	b.StopTimer()
+	perSec := float64(b.N) / opTime.Seconds()
+	b.ReportMetric(perSec/(float64(rttN)/rttTime.Seconds()), "x-rtt")
+	return perSec
 }
 
 // handoffContenders are those with a way to wait. dislock waits for a
