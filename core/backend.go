@@ -32,8 +32,9 @@ type Backend interface {
 	// (Watcher). With req.Keep > 0 it instead sets the expiry to the store's
 	// now + Keep and leaves the lock held (min hold).
 	Release(ctx context.Context, req ReleaseRequest) error
-	// Now returns the store's clock.
-	Now(ctx context.Context) (time.Time, error)
+	// Now returns the clock of the store node that holds key (slot ends are
+	// computed on it).
+	Now(ctx context.Context, key string) (time.Time, error)
 	// Close frees what the backend itself opened (never the caller's client
 	// or pool). Client.Close calls it; it must be safe to call more than once.
 	Close() error
@@ -57,7 +58,9 @@ type AcquireRequest struct {
 	TTL        time.Duration // lease: expire at store now + TTL
 	// ExpireAt, when non-zero, is the absolute expiry on the store's clock
 	// (slot mode: the slot's end, computed from the store's Now). TTL is
-	// then ignored.
+	// then ignored. When ExpireAt is not after the store's now, the slot is
+	// over — its holder let it expire — and TryAcquire must answer Busy
+	// without claiming anything, or a slot could be started twice.
 	ExpireAt time.Time
 }
 

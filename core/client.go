@@ -30,9 +30,10 @@ type Client struct {
 	mu       sync.Mutex
 	closed   bool
 	sessions map[*session]struct{}
-	waiters  map[string]map[chan struct{}]struct{}
-	renewing bool // renewer goroutine started
-	watching bool // watcher goroutine started
+	waiters  map[string][]chan struct{} // per key, oldest first
+	echoes   map[string][]time.Time     // own releases whose notification is due back
+	renewing bool                       // renewer goroutine started
+	watching bool                       // watcher goroutine started
 	wake     chan struct{}
 }
 
@@ -64,7 +65,8 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		b: b, name: b.Name(), cfg: cfg, obs: cfg.observer,
 		ctx: ctx, cancel: cancel,
 		sessions: make(map[*session]struct{}),
-		waiters:  make(map[string]map[chan struct{}]struct{}),
+		waiters:  make(map[string][]chan struct{}),
+		echoes:   make(map[string][]time.Time),
 		wake:     make(chan struct{}, 1),
 	}
 	c.watcher, _ = b.(Watcher)
@@ -114,7 +116,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	var wake chan struct{}
 	if mode == ModeWait {
 		wake = c.addWaiter(key)
-		defer c.removeWaiter(key, wake)
+		defer func() { c.removeWaiter(key, wake, s != nil) }()
 	}
 	var timer *time.Timer
 	for {
@@ -174,7 +176,7 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 	req := AcquireRequest{Key: key, Owner: cfg.owner, OwnerToken: rand.Text(), TTL: cfg.ttl}
 	var serverNow time.Time
 	if cfg.schedule != nil {
-		now, err := c.b.Now(ctx)
+		now, err := c.b.Now(ctx, key)
 		if err != nil {
 			return nil, fmt.Errorf("dislock: %s: read store clock: %w", c.name, err)
 		}
@@ -343,7 +345,7 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (bool, error) {
 	}
 	released, err := a.ForceRelease(ctx, key)
 	if released {
-		c.notify(key)
+		c.notifyOwn(key)
 	}
 	return released, err
 }

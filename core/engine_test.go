@@ -507,3 +507,68 @@ func TestValidateOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A release wakes one waiter of a client, not all of them, and a client's
+// own release is not acted on twice when the store echoes it back.
+func TestWakeOneWaiterPerRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t)
+		s, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const waiters = 10
+		got := make(chan core.Session)
+		for i := 0; i < waiters; i++ {
+			go func() {
+				s, err := cs[1].Acquire(context.Background(), "k", core.Backoff(time.Hour, time.Hour))
+				if err != nil {
+					t.Error(err)
+				}
+				got <- s
+			}()
+		}
+		synctest.Wait() // all waiting after their busy attempts
+		before := bs[1].Stats().Acquires
+		if before < waiters {
+			t.Fatalf("%d attempts before the first release, want at least %d", before, waiters)
+		}
+		s.Release(context.Background())
+		for i := 0; i < waiters; i++ {
+			s := <-got
+			synctest.Wait()
+			if n := bs[1].Stats().Acquires - before; n != i+1 {
+				t.Fatalf("after %d hand-offs: %d attempts, want %d (one per release)", i+1, n, i+1)
+			}
+			s.Release(context.Background())
+		}
+	})
+}
+
+// A start whose clock read falls just before its slot ends but whose claim
+// reaches the store after it must not start that slot a second time.
+func TestSlotClaimAfterSlotEndIsRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t)
+		opts := []core.Option{core.ForSlot(core.Every(time.Minute)), core.SlotTolerance(time.Second)}
+		time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute))) // a tick
+		s, err := cs[0].TryAcquire(context.Background(), "k", opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Release(context.Background())
+		end := time.Now().Add(time.Minute - time.Second) // the slot's end
+		// B reads the clock 1ms before the end; its claim lands 9ms after.
+		bs[1].SetLatency(10 * time.Millisecond)
+		time.Sleep(time.Until(end.Add(-11 * time.Millisecond)))
+		if _, err := cs[1].TryAcquire(context.Background(), "k", opts...); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("claim for a slot that is over: %v, want ErrNotAcquired", err)
+		}
+		bs[1].SetLatency(0)
+		s2, err := cs[1].TryAcquire(context.Background(), "k", opts...) // the next slot
+		if err != nil {
+			t.Fatal(err)
+		}
+		s2.Release(context.Background())
+	})
+}

@@ -122,7 +122,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 			s.unreleased = true // a later Release may retry
 			s.mu.Unlock()
 		} else if !kept {
-			c.notify(s.key)
+			c.notifyOwn(s.key)
 		}
 	}
 	if c.obs != nil {

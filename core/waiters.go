@@ -5,18 +5,20 @@ import (
 	"time"
 )
 
+// echoWindow is how long a release this client published itself is expected
+// to come back through its own Watch subscription.
+const echoWindow = 200 * time.Millisecond
+
+// Waiters on a key are woken one at a time, oldest first: one release lets
+// one waiter of this client try, not all of them.
+
 // addWaiter registers interest in releases of key before the first attempt,
 // so that a release between an attempt and the wait is not missed.
 func (c *Client) addWaiter(key string) chan struct{} {
 	ch := make(chan struct{}, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	set := c.waiters[key]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		c.waiters[key] = set
-	}
-	set[ch] = struct{}{}
+	c.waiters[key] = append(c.waiters[key], ch)
 	if c.watcher != nil && !c.watching && !c.closed {
 		c.watching = true
 		c.wg.Add(1)
@@ -25,24 +27,81 @@ func (c *Client) addWaiter(key string) chan struct{} {
 	return ch
 }
 
-func (c *Client) removeWaiter(key string, ch chan struct{}) {
+// removeWaiter unregisters ch. A wake it received but did not use (it gave
+// up, or acquired through another wake) passes to the next waiter.
+func (c *Client) removeWaiter(key string, ch chan struct{}, acquired bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	set := c.waiters[key]
-	delete(set, ch)
-	if len(set) == 0 {
+	list := c.waiters[key]
+	for i, w := range list {
+		if w == ch {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
 		delete(c.waiters, key)
+	} else {
+		c.waiters[key] = list
+	}
+	select {
+	case <-ch:
+		if !acquired {
+			c.wakeOneLocked(key)
+		}
+	default:
 	}
 }
 
-// notify wakes this client's waiters on key.
+// notify wakes one of this client's waiters on key.
 func (c *Client) notify(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for ch := range c.waiters[key] {
+	c.wakeOneLocked(key)
+}
+
+// notifyOwn wakes a waiter after a release this client made, and remembers
+// that the store's notification of it will come back through Watch.
+func (c *Client) notifyOwn(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.watching {
+		c.echoes[key] = append(c.echoes[key], time.Now())
+	}
+	c.wakeOneLocked(key)
+}
+
+// watched handles a release notification from the store: the echo of one
+// of this client's own releases (already acted on) is dropped.
+func (c *Client) watched(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ts := c.echoes[key]; len(ts) > 0 {
+		now := time.Now()
+		for len(ts) > 0 && now.Sub(ts[0]) > echoWindow {
+			ts = ts[1:]
+		}
+		if len(ts) > 0 {
+			ts = ts[1:]
+			if len(ts) == 0 {
+				delete(c.echoes, key)
+			} else {
+				c.echoes[key] = ts
+			}
+			return
+		}
+		delete(c.echoes, key)
+	}
+	c.wakeOneLocked(key)
+}
+
+// wakeOneLocked wakes the oldest waiter on key that has no wake pending.
+func (c *Client) wakeOneLocked(key string) {
+	for _, ch := range c.waiters[key] {
 		select {
 		case ch <- struct{}{}:
-		default:
+			return
+		default: // already woken; try the next
 		}
 	}
 }
@@ -52,8 +111,8 @@ func (c *Client) notify(key string) {
 func (c *Client) wakeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, set := range c.waiters {
-		for ch := range set {
+	for _, list := range c.waiters {
+		for _, ch := range list {
 			select {
 			case ch <- struct{}{}:
 			default:
@@ -68,7 +127,7 @@ func (c *Client) watchLoop() {
 	defer c.wg.Done()
 	for failures := 0; ; {
 		start := time.Now()
-		err := c.watcher.Watch(c.ctx, c.wakeAll, c.notify)
+		err := c.watcher.Watch(c.ctx, c.wakeAll, c.watched)
 		if c.ctx.Err() != nil || errors.Is(err, ErrUnsupported) {
 			return
 		}

@@ -210,7 +210,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 }
 
 // Now implements core.Backend: the database's clock.
-func (b *Backend) Now(ctx context.Context) (time.Time, error) {
+func (b *Backend) Now(ctx context.Context, _ string) (time.Time, error) {
 	var now time.Time
 	if err := b.pool.QueryRow(ctx, b.stmt.now).Scan(&now); err != nil {
 		return time.Time{}, fmt.Errorf("pg: now: %w", err)

@@ -18,6 +18,10 @@ const asyncClause = ` AND set_config('synchronous_commit', 'off', true) IS NOT N
 // micros converts a bigint parameter of microseconds to an interval.
 const micros = `::bigint * interval '1 microsecond'`
 
+// slotOpen refuses a claim whose absolute expiry (slot mode) is already
+// past: that slot is over, and its holder let it expire.
+const slotOpen = `($5::timestamptz IS NULL OR $5::timestamptz > now())`
+
 // remaining is the time left on a row, in microseconds, on the server clock.
 const remaining = `(extract(epoch FROM expire_at - now()) * 1000000)::bigint`
 
@@ -54,19 +58,21 @@ func buildStatements(table string, legacy, async bool) statements {
 	// on the latest row version (READ COMMITTED re-evaluation), so of several
 	// concurrent takeovers one wins and the others skip the row without
 	// locking it. Losing such a race yields no result row: busy, holder
-	// unknown. The fencing token is the column's identity default (DEFAULT).
+	// unknown. A claim for a slot that is already over (slotOpen) is refused
+	// the same way. The fencing token is the column's identity default
+	// (DEFAULT).
 	s.acquire = fmt.Sprintf(`WITH cur AS (
 	SELECT %[2]s AS owner, %[3]s AS holder, %[4]s AS token, %[5]s AS acquired_at, expire_at
 	FROM %[1]s WHERE key = $1::text
 ), ins AS (
 	INSERT INTO %[1]s AS l (%[6]s)
 	SELECT %[7]s
-	WHERE NOT EXISTS (SELECT 1 FROM cur)%[8]s
+	WHERE NOT EXISTS (SELECT 1 FROM cur) AND %[11]s%[8]s
 	ON CONFLICT (key) DO NOTHING
 	RETURNING %[4]s AS token, %[5]s AS acquired_at, expire_at
 ), upd AS (
 	UPDATE %[1]s AS l SET %[9]s
-	WHERE l.key = $1::text AND l.expire_at <= now()%[8]s
+	WHERE l.key = $1::text AND l.expire_at <= now() AND %[11]s%[8]s
 	RETURNING %[4]s AS token, %[5]s AS acquired_at, expire_at
 )
 SELECT true, $2::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint FROM ins
@@ -75,7 +81,7 @@ SELECT true, $2::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint
 UNION ALL
 SELECT holder = $3::text, owner, token, acquired_at, expire_at, %[10]s
 FROM cur WHERE expire_at > now()`,
-		table, owner, holder, token, acquiredAt, insertCols, insertVals, ac, set, remaining)
+		table, owner, holder, token, acquiredAt, insertCols, insertVals, ac, set, remaining, slotOpen)
 
 	s.renew = fmt.Sprintf(`UPDATE %[1]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond'
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, holder, ttl)

@@ -11,7 +11,8 @@
 -- Reply {1, token, acquired_us, pttl, time_s, time_us} when the caller holds
 -- the lock (pttl is -3 for a fresh claim: the expiry is the one asked for),
 -- {0, token, acquired_us, pttl, time_s, time_us, owner} when another owner
--- token holds it. A busy lock is answered by reads only.
+-- token holds it, {2} when the absolute expiry asked for is already past (a
+-- slot that is over). A busy lock is answered by reads only.
 local cur = redis.call('HMGET', KEYS[1], 'otoken', 'owner', 'token', 'acquired')
 local t = redis.call('TIME')
 if cur[1] then
@@ -30,7 +31,9 @@ local life = tonumber(ARGV[3])
 if expat > 0 then
   life = expat - nowms
   if life <= 0 then
-    return redis.error_reply('ERR dislock: expiry is already past on the server clock')
+    -- The slot this claim is for is already over on the server clock:
+    -- whoever held it let it expire, so the claim is refused, not granted.
+    return {2}
   end
 end
 

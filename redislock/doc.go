@@ -79,8 +79,8 @@
 //     keeps what was written to disk, subject to its fsync policy.
 //   - TTLs run on the server's wall clock. A clock that jumps forward
 //     expires locks early; keep the server's clock slewed, not stepped.
-//   - On Cluster, the time of a slot's end is read from one node and applied
-//     on the key's node: nodes' clocks must agree within the slot tolerance.
+//   - A slot's end is computed from the clock of the node that holds the
+//     key (on Cluster, its slot's master), the same node that expires it.
 //   - A lease is not a fence. Pass Session.Token to the resource you protect
 //     and have it reject tokens smaller than the largest it has seen.
 //

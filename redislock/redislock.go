@@ -184,6 +184,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err != nil {
 		return core.Lease{}, fmt.Errorf("redislock: acquire: %w", err)
 	}
+	if len(vals) == 1 {
+		if code, _ := vals[0].(int64); code == 2 {
+			return core.Lease{}, core.Busy(req.Key, nil) // the slot is over
+		}
+	}
 	r, err := parseHolder(vals)
 	if err != nil {
 		return core.Lease{}, fmt.Errorf("redislock: acquire: %w", err)
@@ -351,10 +356,19 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	return nil
 }
 
-// Now implements core.Backend with TIME. On Cluster it reads one node's
-// clock; nodes' clocks are assumed to agree within the slot tolerance.
-func (b *Backend) Now(ctx context.Context) (time.Time, error) {
-	t, err := b.client.Time(ctx).Result()
+// Now implements core.Backend with TIME, read on the node that holds key
+// (on Cluster, the master of the key's slot), so a slot end is computed on
+// the clock of the node that will expire the lock.
+func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
+	var c redis.Cmdable = b.client
+	if cc, ok := b.client.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, b.lockKey(key))
+		if err != nil {
+			return time.Time{}, fmt.Errorf("redislock: TIME: %w", err)
+		}
+		c = node
+	}
+	t, err := c.Time(ctx).Result()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("redislock: TIME: %w", err)
 	}

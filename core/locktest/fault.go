@@ -70,11 +70,11 @@ func (f *faultBackend) Release(ctx context.Context, req core.ReleaseRequest) err
 	return f.Backend.Release(ctx, req)
 }
 
-func (f *faultBackend) Now(ctx context.Context) (time.Time, error) {
+func (f *faultBackend) Now(ctx context.Context, key string) (time.Time, error) {
 	if f.down.Load() {
 		return time.Time{}, errDown
 	}
-	return f.Backend.Now(ctx)
+	return f.Backend.Now(ctx, key)
 }
 
 func (f *faultBackend) Watch(ctx context.Context, ready func(), fn func(string)) error {

@@ -550,7 +550,7 @@ func testSlot(t *testing.T, e *env) {
 	slot := 2 * time.Second
 	sched := core.Every(slot)
 	opts := []core.Option{core.ForSlot(sched), core.SlotTolerance(100 * time.Millisecond)}
-	now, err := a.fault.Backend.Now(ctxT(t, 10*time.Second))
+	now, err := a.fault.Backend.Now(ctxT(t, 10*time.Second), k)
 	if err != nil {
 		t.Fatal(err)
 	}

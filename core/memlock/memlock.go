@@ -238,6 +238,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (leas
 		now := s.now()
 		exp := now.Add(req.TTL)
 		if !req.ExpireAt.IsZero() {
+			if !req.ExpireAt.After(now) {
+				return core.Busy(req.Key, nil) // the slot is over
+			}
 			exp = req.ExpireAt
 		}
 		s.tokens[req.Key]++
@@ -289,7 +292,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 }
 
 // Now implements core.Backend.
-func (b *Backend) Now(ctx context.Context) (now time.Time, err error) {
+func (b *Backend) Now(ctx context.Context, _ string) (now time.Time, err error) {
 	err = b.call(ctx, func(st *Stats) { st.Nows++ }, func() error {
 		now = b.s.now()
 		return nil

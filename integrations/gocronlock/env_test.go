@@ -161,11 +161,11 @@ func (b *cutBackend) Release(ctx context.Context, req core.ReleaseRequest) error
 	return b.Backend.Release(ctx, req)
 }
 
-func (b *cutBackend) Now(ctx context.Context) (time.Time, error) {
+func (b *cutBackend) Now(ctx context.Context, key string) (time.Time, error) {
 	if b.cut.Load() {
 		return time.Time{}, errCut
 	}
-	return b.Backend.Now(ctx)
+	return b.Backend.Now(ctx, key)
 }
 
 func (b *cutBackend) Watch(ctx context.Context, ready func(), fn func(string)) error {
