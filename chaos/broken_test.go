@@ -55,7 +55,7 @@ func TestCheckerCatchesBrokenEngine(t *testing.T) {
 	defer b.Close()
 
 	var counter atomic.Int64
-	r := &run{t: t, env: &backendEnv{}, rec: rec, errs: errs, ctx: context.Background(),
+	r := &run{t: t, cfg: runConfig{timing: tm}, env: &backendEnv{}, rec: rec, errs: errs, ctx: context.Background(),
 		counters: map[string]*atomic.Int64{"k": &counter}}
 	ca := &contender{name: "broken", l: a, obs: oa}
 	cb := &contender{name: "healthy", l: b, obs: ob, rng: mrand.New(mrand.NewPCG(7, 1))}
@@ -86,7 +86,7 @@ func TestCheckerCatchesBrokenEngine(t *testing.T) {
 		}
 	}()
 	for range 3 { // meanwhile the store gives the key to a healthy contender
-		r.iteration(cb, "k", 2*tm.ttl)
+		r.iteration(cb, "k", 2*tm.ttl, 50*time.Millisecond)
 	}
 	wg.Wait()
 	rec.Add(Event{Kind: ReleaseStart, Contender: ca.name, Key: "k", Hold: ida, Token: sa.Token()})

@@ -333,8 +333,13 @@ func Check(h History, cfg Config) Report {
 		if !ok {
 			continue
 		}
-		for _, o := range writes[e.Key] {
-			if o.Hold == e.Hold || o.At <= r.At || o.At >= e.At {
+		ws := writes[e.Key] // in time order
+		from := sort.Search(len(ws), func(i int) bool { return ws[i].At > r.At })
+		for _, o := range ws[from:] {
+			if o.At >= e.At {
+				break
+			}
+			if o.Hold == e.Hold {
 				continue
 			}
 			a, b := holds[o.Hold], holds[e.Hold]

@@ -351,3 +351,21 @@ func TestSecretSweepRedis(t *testing.T) {
 		t.Errorf("goroutines still running: %v", err)
 	}
 }
+
+// TestSecretSearchFindsLeaks shows the sweep's search would catch a leak in
+// each way the sinks are filled.
+func TestSecretSearchFindsLeaks(t *testing.T) {
+	u := "postgres://postgres:" + sentinelPW + "@127.0.0.1:5432/test"
+	leaky := fmt.Errorf("connect %s: %w", u, errors.New("refused"))
+	s := &sink{}
+	s.err(fmt.Errorf("wrapped: %w", leaky))
+	h := History{Events: []Event{{Kind: AcquireUnknown, Err: leaky.Error()}}}
+	for i, text := range []string{s.String(), historyText(h)} {
+		if len(secretHits(text)) == 0 {
+			t.Errorf("sink %d: the search missed the sentinel", i)
+		}
+	}
+	if hits := secretHits("postgres://postgres:xxxxx@127.0.0.1"); len(hits) != 0 {
+		t.Errorf("false positive: %q", hits)
+	}
+}
