@@ -215,6 +215,13 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 		s.deadline = sent.Add(cfg.renewDeadline)
 		s.nextRenew = sent.Add(cfg.renewInterval)
 	}
+	if !time.Now().Before(s.deadline) {
+		// The reply came so late that the lease may already be over: do
+		// not hand out a session that is dead on arrival.
+		c.releaseDetached(ctx, key, req.OwnerToken)
+		return nil, fmt.Errorf("dislock: %s: acquire %q: the reply took %v, past the renew deadline: %w",
+			c.name, key, time.Since(sent).Round(time.Millisecond), ErrLeaseLost)
+	}
 	if !c.register(s) {
 		c.releaseDetached(ctx, key, req.OwnerToken)
 		return nil, ErrClosed

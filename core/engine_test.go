@@ -572,3 +572,21 @@ func TestSlotClaimAfterSlotEndIsRefused(t *testing.T) {
 		s2.Release(context.Background())
 	})
 }
+
+// An acquisition whose reply comes after the renew deadline is not handed
+// out as a session, and is undone on the store.
+func TestAcquireReplyAfterDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, cs, bs := newPair(t, core.WithDefaults(core.TTL(3*time.Second)))
+		bs[0].SetLatency(2500 * time.Millisecond) // > 2s renew deadline
+		_, err := cs[0].TryAcquire(context.Background(), "k")
+		if !errors.Is(err, core.ErrLeaseLost) {
+			t.Fatalf("got %v, want ErrLeaseLost", err)
+		}
+		bs[0].SetLatency(0)
+		synctest.Wait()
+		if st.Held("k") {
+			t.Fatal("the late claim was left held")
+		}
+	})
+}

@@ -19,7 +19,9 @@ type Locker interface {
 	// TryAcquire makes one attempt. A lock held elsewhere yields an error
 	// matching ErrNotAcquired (a *NotAcquiredError with the holder's Info when
 	// known); invalid keys and options yield ErrInvalidKey / ErrInvalidOption;
-	// anything else is a backend failure wrapping the driver's error.
+	// a claim whose reply arrives after the renew deadline is undone and
+	// reported as ErrLeaseLost; anything else is a backend failure wrapping
+	// the driver's error (the claim, if the store applied it, is undone).
 	TryAcquire(ctx context.Context, key string, opts ...Option) (Session, error)
 	// Acquire waits until the lock is held or ctx ends; in the latter case the
 	// error is errors.Join(ErrNotAcquired, ctx.Err()) and nothing is left held.
