@@ -37,6 +37,15 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 	return pgStore(b, benchPG(b), t), t.n.Load
 }
 
+// must returns v, or panics with err: for the benchmarks' own plumbing,
+// whose failure means the run is broken.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
 var all = map[string][]string{"redis": redisContenders, "pg": pgContenders}
 
 func bg(b *testing.B) context.Context {
@@ -49,7 +58,8 @@ func bg(b *testing.B) context.Context {
 // raw round trip is measured in chunks interleaved with the lock's, so a
 // change of machine load during the run affects both alike. x-rtt is the
 // time of one acquire+release in raw round trips; cpu-µs/op is the client
-// process's CPU time per acquire+release.
+// process's CPU time per acquire+release, srv-cpu-µs/op the Redis server's
+// (INFO cpu; exact on the private server scripts/bench.sh starts).
 func BenchmarkUncontended(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, reqs func() int64) {
 		c := contenderFor(b, st, which)
@@ -69,19 +79,26 @@ func BenchmarkUncontended(b *testing.B) {
 		const chunk = 50
 		var rttTime, opTime time.Duration
 		var opReqs int64
-		var opCPU time.Duration
+		var opCPU, srvCPU time.Duration
 		b.ResetTimer()
 		for done := 0; done < b.N; {
 			n := min(chunk, b.N-done)
 			b.StopTimer()
 			rttTime += meanRTT(ctx, b, st.rt, n) * time.Duration(n)
 			b.StartTimer()
+			var srv0 time.Duration
+			if st.serverCPU != nil {
+				srv0 = must(st.serverCPU(ctx))
+			}
 			reqs0, cpu0, start := reqs(), cpuTime(), time.Now()
 			for range n {
 				op()
 			}
 			opTime += time.Since(start)
 			opCPU += cpuTime() - cpu0
+			if st.serverCPU != nil {
+				srvCPU += must(st.serverCPU(ctx)) - srv0
+			}
 			opReqs += reqs() - reqs0
 			done += n
 		}
@@ -90,6 +107,9 @@ func BenchmarkUncontended(b *testing.B) {
 		b.ReportMetric(float64(rttTime.Microseconds())/float64(b.N), "rtt-µs")
 		b.ReportMetric(float64(opReqs)/float64(b.N), "reqs/op")
 		b.ReportMetric(float64(opCPU.Microseconds())/float64(b.N), "cpu-µs/op")
+		if st.serverCPU != nil {
+			b.ReportMetric(float64(srvCPU.Microseconds())/float64(b.N), "srv-cpu-µs/op")
+		}
 	})
 }
 

@@ -43,6 +43,9 @@ type store struct {
 	rt   roundTrip
 	pool *pgxpool.Pool
 	rdb  *redis.Client
+	// serverCPU returns the server's CPU time so far (Redis only; nil for
+	// PostgreSQL, whose CPU is spread over many processes).
+	serverCPU func(ctx context.Context) (time.Duration, error)
 }
 
 // redisStore connects to the benchmark's Redis; hook may be nil.
@@ -51,7 +54,9 @@ func redisStore(tb testing.TB, hook redis.Hook) *store {
 	url := serverURL(tb, "redis")
 	cleanRedisAtExit(url)
 	c := newRedis(tb, url, hook)
-	return &store{name: "redis", url: url, rt: redisPing(c), rdb: c}
+	plain := newRedis(tb, url, nil) // for INFO, outside the counts
+	return &store{name: "redis", url: url, rt: redisPing(c), rdb: c,
+		serverCPU: func(ctx context.Context) (time.Duration, error) { return serverCPU(ctx, plain) }}
 }
 
 // pgStore connects to the benchmark's PostgreSQL database; tracer may be nil.
