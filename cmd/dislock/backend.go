@@ -52,6 +52,9 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, log *slog.Log
 		if table != "" {
 			log.Warn("LOCK_TABLE is ignored by the Redis backend")
 		}
+		// go-redis logs connection problems on its own: send them through
+		// the redacting logger.
+		redis.SetLogger(redisLogger{log})
 		return openRedis(urlEnv, rawURL, s)
 	case "":
 		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)")
@@ -183,4 +186,12 @@ func commaHosts(u string) string {
 		query = strings.Join(extra, "&")
 	}
 	return u[:hostStart] + hosts[0] + path + "?" + query
+}
+
+// redisLogger passes go-redis's internal log lines to slog at debug level;
+// the errors that matter reach the user through the calls that failed.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -61,6 +63,8 @@ type fixture struct {
 	steal func(t *testing.T, key string)
 	// forget, when set, deletes a lock key at the end of the test.
 	forget func(key string)
+	// held reports whether the server still holds key (not expired).
+	held func(t *testing.T, key string) bool
 }
 
 // forEachBackend runs fn against PostgreSQL and Redis, each with its own
@@ -84,6 +88,14 @@ func pgFixture(t *testing.T) *fixture {
 	})
 	return &fixture{
 		name: "pg", url: u, env: []string{"LOCK_TABLE=" + table},
+		held: func(t *testing.T, key string) bool {
+			var held bool
+			err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+pgx.Identifier{table}.Sanitize()+" WHERE key = $1 AND expire_at > now())", key).Scan(&held)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return held
+		},
 		steal: func(t *testing.T, key string) {
 			tag, err := conn.Exec(ctx, "UPDATE "+pgx.Identifier{table}.Sanitize()+" SET holder = 'thief', owner = 'thief' WHERE key = $1", key)
 			if err != nil || tag.RowsAffected() != 1 {
@@ -112,6 +124,13 @@ func redisFixture(t *testing.T) *fixture {
 	})
 	return &fixture{
 		name: "redis", url: u,
+		held: func(t *testing.T, key string) bool {
+			n, err := client.Exists(context.Background(), "dislock:{"+key+"}").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n == 1
+		},
 		forget: func(key string) {
 			mu.Lock()
 			keys = append(keys, key)
@@ -775,4 +794,88 @@ func TestLegacyTable(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+ident).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("rows left: %d %v", n, err)
 	}
+}
+
+// cutProxy forwards TCP connections to target until cut, which closes the
+// listener and every connection.
+type cutProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() { io.Copy(c, s); c.Close() }()
+		}
+	}()
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *cutProxy) cut() {
+	p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+// When the store becomes unreachable, the session is lost at its renew
+// deadline and the group (here ignoring SIGTERM, with a long grace period) is
+// killed while the server still holds the lease: nobody else can have the
+// lock before the command is dead.
+func TestStoreUnreachable(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		u, err := url.Parse(f.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy := newCutProxy(t, u.Host)
+		u.Host = proxy.ln.Addr().String()
+		dir := t.TempDir()
+		pidFile := filepath.Join(dir, "pid")
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=6",
+			"LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=60", urlVar+"="+u.String())
+		p := start(t, env, urlVar, "sh", "-c", `trap "" TERM; sleep 300 & echo $! > `+pidFile+`; while :; do wait; done`)
+		pid, err := strconv.Atoi(waitFile(t, pidFile, 20*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy.cut()
+		if code := p.wait(t, 30*time.Second); code != exitLeaseLost {
+			t.Fatalf("exit %d, want 75: %s", code, p.output())
+		}
+		waitGone(t, pid, time.Second)
+		if !f.held(t, leasePrefix+key) {
+			t.Fatalf("the lease expired on the server before the group was killed\n%s", p.stderr.String())
+		}
+		// Driver messages go through the redacting logger too.
+		for _, line := range strings.Split(strings.TrimSpace(p.stderr.String()), "\n") {
+			if !strings.HasPrefix(line, "time=") {
+				t.Errorf("stderr line not from the logger: %q", line)
+			}
+		}
+	})
 }
