@@ -471,7 +471,7 @@ func TestLeaseLossKill(t *testing.T) {
 			{"grace", "30", "1", 900 * time.Millisecond, 6 * time.Second, "a"},
 			// Grace 60s but TTL 3s: killed before the lease could pass on
 			// (renew deadline 2s + 3/4 of the 1s margin after the last renewal).
-			{"ttl", "3", "60", 0, 4 * time.Second, "b"},
+			{"ttl", "3", "60", 0, 5 * time.Second, "b"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				dir := t.TempDir()
