@@ -321,7 +321,7 @@ func noSentinel(t *testing.T, p *proc) {
 }
 
 // Exit codes: the command's own code passes through; 0 on success; 128+N
-// for a command killed by signal N; 127 for a missing command.
+// for a command killed by signal N; 1 (runtime failure) for a missing command.
 func TestExitCodes(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f *fixture) {
 		key := f.newKey(t)
@@ -334,7 +334,7 @@ func TestExitCodes(t *testing.T) {
 			{[]string{"sh", "-c", "exit 3"}, 3},
 			{[]string{"sh", "-c", "exit 42"}, 42},
 			{[]string{"sh", "-c", "kill -TERM $$"}, 128 + 15},
-			{[]string{"/nonexistent/command"}, 127},
+			{[]string{"/nonexistent/command"}, 1},
 		} {
 			p := run(t, env, append([]string{urlVar}, tc.cmd...)...)
 			expectCode(t, p, tc.want)

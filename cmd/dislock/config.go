@@ -38,8 +38,6 @@ const (
 	exitFailure   = 1
 	exitUsage     = 2
 	exitLeaseLost = 75 // EX_TEMPFAIL
-	exitNotExec   = 126
-	exitNotFound  = 127
 )
 
 // spec describes one setting: its flag, its environment variable, its default

@@ -221,9 +221,9 @@ when the command has exited.
 Exit codes: 0 the command succeeded, or the lock is held elsewhere and the
 command did not start (see --busy-exit-code); 1 runtime failure (for example
 the backend is unreachable; the command did not start); 2 bad configuration or
-usage; 75 the lease was lost and the command terminated; 126/127 the command
-cannot be executed / was not found; otherwise the command's own exit code
-(128+N when a signal N ended it).
+usage; 75 the lease was lost and the command terminated; otherwise the
+command's own exit code (128+N when a signal N ended it). A command that
+cannot be started (not found, not executable) is a runtime failure: 1.
 
 Flags (each overrides its environment variable):
 `)

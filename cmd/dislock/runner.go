@@ -189,11 +189,9 @@ func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs <-
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		code := exitNotExec
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			code = exitNotFound
-		}
-		return 0, exitWith(code, fmt.Errorf("start the command: %w", err))
+		// A command that cannot start (not found, not executable) is a
+		// runtime failure like an unreachable backend: exit 1.
+		return 0, exitWith(exitFailure, fmt.Errorf("start the command: %w", err))
 	}
 	pgid := cmd.Process.Pid
 	c.log.Info("command started", "pid", pgid, "command", cfg.command[0])
