@@ -462,16 +462,15 @@ func TestLeaseLoss(t *testing.T) {
 func TestLeaseLossKill(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f *fixture) {
 		for _, tc := range []struct {
-			name          string
-			ttl, grace    string
-			min, max      time.Duration
-			pidFileSuffix string
+			name       string
+			ttl, grace string
+			min, max   time.Duration
 		}{
 			// TTL 30s: the grace period (1s) decides.
-			{"grace", "30", "1", 900 * time.Millisecond, 6 * time.Second, "a"},
+			{"grace", "30", "1", 900 * time.Millisecond, 6 * time.Second},
 			// Grace 60s but TTL 3s: killed before the lease could pass on
 			// (renew deadline 2s + 3/4 of the 1s margin after the last renewal).
-			{"ttl", "3", "60", 0, 5 * time.Second, "b"},
+			{"ttl", "3", "60", 0, 5 * time.Second},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				dir := t.TempDir()
