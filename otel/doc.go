@@ -9,7 +9,7 @@
 //
 //	obs, err := dlotel.New() // the global TracerProvider and MeterProvider
 //	...
-//	locker, err := pg.New(pool, core.WithObserver(obs))
+//	locker, err := pg.New(ctx, pool, pg.WithClientOptions(core.WithObserver(obs)))
 //
 // WithTracerProvider and WithMeterProvider choose other providers (nil is
 // ignored); the global ones are read when New is called. The tracer and

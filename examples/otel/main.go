@@ -1,0 +1,107 @@
+// Command otel shows the spans dislock emits: it installs the otel Observer
+// with a stdout exporter, takes a lock inside a job's span, loses a second
+// lock to a thief, and prints every span as JSON on stdout.
+//
+// With no environment it runs on the in-process memlock backend (the lost
+// lease is provoked with memlock's Steal hook); with DATABASE_URL or
+// REDIS_URL set it takes the first lock on that server instead.
+//
+//	go run ./examples/otel
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+	dlotel "github.com/dislock/dislock/otel"
+	"github.com/dislock/dislock/pg"
+	"github.com/dislock/dislock/redislock"
+)
+
+func main() {
+	if err := run(context.Background(), os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "otel example:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, out io.Writer) error {
+	exp, err := stdouttrace.New(stdouttrace.WithWriter(out), stdouttrace.WithPrettyPrint())
+	if err != nil {
+		return err
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	obs, err := dlotel.New(dlotel.WithTracerProvider(tp))
+	if err != nil {
+		return err
+	}
+	withObs := core.WithObserver(obs)
+
+	// The job's lock, on the server the environment names.
+	var locker core.Locker
+	switch {
+	case os.Getenv("DATABASE_URL") != "":
+		be, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate())
+		if err != nil {
+			return err
+		}
+		if locker, err = core.New(be, withObs); err != nil {
+			return err
+		}
+	case os.Getenv("REDIS_URL") != "":
+		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+		if err != nil {
+			return errors.New("REDIS_URL is not a valid redis:// URL")
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		if locker, err = redislock.New(rdb, redislock.WithClientOptions(withObs)); err != nil {
+			return err
+		}
+	default:
+		if locker, err = memlock.New(withObs); err != nil {
+			return err
+		}
+	}
+	defer locker.Close()
+
+	ctx, job := tp.Tracer("example").Start(ctx, "nightly-report")
+	s, err := locker.TryAcquire(ctx, fmt.Sprintf("otel-example/report-%d", time.Now().UnixNano()))
+	if err != nil {
+		job.End()
+		return err
+	}
+	// ... the job runs here, passing s.Token() to what it writes ...
+	if err := s.Release(ctx); err != nil {
+		job.End()
+		return err
+	}
+	job.End()
+
+	// A lease lost to a thief: memlock's Steal hook stands in for a lock
+	// deleted or taken over behind the holder's back.
+	store := memlock.NewStore()
+	victim, err := store.Locker(withObs, core.WithDefaults(core.TTL(300*time.Millisecond)))
+	if err != nil {
+		return err
+	}
+	defer victim.Close()
+	s2, err := victim.TryAcquire(context.Background(), "otel-example/stolen")
+	if err != nil {
+		return err
+	}
+	store.Steal("otel-example/stolen")
+	<-s2.Done() // the next renewal is refused: dislock.lease_lost
+	return tp.ForceFlush(context.Background())
+}
