@@ -365,22 +365,24 @@ func hold(b *testing.B, s, which string) {
 		trips = t.n.Load
 		tripUnit, srvUnit = "client-stmts/interval", "xact-commits/interval"
 		r := newCommitReader(b, url)
-		var flushed int
-		var last int64
+		// The benchmark's own transactions after the first read: the
+		// reader commits two between reads (its read and the next flush),
+		// and each flushed pool connection one.
+		var own int64
+		started := false
 		server = func() (int64, error) {
 			n, err := r.read(ctx)
-			// Between two reads the reader itself commits two transactions
-			// (the read before and the flush); the pool's flushes are counted
-			// in the later read.
-			if last != 0 {
-				n -= 2 + int64(flushed)
+			if started {
+				own += 2
 			}
-			last = n
-			return n, err
+			started = true
+			return n - own, err
 		}
 		settle = func() error {
 			n, err := flushStats(ctx, st.pool)
-			flushed = n
+			if started {
+				own += int64(n)
+			}
 			return err
 		}
 	}

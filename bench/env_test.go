@@ -377,7 +377,8 @@ func newCommitReader(tb testing.TB, url string) *commitReader {
 }
 
 // flushSQL makes the connection publish its pending statistics when the
-// statement ends. A backend skips the flush while no table statistics are
+// statement ends. It and the reader's query run in the simple protocol: a
+// statement pgx prepares first would commit one more transaction. A backend skips the flush while no table statistics are
 // pending (its transaction counts then wait for a later one), hence the read
 // of pg_database.
 const flushSQL = "SELECT pg_stat_force_next_flush(), (SELECT count(*) FROM pg_database)"
@@ -392,7 +393,7 @@ func flushStats(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 		}
 	}()
 	for _, c := range conns {
-		if _, err := c.Exec(ctx, flushSQL); err != nil {
+		if _, err := c.Exec(ctx, flushSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return 0, err
 		}
 	}
@@ -402,11 +403,12 @@ func flushStats(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 // read returns the database's committed transactions. Between two reads
 // the reader itself commits two (the earlier read and the later flush).
 func (r *commitReader) read(ctx context.Context) (int64, error) {
-	if _, err := r.conn.Exec(ctx, flushSQL); err != nil {
+	if _, err := r.conn.Exec(ctx, flushSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
 		return 0, err
 	}
 	var n int64
-	err := r.conn.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&n)
+	err := r.conn.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+		pgx.QueryExecModeSimpleProtocol).Scan(&n)
 	return n, err
 }
 
