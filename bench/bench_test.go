@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -295,7 +296,7 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 		b.Fatal(err)
 	}
 	rtt := (rttBefore + meanRTT(ctx, b, st.rt, 250)) / 2 // round trips before and after
-	sortDurations(samples)
+	slices.Sort(samples)
 	p50, p99 := percentile(samples, 50), percentile(samples, 99)
 	b.ReportMetric(ms(p50), "p50-ms")
 	b.ReportMetric(ms(p99), "p99-ms")
@@ -341,9 +342,6 @@ func hold(b *testing.B, s, which string) {
 		settle   func() error
 		tripUnit = "client-trips/interval"
 		srvUnit  = "srv-cmds/interval"
-		// Redis only: the server's CPU time over the window.
-		serverCPUStart func() error
-		serverCPUUsed  func() (time.Duration, error)
 	)
 	if s == "redis" {
 		h := &commandCount{}
@@ -352,12 +350,6 @@ func hold(b *testing.B, s, which string) {
 		plain := newRedis(b, st.url, nil)
 		server = func() (int64, error) { return serverCommands(ctx, plain) }
 		settle = func() error { return nil }
-		var cpu0 time.Duration
-		serverCPUStart = func() (err error) { cpu0, err = serverCPU(ctx, plain); return err }
-		serverCPUUsed = func() (time.Duration, error) {
-			cpu1, err := serverCPU(ctx, plain)
-			return cpu1 - cpu0, err
-		}
 	} else {
 		t := &statementCount{}
 		url := benchPG(b)
@@ -445,10 +437,9 @@ func hold(b *testing.B, s, which string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if serverCPUStart != nil {
-		if err := serverCPUStart(); err != nil {
-			b.Fatal(err)
-		}
+	var srvCPU0 time.Duration
+	if st.serverCPU != nil {
+		srvCPU0 = must(st.serverCPU(ctx))
 	}
 	trips0, cpu0 := trips(), cpuTime()
 	b.ResetTimer()
@@ -459,11 +450,8 @@ func hold(b *testing.B, s, which string) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	trips1, cpu1 := trips(), cpuTime()
-	if serverCPUUsed != nil {
-		used, err := serverCPUUsed()
-		if err != nil {
-			b.Fatal(err)
-		}
+	if st.serverCPU != nil {
+		used := must(st.serverCPU(ctx)) - srvCPU0
 		b.ReportMetric(float64(used.Microseconds())/(leases*elapsed.Seconds()), "srv-cpu-µs/lock·s")
 	}
 	if err := settle(); err != nil {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -410,9 +409,4 @@ func (r *commitReader) read(ctx context.Context) (int64, error) {
 	err := r.conn.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
 		pgx.QueryExecModeSimpleProtocol).Scan(&n)
 	return n, err
-}
-
-func sortDurations(ds []time.Duration) []time.Duration {
-	slices.Sort(ds)
-	return ds
 }
