@@ -33,6 +33,7 @@ type Client struct {
 	waiters  map[string][]chan struct{} // per key, oldest first
 	echoes   map[string][]time.Time     // own releases whose notification is due back
 	renewing bool                       // renewer goroutine started
+	nextWake time.Time                  // when the renewer plans to wake next (zero: it is busy)
 	watching bool                       // watcher goroutine started
 	wake     chan struct{}
 }
@@ -242,7 +243,15 @@ func (c *Client) register(s *session) bool {
 		c.wg.Add(1)
 		go c.renewLoop()
 	}
-	c.kick()
+	// Wake the renewer only when this session needs it sooner than it
+	// planned to wake anyway: most acquisitions cost the renewer nothing.
+	due := s.deadline
+	if !s.slot && s.nextRenew.Before(due) {
+		due = s.nextRenew
+	}
+	if due.Before(c.nextWake) {
+		c.kick()
+	}
 	return true
 }
 

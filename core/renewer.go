@@ -52,6 +52,7 @@ func (c *Client) renewLoop() {
 			}
 			s.mu.Unlock()
 		}
+		c.nextWake = next
 		var batch *renewBatch
 		if anyDue {
 			batch = &renewBatch{sent: now}
