@@ -393,7 +393,7 @@ func hold(b *testing.B, s, which string) {
 		if s == "redis" {
 			l = newDislockRedis(b, st.rdb, "")
 		} else {
-			l = newDislockPG(b, st.pool, false)
+			l = newDislockPG(b, st.pool)
 		}
 		var next atomic.Int64
 		if _, err := parallelRun(ctx, 16, leases, func(ctx context.Context, _ int) error {

@@ -69,7 +69,7 @@ func pgStore(tb testing.TB, url string, tracer pgx.QueryTracer) *store {
 // Names of the contenders, by store.
 var (
 	redisContenders = []string{"dislock", "bsm", "redsync", "raw"}
-	pgContenders    = []string{"dislock", "dislock-async", "ttlrow", "advisory"}
+	pgContenders    = []string{"dislock", "dislock-async", "dislock-nonotify", "ttlrow", "advisory"}
 )
 
 // contenderFor builds the named contender on st. Its locks live under keys
@@ -86,9 +86,11 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 	case "redis/raw":
 		return rawRedisContender(st.rdb)
 	case "pg/dislock":
-		return dislockContender(tb, newDislockPG(tb, st.pool, false))
+		return dislockContender(tb, newDislockPG(tb, st.pool))
 	case "pg/dislock-async":
-		return dislockContender(tb, newDislockPG(tb, st.pool, true))
+		return dislockContender(tb, newDislockPG(tb, st.pool, pg.WithAsyncCommit()))
+	case "pg/dislock-nonotify":
+		return dislockContender(tb, newDislockPG(tb, st.pool, pg.WithoutNotify(), pg.WithoutListen()))
 	case "pg/ttlrow":
 		return ttlRowContender(tb, st.pool)
 	case "pg/advisory":
@@ -114,13 +116,10 @@ func newDislockRedis(tb testing.TB, c redis.UniversalClient, tag string) *core.C
 
 // newDislockPG returns a dislock Locker on pool, on a table of this run
 // (created on first use; the run's database is dropped at exit).
-func newDislockPG(tb testing.TB, pool *pgxpool.Pool, async bool) *core.Client {
+func newDislockPG(tb testing.TB, pool *pgxpool.Pool, extra ...pg.Option) *core.Client {
 	tb.Helper()
 	table := name("dislock_locks")
-	opts := []pg.Option{pg.WithTable(table), pg.WithAutoMigrate()}
-	if async {
-		opts = append(opts, pg.WithAsyncCommit())
-	}
+	opts := append([]pg.Option{pg.WithTable(table), pg.WithAutoMigrate()}, extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, err := pg.New(ctx, pool, opts...)

@@ -38,7 +38,8 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceExecMode runs the suite with no prepared statements at all
-// (QueryExecModeExec), as behind PgBouncer in transaction mode.
+// (QueryExecModeExec) and no notifications (WithoutNotify, WithoutListen),
+// as behind PgBouncer in transaction mode: waiters poll.
 func TestConformanceExecMode(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
@@ -46,8 +47,9 @@ func TestConformanceExecMode(t *testing.T) {
 	h.NewBackend = func(tb testing.TB) core.Backend {
 		return newBackendPool(tb, table, func(c *pgxpool.Config) {
 			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		})
+		}, pg.WithoutNotify(), pg.WithoutListen())
 	}
+	h.NoWatch = true
 	locktest.Run(t, h)
 }
 

@@ -94,4 +94,13 @@
 // it is accepted, but notifications never arrive. Give the LISTEN connection
 // a direct route with WithListenConfig, or turn it off with WithoutListen;
 // waiters then poll (see core.Backoff).
+//
+// # Notifications and durable commits
+//
+// A transaction that calls pg_notify holds a database-wide lock from its
+// commit until its WAL flush, so with durable commits the releases of many
+// Lockers queue behind one another's fsync. Where release throughput matters
+// more than hand-off latency, WithoutNotify (with WithoutListen) sends no
+// notifications and lets waiters poll; WithAsyncCommit removes the flush
+// wait instead.
 package pg

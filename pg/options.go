@@ -27,6 +27,7 @@ type config struct {
 	unlogged     bool
 	legacy       bool
 	noListen     bool
+	noNotify     bool
 	listenConfig *pgx.ConnConfig
 	clientOpts   []core.ClientOption
 	errs         []error
@@ -126,6 +127,17 @@ func WithLegacyTable() Option {
 // no direct connection is available for WithListenConfig.
 func WithoutListen() Option {
 	return func(c *config) { c.noListen = true }
+}
+
+// WithoutNotify stops releases from sending pg_notify; waiters in every
+// process then poll (core.Backoff, never past the holder's expiry). A
+// notifying transaction takes a database-wide lock from its commit until its
+// WAL flush, so with durable commits concurrent releases queue behind one
+// another's fsync: without notifications, many Lockers releasing at once
+// commit in parallel, at the price of slower hand-offs. Use it with
+// WithoutListen.
+func WithoutNotify() Option {
+	return func(c *config) { c.noNotify = true }
 }
 
 // WithListenConfig sets the connection used for LISTEN (default: a separate

@@ -203,10 +203,18 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		}
 		return nil
 	}
-	if _, err := b.pool.Exec(ctx, b.stmt.release, req.Key, req.OwnerToken, b.channel); err != nil {
+	if _, err := b.pool.Exec(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()); err != nil {
 		return fmt.Errorf("pg: release: %w", err)
 	}
 	return nil
+}
+
+// notifyChannel is the channel releases notify, or "" under WithoutNotify.
+func (b *Backend) notifyChannel() string {
+	if b.cfg.noNotify {
+		return ""
+	}
+	return b.channel
 }
 
 // Now implements core.Backend: the database's clock.
@@ -272,7 +280,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 		released bool
 		n        int64
 	)
-	if err := b.pool.QueryRow(ctx, b.stmt.forceRelease, key, b.channel).Scan(&released, &n); err != nil {
+	if err := b.pool.QueryRow(ctx, b.stmt.forceRelease, key, b.notifyChannel()).Scan(&released, &n); err != nil {
 		return false, fmt.Errorf("pg: force release: %w", err)
 	}
 	return released, nil

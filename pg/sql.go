@@ -90,10 +90,11 @@ RETURNING l.key, r.holder`, table, lholder, ac)
 
 	// The notification is sent when the statement's transaction commits;
 	// the payload is the key (at most 1024 bytes, under pg_notify's 8000).
+	// An empty channel (WithoutNotify) sends none.
 	s.release = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[1]s WHERE key = $1::text AND %[2]s = $2::text%[3]s RETURNING key
 )
-SELECT pg_notify($3::text, key) FROM d`, table, holder, ac)
+SELECT pg_notify($3::text, key) FROM d WHERE $3::text <> ''`, table, holder, ac)
 
 	s.keep = fmt.Sprintf(`UPDATE %[1]s SET expire_at = now() + $3%[4]s
 WHERE key = $1::text AND %[2]s = $2::text AND expire_at > now()%[3]s`, table, holder, ac, micros)
@@ -110,7 +111,7 @@ FROM %[1]s WHERE starts_with(key, $1::text) AND expire_at > now() ORDER BY key`,
 	s.forceRelease = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[1]s WHERE key = $1::text RETURNING key, expire_at > now() AS live
 ), n AS (
-	SELECT pg_notify($2::text, key) FROM d WHERE live
+	SELECT pg_notify($2::text, key) FROM d WHERE live AND $2::text <> ''
 )
 SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table)
 	return s
