@@ -26,13 +26,10 @@ import (
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/examples/internal/exenv"
 	"github.com/dislock/dislock/integrations/gocronlock"
-	"github.com/dislock/dislock/pg"
-	"github.com/dislock/dislock/redislock"
 )
 
 const schedulers = 3
@@ -52,7 +49,7 @@ func run(ctx context.Context, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	p := &printer{w: out}
-	lockers, backend, closeAll, err := newLockers(ctx)
+	lockers, backend, closeAll, err := exenv.Lockers(ctx, schedulers)
 	if err != nil {
 		return err
 	}
@@ -234,66 +231,6 @@ func lockerDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix g
 	}
 	p.printf("%d ticks, %d runs, %d busy skips; each tick ran once: %v\n", len(seen), ticks, skipped, once)
 	return nil
-}
-
-// newLockers returns one Locker per scheduler on the backend the
-// environment selects, and a function that closes them.
-func newLockers(ctx context.Context) (lockers []core.Locker, backend string, closeAll func(), err error) {
-	var closers []func()
-	closeAll = func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
-	defer func() {
-		if err != nil {
-			closeAll()
-		}
-	}()
-	add := func(c *core.Client) {
-		lockers = append(lockers, c)
-		closers = append(closers, func() { _ = c.Close() })
-	}
-	switch {
-	case os.Getenv("DATABASE_URL") != "":
-		for range schedulers {
-			b, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate())
-			if err != nil {
-				return nil, "", nil, err
-			}
-			closers = append(closers, func() { _ = b.Close() })
-			c, err := core.New(b)
-			if err != nil {
-				return nil, "", nil, err
-			}
-			add(c)
-		}
-		return lockers, "PostgreSQL", closeAll, nil
-	case os.Getenv("REDIS_URL") != "":
-		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
-		if err != nil {
-			return nil, "", nil, errors.New("REDIS_URL is not a valid redis:// URL")
-		}
-		for range schedulers {
-			rdb := redis.NewClient(opt)
-			closers = append(closers, func() { _ = rdb.Close() })
-			c, err := redislock.New(rdb)
-			if err != nil {
-				return nil, "", nil, err
-			}
-			add(c)
-		}
-		return lockers, "Redis", closeAll, nil
-	}
-	store := memlock.NewStore()
-	for range schedulers {
-		c, err := store.Locker()
-		if err != nil {
-			return nil, "", nil, err
-		}
-		add(c)
-	}
-	return lockers, "memlock (in-process; set DATABASE_URL or REDIS_URL for a server)", closeAll, nil
 }
 
 // recv waits for a value from ch or the end of ctx.

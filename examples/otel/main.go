@@ -11,21 +11,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/examples/internal/exenv"
 	dlotel "github.com/dislock/dislock/otel"
-	"github.com/dislock/dislock/pg"
-	"github.com/dislock/dislock/redislock"
 )
 
 func main() {
@@ -49,32 +46,12 @@ func run(ctx context.Context, out io.Writer) error {
 	withObs := core.WithObserver(obs)
 
 	// The job's lock, on the server the environment names.
-	var locker core.Locker
-	switch {
-	case os.Getenv("DATABASE_URL") != "":
-		be, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate())
-		if err != nil {
-			return err
-		}
-		if locker, err = core.New(be, withObs); err != nil {
-			return err
-		}
-	case os.Getenv("REDIS_URL") != "":
-		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
-		if err != nil {
-			return errors.New("REDIS_URL is not a valid redis:// URL")
-		}
-		rdb := redis.NewClient(opt)
-		defer rdb.Close()
-		if locker, err = redislock.New(rdb, redislock.WithClientOptions(withObs)); err != nil {
-			return err
-		}
-	default:
-		if locker, err = memlock.New(withObs); err != nil {
-			return err
-		}
+	lockers, _, closeAll, err := exenv.Lockers(ctx, 1, withObs)
+	if err != nil {
+		return err
 	}
-	defer locker.Close()
+	defer closeAll()
+	locker := lockers[0]
 
 	ctx, job := tp.Tracer("example").Start(ctx, "nightly-report")
 	s, err := locker.TryAcquire(ctx, fmt.Sprintf("otel-example/report-%d", time.Now().UnixNano()))

@@ -19,12 +19,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/core/memlock"
-	"github.com/dislock/dislock/pg"
-	"github.com/dislock/dislock/redislock"
+	"github.com/dislock/dislock/examples/internal/exenv"
 )
 
 func main() {
@@ -34,47 +30,12 @@ func main() {
 	}
 }
 
-// newLocker returns two Lockers acting as two processes, on the backend the
-// environment selects, and a function that closes them.
-func newLocker(ctx context.Context) (a, b core.Locker, name string, closeAll func(), err error) {
-	switch {
-	case os.Getenv("DATABASE_URL") != "":
-		var lockers [2]*core.Client
-		for i := range lockers {
-			be, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate())
-			if err != nil {
-				return nil, nil, "", nil, err
-			}
-			if lockers[i], err = core.New(be); err != nil {
-				return nil, nil, "", nil, err
-			}
-		}
-		return lockers[0], lockers[1], "PostgreSQL", func() { lockers[0].Close(); lockers[1].Close() }, nil
-	case os.Getenv("REDIS_URL") != "":
-		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
-		if err != nil {
-			return nil, nil, "", nil, errors.New("REDIS_URL is not a valid redis:// URL")
-		}
-		rdb := redis.NewClient(opt)
-		var lockers [2]*core.Client
-		for i := range lockers {
-			if lockers[i], err = redislock.New(rdb); err != nil {
-				return nil, nil, "", nil, err
-			}
-		}
-		return lockers[0], lockers[1], "Redis", func() { lockers[0].Close(); lockers[1].Close(); rdb.Close() }, nil
-	}
-	store := memlock.NewStore()
-	la, _ := store.Locker()
-	lb, _ := store.Locker()
-	return la, lb, "memlock (in-process)", func() { la.Close(); lb.Close() }, nil
-}
-
 func run(ctx context.Context, out io.Writer) error {
-	a, b, backend, closeAll, err := newLocker(ctx)
+	lockers, backend, closeAll, err := exenv.Lockers(ctx, 2)
 	if err != nil {
 		return err
 	}
+	a, b := lockers[0], lockers[1]
 	defer closeAll()
 	fmt.Fprintln(out, "backend:", backend)
 	key := fmt.Sprintf("quickstart/report-%d", time.Now().UnixNano())

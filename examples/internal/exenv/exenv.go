@@ -1,0 +1,80 @@
+// Package exenv picks the backend the examples run on: PostgreSQL when
+// DATABASE_URL is set, Redis when REDIS_URL is set, and otherwise the
+// in-process memlock backend, so that every example runs with no server.
+package exenv
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/pg"
+	"github.com/dislock/dislock/redislock"
+)
+
+// Lockers returns n Lockers that act as n separate processes on the
+// backend the environment selects, its name, and a function that closes
+// them all. opts are given to every Locker.
+func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []core.Locker, backend string, closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+			lockers, closeAll = nil, nil
+		}
+	}()
+	add := func(c *core.Client) {
+		lockers = append(lockers, c)
+		closers = append(closers, func() { _ = c.Close() })
+	}
+	switch {
+	case os.Getenv("DATABASE_URL") != "":
+		for range n {
+			// Each Locker owns its pool; Client.Close closes it.
+			b, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate())
+			if err != nil {
+				return nil, "", nil, err
+			}
+			c, err := core.New(b, opts...)
+			if err != nil {
+				b.Close()
+				return nil, "", nil, err
+			}
+			add(c)
+		}
+		return lockers, "PostgreSQL", closeAll, nil
+	case os.Getenv("REDIS_URL") != "":
+		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+		if err != nil {
+			return nil, "", nil, errors.New("REDIS_URL is not a valid redis:// URL")
+		}
+		for range n {
+			rdb := redis.NewClient(opt)
+			closers = append(closers, func() { _ = rdb.Close() })
+			c, err := redislock.New(rdb, redislock.WithClientOptions(opts...))
+			if err != nil {
+				return nil, "", nil, err
+			}
+			add(c)
+		}
+		return lockers, "Redis", closeAll, nil
+	}
+	store := memlock.NewStore()
+	for range n {
+		c, err := store.Locker(opts...)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		add(c)
+	}
+	return lockers, "memlock (in-process; set DATABASE_URL or REDIS_URL for a server)", closeAll, nil
+}
