@@ -85,6 +85,7 @@ type NotAcquiredError struct {
 	Holder *Info // nil when the backend did not say who holds it
 }
 
+// Error says which key is busy and, when known, who holds it and for how long.
 func (e *NotAcquiredError) Error() string {
 	if e.Holder == nil {
 		return fmt.Sprintf("dislock: lock %q not acquired: held elsewhere", e.Key)

@@ -25,10 +25,15 @@ const (
 //
 // Embed NopObserver to implement only some hooks.
 type Observer interface {
+	// AcquireStart is called when TryAcquire or Acquire begins (after the
+	// key and options are validated); AcquireEnd when it returns.
 	AcquireStart(ctx context.Context, e AcquireStartEvent) context.Context
 	AcquireEnd(ctx context.Context, e AcquireEndEvent)
+	// RenewStart and RenewEnd bracket one session's part in a batched
+	// renewal, run by the renewer goroutine.
 	RenewStart(ctx context.Context, e RenewStartEvent) context.Context
 	RenewEnd(ctx context.Context, e RenewEndEvent)
+	// ReleaseStart and ReleaseEnd bracket a release (by Release or Close).
 	ReleaseStart(ctx context.Context, e ReleaseStartEvent) context.Context
 	ReleaseEnd(ctx context.Context, e ReleaseEndEvent)
 	// Lost is called once when a session's lease is lost. ctx is the one
@@ -104,19 +109,32 @@ type LostEvent struct {
 // NopObserver implements Observer with hooks that do nothing. Embed it.
 type NopObserver struct{}
 
+// AcquireStart returns ctx unchanged.
 func (NopObserver) AcquireStart(ctx context.Context, _ AcquireStartEvent) context.Context {
 	return ctx
 }
+
+// AcquireEnd does nothing.
 func (NopObserver) AcquireEnd(context.Context, AcquireEndEvent) {}
+
+// RenewStart returns ctx unchanged.
 func (NopObserver) RenewStart(ctx context.Context, _ RenewStartEvent) context.Context {
 	return ctx
 }
+
+// RenewEnd does nothing.
 func (NopObserver) RenewEnd(context.Context, RenewEndEvent) {}
+
+// ReleaseStart returns ctx unchanged.
 func (NopObserver) ReleaseStart(ctx context.Context, _ ReleaseStartEvent) context.Context {
 	return ctx
 }
+
+// ReleaseEnd does nothing.
 func (NopObserver) ReleaseEnd(context.Context, ReleaseEndEvent) {}
-func (NopObserver) Lost(context.Context, LostEvent)             {}
+
+// Lost does nothing.
+func (NopObserver) Lost(context.Context, LostEvent) {}
 
 // Observers composes observers; hooks run in order, each Start hook receiving
 // the context the previous one returned. Nil observers are skipped.

@@ -191,6 +191,7 @@ func (p Policy) check(opt string) error {
 	return nil
 }
 
+// String names the policy, as in its constructor.
 func (p Policy) String() string {
 	switch p.kind {
 	case kindRetryLater:
@@ -218,6 +219,7 @@ type BusyError struct {
 	Err     error         // the Locker's error, matching core.ErrNotAcquired
 }
 
+// Error describes the busy task and who holds its key, when known.
 func (e *BusyError) Error() string { return "asynqlock: task busy: " + e.Err.Error() }
 
 // Unwrap returns the Locker's error.
