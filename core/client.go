@@ -34,6 +34,7 @@ type Client struct {
 	echoes   map[string][]time.Time     // own releases whose notification is due back
 	renewing bool                       // renewer goroutine started
 	nextWake time.Time                  // when the renewer plans to wake next (zero: it is busy)
+	idle     time.Duration              // the renewer wakes at least this often: the shortest renew interval seen
 	watching bool                       // watcher goroutine started
 	wake     chan struct{}
 }
@@ -245,6 +246,9 @@ func (c *Client) register(s *session) bool {
 	}
 	// Wake the renewer only when this session needs it sooner than it
 	// planned to wake anyway: most acquisitions cost the renewer nothing.
+	if !s.slot && (c.idle == 0 || s.interval < c.idle) {
+		c.idle = s.interval
+	}
 	due := s.deadline
 	if !s.slot && s.nextRenew.Before(due) {
 		due = s.nextRenew

@@ -27,10 +27,15 @@ func (c *Client) renewLoop() {
 	inflight := false
 	for {
 		now := time.Now()
-		next := now.Add(time.Hour)
 		var due []*session
 		anyDue := false
 		c.mu.Lock()
+		// Even with nothing due, wake within the shortest renew interval
+		// seen, so that a new lease never needs to wake this goroutine.
+		next := now.Add(time.Hour)
+		if c.idle > 0 {
+			next = now.Add(c.idle)
+		}
 		for s := range c.sessions {
 			s.mu.Lock()
 			if !now.Before(s.deadline) {
