@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/dislock/dislock/core"
 )
 
 func main() {
@@ -121,7 +123,9 @@ func (c *cli) open(ctx context.Context, inv *invocation) (locker, func() error, 
 // connectTimeout bounds connecting and each operator call.
 const connectTimeout = 30 * time.Second
 
-func (c *cli) status(inv *invocation) error {
+// operate opens the backend for an operator subcommand and runs fn on it,
+// bounded by connectTimeout.
+func (c *cli) operate(inv *invocation, fn func(ctx context.Context, l locker) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	l, closeFn, err := c.open(ctx, inv)
@@ -129,66 +133,66 @@ func (c *cli) status(inv *invocation) error {
 		return err
 	}
 	defer closeFn()
-	key := inv.args[0]
-	info, ok, err := l.Inspect(ctx, key)
-	if err != nil {
-		return exitWith(exitFailure, fmt.Errorf("status %q: %w", key, err))
-	}
-	if !ok {
-		fmt.Fprintf(c.stdout, "%s\tfree\n", key)
+	return fn(ctx, l)
+}
+
+// holderFields formats what status and list print about a held lock.
+func holderFields(info core.Info) string {
+	return fmt.Sprintf("owner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s",
+		info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond))
+}
+
+func (c *cli) status(inv *invocation) error {
+	return c.operate(inv, func(ctx context.Context, l locker) error {
+		key := inv.args[0]
+		info, ok, err := l.Inspect(ctx, key)
+		if err != nil {
+			return exitWith(exitFailure, fmt.Errorf("status %q: %w", key, err))
+		}
+		if !ok {
+			fmt.Fprintf(c.stdout, "%s\tfree\n", key)
+			return nil
+		}
+		fmt.Fprintf(c.stdout, "%s\theld\t%s\n", key, holderFields(info))
 		return nil
-	}
-	fmt.Fprintf(c.stdout, "%s\theld\towner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s\n",
-		key, info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond))
-	return nil
+	})
 }
 
 func (c *cli) list(inv *invocation) error {
-	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
-	defer cancel()
-	l, closeFn, err := c.open(ctx, inv)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	prefix := ""
-	if len(inv.args) > 0 {
-		prefix = inv.args[0]
-	}
-	infos, err := l.List(ctx, prefix)
-	if err != nil {
-		return exitWith(exitFailure, fmt.Errorf("list: %w", err))
-	}
-	for _, info := range infos {
-		fmt.Fprintf(c.stdout, "%s\towner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s\n",
-			info.Key, info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond))
-	}
-	return nil
+	return c.operate(inv, func(ctx context.Context, l locker) error {
+		prefix := ""
+		if len(inv.args) > 0 {
+			prefix = inv.args[0]
+		}
+		infos, err := l.List(ctx, prefix)
+		if err != nil {
+			return exitWith(exitFailure, fmt.Errorf("list: %w", err))
+		}
+		for _, info := range infos {
+			fmt.Fprintf(c.stdout, "%s\t%s\n", info.Key, holderFields(info))
+		}
+		return nil
+	})
 }
 
 func (c *cli) release(inv *invocation) error {
-	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
-	defer cancel()
-	l, closeFn, err := c.open(ctx, inv)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	key := inv.args[0]
-	if info, ok, err := l.Inspect(ctx, key); err == nil && ok {
-		c.log.Warn("force-releasing a held lock; its holder learns of the loss at its next renewal",
-			"key", key, "owner", info.Owner, "token", info.Token)
-	}
-	released, err := l.ForceRelease(ctx, key)
-	if err != nil {
-		return exitWith(exitFailure, fmt.Errorf("release %q: %w", key, err))
-	}
-	if released {
-		fmt.Fprintf(c.stdout, "%s\treleased\n", key)
-	} else {
-		fmt.Fprintf(c.stdout, "%s\tfree\n", key)
-	}
-	return nil
+	return c.operate(inv, func(ctx context.Context, l locker) error {
+		key := inv.args[0]
+		if info, ok, err := l.Inspect(ctx, key); err == nil && ok {
+			c.log.Warn("force-releasing a held lock; its holder learns of the loss at its next renewal",
+				"key", key, "owner", info.Owner, "token", info.Token)
+		}
+		released, err := l.ForceRelease(ctx, key)
+		if err != nil {
+			return exitWith(exitFailure, fmt.Errorf("release %q: %w", key, err))
+		}
+		if released {
+			fmt.Fprintf(c.stdout, "%s\treleased\n", key)
+		} else {
+			fmt.Fprintf(c.stdout, "%s\tfree\n", key)
+		}
+		return nil
+	})
 }
 
 func fmtTime(t time.Time) string {
