@@ -88,7 +88,7 @@ func (c *config) try(ctx context.Context, l core.Locker, key string, sched core.
 	opts := c.coreOptions()
 	if sched != nil {
 		tol := c.slotTolerance(sched, time.Now())
-		opts = append(opts, core.ForSlot(window{sched, tol}), core.SlotTolerance(0))
+		opts = append(opts, core.ForSlot(sched), core.SlotTolerance(tol))
 	} else if c.minHold > 0 {
 		opts = append(opts, core.MinHold(c.minHold))
 	}

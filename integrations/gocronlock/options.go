@@ -204,9 +204,8 @@ func Slot(sched core.Schedule) Option {
 // SlotTolerance sets how early a start may fire and still belong to the
 // coming slot. By default it is 1s or half the slot, whichever is shorter.
 // Each slot lock covers the window from the tolerance before a tick to the
-// tolerance before the next, and expires at its end, so that early starts
-// of the next tick find it free. Use this option rather than
-// core.SlotTolerance, which keeps the lock until the tick itself.
+// tolerance before the next (core.SlotEnd), so that early starts of the next
+// tick find it free. It sets core.SlotTolerance for the job's slot locks.
 func SlotTolerance(d time.Duration) Option {
 	return func(c *config) {
 		c.use("SlotTolerance", forLocker|forTask)

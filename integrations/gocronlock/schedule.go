@@ -61,25 +61,3 @@ func (c *config) slotTolerance(sched core.Schedule, now time.Time) time.Duration
 	}
 	return tol
 }
-
-// window shifts a schedule's slots tol earlier: the slot that ends at
-// boundary b becomes the window [previous boundary - tol, b - tol). A start
-// that fires up to tol before a boundary belongs to the coming slot, as
-// with core.SlotTolerance, and the lock of the slot before it has already
-// expired by then. With core.ForSlot(sched) and core.SlotTolerance(tol)
-// instead, that lock lasts until the boundary itself and turns such an
-// early start away: when every scheduler fires early, the tick is lost.
-type window struct {
-	sched core.Schedule
-	tol   time.Duration
-}
-
-// Next implements core.Schedule. It is strictly after t because
-// sched.Next(t + tol) is strictly after t + tol.
-func (w window) Next(t time.Time) time.Time {
-	next := w.sched.Next(t.Add(w.tol))
-	if next.IsZero() {
-		return next
-	}
-	return next.Add(-w.tol)
-}
