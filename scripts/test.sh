@@ -5,6 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/services.sh
+# Stores whose tests start private servers: these scripts only make sure
+# the server binaries are installed (apt-get when missing).
+for s in scripts/etcd.sh scripts/zookeeper.sh; do
+  if [ -f "$s" ]; then bash "$s"; fi
+done
 
 echo "== gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -16,9 +21,9 @@ go vet ./...
 echo "== go test -race"
 go test -race -count=1 -timeout 15m "$@" ./...
 
-for mod in chaos bench; do
-  if [ -f "$mod/go.mod" ]; then
-    echo "== $mod (nested module)"
-    (cd "$mod" && go vet ./... && go test -race -count=1 -timeout 10m ./...)
-  fi
+# Every nested module (etcdlock, chaos, bench, ...), each on its own.
+for modfile in $(git ls-files '*/go.mod' 2>/dev/null || find . -mindepth 2 -name go.mod); do
+  mod=$(dirname "$modfile")
+  echo "== $mod (nested module)"
+  (cd "$mod" && go vet ./... && go test -race -count=1 -timeout 10m ./...)
 done
