@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -18,6 +19,12 @@ var (
 	// server refused a renewal (owner changed, lock deleted) or the local renew
 	// deadline passed without a successful renewal.
 	ErrLeaseLost = &sentinel{"dislock: lease lost", "lease_lost"}
+	// ErrLeaseGone is matched, besides ErrLeaseLost, by a loss the store
+	// itself reported (see Gone): it refused a renewal because another owner
+	// holds the key or the key is gone, so the key may already be someone
+	// else's. A loss by the local renew deadline does not match it: the store
+	// then keeps the key until its TTL runs out.
+	ErrLeaseGone = &sentinel{"dislock: lease gone from the store", "lease_gone"}
 	// ErrReleased: the session was released by its owner (the context cause
 	// after Release).
 	ErrReleased = &sentinel{"dislock: session released", "released"}
@@ -78,27 +85,85 @@ type Info struct {
 	Remaining  time.Duration // ExpiresAt minus the backend's now when read; 0 when unknown
 }
 
-// NotAcquiredError is returned when a lock is held elsewhere. It matches
-// ErrNotAcquired with errors.Is.
+// NotAcquiredError is returned when a lock is held elsewhere, and when
+// Acquire gives up waiting for it. It matches ErrNotAcquired with errors.Is,
+// and, after a wait that ctx cut short, ctx's error too.
 type NotAcquiredError struct {
 	Key    string
-	Holder *Info // nil when the backend did not say who holds it
+	Holder *Info // the holder as of the last busy answer; nil when the store did not say
+	// Waited and Err are set when Acquire (or a TryAcquire whose ctx ended
+	// mid-call) gave up: how long it tried, and why it stopped — ctx's error,
+	// with the cause of the last failed attempt when there was one.
+	Waited time.Duration
+	Err    error
 }
 
-// Error says which key is busy and, when known, who holds it and for how long.
+// Error says which key is busy and, when known, who holds it and for how
+// long; after a wait, for how long it was tried and why it stopped. It is
+// one line.
 func (e *NotAcquiredError) Error() string {
-	if e.Holder == nil {
-		return fmt.Sprintf("dislock: lock %q not acquired: held elsewhere", e.Key)
+	var b strings.Builder
+	fmt.Fprintf(&b, "dislock: lock %q not acquired", e.Key)
+	if e.Err != nil {
+		fmt.Fprintf(&b, " within %v", roundWait(e.Waited))
 	}
-	return fmt.Sprintf("dislock: lock %q not acquired: held by %q (token %d) for %v more",
-		e.Key, e.Holder.Owner, e.Holder.Token, e.Holder.Remaining.Round(time.Millisecond))
+	switch {
+	case e.Holder != nil:
+		fmt.Fprintf(&b, ": held by %q (token %d) for %v more", e.Holder.Owner, e.Holder.Token, e.Holder.Remaining.Round(time.Millisecond))
+	case e.Err == nil:
+		b.WriteString(": held elsewhere")
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(strings.ReplaceAll(e.Err.Error(), "\n", "; "))
+	}
+	return b.String()
 }
 
-// Unwrap makes errors.Is(err, ErrNotAcquired) true.
-func (e *NotAcquiredError) Unwrap() error { return ErrNotAcquired }
+// Unwrap makes errors.Is(err, ErrNotAcquired) true, and errors.Is with the
+// reason a wait ended.
+func (e *NotAcquiredError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrNotAcquired}
+	}
+	return []error{ErrNotAcquired, e.Err}
+}
 
 // ErrorType implements the telemetry error-type contract.
 func (e *NotAcquiredError) ErrorType() string { return ErrNotAcquired.typ }
+
+// notAcquiredWithin is the error of an acquisition of key that ctx cut
+// short after waited: the last busy answer (received at busyAt, its
+// remaining time brought up to now) stays in the chain, and failure is the
+// last attempt's error, if any.
+func notAcquiredWithin(ctx context.Context, key string, busy *NotAcquiredError, busyAt time.Time, waited time.Duration, failure error) error {
+	e := &NotAcquiredError{Key: key, Waited: waited, Err: ctx.Err()}
+	if e.Err == nil {
+		e.Err = context.Canceled
+	}
+	if cause := context.Cause(ctx); cause != nil && cause != e.Err {
+		e.Err = fmt.Errorf("%w: %w", e.Err, cause)
+	}
+	if failure != nil {
+		e.Err = fmt.Errorf("%w: %w", e.Err, failure)
+	}
+	if busy != nil && busy.Holder != nil {
+		h := *busy.Holder
+		if h.Remaining > 0 {
+			h.Remaining = max(0, h.Remaining-time.Since(busyAt))
+		}
+		e.Holder = &h
+	}
+	return e
+}
+
+// roundWait rounds a wait for a message: to 10ms from 100ms up, else to 1ms.
+func roundWait(d time.Duration) time.Duration {
+	if d >= 100*time.Millisecond {
+		return d.Round(10 * time.Millisecond)
+	}
+	return d.Round(time.Millisecond)
+}
 
 // Busy builds the error a Backend returns when key is held by someone else.
 // holder may be nil.
@@ -106,7 +171,17 @@ func Busy(key string, holder *Info) error { return &NotAcquiredError{Key: key, H
 
 // Gone builds the error a Backend reports for a lease it may no longer
 // renew or release because another owner holds the key or the key is gone.
-func Gone(key, reason string) error { return fmt.Errorf("%w: %q: %s", ErrLeaseLost, key, reason) }
+// It matches ErrLeaseLost and ErrLeaseGone.
+func Gone(key, reason string) error { return &goneError{key: key, reason: reason} }
+
+// goneError is the store's refusal of a lease.
+type goneError struct{ key, reason string }
+
+func (e *goneError) Error() string {
+	return fmt.Sprintf("%s: %q: %s", ErrLeaseLost.msg, e.key, e.reason)
+}
+
+func (e *goneError) Unwrap() []error { return []error{ErrLeaseLost, ErrLeaseGone} }
 
 func invalidOption(name, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalidOption, name, fmt.Sprintf(format, args...))
