@@ -1,0 +1,144 @@
+package zklock
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Layout under the root (default "/dislock"):
+//
+//	<root>/locks/<enc(key)>                       container node, one per key
+//	<root>/locks/<enc(key)>/l-<enc(token)>-NNNNNNNNNN   ephemeral sequential: a claim
+//	<root>/locks/<enc(key)>/h-<untilMs>-<enc(token)>    persistent: a hold (min hold, slot)
+//	<root>/clock                                  persistent: Now writes it and reads its mtime
+//
+// A claim's data is "1\n<ttl ms>\n<owner>"; it is in force until its mtime
+// (the server time of its creation or last renewal) plus the TTL. A hold's
+// data is "1\n<fencing token>\n<owner>"; it is in force until untilMs, which
+// is on the server clock.
+
+const (
+	claimPrefix = "l-"
+	holdPrefix  = "h-"
+	seqLen      = 10 // ZooKeeper's sequence suffix: %010d
+)
+
+// encodeName makes s a valid ZooKeeper path component that decodeName
+// reverses: every byte outside [A-Za-z0-9_~-] becomes %XX. "." and ".."
+// cannot result, and "/" never appears.
+func encodeName(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '~', c == '-':
+			b.WriteByte(c)
+		default:
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// decodeName reverses encodeName.
+func decodeName(s string) (string, error) {
+	if !strings.Contains(s, "%") {
+		return s, nil
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", fmt.Errorf("bad escape in %q", s)
+		}
+		n, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", fmt.Errorf("bad escape in %q", s)
+		}
+		b.WriteByte(byte(n))
+		i += 2
+	}
+	return b.String(), nil
+}
+
+// child is a parsed child name of a key node.
+type child struct {
+	name  string
+	hold  bool
+	token string // encoded owner token
+	seq   int64  // claims
+	until int64  // holds: ms since the epoch, server clock
+}
+
+func parseChild(name string) (child, bool) {
+	c := child{name: name}
+	switch {
+	case strings.HasPrefix(name, claimPrefix):
+		rest := name[len(claimPrefix):]
+		if len(rest) < seqLen+2 || rest[len(rest)-seqLen-1] != '-' {
+			return c, false
+		}
+		seq, err := strconv.ParseInt(rest[len(rest)-seqLen:], 10, 64)
+		if err != nil {
+			return c, false
+		}
+		c.seq, c.token = seq, rest[:len(rest)-seqLen-1]
+		return c, true
+	case strings.HasPrefix(name, holdPrefix):
+		rest := name[len(holdPrefix):]
+		i := strings.IndexByte(rest, '-')
+		if i <= 0 || i == len(rest)-1 {
+			return c, false
+		}
+		until, err := strconv.ParseInt(rest[:i], 10, 64)
+		if err != nil {
+			return c, false
+		}
+		c.hold, c.until, c.token = true, until, rest[i+1:]
+		return c, true
+	}
+	return c, false
+}
+
+func holdName(until int64, encToken string) string {
+	return holdPrefix + strconv.FormatInt(until, 10) + "-" + encToken
+}
+
+// claimData is the data of a claim node.
+func claimData(ttl time.Duration, owner string) []byte {
+	ms := ttl.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	return []byte("1\n" + strconv.FormatInt(ms, 10) + "\n" + owner)
+}
+
+// holdData is the data of a hold node.
+func holdData(token uint64, owner string) []byte {
+	return []byte("1\n" + strconv.FormatUint(token, 10) + "\n" + owner)
+}
+
+var errBadData = errors.New("zklock: node data not written by zklock")
+
+// parseData reads either format: the number and the owner.
+func parseData(b []byte) (n int64, owner string, err error) {
+	parts := strings.SplitN(string(b), "\n", 3)
+	if len(parts) != 3 || parts[0] != "1" {
+		return 0, "", errBadData
+	}
+	n, err = strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return 0, "", errBadData
+	}
+	return n, parts[2], nil
+}
+
+func msTime(ms int64) time.Time { return time.UnixMilli(ms) }

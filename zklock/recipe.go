@@ -1,0 +1,520 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dislock/dislock/core"
+)
+
+// renewChunk is the most leases one renew multi carries.
+const renewChunk = 256
+
+var acl = zk.WorldACL(zk.PermAll)
+
+// TryAcquire implements core.Backend with the ZooKeeper lock recipe: one
+// multi creates an ephemeral sequential claim node under the key's node and
+// touches the key node, whose returned stat carries the claim's zxid (the
+// fencing token), the server time and the number of children. When the claim
+// is the only child it holds the lock (one round trip); otherwise the lowest
+// claim in force holds it, unless a hold (min hold, slot) is in force.
+func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if err := core.ValidateKey(req.Key); err != nil {
+		return core.Lease{}, err
+	}
+	slot := !req.ExpireAt.IsZero()
+	ttl := req.TTL
+	if slot {
+		ttl = b.MaxTTL() // the claim is only a step towards the hold
+	} else if max := b.MaxTTL(); ttl > max {
+		return core.Lease{}, invalidOption("TTL", "%v is more than 2/3 of the ZooKeeper session timeout %v: use a TTL of at most %v or a longer session timeout",
+			ttl, b.SessionTimeout(), max)
+	}
+	if ttl <= 0 {
+		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", ttl)
+	}
+	parent := b.keyPath(req.Key)
+	tok := encodeName(req.OwnerToken)
+	data := claimData(ttl, req.Owner)
+	sid := b.conn.SessionID()
+	sent := time.Now()
+
+	var (
+		res     []zk.MultiResponse
+		err     error
+		created string
+	)
+	for attempt := 0; ; attempt++ {
+		cerr := b.call(ctx, func() {
+			res, err = b.conn.Multi(
+				&zk.CreateRequest{Path: parent + "/" + claimPrefix + tok + "-", Data: data, Acl: acl, Flags: zk.FlagEphemeralSequential},
+				&zk.SetDataRequest{Path: parent, Data: nil, Version: -1},
+			)
+		}, func() {
+			// The caller gave up: take back a claim the server made.
+			if err == nil && len(res) == 2 {
+				b.bgDelete(res[0].String, sid)
+			}
+		})
+		if cerr != nil {
+			return core.Lease{}, fmt.Errorf("zklock: acquire: %w", cerr)
+		}
+		if err != nil && errors.Is(err, zk.ErrNoNode) && len(res) == 2 && attempt < 2 {
+			if err := b.ensureParent(ctx, parent); err != nil {
+				return core.Lease{}, fmt.Errorf("zklock: acquire: create %s: %w", parent, err)
+			}
+			continue
+		}
+		break
+	}
+	if err != nil {
+		return core.Lease{}, fmt.Errorf("zklock: acquire: %w", err)
+	}
+	if len(res) != 2 || res[1].Stat == nil {
+		return core.Lease{}, errors.New("zklock: acquire: unexpected multi reply")
+	}
+	created = res[0].String
+	st := res[1].Stat
+	now := st.Mtime
+	c := &claim{key: req.Key, path: created, owner: req.Owner, sid: sid, token: uint64(st.Mzxid), acqMs: now, acqLocal: sent}
+	b.mu.Lock()
+	b.claims[req.OwnerToken] = c
+	b.mu.Unlock()
+	if sid == 0 || b.conn.SessionID() != sid {
+		// The claim may belong to a session that ended meanwhile; never
+		// hand it out.
+		b.forget(req.OwnerToken)
+		b.bgDelete(created, sid)
+		return core.Lease{}, errors.New("zklock: acquire: the ZooKeeper session changed during the acquire")
+	}
+
+	busy := func(info *core.Info) (core.Lease, error) {
+		b.forget(req.OwnerToken)
+		if err := b.del(ctx, created, -1); err != nil {
+			b.bgDelete(created, sid)
+		}
+		return core.Lease{}, core.Busy(req.Key, info)
+	}
+	if slot && req.ExpireAt.UnixMilli() <= now {
+		return busy(nil) // the slot is over
+	}
+	if st.NumChildren != 1 {
+		ours, _ := parseChild(created[len(parent)+1:])
+		info, held, err := b.judge(ctx, req.Key, parent, ours, now)
+		if err != nil {
+			return core.Lease{}, fmt.Errorf("zklock: acquire: %w", err)
+		}
+		if !held {
+			return busy(info)
+		}
+	}
+	lease := core.Lease{Token: c.token, AcquiredAt: msTime(now), ExpiresAt: msTime(now).Add(ttl)}
+	if slot {
+		// Hand the lock from the claim, which lives with the session, to a
+		// hold that lives until the slot's end.
+		until := req.ExpireAt.UnixMilli()
+		hold := parent + "/" + holdName(until, tok)
+		var err error
+		cerr := b.call(ctx, func() {
+			_, err = b.conn.Multi(
+				&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: acl, Flags: zk.FlagPersistent},
+				&zk.DeleteRequest{Path: created, Version: -1},
+			)
+		}, nil)
+		if cerr != nil {
+			err = cerr
+		}
+		if err != nil {
+			return core.Lease{}, fmt.Errorf("zklock: acquire: slot hold: %w", err)
+		}
+		b.mu.Lock()
+		c.path, c.hold = "", hold
+		b.mu.Unlock()
+		lease.ExpiresAt = msTime(until)
+	}
+	return lease, nil
+}
+
+// judge decides, from the children of parent, whether the claim ours
+// created at server time now holds the lock; when not, it returns the
+// holder when known. Claims below ours whose TTL ran out without a renewal
+// are deleted (guarded by their version, so a renewal in between wins);
+// holds that ended are deleted.
+func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now int64) (*core.Info, bool, error) {
+	var names []string
+	var err error
+	if cerr := b.call(ctx, func() { names, _, err = b.conn.Children(parent) }, nil); cerr != nil {
+		return nil, false, cerr
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	found := false
+	var lower []child
+	var best *child
+	for _, n := range names {
+		c, ok := parseChild(n)
+		if !ok {
+			continue
+		}
+		switch {
+		case n == ours.name:
+			found = true
+		case c.hold:
+			if c.until <= now {
+				b.bgDelete(parent+"/"+n, 0)
+			} else if c.token != ours.token && (best == nil || c.until > best.until) {
+				best = &c
+			}
+		case c.seq < ours.seq:
+			lower = append(lower, c)
+		}
+	}
+	if !found {
+		return nil, false, nil // deleted meanwhile (force release): not ours
+	}
+	if best != nil {
+		info := core.Info{Key: key, ExpiresAt: msTime(best.until), Remaining: time.Duration(best.until-now) * time.Millisecond}
+		var data []byte
+		var gerr error
+		if cerr := b.call(ctx, func() { data, _, gerr = b.conn.Get(parent + "/" + best.name) }, nil); cerr == nil && gerr == nil {
+			if t, owner, err := parseData(data); err == nil {
+				info.Owner, info.Token = owner, uint64(t)
+			}
+		}
+		return &info, false, nil
+	}
+	sort.Slice(lower, func(i, j int) bool { return lower[i].seq < lower[j].seq })
+	for _, l := range lower {
+		p := parent + "/" + l.name
+		var (
+			data []byte
+			st   *zk.Stat
+			ch   <-chan zk.Event
+		)
+		if cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil); cerr != nil {
+			return nil, false, cerr
+		}
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		ttl, owner, perr := parseData(data)
+		info := &core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}
+		if perr != nil { // not ours to judge: in force
+			b.armWatch(p, key, ch)
+			return info, false, nil
+		}
+		exp := st.Mtime + ttl
+		info.ExpiresAt = msTime(exp)
+		if exp > now {
+			info.Remaining = time.Duration(exp-now) * time.Millisecond
+			b.armWatch(p, key, ch)
+			return info, false, nil
+		}
+		// Not renewed within its TTL: the holder's renew deadline passed
+		// long ago. Delete exactly the version we judged.
+		var derr error
+		if cerr := b.call(ctx, func() { derr = b.conn.Delete(p, st.Version) }, nil); cerr != nil {
+			return nil, false, cerr
+		}
+		switch {
+		case derr == nil, errors.Is(derr, zk.ErrNoNode):
+			continue
+		case errors.Is(derr, zk.ErrBadVersion): // renewed meanwhile
+			info.Remaining = time.Duration(ttl) * time.Millisecond
+			info.ExpiresAt = msTime(now + ttl)
+			b.armWatch(p, key, ch)
+			return info, false, nil
+		default:
+			return nil, false, derr
+		}
+	}
+	return nil, true, nil
+}
+
+// forget drops the record of a claim.
+func (b *Backend) forget(ownerToken string) {
+	b.mu.Lock()
+	delete(b.claims, ownerToken)
+	b.mu.Unlock()
+}
+
+// del deletes p, treating a missing node as deleted.
+func (b *Backend) del(ctx context.Context, p string, version int32) error {
+	var err error
+	if cerr := b.call(ctx, func() { err = b.conn.Delete(p, version) }, nil); cerr != nil {
+		return cerr
+	}
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return err
+	}
+	return nil
+}
+
+// bgDelete deletes p in the background, retrying a few times. sid, when not
+// 0, is the session of an ephemeral p: once it ends, p is gone anyway.
+func (b *Backend) bgDelete(p string, sid int64) {
+	b.spawn(func() {
+		wait := 50 * time.Millisecond
+		for range 8 {
+			if sid != 0 && b.conn.SessionID() != sid {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := b.del(ctx, p, -1)
+			cancel()
+			if err == nil || errors.Is(err, errClosed) {
+				return
+			}
+			select {
+			case <-b.done:
+				return
+			case <-time.After(wait):
+			}
+			wait *= 2
+		}
+	})
+}
+
+// Renew implements core.Backend. All leases go into one multi of setData
+// operations on their claim nodes (split every 256): a quorum write, which
+// the leader applies only while the session is alive, and which stamps each
+// claim with the server time of the renewal (its mtime). A lease whose claim
+// is gone fails the multi at its index; it is reported lost and the multi is
+// sent again without it. A lease whose claim was made in an earlier session
+// is lost: go-zookeeper opens a new session silently after an expiry.
+func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	results := make([]error, len(reqs))
+	sid := b.conn.SessionID()
+	type item struct {
+		i    int
+		path string
+		data []byte
+	}
+	var items []item
+	b.mu.Lock()
+	for i, r := range reqs {
+		c := b.claims[r.OwnerToken]
+		switch {
+		case c == nil || c.key != r.Key || c.path == "":
+			results[i] = core.Gone(r.Key, "no claim node of this owner")
+		case c.sid != sid || sid == 0:
+			delete(b.claims, r.OwnerToken)
+			results[i] = core.Gone(r.Key, "the ZooKeeper session that held it ended")
+		default:
+			items = append(items, item{i, c.path, claimData(r.TTL, c.owner)})
+		}
+	}
+	b.mu.Unlock()
+
+	gone := func(it item, why string) {
+		results[it.i] = core.Gone(reqs[it.i].Key, why)
+		b.forget(reqs[it.i].OwnerToken)
+	}
+	var firstErr error
+	unknown := 0
+	for start := 0; start < len(items); start += renewChunk {
+		pending := items[start:min(start+renewChunk, len(items))]
+		for len(pending) > 0 {
+			ops := make([]any, len(pending))
+			for j, it := range pending {
+				ops[j] = &zk.SetDataRequest{Path: it.path, Data: it.data, Version: -1}
+			}
+			var res []zk.MultiResponse
+			var err error
+			if cerr := b.call(ctx, func() { res, err = b.conn.Multi(ops...) }, nil); cerr != nil {
+				err = cerr
+				res = nil
+			}
+			if err == nil && b.conn.SessionID() != sid {
+				err = zk.ErrSessionExpired
+			}
+			if err == nil {
+				break
+			}
+			if errors.Is(err, zk.ErrSessionExpired) {
+				for _, it := range pending {
+					gone(it, "the ZooKeeper session expired")
+				}
+				break
+			}
+			bad := -1
+			if len(res) == len(pending) {
+				for j, r := range res {
+					if errors.Is(r.Error, zk.ErrNoNode) || errors.Is(r.Error, zk.ErrBadVersion) {
+						bad = j
+						break
+					}
+				}
+			}
+			if bad < 0 {
+				err = fmt.Errorf("zklock: renew: %w", err)
+				if firstErr == nil {
+					firstErr = err
+				}
+				for _, it := range pending {
+					results[it.i] = err
+					unknown++
+				}
+				break
+			}
+			gone(pending[bad], "its claim node is gone")
+			pending = append(pending[:bad:bad], pending[bad+1:]...)
+		}
+	}
+	if unknown == len(reqs) && firstErr != nil {
+		return nil, firstErr
+	}
+	return results, nil
+}
+
+// Release implements core.Backend. It deletes the claim by its unique path,
+// so a stale release never touches another holder's node. With Keep > 0 one
+// multi replaces the claim by a hold that lasts until the claim's
+// acquisition (server time) plus the time held plus Keep.
+func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	b.mu.Lock()
+	c := b.claims[req.OwnerToken]
+	if c != nil && c.key != req.Key {
+		c = nil
+	}
+	var cc claim
+	if c != nil {
+		cc = *c
+	}
+	b.mu.Unlock()
+	if c == nil {
+		return b.releaseByToken(ctx, req)
+	}
+	var err error
+	switch {
+	case cc.path == "": // a slot's hold
+		err = b.del(ctx, cc.hold, -1)
+	case req.Keep > 0:
+		until := cc.acqMs + (time.Since(cc.acqLocal) + req.Keep).Milliseconds()
+		err = b.keep(ctx, req.Key, cc.path, until, cc.token, cc.owner, encodeName(req.OwnerToken))
+	default:
+		err = b.del(ctx, cc.path, -1)
+		if err == nil {
+			b.echo(req.Key, cc.path)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("zklock: release: %w", err)
+	}
+	b.forget(req.OwnerToken)
+	return nil
+}
+
+// keep replaces the claim at p by a hold until the server time until.
+func (b *Backend) keep(ctx context.Context, key, p string, until int64, token uint64, owner, encToken string) error {
+	hold := b.keyPath(key) + "/" + holdName(until, encToken)
+	var err error
+	if cerr := b.call(ctx, func() {
+		_, err = b.conn.Multi(
+			&zk.CreateRequest{Path: hold, Data: holdData(token, owner), Acl: acl, Flags: zk.FlagPersistent},
+			&zk.DeleteRequest{Path: p, Version: -1},
+		)
+	}, nil); cerr != nil {
+		return cerr
+	}
+	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrNodeExists) {
+		// NoNode: the claim is gone (lost, or an earlier try applied);
+		// NodeExists: an earlier try applied.
+		return nil
+	}
+	return err
+}
+
+// releaseByToken releases a lock this backend has no record of (another
+// process's session, or an acquire whose reply was lost): it looks for the
+// owner token among the key's children.
+func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) error {
+	if err := core.ValidateKey(req.Key); err != nil {
+		return err
+	}
+	parent := b.keyPath(req.Key)
+	tok := encodeName(req.OwnerToken)
+	var names []string
+	var err error
+	if cerr := b.call(ctx, func() { names, _, err = b.conn.Children(parent) }, nil); cerr != nil {
+		return fmt.Errorf("zklock: release: %w", cerr)
+	}
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("zklock: release: %w", err)
+	}
+	var errs []error
+	for _, n := range names {
+		c, ok := parseChild(n)
+		if !ok || c.token != tok {
+			continue
+		}
+		p := parent + "/" + n
+		if req.Keep > 0 && !c.hold {
+			var data []byte
+			var st *zk.Stat
+			var gerr error
+			if cerr := b.call(ctx, func() { data, st, gerr = b.conn.Get(p) }, nil); cerr != nil {
+				errs = append(errs, cerr)
+				continue
+			}
+			if errors.Is(gerr, zk.ErrNoNode) {
+				continue
+			}
+			if gerr != nil {
+				errs = append(errs, gerr)
+				continue
+			}
+			_, owner, _ := parseData(data)
+			now, err := b.Now(ctx, req.Key)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			errs = append(errs, b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), uint64(st.Czxid), owner, tok))
+			continue
+		}
+		err := b.del(ctx, p, -1)
+		if err == nil && !c.hold {
+			b.echo(req.Key, p)
+		}
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("zklock: release: %w", err)
+	}
+	return nil
+}
+
+// Now implements core.Backend: it writes <root>/clock and returns the
+// modification time the leader stamped on it. The clock is the ensemble's,
+// not the key's: ZooKeeper does not shard.
+func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
+	for attempt := 0; ; attempt++ {
+		var st *zk.Stat
+		var err error
+		if cerr := b.call(ctx, func() { st, err = b.conn.Set(b.clock, nil, -1) }, nil); cerr != nil {
+			return time.Time{}, fmt.Errorf("zklock: now: %w", cerr)
+		}
+		if err == nil {
+			return msTime(st.Mtime), nil
+		}
+		if !errors.Is(err, zk.ErrNoNode) || attempt > 0 {
+			return time.Time{}, fmt.Errorf("zklock: now: %w", err)
+		}
+		if err := b.ensurePath(ctx, b.clock); err != nil {
+			return time.Time{}, fmt.Errorf("zklock: now: create %s: %w", b.clock, err)
+		}
+	}
+}

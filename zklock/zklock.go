@@ -1,0 +1,449 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dislock/dislock/core"
+)
+
+// DefaultRoot is the znode under which every lock lives unless WithRoot says
+// otherwise.
+const DefaultRoot = "/dislock"
+
+// DefaultSessionTimeout is the session timeout New and NewBackend ask the
+// server for. The server clamps it into its [minSessionTimeout,
+// maxSessionTimeout] (4 s to 40 s with the default tickTime of 2 s).
+const DefaultSessionTimeout = 30 * time.Second
+
+// Option configures a Backend.
+type Option func(*options)
+
+type options struct {
+	root           string
+	sessionTimeout time.Duration
+	dialer         zk.Dialer
+	logger         zk.Logger
+	clientOpts     []core.ClientOption
+	errs           []error
+}
+
+func invalidOption(name, format string, args ...any) error {
+	return fmt.Errorf("%w: zklock.%s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+}
+
+// WithRoot sets the znode under which locks live (default "/dislock").
+// Lockers that should see each other's locks use the same root. It must be
+// an absolute path other than "/" and may not end in "/".
+func WithRoot(root string) Option {
+	return func(o *options) {
+		if root == "" || root[0] != '/' || root == "/" || strings.HasSuffix(root, "/") || path.Clean(root) != root ||
+			strings.ContainsRune(root, 0) {
+			o.errs = append(o.errs, invalidOption("WithRoot", "%q is not an absolute znode path", root))
+			return
+		}
+		o.root = root
+	}
+}
+
+// WithSessionTimeout sets the session timeout New and NewBackend ask for
+// (default 30 s). The server may grant less; the TTL of every lock must stay
+// within 2/3 of what it grants. NewBackendFromConn ignores it.
+func WithSessionTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d <= 0 {
+			o.errs = append(o.errs, invalidOption("WithSessionTimeout", "must be positive, got %v", d))
+			return
+		}
+		o.sessionTimeout = d
+	}
+}
+
+// WithDialer sets how New and NewBackend open TCP connections to servers
+// (zk.WithDialer).
+func WithDialer(d zk.Dialer) Option {
+	return func(o *options) { o.dialer = d }
+}
+
+// WithLogger receives the ZooKeeper client's log lines (default: none).
+// They name server addresses, never credentials.
+func WithLogger(l zk.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// WithClientOptions passes options to core.New when New or NewFromConn
+// builds the Locker, after the backend's own default TTL.
+func WithClientOptions(opts ...core.ClientOption) Option {
+	return func(o *options) { o.clientOpts = append(o.clientOpts, opts...) }
+}
+
+// Backend is the ZooKeeper store for core's lease engine. It implements
+// core.Backend, core.Watcher and core.Admin, and is safe for concurrent use.
+type Backend struct {
+	conn    *zk.Conn
+	ownConn bool
+	root    string
+	locks   string // root + "/locks"
+	clock   string // root + "/clock"
+
+	timeoutMs atomic.Int64 // negotiated session timeout
+
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	mu      sync.Mutex
+	claims  map[string]*claim        // owner token -> claim made by this backend
+	watches map[string]string        // watched node path -> key
+	subs    map[int]func(key string) // Watch subscribers
+	nextSub int
+}
+
+// claim is a lock node this backend created and still tracks.
+type claim struct {
+	key      string
+	path     string // claim node; "" once converted to a hold (slot)
+	hold     string // hold node of a slot lock
+	owner    string
+	sid      int64 // session the claim node belongs to
+	token    uint64
+	acqMs    int64     // server time of the claim's creation
+	acqLocal time.Time // local time when the acquire was sent
+}
+
+var (
+	_ core.Backend = (*Backend)(nil)
+	_ core.Watcher = (*Backend)(nil)
+	_ core.Admin   = (*Backend)(nil)
+)
+
+func resolve(opts []Option) (options, error) {
+	o := options{root: DefaultRoot, sessionTimeout: DefaultSessionTimeout}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if len(o.errs) > 0 {
+		return o, o.errs[0]
+	}
+	return o, nil
+}
+
+// ParseServers splits a connect string "host:port[,host:port...][/chroot]"
+// into the server list and the chroot ("" when absent). go-zookeeper has no
+// chroot of its own: use the chroot as WithRoot's argument.
+func ParseServers(connect string) (servers []string, chroot string, err error) {
+	s := connect
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		s, chroot = s[:i], s[i:]
+		if chroot == "/" {
+			chroot = ""
+		}
+	}
+	for _, h := range strings.Split(s, ",") {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			continue
+		}
+		servers = append(servers, h)
+	}
+	if len(servers) == 0 {
+		return nil, "", invalidOption("New", "connect string names no server")
+	}
+	return servers, chroot, nil
+}
+
+// timeoutLogger captures the session timeout the server granted from the
+// client's "authenticated" log line (go-zookeeper v1.0.4 exposes it nowhere
+// else) and passes every line on.
+type timeoutLogger struct {
+	next zk.Logger
+	got  func(ms int64)
+}
+
+const authLine = "authenticated: id=%d, timeout=%d"
+
+func (l *timeoutLogger) Printf(format string, args ...any) {
+	if format == authLine && len(args) == 2 {
+		if ms, ok := args[1].(int32); ok && ms > 0 {
+			l.got(int64(ms))
+		}
+	}
+	if l.next != nil {
+		l.next.Printf(format, args...)
+	}
+}
+
+// NewBackend dials ZooKeeper and returns a Backend on its own session, once
+// the session is established (bounded by ctx). connect is
+// "host:port[,host:port...]". Close closes the session, which deletes the
+// session's claim nodes at once.
+func NewBackend(ctx context.Context, connect string, opts ...Option) (*Backend, error) {
+	b, _, err := dial(ctx, connect, opts)
+	return b, err
+}
+
+// New dials ZooKeeper (see NewBackend) and returns a Locker (which also
+// implements core.Admin) whose default TTL is 2/3 of the session timeout
+// the server granted.
+func New(ctx context.Context, connect string, opts ...Option) (*core.Client, error) {
+	b, o, err := dial(ctx, connect, opts)
+	if err != nil {
+		return nil, err
+	}
+	c, err := core.New(b, append([]core.ClientOption{core.WithDefaults(core.TTL(b.MaxTTL()))}, o.clientOpts...)...)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func dial(ctx context.Context, connect string, opts []Option) (*Backend, options, error) {
+	o, err := resolve(opts)
+	if err != nil {
+		return nil, o, err
+	}
+	servers, chroot, err := ParseServers(connect)
+	if err != nil {
+		return nil, o, err
+	}
+	if chroot != "" {
+		root := chroot + o.root
+		if err := validRoot(root); err != nil {
+			return nil, o, err
+		}
+		o.root = root
+	}
+	b := newBackend(o.root)
+	got := make(chan struct{})
+	var once sync.Once
+	logger := zk.WithLogger(&timeoutLogger{next: o.logger, got: func(ms int64) {
+		b.timeoutMs.Store(ms)
+		once.Do(func() { close(got) })
+	}})
+	dialer := zk.WithLogInfo(true) // the timeout is only logged at info level
+	if o.dialer != nil {
+		dialer = zk.WithDialer(o.dialer)
+	}
+	conn, _, err := zk.Connect(servers, o.sessionTimeout, zk.WithLogInfo(true), logger, dialer)
+	if err != nil {
+		return nil, o, fmt.Errorf("zklock: connect: %w", err)
+	}
+	b.conn, b.ownConn = conn, true
+	select {
+	case <-got:
+	case <-ctx.Done():
+		conn.Close()
+		return nil, o, fmt.Errorf("zklock: no ZooKeeper session established: %w", ctx.Err())
+	}
+	return b, o, nil
+}
+
+func validRoot(root string) error {
+	var o options
+	WithRoot(root)(&o)
+	if len(o.errs) > 0 {
+		return o.errs[0]
+	}
+	return nil
+}
+
+// NewBackendFromConn returns a Backend on an existing connection. The
+// connection stays the caller's: Close does not close it. Its limits:
+//
+//   - go-zookeeper does not reveal the session timeout the server granted,
+//     so the caller states it as sessionTimeout; a value larger than the
+//     granted one voids the loss-before-takeover guarantee.
+//   - Claim nodes outlive Close when their release failed, until the
+//     caller's session ends or another acquirer finds them expired.
+//   - Close waits for calls still in flight on the connection.
+func NewBackendFromConn(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*Backend, error) {
+	o, err := resolve(opts)
+	if err != nil {
+		return nil, err
+	}
+	if conn == nil {
+		return nil, invalidOption("NewBackendFromConn", "nil *zk.Conn")
+	}
+	if sessionTimeout <= 0 {
+		return nil, invalidOption("NewBackendFromConn", "session timeout must be positive, got %v", sessionTimeout)
+	}
+	b := newBackend(o.root)
+	b.conn = conn
+	b.timeoutMs.Store(sessionTimeout.Milliseconds())
+	return b, nil
+}
+
+// NewFromConn is NewBackendFromConn followed by core.New, with the default
+// TTL at 2/3 of sessionTimeout.
+func NewFromConn(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*core.Client, error) {
+	b, err := NewBackendFromConn(conn, sessionTimeout, opts...)
+	if err != nil {
+		return nil, err
+	}
+	o, _ := resolve(opts)
+	c, err := core.New(b, append([]core.ClientOption{core.WithDefaults(core.TTL(b.MaxTTL()))}, o.clientOpts...)...)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func newBackend(root string) *Backend {
+	return &Backend{
+		root:    root,
+		locks:   root + "/locks",
+		clock:   root + "/clock",
+		done:    make(chan struct{}),
+		claims:  make(map[string]*claim),
+		watches: make(map[string]string),
+		subs:    make(map[int]func(string)),
+	}
+}
+
+// SessionTimeout is the session timeout the server granted (or, for
+// NewBackendFromConn, the one the caller stated).
+func (b *Backend) SessionTimeout() time.Duration {
+	return time.Duration(b.timeoutMs.Load()) * time.Millisecond
+}
+
+// MaxTTL is the longest lock TTL the session allows: 2/3 of its timeout.
+// It is the default TTL of New and NewFromConn.
+func (b *Backend) MaxTTL() time.Duration {
+	d := b.SessionTimeout() * 2 / 3
+	return d.Truncate(time.Millisecond)
+}
+
+// Conn returns the ZooKeeper connection the backend uses.
+func (b *Backend) Conn() *zk.Conn { return b.conn }
+
+// Name implements core.Backend.
+func (b *Backend) Name() string { return "zookeeper" }
+
+// Close implements core.Backend. It closes the connection when the backend
+// dialed it (ending the session and deleting its claim nodes), and waits for
+// the backend's goroutines.
+func (b *Backend) Close() error {
+	b.closeOnce.Do(func() {
+		close(b.done)
+		if b.ownConn {
+			b.conn.Close()
+		}
+	})
+	b.wg.Wait()
+	return nil
+}
+
+var errClosed = errors.New("zklock: backend closed")
+
+// call runs f, which makes blocking go-zookeeper calls, and returns when f
+// returns or ctx ends, whichever is first. go-zookeeper's calls take no
+// context; one abandoned by ctx ends by itself when its reply arrives or the
+// connection is dropped. When call gave up on f, then (if given) runs after
+// f; otherwise the caller owns f's results.
+func (b *Backend) call(ctx context.Context, f func(), then func()) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case <-b.done:
+		return errClosed
+	default:
+	}
+	const running, finished, abandoned = 0, 1, 2
+	var state atomic.Int32
+	fin := make(chan struct{})
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		f()
+		if !state.CompareAndSwap(running, finished) && then != nil {
+			then()
+		}
+		close(fin)
+	}()
+	select {
+	case <-fin:
+		return nil
+	case <-ctx.Done():
+	case <-b.done:
+	}
+	if !state.CompareAndSwap(running, abandoned) {
+		<-fin // f finished first: its results are the caller's
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return errClosed
+}
+
+// spawn runs f on a goroutine the backend owns.
+func (b *Backend) spawn(f func()) {
+	select {
+	case <-b.done:
+		return
+	default:
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		f()
+	}()
+}
+
+// keyPath is the container node of key.
+func (b *Backend) keyPath(key string) string { return b.locks + "/" + encodeName(key) }
+
+// ensureParent creates the container node of key and, when missing, the
+// persistent nodes above it.
+func (b *Backend) ensureParent(ctx context.Context, parent string) error {
+	var err error
+	if cerr := b.call(ctx, func() { _, err = b.conn.CreateContainer(parent, nil, zk.FlagContainer, zk.WorldACL(zk.PermAll)) }, nil); cerr != nil {
+		return cerr
+	}
+	if err == nil || errors.Is(err, zk.ErrNodeExists) {
+		return nil
+	}
+	if !errors.Is(err, zk.ErrNoNode) {
+		return err
+	}
+	if err := b.ensurePath(ctx, b.locks); err != nil {
+		return err
+	}
+	if cerr := b.call(ctx, func() { _, err = b.conn.CreateContainer(parent, nil, zk.FlagContainer, zk.WorldACL(zk.PermAll)) }, nil); cerr != nil {
+		return cerr
+	}
+	if err == nil || errors.Is(err, zk.ErrNodeExists) {
+		return nil
+	}
+	return err
+}
+
+// ensurePath creates p and its ancestors as persistent nodes.
+func (b *Backend) ensurePath(ctx context.Context, p string) error {
+	parts := strings.Split(p[1:], "/")
+	cur := ""
+	for _, part := range parts {
+		cur += "/" + part
+		var err error
+		if cerr := b.call(ctx, func() { _, err = b.conn.Create(cur, nil, zk.FlagPersistent, zk.WorldACL(zk.PermAll)) }, nil); cerr != nil {
+			return cerr
+		}
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return err
+		}
+	}
+	return nil
+}
