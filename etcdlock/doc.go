@@ -1,0 +1,141 @@
+// Package etcdlock is the etcd backend of dislock, on the official client
+// (go.etcd.io/etcd/client/v3).
+//
+//	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+//	...
+//	locker, err := etcdlock.New(cli)
+//	...
+//	s, err := locker.TryAcquire(ctx, "nightly-report")
+//	if errors.Is(err, core.ErrNotAcquired) {
+//		return nil // another process runs it
+//	}
+//
+// The client stays the caller's: closing the Locker does not close it.
+// ParseURL reads etcd://host:port[,host:port] and etcds:// URLs into a
+// client configuration. The package is its own Go module, so that programs
+// using only the other dislock backends do not get gRPC in their module
+// graph. etcd 3.5 or later is supported; 3.7 or later is recommended (see
+// below). It is tested against an embedded etcd v3.7.3, on one member and
+// on a three-member cluster.
+//
+// etcd's own concurrency package (Session, Mutex) is not used: its
+// Session.Done fires at or after the server's lease expiry, not before, and
+// a retried Mutex.Unlock deletes the key by name, which can delete a newer
+// holder's lock. The lease engine of dislock's core does the waiting,
+// renewing and loss detection; this package only talks to etcd.
+//
+// # How locks are stored
+//
+// Lock k is the etcd key <prefix>k (WithPrefix, default "dislock/"), whose
+// value is a small JSON record: owner, owner token, acquired-at (the
+// acquirer's clock) and, for slot locks, the slot's end. Every session has
+// a lease of its own, with an ID the backend picks at random, and the key
+// is bound to it.
+//
+//   - Acquire is a lease grant, then one transaction: if the key's
+//     create_revision is 0 (no such key), put it bound to the lease;
+//     otherwise read it. Two round trips, not one: etcd can bind a key only
+//     to a lease that already exists, and a transaction cannot grant one.
+//     A busy answer costs a third, reading the holder's remaining lease
+//     time, while the unused lease is revoked at the same time.
+//   - The fencing token is the key's create_revision. Every new holder must
+//     create the key, at a new, larger store revision, so tokens strictly
+//     increase per key; renewals and minimum holds keep it.
+//   - Renewal of all of a Locker's sessions is one round trip per renew
+//     interval: one LeaseKeepAlive stream carrying a message per lease,
+//     sent together with transactions of up to 128 reads that check each
+//     key is still bound to its session's lease with its token — a live
+//     lease does not prove the key is still ours (an operator may have
+//     deleted it). A lease whose keepalive reports TTL 0, a missing key and
+//     a key bound elsewhere are each a loss (core.ErrLeaseLost); a failed
+//     request leaves the outcome unknown and the engine retries until the
+//     session's deadline.
+//   - Release revokes the session's lease, which deletes the key and only
+//     that key. A lease that is already gone is success, so a retried
+//     release is harmless, and a revoke can never delete a newer holder's
+//     key, which is bound to another lease. An acquire whose reply was lost
+//     is undone the same way: the lease ID is known before the grant is
+//     sent, so even a lost grant is revoked.
+//   - A release before a minimum hold ends (core.MinHold) grants a lease of
+//     the remaining hold, moves the key to it with an owner-checked put
+//     that keeps its create_revision, and revokes the session's lease:
+//     three round trips.
+//   - Waiters are woken by one watch per Locker on the prefix, for
+//     deletions only, with WithRequireLeader: a member cut off from its
+//     cluster ends the watch instead of going quiet, and the Locker polls
+//     until the watch is back.
+//   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
+//     List reads the prefix in pages of 500; ForceRelease revokes the
+//     holder's lease, and the holder learns of it at its next renewal.
+//
+// Every request carries WithRequireLeader, so a member without a leader
+// answers at once with an error instead of waiting.
+//
+// # Time
+//
+// etcd has no clock a client can read, and its lease TTLs are whole
+// seconds with a server minimum (1.5 election timeouts, rounded up: 2 s on
+// a default server).
+//
+//   - Lease TTLs are rounded up to whole seconds, never down; the server may
+//     raise them further to its minimum. The session's local deadline still
+//     comes from the TTL asked for (core's rule: the send time of the last
+//     successful renewal plus the renew deadline), so rounding up only
+//     makes the server keep the key longer than the holder believes it
+//     holds it: a crashed holder frees its locks after up to the rounded
+//     TTL plus half a second (etcd checks for expired leases twice a
+//     second), not after the TTL. A TTL, slot or minimum hold longer than
+//     etcd's longest lease (MaxLeaseTTL seconds) is rejected with
+//     core.ErrInvalidOption naming the option.
+//   - Now is the local clock. Slot locks (core.ForSlot) therefore assume
+//     that the clocks of the hosts that start the same job agree within
+//     SlotTolerance: each computes the slot from its own clock. The slot's
+//     end is stored in the key's value; the key's lease, of the slot's
+//     remaining time plus a second rounded up, only collects it. An acquire
+//     that finds a slot lock whose stored end has passed on its own clock
+//     deletes exactly that key (guarded by its mod_revision) and claims it
+//     afresh, with a larger token; a start whose slot is already over on
+//     its clock is answered busy, so a late starter cannot run a finished
+//     slot again.
+//   - A minimum hold is a lease of the remaining hold rounded up: the lock
+//     may stay held up to about 1.5 s longer than asked, never shorter.
+//   - Holder information (core.Info) gives acquired-at on the acquirer's
+//     clock. Remaining is read from the holder's lease, which etcd reports
+//     in whole seconds rounded down: it is that plus half a second, at most
+//     the lease's TTL.
+//
+// # Guarantees
+//
+//   - Mutual exclusion as seen by etcd's linearizable key-value store: one
+//     key, one holder's lease, at any point of the store's history. etcd
+//     replicates every write through Raft, so this survives the loss of a
+//     minority of members without losing an acknowledged acquire.
+//   - A holder that stops renewing learns it lost the lock before anyone
+//     else can take it, given clocks whose rates agree: its deadline is at
+//     most the renew deadline after the send time of its last successful
+//     renewal, and the leader expires the lease no earlier than a full TTL
+//     after it processed that renewal. A new leader extends every lease
+//     when it takes over, never shortens it.
+//   - Fencing tokens strictly increase per key, across releases, expiries,
+//     member restarts and leader changes (revisions are part of the
+//     replicated store).
+//   - Renewals, releases and forced releases act on the session's own lease
+//     or on an exact key revision: a stale session never renews or frees a
+//     newer holder's lock.
+//
+// # What is not guaranteed
+//
+//   - etcd before 3.7 lets a leader that is stuck or cut off from its
+//     cluster keep answering keepalives for a while (etcd-io/etcd#15247),
+//     which can extend the holder's deadline past the lease's expiry on
+//     the new leader. Use etcd 3.7 or later where that matters.
+//   - Restoring a snapshot without --bump-revision (etcdutl snapshot
+//     restore) can move revisions back, and with them fencing tokens.
+//   - Slot locks rely on the hosts' clocks, as above; lease locks do not.
+//   - A lease is not a fence. Pass Session.Token to the resource you protect
+//     and have it reject tokens smaller than the largest it has seen.
+//
+// A Backend renews and releases by the leases it granted itself, which it
+// keeps in memory by owner token; a release of a lock taken elsewhere finds
+// the lease by reading the key and checking its owner token.
+package etcdlock

@@ -1,0 +1,711 @@
+package etcdlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dislock/dislock/core"
+)
+
+// DefaultPrefix is the etcd key prefix used unless WithPrefix says otherwise.
+const DefaultPrefix = "dislock/"
+
+// MaxLeaseTTL is the longest lease etcd grants, in seconds (the server's
+// lease.MaxLeaseTTL). Longer TTLs, slots and minimum holds are rejected
+// with core.ErrInvalidOption.
+const MaxLeaseTTL = 9_000_000_000
+
+// maxTxnOps is the most operations one renewal transaction carries: etcd's
+// default --max-txn-ops.
+const maxTxnOps = 128
+
+// Option configures a Backend.
+type Option func(*options)
+
+type options struct {
+	prefix     string
+	clientOpts []core.ClientOption
+	errs       []error
+}
+
+func invalidOption(name, format string, args ...any) error {
+	return fmt.Errorf("%w: etcdlock.%s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+}
+
+// WithPrefix sets the prefix of every etcd key the backend writes (default
+// "dislock/"): lock k is the etcd key prefix+k. Lockers that should see each
+// other's locks use the same prefix. It must be non-empty; end it with "/"
+// so that no other prefix starts with it.
+func WithPrefix(prefix string) Option {
+	return func(o *options) {
+		if prefix == "" {
+			o.errs = append(o.errs, invalidOption("WithPrefix", "empty"))
+			return
+		}
+		o.prefix = prefix
+	}
+}
+
+// WithClientOptions passes options to core.New when New builds the Locker.
+// NewBackend ignores them.
+func WithClientOptions(opts ...core.ClientOption) Option {
+	return func(o *options) { o.clientOpts = append(o.clientOpts, opts...) }
+}
+
+// New returns a Locker (which also implements core.Admin) on cli. The client
+// stays the caller's: Close on the Locker does not close it.
+func New(cli *clientv3.Client, opts ...Option) (*core.Client, error) {
+	b, o, err := newBackend(cli, opts)
+	if err != nil {
+		return nil, err
+	}
+	return core.New(b, o.clientOpts...)
+}
+
+// Backend is the etcd store for core's lease engine. It implements
+// core.Backend, core.Watcher and core.Admin, and is safe for concurrent use.
+// Most programs use New; NewBackend is for wrapping or composing backends.
+type Backend struct {
+	cli    *clientv3.Client
+	prefix string
+
+	mu   sync.Mutex
+	held map[string]held // by owner token: what this backend acquired
+}
+
+// held is one lock this backend claimed (or tried to): its key, its lease
+// and, once known, the key's create revision (the fencing token).
+type held struct {
+	key   string
+	lease int64
+	rev   int64
+}
+
+var (
+	_ core.Backend = (*Backend)(nil)
+	_ core.Watcher = (*Backend)(nil)
+	_ core.Admin   = (*Backend)(nil)
+)
+
+// NewBackend returns a Backend on cli.
+func NewBackend(cli *clientv3.Client, opts ...Option) (*Backend, error) {
+	b, _, err := newBackend(cli, opts)
+	return b, err
+}
+
+func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) {
+	o := options{prefix: DefaultPrefix}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if len(o.errs) > 0 {
+		return nil, o, o.errs[0]
+	}
+	if cli == nil {
+		return nil, o, invalidOption("New", "nil etcd client")
+	}
+	return &Backend{cli: cli, prefix: o.prefix, held: make(map[string]held)}, o, nil
+}
+
+// Name implements core.Backend.
+func (b *Backend) Name() string { return "etcd" }
+
+// Close implements core.Backend. It does not close the etcd client, which
+// belongs to the caller.
+func (b *Backend) Close() error { return nil }
+
+// Now implements core.Backend. etcd exposes no clock, so this is the local
+// clock: see the package documentation for what that means for slots.
+func (b *Backend) Now(context.Context, string) (time.Time, error) { return time.Now(), nil }
+
+// record is the value of a lock key.
+type record struct {
+	Owner      string `json:"owner"`
+	OwnerToken string `json:"otoken"`
+	Acquired   int64  `json:"acquired_ms"`        // acquirer's clock, Unix ms
+	SlotEnd    int64  `json:"slot_end,omitempty"` // slot locks: the slot's end, Unix ms
+}
+
+func decode(v []byte) (record, bool) {
+	var r record
+	if err := json.Unmarshal(v, &r); err != nil {
+		return record{}, false
+	}
+	return r, true
+}
+
+// slotOver reports whether r is a slot lock whose slot has ended at now.
+func (r record) slotOver(now time.Time) bool {
+	return r.SlotEnd != 0 && r.SlotEnd <= now.UnixMilli()
+}
+
+func (b *Backend) etcdKey(key string) string { return b.prefix + key }
+
+// leaseSeconds rounds d up to whole seconds, at least 1, and rejects what
+// etcd would refuse.
+func leaseSeconds(option string, d time.Duration) (int64, error) {
+	if d <= 0 {
+		return 1, nil
+	}
+	s := int64(math.Ceil(d.Seconds()))
+	if s > MaxLeaseTTL {
+		return 0, invalidOption(option, "%v exceeds etcd's longest lease (%d s)", d, int64(MaxLeaseTTL))
+	}
+	return s, nil
+}
+
+// newLeaseID returns a random positive lease ID. The backend chooses lease
+// IDs itself so that it knows a lease's ID before the grant is answered:
+// a grant whose reply is lost is undone like any other claim.
+func newLeaseID() int64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	id := int64(binary.BigEndian.Uint64(b[:]) >> 1)
+	if id == 0 {
+		id = 1
+	}
+	return id
+}
+
+func (b *Backend) remember(ownerToken string, h held) {
+	b.mu.Lock()
+	b.held[ownerToken] = h
+	b.mu.Unlock()
+}
+
+func (b *Backend) lookup(ownerToken string) (held, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h, ok := b.held[ownerToken]
+	return h, ok
+}
+
+func (b *Backend) forget(ownerToken string) {
+	b.mu.Lock()
+	delete(b.held, ownerToken)
+	b.mu.Unlock()
+}
+
+func (b *Backend) leases() etcdserverpb.LeaseClient {
+	return etcdserverpb.NewLeaseClient(b.cli.ActiveConnection())
+}
+
+// grant creates a lease with the ID h.lease (a fresh ID when another lease
+// has it), recording every ID tried under ownerToken before it is sent.
+func (b *Backend) grant(ctx context.Context, ownerToken string, h held, seconds int64) (held, error) {
+	for range 3 {
+		b.remember(ownerToken, h)
+		_, err := b.leases().LeaseGrant(ctx, &etcdserverpb.LeaseGrantRequest{ID: h.lease, TTL: seconds})
+		if err == nil {
+			return h, nil
+		}
+		if !errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseExist) {
+			return h, err
+		}
+		h.lease = newLeaseID() // taken by someone else: 1 in 2^63
+	}
+	return h, errors.New("lease IDs keep colliding")
+}
+
+// revoke revokes a lease; a lease that no longer exists is not an error.
+func (b *Backend) revoke(ctx context.Context, id int64) error {
+	if id == 0 {
+		return nil
+	}
+	_, err := b.cli.Revoke(ctx, clientv3.LeaseID(id))
+	if err != nil && !isLeaseNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+func isLeaseNotFound(err error) bool {
+	return err != nil && errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound)
+}
+
+// TryAcquire implements core.Backend: a lease grant, then one transaction
+// that puts the key bound to that lease if it does not exist and otherwise
+// reads the holder.
+func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if err := core.ValidateKey(req.Key); err != nil {
+		return core.Lease{}, err
+	}
+	ctx = clientv3.WithRequireLeader(ctx)
+	now := time.Now()
+	rec := record{Owner: req.Owner, OwnerToken: req.OwnerToken, Acquired: now.UnixMilli()}
+	var (
+		seconds int64
+		err     error
+	)
+	if !req.ExpireAt.IsZero() {
+		if !req.ExpireAt.After(now) {
+			return core.Lease{}, core.Busy(req.Key, nil) // the slot is over
+		}
+		rec.SlotEnd = req.ExpireAt.UnixMilli()
+		// The lease only collects the key after the slot; the slot's end
+		// is the one in the value.
+		seconds, err = leaseSeconds("ForSlot", req.ExpireAt.Sub(now)+time.Second)
+	} else {
+		seconds, err = leaseSeconds("TTL", req.TTL)
+	}
+	if err != nil {
+		return core.Lease{}, err
+	}
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return core.Lease{}, fmt.Errorf("etcdlock: acquire: %w", err)
+	}
+	k := b.etcdKey(req.Key)
+	h, err := b.grant(ctx, req.OwnerToken, held{key: req.Key, lease: newLeaseID()}, seconds)
+	if err != nil {
+		return core.Lease{}, fmt.Errorf("etcdlock: acquire: lease grant: %w", err)
+	}
+	for attempt := 0; ; attempt++ {
+		resp, err := b.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(clientv3.OpPut(k, string(value), clientv3.WithLease(clientv3.LeaseID(h.lease)))).
+			Else(clientv3.OpGet(k)).
+			Commit()
+		if err != nil {
+			return core.Lease{}, fmt.Errorf("etcdlock: acquire: %w", err)
+		}
+		if resp.Succeeded {
+			// The transaction's only write created the key: its create
+			// revision is the transaction's revision.
+			h.rev = resp.Header.Revision
+			b.keep(req, h)
+			return b.lease(h.rev, now, req), nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // cannot happen: the compare saw the key
+		}
+		kv := kvs[0]
+		cur, ok := decode(kv.Value)
+		if ok && cur.OwnerToken == req.OwnerToken {
+			// Our own claim, made by an earlier attempt with this token.
+			if kv.Lease != h.lease {
+				_ = b.revoke(ctx, h.lease)
+			}
+			h.lease, h.rev = kv.Lease, kv.CreateRevision
+			b.keep(req, h)
+			return b.lease(h.rev, now, req), nil
+		}
+		if ok && cur.slotOver(time.Now()) && attempt == 0 {
+			// A slot lock whose slot has ended is free; its lease only
+			// keeps it for garbage collection. Delete exactly that
+			// incarnation and claim again.
+			_, err := b.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
+				Then(clientv3.OpDelete(k)).
+				Commit()
+			if err != nil {
+				return core.Lease{}, fmt.Errorf("etcdlock: acquire: delete an ended slot: %w", err)
+			}
+			continue
+		}
+		// Busy: give the unused lease back and say who holds the key.
+		var (
+			wg   sync.WaitGroup
+			info *core.Info
+		)
+		b.forget(req.OwnerToken) // a lease left behind expires by itself
+		wg.Go(func() { _ = b.revoke(ctx, h.lease) })
+		if ok {
+			info = b.holderInfo(ctx, req.Key, kv, cur)
+		}
+		wg.Wait()
+		return core.Lease{}, core.Busy(req.Key, info)
+	}
+}
+
+// keep records a claim that succeeded. The engine neither renews nor
+// releases slot locks, so those are not kept: an undo finds them by owner
+// token in the key's value.
+func (b *Backend) keep(req core.AcquireRequest, h held) {
+	if req.ExpireAt.IsZero() {
+		b.remember(req.OwnerToken, h)
+	} else {
+		b.forget(req.OwnerToken)
+	}
+}
+
+func (b *Backend) lease(rev int64, now time.Time, req core.AcquireRequest) core.Lease {
+	l := core.Lease{Token: uint64(rev), AcquiredAt: now}
+	if !req.ExpireAt.IsZero() {
+		l.ExpiresAt = req.ExpireAt
+	} else {
+		l.ExpiresAt = now.Add(req.TTL)
+	}
+	return l
+}
+
+// holderInfo describes the holder of kv. For a lease lock the remaining
+// time is read from the holder's lease: etcd reports it in whole seconds,
+// rounded down, so Remaining is that plus half a second, at most the
+// lease's granted TTL. It is 0 (unknown) when the lease cannot be read.
+func (b *Backend) holderInfo(ctx context.Context, key string, kv *mvccpb.KeyValue, rec record) *core.Info {
+	now := time.Now()
+	info := &core.Info{Key: key, Owner: rec.Owner, Token: uint64(kv.CreateRevision)}
+	if rec.Acquired != 0 {
+		info.AcquiredAt = time.UnixMilli(rec.Acquired)
+	}
+	if rec.SlotEnd != 0 {
+		info.ExpiresAt = time.UnixMilli(rec.SlotEnd)
+		info.Remaining = info.ExpiresAt.Sub(now)
+		return info
+	}
+	if kv.Lease == 0 {
+		return info
+	}
+	ttl, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+	if err != nil || ttl.TTL < 0 {
+		return info
+	}
+	rem := time.Duration(ttl.TTL)*time.Second + 500*time.Millisecond
+	if g := time.Duration(ttl.GrantedTTL) * time.Second; g > 0 && rem > g {
+		rem = g
+	}
+	info.Remaining = rem
+	info.ExpiresAt = now.Add(rem)
+	return info
+}
+
+// Renew implements core.Backend. One call is one round trip: a
+// LeaseKeepAlive stream carrying one message per lease, and, at the same
+// time, transactions of up to 128 Gets that check each key is still bound
+// to its session's lease with its fencing token — a live lease does not
+// prove the key is still there.
+func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	ctx = clientv3.WithRequireLeader(ctx)
+	results := make([]error, len(reqs))
+	hs := make([]held, len(reqs))
+	var idx []int // requests to send
+	for i, r := range reqs {
+		h, ok := b.lookup(r.OwnerToken)
+		if !ok || h.key != r.Key || h.rev == 0 {
+			results[i] = core.Gone(r.Key, "not held by this backend")
+			continue
+		}
+		hs[i] = h
+		idx = append(idx, i)
+	}
+	if len(idx) == 0 {
+		return results, nil
+	}
+
+	var (
+		wg     sync.WaitGroup
+		ttls   []int64
+		kaErr  error
+		chunks = (len(idx) + maxTxnOps - 1) / maxTxnOps
+		kvs    = make([]*mvccpb.KeyValue, len(reqs))
+		txErrs = make([]error, chunks)
+	)
+	wg.Go(func() {
+		ids := make([]int64, len(idx))
+		for j, i := range idx {
+			ids[j] = hs[i].lease
+		}
+		ttls, kaErr = b.keepAlive(ctx, ids)
+	})
+	for c := range chunks {
+		part := idx[c*maxTxnOps : min(len(idx), (c+1)*maxTxnOps)]
+		wg.Go(func() {
+			ops := make([]clientv3.Op, len(part))
+			for j, i := range part {
+				ops[j] = clientv3.OpGet(b.etcdKey(reqs[i].Key)) // WithKeysOnly would drop the lease ID
+			}
+			resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+			if err != nil {
+				txErrs[c] = err
+				return
+			}
+			for j, i := range part {
+				if r := resp.Responses[j].GetResponseRange(); r != nil && len(r.Kvs) > 0 {
+					kvs[i] = r.Kvs[0]
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	if kaErr != nil {
+		return nil, fmt.Errorf("etcdlock: renew: keepalive: %w", kaErr)
+	}
+	failed := 0
+	var firstErr error
+	for j, i := range idx {
+		if err := txErrs[j/maxTxnOps]; err != nil {
+			results[i] = fmt.Errorf("etcdlock: renew: %w", err)
+			firstErr = results[i]
+			failed++
+			continue
+		}
+		h, kv := hs[i], kvs[i]
+		switch {
+		case ttls[j] <= 0:
+			results[i] = core.Gone(reqs[i].Key, "lease expired or revoked")
+		case kv == nil:
+			results[i] = core.Gone(reqs[i].Key, "key deleted")
+		case kv.Lease != h.lease || kv.CreateRevision != h.rev:
+			results[i] = core.Gone(reqs[i].Key, "held by another owner")
+		}
+		if results[i] != nil {
+			// The lease holds no key of ours any more: nothing to undo.
+			b.forget(reqs[i].OwnerToken)
+		}
+	}
+	if failed == len(reqs) {
+		return nil, firstErr
+	}
+	return results, nil
+}
+
+// keepAlive refreshes leases on one LeaseKeepAlive stream and returns
+// their TTLs (0 for a lease that no longer exists), in order.
+func (b *Backend) keepAlive(ctx context.Context, ids []int64) ([]int64, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := b.leases().LeaseKeepAlive(sctx)
+	if err != nil {
+		return nil, err
+	}
+	sendErr := make(chan error, 1)
+	go func() {
+		for _, id := range ids {
+			if err := stream.Send(&etcdserverpb.LeaseKeepAliveRequest{ID: id}); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+		sendErr <- stream.CloseSend()
+	}()
+	ttls := make([]int64, len(ids))
+	for j, id := range ids {
+		resp, err := stream.Recv()
+		if err != nil {
+			cancel()
+			<-sendErr
+			return nil, err
+		}
+		if resp.ID != id {
+			cancel()
+			<-sendErr
+			return nil, fmt.Errorf("keepalive answered lease %x, want %x", resp.ID, id)
+		}
+		ttls[j] = resp.TTL
+	}
+	if err := <-sendErr; err != nil {
+		return nil, err
+	}
+	return ttls, nil
+}
+
+// Release implements core.Backend. Without Keep it revokes the session's
+// lease, which deletes the key (and only that key) and wakes waiters; a
+// lease that is already gone is success, and a revoke can never touch a
+// newer holder's key, which is bound to another lease. With Keep it moves
+// the key, owner-checked, to a new lease of Keep (rounded up to whole
+// seconds) and revokes the old one: three round trips.
+func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	ctx = clientv3.WithRequireLeader(ctx)
+	h, ok := b.lookup(req.OwnerToken)
+	if !ok || h.key != req.Key {
+		// Not acquired through this backend: find the lease by reading
+		// the key and checking its owner token.
+		resp, err := b.cli.Get(ctx, b.etcdKey(req.Key))
+		if err != nil {
+			return fmt.Errorf("etcdlock: release: %w", err)
+		}
+		if len(resp.Kvs) == 0 {
+			return nil
+		}
+		kv := resp.Kvs[0]
+		if rec, ok := decode(kv.Value); !ok || rec.OwnerToken != req.OwnerToken {
+			return nil // someone else's
+		}
+		h = held{key: req.Key, lease: kv.Lease, rev: kv.CreateRevision}
+	}
+	if req.Keep <= 0 || h.rev == 0 {
+		if err := b.revoke(ctx, h.lease); err != nil {
+			return fmt.Errorf("etcdlock: release: %w", err)
+		}
+		b.forget(req.OwnerToken)
+		return nil
+	}
+	seconds, err := leaseSeconds("MinHold", req.Keep)
+	if err != nil {
+		return err
+	}
+	keep := newLeaseID()
+	if _, err := b.leases().LeaseGrant(ctx, &etcdserverpb.LeaseGrantRequest{ID: keep, TTL: seconds}); err != nil {
+		return fmt.Errorf("etcdlock: release: lease grant: %w", err)
+	}
+	k := b.etcdKey(req.Key)
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(k), "=", h.lease),
+			clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev)).
+		Then(clientv3.OpPut(k, "", clientv3.WithIgnoreValue(), clientv3.WithLease(clientv3.LeaseID(keep)))).
+		Commit()
+	if err != nil {
+		_ = b.revoke(ctx, keep)
+		return fmt.Errorf("etcdlock: release: %w", err)
+	}
+	if !resp.Succeeded {
+		_ = b.revoke(ctx, keep) // not ours any more: nothing to keep
+	}
+	if err := b.revoke(ctx, h.lease); err != nil {
+		return fmt.Errorf("etcdlock: release: %w", err)
+	}
+	b.forget(req.OwnerToken)
+	return nil
+}
+
+// Watch implements core.Watcher with one watch on the prefix that reports
+// deletions only: a release, a revoked or expired lease, a forced release.
+// It requires a leader, so a member cut off from the cluster ends the watch
+// instead of going silent, and the engine falls back to polling.
+func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	for resp := range ch {
+		if err := resp.Err(); err != nil {
+			return fmt.Errorf("etcdlock: watch: %w", err)
+		}
+		if resp.Created {
+			ready()
+		}
+		for _, ev := range resp.Events {
+			if ev.Type == mvccpb.DELETE {
+				if key, ok := strings.CutPrefix(string(ev.Kv.Key), b.prefix); ok {
+					fn(key)
+				}
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return errors.New("etcdlock: watch: closed")
+}
+
+// Inspect implements core.Admin: a Get, and for a lease lock a read of its
+// lease's remaining time.
+func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, error) {
+	if err := core.ValidateKey(key); err != nil {
+		return core.Info{}, false, err
+	}
+	ctx = clientv3.WithRequireLeader(ctx)
+	resp, err := b.cli.Get(ctx, b.etcdKey(key))
+	if err != nil {
+		return core.Info{}, false, fmt.Errorf("etcdlock: inspect: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return core.Info{}, false, nil
+	}
+	info, ok := b.info(ctx, key, resp.Kvs[0])
+	return info, ok, nil
+}
+
+// info describes a lock key; false when it no longer holds a lock (an ended
+// slot, or a lease that just expired).
+func (b *Backend) info(ctx context.Context, key string, kv *mvccpb.KeyValue) (core.Info, bool) {
+	rec, _ := decode(kv.Value)
+	if rec.slotOver(time.Now()) {
+		return core.Info{}, false
+	}
+	i := b.holderInfo(ctx, key, kv, rec)
+	if rec.SlotEnd == 0 && kv.Lease != 0 && i.Remaining == 0 {
+		if ttl, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil && ttl.TTL < 0 {
+			return core.Info{}, false
+		}
+	}
+	return *i, true
+}
+
+// listPage is how many keys one List read returns.
+const listPage = 500
+
+// List implements core.Admin: prefix reads of up to 500 keys, and one lease
+// read per lease lock. The result is sorted by key. Locks taken or freed
+// during the walk may or may not appear.
+func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) {
+	ctx = clientv3.WithRequireLeader(ctx)
+	start := b.etcdKey(prefix)
+	end := clientv3.GetPrefixRangeEnd(start)
+	var list []core.Info
+	for {
+		resp, err := b.cli.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(listPage),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+		if err != nil {
+			return nil, fmt.Errorf("etcdlock: list: %w", err)
+		}
+		for _, kv := range resp.Kvs {
+			key := strings.TrimPrefix(string(kv.Key), b.prefix)
+			if info, ok := b.info(ctx, key, kv); ok {
+				list = append(list, info)
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return list, nil
+		}
+		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// ForceRelease implements core.Admin: it revokes the holder's lease, which
+// deletes the key and wakes waiters. The holder learns of it at its next
+// renewal.
+func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
+	if err := core.ValidateKey(key); err != nil {
+		return false, err
+	}
+	ctx = clientv3.WithRequireLeader(ctx)
+	k := b.etcdKey(key)
+	resp, err := b.cli.Get(ctx, k)
+	if err != nil {
+		return false, fmt.Errorf("etcdlock: force release: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return false, nil
+	}
+	kv := resp.Kvs[0]
+	rec, _ := decode(kv.Value)
+	live := !rec.slotOver(time.Now())
+	if kv.Lease != 0 {
+		_, err := b.cli.Revoke(ctx, clientv3.LeaseID(kv.Lease))
+		if isLeaseNotFound(err) {
+			return false, nil // expired meanwhile
+		}
+		if err != nil {
+			return false, fmt.Errorf("etcdlock: force release: %w", err)
+		}
+		return live, nil
+	}
+	// A key without a lease (written by hand): delete that incarnation.
+	d, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
+		Then(clientv3.OpDelete(k)).
+		Commit()
+	if err != nil {
+		return false, fmt.Errorf("etcdlock: force release: %w", err)
+	}
+	return d.Succeeded && live, nil
+}

@@ -1,0 +1,86 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/etcdlock"
+)
+
+func TestParseURL(t *testing.T) {
+	for _, c := range []struct {
+		raw       string
+		endpoints []string
+		user      string
+		tls       bool
+	}{
+		{"etcd://127.0.0.1:2379", []string{"http://127.0.0.1:2379"}, "", false},
+		{"etcd://a:1,b:2,c", []string{"http://a:1", "http://b:2", "http://c:2379"}, "", false},
+		{"etcds://u:secret@h1:2379,h2:2380/", []string{"https://h1:2379", "https://h2:2380"}, "u", true},
+		{"etcd://[::1]:2379", []string{"http://[::1]:2379"}, "", false},
+	} {
+		cfg, err := etcdlock.ParseURL(c.raw)
+		if err != nil {
+			t.Errorf("ParseURL(%q): %v", c.raw, err)
+			continue
+		}
+		if strings.Join(cfg.Endpoints, " ") != strings.Join(c.endpoints, " ") {
+			t.Errorf("ParseURL(%q) endpoints = %v, want %v", c.raw, cfg.Endpoints, c.endpoints)
+		}
+		if cfg.Username != c.user || (c.user != "" && cfg.Password != "secret") {
+			t.Errorf("ParseURL(%q) user = %q", c.raw, cfg.Username)
+		}
+		if (cfg.TLS != nil) != c.tls {
+			t.Errorf("ParseURL(%q) TLS = %v", c.raw, cfg.TLS != nil)
+		}
+	}
+	for _, raw := range []string{
+		"redis://u:hunter2@h:1", "etcd://u:hunter2@", "etcd://u:hunter2@h:1/path",
+		"etcd://u:hunter2@h:1?x=1", "etcd://u:hunter2@a:1,,b:2", "etcd:hunter2", "%zz hunter2",
+	} {
+		_, err := etcdlock.ParseURL(raw)
+		if err == nil {
+			t.Errorf("ParseURL(%q) accepted", raw)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("ParseURL error shows the password: %v", err)
+		}
+	}
+}
+
+func TestOptions(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := etcdlock.NewBackend(cli, etcdlock.WithPrefix("")); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithPrefix") {
+		t.Errorf("empty prefix: %v", err)
+	}
+	if _, err := etcdlock.New(nil); !errors.Is(err, core.ErrInvalidOption) {
+		t.Errorf("nil client: %v", err)
+	}
+	b, err := etcdlock.NewBackend(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A TTL etcd would refuse is rejected before anything is sent.
+	_, err = b.TryAcquire(context.Background(), core.AcquireRequest{Key: "k", OwnerToken: "t", TTL: (etcdlock.MaxLeaseTTL + 1) * time.Second})
+	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "TTL") {
+		t.Errorf("TTL above etcd's longest lease: %v", err)
+	}
+	_, err = b.TryAcquire(context.Background(), core.AcquireRequest{Key: "k", OwnerToken: "t", ExpireAt: time.Now().Add((etcdlock.MaxLeaseTTL + 1) * time.Second)})
+	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "ForSlot") {
+		t.Errorf("slot above etcd's longest lease: %v", err)
+	}
+	if _, err := b.TryAcquire(context.Background(), core.AcquireRequest{Key: "", OwnerToken: "t", TTL: time.Second}); !errors.Is(err, core.ErrInvalidKey) {
+		t.Errorf("empty key: %v", err)
+	}
+}

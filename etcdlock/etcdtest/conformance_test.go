@@ -1,0 +1,110 @@
+package etcdtest_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/etcdlock"
+	"github.com/dislock/dislock/etcdlock/etcdtest"
+)
+
+// uniquePrefix returns a key prefix no other test uses.
+func uniquePrefix(name string) string {
+	return "dislocktest/" + name + "-" + strings.ToLower(rand.Text()[:10]) + "/"
+}
+
+// harness builds a locktest harness over clients made by newClient, each
+// acting as a separate process. Steal and Delete act with plain etcd
+// requests, as another process or an operator would.
+func harness(t *testing.T, prefix string, newClient func(t testing.TB) *clientv3.Client) locktest.Harness {
+	admin := newClient(t)
+	return locktest.Harness{
+		NewBackend: func(t testing.TB) core.Backend {
+			b, err := etcdlock.NewBackend(newClient(t), etcdlock.WithPrefix(prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+		Steal: func(ctx context.Context, key string) error {
+			return steal(ctx, admin, prefix+key)
+		},
+		Delete: func(ctx context.Context, key string) error {
+			_, err := admin.Delete(ctx, prefix+key)
+			return err
+		},
+		TTL: minTTL(t, admin),
+	}
+}
+
+// steal replaces the key k, if it exists, by a thief's key on a lease of
+// its own: what another process would hold after the holder's lease ran out.
+func steal(ctx context.Context, cli *clientv3.Client, k string) error {
+	resp, err := cli.Get(ctx, k)
+	if err != nil || len(resp.Kvs) == 0 {
+		return err
+	}
+	l, err := cli.Grant(ctx, 30)
+	if err != nil {
+		return err
+	}
+	if _, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+		Then(clientv3.OpDelete(k)).Commit(); err != nil {
+		return err
+	}
+	v, _ := json.Marshal(map[string]any{"owner": "thief", "otoken": "stolen"})
+	_, err = cli.Put(ctx, k, string(v), clientv3.WithLease(l.ID))
+	return err
+}
+
+// minTTL is the lease TTL the timing cases use: 1 s, or the server's
+// shortest lease when that is longer (2 s on a server with the default
+// election timeout).
+func minTTL(t testing.TB, cli *clientv3.Client) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := cli.Grant(ctx, 1)
+	if err != nil {
+		t.Fatalf("lease grant: %v", err)
+	}
+	cli.Revoke(ctx, l.ID)
+	return max(time.Second, time.Duration(l.TTL)*time.Second)
+}
+
+// sharedOrSingle returns a client maker on DISLOCK_TEST_ETCD when it is set,
+// and otherwise on a private one-member cluster.
+func sharedOrSingle(t *testing.T) func(t testing.TB) *clientv3.Client {
+	if raw := etcdtest.Shared(t); raw != "" {
+		cfg, err := etcdlock.ParseURL(raw)
+		if err != nil {
+			t.Fatalf("DISLOCK_TEST_ETCD: %v", err)
+		}
+		cfg.Logger = zap.NewNop()
+		return func(t testing.TB) *clientv3.Client { return etcdtest.NewClient(t, cfg) }
+	}
+	c := etcdtest.Start(t, 1)
+	return func(t testing.TB) *clientv3.Client { return c.Client(t) }
+}
+
+// TestConformance runs the conformance suite on one member (or on
+// DISLOCK_TEST_ETCD when set).
+func TestConformance(t *testing.T) {
+	newClient := sharedOrSingle(t)
+	locktest.Run(t, harness(t, uniquePrefix("single"), newClient))
+}
+
+// TestConformanceCluster runs the conformance suite on a 3-member cluster,
+// every client connected to all members.
+func TestConformanceCluster(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	locktest.Run(t, harness(t, uniquePrefix("cluster"), func(t testing.TB) *clientv3.Client { return c.Client(t) }))
+}
