@@ -23,20 +23,27 @@ type Client struct {
 	obs     Observer
 	watcher Watcher
 
-	ctx    context.Context // cancelled by Close
+	ctx    context.Context // cancelled by Close once every session is released
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	closed   bool
-	sessions map[*session]struct{}
-	waiters  map[string][]chan struct{} // per key, oldest first
-	echoes   map[string][]time.Time     // own releases whose notification is due back
-	renewing bool                       // renewer goroutine started
-	nextWake time.Time                  // when the renewer plans to wake next (zero: it is busy)
-	idle     time.Duration              // the renewer wakes at least this often: the shortest renew interval seen
-	watching bool                       // watcher goroutine started
-	wake     chan struct{}
+	closing     context.Context // cancelled when Close starts: ends waits and cuts claims short
+	stopAcquire context.CancelFunc
+	acquiring   sync.WaitGroup // acquisitions in flight, with their undo
+
+	mu         sync.Mutex
+	closed     bool
+	sessions   map[*session]struct{}
+	owed       map[*session]struct{}      // ended, but the store may still hold the key: Close releases them
+	waiters    map[string][]chan struct{} // per key, oldest first
+	echoes     map[string][]time.Time     // own releases whose notification is due back
+	renewing   bool                       // renewer goroutine started
+	nextWake   time.Time                  // when the renewer plans to wake next (zero: it is busy)
+	idle       time.Duration              // the renewer wakes at least this often: the shortest renew interval seen
+	watching   bool                       // watcher goroutine started
+	subscribed bool                       // the watcher's subscription is in place (ready was called)
+	swept      time.Time                  // when echoes were last swept
+	wake       chan struct{}
 }
 
 var (
@@ -63,10 +70,12 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	closing, stopAcquire := context.WithCancel(context.Background())
 	c := &Client{
 		b: b, name: b.Name(), cfg: cfg, obs: cfg.observer,
-		ctx: ctx, cancel: cancel,
+		ctx: ctx, cancel: cancel, closing: closing, stopAcquire: stopAcquire,
 		sessions: make(map[*session]struct{}),
+		owed:     make(map[*session]struct{}),
 		waiters:  make(map[string][]chan struct{}),
 		echoes:   make(map[string][]time.Time),
 		wake:     make(chan struct{}, 1),
@@ -96,9 +105,17 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	if err != nil {
 		return nil, err
 	}
-	if c.isClosed() {
+	// Close waits for acquisitions in flight, and for the undo of their
+	// claims, before it closes the backend.
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
 		return nil, ErrClosed
 	}
+	c.acquiring.Add(1)
+	c.mu.Unlock()
+	defer c.acquiring.Done()
+
 	slot := cfg.schedule != nil
 	obsCtx := ctx
 	start := time.Now()
@@ -110,9 +127,23 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 				Session: s, Attempts: attempts, Wait: time.Since(start), Err: err})
 		}()
 	}
+	// Store calls run on opCtx: the caller's ctx, also cut short by Close.
+	opCtx, cancel := context.WithCancel(obsCtx)
+	defer cancel()
+	stop := context.AfterFunc(c.closing, cancel)
+	defer stop()
+	var busy *NotAcquiredError // the last busy answer
+	var busyAt time.Time
+	// ended builds the error of an acquisition that ctx or Close cut short.
+	ended := func(failure error) error {
+		if c.closing.Err() != nil {
+			return ErrClosed
+		}
+		return notAcquiredWithin(ctx, key, busy, busyAt, time.Since(start), failure)
+	}
 	if cfg.jitter > 0 {
-		if err := sleepCtx(ctx, mrand.N(cfg.jitter+1)); err != nil {
-			return nil, errJoin(ErrNotAcquired, err)
+		if sleepCtx(opCtx, mrand.N(cfg.jitter+1)) != nil {
+			return nil, ended(nil)
 		}
 	}
 	var wake chan struct{}
@@ -123,19 +154,22 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	var timer *time.Timer
 	for {
 		attempts++
-		ss, err := c.attempt(obsCtx, ctx, key, cfg)
+		ss, err := c.attempt(opCtx, ctx, key, cfg)
 		if err == nil {
 			return ss, nil
 		}
-		var busy *NotAcquiredError
-		if mode == ModeTry || !errors.As(err, &busy) {
-			if ctx.Err() != nil && !errors.Is(err, ErrNotAcquired) {
-				return nil, errJoin(ErrNotAcquired, ctx.Err(), err)
+		var b *NotAcquiredError
+		if errors.As(err, &b) {
+			busy, busyAt = b, time.Now()
+		}
+		if mode == ModeTry || b == nil {
+			if opCtx.Err() != nil && !errors.Is(err, ErrNotAcquired) {
+				return nil, ended(err)
 			}
 			return nil, err
 		}
 		d := backoffWait(cfg.backoffMin, cfg.backoffMax, attempts-1)
-		if h := busy.Holder; h != nil && h.Remaining > 0 && h.Remaining < d {
+		if h := b.Holder; h != nil && h.Remaining > 0 && h.Remaining < d {
 			d = h.Remaining + time.Millisecond
 		}
 		if timer == nil {
@@ -145,10 +179,8 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 			timer.Reset(d)
 		}
 		select {
-		case <-ctx.Done():
-			return nil, errJoin(ErrNotAcquired, ctx.Err())
-		case <-c.ctx.Done():
-			return nil, ErrClosed
+		case <-opCtx.Done():
+			return nil, ended(nil)
 		case <-wake:
 		case <-timer.C:
 		}
@@ -189,6 +221,10 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 		}
 	}
 	sent := time.Now()
+	life := cfg.ttl // how long the store keeps the claim if nobody renews it
+	if cfg.schedule != nil {
+		life = req.ExpireAt.Sub(serverNow)
+	}
 	lease, err := c.b.TryAcquire(ctx, req)
 	if err != nil {
 		if errors.Is(err, ErrNotAcquired) {
@@ -196,7 +232,7 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 		}
 		// The claim may have been applied before the failure: undo it by
 		// owner token so that nothing stays held until its TTL.
-		c.releaseDetached(ctx, key, req.OwnerToken)
+		c.undo(ctx, key, req.OwnerToken, sent, life)
 		return nil, fmt.Errorf("dislock: %s: acquire %q: %w", c.name, key, err)
 	}
 	s := &session{
@@ -220,12 +256,12 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 	if !time.Now().Before(s.deadline) {
 		// The reply came so late that the lease may already be over: do
 		// not hand out a session that is dead on arrival.
-		c.releaseDetached(ctx, key, req.OwnerToken)
+		c.undo(ctx, key, req.OwnerToken, sent, life)
 		return nil, fmt.Errorf("dislock: %s: acquire %q: the reply took %v, past the renew deadline: %w",
 			c.name, key, time.Since(sent).Round(time.Millisecond), ErrLeaseLost)
 	}
 	if !c.register(s) {
-		c.releaseDetached(ctx, key, req.OwnerToken)
+		c.undo(ctx, key, req.OwnerToken, sent, life)
 		return nil, ErrClosed
 	}
 	return s, nil
@@ -266,16 +302,38 @@ func (c *Client) kick() {
 	}
 }
 
-func (c *Client) unregister(s *session) {
+// unregister takes an ended session off the renewer. owe is true when the
+// store may still hold its key: Close then releases it unless its holder
+// does first.
+func (c *Client) unregister(s *session, owe bool) {
 	c.mu.Lock()
 	delete(c.sessions, s)
 	c.mu.Unlock()
+	if owe {
+		c.owe(s)
+	}
 }
 
-func (c *Client) isClosed() bool {
+// owe remembers a session whose key the store may still hold, so that Close
+// releases it; sessions whose lease the store has surely dropped by now are
+// forgotten.
+func (c *Client) owe(s *session) {
+	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.closed
+	for o := range c.owed {
+		if o.storeExpiry().Before(now) {
+			delete(c.owed, o)
+		}
+	}
+	c.owed[s] = struct{}{}
+}
+
+// forget drops s from the sessions Close must release.
+func (c *Client) forget(s *session) {
+	c.mu.Lock()
+	delete(c.owed, s)
+	c.mu.Unlock()
 }
 
 // releaseDetached releases key by owner token on a context that ignores the
@@ -290,9 +348,12 @@ func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string) er
 	return err
 }
 
-// Close implements Locker: it releases every session, stops the renewer and
-// the watcher, waits for them, and then closes the Backend (which frees only
-// what the backend opened itself, never the caller's pool or client).
+// Close implements Locker. It ends waits in Acquire (ErrClosed), cuts
+// acquisitions in flight short and waits for them and for the undo of their
+// claims, releases every session — also lost ones whose holder has not
+// released them yet — stops the renewer and the watcher, waits for them, and
+// then closes the Backend (which frees only what the backend opened itself,
+// never the caller's pool or client).
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -300,8 +361,16 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	list := make([]*session, 0, len(c.sessions))
+	c.mu.Unlock()
+	c.stopAcquire()
+	c.acquiring.Wait()
+
+	c.mu.Lock()
+	list := make([]*session, 0, len(c.sessions)+len(c.owed))
 	for s := range c.sessions {
+		list = append(list, s)
+	}
+	for s := range c.owed {
 		list = append(list, s)
 	}
 	c.mu.Unlock()

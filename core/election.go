@@ -25,7 +25,7 @@ type Election struct {
 	done chan struct{}
 
 	cur     atomic.Pointer[leaderState]
-	resign  chan struct{}
+	resign  chan *leaderState // a resign request names the term it ends
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -99,7 +99,7 @@ func Campaign(l Locker, key string, opts ...ElectionOption) (*Election, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	e := &Election{l: l, key: key, cfg: cfg, ctx: ctx, stop: stop,
-		done: make(chan struct{}), resign: make(chan struct{}, 1)}
+		done: make(chan struct{}), resign: make(chan *leaderState, 1)}
 	go e.run()
 	return e, nil
 }
@@ -136,10 +136,16 @@ func (e *Election) Leader(ctx context.Context) (info Info, ok bool, err error) {
 }
 
 // Resign gives up leadership now, if held, and keeps campaigning after a
-// pause of one retry interval.
+// pause of one retry interval. While this process does not lead it does
+// nothing, and a Resign that races the end of a term never carries over to
+// the next one.
 func (e *Election) Resign() {
+	st := e.cur.Load()
+	if st == nil {
+		return
+	}
 	select {
-	case e.resign <- struct{}{}:
+	case e.resign <- st:
 	default:
 	}
 }
@@ -175,25 +181,33 @@ func (e *Election) run() {
 			}
 			continue
 		}
-		e.cur.Store(&leaderState{s: s})
+		st := &leaderState{s: s}
+		e.cur.Store(st)
 		if e.cfg.onElected != nil {
 			e.cfg.onElected(s)
 		}
-		resigned := false
-		select {
-		case <-s.Done():
-		case <-e.resign:
-			resigned = true
-		case <-e.ctx.Done():
-		}
+		resigned := e.await(st)
 		e.cur.Store(nil)
-		_ = s.Release(context.Background()) // bounded by the client's release timeout
+		// A resign request of this term that came too late is dropped.
+		select {
+		case <-e.resign:
+		default:
+		}
+		lost := s.Err() != nil && !resigned && e.ctx.Err() == nil
+		if !lost {
+			_ = s.Release(context.Background()) // bounded by the client's release timeout
+		}
 		if e.cfg.onRevoked != nil {
 			cause := s.Err()
 			if e.ctx.Err() != nil {
 				cause = ErrClosed
 			}
 			e.cfg.onRevoked(cause)
+		}
+		if lost {
+			// The leader's work stopped when OnRevoked returned: only now
+			// may the store hand the key on before its TTL.
+			_ = s.Release(context.Background())
 		}
 		if e.ctx.Err() != nil {
 			return
@@ -202,6 +216,23 @@ func (e *Election) run() {
 			if sleepCtx(e.ctx, jittered(e.cfg.retry)) != nil {
 				return
 			}
+		}
+	}
+}
+
+// await waits for the end of the term st: a loss, a Resign of this term or
+// Close. It reports whether this term was resigned.
+func (e *Election) await(st *leaderState) bool {
+	for {
+		select {
+		case <-st.s.Done():
+			return false
+		case r := <-e.resign:
+			if r == st {
+				return true
+			}
+		case <-e.ctx.Done():
+			return false
 		}
 	}
 }

@@ -13,18 +13,26 @@ type renewBatch struct {
 	sessions []*session
 	results  []error
 	err      error
+	timedOut bool // the call ran out of its time bound
 }
 
 // renewLoop is the Client's one renewer goroutine. It renews every lease
 // whose renewal is due, coalescing those due within half an interval into one
 // Backend.Renew call, and ends sessions whose local deadline passes, whether
 // or not a renewal is in flight.
+//
+// Several calls may be in flight at once, so that one slow key never holds
+// up the renewal of another; a session is in at most one of them. A call's
+// wait is bounded by the earliest deadline among its sessions (see
+// sendRenewals), and a session whose call ran out of time is renewed on its
+// own until it succeeds again, so that a key that hangs is isolated from the
+// healthy ones after one attempt.
 func (c *Client) renewLoop() {
 	defer c.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	results := make(chan *renewBatch, 1)
-	inflight := false
+	results := make(chan *renewBatch)
+	inflight := 0
 	for {
 		now := time.Now()
 		var due []*session
@@ -47,7 +55,7 @@ func (c *Client) renewLoop() {
 			if s.deadline.Before(next) {
 				next = s.deadline
 			}
-			if !s.slot && !s.inflight && !inflight {
+			if !s.slot && !s.inflight {
 				if !now.Before(s.nextRenew) {
 					anyDue = true
 				}
@@ -58,16 +66,23 @@ func (c *Client) renewLoop() {
 			s.mu.Unlock()
 		}
 		c.nextWake = next
-		var batch *renewBatch
+		var batches []*renewBatch
 		if anyDue {
-			batch = &renewBatch{sent: now}
+			shared := &renewBatch{sent: now}
 			for s := range c.sessions {
 				s.mu.Lock()
 				if !s.slot && !s.inflight && now.Before(s.deadline) && s.nextRenew.Sub(now) <= s.interval/2 {
 					s.inflight = true
-					batch.sessions = append(batch.sessions, s)
+					if s.isolated {
+						batches = append(batches, &renewBatch{sent: now, sessions: []*session{s}})
+					} else {
+						shared.sessions = append(shared.sessions, s)
+					}
 				}
 				s.mu.Unlock()
+			}
+			if len(shared.sessions) > 0 {
+				batches = append(batches, shared)
 			}
 		}
 		c.mu.Unlock()
@@ -75,57 +90,68 @@ func (c *Client) renewLoop() {
 		for _, s := range due {
 			c.expire(s)
 		}
-		if batch != nil && len(batch.sessions) > 0 {
-			inflight = true
+		for _, b := range batches {
+			inflight++
 			c.wg.Add(1)
-			go c.sendRenewals(batch, results)
+			go c.sendRenewals(b, results)
 		}
-		if len(due) > 0 || batch != nil {
+		if len(due) > 0 || len(batches) > 0 {
 			continue
 		}
 
 		timer.Reset(time.Until(next))
 		select {
 		case <-c.ctx.Done():
-			if inflight {
+			for ; inflight > 0; inflight-- {
 				c.finishBatch(<-results)
 			}
 			return
 		case <-c.wake:
 		case <-timer.C:
 		case b := <-results:
-			inflight = false
+			inflight--
 			c.finishBatch(b)
 		}
 	}
 }
 
-// expire ends a session whose local deadline passed.
+// expire ends a session whose local deadline passed. The store may still
+// hold the key — the network may be slow rather than down — and keeps it
+// until its TTL runs out: the margin TTL − RenewDeadline is the holder's, to
+// stop its work. Only the holder's Release on the lost session (meaning: the
+// work has stopped) frees the key early.
 func (c *Client) expire(s *session) {
 	if s.slot {
-		s.lose(errors.New("slot ended"))
+		s.lose(errors.New("slot ended"), false)
 		return
 	}
-	s.lose(errors.New("renew deadline passed without a successful renewal"))
-	// The store may still hold the lease (a slow network, say): free it
-	// for the next holder rather than leave it to its TTL.
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		_ = c.releaseDetached(s.obsCtx, s.key, s.ownerToken)
-	}()
+	s.lose(errors.New("renew deadline passed without a successful renewal"), true)
+}
+
+// renewBound is when a renewal call sent at sent for sessions ss stops
+// waiting. A call for one session waits until that session's deadline: no
+// answer after it is of use. A call for several waits at most half the time
+// left to the most urgent of them, so that if one key hangs the others
+// still have time to be renewed on their own.
+func renewBound(sent time.Time, ss []*session) time.Time {
+	first := ss[0].Deadline()
+	for _, s := range ss[1:] {
+		if d := s.Deadline(); d.Before(first) {
+			first = d
+		}
+	}
+	if len(ss) == 1 {
+		return first
+	}
+	return sent.Add(first.Sub(sent) / 2)
 }
 
 // sendRenewals runs one batched renewal and hands the result back.
 func (c *Client) sendRenewals(b *renewBatch, out chan<- *renewBatch) {
 	defer c.wg.Done()
 	reqs := make([]RenewRequest, len(b.sessions))
-	last := b.sent
 	for i, s := range b.sessions {
 		reqs[i] = RenewRequest{Key: s.key, OwnerToken: s.ownerToken, TTL: s.ttl}
-		if d := s.Deadline(); d.After(last) {
-			last = d
-		}
 	}
 	ctxs := make([]context.Context, len(b.sessions))
 	if c.obs != nil {
@@ -133,9 +159,9 @@ func (c *Client) sendRenewals(b *renewBatch, out chan<- *renewBatch) {
 			ctxs[i] = c.obs.RenewStart(s.obsCtx, RenewStartEvent{Backend: c.name, Key: s.key, Token: s.token})
 		}
 	}
-	// No renewal is useful after the last deadline in the batch.
-	ctx, cancel := context.WithDeadline(c.ctx, last)
+	ctx, cancel := context.WithDeadline(c.ctx, renewBound(b.sent, b.sessions))
 	b.results, b.err = c.b.Renew(ctx, reqs)
+	b.timedOut = ctx.Err() == context.DeadlineExceeded
 	cancel()
 	if b.err == nil && len(b.results) != len(reqs) {
 		b.err = errors.New("dislock: backend returned the wrong number of renewal results")
@@ -157,6 +183,7 @@ func (b *renewBatch) itemErr(i int) error {
 
 // finishBatch applies a batch's outcome to its sessions.
 func (c *Client) finishBatch(b *renewBatch) {
+	now := time.Now()
 	for i, s := range b.sessions {
 		err := b.itemErr(i)
 		s.mu.Lock()
@@ -166,6 +193,7 @@ func (c *Client) finishBatch(b *renewBatch) {
 		case ended:
 		case err == nil:
 			s.failures = 0
+			s.isolated = false
 			// The lease runs from the send time, the earliest instant the
 			// store could have applied the renewal.
 			if d := b.sent.Add(s.renewDeadline); d.After(s.deadline) {
@@ -173,14 +201,20 @@ func (c *Client) finishBatch(b *renewBatch) {
 			}
 			s.nextRenew = b.sent.Add(s.interval)
 		case errors.Is(err, ErrLeaseLost):
+		case b.timedOut:
+			// The call hung: try again at once, on this session's own, so
+			// that whatever held up the call cannot hold it up again.
+			s.failures++
+			s.isolated = true
+			s.nextRenew = now
 		default:
 			// Outcome unknown: retry soon, jittered, until the deadline.
 			s.failures++
-			s.nextRenew = time.Now().Add(retryDelay(s.ttl))
+			s.nextRenew = now.Add(retryDelay(s.ttl))
 		}
 		s.mu.Unlock()
 		if !ended && err != nil && errors.Is(err, ErrLeaseLost) {
-			s.lose(err)
+			s.lose(err, false)
 		}
 	}
 }

@@ -27,6 +27,7 @@ type session struct {
 	nextRenew  time.Time
 	failures   int  // consecutive renewals with unknown outcome
 	inflight   bool // part of a renewal batch in flight
+	isolated   bool // renewed on its own until a renewal succeeds (its last call hung)
 	err        error
 	unreleased bool // ended locally, server release still owed
 }
@@ -43,6 +44,18 @@ func (s *session) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.deadline
+}
+
+// storeExpiry is the local instant by which the store has surely dropped
+// the lease if nothing renewed it: the send time of the last successful
+// acquire or renewal plus the TTL.
+func (s *session) storeExpiry() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slot {
+		return s.deadline
+	}
+	return s.deadline.Add(s.ttl - s.renewDeadline)
 }
 
 func (s *session) Err() error {
@@ -63,7 +76,7 @@ func (s *session) end(cause error, owesRelease bool, before func()) bool {
 	s.err = cause
 	s.unreleased = owesRelease
 	s.mu.Unlock()
-	s.c.unregister(s)
+	s.c.unregister(s, owesRelease && !isReleased(cause))
 	if before != nil {
 		before()
 	}
@@ -73,7 +86,10 @@ func (s *session) end(cause error, owesRelease bool, before func()) bool {
 }
 
 // lose ends the session with a lease-loss error and tells the observer.
-func (s *session) lose(reason error) {
+// owesRelease is true when the store may still hold the key (the renew
+// deadline passed): it stays held until its TTL, or until the holder calls
+// Release to say its work has stopped.
+func (s *session) lose(reason error, owesRelease bool) {
 	cause := reason
 	if !isLeaseLost(reason) {
 		cause = fmt.Errorf("%w: %q: %w", ErrLeaseLost, s.key, reason)
@@ -84,7 +100,7 @@ func (s *session) lose(reason error) {
 			o.Lost(s.obsCtx, LostEvent{Backend: s.c.name, Key: s.key, Token: s.token, Held: time.Since(s.acquiredAt), Err: cause})
 		}
 	}
-	s.end(cause, false, tell)
+	s.end(cause, owesRelease, tell)
 }
 
 // Release implements Session.
@@ -100,6 +116,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 		return nil
 	}
 	c := s.c
+	c.forget(s)
 	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken}
 	held := time.Since(s.acquiredAt)
 	kept := s.slot
@@ -121,6 +138,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 			s.mu.Lock()
 			s.unreleased = true // a later Release may retry
 			s.mu.Unlock()
+			c.owe(s)
 		} else if !kept {
 			c.notifyOwn(s.key)
 		}

@@ -60,15 +60,66 @@ func (c *Client) notify(key string) {
 	c.wakeOneLocked(key)
 }
 
+// maxEchoes bounds the echoes remembered per key: a store that drops
+// notifications must not make them pile up within one echo window.
+const maxEchoes = 8
+
 // notifyOwn wakes a waiter after a release this client made, and remembers
-// that the store's notification of it will come back through Watch.
+// that the store's notification of it will come back through Watch — only
+// while a subscription is in place, so that nothing piles up when none is.
+// Echoes that did not come back within the echo window are swept out.
 func (c *Client) notifyOwn(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.watching {
-		c.echoes[key] = append(c.echoes[key], time.Now())
+	if c.subscribed {
+		now := time.Now()
+		if now.Sub(c.swept) > echoWindow {
+			c.sweepEchoesLocked(now)
+		}
+		ts := c.echoes[key]
+		if len(ts) >= maxEchoes {
+			ts = ts[1:]
+		}
+		c.echoes[key] = append(ts, now)
 	}
 	c.wakeOneLocked(key)
+}
+
+// sweepEchoesLocked drops the echoes older than the echo window.
+func (c *Client) sweepEchoesLocked(now time.Time) {
+	c.swept = now
+	for key, ts := range c.echoes {
+		for len(ts) > 0 && now.Sub(ts[0]) > echoWindow {
+			ts = ts[1:]
+		}
+		if len(ts) == 0 {
+			delete(c.echoes, key)
+		} else {
+			c.echoes[key] = ts
+		}
+	}
+}
+
+// setSubscribed records whether the release subscription is in place; the
+// echoes of a subscription that ended will never come back.
+func (c *Client) setSubscribed(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.subscribed = on
+	if !on {
+		clear(c.echoes)
+	}
+}
+
+// echoCount is the number of echoes remembered (for tests).
+func (c *Client) echoCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, ts := range c.echoes {
+		n += len(ts)
+	}
+	return n
 }
 
 // watched handles a release notification from the store: the echo of one
@@ -127,7 +178,8 @@ func (c *Client) watchLoop() {
 	defer c.wg.Done()
 	for failures := 0; ; {
 		start := time.Now()
-		err := c.watcher.Watch(c.ctx, c.wakeAll, c.watched)
+		err := c.watcher.Watch(c.ctx, func() { c.setSubscribed(true); c.wakeAll() }, c.watched)
+		c.setSubscribed(false)
 		if c.ctx.Err() != nil || errors.Is(err, ErrUnsupported) {
 			return
 		}

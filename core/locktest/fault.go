@@ -17,6 +17,9 @@ var errDown = errors.New("locktest: store unreachable (injected fault)")
 // whose reply it drops.
 var errReplyLost = errors.New("locktest: reply lost (injected fault)")
 
+// errBackendClosed is what a faultBackend returns after Close.
+var errBackendClosed = errors.New("locktest: backend closed")
+
 // faultBackend wraps the backend under test to inject faults that every
 // store suffers alike, and records owner tokens so that stale-session cases
 // can replay them.
@@ -24,15 +27,42 @@ type faultBackend struct {
 	core.Backend
 	down      atomic.Bool
 	loseReply atomic.Bool
-	attempts  atomic.Int64 // TryAcquire calls
-	watching  atomic.Bool  // a Watch subscription is in place
+	// stallRenew makes renewals hang until their ctx ends, while every
+	// other call goes through: a store that is slow rather than down.
+	stallRenew atomic.Bool
+	// failRelease makes releases fail as if the store were unreachable.
+	failRelease atomic.Bool
+	// stallClaim makes an acquire wait, after the store applied it, until
+	// its ctx ends, and report the ctx's error: a reply that never comes.
+	// claimed receives the key of each claim so stalled.
+	stallClaim atomic.Bool
+	claimed    chan string
+	closed     atomic.Bool  // Close was called: every call fails
+	attempts   atomic.Int64 // TryAcquire calls
+	watching   atomic.Bool  // a Watch subscription is in place
 
 	mu     sync.Mutex
 	tokens map[string]string // key -> owner token of the last acquire sent
 }
 
 func newFault(b core.Backend) *faultBackend {
-	return &faultBackend{Backend: b, tokens: make(map[string]string)}
+	return &faultBackend{Backend: b, tokens: make(map[string]string), claimed: make(chan string, 16)}
+}
+
+// unusable is the error of a call that cannot reach the store.
+func (f *faultBackend) unusable() error {
+	if f.closed.Load() {
+		return errBackendClosed
+	}
+	if f.down.Load() {
+		return errDown
+	}
+	return nil
+}
+
+func (f *faultBackend) Close() error {
+	f.closed.Store(true)
+	return f.Backend.Close()
 }
 
 func (f *faultBackend) ownerToken(key string) string {
@@ -42,14 +72,22 @@ func (f *faultBackend) ownerToken(key string) string {
 }
 
 func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
-	if f.down.Load() {
-		return core.Lease{}, errDown
+	if err := f.unusable(); err != nil {
+		return core.Lease{}, err
 	}
 	f.attempts.Add(1)
 	f.mu.Lock()
 	f.tokens[req.Key] = req.OwnerToken
 	f.mu.Unlock()
 	lease, err := f.Backend.TryAcquire(ctx, req)
+	if err == nil && f.stallClaim.Load() {
+		select {
+		case f.claimed <- req.Key:
+		default:
+		}
+		<-ctx.Done()
+		return core.Lease{}, ctx.Err()
+	}
 	if err == nil && f.loseReply.Load() {
 		return core.Lease{}, errReplyLost
 	}
@@ -57,22 +95,29 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 }
 
 func (f *faultBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
-	if f.down.Load() {
-		return nil, errDown
+	if err := f.unusable(); err != nil {
+		return nil, err
+	}
+	if f.stallRenew.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
 	}
 	return f.Backend.Renew(ctx, reqs)
 }
 
 func (f *faultBackend) Release(ctx context.Context, req core.ReleaseRequest) error {
-	if f.down.Load() {
+	if err := f.unusable(); err != nil {
+		return err
+	}
+	if f.failRelease.Load() {
 		return errDown
 	}
 	return f.Backend.Release(ctx, req)
 }
 
 func (f *faultBackend) Now(ctx context.Context, key string) (time.Time, error) {
-	if f.down.Load() {
-		return time.Time{}, errDown
+	if err := f.unusable(); err != nil {
+		return time.Time{}, err
 	}
 	return f.Backend.Now(ctx, key)
 }
@@ -82,8 +127,8 @@ func (f *faultBackend) Watch(ctx context.Context, ready func(), fn func(string))
 	if !ok {
 		return core.ErrUnsupported
 	}
-	if f.down.Load() {
-		return errDown
+	if err := f.unusable(); err != nil {
+		return err
 	}
 	defer f.watching.Store(false)
 	return w.Watch(ctx, func() { f.watching.Store(true); ready() }, fn)
@@ -94,8 +139,8 @@ func (f *faultBackend) admin() (core.Admin, error) {
 	if !ok {
 		return nil, core.ErrUnsupported
 	}
-	if f.down.Load() {
-		return nil, errDown
+	if err := f.unusable(); err != nil {
+		return nil, err
 	}
 	return a, nil
 }

@@ -54,8 +54,9 @@ type Harness struct {
 
 	// Capabilities the backend lacks: cases that need them are skipped
 	// with this reason in the log rather than forked.
-	NoFencing bool // tokens are 0
-	NoWatch   bool // no release notifications
-	NoAdmin   bool // no Inspect/List/ForceRelease
-	NoSlots   bool // ForSlot unsupported
+	NoFencing    bool // tokens are 0
+	NoHolderInfo bool // a busy answer does not say who holds the key
+	NoWatch      bool // no release notifications
+	NoAdmin      bool // no Inspect/List/ForceRelease
+	NoSlots      bool // ForSlot unsupported
 }

@@ -55,8 +55,11 @@ func Run(t *testing.T, h Harness) {
 		{"LossSignalledWhenStolen", testLossStolen},
 		{"LossSignalledWhenDeleted", testLossDeleted},
 		{"LossSignalledWhenUnreachable", testLossUnreachable},
+		{"LostLeaseKeptUntilReleased", testLostKeptUntilReleased},
+		{"LostLeaseKeptUntilTTL", testLostKeptUntilTTL},
 		{"TokensStrictlyIncrease", testTokens},
 		{"AmbiguousAcquireIsReconciled", testReconcile},
+		{"FailedUndoIsRetried", testUndoRetried},
 		{"SlotAllowsOneStartPerSlot", testSlot},
 		{"MinHoldKeepsLockAfterRelease", testMinHold},
 		{"InvalidKeysRejected", testBadKeys},
@@ -67,6 +70,7 @@ func Run(t *testing.T, h Harness) {
 		{"AdminInspectListForceRelease", testAdmin},
 		{"ManyGoroutinesManyKeys", testConcurrency},
 		{"CloseReleasesAll", testClose},
+		{"CloseUndoesClaimsInFlight", testCloseInFlight},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, e) })
@@ -199,6 +203,15 @@ func testAcquireCtx(t *testing.T, e *env) {
 	_, err := b.l.Acquire(ctx, k)
 	if !errors.Is(err, core.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("rule %q: got %v", rule, err)
+	}
+	var na *core.NotAcquiredError
+	if !errors.As(err, &na) {
+		t.Errorf("rule %q: the last busy answer is not in the chain: %v", rule, err)
+	} else if !e.h.NoHolderInfo && (na.Holder == nil || na.Holder.Owner != s.Owner()) {
+		t.Errorf("rule %q: the error does not name the holder %q: %v", rule, s.Owner(), err)
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("rule %q: the message spans lines: %q", rule, err)
 	}
 	if el := time.Since(start); el > e.ttl/2+time.Second {
 		t.Errorf("rule %q: returned %v after the deadline", rule, el-e.ttl/2)
@@ -412,6 +425,12 @@ func expectLost(t *testing.T, rule string, s core.Session, within time.Duration)
 	if core.ErrorType(s.Err()) != "lease_lost" {
 		t.Errorf("ErrorType = %q", core.ErrorType(s.Err()))
 	}
+}
+
+// releaseLost releases a lost session, which must succeed while the store is
+// reachable.
+func releaseLost(t *testing.T, s core.Session) {
+	t.Helper()
 	if err := s.Release(context.Background()); err != nil {
 		t.Errorf("Release after loss: %v", err)
 	}
@@ -429,6 +448,7 @@ func testLossStolen(t *testing.T, e *env) {
 		t.Fatalf("Steal: %v", err)
 	}
 	expectLost(t, rule, s, e.ttl+2*time.Second)
+	releaseLost(t, s)
 	mustBusy(t, "after a loss the thief still holds the key", a, k)
 }
 
@@ -444,6 +464,7 @@ func testLossDeleted(t *testing.T, e *env) {
 		t.Fatalf("Delete: %v", err)
 	}
 	expectLost(t, rule, s, e.ttl+2*time.Second)
+	releaseLost(t, s)
 }
 
 func testLossUnreachable(t *testing.T, e *env) {
@@ -460,6 +481,63 @@ func testLossUnreachable(t *testing.T, e *env) {
 	}
 	if !s.Deadline().Before(before.Add(e.ttl)) {
 		t.Errorf("rule %q: deadline %v not before the TTL", rule, s.Deadline().Sub(before))
+	}
+	a.fault.down.Store(false)
+	releaseLost(t, s)
+}
+
+// lostToStall acquires k on a, makes a's renewals hang (a store that is slow
+// rather than down) and waits for the loss. It returns the session and the
+// instant before the acquire was sent: the store keeps the key at least
+// until before + TTL.
+func lostToStall(t *testing.T, e *env, a *proc, k string) (core.Session, time.Time) {
+	t.Helper()
+	before := time.Now()
+	s := mustAcquire(t, a, k)
+	a.fault.stallRenew.Store(true)
+	t.Cleanup(func() { a.fault.stallRenew.Store(false) })
+	expectLost(t, "loss is signalled at the renew deadline while renewals hang", s, 5*e.ttl)
+	return s, before
+}
+
+func testLostKeptUntilReleased(t *testing.T, e *env) {
+	const rule = "a lost lease's key stays held until its holder calls Release (its work has stopped), and Release frees it"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s, before := lostToStall(t, e, a, k)
+	s2, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k)
+	answered := time.Now()
+	if err == nil {
+		s2.Release(context.Background())
+		if answered.Before(before.Add(e.ttl)) {
+			t.Fatalf("rule %q: another process acquired the key %v after the holder's loss, %v before its TTL ran out",
+				rule, answered.Sub(before), before.Add(e.ttl).Sub(answered))
+		}
+		t.Skipf("the busy check came after the TTL (%v): machine too slow for this TTL", answered.Sub(before))
+	}
+	if !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: TryAcquire after the loss = %v", rule, err)
+	}
+	a.fault.stallRenew.Store(false)
+	releaseLost(t, s)
+	s3 := mustAcquire(t, b, k) // free at once after the holder's Release
+	s3.Release(context.Background())
+}
+
+func testLostKeptUntilTTL(t *testing.T, e *env) {
+	const rule = "a lost lease that its holder does not release is freed by the store's TTL, not before"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	_, before := lostToStall(t, e, a, k)
+	s2, err := b.l.Acquire(ctxT(t, 10*e.ttl+5*time.Second), k, core.Backoff(5*time.Millisecond, e.ttl/8))
+	if err != nil {
+		t.Fatalf("rule %q: %v", rule, err)
+	}
+	defer s2.Release(context.Background())
+	// The store applied the holder's last renewal no earlier than before;
+	// allow 5ms for the store's expiry resolution.
+	if at := time.Since(before); at < e.ttl-5*time.Millisecond {
+		t.Fatalf("rule %q: another process acquired the key %v after the holder's acquire, before the TTL %v", rule, at, e.ttl)
 	}
 }
 
@@ -522,6 +600,30 @@ func testReconcile(t *testing.T, e *env) {
 		t.Errorf("rule %q: the cause is not kept: %v", rule, err)
 	}
 	s := mustAcquire(t, b, k) // would be busy for 60s if orphaned
+	s.Release(context.Background())
+}
+
+func testUndoRetried(t *testing.T, e *env) {
+	const rule = "the undo of an ambiguous acquire that fails is retried until it succeeds: nothing stays held until the TTL"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	a.fault.loseReply.Store(true)
+	a.fault.failRelease.Store(true) // the undo sent at once fails too
+	_, err := a.l.TryAcquire(ctxT(t, 10*time.Second), k, core.TTL(60*time.Second))
+	a.fault.loseReply.Store(false)
+	if err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: want a backend error, got %v", rule, err)
+	}
+	mustBusy(t, "the claim whose reply was lost is held until its undo succeeds", b, k)
+	a.fault.failRelease.Store(false)
+	start := time.Now()
+	s, err := b.l.Acquire(ctxT(t, 15*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("rule %q: the orphaned claim was not undone: %v", rule, err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("rule %q: undone only after %v", rule, d)
+	}
 	s.Release(context.Background())
 }
 
@@ -880,4 +982,41 @@ func testClose(t *testing.T, e *env) {
 	if err := a.l.Close(); err != nil {
 		t.Fatalf("rule %q: second Close: %v", rule, err)
 	}
+}
+
+func testCloseInFlight(t *testing.T, e *env) {
+	const rule = "Close cuts acquisitions in flight short and undoes their claims before it closes the backend: nothing is left held"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	holder := mustAcquire(t, b, k+"/busy")
+	defer holder.Release(context.Background())
+	a.fault.stallClaim.Store(true) // the claim lands, its reply never comes
+	errs := make(chan error, 2)
+	go func() {
+		_, err := a.l.Acquire(ctxT(t, 30*time.Second), k, core.TTL(60*time.Second))
+		errs <- err
+	}()
+	go func() { // a waiter on a busy key
+		_, err := a.l.Acquire(ctxT(t, 30*time.Second), k+"/busy")
+		errs <- err
+	}()
+	select {
+	case <-a.fault.claimed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("rule %q: the claim did not reach the store", rule)
+	}
+	start := time.Now()
+	if err := a.l.Close(); err != nil {
+		t.Errorf("rule %q: Close: %v", rule, err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("rule %q: Close took %v", rule, d)
+	}
+	for range 2 {
+		if err := <-errs; !errors.Is(err, core.ErrClosed) {
+			t.Errorf("rule %q: the acquisition Close cut short returned %v, want ErrClosed", rule, err)
+		}
+	}
+	s := mustAcquire(t, b, k) // would be busy for 60s if orphaned
+	s.Release(context.Background())
 }

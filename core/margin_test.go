@@ -1,0 +1,382 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/memlock"
+)
+
+// stallBackend wraps a memlock handle: renewals that carry a key in stall
+// hang until their ctx ends, while every other call goes through (a slow
+// key, or a slow store, rather than a dead one). It checks that no key is
+// in two renewals at once.
+type stallBackend struct {
+	*memlock.Backend
+	stall sync.Map // key -> struct{}
+
+	mu       sync.Mutex
+	inflight map[string]bool
+	overlaps int
+}
+
+func (b *stallBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	b.mu.Lock()
+	for _, r := range reqs {
+		if b.inflight[r.Key] {
+			b.overlaps++
+		}
+		b.inflight[r.Key] = true
+	}
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		for _, r := range reqs {
+			delete(b.inflight, r.Key)
+		}
+		b.mu.Unlock()
+	}()
+	for _, r := range reqs {
+		if _, ok := b.stall.Load(r.Key); ok {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+	}
+	return b.Backend.Renew(ctx, reqs)
+}
+
+func newStall(t *testing.T, st *memlock.Store, opts ...core.ClientOption) (*core.Client, *stallBackend) {
+	t.Helper()
+	sb := &stallBackend{Backend: st.Backend(), inflight: make(map[string]bool)}
+	c, err := core.New(sb, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, sb
+}
+
+// A loss at the renew deadline leaves the key to the holder until the TTL:
+// the engine never frees it on its own. Only the holder's Release (its work
+// has stopped) frees it early.
+func TestLossKeepsTheMargin(t *testing.T) {
+	for _, release := range []bool{false, true} {
+		t.Run(fmt.Sprint("release=", release), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := memlock.NewStore()
+				a, sb := newStall(t, st, core.WithDefaults(core.TTL(30*time.Second)))
+				b, err := st.Locker()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer b.Close()
+				start := time.Now()
+				s, err := a.TryAcquire(context.Background(), "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				sb.stall.Store("k", struct{}{}) // renewals hang; releases go through
+				got := make(chan time.Duration, 1)
+				go func() {
+					s2, err := b.Acquire(context.Background(), "k")
+					if err != nil {
+						t.Error(err)
+						got <- 0
+						return
+					}
+					got <- time.Since(start)
+					s2.Release(context.Background())
+				}()
+				<-s.Done()
+				if lost := time.Since(start); lost != 20*time.Second {
+					t.Fatalf("lost after %v, want the 20s renew deadline", lost)
+				}
+				if !errors.Is(s.Err(), core.ErrLeaseLost) || errors.Is(s.Err(), core.ErrLeaseGone) {
+					t.Fatalf("Err = %v, want ErrLeaseLost and not ErrLeaseGone", s.Err())
+				}
+				want := 30 * time.Second // the TTL from the acquire's send time
+				if release {
+					time.Sleep(5 * time.Second) // the holder's work takes 5s to stop
+					if err := s.Release(context.Background()); err != nil {
+						t.Fatalf("Release of the lost session: %v", err)
+					}
+					want = 25 * time.Second
+				}
+				// The waiter wakes 1ms after the holder's known expiry.
+				if at := <-got; at < want || at > want+10*time.Millisecond {
+					t.Fatalf("the next holder acquired at %v, want %v", at, want)
+				}
+			})
+		})
+	}
+}
+
+// One key whose renewals hang holds up no other lease: a 3s lease stays
+// held for 30 of its TTLs beside a 300s lease whose every renewal hangs.
+func TestHangingKeyDoesNotStarveOthers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		c, sb := newStall(t, st)
+		a, err := c.TryAcquire(context.Background(), "a", core.TTL(300*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.stall.Store("a", struct{}{})
+		b, err := c.TryAcquire(context.Background(), "b", core.TTL(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// And a third lease that is due together with a's renewals.
+		time.Sleep(99*time.Second + 900*time.Millisecond)
+		c3, err := c.TryAcquire(context.Background(), "c", core.TTL(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(90 * time.Second)
+		for _, s := range []core.Session{b, c3} {
+			if s.Err() != nil {
+				t.Fatalf("lease %q lost beside a hanging key: %v", s.Key(), s.Err())
+			}
+		}
+		<-a.Done() // a itself is lost at its own deadline
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		if sb.overlaps != 0 {
+			t.Fatalf("%d renewals carried a key already in flight", sb.overlaps)
+		}
+	})
+}
+
+// When nothing hangs, many leases still cost one renewal call per interval.
+func TestRenewalBatchesWhenNothingHangs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		bk := st.Backend()
+		c, err := core.New(bk, core.WithDefaults(core.TTL(30*time.Second)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for i := range 100 {
+			if _, err := c.TryAcquire(context.Background(), fmt.Sprint("k", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := bk.Stats().Renews
+		time.Sleep(100 * time.Second)
+		if n := bk.Stats().Renews - before; n < 9 || n > 11 {
+			t.Fatalf("%d renewal calls in 10 intervals for 100 leases, want 10", n)
+		}
+	})
+}
+
+// A Resign while not leading is a no-op: the next win does not resign.
+func TestStaleResignIsDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		holder, err := cs[1].TryAcquire(context.Background(), "leader")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var revoked atomic.Int32
+		e, err := core.Campaign(cs[0], "leader", core.WithRetry(time.Second),
+			core.OnRevoked(func(error) { revoked.Add(1) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		synctest.Wait()
+		e.Resign() // not leading: nothing to resign
+		holder.Release(context.Background())
+		synctest.Wait()
+		time.Sleep(10 * time.Second)
+		if !e.IsLeader() || revoked.Load() != 0 {
+			t.Fatalf("leader %v, revoked %d times: a stale Resign ended the next term", e.IsLeader(), revoked.Load())
+		}
+	})
+}
+
+// A Resign that races the loss of a term does not carry over to the next.
+func TestResignRacingLossDoesNotCarryOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		var elected atomic.Int32
+		e, err := core.Campaign(cs[0], "leader", core.WithRetry(time.Second),
+			core.OnElected(func(core.Session) { elected.Add(1) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		synctest.Wait()
+		s := e.Session()
+		if s == nil {
+			t.Fatal("not elected")
+		}
+		bs[0].SetDown(true)
+		<-s.Done()
+		e.Resign() // too late for the lost term
+		bs[0].SetDown(false)
+		time.Sleep(40 * time.Second) // the key expires; the campaign wins again
+		if !e.IsLeader() || elected.Load() != 2 {
+			t.Fatalf("leader %v after %d elections: the late Resign ended the next term", e.IsLeader(), elected.Load())
+		}
+		time.Sleep(30 * time.Second)
+		if !e.IsLeader() {
+			t.Fatal("leadership flapped")
+		}
+	})
+}
+
+// watchMode makes a memlock handle's Watch unsupported, failing, or silent
+// (subscribed, but no notification ever arrives).
+type watchMode struct {
+	*memlock.Backend
+	mode string
+}
+
+func (w *watchMode) Watch(ctx context.Context, ready func(), fn func(string)) error {
+	switch w.mode {
+	case "unsupported":
+		return core.ErrUnsupported
+	case "failing":
+		return errors.New("subscription refused")
+	}
+	ready()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// Own releases are remembered as echoes only while a subscription can bring
+// them back, and never beyond a small bound.
+func TestEchoMemoryBounded(t *testing.T) {
+	for _, mode := range []string{"unsupported", "failing", "silent"} {
+		t.Run(mode, func(t *testing.T) {
+			st := memlock.NewStore()
+			c, err := core.New(&watchMode{Backend: st.Backend(), mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			other, _ := st.Locker()
+			defer other.Close()
+			busy, err := other.TryAcquire(context.Background(), "busy")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer busy.Release(context.Background())
+			// A waiter starts the watcher.
+			ctx, cancel := context.WithCancel(context.Background())
+			waited := make(chan struct{})
+			go func() {
+				defer close(waited)
+				c.Acquire(ctx, "busy", core.Backoff(time.Second, time.Second))
+			}()
+			defer func() { cancel(); <-waited }()
+			for i := range 10000 {
+				s, err := c.TryAcquire(context.Background(), fmt.Sprint("k", i%100))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Release(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			limit := 8 * 100 // a few per key, while subscribed
+			if mode != "silent" {
+				limit = 0
+			}
+			if n := core.EchoCount(c); n > limit {
+				t.Fatalf("%d echoes remembered after 10,000 releases on 100 keys, want at most %d", n, limit)
+			}
+		})
+	}
+}
+
+func TestAcquireTimeoutNamesTheHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		s, err := cs[0].TryAcquire(context.Background(), "k", core.WithOwner("host:123"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Release(context.Background())
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err = cs[1].Acquire(ctx, "k")
+		want := fmt.Sprintf(`dislock: lock "k" not acquired within 2s: held by "host:123" (token %d) for 28s more: context deadline exceeded`, s.Token())
+		if err == nil || err.Error() != want {
+			t.Fatalf("got  %v\nwant %s", err, want)
+		}
+		var na *core.NotAcquiredError
+		if !errors.As(err, &na) || na.Holder == nil || na.Holder.Owner != "host:123" || na.Waited != 2*time.Second {
+			t.Fatalf("errors.As: %+v", na)
+		}
+		if !errors.Is(err, core.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%v does not match ErrNotAcquired and DeadlineExceeded", err)
+		}
+		// Cancelled before any answer (during the jitter): still one line.
+		ctx2, cancel2 := context.WithCancel(context.Background())
+		cancel2()
+		_, err = cs[1].Acquire(ctx2, "k", core.Jitter(time.Second))
+		if err == nil || strings.Contains(err.Error(), "\n") || !errors.Is(err, context.Canceled) || !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("cancelled before the first attempt: %q", err)
+		}
+	})
+}
+
+// lateClaim wraps a memlock handle whose claims time out on the client but
+// land in the store 2s later, after the first undo: a statement that runs on
+// in the server. It bounds that delay with ClaimBound.
+type lateClaim struct {
+	*memlock.Backend
+	late atomic.Bool
+	wg   sync.WaitGroup
+}
+
+func (b *lateClaim) ClaimBound() time.Duration { return 5 * time.Second }
+
+func (b *lateClaim) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if !b.late.Load() {
+		return b.Backend.TryAcquire(ctx, req)
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		time.Sleep(2 * time.Second)
+		b.Backend.TryAcquire(context.Background(), req)
+	}()
+	return core.Lease{}, context.DeadlineExceeded
+}
+
+func TestUndoRepeatedAfterClaimBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		lb := &lateClaim{Backend: st.Backend()}
+		c, err := core.New(lb, core.WithDefaults(core.TTL(30*time.Second)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		lb.late.Store(true)
+		if _, err := c.TryAcquire(context.Background(), "k"); err == nil {
+			t.Fatal("TryAcquire succeeded")
+		}
+		time.Sleep(3 * time.Second)
+		if !st.Held("k") {
+			t.Fatal("the late claim did not land (test setup)")
+		}
+		time.Sleep(3 * time.Second) // past the 5s claim bound
+		if st.Held("k") {
+			t.Fatal("the claim that landed after the first undo is still held")
+		}
+		lb.wg.Wait()
+	})
+}
