@@ -119,15 +119,15 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		// hold that lives until the slot's end.
 		until := req.ExpireAt.UnixMilli()
 		hold := parent + "/" + holdName(until, tok)
-		var err error
-		cerr := b.call(ctx, func() {
-			_, err = b.conn.Multi(
+		var merr error
+		err := b.call(ctx, func() {
+			_, merr = b.conn.Multi(
 				&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: acl, Flags: zk.FlagPersistent},
 				&zk.DeleteRequest{Path: created, Version: -1},
 			)
 		}, nil)
-		if cerr != nil {
-			err = cerr
+		if err == nil {
+			err = merr
 		}
 		if err != nil {
 			return core.Lease{}, fmt.Errorf("zklock: acquire: slot hold: %w", err)
@@ -328,11 +328,11 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 			for j, it := range pending {
 				ops[j] = &zk.SetDataRequest{Path: it.path, Data: it.data, Version: -1}
 			}
-			var res []zk.MultiResponse
-			var err error
-			if cerr := b.call(ctx, func() { res, err = b.conn.Multi(ops...) }, nil); cerr != nil {
-				err = cerr
-				res = nil
+			var got, res []zk.MultiResponse
+			var merr error
+			err := b.call(ctx, func() { got, merr = b.conn.Multi(ops...) }, nil)
+			if err == nil {
+				res, err = got, merr
 			}
 			if err == nil && b.conn.SessionID() != sid {
 				err = zk.ErrSessionExpired

@@ -1,0 +1,349 @@
+package zklock_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/zklock"
+)
+
+// cutter pauses the network of the connections it dialed: while cut,
+// nothing is sent or received (the TCP connections stay open, as behind a
+// partition), deadlines still apply, and new connections cannot be made.
+type cutter struct {
+	cut atomic.Bool
+}
+
+func (c *cutter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	if c.cut.Load() {
+		time.Sleep(timeout)
+		return nil, errors.New("cutter: network cut")
+	}
+	nc, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &cutConn{Conn: nc, c: c}, nil
+}
+
+type cutConn struct {
+	net.Conn
+	c      *cutter
+	mu     sync.Mutex
+	rd, wd time.Time
+}
+
+func (cc *cutConn) SetReadDeadline(t time.Time) error {
+	cc.mu.Lock()
+	cc.rd = t
+	cc.mu.Unlock()
+	return cc.Conn.SetReadDeadline(t)
+}
+
+func (cc *cutConn) SetWriteDeadline(t time.Time) error {
+	cc.mu.Lock()
+	cc.wd = t
+	cc.mu.Unlock()
+	return cc.Conn.SetWriteDeadline(t)
+}
+
+func (cc *cutConn) SetDeadline(t time.Time) error {
+	cc.SetReadDeadline(t)
+	return cc.SetWriteDeadline(t)
+}
+
+// pause waits while the network is cut, until the deadline.
+func (cc *cutConn) pause(read bool) error {
+	for cc.c.cut.Load() {
+		cc.mu.Lock()
+		d := cc.wd
+		if read {
+			d = cc.rd
+		}
+		cc.mu.Unlock()
+		if !d.IsZero() && time.Now().After(d) {
+			return os.ErrDeadlineExceeded
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+func (cc *cutConn) Read(p []byte) (int, error) {
+	if err := cc.pause(true); err != nil {
+		return 0, err
+	}
+	return cc.Conn.Read(p)
+}
+
+func (cc *cutConn) Write(p []byte) (int, error) {
+	if err := cc.pause(false); err != nil {
+		return 0, err
+	}
+	return cc.Conn.Write(p)
+}
+
+func newLocker(t testing.TB, b *zklock.Backend, opts ...core.Option) *core.Client {
+	t.Helper()
+	c, err := core.New(b, core.WithDefaults(opts...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestSessionTimeoutAndTTL(t *testing.T) {
+	connect := ensemble(t, 1).Connect()
+	root := testRoot()
+	b := newBackend(t, connect, root, zklock.WithSessionTimeout(3*time.Second))
+	if got := b.SessionTimeout(); got != 3*time.Second {
+		t.Fatalf("negotiated session timeout = %v, want 3s (captured from the client's log line)", got)
+	}
+	if got := b.MaxTTL(); got != 2*time.Second {
+		t.Fatalf("MaxTTL = %v, want 2s", got)
+	}
+	// The server clamps: the private servers allow at most 120 s.
+	if got := newBackend(t, connect, root, zklock.WithSessionTimeout(10*time.Minute)).SessionTimeout(); got != 120*time.Second {
+		t.Fatalf("clamped session timeout = %v, want 120s", got)
+	}
+	_, err := b.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "tok", TTL: 2100 * time.Millisecond})
+	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "TTL") || !strings.Contains(err.Error(), "session timeout 3s") {
+		t.Fatalf("a TTL above 2/3 of the session timeout: got %v, want ErrInvalidOption naming the TTL and the session timeout", err)
+	}
+	// New's default TTL is 2/3 of the granted session timeout.
+	l, err := zklock.New(ctxT(t, 10*time.Second), connect, zklock.WithRoot(root), zklock.WithSessionTimeout(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	before := time.Now()
+	s, err := l.TryAcquire(ctxT(t, 10*time.Second), "default-ttl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The renew deadline is 2/3 of the TTL: 2/3 × 2 s.
+	if d := s.Deadline().Sub(before); d < 1200*time.Millisecond || d > 1400*time.Millisecond {
+		t.Errorf("deadline %v after acquire, want about 1.33s (TTL 2s)", d)
+	}
+	s.Release(context.Background())
+	if _, err := zklock.NewBackend(ctxT(t, time.Second), "", zklock.WithRoot(root)); !errors.Is(err, core.ErrInvalidOption) {
+		t.Errorf("empty connect string: %v", err)
+	}
+	if _, err := zklock.NewBackend(ctxT(t, time.Second), connect, zklock.WithRoot("relative")); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithRoot") {
+		t.Errorf("bad root: %v", err)
+	}
+}
+
+func TestNames(t *testing.T) {
+	for _, k := range []string{"plain", "a/b", ".", "..", "%", "zookeeper", "ünï 鍵 🔒", "crlf\r\n", strings.Repeat("x", 1024)} {
+		enc := zklock.EncodeName(k)
+		if strings.ContainsAny(enc, "/.") || enc == "" {
+			t.Errorf("EncodeName(%q) = %q: not a safe znode name", k, enc)
+		}
+		if got, err := zklock.DecodeName(enc); err != nil || got != k {
+			t.Errorf("DecodeName(EncodeName(%q)) = %q, %v", k, got, err)
+		}
+	}
+}
+
+// TestConnectionCut: the holder's network is cut. Its session is suspended,
+// not yet lost; the engine's renew deadline ends it, and that loss is
+// signalled before another client can acquire the key.
+func TestConnectionCut(t *testing.T) {
+	connect := ensemble(t, 1).Connect()
+	root := testRoot()
+	var cut cutter
+	const ttl = time.Second
+	hb := newBackend(t, connect, root, zklock.WithSessionTimeout(1500*time.Millisecond), zklock.WithDialer(cut.dial))
+	holder := newLocker(t, hb, core.TTL(ttl))
+	other := newLocker(t, newBackend(t, connect, root), core.TTL(ttl))
+
+	t.Run("ShortCutIsNotALoss", func(t *testing.T) {
+		s, err := holder.TryAcquire(ctxT(t, 10*time.Second), "short")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Release(context.Background())
+		cut.cut.Store(true)
+		time.Sleep(ttl / 4)
+		cut.cut.Store(false)
+		select {
+		case <-s.Done():
+			t.Fatalf("a cut shorter than the renew deadline ended the session: %v", s.Err())
+		case <-time.After(2 * ttl):
+		}
+		if _, err := other.TryAcquire(ctxT(t, 10*time.Second), "short"); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("the lock must still be held after the cut healed: %v", err)
+		}
+	})
+
+	t.Run("LossBeforeTakeover", func(t *testing.T) {
+		s, err := holder.TryAcquire(ctxT(t, 10*time.Second), "long")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost := make(chan time.Time, 1)
+		go func() { <-s.Done(); lost <- time.Now() }()
+		cutAt := time.Now()
+		cut.cut.Store(true)
+		defer cut.cut.Store(false)
+		s2, err := other.Acquire(ctxT(t, 20*time.Second), "long", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		acquiredAt := time.Now()
+		defer s2.Release(context.Background())
+		var lostAt time.Time
+		select {
+		case lostAt = <-lost:
+		default:
+			t.Fatalf("another client acquired %v after the cut while the holder's session was not ended", acquiredAt.Sub(cutAt))
+		}
+		if !errors.Is(s.Err(), core.ErrLeaseLost) {
+			t.Fatalf("holder ended with %v, want ErrLeaseLost", s.Err())
+		}
+		if !lostAt.Before(acquiredAt) {
+			t.Fatalf("loss signalled at %v, takeover at %v", lostAt.Sub(cutAt), acquiredAt.Sub(cutAt))
+		}
+		if s2.Token() <= s.Token() {
+			t.Errorf("token %d after %d", s2.Token(), s.Token())
+		}
+		t.Logf("cut at 0, loss signalled at %v, taken over at %v (TTL %v, session %v)",
+			lostAt.Sub(cutAt).Round(time.Millisecond), acquiredAt.Sub(cutAt).Round(time.Millisecond), ttl, hb.SessionTimeout())
+		s.Release(context.Background())
+	})
+}
+
+// TestSessionExpiry: a cut longer than the session timeout expires the
+// session; go-zookeeper then opens a new one without telling. No lease of
+// the old session may be reported held in the new one.
+func TestSessionExpiry(t *testing.T) {
+	connect := ensemble(t, 1).Connect()
+	root := testRoot()
+	var cut cutter
+	b := newBackend(t, connect, root, zklock.WithSessionTimeout(1200*time.Millisecond), zklock.WithDialer(cut.dial))
+	admin := rawConn(t, connect)
+	ctx := ctxT(t, 30*time.Second)
+	var reqs []core.RenewRequest
+	for _, k := range []string{"e1", "e2", "e3"} {
+		tok := "tok-" + k
+		if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: k, Owner: "o", OwnerToken: tok, TTL: 700 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, core.RenewRequest{Key: k, OwnerToken: tok, TTL: 700 * time.Millisecond})
+	}
+	if res, err := b.Renew(ctx, reqs); err != nil || errors.Join(res...) != nil {
+		t.Fatalf("renew before the cut: %v %v", res, err)
+	}
+	sid := b.Conn().SessionID()
+	cut.cut.Store(true)
+	// The server expires the session and deletes its claims.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		names, _, err := admin.Children(b.KeyPath("e1"))
+		if err == nil && len(names) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claims of the cut session still there: %v %v", names, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cut.cut.Store(false)
+	for b.Conn().SessionID() == sid || b.Conn().State() != zk.StateHasSession {
+		if time.Now().After(deadline) {
+			t.Fatal("no new session after the cut healed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := b.Renew(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range res {
+		if !errors.Is(e, core.ErrLeaseLost) {
+			t.Errorf("lease %s of the expired session renewed in the new one: %v", reqs[i].Key, e)
+		}
+	}
+	// The backend works on in the new session.
+	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "e1", Owner: "o", OwnerToken: "after", TTL: 700 * time.Millisecond}); err != nil {
+		t.Fatalf("acquire in the new session: %v", err)
+	}
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "e1", OwnerToken: "after"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeaderKill: the leader of a 3-node ensemble is killed with SIGKILL
+// while a lock is held. The holder keeps its lease or learns it lost it;
+// tokens keep increasing across the new epoch.
+func TestLeaderKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills an ensemble's leader")
+	}
+	e := ensemble(t, 3)
+	connect := e.Connect()
+	root := testRoot()
+	const ttl = 2 * time.Second
+	a := newLocker(t, newBackend(t, connect, root, zklock.WithSessionTimeout(4*time.Second)), core.TTL(ttl))
+	bb := newBackend(t, connect, root, zklock.WithSessionTimeout(4*time.Second))
+	b := newLocker(t, bb, core.TTL(ttl))
+	s, err := a.TryAcquire(ctxT(t, 10*time.Second), "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := e.Leader()
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	leader.Kill()
+	t.Cleanup(func() {
+		if err := leader.Restart(); err != nil {
+			t.Error(err)
+		}
+		if err := e.WaitServing(60 * time.Second); err != nil {
+			t.Error(err)
+		}
+	})
+	// Until the holder's session ends, nobody else gets the lock.
+	start := time.Now()
+	for time.Since(start) < 2*ttl {
+		s2, err := b.TryAcquire(ctxT(t, 10*time.Second), "leader")
+		if err == nil {
+			if s.Err() == nil {
+				t.Fatalf("two holders after the leader died (tokens %d, %d)", s.Token(), s2.Token())
+			}
+			s2.Release(context.Background())
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("holder after the failover: err=%v", s.Err())
+	old := s.Token()
+	if err := s.Release(context.Background()); err != nil {
+		t.Logf("release after the failover: %v", err)
+	}
+	s2, err := b.Acquire(ctxT(t, 30*time.Second), "leader", core.Backoff(10*time.Millisecond, 200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Release(context.Background())
+	if s2.Token() <= old {
+		t.Fatalf("token %#x after the failover is not above %#x", s2.Token(), old)
+	}
+	if s2.Token()>>32 <= old>>32 {
+		t.Errorf("token %#x is not of a later epoch than %#x", s2.Token(), old)
+	}
+	t.Logf("tokens %#x -> %#x", old, s2.Token())
+}
