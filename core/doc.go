@@ -16,8 +16,30 @@
 // TTL), on this process's monotonic clock. When no renewal succeeds by then,
 // the session ends with ErrLeaseLost — Done closes and Context is cancelled —
 // before the store can grant the key to anyone else (that takes the full
-// TTL). A renewal the store refuses ends the session at once. Loss is never
-// silent.
+// TTL). A renewal the store refuses ends the session at once, with an error
+// that also matches ErrLeaseGone. Loss is never silent.
+//
+// # The margin belongs to the holder
+//
+// After a loss at the renew deadline, the store still holds the key for the
+// margin TTL − RenewDeadline: that is the holder's time to stop its work.
+// The engine never frees a lost lease's key on its own initiative. The key
+// is freed before its TTL only when the holder calls Release on the lost
+// session, which means "my work has stopped"; otherwise the store drops it
+// when the TTL, counted from the last acquire or renewal it may have applied,
+// runs out. Do releases once fn has returned; the gocron and asynq
+// integrations once the job or handler has returned; the dislock CLI once
+// the command's whole process group has exited; an Election once OnRevoked
+// has returned. Close releases every session, including lost ones not yet
+// released: closing a Locker says its work is over. After a refusal
+// (ErrLeaseGone) there is no margin: the key may already be someone else's.
+//
+// Renewals are bounded per lease: a renewal call waits at most until the
+// earliest deadline among its sessions (half the time left, when it carries
+// several), calls run concurrently, and a lease whose call hung is renewed on
+// its own until it succeeds, so that one key that hangs (a slow node, a row
+// locked by an open transaction) never costs another lease its lock. When
+// nothing hangs, all of a Locker's leases still cost one call per interval.
 //
 // # What is not guaranteed
 //
@@ -39,8 +61,10 @@
 // Lockers, Sessions and Elections are safe for concurrent use. A Client runs
 // one renewer goroutine for all of its sessions, which batches every renewal
 // due within half a renew interval into one Backend.Renew call, plus one
-// Watcher goroutine while anyone waits in Acquire. Close releases every
-// session, stops both and waits for them.
+// Watcher goroutine while anyone waits in Acquire. Close ends waits in
+// Acquire, cuts acquisitions in flight short and waits for them and for the
+// undo of their claims, releases every session, stops both goroutines and
+// waits for them, and only then closes the Backend.
 //
 // # Slots and min hold
 //

@@ -60,7 +60,14 @@ type Session interface {
 	// Release gives the lock up (or, under MinHold and slot mode, leaves it
 	// to expire at the promised time). It is idempotent, checked against the
 	// owner on the server, and works with a cancelled ctx: the round trip runs
-	// on a detached, bounded context. Releasing a lost session returns nil.
+	// on a detached, bounded context.
+	//
+	// On a session lost at its renew deadline, Release says the holder's work
+	// has stopped: the store may still hold the key for the rest of the TTL,
+	// and Release frees it for the next holder. Call it only once the work
+	// has stopped. It returns the store's error if the key could not be
+	// freed (it then expires at its TTL). After the store refused a renewal
+	// (ErrLeaseGone) there is nothing to free and it returns nil.
 	Release(ctx context.Context) error
 }
 

@@ -66,7 +66,9 @@ func RenewInterval(d time.Duration) Option {
 // must be shorter than the TTL, so that a holder that cannot renew knows it
 // lost the lock before the server can grant it to anyone else; the margin
 // (TTL - RenewDeadline) must cover clock-rate drift and the kill time of
-// whatever the lock protects.
+// whatever the lock protects. The store keeps a lost lease's key for that
+// margin: the engine never frees it, and only the holder's Release on the
+// lost session frees it early.
 func RenewDeadline(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {
