@@ -1,0 +1,105 @@
+// Package zklock is the ZooKeeper backend of dislock, on
+// github.com/go-zookeeper/zk (which has no dependencies of its own).
+//
+//	l, err := zklock.New(ctx, "zk1:2181,zk2:2181,zk3:2181")
+//	...
+//	s, err := l.TryAcquire(ctx, "nightly-report")
+//
+// New and NewBackend dial their own connection, because go-zookeeper does
+// not otherwise reveal the session timeout the server granted (it is taken
+// from the client's "authenticated" log line). NewBackendFromConn and
+// NewFromConn use a connection the caller owns, with the limits listed at
+// NewBackendFromConn. go-zookeeper's calls take no context; every call of
+// the backend still returns when its ctx ends (an abandoned request ends by
+// itself when its reply arrives or the connection drops, and an abandoned
+// claim is deleted when its reply arrives).
+//
+// Supported servers: ZooKeeper 3.5 and later (container nodes and multi);
+// tested with 3.8.0 as standalone server and as a 3-node ensemble.
+//
+// # The recipe
+//
+// Each key has a container node <root>/locks/<encoded key>. An acquirer
+// creates an ephemeral sequential claim node l-<owner token>-NNNNNNNNNN under
+// it, in one multi with a write to the key node; that write's returned stat
+// carries the claim's zxid, the server time and the number of children. A
+// claim that is the only child holds the lock at once (one round trip);
+// otherwise the lowest claim in force holds it. A busy acquirer deletes its
+// claim again. The claim's name is unique per session, so a release, a
+// renewal or a stale retry can only ever touch the node of its own session,
+// never the next holder's; an acquire whose reply was lost is found and
+// undone by its owner token.
+//
+// # Guarantees
+//
+//   - Mutual exclusion as ZooKeeper orders writes: every claim, renewal,
+//     hold and release is a write through the leader.
+//   - Fencing tokens are the claim's czxid: they strictly increase per key,
+//     across leader failovers too (the epoch is in the high 32 bits). Not
+//     across a wiped or rebuilt ensemble, which starts again from zxid 0.
+//   - Renewal is one multi of setData operations, one per lease of the
+//     Locker, split every 256: a quorum write. Reads and pings may be
+//     answered by a follower that is cut off from the leader; a write is
+//     applied only by a leader with a quorum, only while the session lives,
+//     and it stamps the claim with the server time of the renewal (mtime).
+//     A check-only multi would prove the same liveness but leave no such
+//     trace, and the lease discipline below needs it.
+//   - Lease discipline. go-zookeeper keeps the session alive with pings even
+//     when the engine stopped renewing a lease (the lease was lost locally,
+//     or its release failed during a disconnect), so the session alone
+//     could keep a lock forever. A claim is therefore in force only until
+//     its mtime plus its TTL (both in its data and stat). An acquirer that
+//     finds a lower claim whose TTL ran out deletes it, guarded by the
+//     version it read, so a renewal in between wins. This is safe: the
+//     holder's own renew deadline is the send time of its last successful
+//     renewal plus RenewDeadline (< TTL), and that renewal's mtime is after
+//     its send; so when the acquirer's write is stamped more than TTL after
+//     that mtime, the holder's deadline passed at least TTL − RenewDeadline
+//     earlier, given that the leader's clock runs at the rate of the
+//     holder's and does not step by more than that margin. Inspect and List
+//     show such a claim as free.
+//   - The TTL of every lease must be at most 2/3 of the session timeout T
+//     (else TryAcquire fails with core.ErrInvalidOption naming both): a
+//     follower reports its sessions' activity to the leader only so often,
+//     so after a renewal sent at s the leader may expire the session from
+//     s + 2T/3 on. The default TTL of New is 2/3 T; ZooKeeper grants at most
+//     40 s by default (20 × tickTime), so core's 30 s default does not fit.
+//   - Sessions. A disconnected (suspended) connection is not yet a loss:
+//     renewals fail with an unknown outcome and the engine's renew deadline
+//     decides. An expired session ends every lease of that session at once:
+//     its claims are gone, and since go-zookeeper opens a new session
+//     without telling, each claim remembers its session and a renewal in any
+//     other session reports the lease lost. A crashed holder frees its locks
+//     at the latest TTL after its last renewal (an acquirer deletes the
+//     claim), or when its session expires (T).
+//   - Min hold and slots. A release with a min hold replaces the claim, in
+//     one multi, by a persistent hold node h-<until>-<owner token>, where
+//     until is on the server clock (the claim's creation plus the time held
+//     plus what is left of the hold). A slot lock is taken as a claim and
+//     then turned into a hold until the slot's end. Holds outlive the
+//     process (the CLI exits right after its job) and lock the key while in
+//     force; ended holds are deleted by the next acquirer. Their ends are on
+//     the ZooKeeper leader's wall clock (Now writes <root>/clock and reads
+//     its mtime).
+//   - Release notifications (core.Watcher): a busy acquisition leaves a
+//     one-shot watch on the holder's claim, the one node whose deletion can
+//     free the lock, never on the key's children, whose every change would
+//     wake every waiter. A renewal fires it too; the backend sets it again
+//     without waking anyone. One watch per node per backend; the engine
+//     wakes one waiter per notification. Waiters in different processes all
+//     wake on a release and race with one attempt each.
+//
+// # Not guaranteed
+//
+//   - A lease is not a fence: pass Session.Token to the resource you
+//     protect and have it reject smaller tokens.
+//   - The guarantees above assume clocks that run at the same rate and a
+//     leader clock that does not step by more than TTL − RenewDeadline; a
+//     failover to a leader whose clock is off by more than that shortens or
+//     stretches leases, holds and slots by the difference.
+//   - Inspect's Remaining and a busy answer's holder are read at one instant
+//     and may be stale at once. Inspect, List and ForceRelease each write
+//     <root>/clock once to read the server clock.
+//   - ZooKeeper ACLs are open (world:anyone); use a chroot or WithRoot per
+//     tenant and the server's own authorization if that matters.
+package zklock
