@@ -56,13 +56,15 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, log *slog.Log
 		// the redacting logger.
 		redis.SetLogger(redisLogger{log})
 		return openRedis(urlEnv, rawURL, s)
+	case "zk":
+		return openZK(ctx, urlEnv, rawURL, table, log)
 	case "":
-		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)")
+		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster:// or zk://)")
 	default:
 		if len(s) > 32 || strings.ContainsAny(s, "@:/ ") {
 			s = "?"
 		}
-		return nil, nil, badURL(urlEnv, "unknown scheme %q (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel:// or redis+cluster://)", s)
+		return nil, nil, badURL(urlEnv, "unknown scheme %q (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster:// or zk://)", s)
 	}
 }
 
