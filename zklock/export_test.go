@@ -5,9 +5,6 @@ import "time"
 // ClaimData is the data of a claim node, for tests that write one by hand.
 func ClaimData(ttl time.Duration, owner string) []byte { return claimData(ttl, owner) }
 
-// KeyPath is the znode of key.
-func (b *Backend) KeyPath(key string) string { return b.keyPath(key) }
-
 // EncodeName and DecodeName expose the key encoding.
 var (
 	EncodeName = encodeName

@@ -406,6 +406,10 @@ func (b *Backend) spawn(f func()) {
 // keyPath is the container node of key.
 func (b *Backend) keyPath(key string) string { return b.locks + "/" + encodeName(key) }
 
+// KeyPath is the znode under which key's claims and holds live (see the
+// package doc for the layout), for operators and tests.
+func (b *Backend) KeyPath(key string) string { return b.keyPath(key) }
+
 // ensureParent creates the container node of key and, when missing, the
 // persistent nodes above it.
 func (b *Backend) ensureParent(ctx context.Context, parent string) error {

@@ -44,9 +44,9 @@ type Node struct {
 	electPort  int
 	dir        string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	exit chan struct{}
+	mu  sync.Mutex
+	cmd *exec.Cmd
+	log *os.File
 }
 
 // Addr is the node's client address.
@@ -137,27 +137,22 @@ func (n *Node) start() error {
 		log.Close()
 		return fmt.Errorf("zktest: start java: %w", err)
 	}
-	exit := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		log.Close()
-		close(exit)
-	}()
-	n.cmd, n.exit = cmd, exit
+	n.cmd, n.log = cmd, log
 	return nil
 }
 
 // Kill stops the node's server with SIGKILL and waits for it to exit.
 func (n *Node) Kill() {
 	n.mu.Lock()
-	cmd, exit := n.cmd, n.exit
-	n.cmd = nil
+	cmd, log := n.cmd, n.log
+	n.cmd, n.log = nil, nil
 	n.mu.Unlock()
 	if cmd == nil {
 		return
 	}
 	cmd.Process.Kill()
-	<-exit
+	cmd.Wait() // no goroutine waits for the process: leak checks stay clean
+	log.Close()
 }
 
 // Restart starts a killed node again, keeping its data.

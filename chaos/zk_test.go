@@ -1,0 +1,123 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/zktest"
+	"github.com/dislock/dislock/zklock"
+)
+
+// zkSession is the session timeout of the ZooKeeper contenders: the TTL
+// (1.5 s in the short tier) must be at most 2/3 of it.
+const zkSession = 3 * time.Second
+
+type zkLogger struct{}
+
+func (zkLogger) Printf(format string, v ...any) { fmt.Fprintf(libLogs, format+"\n", v...) }
+
+// zkSetup runs the contenders on a private standalone ZooKeeper server
+// (Debian's zookeeper package), stopped by PID when the test ends. Its own
+// fault: the server is killed with SIGKILL and restarted from its data.
+func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
+	if err := zktest.Installed(); err != nil {
+		if ciMode() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	ens, err := zktest.Start(t.TempDir(), 1, 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ens.Stop)
+	node := ens.Nodes[0]
+	px, err := h.Add("zookeeper", node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	root := "/dislock-chaos-" + strings.TrimSuffix(prefix, "-")
+	admin, err := zklock.New(ctx, node.Addr(), zklock.WithRoot(root), zklock.WithSessionTimeout(10*time.Second),
+		zklock.WithLogger(zkLogger{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := admin.Backend().(*zklock.Backend).Conn()
+	env := &backendEnv{name: "zookeeper", proxy: px, admin: admin, keyPrefix: prefix}
+	if u, ok := optionalPG(); ok {
+		pool := directPool(t, u, "dislock-chaos-direct")
+		reg, err := newRegister(ctx, pool, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.reg = reg
+	}
+	env.newLocker = func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
+		l, err := zklock.New(ctx, px.Addr(), zklock.WithRoot(root), zklock.WithSessionTimeout(zkSession),
+			zklock.WithLogger(zkLogger{}), zklock.WithClientOptions(opts...))
+		if err != nil {
+			return nil, nil, err
+		}
+		return l, l.Close, nil
+	}
+	layout := admin.Backend().(*zklock.Backend)
+	env.deleteKeys = func(ctx context.Context, keys []string) error {
+		for _, k := range keys {
+			parent := layout.KeyPath(k)
+			names, _, err := direct.Children(parent)
+			if errors.Is(err, zk.ErrNoNode) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			for _, n := range names {
+				if err := direct.Delete(parent+"/"+n, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	probeB, err := zklock.NewBackend(ctx, px.Addr(), zklock.WithRoot(root), zklock.WithLogger(zkLogger{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.probe = func(ctx context.Context) error {
+		_, err := probeB.Now(ctx, "")
+		return err
+	}
+	env.faults = []faultDef{{name: "zookeeper-kill-restart", run: func(ctx context.Context, rng *mrand.Rand) error {
+		node.Kill()
+		sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
+		if err := node.Restart(); err != nil {
+			return err
+		}
+		return ens.WaitServing(30 * time.Second)
+	}}}
+	env.close = func() {
+		_ = admin.Close()
+		_ = probeB.Close()
+		if env.reg != nil {
+			env.reg.pool.Close()
+		}
+	}
+	return env
+}
+
+func TestChaosZooKeeper(t *testing.T) {
+	for i, seed := range seeds() {
+		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
+			runChaos(t, tierRun(seed), zkSetup)
+		})
+	}
+}
