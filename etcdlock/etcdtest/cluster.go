@@ -12,6 +12,7 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -68,18 +69,38 @@ func Start(t testing.TB, n int) *Cluster {
 		m.initial = strings.Join(initial, ",")
 	}
 	t.Cleanup(c.stop)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
+	// One after the other: a new member asks its peers whether it is
+	// already part of the cluster, and waits a second for each peer whose
+	// port is open but not yet served. Started in order, each finds the
+	// earlier ones serving and the later ones' ports closed.
+	started := make([]*embed.Etcd, n)
 	for i, m := range c.members {
-		wg.Go(func() { errs[i] = c.start(m) })
-	}
-	wg.Wait()
-	for _, err := range errs {
+		e, err := embed.StartEtcd(c.config(m))
 		if err != nil {
-			t.Fatalf("etcdtest: %v", err)
+			t.Fatalf("etcdtest: start %s: %v", m.Name, err)
+		}
+		started[i] = e
+		m.mu.Lock()
+		m.e = e
+		m.mu.Unlock()
+	}
+	for i, e := range started {
+		if err := ready(e); err != nil {
+			t.Fatalf("etcdtest: %s: %v", c.members[i].Name, err)
 		}
 	}
 	return c
+}
+
+func ready(e *embed.Etcd) error {
+	select {
+	case <-e.Server.ReadyNotify():
+		return nil
+	case err := <-e.Err():
+		return err
+	case <-time.After(20 * time.Second):
+		return errors.New("not ready within 20s")
+	}
 }
 
 func freeAddr(t testing.TB) string {
@@ -104,7 +125,7 @@ func (c *Cluster) config(m *Member) *embed.Config {
 	cfg.InitialClusterToken = c.token
 	cfg.TickMs, cfg.ElectionMs = 10, 100
 	cfg.UnsafeNoFsync = true
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(debugLogger())
 	return cfg
 }
 
@@ -115,14 +136,9 @@ func (c *Cluster) start(m *Member) error {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", m.Name, err)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
+	if err := ready(e); err != nil {
 		e.Close()
 		return fmt.Errorf("%s: %w", m.Name, err)
-	case <-time.After(20 * time.Second):
-		e.Close()
-		return fmt.Errorf("%s not ready within 20s", m.Name)
 	}
 	m.mu.Lock()
 	m.e = e
@@ -348,4 +364,12 @@ func WaitHealthy(t testing.TB, cli *clientv3.Client, within time.Duration) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func debugLogger() *zap.Logger {
+	if os.Getenv("ETCDTEST_LOG") != "" {
+		l, _ := zap.NewDevelopment()
+		return l
+	}
+	return zap.NewNop()
 }
