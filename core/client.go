@@ -120,11 +120,18 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	obsCtx := ctx
 	start := time.Now()
 	attempts := 0
+	var busy *NotAcquiredError // the last busy answer
+	var busyAt time.Time
+	var woken Wake // what woke the wait for the latest attempt
 	if c.obs != nil {
 		obsCtx = c.obs.AcquireStart(ctx, AcquireStartEvent{Backend: c.name, Key: key, Mode: mode, Slot: slot})
 		defer func() {
-			c.obs.AcquireEnd(obsCtx, AcquireEndEvent{Backend: c.name, Key: key, Mode: mode, Slot: slot,
-				Session: s, Attempts: attempts, Wait: time.Since(start), Err: err})
+			e := AcquireEndEvent{Backend: c.name, Key: key, Mode: mode, Slot: slot,
+				Session: s, Attempts: attempts, Wait: time.Since(start), Err: err, Wake: woken}
+			if busy != nil {
+				e.Holder = busy.Holder
+			}
+			c.obs.AcquireEnd(obsCtx, e)
 		}()
 	}
 	// Store calls run on opCtx: the caller's ctx, also cut short by Close.
@@ -132,8 +139,6 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	defer cancel()
 	stop := context.AfterFunc(c.closing, cancel)
 	defer stop()
-	var busy *NotAcquiredError // the last busy answer
-	var busyAt time.Time
 	// ended builds the error of an acquisition that ctx or Close cut short.
 	ended := func(failure error) error {
 		if c.closing.Err() != nil {
@@ -182,7 +187,9 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		case <-opCtx.Done():
 			return nil, ended(nil)
 		case <-wake:
+			woken = WakeNotify
 		case <-timer.C:
+			woken = WakePoll
 		}
 	}
 }

@@ -8,10 +8,20 @@ import (
 // Mode says how an acquisition was asked for.
 type Mode string
 
-// Acquisition modes, as reported to Observers.
+// Acquisition modes, as reported to Observers. A slot acquisition
+// (ForSlot) has one of these modes too; its events say Slot.
 const (
 	ModeTry  Mode = "try"  // TryAcquire
 	ModeWait Mode = "wait" // Acquire
+)
+
+// Wake says what woke a waiting Acquire for its next attempt.
+type Wake string
+
+// Wake-up reasons, as reported to Observers.
+const (
+	WakeNotify Wake = "notify" // a release notification (the Watcher, or a release by this Client)
+	WakePoll   Wake = "poll"   // the polling timer (backoff, or the holder's known expiry)
 )
 
 // Observer sees every store operation of a Client, including the background
@@ -30,7 +40,8 @@ type Observer interface {
 	AcquireStart(ctx context.Context, e AcquireStartEvent) context.Context
 	AcquireEnd(ctx context.Context, e AcquireEndEvent)
 	// RenewStart and RenewEnd bracket one session's part in a batched
-	// renewal, run by the renewer goroutine.
+	// renewal, run by the renewer goroutine (see RenewBatchObserver for
+	// the call as a whole).
 	RenewStart(ctx context.Context, e RenewStartEvent) context.Context
 	RenewEnd(ctx context.Context, e RenewEndEvent)
 	// ReleaseStart and ReleaseEnd bracket a release (by Release or Close).
@@ -59,6 +70,12 @@ type AcquireEndEvent struct {
 	Attempts int     // store attempts made
 	Wait     time.Duration
 	Err      error // nil when acquired; matches ErrNotAcquired when busy
+	// Holder is the holder named by the last busy answer, as of that
+	// answer; nil when no attempt was busy or the store did not say.
+	Holder *Info
+	// Wake is what woke the wait for the last attempt; "" when the
+	// first attempt decided.
+	Wake Wake
 }
 
 // RenewStartEvent starts the renewal of one session's lease. Renewals of
@@ -104,6 +121,48 @@ type LostEvent struct {
 	Token   uint64
 	Held    time.Duration
 	Err     error // matches ErrLeaseLost
+}
+
+// RenewBatchObserver is an Observer that also sees each renewal call as a
+// whole: one Backend.Renew round trip for one or more sessions. The renewer
+// calls RenewBatchStart before the sessions' RenewStart hooks and makes the
+// store call under the context it returns (with the call's time bound
+// added), so that a tracer's span there is the parent of the driver's own
+// spans; it calls RenewBatchEnd, with that context, after the sessions'
+// RenewEnd hooks. The ctx RenewBatchStart receives is the renewer's own: it
+// carries no caller's values and ends when the Client closes; the context it
+// returns must be derived from it. The events' slices are read-only and
+// valid only during the call.
+//
+// An Observer that does not implement it sees only the per-session hooks,
+// and the store call runs on the renewer's own context. Observers composes
+// RenewBatchObserver members like the other hooks.
+type RenewBatchObserver interface {
+	Observer
+	RenewBatchStart(ctx context.Context, e RenewBatchStartEvent) context.Context
+	RenewBatchEnd(ctx context.Context, e RenewBatchEndEvent)
+}
+
+// RenewBatchStartEvent starts one renewal call.
+type RenewBatchStartEvent struct {
+	Backend string
+	// Renewals are the sessions the call renews. Contexts[i] is the
+	// context the AcquireEnd hook of the session of Renewals[i] received.
+	Renewals []RenewStartEvent
+	Contexts []context.Context
+}
+
+// RenewBatchEndEvent ends one renewal call.
+type RenewBatchEndEvent struct {
+	Backend string
+	// Renewals are the sessions' outcomes, in the order of the start
+	// event (each Err is nil when that session's lease was renewed), and
+	// Contexts the same as the start event's.
+	Renewals []RenewEndEvent
+	Contexts []context.Context
+	// Err is the call's own failure (transport error, time bound passed),
+	// which every session shares; nil when the store answered.
+	Err error
 }
 
 // NopObserver implements Observer with hooks that do nothing. Embed it.
@@ -159,6 +218,24 @@ func Observers(obs ...Observer) Observer {
 }
 
 type multiObserver []Observer
+
+var _ RenewBatchObserver = multiObserver(nil)
+
+func (m multiObserver) RenewBatchStart(ctx context.Context, e RenewBatchStartEvent) context.Context {
+	for _, o := range m {
+		if b, ok := o.(RenewBatchObserver); ok {
+			ctx = b.RenewBatchStart(ctx, e)
+		}
+	}
+	return ctx
+}
+func (m multiObserver) RenewBatchEnd(ctx context.Context, e RenewBatchEndEvent) {
+	for _, o := range m {
+		if b, ok := o.(RenewBatchObserver); ok {
+			b.RenewBatchEnd(ctx, e)
+		}
+	}
+}
 
 func (m multiObserver) AcquireStart(ctx context.Context, e AcquireStartEvent) context.Context {
 	for _, o := range m {

@@ -135,3 +135,148 @@ func TestAdminUnsupported(t *testing.T) {
 		t.Fatalf("New(nil): %v", err)
 	}
 }
+
+// batchRecorder is a recorder that also sees whole renewal calls.
+type batchRecorder struct {
+	recorder
+}
+
+func (r *batchRecorder) RenewBatchStart(ctx context.Context, e core.RenewBatchStartEvent) context.Context {
+	keys := ""
+	for i, s := range e.Renewals {
+		tag, _ := e.Contexts[i].Value(obsKey{r.name}).(string)
+		keys += " " + s.Key + "@" + tag
+	}
+	r.add(ctx, "batch-start%s", keys)
+	return context.WithValue(ctx, obsKey{r.name}, r.name+"-batch")
+}
+
+func (r *batchRecorder) RenewBatchEnd(ctx context.Context, e core.RenewBatchEndEvent) {
+	ok := 0
+	for _, s := range e.Renewals {
+		if s.Err == nil {
+			ok++
+		}
+	}
+	r.add(ctx, "batch-end %d/%d err=%v", ok, len(e.Renewals), e.Err != nil)
+}
+
+// ctxBackend records the value of obsKey{name} in the ctx of each Renew.
+type ctxBackend struct {
+	core.Backend
+	name string
+	mu   sync.Mutex
+	seen []string
+}
+
+func (b *ctxBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	tag, _ := ctx.Value(obsKey{b.name}).(string)
+	b.mu.Lock()
+	b.seen = append(b.seen, tag)
+	b.mu.Unlock()
+	return b.Backend.Renew(ctx, reqs)
+}
+
+func TestRenewBatchObserver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		b := &ctxBackend{Backend: st.Backend(), name: "b1"}
+		r1, plain, r2 := &batchRecorder{recorder{name: "b1"}}, &recorder{name: "p"}, &batchRecorder{recorder{name: "b2"}}
+		c, err := core.New(b, core.WithDefaults(core.TTL(30*time.Second)), core.WithObserver(r1), core.WithObserver(plain), core.WithObserver(r2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ctx := context.Background()
+		for _, k := range []string{"a", "b"} {
+			if _, err := c.TryAcquire(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(11 * time.Second) // one background renewal of both
+		var batch []string
+		for _, e := range r1.list() {
+			if len(e) > 5 && e[:5] == "batch" {
+				batch = append(batch, e)
+			}
+		}
+		// The two keys are renewed in one call in either order; each
+		// observer finds its session state in the sessions' contexts
+		// and its own value in the call's context.
+		if len(batch) != 2 || (batch[0] != "batch-start a@b1 b@b1 ctx=" && batch[0] != "batch-start b@b1 a@b1 ctx=") ||
+			batch[1] != "batch-end 2/2 err=false ctx=b1-batch" {
+			t.Fatalf("batch events: %q", batch)
+		}
+		if got := r2.list(); len(got) < 2 || got[len(got)-1] != "batch-end 2/2 err=false ctx=b2-batch" {
+			t.Fatalf("second batch observer: %q", got)
+		}
+		b.mu.Lock()
+		seen := fmt.Sprint(b.seen)
+		b.mu.Unlock()
+		if seen != "[b1-batch]" {
+			t.Fatalf("the store call ran under %s, want the batch observers' context", seen)
+		}
+	})
+}
+
+// wakeRecorder keeps the AcquireEnd events.
+type wakeRecorder struct {
+	core.NopObserver
+	mu   sync.Mutex
+	ends []core.AcquireEndEvent
+}
+
+func (r *wakeRecorder) AcquireEnd(_ context.Context, e core.AcquireEndEvent) {
+	r.mu.Lock()
+	r.ends = append(r.ends, e)
+	r.mu.Unlock()
+}
+
+func (r *wakeRecorder) last() core.AcquireEndEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ends[len(r.ends)-1]
+}
+
+func TestAcquireEndHolderAndWake(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		watch bool
+		want  core.Wake
+	}{{"notify", true, core.WakeNotify}, {"poll", false, core.WakePoll}} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := memlock.NewStore()
+				var b core.Backend = st.Backend()
+				if !c.watch {
+					b = bareBackend{b}
+				}
+				rec := &wakeRecorder{}
+				holder, _ := core.New(b)
+				waiter, _ := core.New(b, core.WithObserver(rec))
+				defer holder.Close()
+				defer waiter.Close()
+				ctx := context.Background()
+				h, err := holder.TryAcquire(ctx, "k", core.WithOwner("holder-1"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := waiter.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrNotAcquired) {
+					t.Fatal(err)
+				}
+				if e := rec.last(); e.Holder == nil || e.Holder.Owner != "holder-1" || e.Holder.Token != h.Token() || e.Wake != "" {
+					t.Fatalf("busy try: holder %+v wake %q", e.Holder, e.Wake)
+				}
+				go func() { time.Sleep(time.Second); h.Release(ctx) }()
+				s, err := waiter.Acquire(ctx, "k", core.Backoff(300*time.Millisecond, 300*time.Millisecond))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Release(ctx)
+				if e := rec.last(); e.Holder == nil || e.Holder.Owner != "holder-1" || e.Wake != c.want || e.Attempts < 2 {
+					t.Fatalf("wait: holder %+v wake %q attempts %d, want wake %q", e.Holder, e.Wake, e.Attempts, c.want)
+				}
+			})
+		})
+	}
+}

@@ -154,12 +154,26 @@ func (c *Client) sendRenewals(b *renewBatch, out chan<- *renewBatch) {
 		reqs[i] = RenewRequest{Key: s.key, OwnerToken: s.ownerToken, TTL: s.ttl}
 	}
 	ctxs := make([]context.Context, len(b.sessions))
+	bctx := c.ctx // the store call's context
+	bo, _ := c.obs.(RenewBatchObserver)
+	var sctxs []context.Context
 	if c.obs != nil {
+		starts := make([]RenewStartEvent, len(b.sessions))
 		for i, s := range b.sessions {
-			ctxs[i] = c.obs.RenewStart(s.obsCtx, RenewStartEvent{Backend: c.name, Key: s.key, Token: s.token})
+			starts[i] = RenewStartEvent{Backend: c.name, Key: s.key, Token: s.token}
+		}
+		if bo != nil {
+			sctxs = make([]context.Context, len(b.sessions))
+			for i, s := range b.sessions {
+				sctxs[i] = s.obsCtx
+			}
+			bctx = bo.RenewBatchStart(bctx, RenewBatchStartEvent{Backend: c.name, Renewals: starts, Contexts: sctxs})
+		}
+		for i, s := range b.sessions {
+			ctxs[i] = c.obs.RenewStart(s.obsCtx, starts[i])
 		}
 	}
-	ctx, cancel := context.WithDeadline(c.ctx, renewBound(b.sent, b.sessions))
+	ctx, cancel := context.WithDeadline(bctx, renewBound(b.sent, b.sessions))
 	b.results, b.err = c.b.Renew(ctx, reqs)
 	b.timedOut = ctx.Err() == context.DeadlineExceeded
 	cancel()
@@ -167,8 +181,13 @@ func (c *Client) sendRenewals(b *renewBatch, out chan<- *renewBatch) {
 		b.err = errors.New("dislock: backend returned the wrong number of renewal results")
 	}
 	if c.obs != nil {
+		ends := make([]RenewEndEvent, len(b.sessions))
 		for i, s := range b.sessions {
-			c.obs.RenewEnd(ctxs[i], RenewEndEvent{Backend: c.name, Key: s.key, Token: s.token, Err: b.itemErr(i)})
+			ends[i] = RenewEndEvent{Backend: c.name, Key: s.key, Token: s.token, Err: b.itemErr(i)}
+			c.obs.RenewEnd(ctxs[i], ends[i])
+		}
+		if bo != nil {
+			bo.RenewBatchEnd(bctx, RenewBatchEndEvent{Backend: c.name, Renewals: ends, Contexts: sctxs, Err: b.err})
 		}
 	}
 	out <- b
