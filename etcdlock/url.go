@@ -27,7 +27,7 @@ func ParseURL(raw string) (clientv3.Config, error) {
 		return cfg, errors.New("etcdlock: invalid etcd URL: the scheme must be etcd:// or etcds://")
 	}
 	var scheme string
-	switch schemeName {
+	switch strings.ToLower(schemeName) {
 	case "etcd":
 		scheme = "http://"
 	case "etcds":

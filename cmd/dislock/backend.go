@@ -58,13 +58,15 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, log *slog.Log
 		return openRedis(urlEnv, rawURL, s)
 	case "zk":
 		return openZK(ctx, urlEnv, rawURL, table, log)
+	case "etcd", "etcds":
+		return openEtcd(urlEnv, rawURL, table, log)
 	case "":
-		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster:// or zk://)")
+		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster://, zk://, etcd:// or etcds://)")
 	default:
 		if len(s) > 32 || strings.ContainsAny(s, "@:/ ") {
 			s = "?"
 		}
-		return nil, nil, badURL(urlEnv, "unknown scheme %q (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster:// or zk://)", s)
+		return nil, nil, badURL(urlEnv, "unknown scheme %q (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster://, zk://, etcd:// or etcds://)", s)
 	}
 }
 

@@ -12,7 +12,7 @@ export DATABASE_URL
 
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
-go build -o "$bin/dislock" ./cmd/dislock
+(cd cmd/dislock && go build -o "$bin/dislock" .)
 go build -o "$bin/job" ./examples/cli
 
 export LOCK_KEY="demo-$$" LOCK_STRATEGY=schedule,lease CRON_SCHEDULE='* * * * *'

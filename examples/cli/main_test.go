@@ -26,9 +26,12 @@ func TestAlone(t *testing.T) {
 func TestUnderDislock(t *testing.T) {
 	dir := t.TempDir()
 	dislock, job := filepath.Join(dir, "dislock"), filepath.Join(dir, "job")
-	for bin, pkg := range map[string]string{dislock: "../../cmd/dislock", job: "."} {
-		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", pkg, err, out)
+	// The CLI is a module of its own: build it in its directory.
+	for bin, src := range map[string]string{dislock: "../../cmd/dislock", job: "."} {
+		build := exec.Command("go", "build", "-o", bin, ".")
+		build.Dir = src
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", src, err, out)
 		}
 	}
 	for name, url := range map[string]func(testing.TB) string{"pg": testenv.PG, "redis": testenv.Redis} {

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/etcdlock/etcdtest"
+)
+
+// etcdURL is an etcd:// URL on a private embedded etcd server, or
+// DISLOCK_TEST_ETCD when set.
+func etcdURL(t *testing.T) string {
+	t.Helper()
+	if u := etcdtest.Shared(t); u != "" {
+		return u
+	}
+	return etcdtest.Start(t, 1).URL()
+}
+
+// TestEtcd runs a command under an etcd lock, and the operator subcommands
+// status, list and release --force on it.
+func TestEtcd(t *testing.T) {
+	f := &fixture{name: "etcd", url: etcdURL(t)}
+	t.Run("RunAndBusy", func(t *testing.T) {
+		dir := t.TempDir()
+		started := filepath.Join(dir, "started")
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=5")
+		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
+		waitFile(t, started, 20*time.Second)
+		busy := run(t, env, urlVar, "sh", "-c", "echo ran")
+		expectCode(t, busy, 0)
+		if strings.Contains(busy.stdout.String(), "ran") {
+			t.Fatalf("the command ran while the lock was held: %s", busy.output())
+		}
+		holder.cmd.Process.Signal(os.Interrupt)
+		holder.wait(t, 20*time.Second)
+		ok := run(t, env, urlVar, "sh", "-c", "echo ran")
+		expectCode(t, ok, 0)
+		if !strings.Contains(ok.stdout.String(), "ran") {
+			t.Fatalf("the command did not run after the holder ended: %s", ok.output())
+		}
+	})
+	t.Run("Admin", func(t *testing.T) {
+		dir := t.TempDir()
+		started := filepath.Join(dir, "started")
+		key := f.newKey(t)
+		lockKey := leasePrefix + key
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=3", "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
+		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
+		waitFile(t, started, 20*time.Second)
+		admin := f.baseEnv()
+		st := run(t, admin, "status", "--url-env", urlVar, lockKey)
+		expectCode(t, st, 0)
+		if !strings.Contains(st.stdout.String(), "held") {
+			t.Fatalf("status: %s", st.output())
+		}
+		ls := run(t, admin, "list", "--url-env", urlVar, leasePrefix)
+		if !strings.Contains(ls.stdout.String(), lockKey) {
+			t.Fatalf("list: %s", ls.output())
+		}
+		rel := run(t, admin, "release", "--url-env", urlVar, lockKey, "--force")
+		expectCode(t, rel, 0)
+		if !strings.Contains(rel.stdout.String(), "released") {
+			t.Fatalf("release: %s", rel.output())
+		}
+		if code := holder.wait(t, 20*time.Second); code != exitLeaseLost {
+			t.Fatalf("holder: exit %d: %s", code, holder.output())
+		}
+		st = run(t, admin, "status", "--url-env", urlVar, lockKey)
+		if !strings.Contains(st.stdout.String(), "free") {
+			t.Fatalf("status after release: %s", st.output())
+		}
+	})
+	t.Run("Credentials", func(t *testing.T) {
+		// A private server with authentication on: the password in the URL
+		// is used, and never shows, whether it is right or wrong.
+		c := etcdtest.Start(t, 1)
+		cli := c.Client(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := cli.UserAdd(ctx, "root", sentinel); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.UserGrantRole(ctx, "root", "root"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.AuthEnable(ctx); err != nil {
+			t.Fatal(err)
+		}
+		good := strings.Replace(c.URL(), "etcd://", "etcd://root:"+sentinel+"@", 1)
+		bad := strings.Replace(c.URL(), "etcd://", "etcd://root:wrong"+sentinel+"@", 1)
+		env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "CRONJOB_LOCK_LOG_LEVEL=DEBUG")
+		p := run(t, append(env, urlVar+"="+good), urlVar, "sh", "-c", "echo ran")
+		expectCode(t, p, 0)
+		if !strings.Contains(p.stdout.String(), "ran") {
+			t.Fatalf("the command did not run with the right password: %s", p.output())
+		}
+		noSentinel(t, p)
+		p = run(t, append(env, urlVar+"="+bad), urlVar, "sh", "-c", "echo ran")
+		if p.code == 0 || strings.Contains(p.stdout.String(), "ran") {
+			t.Fatalf("ran with a wrong password: %s", p.output())
+		}
+		noSentinel(t, p)
+		st := run(t, f.baseEnv(urlVar+"="+bad, "CRONJOB_LOCK_LOG_LEVEL=DEBUG"), "status", "--url-env", urlVar, "k")
+		noSentinel(t, st)
+	})
+	t.Run("BadURL", func(t *testing.T) {
+		for _, u := range []string{"etcd://", "etcds://", "etcd://u:" + sentinel + "@", "etcd://u:" + sentinel + "@h:2379/path",
+			"etcd://h:2379?x=" + sentinel, "etcd://a:1,,b:2"} {
+			p := run(t, f.baseEnv("LOCK_KEY=k", urlVar+"="+u), urlVar, "true")
+			expectCode(t, p, exitUsage)
+			noSentinel(t, p)
+		}
+	})
+}
