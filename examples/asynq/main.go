@@ -6,7 +6,7 @@
 // redis://127.0.0.1:6379/0) both use that Redis; run the program on two
 // machines at once and the tasks of one account still run one at a time.
 //
-//	go run ./examples/asynq
+//	go -C examples run ./asynq
 package main
 
 import (

@@ -12,8 +12,8 @@ export DATABASE_URL
 
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
-(cd cmd/dislock && go build -o "$bin/dislock" .)
-go build -o "$bin/job" ./examples/cli
+go -C cmd/dislock build -o "$bin/dislock" .
+go -C examples build -o "$bin/job" ./cli
 
 export LOCK_KEY="demo-$$" LOCK_STRATEGY=schedule,lease CRON_SCHEDULE='* * * * *'
 "$bin/dislock" DATABASE_URL "$bin/job" -work 2s &

@@ -5,7 +5,7 @@
 //
 // Run it under dislock (see README.md):
 //
-//	LOCK_KEY=report LOCK_STRATEGY=lease dislock DATABASE_URL go run ./examples/cli -work 2s
+//	LOCK_KEY=report LOCK_STRATEGY=lease dislock DATABASE_URL go -C examples run ./cli -work 2s
 //
 // Run alone, it says that it holds no lock and does its work anyway.
 package main

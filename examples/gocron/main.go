@@ -7,9 +7,9 @@
 // REDIS_URL set (redis://…) they use Redis. Each scheduler has its own
 // Locker, as it would in its own process.
 //
-//	go run ./examples/gocron
-//	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go run ./examples/gocron
-//	REDIS_URL=redis://127.0.0.1:6379/0 go run ./examples/gocron
+//	go -C examples run ./gocron
+//	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go -C examples run ./gocron
+//	REDIS_URL=redis://127.0.0.1:6379/0 go -C examples run ./gocron
 package main
 
 import (

@@ -13,6 +13,7 @@ func TestGocronExample(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("REDIS_URL", "")
+	t.Setenv("ETCD_URL", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out strings.Builder

@@ -6,7 +6,7 @@
 // lease is provoked with memlock's Steal hook); with DATABASE_URL or
 // REDIS_URL set it takes the first lock on that server instead.
 //
-//	go run ./examples/otel
+//	go -C examples run ./otel
 package main
 
 import (

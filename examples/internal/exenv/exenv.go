@@ -1,6 +1,7 @@
 // Package exenv picks the backend the examples run on: PostgreSQL when
-// DATABASE_URL is set, Redis when REDIS_URL is set, and otherwise the
-// in-process memlock backend, so that every example runs with no server.
+// DATABASE_URL is set, Redis when REDIS_URL is set, etcd when ETCD_URL is
+// set (etcd://host:port[,host:port]), and otherwise the in-process memlock
+// backend, so that every example runs with no server.
 package exenv
 
 import (
@@ -9,9 +10,12 @@ import (
 	"os"
 
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
 )
@@ -67,6 +71,25 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 			add(c)
 		}
 		return lockers, "Redis", closeAll, nil
+	case os.Getenv("ETCD_URL") != "":
+		cfg, err := etcdlock.ParseURL(os.Getenv("ETCD_URL"))
+		if err != nil {
+			return nil, "", nil, errors.New("ETCD_URL is not a valid etcd:// URL")
+		}
+		cfg.Logger = zap.NewNop()
+		for range n {
+			cli, err := clientv3.New(cfg)
+			if err != nil {
+				return nil, "", nil, err
+			}
+			closers = append(closers, func() { _ = cli.Close() })
+			c, err := etcdlock.New(cli, etcdlock.WithClientOptions(opts...))
+			if err != nil {
+				return nil, "", nil, err
+			}
+			add(c)
+		}
+		return lockers, "etcd", closeAll, nil
 	}
 	store := memlock.NewStore()
 	for range n {
@@ -76,5 +99,5 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 		}
 		add(c)
 	}
-	return lockers, "memlock (in-process; set DATABASE_URL or REDIS_URL for a server)", closeAll, nil
+	return lockers, "memlock (in-process; set DATABASE_URL, REDIS_URL or ETCD_URL for a server)", closeAll, nil
 }
