@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -60,11 +61,15 @@ func terminate(t *testing.T, admin *pgxpool.Pool, app string) int {
 }
 
 // faultPool is a pool tagged with a unique application_name whose new
-// connections fail while down is set.
-func faultPool(t *testing.T) (pool *pgxpool.Pool, app string, down *atomic.Bool) {
+// connections fail while down is set; so do pgx's cancel requests, which
+// open a connection of their own. edit may change its config first.
+func faultPool(t *testing.T, edit ...func(*pgxpool.Config)) (pool *pgxpool.Pool, app string, down *atomic.Bool) {
 	app = testenv.Name("dislock_fault_")
 	down = new(atomic.Bool)
 	pool = newPool(t, func(c *pgxpool.Config) {
+		for _, e := range edit {
+			e(c)
+		}
 		c.ConnConfig.RuntimeParams["application_name"] = app
 		d := &net.Dialer{Timeout: 2 * time.Second}
 		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -167,7 +172,7 @@ func TestTerminateBackendLossSignalled(t *testing.T) {
 }
 
 // Rule: statement_timeout firing is a typed error and leaves nothing half
-// done.
+// done; a session's statement_timeout lower than the claim timeout is kept.
 func TestStatementTimeout(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
@@ -191,10 +196,16 @@ func TestStatementTimeout(t *testing.T) {
 		c.ConnConfig.RuntimeParams["statement_timeout"] = "200"
 	})
 	l := newClient(t, b)
+	start := time.Now()
 	_, err = l.TryAcquire(ctx, "k")
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" || errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("TryAcquire = %v, want a wrapped *pgconn.PgError 57014", err)
+	}
+	// The session's statement_timeout is lower than the claim timeout: it
+	// is kept.
+	if d := time.Since(start); d >= pg.DefaultClaimTimeout {
+		t.Errorf("TryAcquire failed after %v: the session's statement_timeout (200ms) was raised to the claim timeout", d)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -224,9 +235,42 @@ func (b lostReply) TryAcquire(ctx context.Context, req core.AcquireRequest) (cor
 	return core.Lease{}, &pgconn.ConnectError{}
 }
 
+// lateClaim reports every acquire as failed at once and applies it on the
+// server only after the engine's first undo of it: a statement that goes on
+// on the server after its client gave up, and takes effect after the undo.
+type lateClaim struct {
+	*pg.Backend
+	mu      sync.Mutex
+	pending map[string]core.AcquireRequest // by owner token
+	landed  chan error                     // the result of each late claim
+}
+
+func (b *lateClaim) TryAcquire(_ context.Context, req core.AcquireRequest) (core.Lease, error) {
+	b.mu.Lock()
+	b.pending[req.OwnerToken] = req
+	b.mu.Unlock()
+	return core.Lease{}, &pgconn.ConnectError{}
+}
+
+func (b *lateClaim) Release(ctx context.Context, req core.ReleaseRequest) error {
+	err := b.Backend.Release(ctx, req)
+	b.mu.Lock()
+	claim, ok := b.pending[req.OwnerToken]
+	delete(b.pending, req.OwnerToken)
+	b.mu.Unlock()
+	if ok {
+		_, cerr := b.Backend.TryAcquire(ctx, claim)
+		b.landed <- cerr
+	}
+	return err
+}
+
 // Rule: a reply lost after the server committed an acquire is reconciled:
 // the lock is released by owner token before the error is returned, not left
-// held until its TTL.
+// held until its TTL. A claim that takes effect after that undo (within the
+// claim bound) is undone again once the bound has passed; so is a claim
+// whose caller's ctx ended while the statement waited on the server and
+// that took effect when the wait ended.
 func TestLostReplyReconciled(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
@@ -239,29 +283,61 @@ func TestLostReplyReconciled(t *testing.T) {
 	if info, held, err := b.Inspect(ctx, "k"); err != nil || held {
 		t.Fatalf("orphan lock left until its TTL: %+v %v %v", info, held, err)
 	}
-	// The same holds when the caller's context is cancelled mid-statement:
-	// a statement cancelled before commit changes nothing.
-	ident := pgx.Identifier{table}.Sanitize()
-	if _, err := admin.Exec(ctx, `INSERT INTO `+ident+` (key, owner, holder, acquired_at, expire_at)
-		VALUES ('c', 'old', 'old-token', now() - interval '1 minute', now() - interval '1 second')`); err != nil {
-		t.Fatal(err)
+
+	// The claim lands after the first undo.
+	bounded := newBackend(t, table, pg.WithClaimTimeout(500*time.Millisecond))
+	late := &lateClaim{Backend: bounded, pending: make(map[string]core.AcquireRequest), landed: make(chan error, 1)}
+	ll := newClient(t, late)
+	sent := time.Now()
+	if _, err := ll.TryAcquire(ctx, "late", core.TTL(time.Minute)); err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("TryAcquire = %v, want a backend failure", err)
 	}
-	tx, err := admin.Begin(ctx)
+	if err := <-late.landed; err != nil {
+		t.Fatalf("the late claim failed: %v", err)
+	}
+	if _, held, err := b.Inspect(ctx, "late"); err != nil || !held {
+		t.Fatalf("the claim applied after the first undo is not held (%v %v): the case is not tested", held, err)
+	}
+	if !waitFor(bounded.ClaimBound()+3*time.Second, func() bool {
+		_, held, err := b.Inspect(ctx, "late")
+		return err == nil && !held
+	}) {
+		t.Fatalf("a claim that took effect after its undo is still held %v after it was sent (ClaimBound %v): left until its TTL",
+			time.Since(sent).Round(time.Millisecond), bounded.ClaimBound())
+	}
+
+	// The caller's ctx ends while the statement waits for another
+	// transaction's row lock, and pgx's cancel request cannot get through;
+	// the wait ends before the claim timeout, so the claim takes effect
+	// after the first undo.
+	unblock := blockExpiredRow(t, admin, table, "c", false)
+	pool, _, down := faultPool(t)
+	cut, err := pg.NewBackend(ctx, pool, pg.WithTable(table), pg.WithClaimTimeout(500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+ident+` WHERE key = 'c' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	l2 := newClient(t, b)
+	l2 := newClient(t, cut)
+	t.Cleanup(unblock) // before the pool closes: it waits for the claim's connection
+	warm(t, pool, 2)   // the undo gets an idle connection: only the cancel is lost
+	down.Store(true)
+	sent = time.Now()
 	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	if _, err := l2.TryAcquire(cctx, "c"); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := l2.TryAcquire(cctx, "c", core.TTL(time.Minute)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("TryAcquire with expiring ctx = %v", err)
 	}
-	_ = tx.Rollback(ctx)
-	if info, held, err := b.Inspect(ctx, "c"); err != nil || held {
-		t.Fatalf("cancelled acquire left a lock: %+v %v %v", info, held, err)
+	unblock()
+	if !waitFor(time.Second, func() bool {
+		h := rowHolder(t, admin, table, "c", false)
+		return h != "old-token" && h != ""
+	}) {
+		t.Fatalf("the cancelled claim did not take effect when the blocker left: the case is not tested")
+	}
+	if !waitFor(bounded.ClaimBound()+3*time.Second, func() bool {
+		_, held, err := b.Inspect(ctx, "c")
+		return err == nil && !held
+	}) {
+		t.Fatalf("the cancelled claim is still held %v after it was sent (ClaimBound %v): left until its TTL",
+			time.Since(sent).Round(time.Millisecond), bounded.ClaimBound())
 	}
 }

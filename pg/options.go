@@ -3,6 +3,7 @@ package pg
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/dislock/dislock/core"
@@ -11,6 +12,18 @@ import (
 
 // DefaultTable is the lock table used when WithTable is not given.
 const DefaultTable = "dislock_locks"
+
+// DefaultClaimTimeout is the claim timeout used when WithClaimTimeout is not
+// given: far above what a healthy acquire takes, well below the TTLs locks
+// usually have.
+const DefaultClaimTimeout = 2 * time.Second
+
+// Limits of WithClaimTimeout. statement_timeout counts whole milliseconds,
+// and half the timeout must be left when the statement is sent.
+const (
+	minClaimTimeout = 10 * time.Millisecond
+	maxClaimTimeout = 24 * time.Hour
+)
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1); longer names
 // would be truncated silently by the server.
@@ -29,12 +42,13 @@ type config struct {
 	noListen     bool
 	noNotify     bool
 	listenConfig *pgx.ConnConfig
+	claimTimeout time.Duration
 	clientOpts   []core.ClientOption
 	errs         []error
 }
 
 func newConfig(opts []Option) (config, error) {
-	c := config{table: pgx.Identifier{DefaultTable}}
+	c := config{table: pgx.Identifier{DefaultTable}, claimTimeout: DefaultClaimTimeout}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -150,6 +164,31 @@ func WithListenConfig(cfg *pgx.ConnConfig) Option {
 			return
 		}
 		c.listenConfig = cfg.Copy()
+	}
+}
+
+// WithClaimTimeout sets how long after TryAcquire is called an acquire may
+// still take effect on the server (default DefaultClaimTimeout, 2s; from 10ms
+// to 24h). The acquire runs with statement_timeout set, for its own
+// transaction only, to what is left of d once a pool connection is in hand,
+// so the server aborts a claim held up that long (waiting for a row or table
+// lock, say) with SQLSTATE 57014 instead of applying it after its caller gave
+// up and undid it. When the wait for a pool connection leaves less than half
+// of d, the acquire fails without sending anything. A lower
+// statement_timeout of the role or session is kept. Backend.ClaimBound
+// tells the engine when an ambiguous claim can no longer take effect.
+//
+// Choose d well above the longest healthy acquire (a row read and a write,
+// plus any wait for a concurrent claim of the same key) and below the TTLs in
+// use: the engine repeats the undo of an ambiguous claim only when the
+// claim would outlive the bound.
+func WithClaimTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d < minClaimTimeout || d > maxClaimTimeout {
+			c.errs = append(c.errs, invalidOption("WithClaimTimeout", "must be between %v and %v, got %v", minClaimTimeout, maxClaimTimeout, d))
+			return
+		}
+		c.claimTimeout = d
 	}
 }
 

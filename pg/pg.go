@@ -25,9 +25,10 @@ type Backend struct {
 }
 
 var (
-	_ core.Backend = (*Backend)(nil)
-	_ core.Watcher = (*Backend)(nil)
-	_ core.Admin   = (*Backend)(nil)
+	_ core.Backend      = (*Backend)(nil)
+	_ core.Watcher      = (*Backend)(nil)
+	_ core.Admin        = (*Backend)(nil)
+	_ core.ClaimBounder = (*Backend)(nil)
 )
 
 // NewBackend returns a Backend on pool, which stays the caller's: Close does
@@ -108,8 +109,11 @@ func (b *Backend) Close() error {
 
 func micro(d time.Duration) int64 { return d.Microseconds() }
 
-// TryAcquire implements core.Backend with one statement; see buildStatements.
+// TryAcquire implements core.Backend with one statement (see
+// buildStatements), sent in one batch after the statement that bounds it on
+// the server (see WithClaimTimeout): one round trip, one transaction.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	start := time.Now()
 	if err := core.ValidateKey(req.Key); err != nil {
 		return core.Lease{}, err
 	}
@@ -119,7 +123,37 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	} else if req.TTL <= 0 {
 		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", req.TTL)
 	}
-	rows, err := b.pool.Query(ctx, b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+	}
+	defer conn.Release()
+	// The claim must be over on the server within the claim timeout of
+	// this call: the wait for the connection counts against it.
+	left := b.cfg.claimTimeout - time.Since(start)
+	if left < b.cfg.claimTimeout/2 {
+		return core.Lease{}, fmt.Errorf("pg: acquire: not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
+			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout)
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(b.stmt.bound, left.Milliseconds())
+	batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
+	br := conn.SendBatch(ctx, batch)
+	lease, err := b.readAcquire(br, req)
+	// The batch commits at its end: only then has the claim taken effect.
+	// (A busy answer wrote nothing.)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", cerr)
+	}
+	return lease, err
+}
+
+// readAcquire reads the acquire's answer from its batch.
+func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (core.Lease, error) {
+	if _, err := br.Exec(); err != nil {
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
 	}
@@ -155,6 +189,17 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		ExpiresAt: expires, Remaining: time.Duration(left) * time.Microsecond,
 	})
 }
+
+// claimSlack is what ClaimBound adds to the claim timeout: the time an
+// acquire's packets may take to reach the server after they are sent, and
+// its commit after its statement.
+const claimSlack = time.Second
+
+// ClaimBound implements core.ClaimBounder: the claim timeout (see
+// WithClaimTimeout) plus one second for the statement's way to the server and
+// its commit. An acquire that has not taken effect by then, counted from the
+// call to TryAcquire, never will.
+func (b *Backend) ClaimBound() time.Duration { return b.cfg.claimTimeout + claimSlack }
 
 // Renew implements core.Backend: one statement for the whole batch.
 func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {

@@ -4,11 +4,23 @@ import "fmt"
 
 // statements holds the SQL of every operation, built once per Backend for its
 // table. Every statement stands alone (autocommit), so it works in any query
-// exec mode and behind transaction poolers.
+// exec mode and behind transaction poolers; only the acquire is preceded by
+// bound, in one batch that is one implicit transaction and one round trip.
 type statements struct {
-	acquire, renew, release, keep, now string
-	inspect, list, forceRelease        string
+	bound, acquire, renew, release, keep, now string
+	inspect, list, forceRelease               string
 }
+
+// bound sets statement_timeout, for its own transaction only, to $1
+// milliseconds, or keeps the current setting when that is lower (and not 0,
+// which means none). Sent in one batch before the acquire, it arms the
+// server's timer for the acquire: the server starts a fresh statement timer
+// for each statement of a pipeline (extended protocol) or of a
+// multi-statement query (simple protocol), and commits or rolls back the
+// whole batch at its end, so no setting outlives it.
+const bound = `SELECT set_config('statement_timeout',
+	(CASE WHEN cur.ms > 0 AND cur.ms < $1::bigint THEN cur.ms ELSE $1::bigint END)::text, true)
+FROM (SELECT (extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::bigint) AS cur(ms)`
 
 // asyncClause turns synchronous_commit off for the statement's own
 // transaction. It is a conjunct of a WHERE clause that every written row
@@ -48,7 +60,7 @@ func buildStatements(table string, legacy, async bool) statements {
 		insertVals = "$1::text, $3::text || ' ' || $2::text, " + expire
 		set = "value = $3::text || ' ' || $2::text, expire_at = " + expire
 	}
-	var s statements
+	s := statements{bound: bound}
 	// Acquire reads the row first (cur). A live row, whoever holds it, is
 	// answered from that read alone: no row lock, no write, no commit flush
 	// (a live row with the caller's own owner token is an idempotent
