@@ -13,7 +13,7 @@ import (
 const ScopeName = "github.com/dislock/dislock/otel"
 
 // Version is the instrumentation version reported with ScopeName.
-const Version = "0.1.0"
+const Version = "0.2.0"
 
 // KeyMode says how the lock key appears on spans. Keys never appear on
 // metrics, whatever the mode.
@@ -55,6 +55,7 @@ type config struct {
 	mp         metric.MeterProvider
 	keyMode    KeyMode
 	renewSpans bool
+	attrs      []attribute.KeyValue
 	attrsFn    func(key string) []attribute.KeyValue
 }
 
@@ -86,11 +87,24 @@ func WithKey(m KeyMode) Option {
 	return optionFunc(func(c *config) { c.keyMode = m })
 }
 
-// WithRenewSpans turns a span per successful renewal on or off (default
-// off). Failed renewals always get a span; renewal durations are always
-// measured. See the package documentation for why the default is off.
+// WithRenewSpans turns the span of each renewal call on or off (default
+// on). A renewal call renews many sessions in one round trip; its span is
+// the root of its own trace, linked to the sessions' acquire spans, and
+// the parent of the backend driver's spans for that call. Off, only calls
+// that fail get a span (started when the call ends, backdated to its
+// start), and a tracing driver's spans of the other calls have no parent.
+// Renewal durations are measured either way.
 func WithRenewSpans(on bool) Option {
 	return optionFunc(func(c *config) { c.renewSpans = on })
+}
+
+// WithAttributes adds attributes to every span and every measurement, such
+// as the service's deployment or a tenant the process serves. They must
+// come from a small, fixed set: on metrics every distinct value is a new
+// time series. dislock's own attributes win over these on a name clash.
+// Repeated options add up.
+func WithAttributes(attrs ...attribute.KeyValue) Option {
+	return optionFunc(func(c *config) { c.attrs = append(c.attrs, attrs...) })
 }
 
 // WithMetricAttributesFn adds attributes to every measurement of a session,
@@ -98,7 +112,8 @@ func WithRenewSpans(on bool) Option {
 // name taken from a key prefix). fn must map the keys of a process to a
 // small, bounded set of values: every distinct value is a new time series.
 // fn is called concurrently. Measurements with extra attributes allocate an
-// attribute set each; without this option they allocate none.
+// attribute set each; without this option they allocate none. A renewal
+// call, which serves many sessions, is measured without them.
 func WithMetricAttributesFn(fn func(key string) []attribute.KeyValue) Option {
 	return optionFunc(func(c *config) { c.attrsFn = fn })
 }

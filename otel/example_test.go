@@ -52,7 +52,8 @@ func Example() {
 	}
 }
 
-// The spans and metrics of one busy and one successful acquisition.
+// The spans and metrics of one busy and one successful acquisition, made
+// and released inside a job's span.
 func Example_telemetry() {
 	ctx := context.Background()
 	spans := tracetest.NewSpanRecorder()
@@ -70,6 +71,7 @@ func Example_telemetry() {
 	defer a.Close()
 	defer b.Close()
 
+	ctx, job := tp.Tracer("example").Start(ctx, "job")
 	s, err := a.TryAcquire(ctx, "nightly-report")
 	if err != nil {
 		log.Fatal(err)
@@ -77,6 +79,7 @@ func Example_telemetry() {
 	_, err = b.TryAcquire(ctx, "nightly-report") // busy: an outcome, not an error
 	fmt.Println("second try busy:", errors.Is(err, core.ErrNotAcquired))
 	s.Release(ctx)
+	job.End()
 
 	names := map[string]string{}
 	for _, sp := range spans.Ended() {
@@ -84,7 +87,7 @@ func Example_telemetry() {
 	}
 	for _, sp := range spans.Ended() {
 		fmt.Printf("span %s (parent %q) status=%s", sp.Name(), names[sp.Parent().SpanID().String()], sp.Status().Code)
-		for _, k := range []attribute.Key{dlotel.AttrMode, dlotel.AttrOutcome, dlotel.AttrToken} {
+		for _, k := range []attribute.Key{dlotel.AttrMode, dlotel.AttrOutcome, dlotel.AttrToken, dlotel.AttrHolderToken} {
 			for _, kv := range sp.Attributes() {
 				if kv.Key == k {
 					fmt.Printf(" %s=%s", k, kv.Value.Emit())
@@ -115,13 +118,14 @@ func Example_telemetry() {
 	}
 	// Output:
 	// second try busy: true
-	// span dislock.acquire (parent "") status=Unset dislock.mode=try dislock.outcome=acquired dislock.token=1
-	// span dislock.acquire (parent "") status=Unset dislock.mode=try dislock.outcome=busy
-	// span dislock.release (parent "dislock.acquire") status=Unset dislock.mode=try dislock.outcome=released dislock.token=1
-	// metric dislock.acquire.duration dislock.backend=memory,dislock.mode=try,dislock.outcome=acquired count=1
-	// metric dislock.acquire.duration dislock.backend=memory,dislock.mode=try,dislock.outcome=busy count=1
-	// metric dislock.held.duration dislock.backend=memory,dislock.mode=try,dislock.outcome=released count=1
-	// metric dislock.sessions.active dislock.backend=memory,dislock.mode=try value=0
+	// span dislock.acquire (parent "job") status=Unset dislock.mode=try dislock.outcome=acquired dislock.token=1
+	// span dislock.acquire (parent "job") status=Unset dislock.mode=try dislock.outcome=busy dislock.holder.token=1
+	// span dislock.release (parent "job") status=Unset dislock.mode=try dislock.outcome=released dislock.token=1
+	// span job (parent "") status=Unset
+	// metric dislock.acquire.duration dislock.backend=memory,dislock.mode=try,dislock.outcome=acquired,dislock.slot=false count=1
+	// metric dislock.acquire.duration dislock.backend=memory,dislock.mode=try,dislock.outcome=busy,dislock.slot=false count=1
+	// metric dislock.session.active dislock.backend=memory,dislock.mode=try,dislock.slot=false value=0
+	// metric dislock.session.duration dislock.backend=memory,dislock.mode=try,dislock.outcome=released,dislock.slot=false count=1
 }
 
 func enc(s attribute.Set) string { return s.Encoded(attribute.DefaultEncoder()) }

@@ -151,15 +151,54 @@ func hasEvent(s sdktrace.ReadOnlySpan, name string) bool {
 	return false
 }
 
+// unended lists the spans started and never ended.
+func (f *fixture) unended() []string {
+	ended := map[trace.SpanID]bool{}
+	for _, s := range f.sr.Ended() {
+		ended[s.SpanContext().SpanID()] = true
+	}
+	var out []string
+	for _, s := range f.sr.Started() {
+		if !ended[s.SpanContext().SpanID()] {
+			out = append(out, s.Name())
+		}
+	}
+	return out
+}
+
+func linked(s sdktrace.ReadOnlySpan, to trace.SpanContext) bool {
+	for _, l := range s.Links() {
+		if l.SpanContext.Equal(to) {
+			return true
+		}
+	}
+	return false
+}
+
+func isChild(child, parent sdktrace.ReadOnlySpan) bool {
+	return child.Parent().SpanID() == parent.SpanContext().SpanID() &&
+		child.SpanContext().TraceID() == parent.SpanContext().TraceID()
+}
+
+// noExceptionEvents checks that no span carries an exception event.
+func noExceptionEvents(t *testing.T, f *fixture) {
+	t.Helper()
+	for _, s := range f.sr.Ended() {
+		if hasEvent(s, "exception") {
+			t.Errorf("%s has an exception event", s.Name())
+		}
+	}
+}
+
 func TestAcquireAndRelease(t *testing.T) {
 	f := newFixture(t)
 	l := f.locker(t)
-	ctx, parent := f.tp.Tracer("test").Start(context.Background(), "job")
+	tr := f.tp.Tracer("test")
+	ctx, parent := tr.Start(context.Background(), "job")
 	s, err := l.TryAcquire(ctx, "reports")
 	if err != nil {
 		t.Fatal(err)
 	}
-	parent.End()
 	acq := f.span(t, dlotel.SpanAcquire)
 	if acq.Parent().SpanID() != parent.SpanContext().SpanID() {
 		t.Errorf("acquire span's parent is %v, want the caller's span", acq.Parent().SpanID())
@@ -171,27 +210,36 @@ func TestAcquireAndRelease(t *testing.T) {
 		t.Errorf("acquire status %v", acq.Status())
 	}
 	wantAttrs(t, acq, map[attribute.Key]any{
-		dlotel.AttrBackend: "memory", dlotel.AttrMode: "try", dlotel.AttrOutcome: "acquired",
-		dlotel.AttrAttempts: 1, dlotel.AttrKey: "reports", dlotel.AttrToken: s.Token(),
-	}, dlotel.AttrErrorType)
-	if _, ok := attrs(acq)[dlotel.AttrWaitSeconds]; !ok {
-		t.Error("acquire span has no wait time")
+		dlotel.AttrBackend: "memory", dlotel.AttrMode: "try", dlotel.AttrSlot: false, dlotel.AttrOutcome: "acquired",
+		dlotel.AttrAttempts: 1, dlotel.AttrKey: "reports", dlotel.AttrToken: fmt.Sprint(s.Token()),
+	}, dlotel.AttrErrorType, "dislock.wait_seconds", dlotel.AttrWake, dlotel.AttrHolderOwner)
+	if v := attrs(acq)[dlotel.AttrToken]; v.Type() != attribute.STRING {
+		t.Errorf("dislock.token is a %v, want a string", v.Type())
 	}
 	if is := acq.InstrumentationScope(); is.Name != dlotel.ScopeName || is.Version != dlotel.Version {
 		t.Errorf("scope %+v", is)
 	}
 
-	if err := s.Release(context.Background()); err != nil {
+	rctx, rel0 := tr.Start(ctx, "cleanup")
+	if err := s.Release(rctx); err != nil {
 		t.Fatal(err)
 	}
+	rel0.End()
+	parent.End()
 	rel := f.span(t, dlotel.SpanRelease)
-	if rel.Parent().SpanID() != acq.SpanContext().SpanID() || rel.SpanContext().TraceID() != acq.SpanContext().TraceID() {
-		t.Errorf("release span is not a child of the acquire span")
+	if rel.Parent().SpanID() != rel0.SpanContext().SpanID() {
+		t.Errorf("release span's parent is %v, want the span in Release's ctx", rel.Parent().SpanID())
+	}
+	if !linked(rel, acq.SpanContext()) {
+		t.Errorf("release span links %v, want the acquire span", rel.Links())
 	}
 	wantAttrs(t, rel, map[attribute.Key]any{
 		dlotel.AttrBackend: "memory", dlotel.AttrMode: "try", dlotel.AttrOutcome: "released",
-		dlotel.AttrKey: "reports", dlotel.AttrToken: s.Token(),
+		dlotel.AttrKey: "reports", dlotel.AttrToken: fmt.Sprint(s.Token()),
 	})
+	if _, ok := attrs(rel)[dlotel.AttrHeldSeconds]; !ok {
+		t.Error("release span has no held time")
+	}
 	if rel.Status().Code != codes.Unset {
 		t.Errorf("release status %v", rel.Status())
 	}
@@ -200,12 +248,95 @@ func TestAcquireAndRelease(t *testing.T) {
 	if n := len(f.spans(dlotel.SpanRelease)); n != 1 {
 		t.Errorf("%d release spans after a repeated Release, want 1", n)
 	}
+	if u := f.unended(); len(u) != 0 {
+		t.Errorf("spans never ended: %v", u)
+	}
+}
+
+// tracingBackend traces its own store calls from the ctx it is given, as a
+// traced database driver (otelpgx, redisotel) does.
+type tracingBackend struct {
+	*memlock.Backend
+	tr trace.Tracer
+}
+
+func (b *tracingBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	ctx, span := b.tr.Start(ctx, "driver.acquire")
+	defer span.End()
+	return b.Backend.TryAcquire(ctx, req)
+}
+
+func (b *tracingBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	ctx, span := b.tr.Start(ctx, "driver.renew")
+	defer span.End()
+	return b.Backend.Renew(ctx, reqs)
+}
+
+func (b *tracingBackend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	ctx, span := b.tr.Start(ctx, "driver.release")
+	defer span.End()
+	return b.Backend.Release(ctx, req)
+}
+
+func (f *fixture) tracingBackend() *tracingBackend {
+	return &tracingBackend{Backend: f.store.Backend(), tr: f.tp.Tracer("driver")}
+}
+
+// A session acquired in one request and released from another: the
+// release belongs to the releasing request's trace, with the driver's
+// release span, and links back to the acquisition.
+func TestReleaseFollowsTheCaller(t *testing.T) {
+	f := newFixture(t)
+	l := f.lockerOn(t, f.tracingBackend())
+	tr := f.tp.Tracer("test")
+	actx, reqA := tr.Start(context.Background(), "request A")
+	s, err := l.TryAcquire(actx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqA.End()
+	bctx, reqB := tr.Start(context.Background(), "request B")
+	if err := s.Release(bctx); err != nil {
+		t.Fatal(err)
+	}
+	reqB.End()
+	acq, rel := f.span(t, dlotel.SpanAcquire), f.span(t, dlotel.SpanRelease)
+	if rel.SpanContext().TraceID() != reqB.SpanContext().TraceID() || rel.Parent().SpanID() != reqB.SpanContext().SpanID() {
+		t.Errorf("release span is not a child of the releasing request's span")
+	}
+	if !linked(rel, acq.SpanContext()) {
+		t.Errorf("release span is not linked to the acquire span")
+	}
+	if d := f.span(t, "driver.release"); d.SpanContext().TraceID() != reqB.SpanContext().TraceID() {
+		t.Errorf("the driver's release span is in another trace than the release span")
+	}
+	if d := f.span(t, "driver.acquire"); !isChild(d, acq) {
+		t.Errorf("the driver's acquire span is not a child of dislock.acquire")
+	}
+
+	// Close releases with no caller: a new root linked to the acquisition.
+	s2, err := l.TryAcquire(actx, "k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s2
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rels := f.spans(dlotel.SpanRelease)
+	if len(rels) != 2 {
+		t.Fatalf("%d release spans, want 2", len(rels))
+	}
+	acqs := f.spans(dlotel.SpanAcquire)
+	if r := rels[1]; r.Parent().IsValid() || !linked(r, acqs[1].SpanContext()) {
+		t.Errorf("release by Close: parent %v links %v, want a root linked to the acquisition", r.Parent(), r.Links())
+	}
 }
 
 func TestBusyIsAnOutcomeNotAnError(t *testing.T) {
 	f := newFixture(t)
 	a, b := f.locker(t), f.locker(t)
-	s, err := a.TryAcquire(context.Background(), "k")
+	s, err := a.TryAcquire(context.Background(), "k", core.WithOwner("worker-7"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,17 +349,22 @@ func TestBusyIsAnOutcomeNotAnError(t *testing.T) {
 		t.Fatalf("%d acquire spans", len(spans))
 	}
 	busy := spans[1]
-	wantAttrs(t, busy, map[attribute.Key]any{dlotel.AttrOutcome: "busy", dlotel.AttrMode: "try", dlotel.AttrAttempts: 1},
-		dlotel.AttrToken, dlotel.AttrErrorType)
-	if busy.Status().Code != codes.Unset || hasEvent(busy, "exception") {
-		t.Errorf("busy acquire has status %v / events %v; contention is not an error", busy.Status(), busy.Events())
+	wantAttrs(t, busy, map[attribute.Key]any{dlotel.AttrOutcome: "busy", dlotel.AttrMode: "try", dlotel.AttrAttempts: 1,
+		dlotel.AttrHolderOwner: "worker-7", dlotel.AttrHolderToken: fmt.Sprint(s.Token())},
+		dlotel.AttrToken, dlotel.AttrErrorType, dlotel.AttrWake)
+	if r := attrs(busy)[dlotel.AttrHolderRemaining].AsFloat64(); r <= 0 || r > 30 {
+		t.Errorf("holder remaining %vs, want within the 30s TTL", r)
 	}
+	if busy.Status().Code != codes.Unset {
+		t.Errorf("busy acquire has status %v; contention is not an error", busy.Status())
+	}
+	noExceptionEvents(t, f)
 }
 
 func TestWaitTimeout(t *testing.T) {
 	f := newFixture(t)
 	a, b := f.locker(t), f.locker(t)
-	s, err := a.TryAcquire(context.Background(), "k")
+	s, err := a.TryAcquire(context.Background(), "k", core.WithOwner("worker-7"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,59 +375,171 @@ func TestWaitTimeout(t *testing.T) {
 		t.Fatalf("Acquire: %v", err)
 	}
 	sp := f.spans(dlotel.SpanAcquire)[1]
-	wantAttrs(t, sp, map[attribute.Key]any{dlotel.AttrOutcome: "timeout", dlotel.AttrMode: "wait"}, dlotel.AttrErrorType)
+	wantAttrs(t, sp, map[attribute.Key]any{dlotel.AttrOutcome: "timeout", dlotel.AttrMode: "wait",
+		dlotel.AttrWake: "poll", dlotel.AttrHolderOwner: "worker-7", dlotel.AttrHolderToken: fmt.Sprint(s.Token())},
+		dlotel.AttrErrorType, "dislock.wait_seconds")
 	if sp.Status().Code != codes.Unset {
 		t.Errorf("timeout status %v", sp.Status())
 	}
 	if n := attrs(sp)[dlotel.AttrAttempts].AsInt64(); n < 2 {
 		t.Errorf("attempts %d, want several", n)
 	}
-	if w := attrs(sp)[dlotel.AttrWaitSeconds].AsFloat64(); w < 0.05 {
-		t.Errorf("wait %vs, want ≥ 0.05", w)
+	if d := sp.EndTime().Sub(sp.StartTime()); d < 50*time.Millisecond {
+		t.Errorf("span lasts %v, want the wait (≥ 50ms)", d)
+	}
+}
+
+// A wait that ends by a release notification, and one that ends by polling
+// (a backend without notifications), say so.
+func TestWaitWake(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		watch bool
+		want  string
+	}{{"notification", true, dlotel.WakeNotification}, {"poll", false, dlotel.WakePoll}} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			var b core.Backend = f.store.Backend()
+			if !c.watch {
+				b = struct{ core.Backend }{b} // hides Watch
+			}
+			holder, waiter := f.lockerOn(t, b), f.lockerOn(t, b)
+			ctx := context.Background()
+			h, err := holder.TryAcquire(ctx, "k", core.WithOwner("worker-7"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { time.Sleep(30 * time.Millisecond); h.Release(ctx) }()
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			s, err := waiter.Acquire(wctx, "k", core.Backoff(20*time.Millisecond, 20*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Release(ctx)
+			sp := f.spans(dlotel.SpanAcquire)[1]
+			wantAttrs(t, sp, map[attribute.Key]any{dlotel.AttrOutcome: "acquired", dlotel.AttrMode: "wait",
+				dlotel.AttrWake: c.want, dlotel.AttrHolderOwner: "worker-7", dlotel.AttrHolderToken: fmt.Sprint(h.Token())})
+		})
 	}
 }
 
 func TestSlotMode(t *testing.T) {
 	f := newFixture(t)
 	l := f.locker(t)
-	s, err := l.TryAcquire(context.Background(), "tick", core.ForSlot(core.Every(time.Hour)))
+	ctx := context.Background()
+	s, err := l.TryAcquire(ctx, "tick", core.ForSlot(core.Every(time.Hour)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(context.Background()); err != nil {
+	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wantAttrs(t, f.span(t, dlotel.SpanAcquire), map[attribute.Key]any{dlotel.AttrMode: "slot"})
-	wantAttrs(t, f.span(t, dlotel.SpanRelease), map[attribute.Key]any{dlotel.AttrMode: "slot", dlotel.AttrOutcome: "kept"})
+	s, err = l.Acquire(ctx, "tock", core.ForSlot(core.Every(time.Hour)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Release(ctx)
+	acqs, rels := f.spans(dlotel.SpanAcquire), f.spans(dlotel.SpanRelease)
+	wantAttrs(t, acqs[0], map[attribute.Key]any{dlotel.AttrMode: "try", dlotel.AttrSlot: true})
+	wantAttrs(t, acqs[1], map[attribute.Key]any{dlotel.AttrMode: "wait", dlotel.AttrSlot: true})
+	wantAttrs(t, rels[0], map[attribute.Key]any{dlotel.AttrMode: "try", dlotel.AttrSlot: true, dlotel.AttrOutcome: "kept"})
+	if n := histCount(f.collect(t), dlotel.MetricAcquireDuration, map[attribute.Key]string{
+		dlotel.AttrMode: "wait", dlotel.AttrSlot: "true", dlotel.AttrOutcome: "acquired"}); n != 1 {
+		t.Errorf("acquire.duration{wait, slot} count %d, want 1", n)
+	}
 }
 
+// Renewals run in the background: each renewal call is one span, the root
+// of its own trace, linked to the sessions it renews, and the parent of the
+// driver's spans for the call — no driver span is left without a parent.
 func TestRenewSpans(t *testing.T) {
-	f := newFixture(t, dlotel.WithRenewSpans(true))
-	l := f.locker(t, core.TTL(150*time.Millisecond))
-	s, err := l.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "a renew span", func() bool { return len(f.spans(dlotel.SpanRenew)) >= 2 })
-	if err := s.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	acq := f.span(t, dlotel.SpanAcquire)
-	for _, r := range f.spans(dlotel.SpanRenew) {
-		if r.Parent().SpanID() != acq.SpanContext().SpanID() || r.SpanContext().TraceID() != acq.SpanContext().TraceID() {
-			t.Errorf("renew span is not a child of the acquire span")
+	f := newFixture(t)
+	l := f.lockerOn(t, f.tracingBackend(), core.TTL(150*time.Millisecond))
+	const n = 20
+	var sessions []core.Session
+	for i := range n {
+		s, err := l.TryAcquire(context.Background(), fmt.Sprintf("k%d", i))
+		if err != nil {
+			t.Fatal(err)
 		}
-		wantAttrs(t, r, map[attribute.Key]any{
-			dlotel.AttrOutcome: "renewed", dlotel.AttrToken: s.Token(), dlotel.AttrKey: "k", dlotel.AttrMode: "try",
-		})
+		sessions = append(sessions, s)
+	}
+	eventually(t, "two renew spans", func() bool { return len(f.spans(dlotel.SpanRenew)) >= 2 })
+	rctx, stop := f.tp.Tracer("test").Start(context.Background(), "shutdown")
+	for _, s := range sessions {
+		s.Release(rctx)
+	}
+	stop.End()
+	acqs := f.spans(dlotel.SpanAcquire)
+	links := 0
+	for _, r := range f.spans(dlotel.SpanRenew) {
+		if r.Parent().IsValid() {
+			t.Errorf("renew span has a parent %v, want a new root", r.Parent())
+		}
+		wantAttrs(t, r, map[attribute.Key]any{dlotel.AttrOutcome: "renewed", dlotel.AttrBackend: "memory"},
+			dlotel.AttrKey, dlotel.AttrErrorType)
+		if got := attrs(r)[dlotel.AttrRenewSessions].AsInt64(); got != int64(len(r.Links())) {
+			t.Errorf("renew span: %d sessions, %d links", got, len(r.Links()))
+		}
 		if r.Status().Code != codes.Unset {
 			t.Errorf("renew status %v", r.Status())
 		}
+		for _, ln := range r.Links() {
+			found := false
+			for _, a := range acqs {
+				found = found || ln.SpanContext.Equal(a.SpanContext())
+			}
+			if !found {
+				t.Errorf("renew link %v is not an acquire span", ln.SpanContext)
+			}
+			var tok, key bool
+			for _, kv := range ln.Attributes {
+				tok = tok || kv.Key == dlotel.AttrToken
+				key = key || kv.Key == dlotel.AttrKey
+			}
+			if !tok || !key {
+				t.Errorf("renew link attributes %v, want the key and token", ln.Attributes)
+			}
+			links++
+		}
+	}
+	if links < n {
+		t.Errorf("renew spans link %d sessions, want all %d", links, n)
+	}
+	// Every driver span has a dislock parent; renewals' are the renew spans.
+	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	for _, s := range f.sr.Ended() {
+		byID[s.SpanContext().SpanID()] = s
+	}
+	renewCalls := 0
+	for _, s := range f.sr.Ended() {
+		if !strings.HasPrefix(s.Name(), "driver.") {
+			continue
+		}
+		p, ok := byID[s.Parent().SpanID()]
+		if !ok {
+			t.Errorf("%s has no parent span", s.Name())
+			continue
+		}
+		want := map[string]string{"driver.acquire": dlotel.SpanAcquire, "driver.renew": dlotel.SpanRenew}[s.Name()]
+		if want != "" && p.Name() != want {
+			t.Errorf("%s's parent is %s, want %s", s.Name(), p.Name(), want)
+		}
+		if s.Name() == "driver.renew" {
+			renewCalls++
+		}
+	}
+	if renewCalls == 0 {
+		t.Error("no driver renew span")
+	}
+	if n := histCount(f.collect(t), dlotel.MetricRenewDuration, map[attribute.Key]string{dlotel.AttrOutcome: "renewed"}); n < 2 {
+		t.Errorf("renew.duration{renewed} count %d", n)
 	}
 }
 
-func TestRenewSpansOffByDefault(t *testing.T) {
-	f := newFixture(t)
+func TestRenewSpansOff(t *testing.T) {
+	f := newFixture(t, dlotel.WithRenewSpans(false))
 	l := f.locker(t, core.TTL(90*time.Millisecond))
 	s, err := l.TryAcquire(context.Background(), "k")
 	if err != nil {
@@ -302,7 +550,57 @@ func TestRenewSpansOffByDefault(t *testing.T) {
 	})
 	s.Release(context.Background())
 	if n := len(f.spans(dlotel.SpanRenew)); n != 0 {
-		t.Errorf("%d renew spans for successful renewals, want none by default", n)
+		t.Errorf("%d renew spans for successful renewals with renew spans off", n)
+	}
+}
+
+// A renewal call that fails gets an Error span, a root linked to the
+// session, also with renew spans off; a lease whose renew deadline passes
+// is lost with reason "deadline".
+func TestRenewFailureAndDeadline(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprint("spans=", on), func(t *testing.T) {
+			f := newFixture(t, dlotel.WithRenewSpans(on))
+			fb := &failing{Backend: f.store.Backend()}
+			l := f.lockerOn(t, fb, core.TTL(150*time.Millisecond))
+			s, err := l.TryAcquire(context.Background(), "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fb.renew.Store(true)
+			select {
+			case <-s.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("loss not signalled")
+			}
+			eventually(t, "the loss recorded", func() bool { return len(f.spans(dlotel.SpanLeaseLost)) == 1 })
+			fb.renew.Store(false)
+			acq := f.span(t, dlotel.SpanAcquire)
+			renews := f.spans(dlotel.SpanRenew)
+			if len(renews) == 0 {
+				t.Fatal("no renew span for the failed renewals")
+			}
+			for _, r := range renews {
+				if r.Parent().IsValid() || !linked(r, acq.SpanContext()) || r.Status().Code != codes.Error {
+					t.Errorf("failed renew span: parent %v links %v status %v", r.Parent(), r.Links(), r.Status())
+				}
+				wantAttrs(t, r, map[attribute.Key]any{dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "backend"})
+			}
+			lost := f.span(t, dlotel.SpanLeaseLost)
+			wantAttrs(t, lost, map[attribute.Key]any{dlotel.AttrLostReason: "deadline", dlotel.AttrErrorType: "lease_lost"})
+			if lost.Parent().IsValid() || !linked(lost, acq.SpanContext()) {
+				t.Errorf("lease_lost: parent %v links %v", lost.Parent(), lost.Links())
+			}
+			if n := sumValue(f.collect(t), dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "deadline"}); n != 1 {
+				t.Errorf("lease.lost{deadline} = %d", n)
+			}
+			if n := histCount(f.collect(t), dlotel.MetricRenewDuration, map[attribute.Key]string{
+				dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "backend"}); n == 0 {
+				t.Error("failed renewals not measured")
+			}
+			noExceptionEvents(t, f)
+			s.Release(context.Background())
+		})
 	}
 }
 
@@ -326,46 +624,53 @@ func TestLeaseLost(t *testing.T) {
 	}
 	// Lost runs right after Done closes.
 	eventually(t, "the loss recorded", func() bool {
-		return sumValue(f.collect(t), dlotel.MetricLeasesLost, nil) == 1
+		return sumValue(f.collect(t), dlotel.MetricLeaseLost, nil) == 1
 	})
 	acq := f.span(t, dlotel.SpanAcquire)
 	lost := f.span(t, dlotel.SpanLeaseLost)
 	if lost.Parent().IsValid() || lost.SpanContext().TraceID() == acq.SpanContext().TraceID() {
 		t.Errorf("lease_lost span is not a new root")
 	}
-	if links := lost.Links(); len(links) != 1 || !links[0].SpanContext.Equal(acq.SpanContext()) {
-		t.Errorf("lease_lost links %v, want the acquire span", links)
+	// The refusing renewal call is the last renew span.
+	renews := f.spans(dlotel.SpanRenew)
+	refusing := renews[len(renews)-1]
+	if links := lost.Links(); len(links) != 2 || !links[0].SpanContext.Equal(acq.SpanContext()) || !links[1].SpanContext.Equal(refusing.SpanContext()) {
+		t.Errorf("lease_lost links %v, want the acquire span and the refusing renew span", links)
 	}
-	if lost.Status().Code != codes.Error || !hasEvent(lost, "exception") {
-		t.Errorf("lease_lost status %v events %v", lost.Status(), lost.Events())
+	if lost.Status().Code != codes.Error {
+		t.Errorf("lease_lost status %v", lost.Status())
 	}
 	wantAttrs(t, lost, map[attribute.Key]any{
-		dlotel.AttrErrorType: "lease_lost", dlotel.AttrToken: s.Token(), dlotel.AttrKey: "k", dlotel.AttrMode: "try",
+		dlotel.AttrErrorType: "lease_lost", dlotel.AttrToken: fmt.Sprint(s.Token()), dlotel.AttrKey: "k", dlotel.AttrMode: "try",
+		dlotel.AttrLostReason: "refused",
 	})
 	if _, ok := attrs(lost)[dlotel.AttrHeldSeconds]; !ok {
 		t.Error("lease_lost has no held time")
 	}
-	// The refused renewal gets a span although renew spans are off.
-	renew := f.span(t, dlotel.SpanRenew)
-	if renew.Parent().SpanID() != acq.SpanContext().SpanID() || renew.Status().Code != codes.Error {
-		t.Errorf("refused renew span: parent %v status %v", renew.Parent().SpanID(), renew.Status())
+	if refusing.Parent().IsValid() || !linked(refusing, acq.SpanContext()) || refusing.Status().Code != codes.Error {
+		t.Errorf("refusing renew span: parent %v status %v", refusing.Parent(), refusing.Status())
 	}
-	wantAttrs(t, renew, map[attribute.Key]any{dlotel.AttrOutcome: "lost", dlotel.AttrErrorType: "lease_lost"})
+	wantAttrs(t, refusing, map[attribute.Key]any{dlotel.AttrOutcome: "lost", dlotel.AttrErrorType: "lease_lost", dlotel.AttrRenewLost: 1})
+	noExceptionEvents(t, f)
 
 	rm := f.collect(t)
-	if v := sumValue(rm, dlotel.MetricSessionsActive, nil); v != 0 {
+	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d after the loss", v)
 	}
-	if n := histCount(rm, dlotel.MetricHeldDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
-		t.Errorf("held.duration{outcome=lost} count %d", n)
+	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
+		t.Errorf("session.duration{outcome=lost} count %d", n)
 	}
-	// Release after a loss is a no-op: no span, no second decrement.
+	if n := sumValue(rm, dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "refused", dlotel.AttrMode: "try"}); n != 1 {
+		t.Errorf("lease.lost{refused} = %d", n)
+	}
+	// The holder's Release after a loss frees the key but no longer counts
+	// as a session end.
 	s.Release(context.Background())
-	if len(f.spans(dlotel.SpanRelease)) != 0 {
-		t.Error("release span after a loss")
-	}
-	if v := sumValue(f.collect(t), dlotel.MetricSessionsActive, nil); v != 0 {
+	if v := sumValue(f.collect(t), dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d after Release of a lost session", v)
+	}
+	if n := histCount(f.collect(t), dlotel.MetricSessionDuration, nil); n != 1 {
+		t.Errorf("session.duration count %d after Release of a lost session, want 1", n)
 	}
 }
 
@@ -453,7 +758,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		t.Fatal(err)
 	}
 	rm := f.collect(t)
-	if v := sumValue(rm, dlotel.MetricSessionsActive, map[attribute.Key]string{dlotel.AttrBackend: "memory", dlotel.AttrMode: "try"}); v != 2 {
+	if v := sumValue(rm, dlotel.MetricSessionActive, map[attribute.Key]string{dlotel.AttrBackend: "memory", dlotel.AttrMode: "try"}); v != 2 {
 		t.Errorf("active sessions %d with two held, want 2", v)
 	}
 	sa.Release(ctx)
@@ -477,13 +782,13 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 			t.Errorf("acquire.duration{%s,%s} count = %d, want %d", c.mode, c.outcome, got, c.want)
 		}
 	}
-	if v := sumValue(rm, dlotel.MetricSessionsActive, nil); v != 0 {
+	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d after releasing all", v)
 	}
-	if n := histCount(rm, dlotel.MetricHeldDuration, map[attribute.Key]string{dlotel.AttrOutcome: "released", dlotel.AttrMode: "try"}); n != 2 {
-		t.Errorf("held.duration{released} count %d, want 2", n)
+	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "released", dlotel.AttrMode: "try"}); n != 2 {
+		t.Errorf("session.duration{released} count %d, want 2", n)
 	}
-	if m := find(rm, dlotel.MetricLeasesLost); m != nil && sumValue(rm, dlotel.MetricLeasesLost, nil) != 0 {
+	if m := find(rm, dlotel.MetricLeaseLost); m != nil && sumValue(rm, dlotel.MetricLeaseLost, nil) != 0 {
 		t.Errorf("leases lost without a loss")
 	}
 	m := find(rm, dlotel.MetricAcquireDuration)
@@ -491,8 +796,9 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		t.Errorf("acquire.duration unit %q", m.Unit)
 	}
 	dp := m.Data.(metricdata.Histogram[float64]).DataPoints[0]
-	if b := dp.Bounds; len(b) == 0 || b[0] != 0.0001 || b[len(b)-1] != 30 {
-		t.Errorf("acquire.duration bounds %v, want 0.0001 … 30", b)
+	// Long waits land in buckets of their own, not all in +Inf.
+	if b := dp.Bounds; len(b) == 0 || b[0] != 0.0001 || b[len(b)-1] != 3600 {
+		t.Errorf("acquire.duration bounds %v, want 0.0001 … 3600", b)
 	}
 	// No metric has the key.
 	for _, sm := range rm.ScopeMetrics {
@@ -563,8 +869,8 @@ func TestMetricAttributesFn(t *testing.T) {
 	if n := histCount(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{"job": "backup", dlotel.AttrBackend: "memory"}); n != 2 {
 		t.Errorf("acquire.duration{job=backup} count %d, want 2", n)
 	}
-	if n := histCount(rm, dlotel.MetricHeldDuration, map[attribute.Key]string{"job": "report"}); n != 1 {
-		t.Errorf("held.duration{job=report} count %d, want 1", n)
+	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{"job": "report"}); n != 1 {
+		t.Errorf("session.duration{job=report} count %d, want 1", n)
 	}
 }
 
@@ -720,8 +1026,8 @@ func TestNoSecretsInTelemetry(t *testing.T) {
 		}
 		if sp.Status().Code == codes.Error {
 			failed++
-			if !hasEvent(sp, "exception") || attrs(sp)[dlotel.AttrErrorType].Emit() == "" {
-				t.Errorf("%s failed without an exception event or error.type", sp.Name())
+			if attrs(sp)[dlotel.AttrErrorType].Emit() == "" {
+				t.Errorf("%s failed without error.type", sp.Name())
 			}
 		}
 	}
@@ -848,10 +1154,10 @@ func TestSessionEndCountedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	rm := f.collect(t)
-	if v := sumValue(rm, dlotel.MetricSessionsActive, nil); v != 0 {
+	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d, want 0", v)
 	}
-	if n := histCount(rm, dlotel.MetricHeldDuration, nil); n != 2 {
-		t.Errorf("held.duration count %d, want 2 (one per session)", n)
+	if n := histCount(rm, dlotel.MetricSessionDuration, nil); n != 2 {
+		t.Errorf("session.duration count %d, want 2 (one per session)", n)
 	}
 }
