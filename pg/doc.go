@@ -20,6 +20,9 @@
 //     try takes no row lock and writes nothing. Acquiring with the same owner
 //     token again is a success (idempotent). The fencing token comes from the
 //     table's identity sequence; all times come from the database's now().
+//     It is sent in one batch after a set_config of statement_timeout for
+//     that transaction only (see WithClaimTimeout): still one round trip
+//     and one transaction, in every QueryExecMode.
 //   - Renewal of every due session of a Locker is one UPDATE … FROM
 //     unnest(…), checked against each session's random owner token; a
 //     session missing from the result is lost at once.
@@ -28,9 +31,9 @@
 //     the expiry). Each Locker keeps one LISTEN connection, separate from
 //     the pool, so waiters in other processes wake at once; if LISTEN fails
 //     the Locker polls and retries the subscription.
-//   - Nothing depends on session state: no advisory locks, no SET, no
-//     prepared statements (every statement works in QueryExecModeExec and
-//     the simple protocol). Renewals that fail with 40001, 57P01 or a broken
+//   - Nothing depends on session state: no advisory locks, no SET beyond
+//     a statement's own transaction, no prepared statements (every
+//     statement works in QueryExecModeExec and the simple protocol). Renewals that fail with 40001, 57P01 or a broken
 //     connection are retried by the engine until the renew deadline.
 //
 // # Guarantees
@@ -43,6 +46,21 @@
 // clock only, so client clocks and TimeZone settings do not matter; the
 // expire_at column must be timestamptz, which NewBackend checks.
 //
+// An acquire whose outcome is unknown — its ctx ended during the call, or
+// its reply was lost — is undone by the engine, by owner token. The claim
+// cannot take effect after that undo: pgx sends a cancel request when the
+// ctx ends, and whether or not it arrives, the server aborts the acquire
+// (SQLSTATE 57014) once the claim timeout (WithClaimTimeout, default 2s) has
+// passed since TryAcquire was called; the wait for a pool connection counts
+// against it. Backend is a core.ClaimBounder: ClaimBound is the claim
+// timeout plus one second, after which the engine releases the claim once
+// more (when its TTL is longer), in case it took effect between the ctx's end and the server's
+// timeout (another transaction's row or table lock was in its way, say). A
+// claim that lands late also lives correspondingly less: its expiry counts
+// from the start of its transaction. An acquire held up that long fails with
+// a *pgconn.PgError 57014 and is undone like any other failure; a lower
+// statement_timeout of the role or session is kept.
+//
 // # Not guaranteed
 //
 // A lease is not a fence: a holder paused longer than the margin between
@@ -53,6 +71,20 @@
 // crash under WithAsyncCommit (recent commits) or with a WithUnlogged table
 // (the whole table). The legacy table (WithLegacyTable) has no fencing
 // tokens.
+//
+// The claim bound covers the acquire's time on the server and allows one
+// second for its way there and its commit. It does not cover an acquire
+// whose packets reach the server later than that (a TCP connection
+// retransmitting for longer, a PgBouncer queue waiting for a server
+// connection — its query_wait_timeout bounds that), nor an extra round trip before the
+// acquire is sent (the describe of QueryExecModeDescribeExec, the prepare of
+// a statement new to a connection's cache) that takes that long. Nor does it
+// cover a longer commit, which no statement_timeout interrupts: a WAL flush
+// stalled on the disk, or with synchronous_standby_names the wait for a
+// standby, can make a claim visible after the undo's repeat, and it is then
+// held until its TTL (WithAsyncCommit waits for neither). Close of the
+// Locker undoes a claim in flight once, at once, without waiting for the
+// bound.
 //
 // # Schema and privileges
 //
