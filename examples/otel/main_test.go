@@ -5,9 +5,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 func TestOtelExample(t *testing.T) {
+	defer goleak.VerifyNone(t)
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("REDIS_URL", "")
 	t.Setenv("ETCD_URL", "")
@@ -17,9 +20,21 @@ func TestOtelExample(t *testing.T) {
 	if err := run(ctx, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"Name": "nightly-report"`, `"Name": "dislock.acquire"`, `"Name": "dislock.release"`, `"Name": "dislock.lease_lost"`, `"dislock.outcome"`} {
-		if !strings.Contains(out.String(), want) {
+	got := out.String()
+	for _, want := range []string{
+		// spans: a renewed, a waited and a lost lock
+		`"Name": "nightly-report"`, `"Name": "dislock.acquire"`, `"Name": "dislock.release"`,
+		`"Name": "dislock.renew"`, `"Name": "dislock.lease_lost"`,
+		`"Key": "dislock.wake"`, `"Key": "dislock.holder.owner"`, `"Key": "dislock.lost.reason"`,
+		// metrics
+		`"Name": "dislock.acquire.duration"`, `"Name": "dislock.session.active"`,
+		`"Name": "dislock.session.duration"`, `"Name": "dislock.renew.duration"`, `"Name": "dislock.lease.lost"`,
+	} {
+		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %s", want)
 		}
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", got)
 	}
 }
