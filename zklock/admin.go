@@ -180,6 +180,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if err := core.ValidateKey(key); err != nil {
 		return false, err
 	}
+	b.unmarkHeld(key, "")
 	parent := b.keyPath(key)
 	names, err := b.children(ctx, parent)
 	if err != nil {
@@ -213,7 +214,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 		return false, fmt.Errorf("zklock: force release: %w", err)
 	}
 	if !watched {
-		b.notify(key)
+		b.echo(key, "")
 	}
 	return info != nil, nil
 }

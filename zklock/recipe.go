@@ -38,16 +38,119 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if ttl <= 0 {
 		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", ttl)
 	}
+	if info, ok := b.knownBusy(req.Key); ok && !slot {
+		return core.Lease{}, core.Busy(req.Key, info)
+	}
+	// One attempt per key at a time from this backend: a second one could
+	// only lose to the first or to the same holder, and its claim would
+	// stand in the first one's way.
+	b.mu.Lock()
+	if b.trying[req.Key] && !slot {
+		b.mu.Unlock()
+		return core.Lease{}, core.Busy(req.Key, nil)
+	}
+	b.trying[req.Key] = true
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.trying, req.Key)
+		b.mu.Unlock()
+	}()
 	parent := b.keyPath(req.Key)
 	tok := encodeName(req.OwnerToken)
+	var c *claim
+	for round := 0; ; round++ {
+		var (
+			only bool
+			now  int64
+			err  error
+		)
+		c, now, only, err = b.claim(ctx, req, parent, tok, ttl)
+		if err != nil {
+			return core.Lease{}, err
+		}
+		created, sid := c.path, c.sid
+		busy := func(info *core.Info, dropped <-chan error) (core.Lease, error) {
+			b.forget(req.OwnerToken)
+			var err error
+			if dropped != nil {
+				err = <-dropped
+			} else {
+				err = b.del(ctx, created, -1)
+			}
+			if err != nil {
+				b.bgDelete(created, sid)
+			}
+			return core.Lease{}, core.Busy(req.Key, info)
+		}
+		if slot && req.ExpireAt.UnixMilli() <= now {
+			return busy(nil, nil) // the slot is over
+		}
+		if only {
+			break
+		}
+		ours, _ := parseChild(created[len(parent)+1:])
+		v, err := b.judge(ctx, req.Key, parent, ours, now, func() <-chan error { return b.dropAsync(created) })
+		if err != nil {
+			// The engine releases the claim by its owner token.
+			if v.dropped != nil {
+				<-v.dropped
+			}
+			return core.Lease{}, fmt.Errorf("zklock: acquire: %w", err)
+		}
+		if v.held {
+			break
+		}
+		if !v.retry || round > 0 {
+			return busy(v.info, v.dropped)
+		}
+		// Every claim below ours had run out and was deleted, but ours
+		// was already being given up: claim again.
+		b.forget(req.OwnerToken)
+		if err := <-v.dropped; err != nil {
+			b.bgDelete(created, sid)
+			return core.Lease{}, core.Busy(req.Key, nil)
+		}
+	}
+	lease := core.Lease{Token: c.token, AcquiredAt: msTime(c.acqMs), ExpiresAt: msTime(c.acqMs).Add(ttl)}
+	if !slot {
+		b.markHeld(req.Key, req.OwnerToken, core.Info{Key: req.Key, Owner: req.Owner, Token: c.token,
+			AcquiredAt: lease.AcquiredAt, ExpiresAt: lease.ExpiresAt}, ttl, c.acqLocal)
+		return lease, nil
+	}
+	// Hand the lock from the claim, which lives with the session, to a hold
+	// that lives until the slot's end.
+	until := req.ExpireAt.UnixMilli()
+	hold := parent + "/" + holdName(until, tok)
+	var merr error
+	err := b.call(ctx, func() {
+		_, merr = b.conn.Multi(
+			&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: acl, Flags: zk.FlagPersistent},
+			&zk.DeleteRequest{Path: c.path, Version: -1},
+		)
+	}, nil)
+	if err == nil {
+		err = merr
+	}
+	if err != nil {
+		return core.Lease{}, fmt.Errorf("zklock: acquire: slot hold: %w", err)
+	}
+	b.mu.Lock()
+	c.path, c.hold = "", hold
+	b.mu.Unlock()
+	lease.ExpiresAt = msTime(until)
+	return lease, nil
+}
+
+// claim creates the claim node of req and records it. It returns the server
+// time of the creation and whether the claim is the key's only child.
+func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, tok string, ttl time.Duration) (*claim, int64, bool, error) {
 	data := claimData(ttl, req.Owner)
 	sid := b.conn.SessionID()
 	sent := time.Now()
-
 	var (
-		res     []zk.MultiResponse
-		err     error
-		created string
+		res []zk.MultiResponse
+		err error
 	)
 	for attempt := 0; ; attempt++ {
 		cerr := b.call(ctx, func() {
@@ -62,26 +165,24 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			}
 		})
 		if cerr != nil {
-			return core.Lease{}, fmt.Errorf("zklock: acquire: %w", cerr)
+			return nil, 0, false, fmt.Errorf("zklock: acquire: %w", cerr)
 		}
 		if err != nil && errors.Is(err, zk.ErrNoNode) && len(res) == 2 && attempt < 2 {
 			if err := b.ensureParent(ctx, parent); err != nil {
-				return core.Lease{}, fmt.Errorf("zklock: acquire: create %s: %w", parent, err)
+				return nil, 0, false, fmt.Errorf("zklock: acquire: create %s: %w", parent, err)
 			}
 			continue
 		}
 		break
 	}
 	if err != nil {
-		return core.Lease{}, fmt.Errorf("zklock: acquire: %w", err)
+		return nil, 0, false, fmt.Errorf("zklock: acquire: %w", err)
 	}
 	if len(res) != 2 || res[1].Stat == nil {
-		return core.Lease{}, errors.New("zklock: acquire: unexpected multi reply")
+		return nil, 0, false, errors.New("zklock: acquire: unexpected multi reply")
 	}
-	created = res[0].String
 	st := res[1].Stat
-	now := st.Mtime
-	c := &claim{key: req.Key, path: created, owner: req.Owner, sid: sid, token: uint64(st.Mzxid), acqMs: now, acqLocal: sent}
+	c := &claim{key: req.Key, path: res[0].String, owner: req.Owner, sid: sid, token: uint64(st.Mzxid), acqMs: st.Mtime, acqLocal: sent}
 	b.mu.Lock()
 	b.claims[req.OwnerToken] = c
 	b.mu.Unlock()
@@ -89,70 +190,48 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		// The claim may belong to a session that ended meanwhile; never
 		// hand it out.
 		b.forget(req.OwnerToken)
-		b.bgDelete(created, sid)
-		return core.Lease{}, errors.New("zklock: acquire: the ZooKeeper session changed during the acquire")
+		b.bgDelete(c.path, sid)
+		return nil, 0, false, errors.New("zklock: acquire: the ZooKeeper session changed during the acquire")
 	}
+	return c, st.Mtime, st.NumChildren == 1, nil
+}
 
-	busy := func(info *core.Info) (core.Lease, error) {
-		b.forget(req.OwnerToken)
-		if err := b.del(ctx, created, -1); err != nil {
-			b.bgDelete(created, sid)
-		}
-		return core.Lease{}, core.Busy(req.Key, info)
-	}
-	if slot && req.ExpireAt.UnixMilli() <= now {
-		return busy(nil) // the slot is over
-	}
-	if st.NumChildren != 1 {
-		ours, _ := parseChild(created[len(parent)+1:])
-		info, held, err := b.judge(ctx, req.Key, parent, ours, now)
-		if err != nil {
-			return core.Lease{}, fmt.Errorf("zklock: acquire: %w", err)
-		}
-		if !held {
-			return busy(info)
-		}
-	}
-	lease := core.Lease{Token: c.token, AcquiredAt: msTime(now), ExpiresAt: msTime(now).Add(ttl)}
-	if slot {
-		// Hand the lock from the claim, which lives with the session, to a
-		// hold that lives until the slot's end.
-		until := req.ExpireAt.UnixMilli()
-		hold := parent + "/" + holdName(until, tok)
-		var merr error
-		err := b.call(ctx, func() {
-			_, merr = b.conn.Multi(
-				&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: acl, Flags: zk.FlagPersistent},
-				&zk.DeleteRequest{Path: created, Version: -1},
-			)
-		}, nil)
-		if err == nil {
-			err = merr
-		}
-		if err != nil {
-			return core.Lease{}, fmt.Errorf("zklock: acquire: slot hold: %w", err)
-		}
-		b.mu.Lock()
-		c.path, c.hold = "", hold
-		b.mu.Unlock()
-		lease.ExpiresAt = msTime(until)
-	}
-	return lease, nil
+// dropAsync starts deleting our own claim at p and returns its outcome.
+func (b *Backend) dropAsync(p string) <-chan error {
+	out := make(chan error, 1)
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out <- b.del(ctx, p, -1)
+	}()
+	return out
+}
+
+// verdict is what judge decided.
+type verdict struct {
+	held    bool
+	info    *core.Info   // the holder, when busy and known
+	dropped <-chan error // our claim is being deleted: its outcome
+	retry   bool         // free after all, but our claim was dropped
 }
 
 // judge decides, from the children of parent, whether the claim ours
 // created at server time now holds the lock; when not, it returns the
-// holder when known. Claims below ours whose TTL ran out without a renewal
-// are deleted (guarded by their version, so a renewal in between wins);
-// holds that ended are deleted.
-func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now int64) (*core.Info, bool, error) {
+// holder when known. As soon as a hold or a lower claim is seen, our claim
+// is given up (drop), in parallel with reading the holder, so that it
+// blocks other acquirers as briefly as possible. Claims below ours whose TTL
+// ran out without a renewal are deleted (guarded by their version, so a
+// renewal in between wins); holds that ended are deleted.
+func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now int64, drop func() <-chan error) (verdict, error) {
 	var names []string
 	var err error
 	if cerr := b.call(ctx, func() { names, _, err = b.conn.Children(parent) }, nil); cerr != nil {
-		return nil, false, cerr
+		return verdict{}, cerr
 	}
 	if err != nil {
-		return nil, false, err
+		return verdict{}, err
 	}
 	found := false
 	var lower []child
@@ -176,9 +255,11 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		}
 	}
 	if !found {
-		return nil, false, nil // deleted meanwhile (force release): not ours
+		return verdict{}, nil // deleted meanwhile (force release): not ours
 	}
+	var v verdict
 	if best != nil {
+		v.dropped = drop()
 		info := core.Info{Key: key, ExpiresAt: msTime(best.until), Remaining: time.Duration(best.until-now) * time.Millisecond}
 		var data []byte
 		var gerr error
@@ -187,8 +268,14 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 				info.Owner, info.Token = owner, uint64(t)
 			}
 		}
-		return &info, false, nil
+		v.info = &info
+		return v, nil
 	}
+	if len(lower) == 0 {
+		v.held = true
+		return v, nil
+	}
+	v.dropped = drop()
 	sort.Slice(lower, func(i, j int) bool { return lower[i].seq < lower[j].seq })
 	for _, l := range lower {
 		p := parent + "/" + l.name
@@ -198,32 +285,34 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 			ch   <-chan zk.Event
 		)
 		if cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil); cerr != nil {
-			return nil, false, cerr
+			return v, cerr
 		}
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
 		if err != nil {
-			return nil, false, err
+			return v, err
 		}
 		ttl, owner, perr := parseData(data)
 		info := &core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}
 		if perr != nil { // not ours to judge: in force
 			b.armWatch(p, key, ch)
-			return info, false, nil
+			v.info = info
+			return v, nil
 		}
 		exp := st.Mtime + ttl
 		info.ExpiresAt = msTime(exp)
 		if exp > now {
 			info.Remaining = time.Duration(exp-now) * time.Millisecond
 			b.armWatch(p, key, ch)
-			return info, false, nil
+			v.info = info
+			return v, nil
 		}
 		// Not renewed within its TTL: the holder's renew deadline passed
 		// long ago. Delete exactly the version we judged.
 		var derr error
 		if cerr := b.call(ctx, func() { derr = b.conn.Delete(p, st.Version) }, nil); cerr != nil {
-			return nil, false, cerr
+			return v, cerr
 		}
 		switch {
 		case derr == nil, errors.Is(derr, zk.ErrNoNode):
@@ -232,12 +321,14 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 			info.Remaining = time.Duration(ttl) * time.Millisecond
 			info.ExpiresAt = msTime(now + ttl)
 			b.armWatch(p, key, ch)
-			return info, false, nil
+			v.info = info
+			return v, nil
 		default:
-			return nil, false, derr
+			return v, derr
 		}
 	}
-	return nil, true, nil
+	v.retry = true
+	return v, nil
 }
 
 // forget drops the record of a claim.
@@ -315,9 +406,11 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	}
 	b.mu.Unlock()
 
+	start := time.Now()
 	gone := func(it item, why string) {
 		results[it.i] = core.Gone(reqs[it.i].Key, why)
 		b.forget(reqs[it.i].OwnerToken)
+		b.unmarkHeld(reqs[it.i].Key, reqs[it.i].OwnerToken)
 	}
 	var firstErr error
 	unknown := 0
@@ -370,6 +463,17 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 			pending = append(pending[:bad:bad], pending[bad+1:]...)
 		}
 	}
+	b.mu.Lock()
+	for i, r := range reqs {
+		if results[i] == nil {
+			if h := b.held[r.Key]; h != nil && h.ownerToken == r.OwnerToken {
+				h.until = start.Add(r.TTL)
+			}
+		} else if errors.Is(results[i], core.ErrLeaseLost) {
+			b.unmarkHeldLocked(r.Key, r.OwnerToken)
+		}
+	}
+	b.mu.Unlock()
 	if unknown == len(reqs) && firstErr != nil {
 		return nil, firstErr
 	}
@@ -381,6 +485,9 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // multi replaces the claim by a hold that lasts until the claim's
 // acquisition (server time) plus the time held plus Keep.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	// Until the release is done, the lock reads as busy here without a
+	// request.
+	defer b.unmarkHeld(req.Key, req.OwnerToken)
 	b.mu.Lock()
 	c := b.claims[req.OwnerToken]
 	if c != nil && c.key != req.Key {

@@ -2,8 +2,11 @@ package zklock
 
 import (
 	"context"
+	"time"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/dislock/dislock/core"
 )
 
 // Wake-ups. A busy TryAcquire leaves a one-shot watch on the claim that
@@ -14,9 +17,18 @@ import (
 // the holder's claim (release, force release, expiry of its session, or an
 // acquirer removing it after its TTL) wakes the engine's waiters on the key.
 // One watch per node per backend, however many waiters.
+//
+// While this backend itself holds a key, a TryAcquire of it answers busy at
+// once, without a request; so does a second acquisition of a key while one
+// is in flight from this backend. A busy answer is always safe.
 
-// armWatch follows ch, the watch set on the node at p by a read, unless the
-// backend already follows p.
+// watched is a claim node the backend follows.
+type watched struct {
+	key string
+}
+
+// armWatch follows ch, the watch set by a read of the holder's claim at p,
+// unless the backend already follows p.
 func (b *Backend) armWatch(p, key string, ch <-chan zk.Event) {
 	if ch == nil {
 		return
@@ -26,12 +38,59 @@ func (b *Backend) armWatch(p, key string, ch <-chan zk.Event) {
 		b.mu.Unlock()
 		return
 	}
-	b.watches[p] = key
+	w := &watched{key: key}
+	b.watches[p] = w
 	b.mu.Unlock()
-	b.spawn(func() { b.follow(p, key, ch) })
+	b.spawn(func() { b.follow(p, w, ch) })
 }
 
-func (b *Backend) follow(p, key string, ch <-chan zk.Event) {
+// held is a lock this backend holds: another TryAcquire of its key is busy.
+type held struct {
+	ownerToken string
+	info       core.Info
+	until      time.Time // local: the lease's TTL runs out, as of its last renewal
+}
+
+// markHeld records a lock this backend just acquired, sent at the local
+// time sent.
+func (b *Backend) markHeld(key, ownerToken string, info core.Info, ttl time.Duration, sent time.Time) {
+	b.mu.Lock()
+	b.held[key] = &held{ownerToken: ownerToken, info: info, until: sent.Add(ttl)}
+	b.mu.Unlock()
+}
+
+// unmarkHeld forgets a lock of this backend (ownerToken "" : whoever's).
+// The caller holds b.mu.
+func (b *Backend) unmarkHeldLocked(key, ownerToken string) {
+	if h := b.held[key]; h != nil && (ownerToken == "" || h.ownerToken == ownerToken) {
+		delete(b.held, key)
+	}
+}
+
+func (b *Backend) unmarkHeld(key, ownerToken string) {
+	b.mu.Lock()
+	b.unmarkHeldLocked(key, ownerToken)
+	b.mu.Unlock()
+}
+
+// knownBusy returns the holder of key while this backend holds it. (What
+// a watch says of another process's claim is not used this way: its
+// deletion event may still be on its way after that process's release
+// returned, and an acquirer must see that release.)
+func (b *Backend) knownBusy(key string) (*core.Info, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.held[key]; h != nil {
+		if left := time.Until(h.until); left > 0 {
+			info := h.info
+			info.Remaining = left
+			return &info, true
+		}
+	}
+	return nil, false
+}
+
+func (b *Backend) follow(p string, w *watched, ch <-chan zk.Event) {
 	defer func() {
 		b.mu.Lock()
 		delete(b.watches, p)
@@ -53,11 +112,20 @@ func (b *Backend) follow(p, key string, ch <-chan zk.Event) {
 					continue
 				}
 			}
-			b.notify(key)
+			b.mu.Lock()
+			delete(b.watches, p)
+			b.mu.Unlock()
+			b.notify(w.key)
 			return
 		}
 	}
 }
+
+// echoDelay puts the notification of a release this backend made after the
+// engine's own bookkeeping of it, which follows the Release call: the engine
+// expects such an echo to come back from the store, as notifications from a
+// server do.
+const echoDelay = 2 * time.Millisecond
 
 // echo tells subscribers of a release this backend made, unless a watch of
 // its own on the node will.
@@ -65,9 +133,18 @@ func (b *Backend) echo(key, p string) {
 	b.mu.Lock()
 	_, watched := b.watches[p]
 	b.mu.Unlock()
-	if !watched {
-		b.notify(key)
+	if watched {
+		return
 	}
+	b.spawn(func() {
+		t := time.NewTimer(echoDelay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			b.notify(key)
+		case <-b.done:
+		}
+	})
 }
 
 func (b *Backend) notify(key string) {

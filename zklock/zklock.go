@@ -102,7 +102,9 @@ type Backend struct {
 
 	mu      sync.Mutex
 	claims  map[string]*claim        // owner token -> claim made by this backend
-	watches map[string]string        // watched node path -> key
+	watches map[string]*watched      // watched claim path -> what is known of it
+	held    map[string]*held         // key -> a lock this backend holds
+	trying  map[string]bool          // keys with an acquisition in flight
 	subs    map[int]func(key string) // Watch subscribers
 	nextSub int
 }
@@ -307,7 +309,9 @@ func newBackend(root string) *Backend {
 		clock:   root + "/clock",
 		done:    make(chan struct{}),
 		claims:  make(map[string]*claim),
-		watches: make(map[string]string),
+		watches: make(map[string]*watched),
+		held:    make(map[string]*held),
+		trying:  make(map[string]bool),
 		subs:    make(map[int]func(string)),
 	}
 }

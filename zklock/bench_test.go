@@ -1,0 +1,300 @@
+package zklock_test
+
+// Benchmarks run against a private standalone ZooKeeper server started for
+// them, or against DISLOCK_BENCH_ZK (host:port) when set. Each one measures
+// the round trip of a raw Exists in the same run and reports its result as a
+// ratio to it (x-rtt), and counts the requests the client sent (req/op;
+// pings excluded). go-zookeeper's own zk.Lock runs in the same run for
+// comparison:
+//
+//	go test -run '^$' -bench . -benchtime 2000x ./zklock/
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/zklock"
+)
+
+func benchServer(b *testing.B) string {
+	b.Helper()
+	if s := os.Getenv("DISLOCK_BENCH_ZK"); s != "" {
+		return s
+	}
+	return ensemble(b, 1).Connect()
+}
+
+// counter counts the requests written on the connections it dialed (every
+// frame but pings, xid -2).
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	nc, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &countConn{Conn: nc, n: &c.n}, nil
+}
+
+type countConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	if len(p) >= 8 && int32(binary.BigEndian.Uint32(p[4:8])) != -2 {
+		c.n.Add(1)
+	}
+	return c.Conn.Write(p)
+}
+
+func benchConn(b *testing.B, connect string, cnt *counter) *zk.Conn {
+	b.Helper()
+	servers, _, err := zklock.ParseServers(connect)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var conn *zk.Conn
+	if cnt != nil {
+		conn, _, err = zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}), zk.WithDialer(cnt.dial))
+	} else {
+		conn, _, err = zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}))
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(conn.Close)
+	if _, _, err := conn.Exists("/"); err != nil { // wait for the session
+		b.Fatal(err)
+	}
+	return conn
+}
+
+func benchLocker(b *testing.B, connect, root string, cnt *counter) *core.Client {
+	b.Helper()
+	opts := []zklock.Option{zklock.WithRoot(root), zklock.WithSessionTimeout(15 * time.Second),
+		zklock.WithClientOptions(core.WithDefaults(core.TTL(10 * time.Second)))}
+	if cnt != nil {
+		opts = append(opts, zklock.WithDialer(cnt.dial))
+	}
+	l, err := zklock.New(context.Background(), connect, opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return l
+}
+
+// existsRTT is the mean round trip of Exists, serial.
+func existsRTT(b *testing.B, c *zk.Conn) time.Duration {
+	for range 200 {
+		c.Exists("/")
+	}
+	const n = 2000
+	start := time.Now()
+	for range n {
+		if _, _, err := c.Exists("/"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start) / n
+}
+
+// interleaved runs op b.N times, each after one Exists on c, timing both,
+// so that the ratio holds under the same load.
+func interleaved(b *testing.B, c *zk.Conn, cnt *counter, op func() error) {
+	existsRTT(b, c)
+	var rttT, opT time.Duration
+	n0 := cnt.n.Load()
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		if _, _, err := c.Exists("/"); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+		opT += time.Since(t1)
+		rttT += t1.Sub(t0)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(opT.Nanoseconds())/float64(b.N), "op-ns")
+	b.ReportMetric(float64(rttT.Nanoseconds())/float64(b.N), "rtt-ns")
+	b.ReportMetric(float64(opT)/float64(rttT), "x-rtt")
+	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(b.N), "req/op")
+}
+
+func BenchmarkExists(b *testing.B) {
+	c := benchConn(b, benchServer(b), nil)
+	existsRTT(b, c)
+	b.ResetTimer()
+	for range b.N {
+		if _, _, err := c.Exists("/"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release.
+func BenchmarkTryAcquireRelease(b *testing.B) {
+	connect := benchServer(b)
+	raw := benchConn(b, connect, nil)
+	var cnt counter
+	l := benchLocker(b, connect, testRoot(), &cnt)
+	ctx := context.Background()
+	interleaved(b, raw, &cnt, func() error {
+		s, err := l.TryAcquire(ctx, "uncontended")
+		if err != nil {
+			return err
+		}
+		return s.Release(ctx)
+	})
+}
+
+// BenchmarkZkLockUnlock is the same with go-zookeeper's zk.Lock.
+func BenchmarkZkLockUnlock(b *testing.B) {
+	connect := benchServer(b)
+	raw := benchConn(b, connect, nil)
+	var cnt counter
+	c := benchConn(b, connect, &cnt)
+	lock := zk.NewLock(c, testRoot()+"/zklock-uncontended", zk.WorldACL(zk.PermAll))
+	if err := lock.Lock(); err != nil { // creates the parents
+		b.Fatal(err)
+	}
+	lock.Unlock()
+	interleaved(b, raw, &cnt, func() error {
+		if err := lock.Lock(); err != nil {
+			return err
+		}
+		return lock.Unlock()
+	})
+}
+
+// BenchmarkHandoff: 16 waiters on one key, each holding it ~1ms, in one
+// Locker or in 16 (each with its own session). Latency is from the start of
+// a Release to the return of the next Acquire.
+func BenchmarkHandoff(b *testing.B) {
+	for _, procs := range []int{16, 1} {
+		b.Run(fmt.Sprintf("lockers=%d", procs), func(b *testing.B) {
+			connect := benchServer(b)
+			root := testRoot()
+			var cnt counter
+			lockers := make([]core.Locker, procs)
+			for i := range lockers {
+				lockers[i] = benchLocker(b, connect, root, &cnt)
+			}
+			handoff(b, benchConn(b, connect, nil), &cnt, func(i int) (func(context.Context) error, func() error) {
+				l := lockers[i%procs]
+				var s core.Session
+				return func(ctx context.Context) error {
+						var err error
+						s, err = l.Acquire(ctx, "handoff")
+						return err
+					}, func() error {
+						return s.Release(context.Background())
+					}
+			})
+		})
+	}
+}
+
+// BenchmarkZkLockHandoff is the same with go-zookeeper's zk.Lock (it waits
+// in line: each waiter watches its predecessor).
+func BenchmarkZkLockHandoff(b *testing.B) {
+	for _, procs := range []int{16, 1} {
+		b.Run(fmt.Sprintf("conns=%d", procs), func(b *testing.B) {
+			connect := benchServer(b)
+			path := testRoot() + "/zklock-handoff"
+			var cnt counter
+			conns := make([]*zk.Conn, procs)
+			for i := range conns {
+				conns[i] = benchConn(b, connect, &cnt)
+			}
+			handoff(b, benchConn(b, connect, nil), &cnt, func(i int) (func(context.Context) error, func() error) {
+				lock := zk.NewLock(conns[i%procs], path, zk.WorldACL(zk.PermAll))
+				return func(ctx context.Context) error {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					return lock.Lock() // no context: the last waiters are released by Close
+				}, lock.Unlock
+			})
+		})
+	}
+}
+
+// handoff runs 16 waiters, each made by mk (acquire, release), until b.N
+// hand-offs, and reports the latency percentiles, also as ratios to an
+// Exists round trip, and the requests per acquisition.
+func handoff(b *testing.B, raw *zk.Conn, cnt *counter, mk func(i int) (func(context.Context) error, func() error)) {
+	const waiters = 16
+	rtt := existsRTT(b, raw)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu        sync.Mutex
+		lat       []time.Duration
+		released  atomic.Int64
+		remaining atomic.Int64
+		wg        sync.WaitGroup
+		acquired  atomic.Int64
+	)
+	remaining.Store(int64(b.N))
+	n0 := cnt.n.Load()
+	b.ResetTimer()
+	for i := range waiters {
+		acquire, release := mk(i)
+		wg.Go(func() {
+			for {
+				if err := acquire(ctx); err != nil {
+					return
+				}
+				if ctx.Err() != nil { // zk.Lock cannot be cancelled: give it back
+					release()
+					return
+				}
+				acquired.Add(1)
+				now := time.Now().UnixNano()
+				if r := released.Load(); r != 0 {
+					mu.Lock()
+					lat = append(lat, time.Duration(now-r))
+					mu.Unlock()
+				}
+				time.Sleep(time.Millisecond) // the work
+				last := remaining.Add(-1) <= 0
+				released.Store(time.Now().UnixNano())
+				release()
+				if last {
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
+	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(p(0.5))/float64(rtt), "p50-x-rtt")
+	b.ReportMetric(float64(p(0.99))/float64(rtt), "p99-x-rtt")
+	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(acquired.Load()), "req/acq")
+	b.ReportMetric(float64(rtt.Microseconds())/1000, "rtt-ms")
+}
