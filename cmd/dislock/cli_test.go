@@ -863,12 +863,14 @@ func TestStoreUnreachable(t *testing.T) {
 			t.Fatal(err)
 		}
 		proxy.cut()
-		if code := p.wait(t, 30*time.Second); code != exitLeaseLost {
-			t.Fatalf("exit %d, want 75: %s", code, p.output())
-		}
-		waitGone(t, pid, time.Second)
+		// The release that follows may take a while against a store that
+		// is down: look at the server as soon as the group is dead.
+		waitGone(t, pid, 30*time.Second)
 		if !f.held(t, leasePrefix+key) {
 			t.Fatalf("the lease expired on the server before the group was killed\n%s", p.stderr.String())
+		}
+		if code := p.wait(t, 30*time.Second); code != exitLeaseLost {
+			t.Fatalf("exit %d, want 75: %s", code, p.output())
 		}
 		// Driver messages go through the redacting logger too.
 		for _, line := range strings.Split(strings.TrimSpace(p.stderr.String()), "\n") {

@@ -57,7 +57,7 @@ var (
 	specJitter     = spec{"jitter", "LOCK_JITTER_SECONDS", "0", "SECONDS", "sleep a random time up to this long before taking the lock"}
 	specOnLoss     = spec{"on-lease-loss", "LOCK_ON_LEASE_LOSS", "terminate", "POLICY", "what to do when the lease is lost: terminate (the command's process group, exit 75) or continue"}
 	specLogLevel   = spec{"log-level", "CRONJOB_LOCK_LOG_LEVEL", "INFO", "LEVEL", "DEBUG, INFO, WARNING or ERROR"}
-	specGrace      = spec{"grace", "DISLOCK_GRACE_SECONDS", "10", "SECONDS", "time between SIGTERM and SIGKILL when the command is terminated after a lease loss (shortened when the lease would expire first)"}
+	specGrace      = spec{"grace", "DISLOCK_GRACE_SECONDS", "10", "SECONDS", "time between SIGTERM and SIGKILL when the command is terminated after a lease loss (shortened when the lease would expire first, and to at most 1s when the store refused the lease), or when it left processes running"}
 	specBusyExit   = spec{"busy-exit-code", "DISLOCK_BUSY_EXIT_CODE", "0", "CODE", "exit code when the lock is held elsewhere and the command does not start"}
 	specURLEnv     = spec{"url-env", "DISLOCK_URL_ENV", defaultURLEnv, "NAME", "environment variable holding the backend URL (subcommands; the run form names it as its first argument)"}
 	specForce      = spec{"force", "", "", "", "release: break the lock whoever holds it"}

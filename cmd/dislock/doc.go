@@ -14,6 +14,29 @@
 // The command runs in its own process group. When the lease is lost, the
 // group gets SIGTERM, then SIGKILL after the grace period or earlier, so that
 // it is dead before the server could give the lock to another holder; dislock
-// then exits 75. Signals sent to dislock are forwarded to the group, and the
-// lock is released once the command has exited.
+// then exits 75. When the store itself refused the lease (the key was deleted
+// or taken over, so it may already be someone else's), SIGKILL follows
+// SIGTERM after at most one second. Signals sent to dislock are forwarded to
+// the group.
+//
+// The locks are released only once the whole process group is gone: after a
+// loss the store keeps the key until its TTL runs out, and dislock's release
+// is what frees it early. Processes the command leaves running in its group
+// when it exits get SIGTERM, then SIGKILL after the grace period, before the
+// release. If processes of the group survive SIGKILL (uninterruptible
+// sleep), dislock exits 1 without releasing, and the locks expire after their
+// TTL.
+//
+// If dislock itself is killed outright (SIGKILL, the OOM killer), it can
+// terminate nothing. On Linux the command is started with SIGKILL as its
+// parent-death signal, so the kernel kills it at once. That signal reaches
+// the command only, not the rest of its group. A command that is a shell
+// script or sh -c '…' usually runs the job as the shell's child (dash does
+// so even for a single command), and that child, like anything started in
+// the background or in a pipeline, keeps running until it ends on its own,
+// while the lease expires under it. Make the shell exec the job (sh -c 'exec
+// job', or exec on the script's last line) so that the job itself is the
+// command, or fence the job's writes with DISLOCK_TOKEN. On other systems
+// there is no parent-death signal: the command keeps running after dislock
+// is killed.
 package main

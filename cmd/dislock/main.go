@@ -219,8 +219,10 @@ redis+cluster://h1:p1,h2:p2. The URL is never printed.
 
 The command runs in its own process group with DISLOCK_KEY, DISLOCK_TOKEN
 (fencing token) and DISLOCK_DEADLINE (RFC 3339) added to its environment.
-SIGINT, SIGTERM and SIGHUP are forwarded to the group; the lock is released
-when the command has exited.
+SIGINT, SIGTERM and SIGHUP are forwarded to the group. The lock is released
+once the whole group is gone: processes the command leaves running get
+SIGTERM, then SIGKILL after the grace period. On Linux the command gets
+SIGKILL if dislock itself is killed (its children do not: exec the job).
 
 Exit codes: 0 the command succeeded, or the lock is held elsewhere and the
 command did not start (see --busy-exit-code); 1 runtime failure (for example

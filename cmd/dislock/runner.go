@@ -71,7 +71,11 @@ func (c *cli) runLocked(inv *invocation) error {
 	if err != nil {
 		return err
 	}
+	keep := false // the command's group survived: leave the locks to their TTL
 	defer func() {
+		if keep {
+			return // closing would release the lease
+		}
 		if err := closeFn(); err != nil {
 			c.log.Warn("closing the backend connection failed", "err", err)
 		}
@@ -86,7 +90,14 @@ func (c *cli) runLocked(inv *invocation) error {
 		"DISLOCK_TOKEN="+strconv.FormatUint(primary.Token(), 10),
 		"DISLOCK_DEADLINE="+primary.Deadline().UTC().Format(time.RFC3339),
 	)
-	code, runErr := c.runChild(cfg, env, lease, sigs)
+	// The locks are released only once the command's whole process group is
+	// gone: after a loss, the store may keep the key until its TTL, and the
+	// release is what tells it the work has stopped.
+	code, gone, runErr := c.runChild(cfg, env, lease, sigs)
+	if !gone {
+		keep = true
+		return runErr
+	}
 	c.releaseAll(lease, sched)
 	if runErr != nil {
 		return runErr
@@ -180,59 +191,53 @@ func (c *cli) releaseAll(lease, sched core.Session) {
 	}
 }
 
-// runChild runs the command in its own process group and waits for it. It
-// forwards signals to the group and, when the lease is lost under the
-// terminate policy, terminates the group (exit 75).
-func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs <-chan os.Signal) (int, error) {
+// runChild runs the command in its own process group and waits for it and
+// for the rest of its group. It forwards signals to the group; when the
+// lease is lost under the terminate policy it terminates the group (exit
+// 75); processes the command leaves behind in its group are terminated too.
+// gone reports whether the whole group is gone: when it is not (processes
+// survived SIGKILL), the locks must not be released.
+func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs <-chan os.Signal) (code int, gone bool, err error) {
 	cmd := exec.Command(cfg.command[0], cfg.command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	waited, err := startChild(cmd)
+	if err != nil {
 		// A command that cannot start (not found, not executable) is a
 		// runtime failure like an unreachable backend: exit 1.
-		return 0, exitWith(exitFailure, fmt.Errorf("start the command: %w", err))
+		return 0, true, exitWith(exitFailure, fmt.Errorf("start the command: %w", err))
 	}
-	pgid := cmd.Process.Pid
-	c.log.Info("command started", "pid", pgid, "command", cfg.command[0])
-	waited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(waited)
-	}()
+	g := &group{c: c, pgid: cmd.Process.Pid}
+	c.log.Info("command started", "pid", g.pgid, "command", cfg.command[0])
 
 	var lost <-chan struct{}
 	if lease != nil {
 		lost = lease.Done()
 	}
 	var (
-		terminating bool
-		killAt      time.Time
-		killTimer   *time.Timer
-		killC       <-chan time.Time
-		killed      bool
+		exitedAt  time.Time // when the command (the group's leader) exited
+		lossErr   error     // set when the group is terminated after a loss
+		killTimer = time.NewTimer(time.Hour)
+		poll      = time.NewTicker(groupPoll)
 	)
+	killTimer.Stop()
+	defer killTimer.Stop()
+	defer poll.Stop()
 	for {
 		select {
 		case <-waited:
-			code := exitStatus(cmd.ProcessState)
-			if !terminating {
-				if groupLingers(pgid) {
-					c.log.Warn("processes the command started are still running in its process group", "pgid", pgid)
-				}
+			waited = nil
+			exitedAt = time.Now()
+			code = exitStatus(cmd.ProcessState)
+			if lossErr == nil {
 				c.log.Info("command exited", "exit_code", code)
-				return code, nil
 			}
-			if killTimer != nil {
-				killTimer.Stop()
-			}
-			c.finishGroup(pgid, killAt, killed)
-			return 0, exitWith(exitLeaseLost, fmt.Errorf("lease lost; the command was terminated (its own exit status %d)", code))
 		case sig := <-sigs:
-			c.log.Info("forwarding signal to the command's process group", "signal", sig.String(), "pgid", pgid)
+			c.log.Info("forwarding signal to the command's process group", "signal", sig.String(), "pgid", g.pgid)
 			if s, ok := sig.(syscall.Signal); ok {
-				syscall.Kill(-pgid, s)
+				syscall.Kill(-g.pgid, s)
 			}
+			continue
 		case <-lost:
 			lost = nil
 			cause := context.Cause(lease.Context())
@@ -240,22 +245,97 @@ func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs <-
 				c.log.Error("lease lost; the command continues (LOCK_ON_LEASE_LOSS=continue) and another instance may start", "key", lease.Key(), "err", cause)
 				continue
 			}
-			terminating = true
 			now := time.Now()
-			killAt = killDeadline(now, lease.Deadline(), cfg)
-			c.log.Error("lease lost; terminating the command's process group", "key", lease.Key(), "err", cause,
-				"pgid", pgid, "kill_in", killAt.Sub(now).Round(time.Millisecond))
-			syscall.Kill(-pgid, syscall.SIGTERM)
-			killTimer = time.NewTimer(time.Until(killAt))
-			killC = killTimer.C
-		case <-killC:
-			killC = nil
-			killed = true
-			c.log.Warn("the command's process group outlived the grace period; sending SIGKILL", "pgid", pgid)
-			syscall.Kill(-pgid, syscall.SIGKILL)
+			var killAt time.Time
+			if errors.Is(cause, core.ErrLeaseGone) {
+				// The store says the key is gone or someone else's: there is
+				// no margin left to wait for.
+				killAt = now.Add(min(cfg.grace, refusedGrace))
+				c.log.Error("lease lost: the store no longer holds it for this run; terminating the command's process group at once",
+					"key", lease.Key(), "err", cause, "pgid", g.pgid, "kill_in", killAt.Sub(now).Round(time.Millisecond))
+			} else {
+				killAt = killDeadline(now, lease.Deadline(), cfg)
+				c.log.Error("lease lost; terminating the command's process group", "key", lease.Key(), "err", cause,
+					"pgid", g.pgid, "kill_in", killAt.Sub(now).Round(time.Millisecond))
+			}
+			lossErr = errors.New("lease lost; the command was terminated")
+			g.terminate(killAt, killTimer)
+		case <-killTimer.C:
+			g.kill()
+		case <-poll.C:
+		}
+		if exitedAt.IsZero() && !g.killed {
+			continue
+		}
+		if !g.alive() {
+			break
+		}
+		now := time.Now()
+		if g.killed && now.Sub(g.killedAt) > afterKillWait {
+			c.log.Error("processes of the command's group survived SIGKILL; the locks are not released and expire after their TTL", "pgid", g.pgid)
+			return code, false, exitWith(exitFailure, nil)
+		}
+		if !exitedAt.IsZero() && !g.termSent && now.Sub(exitedAt) > lingerWait {
+			// The command left processes behind: they must not run on
+			// after the lock is released.
+			c.log.Warn("processes the command started are still running in its process group; terminating them", "pgid", g.pgid,
+				"kill_in", cfg.grace)
+			g.terminate(now.Add(cfg.grace), killTimer)
 		}
 	}
+	if waited != nil {
+		// The leader is a zombie the waiting goroutine is about to reap.
+		select {
+		case <-waited:
+			code = exitStatus(cmd.ProcessState)
+		case <-time.After(afterKillWait):
+		}
+	}
+	if lossErr != nil {
+		return 0, true, exitWith(exitLeaseLost, fmt.Errorf("%w (its own exit status %d)", lossErr, code))
+	}
+	return code, true, nil
 }
+
+// refusedGrace is the longest time between SIGTERM and SIGKILL after the
+// store refused the lease: the key may already be someone else's.
+const refusedGrace = time.Second
+
+// group is the command's process group while dislock terminates it.
+type group struct {
+	c        *cli
+	pgid     int
+	termSent bool      // SIGTERM was sent
+	killAt   time.Time // when SIGKILL is due; zero while none is
+	killed   bool      // SIGKILL was sent
+	killedAt time.Time
+}
+
+// terminate sends SIGTERM (once) and makes SIGKILL due at killAt, or at the
+// earlier time already set.
+func (g *group) terminate(killAt time.Time, timer *time.Timer) {
+	if !g.termSent {
+		g.termSent = true
+		syscall.Kill(-g.pgid, syscall.SIGTERM)
+	}
+	if g.killed || (!g.killAt.IsZero() && !killAt.Before(g.killAt)) {
+		return
+	}
+	g.killAt = killAt
+	timer.Reset(time.Until(killAt))
+}
+
+// kill sends SIGKILL to the group.
+func (g *group) kill() {
+	if g.killed {
+		return
+	}
+	g.killed, g.killedAt = true, time.Now()
+	g.c.log.Warn("the command's process group outlived the grace period; sending SIGKILL", "pgid", g.pgid)
+	syscall.Kill(-g.pgid, syscall.SIGKILL)
+}
+
+func (g *group) alive() bool { return groupAlive(g.pgid) }
 
 // killDeadline is when a group that received SIGTERM at now gets SIGKILL:
 // after the grace period, but earlier when the lease could otherwise pass to
@@ -273,35 +353,6 @@ func killDeadline(now, sessionDeadline time.Time, cfg *runConfig) time.Time {
 		at = now
 	}
 	return at
-}
-
-// finishGroup waits, after the group's leader exited, for the rest of the
-// group to exit until killAt, then kills what is left.
-func (c *cli) finishGroup(pgid int, killAt time.Time, killed bool) {
-	for !killed && groupAlive(pgid) && time.Now().Before(killAt) {
-		time.Sleep(groupPoll)
-	}
-	if !groupAlive(pgid) {
-		return
-	}
-	if !killed {
-		c.log.Warn("processes of the command's group outlived the grace period; sending SIGKILL", "pgid", pgid)
-	}
-	syscall.Kill(-pgid, syscall.SIGKILL)
-	for end := time.Now().Add(afterKillWait); groupAlive(pgid) && time.Now().Before(end); {
-		time.Sleep(groupPoll)
-	}
-}
-
-// groupLingers reports whether members of the group outlive its leader by
-// more than a moment (signalled processes take a little while to exit).
-func groupLingers(pgid int) bool {
-	for end := time.Now().Add(lingerWait); groupAlive(pgid); time.Sleep(groupPoll) {
-		if time.Now().After(end) {
-			return true
-		}
-	}
-	return false
 }
 
 // groupAlive reports whether the process group still has members that are

@@ -1,0 +1,49 @@
+//go:build linux
+
+package main
+
+import (
+	"os/exec"
+	"runtime"
+	"syscall"
+)
+
+// startChild starts cmd in its own process group, with SIGKILL as its
+// parent-death signal, and returns a channel closed once the command has
+// exited and been reaped.
+//
+// If dislock is killed outright (SIGKILL, the OOM killer), nothing it runs
+// could stop the command, and the lease would expire under a command that
+// still works. The parent-death signal lets the kernel kill the command
+// instead. It goes to the command only, not to the rest of its process
+// group: a shell that execs its last command passes it on, but processes the
+// command started in the background survive (see the package doc).
+//
+// Linux sends the parent-death signal when the thread that forked the child
+// exits, not when the process does. The Go runtime ends a thread when a
+// goroutine locked to it returns without unlocking, so a goroutine of
+// dislock or of a library could retire the forking thread long before
+// dislock exits, and the kernel would kill a healthy command. So the fork
+// happens on a thread locked to this goroutine, which stays locked, waiting
+// for the command, until the command has been reaped: no other goroutine
+// runs on that thread meanwhile, and the runtime never retires it.
+func startChild(cmd *exec.Cmd) (<-chan struct{}, error) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	started := make(chan error, 1)
+	waited := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+		close(waited)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return waited, nil
+}

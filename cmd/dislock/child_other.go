@@ -1,0 +1,29 @@
+//go:build !linux
+
+package main
+
+import (
+	"os/exec"
+	"syscall"
+)
+
+// startChild starts cmd in its own process group and returns a channel
+// closed once the command has exited and been reaped.
+//
+// There is no parent-death signal here (it is set on Linux only): when
+// dislock is killed outright (SIGKILL, the OOM killer) the command keeps
+// running while its lease expires, and another instance may start. Run
+// dislock under a supervisor that kills the whole process tree, or keep the
+// command's own work fenced with DISLOCK_TOKEN.
+func startChild(cmd *exec.Cmd) (<-chan struct{}, error) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	waited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(waited)
+	}()
+	return waited, nil
+}
