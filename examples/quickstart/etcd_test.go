@@ -20,6 +20,7 @@ func TestQuickstartEtcd(t *testing.T) {
 	}
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("REDIS_URL", "")
+	t.Setenv("ZK_URL", "")
 	t.Setenv("ETCD_URL", u)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

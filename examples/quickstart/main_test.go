@@ -10,6 +10,7 @@ import (
 func TestQuickstart(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("REDIS_URL", "")
+	t.Setenv("ZK_URL", "")
 	t.Setenv("ETCD_URL", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -1,6 +1,7 @@
 // Package exenv picks the backend the examples run on: PostgreSQL when
 // DATABASE_URL is set, Redis when REDIS_URL is set, etcd when ETCD_URL is
-// set (etcd://host:port[,host:port]), and otherwise the in-process memlock
+// set (etcd://host:port[,host:port]), ZooKeeper when ZK_URL is set
+// (zk://host:port[,host:port][/chroot]), and otherwise the in-process memlock
 // backend, so that every example runs with no server.
 package exenv
 
@@ -8,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,6 +20,7 @@ import (
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
+	"github.com/dislock/dislock/zklock"
 )
 
 // Lockers returns n Lockers that act as n separate processes on the
@@ -90,6 +93,20 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 			add(c)
 		}
 		return lockers, "etcd", closeAll, nil
+	case os.Getenv("ZK_URL") != "":
+		connect, ok := strings.CutPrefix(os.Getenv("ZK_URL"), "zk://")
+		if !ok {
+			return nil, "", nil, errors.New("ZK_URL is not a zk://host:port[,host:port][/chroot] URL")
+		}
+		for range n {
+			// Each Locker dials its own session; Client.Close closes it.
+			c, err := zklock.New(ctx, connect, zklock.WithClientOptions(opts...))
+			if err != nil {
+				return nil, "", nil, err
+			}
+			add(c)
+		}
+		return lockers, "ZooKeeper", closeAll, nil
 	}
 	store := memlock.NewStore()
 	for range n {
@@ -99,5 +116,5 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 		}
 		add(c)
 	}
-	return lockers, "memlock (in-process; set DATABASE_URL, REDIS_URL or ETCD_URL for a server)", closeAll, nil
+	return lockers, "memlock (in-process; set DATABASE_URL, REDIS_URL, ETCD_URL or ZK_URL for a server)", closeAll, nil
 }
