@@ -25,7 +25,7 @@
 // carries the claim's zxid, the server time and the number of children. A
 // claim that is the only child holds the lock at once (one round trip);
 // otherwise the lowest claim in force holds it. A busy acquirer deletes its
-// claim again. The claim's name is unique per session, so a release, a
+// claim again (in the same round trip as reading the holder). The claim's name is unique per session, so a release, a
 // renewal or a stale retry can only ever touch the node of its own session,
 // never the next holder's; an acquire whose reply was lost is found and
 // undone by its owner token.
@@ -87,7 +87,12 @@
 //     wake every waiter. A renewal fires it too; the backend sets it again
 //     without waking anyone. One watch per node per backend; the engine
 //     wakes one waiter per notification. Waiters in different processes all
-//     wake on a release and race with one attempt each.
+//     wake on a release and race with one attempt each. A busy acquirer
+//     gives its claim up while it reads the holder, so that it stands in the
+//     way of the others as briefly as possible.
+//   - No request for what the backend knows: while it holds a key itself,
+//     or has an acquisition of the key in flight, another TryAcquire of that
+//     key through the same Backend answers busy at once.
 //
 // # Not guaranteed
 //
