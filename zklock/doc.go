@@ -25,10 +25,10 @@
 // carries the claim's zxid, the server time and the number of children. A
 // claim that is the only child holds the lock at once (one round trip);
 // otherwise the lowest claim in force holds it. A busy acquirer deletes its
-// claim again (in the same round trip as reading the holder). The claim's name is unique per session, so a release, a
-// renewal or a stale retry can only ever touch the node of its own session,
-// never the next holder's; an acquire whose reply was lost is found and
-// undone by its owner token.
+// claim again, while it reads the holder. A claim's name is unique per
+// session, so a release, a renewal or a stale retry can only ever touch the
+// node of its own session, never the next holder's; an acquire whose reply
+// was lost is found and undone by its owner token.
 //
 // # Guarantees
 //
