@@ -94,6 +94,7 @@ func TestComposedObservers(t *testing.T) {
 	b.Close()
 
 	var counts []map[string]int
+	var wakes []string
 	for i, f := range []*fixture{f1, f2} {
 		if u := f.unended(); len(u) != 0 {
 			t.Errorf("observer %d: spans never ended: %v", i+1, u)
@@ -116,7 +117,8 @@ func TestComposedObservers(t *testing.T) {
 			}
 		}
 		if acqs := f.spans(dlotel.SpanAcquire); len(acqs) == 4 {
-			wantAttrs(t, acqs[2], map[attribute.Key]any{dlotel.AttrOutcome: "acquired", dlotel.AttrMode: "wait", dlotel.AttrWake: "notification"})
+			wantAttrs(t, acqs[2], map[attribute.Key]any{dlotel.AttrOutcome: "acquired", dlotel.AttrMode: "wait"})
+			wakes = append(wakes, attrs(acqs[2])[dlotel.AttrWake].Emit())
 		}
 		if lost := f.spans(dlotel.SpanLeaseLost); len(lost) == 1 {
 			wantAttrs(t, lost[0], map[attribute.Key]any{dlotel.AttrLostReason: "refused", dlotel.AttrKey: "k3"})
@@ -144,6 +146,9 @@ func TestComposedObservers(t *testing.T) {
 		if n := histCount(rm, dlotel.MetricRenewDuration, nil); n == 0 {
 			t.Errorf("observer %d: no renewal measured", i+1)
 		}
+	}
+	if len(wakes) != 2 || wakes[0] == "" || wakes[0] != wakes[1] {
+		t.Errorf("the wait's dislock.wake as the observers saw it: %q", wakes)
 	}
 	if fmt.Sprint(counts[0]) != fmt.Sprint(counts[1]) {
 		t.Errorf("the observers saw different spans: %v and %v", counts[0], counts[1])

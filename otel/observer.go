@@ -472,7 +472,8 @@ func (o *Observer) AcquireStart(ctx context.Context, e core.AcquireStartEvent) c
 // dislock.session.active.
 func (o *Observer) AcquireEnd(ctx context.Context, e core.AcquireEndEvent) {
 	st := o.sessionFrom(ctx)
-	if st == nil { // AcquireStart did not run on this context's chain
+	tracked := st != nil // later hooks find the session's state
+	if !tracked {        // AcquireStart did not run on this context's chain
 		st = &sessionCtx{o: o, span: trace.SpanFromContext(context.Background()), tab: o.table(e.Backend, modeOf(e.Mode), e.Slot)}
 		if o.attrsFn != nil {
 			st.extra = o.attrsFn(e.Key)
@@ -524,7 +525,8 @@ func (o *Observer) AcquireEnd(ctx context.Context, e core.AcquireEndEvent) {
 	} else {
 		o.acquireDur.Record(ctx, e.Wait.Seconds(), st.tab.measure(cached, st.extra).rec...)
 	}
-	if e.Err == nil && e.Session != nil && st.active.CompareAndSwap(false, true) {
+	// Only a session whose end this Observer will see counts as active.
+	if tracked && e.Err == nil && e.Session != nil && st.active.CompareAndSwap(false, true) {
 		o.active.Add(ctx, 1, st.tab.measure(st.tab.session, st.extra).add...)
 	}
 }
