@@ -20,6 +20,9 @@ func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 }
 
 func TestMain(m *testing.M) {
+	if etcdMemberMain() { // a child process that runs an etcd server
+		return
+	}
 	redis.SetLogger(redisLogger{})
 	goleak.VerifyTestMain(m)
 }

@@ -1,0 +1,281 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/etcdlock"
+)
+
+// etcdMemberEnv, set in a child process's environment, makes the test
+// binary run one embedded etcd server instead of the tests:
+// "datadir,client-addr,peer-addr". The chaos runs use a server in a
+// process of its own so that it can be killed with SIGKILL, and so that
+// its goroutines are not the run's.
+const etcdMemberEnv = "DISLOCK_CHAOS_ETCD_MEMBER"
+
+// etcdMemberMain runs the server when etcdMemberEnv is set, until its
+// standard input closes (the test process ended) or it is killed. It
+// reports false when the variable is not set.
+func etcdMemberMain() bool {
+	spec := os.Getenv(etcdMemberEnv)
+	if spec == "" {
+		return false
+	}
+	parts := strings.Split(spec, ",")
+	if len(parts) != 3 {
+		fmt.Fprintln(os.Stderr, "bad", etcdMemberEnv)
+		os.Exit(2)
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "chaos"
+	cfg.Dir = parts[0]
+	cu := url.URL{Scheme: "http", Host: parts[1]}
+	pu := url.URL{Scheme: "http", Host: parts[2]}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	cfg.UnsafeNoFsync = true // a killed process leaves its writes in the page cache
+	cfg.BcryptCost = 4       // bcrypt.MinCost: authentication stays cheap under -race
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start etcd:", err)
+		os.Exit(1)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+		if err := os.WriteFile(filepath.Join(cfg.Dir, "ready"), nil, 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	case err := <-e.Err():
+		fmt.Fprintln(os.Stderr, "etcd:", err)
+		os.Exit(1)
+	}
+	go func() {
+		_, _ = bufio.NewReader(os.Stdin).ReadString(0) // EOF: the parent is gone
+		e.Close()
+		os.Exit(0)
+	}()
+	fmt.Fprintln(os.Stderr, "etcd:", <-e.Err())
+	os.Exit(1)
+	return true
+}
+
+// etcdMember is a private etcd server in a child process, stopped by PID
+// when the test ends.
+type etcdMember struct {
+	t      testing.TB
+	dir    string
+	client string // host:port
+	peer   string
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	stdin  *os.File
+}
+
+func startEtcdMember(t testing.TB) *etcdMember {
+	t.Helper()
+	m := &etcdMember{t: t, dir: t.TempDir(), client: freeAddr(t), peer: freeAddr(t)}
+	if err := m.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.kill)
+	return m
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func (m *etcdMember) start() error {
+	readyFile := filepath.Join(m.dir, "ready")
+	_ = os.Remove(readyFile)
+	log, err := os.OpenFile(filepath.Join(m.dir, "member.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	// Files, not writers, so that os/exec starts no copying goroutines.
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), etcdMemberEnv+"="+m.dir+","+m.client+","+m.peer)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = r, log, log
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("start etcd member: %w", err)
+	}
+	m.mu.Lock()
+	m.cmd, m.stdin = cmd, w
+	m.mu.Unlock()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if _, err := os.Stat(readyFile); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			m.kill()
+			return errors.New("etcd member not ready within 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// kill sends SIGKILL to the server process and waits for it.
+func (m *etcdMember) kill() {
+	m.mu.Lock()
+	cmd, w := m.cmd, m.stdin
+	m.cmd = nil
+	m.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	w.Close()
+}
+
+// etcdLogger writes the etcd client's warnings into libLogs, which the
+// secret sweep searches.
+func etcdLogger() *zap.Logger {
+	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(libLogs), zapcore.WarnLevel))
+}
+
+// etcdSetup runs the contenders on a private etcd server (embedded
+// go.etcd.io/etcd/server/v3 in a child process) with authentication on:
+// user root, the sentinel password, which every contender's etcd:// URL
+// carries. Its own fault: the server is killed with SIGKILL and restarted
+// from its data directory.
+func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
+	m := startEtcdMember(t)
+	direct := func(user, pass string) (*clientv3.Client, error) {
+		return clientv3.New(clientv3.Config{Endpoints: []string{"http://" + m.client}, DialTimeout: 5 * time.Second,
+			Username: user, Password: pass, Logger: etcdLogger()})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	{
+		cli, err := direct("", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err1 := cli.UserAdd(ctx, "root", sentinelPW)
+		_, err2 := cli.UserGrantRole(ctx, "root", "root")
+		_, err3 := cli.AuthEnable(ctx)
+		cli.Close()
+		if err := errors.Join(err1, err2, err3); err != nil {
+			t.Fatalf("enable authentication: %v", err)
+		}
+	}
+	px, err := h.Add("etcd", m.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eprefix := "dislock-chaos/" + strings.TrimSuffix(prefix, "-") + "/"
+	adminCli, err := direct("root", sentinelPW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := etcdlock.New(adminCli, etcdlock.WithPrefix(eprefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &backendEnv{name: "etcd", proxy: px, admin: admin, keyPrefix: prefix}
+	if u, ok := optionalPG(); ok {
+		pool := directPool(t, u, "dislock-chaos-direct")
+		reg, err := newRegister(ctx, pool, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.reg = reg
+	}
+	proxied := func() (*clientv3.Client, error) {
+		cfg, err := etcdlock.ParseURL("etcd://root:" + sentinelPW + "@" + px.Addr())
+		if err != nil {
+			return nil, err
+		}
+		cfg.DialTimeout = 3 * time.Second
+		cfg.Logger = etcdLogger()
+		return clientv3.New(cfg)
+	}
+	env.newLocker = func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
+		cli, err := proxied()
+		if err != nil {
+			return nil, nil, err
+		}
+		l, err := etcdlock.New(cli, etcdlock.WithPrefix(eprefix), etcdlock.WithClientOptions(opts...))
+		if err != nil {
+			cli.Close()
+			return nil, nil, err
+		}
+		return l, func() error { err := l.Close(); return errors.Join(err, cli.Close()) }, nil
+	}
+	env.deleteKeys = func(ctx context.Context, keys []string) error {
+		for _, k := range keys {
+			if _, err := adminCli.Delete(ctx, eprefix+k); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	probe, err := proxied()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.probe = func(ctx context.Context) error {
+		_, err := probe.Get(clientv3.WithRequireLeader(ctx), eprefix+"probe")
+		return err
+	}
+	env.faults = []faultDef{{name: "etcd-kill-restart", run: func(ctx context.Context, rng *mrand.Rand) error {
+		m.kill()
+		sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
+		return m.start()
+	}}}
+	env.close = func() {
+		_ = admin.Close()
+		_ = adminCli.Close()
+		_ = probe.Close()
+		if env.reg != nil {
+			env.reg.pool.Close()
+		}
+	}
+	return env
+}
+
+func TestChaosEtcd(t *testing.T) {
+	for i, seed := range seeds() {
+		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
+			runChaos(t, tierRun(seed), etcdSetup)
+		})
+	}
+}
