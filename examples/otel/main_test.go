@@ -14,6 +14,7 @@ func TestOtelExample(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("REDIS_URL", "")
 	t.Setenv("ETCD_URL", "")
+	t.Setenv("ZK_URL", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out strings.Builder
