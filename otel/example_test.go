@@ -129,3 +129,54 @@ func Example_telemetry() {
 }
 
 func enc(s attribute.Set) string { return s.Encoded(attribute.DefaultEncoder()) }
+
+// Two Observers, each with its own TracerProvider and static attributes,
+// composed on one Locker: each records every span, and both spans are
+// children of the caller's span.
+func Example_composed() {
+	ctx := context.Background()
+	recA, recB := tracetest.NewSpanRecorder(), tracetest.NewSpanRecorder()
+	tpA := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recA))
+	tpB := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recB))
+	a, err := dlotel.New(dlotel.WithTracerProvider(tpA), dlotel.WithAttributes(attribute.String("team", "billing")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := dlotel.New(dlotel.WithTracerProvider(tpB))
+	if err != nil {
+		log.Fatal(err)
+	}
+	locker, err := memlock.New(core.WithObserver(a), core.WithObserver(b))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	ctx, job := tpA.Tracer("example").Start(ctx, "job")
+	s, err := locker.TryAcquire(ctx, "nightly-report")
+	if err != nil {
+		log.Fatal(err)
+	}
+	s.Release(ctx)
+	job.End()
+
+	for name, rec := range map[string]*tracetest.SpanRecorder{"A": recA, "B": recB} {
+		for _, sp := range rec.Ended() {
+			if sp.Name() == "job" {
+				continue
+			}
+			team := "-"
+			for _, kv := range sp.Attributes() {
+				if kv.Key == "team" {
+					team = kv.Value.Emit()
+				}
+			}
+			fmt.Printf("%s: %s child of job: %v, team=%s\n", name, sp.Name(), sp.Parent().SpanID() == job.SpanContext().SpanID(), team)
+		}
+	}
+	// Unordered output:
+	// A: dislock.acquire child of job: true, team=billing
+	// A: dislock.release child of job: true, team=billing
+	// B: dislock.acquire child of job: true, team=-
+	// B: dislock.release child of job: true, team=-
+}
