@@ -89,6 +89,7 @@ func TestCheckerCatchesBrokenEngine(t *testing.T) {
 		r.iteration(cb, "k", 2*tm.ttl, 50*time.Millisecond)
 	}
 	wg.Wait()
+	rec.Add(Event{Kind: WorkStopped, Contender: ca.name, Key: "k", Hold: ida, Token: sa.Token()})
 	rec.Add(Event{Kind: ReleaseStart, Contender: ca.name, Key: "k", Hold: ida, Token: sa.Token()})
 	_ = sa.Release(ctx)
 	rec.Add(Event{Kind: HoldEnd, Contender: ca.name, Key: "k", Hold: ida, Token: sa.Token(), Deadline: rec.Since(sa.Deadline())})

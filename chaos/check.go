@@ -20,10 +20,17 @@ type Config struct {
 	// LossSlack is how long after a session's local deadline the engine may
 	// take to signal the loss (timer and scheduling delay).
 	LossSlack time.Duration
+	// StopSlack is how long after its loss signal (or its local deadline,
+	// whichever came first) a holder's work may take to stop; 0 checks
+	// nothing. It must be shorter than TTL - RenewDeadline, the margin in
+	// which the store keeps the key for the holder.
+	StopSlack time.Duration
 }
 
 // Hold is one session as the history shows it: it may act from OK until End,
-// the earliest of its release start, its loss signal and its final local
+// when its work stopped (the work-stopped event). For histories without that
+// event, whose holders acted only while their sessions were valid, End is the
+// earliest of the release start, the loss signal and the final local
 // deadline.
 type Hold struct {
 	ID        int64         `json:"id"`
@@ -35,11 +42,26 @@ type Hold struct {
 	Deadline  time.Duration `json:"deadline"`
 	LostAt    time.Duration `json:"lost_at,omitempty"`
 	ReleaseAt time.Duration `json:"release_at,omitempty"`
+	StoppedAt time.Duration `json:"stopped_at,omitempty"`
 	End       time.Duration `json:"end"`
-	EndBy     string        `json:"end_by"` // "release", "loss" or "deadline"
+	EndBy     string        `json:"end_by"` // "work stopped"; without it "release", "loss" or "deadline"
 	Ended     bool          `json:"ended"`  // a hold-end event was recorded
 	lost      bool
 	released  bool
+	stopped   bool
+}
+
+// signalled is when the holder had to stop: the earliest of its loss
+// signal, its final local deadline and its release start.
+func (h Hold) signalled() time.Duration {
+	t := h.Deadline
+	if h.lost && h.LostAt < t {
+		t = h.LostAt
+	}
+	if h.released && h.ReleaseAt < t {
+		t = h.ReleaseAt
+	}
+	return t
 }
 
 func (h Hold) String() string {
@@ -48,10 +70,13 @@ func (h Hold) String() string {
 	if h.lost {
 		s += fmt.Sprintf(", loss signalled %.3fs", h.LostAt.Seconds())
 	}
+	if h.stopped {
+		s += fmt.Sprintf(", work stopped %.3fs", h.StoppedAt.Seconds())
+	}
 	if h.released {
 		s += fmt.Sprintf(", release-start %.3fs", h.ReleaseAt.Seconds())
 	}
-	return s + fmt.Sprintf(" => may act until %.3fs (%s)", h.End.Seconds(), h.EndBy)
+	return s + fmt.Sprintf(" => held until %.3fs (%s)", h.End.Seconds(), h.EndBy)
 }
 
 // Violation is one broken rule with the evidence.
@@ -75,6 +100,7 @@ const (
 	RuleActedOutside = "acted outside its hold"
 	RuleLossLate     = "loss signalled late"
 	RuleLossMissing  = "loss never signalled"
+	RuleSlowStop     = "work outlived its lease"
 	RuleNoReacquire  = "cannot acquire after faults healed"
 	RuleHeldAfterRun = "key held after the run"
 	RuleUnfinished   = "contender did not finish"
@@ -121,20 +147,26 @@ type fault struct {
 
 // Check is a pure function over a history. The rules, per key:
 //
-//   - Mutual exclusion. Hold A may act from its acquire-ok until End, the
-//     earliest of its release start, its loss signal and its final local
-//     deadline (the send time of its last successful acquire or renewal plus
-//     the renew deadline, shorter than the TTL). The store cannot grant the
-//     key to B before A's lease expires there, at least TTL after that send
+//   - Mutual exclusion. Hold A lasts from its acquire-ok until End, when its
+//     work stopped. A loss does not end the work at once: the holder learns
+//     of it at its local deadline (the send time of its last successful
+//     acquire or renewal plus the renew deadline, shorter than the TTL) and
+//     then needs a moment to stop. The store keeps the key until the holder
+//     releases it or its lease expires there, at least TTL after that send
 //     time, so for two holds with A.OK <= B.OK the rule is A.End <= B.OK, with
 //     no slack at all: the TTL minus the renew deadline is the margin, and
 //     faults on the network (cut, dropped replies, latency, reset, killed
-//     server connections, a paused store) do not widen it. Only a state-loss
-//     fault F (lock deleted, store restarted without persistence) lets B in
-//     while A cannot know: such an overlap is allowed when F started between
-//     A's acquire-start and B's acquire-ok and A.End <= F.start +
-//     RenewDeadline + Slack (A's renewals after F are refused, so its
-//     deadline cannot move past that).
+//     server connections, a paused store) do not widen it. An engine that
+//     frees the key at the loss signal, while the work is still stopping,
+//     breaks it. Only a state-loss fault F (lock deleted, store restarted
+//     without persistence) lets B in while A cannot know: such an overlap is
+//     allowed when F started between A's acquire-start and B's acquire-ok and
+//     A had to stop (loss, deadline or release) by F.start + RenewDeadline +
+//     Slack (A's renewals after F are refused, so its deadline cannot move
+//     past that). Histories without work-stopped events end a hold at the
+//     earliest of its release start, loss signal and final local deadline.
+//   - The work stops within StopSlack of the moment the holder had to stop
+//     (its loss signal or local deadline, whichever came first).
 //   - Fencing tokens strictly increase: when A.OK < B.Start, A.Token <
 //     B.Token, and no two holds share a token.
 //   - The fenced register never accepts a stale token: accepted writes in the
@@ -185,6 +217,10 @@ func Check(h History, cfg Config) Report {
 			if hd := get(e); hd != nil && !hd.lost {
 				hd.lost, hd.LostAt = true, e.At
 			}
+		case WorkStopped:
+			if hd := get(e); hd != nil && !hd.stopped {
+				hd.stopped, hd.StoppedAt = true, e.At
+			}
 		case ReleaseStart:
 			if hd := get(e); hd != nil && !hd.released {
 				hd.released, hd.ReleaseAt = true, e.At
@@ -226,12 +262,17 @@ func Check(h History, cfg Config) Report {
 	byKey := map[string][]*Hold{}
 	for _, id := range order {
 		hd := holds[id]
-		hd.End, hd.EndBy = hd.Deadline, "deadline"
-		if hd.lost && hd.LostAt < hd.End {
-			hd.End, hd.EndBy = hd.LostAt, "loss"
-		}
-		if hd.released && hd.ReleaseAt < hd.End {
-			hd.End, hd.EndBy = hd.ReleaseAt, "release"
+		switch {
+		case hd.stopped:
+			hd.End, hd.EndBy = hd.StoppedAt, "work stopped"
+		default:
+			hd.End, hd.EndBy = hd.Deadline, "deadline"
+			if hd.lost && hd.LostAt < hd.End {
+				hd.End, hd.EndBy = hd.LostAt, "loss"
+			}
+			if hd.released && hd.ReleaseAt < hd.End {
+				hd.End, hd.EndBy = hd.ReleaseAt, "release"
+			}
 		}
 		byKey[hd.Key] = append(byKey[hd.Key], hd)
 		rep.Holds = append(rep.Holds, *hd)
@@ -239,6 +280,12 @@ func Check(h History, cfg Config) Report {
 			c := *hd
 			rep.Violations = append(rep.Violations, Violation{Rule: RuleUnfinished, Key: hd.Key, A: &c,
 				Detail: "the hold has no hold-end: its contender never finished with it"})
+		}
+		if sig := hd.signalled(); cfg.StopSlack > 0 && hd.stopped && hd.StoppedAt > sig+cfg.StopSlack {
+			c := *hd
+			rep.Violations = append(rep.Violations, Violation{Rule: RuleSlowStop, Key: hd.Key, A: &c,
+				Detail: fmt.Sprintf("the work stopped %v after the holder had to stop (allowed %v)",
+					(hd.StoppedAt - sig).Round(time.Millisecond), cfg.StopSlack)})
 		}
 		// A session whose acquisition took longer than the renew deadline
 		// is born expired; its loss is due at once.
@@ -252,10 +299,12 @@ func Check(h History, cfg Config) Report {
 	}
 
 	// excused reports whether the overlap of a (earlier acquire-ok) and b is
-	// one a state-loss fault allows.
+	// one a state-loss fault allows: a had to stop no later than its
+	// renewals after the fault were refused (how long its work then took to
+	// stop is the StopSlack rule's business).
 	excused := func(a, b *Hold) (bool, string) {
 		for _, f := range faults {
-			if f.stateLoss && f.start >= a.Start && f.start <= b.OK && a.End <= f.start+cfg.RenewDeadline+cfg.Slack {
+			if f.stateLoss && f.start >= a.Start && f.start <= b.OK && a.signalled() <= f.start+cfg.RenewDeadline+cfg.Slack {
 				return true, f.name
 			}
 		}
@@ -288,7 +337,7 @@ func Check(h History, cfg Config) Report {
 					if ok, _ := excused(a, b); !ok {
 						ca, cb := *a, *b
 						rep.Violations = append(rep.Violations, Violation{Rule: RuleOverlap, Key: k, A: &ca, B: &cb,
-							Detail: fmt.Sprintf("A may act until %.3fs but B acquired at %.3fs: %v of overlap, none allowed (faults active: %s)",
+							Detail: fmt.Sprintf("A held the key until %.3fs but B acquired it at %.3fs: %v of overlap, none allowed (faults active: %s)",
 								a.End.Seconds(), b.OK.Seconds(), (a.End - b.OK).Round(time.Microsecond), faultsBetween(a.OK, b.OK))})
 					}
 				}
@@ -308,6 +357,8 @@ func Check(h History, cfg Config) Report {
 
 	// Counter and fenced register.
 	lastRead := map[int64]Event{}
+	type update struct{ read, write Event } // a write and the hold's read before it
+	var updates []update
 	writes := map[string][]Event{}
 	fenced := map[string][]Event{}
 	for _, e := range h.Events {
@@ -315,6 +366,9 @@ func Check(h History, cfg Config) Report {
 		case CounterRead:
 			lastRead[e.Hold] = e
 		case CounterWrite:
+			if r, ok := lastRead[e.Hold]; ok {
+				updates = append(updates, update{r, e})
+			}
 			writes[e.Key] = append(writes[e.Key], e)
 			if hd := holds[e.Hold]; hd != nil && e.At > hd.End {
 				c := *hd
@@ -325,14 +379,8 @@ func Check(h History, cfg Config) Report {
 			fenced[e.Key] = append(fenced[e.Key], e)
 		}
 	}
-	for _, e := range h.Events {
-		if e.Kind != CounterWrite {
-			continue
-		}
-		r, ok := lastRead[e.Hold]
-		if !ok {
-			continue
-		}
+	for _, u := range updates {
+		r, e := u.read, u.write
 		ws := writes[e.Key] // in time order
 		from := sort.Search(len(ws), func(i int) bool { return ws[i].At > r.At })
 		for _, o := range ws[from:] {

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,20 +15,87 @@ type hb struct{ h History }
 
 func (b *hb) add(e Event) *hb { b.h.Events = append(b.h.Events, e); return b }
 
-// hold appends a complete hold: acquire-start at start, ok at ok, released at
-// rel (or, when rel is 0, lost at its deadline).
+// hold appends a complete hold: acquire-start at start, ok at ok, work
+// stopped and released at rel (or, when rel is 0, work stopped at its
+// deadline, lost just after it and released).
 func (b *hb) hold(id int64, who, key string, tok uint64, start, ok, deadline, rel int) *hb {
 	b.add(Event{At: ms(start), Kind: AcquireStart, Contender: who, Key: key})
 	b.add(Event{At: ms(ok), Kind: AcquireOK, Contender: who, Key: key, Hold: id, Token: tok, Deadline: ms(deadline)})
 	end := rel
 	if rel == 0 {
+		b.add(Event{At: ms(deadline), Kind: WorkStopped, Contender: who, Key: key, Hold: id, Token: tok})
 		b.add(Event{At: ms(deadline + 1), Kind: Lost, Contender: who, Key: key, Hold: id, Token: tok})
 		end = deadline + 1
 	} else {
-		b.add(Event{At: ms(rel), Kind: ReleaseStart, Contender: who, Key: key, Hold: id, Token: tok})
+		b.add(Event{At: ms(rel), Kind: WorkStopped, Contender: who, Key: key, Hold: id, Token: tok})
 	}
+	b.add(Event{At: ms(end), Kind: ReleaseStart, Contender: who, Key: key, Hold: id, Token: tok})
 	b.add(Event{At: ms(end + 1), Kind: HoldEnd, Contender: who, Key: key, Hold: id, Token: tok, Deadline: ms(deadline)})
 	return b
+}
+
+// lostWorking appends a hold that is lost at its deadline while a step of
+// its work is in progress: the work stops at stopped, then it releases.
+func (b *hb) lostWorking(id int64, who, key string, tok uint64, start, ok, deadline, stopped int) *hb {
+	b.add(Event{At: ms(start), Kind: AcquireStart, Contender: who, Key: key})
+	b.add(Event{At: ms(ok), Kind: AcquireOK, Contender: who, Key: key, Hold: id, Token: tok, Deadline: ms(deadline)})
+	b.add(Event{At: ms(deadline + 1), Kind: Lost, Contender: who, Key: key, Hold: id, Token: tok})
+	b.add(Event{At: ms(stopped), Kind: WorkStopped, Contender: who, Key: key, Hold: id, Token: tok})
+	b.add(Event{At: ms(stopped), Kind: ReleaseStart, Contender: who, Key: key, Hold: id, Token: tok})
+	b.add(Event{At: ms(stopped + 1), Kind: HoldEnd, Contender: who, Key: key, Hold: id, Token: tok, Deadline: ms(deadline)})
+	return b
+}
+
+// A hold lasts until its work stopped, not until the loss signal: an engine
+// that frees the key at the signal lets B in while A's last step still
+// runs. The store keeping the key for the margin lets B in only after A
+// stopped.
+func TestCheckHoldLastsUntilWorkStopped(t *testing.T) {
+	cfg := cfg
+	cfg.StopSlack = ms(100)
+	b := &hb{}
+	b.lostWorking(1, "c1", "k", 10, 0, 5, 1005, 1040)
+	b.hold(2, "c2", "k", 11, 100, 1008, 2008, 1100) // the key freed at A's loss
+	b.add(Event{At: ms(1020), Kind: CounterRead, Contender: "c2", Key: "k", Hold: 2, Value: 4})
+	b.add(Event{At: ms(1025), Kind: CounterWrite, Contender: "c2", Key: "k", Hold: 2, Read: 4, Value: 5})
+	b.add(Event{At: ms(990), Kind: CounterRead, Contender: "c1", Key: "k", Hold: 1, Value: 4})
+	b.add(Event{At: ms(1039), Kind: CounterWrite, Contender: "c1", Key: "k", Hold: 1, Read: 4, Value: 5})
+	r := Check(b.history(), cfg)
+	wantRules(t, r, RuleOverlap, RuleLostUpdate)
+	for _, want := range []string{"loss signalled 1.006s, work stopped 1.040s", "held until 1.040s (work stopped)", "B acquired it at 1.008s", "32ms of overlap"} {
+		if !strings.Contains(r.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, r)
+		}
+	}
+	// The same history judged by the loss signal alone looks clean.
+	legacy := History{Seed: 42}
+	for _, e := range b.history().Events {
+		if e.Kind != WorkStopped {
+			legacy.Events = append(legacy.Events, e)
+		}
+	}
+	if lr := Check(legacy, cfg); slices.Contains(rules(lr), RuleOverlap) {
+		t.Fatalf("without work-stopped events the hold should end at the signal:\n%s", lr)
+	}
+
+	b = &hb{}
+	b.lostWorking(1, "c1", "k", 10, 0, 5, 1005, 1040)
+	b.hold(2, "c2", "k", 11, 100, 1505, 2505, 1600) // the key expired at TTL
+	wantRules(t, Check(b.history(), cfg))
+}
+
+func TestCheckSlowStop(t *testing.T) {
+	cfg := cfg
+	cfg.StopSlack = ms(100)
+	b := &hb{}
+	b.lostWorking(1, "c1", "k", 10, 0, 5, 1005, 1200)
+	r := Check(b.history(), cfg)
+	wantRules(t, r, RuleSlowStop)
+	if !strings.Contains(r.String(), "195ms after the holder had to stop (allowed 100ms)") {
+		t.Errorf("report:\n%s", r)
+	}
+	cfg.StopSlack = 0 // not checked
+	wantRules(t, Check(b.history(), cfg))
 }
 
 func (b *hb) history() History {

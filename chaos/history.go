@@ -28,7 +28,11 @@ const (
 	AcquireUnknown Kind = "acquire-unknown"
 	// Lost: the engine signalled the loss of Hold's lease.
 	Lost Kind = "lost"
-	// ReleaseStart: the holder starts releasing Hold; it stops acting here.
+	// WorkStopped: the holder's work on Hold has stopped, recorded before
+	// Release is called. The hold lasts from acquire-ok until here: after a
+	// loss the work stops within a bounded time, not at the signal.
+	WorkStopped Kind = "work-stopped"
+	// ReleaseStart: the holder starts releasing Hold.
 	ReleaseStart Kind = "release-start"
 	// ReleaseEnd: the release returned (Err when it failed).
 	ReleaseEnd Kind = "release-end"

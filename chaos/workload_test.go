@@ -271,11 +271,26 @@ func (r *run) iteration(c *contender, key string, timeout, maxHold time.Duration
 	if c.rng.IntN(2) == 0 {
 		holdFor = between(c.rng, 10*time.Millisecond, maxHold)
 	}
-	for until := time.Now().Add(min(holdFor, maxHold)); time.Now().Before(until); {
+	r.work(c, s, id, key, min(holdFor, maxHold))
+	r.finish(c, s, id, key)
+	return true
+}
+
+// work runs critical steps on key for holdFor, or until the session is no
+// longer valid, and records when the work stopped.
+func (r *run) work(c *contender, s core.Session, id int64, key string, holdFor time.Duration) {
+	for until := time.Now().Add(holdFor); time.Now().Before(until); {
 		if !r.critical(c, s, id, key) {
 			break
 		}
 	}
+	r.rec.Add(Event{Kind: WorkStopped, Contender: c.name, Key: key, Hold: id, Token: s.Token()})
+}
+
+// finish checks that a passed deadline was signalled, then releases the
+// session, lost or not: a lost session's Release tells the store the work
+// has stopped (as Do does after its function returns).
+func (r *run) finish(c *contender, s core.Session, id int64, key string) {
 	if s.Err() == nil && !time.Now().Before(s.Deadline()) {
 		// The deadline passed: the engine must say so at once.
 		select {
@@ -286,23 +301,31 @@ func (r *run) iteration(c *contender, key string, timeout, maxHold time.Duration
 			}
 		}
 	}
-	if s.Err() == nil {
-		r.rec.Add(Event{Kind: ReleaseStart, Contender: c.name, Key: key, Hold: id, Token: s.Token()})
-		err := s.Release(context.Background())
-		r.errs.err(err)
-		r.rec.Add(Event{Kind: ReleaseEnd, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Err: errString(err)})
+	r.rec.Add(Event{Kind: ReleaseStart, Contender: c.name, Key: key, Hold: id, Token: s.Token()})
+	err := s.Release(context.Background())
+	if errors.Is(err, core.ErrLeaseLost) {
+		err = nil // the store refused: the key is gone already
 	}
+	r.errs.err(err)
+	r.rec.Add(Event{Kind: ReleaseEnd, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Err: errString(err)})
 	r.rec.Add(Event{Kind: HoldEnd, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Deadline: r.rec.Since(s.Deadline())})
-	return true
 }
+
+// stopSlack is how long after its session stopped being valid the workload
+// may take to stop: one critical step (at most 40ms of work and a fenced
+// write on a direct connection) under the race detector on a busy machine.
+// It is well inside the margin TTL - RenewDeadline (500ms).
+const stopSlack = 300 * time.Millisecond
 
 // lossSlack is how late after its local deadline a loss may be signalled:
 // the renewer's timer under the race detector on a busy 2-core machine.
 const lossSlack = 400 * time.Millisecond
 
 // critical is one step of the critical section: the unfenced
-// read-sleep-write counter, then a fenced register write. It acts only
-// while the session is held and its local deadline has not passed.
+// read-sleep-write counter, then a fenced register write. A step starts only
+// while the session is held and its local deadline has not passed; once
+// begun, the counter update runs to its end, as real work does when its
+// context is cancelled, so after a loss the work stops within one step.
 func (r *run) critical(c *contender, s core.Session, id int64, key string) bool {
 	valid := func(now time.Time) bool { return s.Err() == nil && now.Before(s.Deadline()) }
 	if !valid(time.Now()) {
@@ -313,9 +336,6 @@ func (r *run) critical(c *contender, s core.Session, id int64, key string) bool 
 	r.rec.Add(Event{Kind: CounterRead, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Value: v})
 	sleepCtx(r.ctx, between(c.rng, 5*time.Millisecond, 40*time.Millisecond))
 	now := time.Now()
-	if !valid(now) {
-		return false
-	}
 	ctr.Store(v + 1)
 	r.rec.Add(Event{At: r.rec.Since(now), Kind: CounterWrite, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Read: v, Value: v + 1})
 	if r.env.reg != nil {
@@ -527,7 +547,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	}
 
 	hist := r.rec.History()
-	rep := Check(hist, Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack})
+	rep := Check(hist, Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack})
 	acquired, lost := 0, 0
 	for _, e := range hist.Events {
 		switch e.Kind {
