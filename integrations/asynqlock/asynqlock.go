@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -19,7 +20,15 @@ const (
 	DefaultBusyDelayMin   = time.Second
 	DefaultBusyDelayMax   = 3 * time.Second
 	DefaultReleaseTimeout = 5 * time.Second
+	// DefaultQuickRetries is the default of QuickRetries.
+	DefaultQuickRetries = 200
 )
+
+// quickWindow is how long after the key last changed hands HandOff still
+// sends bounces back quickly: a key held longer has long-running holders,
+// its waiters are next anyway, and a bounce comes back after BusyDelay
+// instead.
+const quickWindow = time.Second
 
 // Option configures the middleware.
 type Option func(*config)
@@ -34,6 +43,7 @@ type config struct {
 	delayMin       time.Duration
 	delayMax       time.Duration
 	releaseTimeout time.Duration
+	quick          int
 	errs           []error
 }
 
@@ -66,7 +76,7 @@ func LockOptions(opts ...core.Option) Option {
 }
 
 // OnBusy sets what happens to a task whose key is held elsewhere (default
-// RetryLater).
+// HandOff(1)).
 func OnBusy(p Policy) Option {
 	return func(c *config) {
 		if err := p.check("OnBusy"); err != nil {
@@ -89,8 +99,8 @@ func OnExhausted(p Policy) Option {
 			c.errs = append(c.errs, err)
 			return
 		}
-		if p.kind == kindRetryLater {
-			c.errs = append(c.errs, invalid("OnExhausted", "RetryLater cannot apply once retries are exhausted"))
+		if p.kind == kindRetryLater || p.kind == kindHandOff {
+			c.errs = append(c.errs, invalid("OnExhausted", "%v cannot apply once retries are exhausted", p))
 			return
 		}
 		c.onExhausted = p
@@ -128,6 +138,25 @@ func BusyDelay(min, max time.Duration) Option {
 	}
 }
 
+// QuickRetries sets how many bounces of HandOff per key and per second, on
+// each server, come back at asynq's next delayed-task check (a retry delay
+// of 0) rather than after BusyDelay (default DefaultQuickRetries; 0: none).
+// They keep a few tasks of a backlog circling, so that a place in line freed
+// by a hand-off is taken again within about Config.DelayedTaskCheckInterval,
+// while the cost of the circling stays bounded however long the backlog:
+// each bounce is a dequeue, a TryAcquire and a retry, a few store round
+// trips. Quick retries stop while every waiter of the key has waited longer
+// than a second (its holders run long, and bouncing fast gains nothing).
+func QuickRetries(perSecond int) Option {
+	return func(c *config) {
+		if perSecond < 0 {
+			c.errs = append(c.errs, invalid("QuickRetries", "must not be negative, got %d", perSecond))
+			return
+		}
+		c.quick = perSecond
+	}
+}
+
 // ReleaseTimeout bounds the release after the handler returns, which runs on
 // a context detached from the task's cancellation (default
 // DefaultReleaseTimeout).
@@ -149,6 +178,7 @@ const (
 	kindRevoke
 	kindArchive
 	kindWait
+	kindHandOff
 )
 
 // Policy says what the middleware does with a task whose key is held
@@ -156,6 +186,7 @@ const (
 type Policy struct {
 	kind policyKind
 	max  time.Duration
+	n    int
 }
 
 var (
@@ -181,12 +212,30 @@ var (
 // *BusyError, and asynq archives the task with it.
 func Wait(max time.Duration) Policy { return Policy{kind: kindWait, max: max} }
 
+// HandOff (the default, HandOff(1)) lets up to n busy tasks of a key wait
+// for its lock on each server, each until its deadline: the Locker wakes a
+// waiter when the lock is released (at once where the store notifies
+// releases, as redislock and memlock do), so that a backlog on one key
+// drains at about the handler's speed. Every other busy task is bounced as
+// by RetryLater: up to QuickRetries a second come back at asynq's next
+// delayed-task check, to take the place of a waiter that got the lock; the
+// rest after BusyDelay. Set asynq.Config.DelayedTaskCheckInterval and
+// TaskCheckInterval to about 100ms: see the package documentation.
+//
+// A waiter holds one of the server's workers while it waits, so n bounds the
+// workers one key can take on a server (n must be below Concurrency). On the
+// task's last attempt the bounce is replaced by the OnExhausted policy, as
+// for RetryLater.
+func HandOff(n int) Policy { return Policy{kind: kindHandOff, n: n} }
+
 func (p Policy) check(opt string) error {
 	switch {
-	case p.kind < kindRetryLater || p.kind > kindWait:
+	case p.kind < kindRetryLater || p.kind > kindHandOff:
 		return invalid(opt, "unknown policy")
 	case p.kind == kindWait && p.max < 0:
 		return invalid(opt, "Wait: must not be negative, got %v", p.max)
+	case p.kind == kindHandOff && p.n < 1:
+		return invalid(opt, "HandOff: need at least 1 waiter per key, got %d", p.n)
 	}
 	return nil
 }
@@ -207,6 +256,8 @@ func (p Policy) String() string {
 			return "Wait(deadline)"
 		}
 		return fmt.Sprintf("Wait(%v)", p.max)
+	case kindHandOff:
+		return fmt.Sprintf("HandOff(%d)", p.n)
 	}
 	return "Policy(?)"
 }
@@ -260,12 +311,13 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 	c := config{
 		key:            ByType,
 		prefix:         DefaultPrefix,
-		onBusy:         RetryLater,
+		onBusy:         HandOff(1),
 		onExhausted:    Wait(0),
 		grace:          DefaultGrace,
 		delayMin:       DefaultBusyDelayMin,
 		delayMax:       DefaultBusyDelayMax,
 		releaseTimeout: DefaultReleaseTimeout,
+		quick:          DefaultQuickRetries,
 	}
 	if l == nil {
 		c.errs = append(c.errs, invalid("Locker", "nil"))
@@ -278,7 +330,7 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 	if len(c.errs) > 0 {
 		return nil, c.errs[0]
 	}
-	m := &middleware{l: l, c: c}
+	m := &middleware{l: l, c: c, lines: lines{keys: map[string]*line{}}}
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			return m.process(ctx, t, next)
@@ -302,8 +354,9 @@ func Middleware(l core.Locker, opts ...Option) asynq.MiddlewareFunc {
 }
 
 type middleware struct {
-	l core.Locker
-	c config
+	l     core.Locker
+	c     config
+	lines lines
 }
 
 func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
@@ -336,9 +389,13 @@ func (m *middleware) acquire(ctx context.Context, key string, p Policy, fallback
 		s   core.Session
 		err error
 	)
-	if p.kind == kindWait {
+	quick := false
+	switch p.kind {
+	case kindWait:
 		s, err = m.wait(ctx, key, p.max)
-	} else {
+	case kindHandOff:
+		s, quick, err = m.handOff(ctx, key, p.n)
+	default:
 		s, err = m.l.TryAcquire(ctx, key, m.c.lockOpts...)
 	}
 	if err == nil {
@@ -353,6 +410,9 @@ func (m *middleware) acquire(ctx context.Context, key string, p Policy, fallback
 		return nil, fmt.Errorf("asynqlock: acquire %q: %w", key, err)
 	}
 	busy := &BusyError{Key: key, RetryIn: m.delay(), Err: err}
+	if quick {
+		busy.RetryIn = 0
+	}
 	switch p.kind {
 	case kindSkip:
 		return nil, nil
@@ -378,6 +438,33 @@ func (m *middleware) wait(ctx context.Context, key string, max time.Duration) (c
 		defer cancel()
 	}
 	return m.l.Acquire(wctx, key, m.c.lockOpts...)
+}
+
+// handOff tries key once and, when it is busy, waits for it if fewer than n
+// tasks of key wait on this server. A busy answer without a wait reports
+// whether the bounce may come back quickly.
+func (m *middleware) handOff(ctx context.Context, key string, n int) (core.Session, bool, error) {
+	s, err := m.l.TryAcquire(ctx, key, m.c.lockOpts...)
+	if err == nil || !errors.Is(err, core.ErrNotAcquired) {
+		return s, false, err
+	}
+	// The last attempt waits under the OnExhausted policy instead, whatever
+	// the line.
+	if exhausted(ctx) {
+		return nil, false, err
+	}
+	var holder *core.Info
+	var na *core.NotAcquiredError
+	if errors.As(err, &na) {
+		holder = na.Holder
+	}
+	wait, quick := m.lines.enter(key, n, m.c.quick, holder, time.Now())
+	if !wait {
+		return nil, quick, err
+	}
+	defer m.lines.leave(key)
+	s, err = m.l.Acquire(ctx, key, m.c.lockOpts...)
+	return s, false, err
 }
 
 func (m *middleware) delay() time.Duration {
@@ -425,4 +512,91 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		return fmt.Errorf("%w; asynqlock: %w", err, cause)
 	}
 	return err
+}
+
+// lines keeps, per key, the tasks waiting for it on this server and the
+// budget of quick retries.
+type lines struct {
+	mu    sync.Mutex
+	keys  map[string]*line
+	swept time.Time
+}
+
+type line struct {
+	waiting int       // tasks waiting for the key
+	moved   time.Time // when the key last changed hands, as far as seen here
+	holder  holder    // the holder in the last busy answer
+	// Quick retries are a token bucket kept as the time at which it is
+	// full again (GCRA): each retry moves it on by 1s/rate.
+	full time.Time
+}
+
+// holder identifies one acquisition of a key.
+type holder struct {
+	token      uint64
+	owner      string
+	acquiredAt time.Time
+}
+
+// enter says whether a busy task of key waits (fewer than n wait already;
+// it then counts as waiting until leave) and, if not, whether its bounce is
+// a quick retry: at most rate a second, in bursts of up to rate/4, and only
+// while the key changed hands (a new holder in the busy answer, or a waiter
+// here that took its place in line) within quickWindow.
+func (ls *lines) enter(key string, n, rate int, info *core.Info, now time.Time) (wait, quick bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if now.Sub(ls.swept) > time.Second {
+		ls.sweep(now)
+	}
+	l := ls.keys[key]
+	if l == nil {
+		l = &line{}
+		ls.keys[key] = l
+	}
+	if info == nil {
+		// The store does not say who holds the key: count every busy
+		// answer as a change of hands, so that only the rate bounds the
+		// quick retries.
+		l.moved = now
+	} else if h := (holder{info.Token, info.Owner, info.AcquiredAt}); h != l.holder {
+		l.holder, l.moved = h, now
+	}
+	if l.waiting < n {
+		l.waiting++
+		l.moved = now
+		return true, false
+	}
+	if rate == 0 || now.Sub(l.moved) > quickWindow {
+		return false, false
+	}
+	step := time.Second / time.Duration(rate)
+	burst := time.Duration(max(1, rate/4)) * step
+	if l.full.Before(now) {
+		l.full = now
+	}
+	if l.full.Sub(now)+step > burst {
+		return false, false
+	}
+	l.full = l.full.Add(step)
+	return false, true
+}
+
+// leave ends a wait that enter started.
+func (ls *lines) leave(key string) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if l := ls.keys[key]; l != nil {
+		l.waiting--
+	}
+}
+
+// sweep drops the keys nobody waits for whose bucket is full again.
+func (ls *lines) sweep(now time.Time) {
+	ls.swept = now
+	for k, l := range ls.keys {
+		if l.waiting == 0 && !l.full.After(now) && now.Sub(l.moved) > quickWindow {
+			delete(ls.keys, k)
+		}
+	}
 }

@@ -26,14 +26,14 @@ import (
 const waitLong = 30 * time.Second
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	rdb    redis.UniversalClient
 	queue  string
 	client *asynq.Client
 	insp   *asynq.Inspector
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	opt, err := redis.ParseURL(testenv.Redis(t))
 	if err != nil {
@@ -86,8 +86,13 @@ func (e *env) serve(cfg asynq.Config, mw asynq.MiddlewareFunc, h asynq.HandlerFu
 
 func (e *env) enqueue(payload string, opts ...asynq.Option) *asynq.TaskInfo {
 	e.t.Helper()
+	return e.enqueueTask(asynq.NewTask("job", []byte(payload)), opts...)
+}
+
+func (e *env) enqueueTask(task *asynq.Task, opts ...asynq.Option) *asynq.TaskInfo {
+	e.t.Helper()
 	opts = append([]asynq.Option{asynq.Queue(e.queue), asynq.Retention(time.Hour)}, opts...)
-	info, err := e.client.Enqueue(asynq.NewTask("job", []byte(payload)), opts...)
+	info, err := e.client.Enqueue(task, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -237,8 +242,8 @@ func oneAtATime(t *testing.T, e *env, la, lb core.Locker) {
 }
 
 // TestServers_BusyKeepsRetryBudget: with IsFailure and RetryDelay wired in,
-// a busy task is retried again and again without its retry count growing,
-// and runs once the holder lets go.
+// a task bounced by RetryLater is retried again and again without its retry
+// count growing, and runs once the holder lets go.
 func TestServers_BusyKeepsRetryBudget(t *testing.T) {
 	e := newEnv(t)
 	_, holder, l := lockers(t)
@@ -250,7 +255,7 @@ func TestServers_BusyKeepsRetryBudget(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	cfg := wired()
 	cfg.ErrorHandler = busyCounter(busy)
-	e.serve(cfg, asynqlock.Middleware(l, asynqlock.BusyDelay(0, 0)), func(context.Context, *asynq.Task) error {
+	e.serve(cfg, asynqlock.Middleware(l, asynqlock.OnBusy(asynqlock.RetryLater), asynqlock.BusyDelay(0, 0)), func(context.Context, *asynq.Task) error {
 		ran <- struct{}{}
 		return nil
 	})
@@ -274,7 +279,8 @@ func TestServers_BusyKeepsRetryBudget(t *testing.T) {
 
 // TestServers_ExhaustedWaits: on a task's last attempt asynq would archive
 // any error, so a busy task is not bounced but waits (the default
-// OnExhausted) and runs after the holder.
+// OnExhausted) and runs after the holder — also when another task already
+// waits for the key (HandOff would bounce it otherwise).
 func TestServers_ExhaustedWaits(t *testing.T) {
 	e := newEnv(t)
 	_, holder, l := lockers(t)
@@ -283,21 +289,30 @@ func TestServers_ExhaustedWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	busy := make(chan error, 100)
-	ran := make(chan time.Time, 1)
+	ran := make(chan time.Time, 2)
 	cfg := wired()
 	cfg.ErrorHandler = busyCounter(busy)
 	e.serve(cfg, asynqlock.Middleware(l), func(context.Context, *asynq.Task) error {
 		ran <- time.Now()
 		return nil
 	})
-	id := e.enqueue("x", asynq.MaxRetry(0), asynq.Timeout(waitLong)).ID
-	e.waitState(id, asynq.TaskStateActive)
+	ids := []string{
+		e.enqueue("x", asynq.MaxRetry(0), asynq.Timeout(waitLong)).ID,
+		e.enqueue("y", asynq.MaxRetry(0), asynq.Timeout(waitLong)).ID,
+	}
+	for _, id := range ids {
+		e.waitState(id, asynq.TaskStateActive)
+	}
 	released := time.Now()
 	s.Release(context.Background())
-	if start := recv(t, ran, "the handler to run"); start.Before(released) {
-		t.Error("handler ran before the holder released")
+	for range ids {
+		if start := recv(t, ran, "the handler to run"); start.Before(released) {
+			t.Error("handler ran before the holder released")
+		}
 	}
-	e.waitState(id, asynq.TaskStateCompleted)
+	for _, id := range ids {
+		e.waitState(id, asynq.TaskStateCompleted)
+	}
 	if len(busy) != 0 {
 		t.Errorf("%d busy errors reached asynq on the last attempt, want 0", len(busy))
 	}
@@ -318,6 +333,7 @@ func TestServers_Policies(t *testing.T) {
 			}
 		}},
 		{asynqlock.Wait(waitLong), nil},
+		{asynqlock.HandOff(1), nil},
 	}
 	for _, c := range cases {
 		t.Run(c.p.String(), func(t *testing.T) {
@@ -341,7 +357,8 @@ func TestServers_Policies(t *testing.T) {
 				}
 				return
 			}
-			// Wait: the task is being worked on (waiting) until the holder goes.
+			// Wait, HandOff: the task is being worked on (waiting) until the
+			// holder goes.
 			e.waitState(id, asynq.TaskStateActive)
 			released := time.Now()
 			s.Release(context.Background())

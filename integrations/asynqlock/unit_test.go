@@ -94,6 +94,9 @@ func TestNew_InvalidOptions(t *testing.T) {
 		"OnBusy":         {l, []asynqlock.Option{asynqlock.OnBusy(asynqlock.Wait(-1))}},
 		"OnExhausted":    {l, []asynqlock.Option{asynqlock.OnExhausted(asynqlock.RetryLater)}},
 		"ReleaseTimeout": {l, []asynqlock.Option{asynqlock.ReleaseTimeout(0)}},
+		"QuickRetries":   {l, []asynqlock.Option{asynqlock.QuickRetries(-1)}},
+		"HandOff":        {l, []asynqlock.Option{asynqlock.OnBusy(asynqlock.HandOff(0))}},
+		"HandOff(1)":     {l, []asynqlock.Option{asynqlock.OnExhausted(asynqlock.HandOff(1))}},
 	}
 	for name, c := range cases {
 		_, err := asynqlock.New(c.l, c.opts...)
@@ -327,4 +330,107 @@ func TestRetryDelay_Fallback(t *testing.T) {
 	if asynqlock.IsFailure(nil) || !asynqlock.IsFailure(errors.New("x")) || !asynqlock.IsFailure(core.ErrNotAcquired) {
 		t.Error("IsFailure: only *BusyError is not a failure")
 	}
+}
+
+// watchedLocker reports every Acquire (a wait) on acquiring.
+type watchedLocker struct {
+	core.Locker
+	acquiring chan string
+}
+
+func (w watchedLocker) Acquire(ctx context.Context, key string, opts ...core.Option) (core.Session, error) {
+	w.acquiring <- key
+	return w.Locker.Acquire(ctx, key, opts...)
+}
+
+// TestMiddleware_HandOff: with the key held elsewhere, the first busy task
+// waits for the lock and runs as soon as the holder releases; a busy task
+// that finds the place in line taken is bounced, quickly (no retry delay)
+// within the QuickRetries burst and after BusyDelay beyond it; once the key
+// has not changed hands for a second, bounces are no longer quick.
+func TestMiddleware_HandOff(t *testing.T) {
+	_, holder, l := lockers(t)
+	ctx := context.Background()
+	key := asynqlock.DefaultPrefix + "t"
+	s, err := holder.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := watchedLocker{Locker: l, acquiring: make(chan string, 1)}
+	// 8 a second, in bursts of 2.
+	mw := mustNew(t, w, asynqlock.QuickRetries(8), asynqlock.BusyDelay(10*time.Millisecond, 20*time.Millisecond))
+	task := asynq.NewTask("t", nil)
+	started := make(chan time.Time, 1)
+	waiter := make(chan error, 1)
+	go func() {
+		waiter <- mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+			started <- time.Now()
+			return nil
+		})).ProcessTask(ctx, task)
+	}()
+	select {
+	case <-w.acquiring:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first busy task did not wait")
+	}
+	bounce := func() time.Duration {
+		t.Helper()
+		err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+			t.Error("handler ran while the key was busy")
+			return nil
+		})).ProcessTask(ctx, task)
+		var b *asynqlock.BusyError
+		if !errors.As(err, &b) || asynqlock.IsFailure(err) {
+			t.Fatalf("second task: err = %v, want a *BusyError", err)
+		}
+		if len(w.acquiring) != 0 {
+			t.Fatal("a second task waited: the line holds one per key")
+		}
+		return b.RetryIn
+	}
+	for i := range 2 {
+		if d := bounce(); d != 0 {
+			t.Errorf("bounce %d: retry in %v, want 0 (quick)", i, d)
+		}
+	}
+	if d := bounce(); d < 10*time.Millisecond || d > 20*time.Millisecond {
+		t.Errorf("bounce beyond the burst: retry in %v, want BusyDelay", d)
+	}
+	// The bucket fills again, but the key has not changed hands for longer
+	// than a second: its holder runs long.
+	time.Sleep(1200 * time.Millisecond)
+	if d := bounce(); d == 0 {
+		t.Error("bounce after the key stood still for a second: quick, want BusyDelay")
+	}
+	released := time.Now()
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-started:
+		if at.Before(released) {
+			t.Error("the waiter ran before the holder released")
+		}
+		if d := at.Sub(released); d > time.Second {
+			t.Errorf("the waiter ran %v after the release, want it woken by the release", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter did not run after the release")
+	}
+	if err := <-waiter; err != nil {
+		t.Errorf("waiter: %v", err)
+	}
+	// The line is free again: the next busy task waits.
+	s, err = holder.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err = mw(noop()).ProcessTask(wctx, task)
+	if len(w.acquiring) != 1 || !errors.Is(err, core.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("after the hand-off: waited %d, err = %v; want a wait cut short by the deadline", len(w.acquiring), err)
+	}
+	<-w.acquiring
+	s.Release(ctx)
 }
