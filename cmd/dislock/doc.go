@@ -5,7 +5,7 @@
 //	dislock status|list|release --force …
 //
 // URL_ENV names the environment variable that holds the backend URL
-// (PostgreSQL or Redis; the URL is never printed). The settings and their
+// (PostgreSQL, Redis, etcd or ZooKeeper; the URL is never printed). The settings and their
 // environment variables are those of the older Python cronjob-lock tool;
 // dislock --help lists them. The strategy schedule runs the command at most
 // once per slot of CRON_SCHEDULE, lease keeps a renewed lease while it runs,

@@ -215,7 +215,8 @@ Runs command under a distributed lock, for crontabs: on every machine, at most
 one instance per schedule slot (strategy schedule) and/or at a time (strategy
 lease). URL_ENV names the environment variable that holds the backend URL:
 postgres://, postgresql://, redis://, rediss://, redis+sentinel://h1:p1,h2:p2/db?master_name=NAME,
-redis+cluster://h1:p1,h2:p2. The URL is never printed.
+redis+cluster://h1:p1,h2:p2, zk://h1:p1,h2:p2[/chroot][?session_timeout=SECONDS].
+The URL is never printed.
 
 The command runs in its own process group with DISLOCK_KEY, DISLOCK_TOKEN
 (fencing token) and DISLOCK_DEADLINE (RFC 3339) added to its environment.
