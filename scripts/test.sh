@@ -21,6 +21,9 @@ go vet ./...
 echo "== go test -race"
 go test -race -count=1 -timeout 15m "$@" ./...
 
+echo "== asynqlock drain benchmark (one run each, real Redis)"
+go test -run '^$' -bench Drain -benchtime 1x -count=1 ./integrations/asynqlock/
+
 # Every nested module (etcdlock, chaos, bench, ...), each on its own.
 for modfile in $(git ls-files '*/go.mod' 2>/dev/null || find . -mindepth 2 -name go.mod); do
   mod=$(dirname "$modfile")

@@ -91,8 +91,8 @@ func OnBusy(p Policy) Option {
 // retry count has reached its MaxRetry), when the busy policy would retry it
 // later. asynq archives a task that fails on its last attempt whatever
 // Config.IsFailure says, so retrying later is not possible then; the default
-// is Wait(0): wait for the lock until the task's deadline. RetryLater is not
-// a valid value.
+// is Wait(0): wait for the lock until the task's deadline. RetryLater and
+// HandOff are not valid values.
 func OnExhausted(p Policy) Option {
 	return func(c *config) {
 		if err := p.check("OnExhausted"); err != nil {
@@ -123,11 +123,11 @@ func Grace(d time.Duration) Option {
 }
 
 // BusyDelay sets the range from which the retry delay of a busy task is
-// drawn (uniformly; default DefaultBusyDelayMin to DefaultBusyDelayMax). The
-// delay travels in the *BusyError and is applied by RetryDelay. asynq keeps
-// retry times in whole seconds and moves due tasks every
-// Config.DelayedTaskCheckInterval (default 5s), which bound how soon a
-// bounced task runs again.
+// drawn (uniformly; default DefaultBusyDelayMin to DefaultBusyDelayMax),
+// except for HandOff's quick retries, whose delay is 0. The delay travels in
+// the *BusyError and is applied by RetryDelay. asynq keeps retry times in
+// whole seconds and moves due tasks every Config.DelayedTaskCheckInterval
+// (default 5s), which bound how soon a bounced task runs again.
 func BusyDelay(min, max time.Duration) Option {
 	return func(c *config) {
 		if min < 0 || max < min {
@@ -145,8 +145,8 @@ func BusyDelay(min, max time.Duration) Option {
 // by a hand-off is taken again within about Config.DelayedTaskCheckInterval,
 // while the cost of the circling stays bounded however long the backlog:
 // each bounce is a dequeue, a TryAcquire and a retry, a few store round
-// trips. Quick retries stop while every waiter of the key has waited longer
-// than a second (its holders run long, and bouncing fast gains nothing).
+// trips. Quick retries stop while the key has not changed hands for a
+// second (its holders run long, and bouncing fast gains nothing).
 func QuickRetries(perSecond int) Option {
 	return func(c *config) {
 		if perSecond < 0 {
@@ -220,7 +220,8 @@ func Wait(max time.Duration) Policy { return Policy{kind: kindWait, max: max} }
 // by RetryLater: up to QuickRetries a second come back at asynq's next
 // delayed-task check, to take the place of a waiter that got the lock; the
 // rest after BusyDelay. Set asynq.Config.DelayedTaskCheckInterval and
-// TaskCheckInterval to about 100ms: see the package documentation.
+// TaskCheckInterval to about 100ms, or bounced tasks come back only every
+// 5s: see the package documentation.
 //
 // A waiter holds one of the server's workers while it waits, so n bounds the
 // workers one key can take on a server (n must be below Concurrency). On the
