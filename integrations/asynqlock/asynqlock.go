@@ -536,7 +536,7 @@ type line struct {
 type holder struct {
 	token      uint64
 	owner      string
-	acquiredAt time.Time
+	acquiredAt int64 // Unix nanoseconds on the store's clock
 }
 
 // enter says whether a busy task of key waits (fewer than n wait already;
@@ -560,7 +560,7 @@ func (ls *lines) enter(key string, n, rate int, info *core.Info, now time.Time) 
 		// answer as a change of hands, so that only the rate bounds the
 		// quick retries.
 		l.moved = now
-	} else if h := (holder{info.Token, info.Owner, info.AcquiredAt}); h != l.holder {
+	} else if h := (holder{info.Token, info.Owner, info.AcquiredAt.UnixNano()}); h != l.holder {
 		l.holder, l.moved = h, now
 	}
 	if l.waiting < n {
