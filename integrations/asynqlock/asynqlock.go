@@ -44,6 +44,7 @@ type config struct {
 	delayMax       time.Duration
 	releaseTimeout time.Duration
 	quick          int
+	maxWaiting     int
 	errs           []error
 }
 
@@ -154,6 +155,23 @@ func QuickRetries(perSecond int) Option {
 			return
 		}
 		c.quick = perSecond
+	}
+}
+
+// MaxWaiting bounds the tasks that wait in HandOff's lines on this server at
+// once, across all keys (default 0: no bound beyond HandOff's n per key). A
+// busy task that finds the bound reached is bounced. HandOff(n) keeps one
+// hot key to n workers of a server, but k keys backlogged at once can take
+// k·n, and a waiter holds its worker as long as the holder elsewhere runs:
+// set MaxWaiting below the server's Concurrency (half of it, say) when many
+// keys can be busy at once.
+func MaxWaiting(n int) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.errs = append(c.errs, invalid("MaxWaiting", "must not be negative, got %d", n))
+			return
+		}
+		c.maxWaiting = n
 	}
 }
 
@@ -459,7 +477,7 @@ func (m *middleware) handOff(ctx context.Context, key string, n int) (core.Sessi
 	if errors.As(err, &na) {
 		holder = na.Holder
 	}
-	wait, quick := m.lines.enter(key, n, m.c.quick, holder, time.Now())
+	wait, quick := m.lines.enter(key, n, m.c.maxWaiting, m.c.quick, holder, time.Now())
 	if !wait {
 		return nil, quick, err
 	}
@@ -518,9 +536,10 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 // lines keeps, per key, the tasks waiting for it on this server and the
 // budget of quick retries.
 type lines struct {
-	mu    sync.Mutex
-	keys  map[string]*line
-	swept time.Time
+	mu      sync.Mutex
+	keys    map[string]*line
+	waiting int // across keys
+	swept   time.Time
 }
 
 type line struct {
@@ -539,12 +558,13 @@ type holder struct {
 	acquiredAt int64 // Unix nanoseconds on the store's clock
 }
 
-// enter says whether a busy task of key waits (fewer than n wait already;
-// it then counts as waiting until leave) and, if not, whether its bounce is
+// enter says whether a busy task of key waits (fewer than n wait for key and
+// fewer than total, if not 0, for any key; it then counts as waiting until
+// leave) and, if not, whether its bounce is
 // a quick retry: at most rate a second, in bursts of up to rate/4, and only
 // while the key changed hands (a new holder in the busy answer, or a waiter
 // here that took its place in line) within quickWindow.
-func (ls *lines) enter(key string, n, rate int, info *core.Info, now time.Time) (wait, quick bool) {
+func (ls *lines) enter(key string, n, total, rate int, info *core.Info, now time.Time) (wait, quick bool) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if now.Sub(ls.swept) > time.Second {
@@ -563,8 +583,9 @@ func (ls *lines) enter(key string, n, rate int, info *core.Info, now time.Time) 
 	} else if h := (holder{info.Token, info.Owner, info.AcquiredAt.UnixNano()}); h != l.holder {
 		l.holder, l.moved = h, now
 	}
-	if l.waiting < n {
+	if l.waiting < n && (total == 0 || ls.waiting < total) {
 		l.waiting++
+		ls.waiting++
 		l.moved = now
 		return true, false
 	}
@@ -589,6 +610,7 @@ func (ls *lines) leave(key string) {
 	defer ls.mu.Unlock()
 	if l := ls.keys[key]; l != nil {
 		l.waiting--
+		ls.waiting--
 	}
 }
 

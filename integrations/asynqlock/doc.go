@@ -87,7 +87,9 @@
 //     server plus one per backlogged task per BusyDelay. HandOff(2) drains
 //     short handlers faster (200 in 7.5-8.5s) for one more worker per key
 //     and server. n must stay below Concurrency, or one key can take every
-//     worker of a server.
+//     worker of a server; and k keys backlogged at once take up to k·n
+//     workers of each server, for as long as their holders run: MaxWaiting
+//     bounds the waiters of a server across keys.
 //   - RetryLater: no worker ever waits, but a bounced task comes back only
 //     after BusyDelay (1-3s) rounded to asynq's whole seconds, so a key
 //     changes hands about twice a second: 20 tasks take about 19s, and of

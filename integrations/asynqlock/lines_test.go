@@ -15,12 +15,12 @@ func TestLines_QuickBudget(t *testing.T) {
 	ls := lines{keys: map[string]*line{}}
 	t0 := time.Unix(1000, 0)
 	info := &core.Info{Token: 1, Owner: "a"}
-	if wait, _ := ls.enter("k", 1, 40, info, t0); !wait {
+	if wait, _ := ls.enter("k", 1, 0, 40, info, t0); !wait {
 		t.Fatal("first busy task does not wait")
 	}
 	quick := 0
 	for range 20 {
-		if wait, q := ls.enter("k", 1, 40, info, t0); wait {
+		if wait, q := ls.enter("k", 1, 0, 40, info, t0); wait {
 			t.Fatal("a second task waits: the line holds one")
 		} else if q {
 			quick++
@@ -32,7 +32,7 @@ func TestLines_QuickBudget(t *testing.T) {
 	// 100ms later the bucket has 4 more (40 a second).
 	quick = 0
 	for range 20 {
-		if _, q := ls.enter("k", 1, 40, info, t0.Add(100*time.Millisecond)); q {
+		if _, q := ls.enter("k", 1, 0, 40, info, t0.Add(100*time.Millisecond)); q {
 			quick++
 		}
 	}
@@ -41,15 +41,15 @@ func TestLines_QuickBudget(t *testing.T) {
 	}
 	// More than a second without a new holder: none, although the bucket
 	// is full again.
-	if _, q := ls.enter("k", 1, 40, info, t0.Add(2*time.Second)); q {
+	if _, q := ls.enter("k", 1, 0, 40, info, t0.Add(2*time.Second)); q {
 		t.Error("quick retry while the key stood still for 2s")
 	}
 	// A new holder: quick again.
-	if _, q := ls.enter("k", 1, 40, &core.Info{Token: 2, Owner: "b"}, t0.Add(2*time.Second)); !q {
+	if _, q := ls.enter("k", 1, 0, 40, &core.Info{Token: 2, Owner: "b"}, t0.Add(2*time.Second)); !q {
 		t.Error("no quick retry after the key changed hands")
 	}
 	// Rate 0: never quick.
-	if _, q := ls.enter("k", 1, 0, &core.Info{Token: 3}, t0.Add(3*time.Second)); q {
+	if _, q := ls.enter("k", 1, 0, 0, &core.Info{Token: 3}, t0.Add(3*time.Second)); q {
 		t.Error("quick retry with QuickRetries(0)")
 	}
 }
@@ -61,16 +61,35 @@ func TestLines_Sweep(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	for i := range 1000 {
 		k := fmt.Sprint("k", i)
-		ls.enter(k, 1, 20, nil, t0)
-		ls.enter(k, 1, 20, nil, t0) // a quick retry
+		ls.enter(k, 1, 0, 20, nil, t0)
+		ls.enter(k, 1, 0, 20, nil, t0) // a quick retry
 		ls.leave(k)
 	}
-	ls.enter("waiting", 1, 20, nil, t0)
-	ls.enter("new", 1, 20, nil, t0.Add(3*time.Second))
+	ls.enter("waiting", 1, 0, 20, nil, t0)
+	ls.enter("new", 1, 0, 20, nil, t0.Add(3*time.Second))
 	if len(ls.keys) != 2 {
 		t.Errorf("%d keys kept after the sweep, want 2 (the one waited for, the new one)", len(ls.keys))
 	}
 	if ls.keys["waiting"] == nil || ls.keys["waiting"].waiting != 1 {
 		t.Error("the sweep dropped a key with a waiter")
+	}
+}
+
+// TestLines_MaxWaiting: a bound across keys stops a new line from forming,
+// and a wait that ends makes room again.
+func TestLines_MaxWaiting(t *testing.T) {
+	ls := lines{keys: map[string]*line{}}
+	t0 := time.Unix(1000, 0)
+	for _, k := range []string{"a", "b"} {
+		if wait, _ := ls.enter(k, 1, 2, 20, nil, t0); !wait {
+			t.Fatalf("key %s: no wait under the bound", k)
+		}
+	}
+	if wait, _ := ls.enter("c", 1, 2, 20, nil, t0); wait {
+		t.Fatal("key c waits although 2 tasks wait, the bound")
+	}
+	ls.leave("a")
+	if wait, _ := ls.enter("c", 1, 2, 20, nil, t0); !wait {
+		t.Fatal("key c does not wait after a wait ended")
 	}
 }

@@ -95,6 +95,7 @@ func TestNew_InvalidOptions(t *testing.T) {
 		"OnExhausted":    {l, []asynqlock.Option{asynqlock.OnExhausted(asynqlock.RetryLater)}},
 		"ReleaseTimeout": {l, []asynqlock.Option{asynqlock.ReleaseTimeout(0)}},
 		"QuickRetries":   {l, []asynqlock.Option{asynqlock.QuickRetries(-1)}},
+		"MaxWaiting":     {l, []asynqlock.Option{asynqlock.MaxWaiting(-1)}},
 		"HandOff":        {l, []asynqlock.Option{asynqlock.OnBusy(asynqlock.HandOff(0))}},
 		"HandOff(1)":     {l, []asynqlock.Option{asynqlock.OnExhausted(asynqlock.HandOff(1))}},
 	}
