@@ -344,3 +344,124 @@ func TestLeaderKill(t *testing.T) {
 	}
 	t.Logf("tokens %#x -> %#x", old, s2.Token())
 }
+
+// TestFromConn: a Backend on the caller's connection works and leaves the
+// connection open at Close.
+func TestFromConn(t *testing.T) {
+	connect := ensemble(t, 1).Connect()
+	conn := rawConn(t, connect)
+	root := testRoot()
+	l, err := zklock.NewFromConn(conn, 5*time.Second, zklock.WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := l.TryAcquire(ctxT(t, 10*time.Second), "from-conn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newLocker(t, newBackend(t, connect, root), core.TTL(time.Second))
+	if _, err := other.TryAcquire(ctxT(t, 10*time.Second), "from-conn"); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("second holder: %v", err)
+	}
+	// The default TTL is 2/3 of the stated session timeout.
+	if info, ok, err := l.Inspect(ctxT(t, 10*time.Second), "from-conn"); err != nil || !ok ||
+		info.ExpiresAt.Sub(info.AcquiredAt) < 3200*time.Millisecond || info.ExpiresAt.Sub(info.AcquiredAt) > 3500*time.Millisecond {
+		t.Fatalf("Inspect = %+v %v %v, want a TTL of about 3.33s", info, ok, err)
+	}
+	if err := l.Close(); err != nil { // releases s
+		t.Fatal(err)
+	}
+	if s.Err() == nil {
+		t.Fatal("session still held after Close")
+	}
+	if _, _, err := conn.Exists("/"); err != nil {
+		t.Fatalf("Close closed the caller's connection: %v", err)
+	}
+	s2, err := other.TryAcquire(ctxT(t, 10*time.Second), "from-conn")
+	if err != nil {
+		t.Fatalf("after Close: %v", err)
+	}
+	s2.Release(context.Background())
+	if _, err := zklock.NewBackendFromConn(nil, time.Second); !errors.Is(err, core.ErrInvalidOption) {
+		t.Errorf("nil conn: %v", err)
+	}
+	if _, err := zklock.NewBackendFromConn(conn, 0); !errors.Is(err, core.ErrInvalidOption) {
+		t.Errorf("zero session timeout: %v", err)
+	}
+}
+
+// TestCallsBoundedByContext: go-zookeeper's calls take no context, but the
+// backend's do: with the network cut, each returns when its ctx ends.
+func TestCallsBoundedByContext(t *testing.T) {
+	connect := ensemble(t, 1).Connect()
+	var cut cutter
+	b := newBackend(t, connect, testRoot(), zklock.WithSessionTimeout(10*time.Second), zklock.WithDialer(cut.dial))
+	if _, err := b.Now(ctxT(t, 10*time.Second), "k"); err != nil {
+		t.Fatal(err)
+	}
+	cut.cut.Store(true)
+	defer cut.cut.Store(false)
+	calls := map[string]func(ctx context.Context) error{
+		"TryAcquire": func(ctx context.Context) error {
+			_, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "t", TTL: time.Second})
+			return err
+		},
+		"Renew": func(ctx context.Context) error {
+			_, err := b.Renew(ctx, []core.RenewRequest{{Key: "k", OwnerToken: "t", TTL: time.Second}})
+			return err
+		},
+		"Release": func(ctx context.Context) error { return b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "t"}) },
+		"Now":     func(ctx context.Context) error { _, err := b.Now(ctx, "k"); return err },
+		"Inspect": func(ctx context.Context) error { _, _, err := b.Inspect(ctx, "k"); return err },
+	}
+	for name, call := range calls {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		start := time.Now()
+		err := call(ctx)
+		cancel()
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s returned %v after its ctx ended", name, d-200*time.Millisecond)
+		}
+		if name != "Renew" && !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s with the network cut: %v, want the ctx's error", name, err)
+		}
+	}
+}
+
+// TestMinHoldInspect: a release under a min hold leaves a hold that
+// Inspect shows until it ends, on the server clock.
+func TestMinHoldInspect(t *testing.T) {
+	connect := ensemble(t, 1).Connect()
+	root := testRoot()
+	a := newLocker(t, newBackend(t, connect, root), core.TTL(time.Second))
+	b := newLocker(t, newBackend(t, connect, root), core.TTL(time.Second))
+	s, err := a.TryAcquire(ctxT(t, 10*time.Second), "held", core.MinHold(1500*time.Millisecond), core.WithOwner("min-hold"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	info, ok, err := b.Inspect(ctxT(t, 10*time.Second), "held")
+	if err != nil || !ok || info.Owner != "min-hold" || info.Token != s.Token() {
+		t.Fatalf("Inspect after a release under min hold = %+v %v %v", info, ok, err)
+	}
+	if d := info.ExpiresAt.Sub(info.AcquiredAt); d < 1400*time.Millisecond || d > 1700*time.Millisecond {
+		t.Errorf("hold lasts %v from the acquisition, want about 1.5s", d)
+	}
+	list, err := b.List(ctxT(t, 10*time.Second), "")
+	if err != nil || len(list) != 1 || list[0].Key != "held" {
+		t.Errorf("List = %+v %v", list, err)
+	}
+	s2, err := b.Acquire(ctxT(t, 10*time.Second), "held", core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2.Token() <= s.Token() {
+		t.Errorf("token %d after %d", s2.Token(), s.Token())
+	}
+	s2.Release(context.Background())
+	if _, ok, err := b.Inspect(ctxT(t, 10*time.Second), "held"); err != nil || ok {
+		t.Errorf("Inspect after the last release: held=%v err=%v", ok, err)
+	}
+}

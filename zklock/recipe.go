@@ -182,11 +182,17 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 		return nil, 0, false, errors.New("zklock: acquire: unexpected multi reply")
 	}
 	st := res[1].Stat
+	after := b.conn.SessionID()
+	if sid == 0 {
+		// No session yet when the request was queued: it went out in the
+		// first one.
+		sid = after
+	}
 	c := &claim{key: req.Key, path: res[0].String, owner: req.Owner, sid: sid, token: uint64(st.Mzxid), acqMs: st.Mtime, acqLocal: sent}
 	b.mu.Lock()
 	b.claims[req.OwnerToken] = c
 	b.mu.Unlock()
-	if sid == 0 || b.conn.SessionID() != sid {
+	if sid == 0 || after != sid {
 		// The claim may belong to a session that ended meanwhile; never
 		// hand it out.
 		b.forget(req.OwnerToken)
