@@ -69,7 +69,9 @@
 //     decides. An expired session ends every lease of that session at once:
 //     its claims are gone, and since go-zookeeper opens a new session
 //     without telling, each claim remembers its session and a renewal in any
-//     other session reports the lease lost. A crashed holder frees its locks
+//     other session reports the lease lost. (A session expires only after
+//     the client was cut off for longer than its renew deadlines, so the
+//     engine has by then signalled the loss of each of its leases.) A crashed holder frees its locks
 //     at the latest TTL after its last renewal (an acquirer deletes the
 //     claim), or when its session expires (T).
 //   - Min hold and slots. A release with a min hold replaces the claim, in
