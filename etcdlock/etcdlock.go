@@ -28,9 +28,12 @@ const DefaultPrefix = "dislock/"
 // with core.ErrInvalidOption.
 const MaxLeaseTTL = 9_000_000_000
 
-// maxTxnOps is the most operations one renewal transaction carries: etcd's
-// default --max-txn-ops.
-const maxTxnOps = 128
+// defaultMaxTxnOps is the most operations one renewal transaction carries:
+// etcd's default --max-txn-ops.
+const defaultMaxTxnOps = 128
+
+// maxSpares is how many unused leases of one TTL a Backend keeps for reuse.
+const maxSpares = 64
 
 // Option configures a Backend.
 type Option func(*options)
@@ -38,6 +41,7 @@ type Option func(*options)
 type options struct {
 	prefix     string
 	clientOpts []core.ClientOption
+	maxTxnOps  int
 	errs       []error
 }
 
@@ -56,6 +60,21 @@ func WithPrefix(prefix string) Option {
 			return
 		}
 		o.prefix = prefix
+	}
+}
+
+// WithMaxTxnOps sets how many reads one renewal transaction may carry
+// (default 128, etcd's default --max-txn-ops). Renewing more leases than
+// that sends several transactions at once; on a server started with a
+// larger --max-txn-ops, raise this to match so that a renewal stays one
+// transaction.
+func WithMaxTxnOps(n int) Option {
+	return func(o *options) {
+		if n < 1 {
+			o.errs = append(o.errs, invalidOption("WithMaxTxnOps", "must be at least 1, got %d", n))
+			return
+		}
+		o.maxTxnOps = n
 	}
 }
 
@@ -79,19 +98,64 @@ func New(cli *clientv3.Client, opts ...Option) (*core.Client, error) {
 // core.Backend, core.Watcher and core.Admin, and is safe for concurrent use.
 // Most programs use New; NewBackend is for wrapping or composing backends.
 type Backend struct {
-	cli    *clientv3.Client
-	prefix string
+	cli       *clientv3.Client
+	prefix    string
+	maxTxnOps int
 
-	mu   sync.Mutex
-	held map[string]held // by owner token: what this backend acquired
+	mu     sync.Mutex
+	held   map[string]held   // by owner token: what this backend acquired
+	spares map[int64][]spare // by TTL in seconds: live leases bound to no key
 }
 
 // held is one lock this backend claimed (or tried to): its key, its lease
-// and, once known, the key's create revision (the fencing token).
+// and, once known, the key's create revision (the fencing token), the
+// lease's TTL and the send time of its last successful grant or keepalive.
 type held struct {
-	key   string
-	lease int64
-	rev   int64
+	key       string
+	lease     int64
+	rev       int64
+	seconds   int64
+	refreshed time.Time
+}
+
+// spare is a lease this backend granted that no key is bound to any more:
+// a released lock's, or one a busy claim did not use. The next claim with
+// the same TTL takes it instead of granting a new one, refreshing it in
+// the same round trip as its claim.
+type spare struct {
+	id        int64
+	refreshed time.Time
+}
+
+// takeSpare returns a spare lease of the given TTL refreshed within the
+// last half of it; older ones are dropped (they expire by themselves).
+func (b *Backend) takeSpare(seconds int64) (spare, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	list := b.spares[seconds]
+	for len(list) > 0 {
+		sp := list[len(list)-1]
+		list = list[:len(list)-1]
+		if time.Since(sp.refreshed) < time.Duration(seconds)*time.Second/2 {
+			b.spares[seconds] = list
+			return sp, true
+		}
+	}
+	delete(b.spares, seconds)
+	return spare{}, false
+}
+
+func (b *Backend) putSpare(seconds int64, sp spare) bool {
+	if seconds <= 0 || time.Since(sp.refreshed) >= time.Duration(seconds)*time.Second/2 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.spares[seconds]) >= maxSpares {
+		return false
+	}
+	b.spares[seconds] = append(b.spares[seconds], sp)
+	return true
 }
 
 var (
@@ -107,7 +171,7 @@ func NewBackend(cli *clientv3.Client, opts ...Option) (*Backend, error) {
 }
 
 func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) {
-	o := options{prefix: DefaultPrefix}
+	o := options{prefix: DefaultPrefix, maxTxnOps: defaultMaxTxnOps}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -119,15 +183,35 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 	if cli == nil {
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
-	return &Backend{cli: cli, prefix: o.prefix, held: make(map[string]held)}, o, nil
+	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps,
+		held: make(map[string]held), spares: make(map[int64][]spare)}, o, nil
 }
 
 // Name implements core.Backend.
 func (b *Backend) Name() string { return "etcd" }
 
-// Close implements core.Backend. It does not close the etcd client, which
+// Close implements core.Backend: it revokes the spare leases (within 2 s;
+// any left expire by themselves). It does not close the etcd client, which
 // belongs to the caller.
-func (b *Backend) Close() error { return nil }
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	var ids []int64
+	for _, list := range b.spares {
+		for _, sp := range list {
+			ids = append(ids, sp.id)
+		}
+	}
+	clear(b.spares)
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Go(func() { _ = b.revoke(ctx, id) })
+	}
+	wg.Wait()
+	return nil
+}
 
 // Now implements core.Backend. etcd exposes no clock, so this is the local
 // clock: see the package documentation for what that means for slots.
@@ -195,6 +279,16 @@ func (b *Backend) lookup(ownerToken string) (held, bool) {
 	return h, ok
 }
 
+// refreshed notes that a keepalive of lease, sent at t, succeeded.
+func (b *Backend) refreshed(ownerToken string, lease int64, t time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h, ok := b.held[ownerToken]; ok && h.lease == lease && t.After(h.refreshed) {
+		h.refreshed = t
+		b.held[ownerToken] = h
+	}
+}
+
 func (b *Backend) forget(ownerToken string) {
 	b.mu.Lock()
 	delete(b.held, ownerToken)
@@ -208,10 +302,13 @@ func (b *Backend) leases() etcdserverpb.LeaseClient {
 // grant creates a lease with the ID h.lease (a fresh ID when another lease
 // has it), recording every ID tried under ownerToken before it is sent.
 func (b *Backend) grant(ctx context.Context, ownerToken string, h held, seconds int64) (held, error) {
+	h.seconds = seconds
 	for range 3 {
 		b.remember(ownerToken, h)
+		sent := time.Now()
 		_, err := b.leases().LeaseGrant(ctx, &etcdserverpb.LeaseGrantRequest{ID: h.lease, TTL: seconds})
 		if err == nil {
+			h.refreshed = sent
 			return h, nil
 		}
 		if !errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseExist) {
@@ -271,18 +368,64 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		return core.Lease{}, fmt.Errorf("etcdlock: acquire: %w", err)
 	}
 	k := b.etcdKey(req.Key)
-	h, err := b.grant(ctx, req.OwnerToken, held{key: req.Key, lease: newLeaseID()}, seconds)
-	if err != nil {
-		return core.Lease{}, fmt.Errorf("etcdlock: acquire: lease grant: %w", err)
+	slot := !req.ExpireAt.IsZero()
+	// A spare lease of this TTL saves the grant: it is refreshed by a
+	// keepalive sent with the claim. Slot leases are not reused.
+	var h held
+	reused := false
+	if sp, ok := b.takeSpare(seconds); ok && !slot {
+		h = held{key: req.Key, lease: sp.id, seconds: seconds, refreshed: sp.refreshed}
+		b.remember(req.OwnerToken, h) // before the claim is sent: an undo revokes it
+		reused = true
+	} else {
+		if ok {
+			b.putSpare(seconds, sp)
+		}
+		if h, err = b.grant(ctx, req.OwnerToken, held{key: req.Key, lease: newLeaseID()}, seconds); err != nil {
+			return core.Lease{}, fmt.Errorf("etcdlock: acquire: lease grant: %w", err)
+		}
 	}
-	for attempt := 0; ; attempt++ {
+	for attempt := 0; attempt < 3; attempt++ {
+		var (
+			wg     sync.WaitGroup
+			kaErr  error
+			kaSent time.Time
+		)
+		if reused {
+			kaSent = time.Now()
+			wg.Go(func() { _, kaErr = b.cli.KeepAliveOnce(ctx, clientv3.LeaseID(h.lease)) })
+		}
 		resp, err := b.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 			Then(clientv3.OpPut(k, string(value), clientv3.WithLease(clientv3.LeaseID(h.lease)))).
 			Else(clientv3.OpGet(k)).
 			Commit()
+		wg.Wait()
 		if err != nil {
+			if reused && isLeaseNotFound(err) {
+				// The spare expired: nothing was written. Claim with a
+				// lease of its own.
+				reused = false
+				if h, err = b.grant(ctx, req.OwnerToken, held{key: req.Key, lease: newLeaseID()}, seconds); err != nil {
+					return core.Lease{}, fmt.Errorf("etcdlock: acquire: lease grant: %w", err)
+				}
+				continue
+			}
 			return core.Lease{}, fmt.Errorf("etcdlock: acquire: %w", err)
+		}
+		spareOK := true
+		if reused {
+			if kaErr == nil {
+				h.refreshed = kaSent
+			} else {
+				spareOK = false
+				if resp.Succeeded {
+					// The key is bound to a lease whose refresh is not
+					// confirmed: it might expire before this session's
+					// deadline. The engine undoes the claim.
+					return core.Lease{}, fmt.Errorf("etcdlock: acquire: refresh the lease: %w", kaErr)
+				}
+			}
 		}
 		if resp.Succeeded {
 			// The transaction's only write created the key: its create
@@ -319,19 +462,20 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			}
 			continue
 		}
-		// Busy: give the unused lease back and say who holds the key.
-		var (
-			wg   sync.WaitGroup
-			info *core.Info
-		)
-		b.forget(req.OwnerToken) // a lease left behind expires by itself
-		wg.Go(func() { _ = b.revoke(ctx, h.lease) })
+		// Busy: keep the unused lease for the next claim (or revoke it) and
+		// say who holds the key.
+		b.forget(req.OwnerToken)
+		if !spareOK || slot || !b.putSpare(seconds, spare{id: h.lease, refreshed: h.refreshed}) {
+			wg.Go(func() { _ = b.revoke(ctx, h.lease) })
+		}
+		var info *core.Info
 		if ok {
 			info = b.holderInfo(ctx, req.Key, kv, cur)
 		}
 		wg.Wait()
 		return core.Lease{}, core.Busy(req.Key, info)
 	}
+	return core.Lease{}, errors.New("etcdlock: acquire: the key changed under every attempt")
 }
 
 // keep records a claim that succeeded. The engine neither renews nor
@@ -393,6 +537,7 @@ func (b *Backend) holderInfo(ctx context.Context, key string, kv *mvccpb.KeyValu
 // prove the key is still there.
 func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
 	ctx = clientv3.WithRequireLeader(ctx)
+	sent := time.Now()
 	results := make([]error, len(reqs))
 	hs := make([]held, len(reqs))
 	var idx []int // requests to send
@@ -413,7 +558,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		wg     sync.WaitGroup
 		ttls   []int64
 		kaErr  error
-		chunks = (len(idx) + maxTxnOps - 1) / maxTxnOps
+		chunks = (len(idx) + b.maxTxnOps - 1) / b.maxTxnOps
 		kvs    = make([]*mvccpb.KeyValue, len(reqs))
 		txErrs = make([]error, chunks)
 	)
@@ -425,7 +570,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		ttls, kaErr = b.keepAlive(ctx, ids)
 	})
 	for c := range chunks {
-		part := idx[c*maxTxnOps : min(len(idx), (c+1)*maxTxnOps)]
+		part := idx[c*b.maxTxnOps : min(len(idx), (c+1)*b.maxTxnOps)]
 		wg.Go(func() {
 			ops := make([]clientv3.Op, len(part))
 			for j, i := range part {
@@ -451,7 +596,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	failed := 0
 	var firstErr error
 	for j, i := range idx {
-		if err := txErrs[j/maxTxnOps]; err != nil {
+		if err := txErrs[j/b.maxTxnOps]; err != nil {
 			results[i] = fmt.Errorf("etcdlock: renew: %w", err)
 			firstErr = results[i]
 			failed++
@@ -469,6 +614,8 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		if results[i] != nil {
 			// The lease holds no key of ours any more: nothing to undo.
 			b.forget(reqs[i].OwnerToken)
+		} else {
+			b.refreshed(reqs[i].OwnerToken, h.lease, sent)
 		}
 	}
 	if failed == len(reqs) {
@@ -542,11 +689,32 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		}
 		h = held{key: req.Key, lease: kv.Lease, rev: kv.CreateRevision}
 	}
-	if req.Keep <= 0 || h.rev == 0 {
+	k := b.etcdKey(req.Key)
+	if h.rev == 0 {
+		// The claim's outcome is unknown (its reply was lost, or it may
+		// still be on its way): revoking the lease deletes the key if the
+		// claim was applied, and makes it fail if it arrives later.
 		if err := b.revoke(ctx, h.lease); err != nil {
 			return fmt.Errorf("etcdlock: release: %w", err)
 		}
 		b.forget(req.OwnerToken)
+		return nil
+	}
+	if req.Keep <= 0 {
+		// Delete exactly this incarnation of the key, bound to this
+		// lease, and keep the lease for the next claim.
+		resp, err := b.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.LeaseValue(k), "=", h.lease),
+				clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev)).
+			Then(clientv3.OpDelete(k)).
+			Commit()
+		if err != nil {
+			return fmt.Errorf("etcdlock: release: %w", err)
+		}
+		b.forget(req.OwnerToken)
+		if !resp.Succeeded || !b.putSpare(h.seconds, spare{id: h.lease, refreshed: h.refreshed}) {
+			_ = b.revoke(ctx, h.lease) // no key of ours on it; it would expire anyway
+		}
 		return nil
 	}
 	seconds, err := leaseSeconds("MinHold", req.Keep)
@@ -557,7 +725,6 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if _, err := b.leases().LeaseGrant(ctx, &etcdserverpb.LeaseGrantRequest{ID: keep, TTL: seconds}); err != nil {
 		return fmt.Errorf("etcdlock: release: lease grant: %w", err)
 	}
-	k := b.etcdKey(req.Key)
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.LeaseValue(k), "=", h.lease),
 			clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev)).

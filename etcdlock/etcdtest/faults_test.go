@@ -355,6 +355,7 @@ func TestCompaction(t *testing.T) {
 type dropReplies struct {
 	match   atomic.Value // func(method string, req any) bool
 	dropped atomic.Int32
+	lease   atomic.Int64 // the lease of the last dropped grant or claim
 }
 
 func (d *dropReplies) arm(match func(method string, req any) bool) { d.match.Store(match) }
@@ -364,6 +365,14 @@ func (d *dropReplies) intercept(ctx context.Context, method string, req, reply a
 	if m, _ := d.match.Load().(func(string, any) bool); m != nil && err == nil && m(method, req) {
 		d.match.Store(func(string, any) bool { return false })
 		d.dropped.Add(1)
+		switch r := req.(type) {
+		case *pb.LeaseGrantRequest:
+			d.lease.Store(r.ID)
+		case *pb.TxnRequest:
+			if len(r.Success) == 1 && r.Success[0].GetRequestPut() != nil {
+				d.lease.Store(r.Success[0].GetRequestPut().Lease)
+			}
+		}
 		return status.Error(codes.Unavailable, "reply lost (injected)")
 	}
 	return err
@@ -382,14 +391,29 @@ func TestLostReply(t *testing.T) {
 	prefix := uniquePrefix("lost")
 	a := newLocker(t, cli, prefix, core.WithDefaults(core.TTL(30*time.Second)))
 	b := newLocker(t, admin, prefix)
+	// noLeases checks that no lease holds a key (a Backend keeps unused
+	// leases for its next claims) and that the lease of the request whose
+	// reply was lost, if any, is gone.
 	noLeases := func(t *testing.T) {
 		t.Helper()
-		ls, err := admin.Leases(ctxT(t, 5*time.Second))
+		ctx := ctxT(t, 5*time.Second)
+		ls, err := admin.Leases(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ls.Leases) != 0 {
-			t.Errorf("%d leases left behind", len(ls.Leases))
+		for _, l := range ls.Leases {
+			ttl, err := admin.TimeToLive(ctx, l.ID, clientv3.WithAttachedKeys())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ttl.Keys) != 0 {
+				t.Errorf("lease %x still holds %q", l.ID, ttl.Keys)
+			}
+		}
+		if id := drop.lease.Load(); id != 0 {
+			if ttl, err := admin.TimeToLive(ctx, clientv3.LeaseID(id)); err != nil || ttl.TTL != -1 {
+				t.Errorf("the lease of the lost request is still there: %+v %v", ttl, err)
+			}
 		}
 	}
 	free := func(t *testing.T, key string) {
@@ -423,24 +447,28 @@ func TestLostReply(t *testing.T) {
 		noLeases(t)
 		free(t, "grant")
 	})
-	t.Run("Revoke", func(t *testing.T) {
-		s, err := a.TryAcquire(ctxT(t, 10*time.Second), "revoke")
+	t.Run("Release", func(t *testing.T) {
+		s, err := a.TryAcquire(ctxT(t, 10*time.Second), "release")
 		if err != nil {
 			t.Fatal(err)
 		}
 		drop.dropped.Store(0)
-		drop.arm(func(method string, _ any) bool { return method == "/etcdserverpb.Lease/LeaseRevoke" })
-		// The client retries a revoke (it is repeatable) and the retry finds
-		// the lease gone; a Release that still fails may be called again.
+		drop.lease.Store(0)
+		drop.arm(func(method string, req any) bool {
+			r, ok := req.(*pb.TxnRequest)
+			return ok && len(r.Success) == 1 && r.Success[0].GetRequestDeleteRange() != nil
+		})
+		// The release's delete was applied; a Release that failed may be
+		// called again, and finds the key gone.
 		if err := s.Release(context.Background()); err != nil {
 			if err := s.Release(context.Background()); err != nil {
 				t.Fatalf("Release retried after a lost reply: %v", err)
 			}
 		}
 		if drop.dropped.Load() != 1 {
-			t.Fatalf("no revoke reply dropped")
+			t.Fatalf("no release reply dropped")
 		}
-		free(t, "revoke")
+		free(t, "release")
 		noLeases(t)
 	})
 	t.Run("ClaimAfterBusy", func(t *testing.T) {

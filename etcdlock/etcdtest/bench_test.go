@@ -1,0 +1,400 @@
+package etcdtest_test
+
+// Benchmarks run against a private embedded etcd member (in this process:
+// client and server share the CPU), or against DISLOCK_BENCH_ETCD (an
+// etcd:// URL) when set. Every benchmark measures an etcd Get in the same
+// run and reports its result as a ratio to it (x-get). etcd's own
+// concurrency.Mutex runs in the same run for comparison:
+//
+//	cd etcdlock/etcdtest && go test -run '^$' -bench . -benchtime 2s .
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/etcdlock"
+	"github.com/dislock/dislock/etcdlock/etcdtest"
+)
+
+// counter counts the client's requests: unary calls, streams opened and
+// messages sent on streams.
+type counter struct {
+	unary, streams, streamMsgs atomic.Int64
+}
+
+func (c *counter) options() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			c.unary.Add(1)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			c.streams.Add(1)
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return &countingStream{ClientStream: s, c: c}, nil
+		}),
+	}
+}
+
+type countingStream struct {
+	grpc.ClientStream
+	c *counter
+}
+
+func (s *countingStream) SendMsg(m any) error {
+	s.c.streamMsgs.Add(1)
+	return s.ClientStream.SendMsg(m)
+}
+
+// benchEndpoints returns the endpoints benchmarks run against.
+func benchEndpoints(b *testing.B) clientv3.Config {
+	b.Helper()
+	if raw := etcdtest.Shared(b); raw != "" { // DISLOCK_TEST_ETCD
+		cfg, err := etcdlock.ParseURL(raw)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return cfg
+	}
+	c := etcdtest.Start(b, 1)
+	return clientv3.Config{Endpoints: c.Endpoints()}
+}
+
+func benchClient(b *testing.B, cfg clientv3.Config, cnt *counter) *clientv3.Client {
+	b.Helper()
+	cfg.Logger = zap.NewNop()
+	if cnt != nil {
+		cfg.DialOptions = append(cfg.DialOptions, cnt.options()...)
+	}
+	return etcdtest.NewClient(b, cfg)
+}
+
+func benchLocker(b *testing.B, cli *clientv3.Client, prefix string, opts ...core.ClientOption) *core.Client {
+	b.Helper()
+	l, err := etcdlock.New(cli, etcdlock.WithPrefix(prefix), etcdlock.WithClientOptions(opts...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return l
+}
+
+// getLatency is the mean round trip of a serial Get.
+func getLatency(b *testing.B, cli *clientv3.Client) time.Duration {
+	ctx := context.Background()
+	for range 200 {
+		cli.Get(ctx, "bench/rtt")
+	}
+	const n = 2000
+	start := time.Now()
+	for range n {
+		if _, err := cli.Get(ctx, "bench/rtt"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start) / n
+}
+
+// putLatency is the mean round trip of a serial Put: a write through Raft,
+// which every claim and release is.
+func putLatency(b *testing.B, cli *clientv3.Client) time.Duration {
+	ctx := context.Background()
+	const n = 1000
+	start := time.Now()
+	for range n {
+		if _, err := cli.Put(ctx, "bench/put", "v"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start) / n
+}
+
+func BenchmarkPut(b *testing.B) {
+	cli := benchClient(b, benchEndpoints(b), nil)
+	ctx := context.Background()
+	putLatency(b, cli)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := cli.Put(ctx, "bench/put", "v"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkGet(b *testing.B) {
+	cli := benchClient(b, benchEndpoints(b), nil)
+	ctx := context.Background()
+	getLatency(b, cli)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := cli.Get(ctx, "bench/rtt"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// interleaved runs op b.N times, each after one Get on cli, timing both,
+// so that the ratio holds under the same load. cnt, when set, counts op's
+// requests.
+func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() error) {
+	ctx := context.Background()
+	getLatency(b, cli)
+	var getT, opT time.Duration
+	var reqs int64
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		if _, err := cli.Get(ctx, "bench/rtt"); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		var n0 int64
+		if cnt != nil {
+			n0 = cnt.unary.Load() + cnt.streams.Load()
+		}
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+		opT += time.Since(t1)
+		getT += t1.Sub(t0)
+		if cnt != nil {
+			reqs += cnt.unary.Load() + cnt.streams.Load() - n0
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(opT.Nanoseconds())/float64(b.N), "op-ns")
+	b.ReportMetric(float64(getT.Nanoseconds())/float64(b.N), "get-ns")
+	b.ReportMetric(float64(opT)/float64(getT), "x-get")
+	if cnt != nil {
+		b.ReportMetric(float64(reqs)/float64(b.N), "req/op")
+	}
+}
+
+// BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release (lease
+// grant, claim transaction, revoke).
+func BenchmarkTryAcquireRelease(b *testing.B) {
+	cfg := benchEndpoints(b)
+	cnt := &counter{}
+	cli := benchClient(b, cfg, cnt)
+	l := benchLocker(b, cli, uniquePrefix("bench"))
+	ctx := context.Background()
+	interleaved(b, cli, cnt, func() error {
+		s, err := l.TryAcquire(ctx, "uncontended")
+		if err != nil {
+			return err
+		}
+		return s.Release(ctx)
+	})
+}
+
+// BenchmarkConcurrencyMutex is etcd's concurrency package doing the same:
+// a session (lease grant and its keepalive stream), Mutex.TryLock, Unlock,
+// and the session's Close (revoke).
+func BenchmarkConcurrencyMutex(b *testing.B) {
+	cfg := benchEndpoints(b)
+	cnt := &counter{}
+	cli := benchClient(b, cfg, cnt)
+	prefix := uniquePrefix("bench-mutex")
+	ctx := context.Background()
+	interleaved(b, cli, cnt, func() error {
+		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+		if err != nil {
+			return err
+		}
+		m := concurrency.NewMutex(sess, prefix+"uncontended")
+		if err := m.TryLock(ctx); err != nil {
+			sess.Close()
+			return err
+		}
+		if err := m.Unlock(ctx); err != nil {
+			sess.Close()
+			return err
+		}
+		return sess.Close()
+	})
+}
+
+// handoffStats reports the hand-off latencies: from the start of a release
+// to the return of the next holder's acquire.
+func handoffStats(b *testing.B, lat []time.Duration, get, put time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
+	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(p(0.5))/float64(get), "p50-x-get")
+	b.ReportMetric(float64(p(0.5))/float64(put), "p50-x-put")
+	b.ReportMetric(float64(get.Microseconds())/1000, "get-ms")
+}
+
+// BenchmarkHandoff: 16 waiters on one key, each holding it ~1 ms, in one
+// Locker or in 16 (16 processes).
+func BenchmarkHandoff(b *testing.B) {
+	for _, procs := range []int{16, 1} {
+		b.Run(fmt.Sprintf("lockers=%d", procs), func(b *testing.B) { benchHandoff(b, procs) })
+	}
+}
+
+func benchHandoff(b *testing.B, procs int) {
+	const waiters = 16
+	cfg := benchEndpoints(b)
+	probe := benchClient(b, cfg, nil)
+	get, put := getLatency(b, probe), putLatency(b, probe)
+	prefix := uniquePrefix("bench-handoff")
+	lockers := make([]core.Locker, procs)
+	for i := range lockers {
+		lockers[i] = benchLocker(b, benchClient(b, cfg, nil), prefix, core.WithDefaults(core.TTL(10*time.Second)))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu        sync.Mutex
+		lat       []time.Duration
+		released  atomic.Int64
+		remaining atomic.Int64
+		wg        sync.WaitGroup
+	)
+	remaining.Store(int64(b.N))
+	b.ResetTimer()
+	for i := range waiters {
+		l := lockers[i%procs]
+		wg.Go(func() {
+			for {
+				s, err := l.Acquire(ctx, "handoff")
+				if err != nil {
+					return
+				}
+				now := time.Now().UnixNano()
+				if r := released.Load(); r != 0 {
+					mu.Lock()
+					lat = append(lat, time.Duration(now-r))
+					mu.Unlock()
+				}
+				time.Sleep(time.Millisecond) // the work
+				last := remaining.Add(-1) <= 0
+				released.Store(time.Now().UnixNano())
+				s.Release(context.Background())
+				if last {
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	handoffStats(b, lat, get, put)
+}
+
+// BenchmarkConcurrencyMutexHandoff: the same with concurrency.Mutex, 16
+// sessions on 16 clients (Mutex waits on the previous waiter's key).
+func BenchmarkConcurrencyMutexHandoff(b *testing.B) {
+	const waiters = 16
+	cfg := benchEndpoints(b)
+	probe := benchClient(b, cfg, nil)
+	get, put := getLatency(b, probe), putLatency(b, probe)
+	prefix := uniquePrefix("bench-mutex-handoff")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu        sync.Mutex
+		lat       []time.Duration
+		released  atomic.Int64
+		remaining atomic.Int64
+		wg        sync.WaitGroup
+	)
+	remaining.Store(int64(b.N))
+	sessions := make([]*concurrency.Session, waiters)
+	for i := range sessions {
+		s, err := concurrency.NewSession(benchClient(b, cfg, nil), concurrency.WithTTL(10))
+		if err != nil {
+			b.Fatal(err)
+		}
+		sessions[i] = s
+		b.Cleanup(func() { s.Close() })
+	}
+	b.ResetTimer()
+	for i := range waiters {
+		m := concurrency.NewMutex(sessions[i], prefix+"handoff")
+		wg.Go(func() {
+			for {
+				if err := m.Lock(ctx); err != nil {
+					return
+				}
+				now := time.Now().UnixNano()
+				if r := released.Load(); r != 0 {
+					mu.Lock()
+					lat = append(lat, time.Duration(now-r))
+					mu.Unlock()
+				}
+				time.Sleep(time.Millisecond)
+				last := remaining.Add(-1) <= 0
+				released.Store(time.Now().UnixNano())
+				m.Unlock(context.Background())
+				if last {
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	handoffStats(b, lat, get, put)
+}
+
+// BenchmarkHold1000: one Locker holds 1,000 leases (TTL 1.5 s, so 2 s
+// leases, renewed every 500 ms). Each iteration is one renew interval;
+// reported per interval: unary requests (transactions), streams opened and
+// stream messages (keepalives).
+func BenchmarkHold1000(b *testing.B) {
+	const n = 1000
+	ttl := 1500 * time.Millisecond
+	interval := ttl / 3
+	cfg := benchEndpoints(b)
+	cnt := &counter{}
+	cli := benchClient(b, cfg, cnt)
+	l := benchLocker(b, cli, uniquePrefix("bench-hold"), core.WithDefaults(core.TTL(ttl)))
+	ctx := context.Background()
+	sessions := make([]core.Session, n)
+	for i := range sessions {
+		s, err := l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		sessions[i] = s
+	}
+	time.Sleep(interval) // let acquisitions settle into one renewal batch
+	u0, s0, m0 := cnt.unary.Load(), cnt.streams.Load(), cnt.streamMsgs.Load()
+	start := time.Now()
+	b.ResetTimer()
+	for range b.N {
+		time.Sleep(interval)
+	}
+	b.StopTimer()
+	intervals := time.Since(start).Seconds() / interval.Seconds()
+	for _, s := range sessions {
+		if s.Err() != nil {
+			b.Fatalf("session lost: %v", s.Err())
+		}
+	}
+	b.ReportMetric(float64(cnt.unary.Load()-u0)/intervals, "txns/interval")
+	b.ReportMetric(float64(cnt.streams.Load()-s0)/intervals, "streams/interval")
+	b.ReportMetric(float64(cnt.streamMsgs.Load()-m0)/intervals, "keepalives/interval")
+}
