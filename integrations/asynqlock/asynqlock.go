@@ -141,7 +141,8 @@ func BusyDelay(min, max time.Duration) Option {
 
 // QuickRetries sets how many bounces of HandOff per key and per second, on
 // each server, come back at asynq's next delayed-task check (a retry delay
-// of 0) rather than after BusyDelay (default DefaultQuickRetries; 0: none).
+// of 0) rather than after BusyDelay (default DefaultQuickRetries, in bursts
+// of up to a quarter of it; 0: none).
 // They keep a few tasks of a backlog circling, so that a place in line freed
 // by a hand-off is taken again within about Config.DelayedTaskCheckInterval,
 // while the cost of the circling stays bounded however long the backlog:
@@ -232,19 +233,20 @@ func Wait(max time.Duration) Policy { return Policy{kind: kindWait, max: max} }
 
 // HandOff (the default, HandOff(1)) lets up to n busy tasks of a key wait
 // for its lock on each server, each until its deadline: the Locker wakes a
-// waiter when the lock is released (at once where the store notifies
-// releases, as redislock and memlock do), so that a backlog on one key
-// drains at about the handler's speed. Every other busy task is bounced as
-// by RetryLater: up to QuickRetries a second come back at asynq's next
-// delayed-task check, to take the place of a waiter that got the lock; the
-// rest after BusyDelay. Set asynq.Config.DelayedTaskCheckInterval and
-// TaskCheckInterval to about 100ms, or bounced tasks come back only every
-// 5s: see the package documentation.
+// waiter when the lock is released (at once with a store that notifies
+// releases: redislock, etcdlock, zklock, memlock; others are polled), so
+// that a backlog on one key drains at about the handler's speed. Every
+// other busy task is bounced as by RetryLater: up to QuickRetries a second
+// come back at asynq's next delayed-task check, to take the place of a
+// waiter that got the lock; the rest after BusyDelay. Set
+// asynq.Config.DelayedTaskCheckInterval and TaskCheckInterval to about
+// 100ms, or bounced tasks come back only every 5s: see the package
+// documentation.
 //
 // A waiter holds one of the server's workers while it waits, so n bounds the
-// workers one key can take on a server (n must be below Concurrency). On the
-// task's last attempt the bounce is replaced by the OnExhausted policy, as
-// for RetryLater.
+// workers one key can take on a server (n must be below Concurrency;
+// MaxWaiting bounds them across keys). On the task's last attempt the
+// bounce is replaced by the OnExhausted policy, as for RetryLater.
 func HandOff(n int) Policy { return Policy{kind: kindHandOff, n: n} }
 
 func (p Policy) check(opt string) error {
@@ -560,10 +562,10 @@ type holder struct {
 
 // enter says whether a busy task of key waits (fewer than n wait for key and
 // fewer than total, if not 0, for any key; it then counts as waiting until
-// leave) and, if not, whether its bounce is
-// a quick retry: at most rate a second, in bursts of up to rate/4, and only
-// while the key changed hands (a new holder in the busy answer, or a waiter
-// here that took its place in line) within quickWindow.
+// leave) and, if not, whether its bounce is a quick retry: at most rate a
+// second, in bursts of up to rate/4, and only while the key changed hands
+// (a new holder in the busy answer, or a waiter here that took its place in
+// line) within quickWindow.
 func (ls *lines) enter(key string, n, total, rate int, info *core.Info, now time.Time) (wait, quick bool) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()

@@ -53,7 +53,7 @@
 //   - HandOff(n) (default HandOff(1)): up to n busy tasks of a key wait for
 //     the lock on each server, each until its deadline, and the Locker wakes
 //     one when the lock is released (at once with a store that notifies
-//     releases: redislock, memlock). Every other busy task is bounced as by
+//     releases: redislock, etcdlock, zklock, memlock; others are polled). Every other busy task is bounced as by
 //     RetryLater; up to QuickRetries a second per key and server (default
 //     200, in bursts of 50) with a retry delay of 0, so that they come back
 //     at the next delayed-task check and take the place of a waiter that got
