@@ -15,7 +15,8 @@ import (
 //   - x-serial: the backlog's drain time over N × 30ms (1 is the serial,
 //     handler-bound rate; 2 is half of it);
 //   - other-x-serial: the same for the other key's 20 tasks (they drain
-//     alongside; 1 would be as fast as one at a time);
+//     alongside; 1 would be as fast as one at a time), and other-tasks/s,
+//     their throughput;
 //   - overhead-x-rtt: the time each task of the backlog costs beyond its
 //     handler, over a Redis PING round trip measured in the same run;
 //   - bounces/task: busy bounces per task of the backlog.
@@ -39,6 +40,7 @@ func BenchmarkDrain(b *testing.B) {
 			hotMean := float64(hot) / iters
 			b.ReportMetric(hotMean/float64(serial(n)), "x-serial")
 			b.ReportMetric(float64(other)/iters/float64(serial(m)), "other-x-serial")
+			b.ReportMetric(float64(m)/(float64(other)/iters/float64(time.Second)), "other-tasks/s")
 			b.ReportMetric((hotMean/float64(n)-float64(work))/float64(rtt), "overhead-x-rtt")
 			b.ReportMetric(float64(r.bounces.Load())/iters/float64(n+m), "bounces/task")
 		})
