@@ -14,9 +14,10 @@
 // ParseURL reads etcd://host:port[,host:port] and etcds:// URLs into a
 // client configuration. The package is its own Go module, so that programs
 // using only the other dislock backends do not get gRPC in their module
-// graph. etcd 3.5 or later is supported; 3.7 or later is recommended (see
-// below). It is tested against an embedded etcd v3.7.3, on one member and
-// on a three-member cluster.
+// graph. It works with etcd 3.4 or later servers; 3.7 or later is
+// recommended (see below). Its tests run an embedded etcd v3.7.3, on one
+// member and on a three-member cluster, and the conformance suite also
+// passes against Debian's etcd 3.4.23 (DISLOCK_TEST_ETCD).
 //
 // etcd's own concurrency package (Session, Mutex) is not used: its
 // Session.Done fires at or after the server's lease expiry, not before, and
@@ -32,30 +33,42 @@
 // a lease of its own, with an ID the backend picks at random, and the key
 // is bound to it.
 //
-//   - Acquire is a lease grant, then one transaction: if the key's
-//     create_revision is 0 (no such key), put it bound to the lease;
-//     otherwise read it. Two round trips, not one: etcd can bind a key only
-//     to a lease that already exists, and a transaction cannot grant one.
-//     A busy answer costs a third, reading the holder's remaining lease
-//     time, while the unused lease is revoked at the same time.
+//   - Acquire is one transaction: if the key's create_revision is 0 (no
+//     such key), put it bound to the session's lease; otherwise read it.
+//     etcd can bind a key only to a lease that already exists, and a
+//     transaction cannot grant one, so the lease comes first: a Backend
+//     keeps the leases of its released locks and of its busy claims (up to
+//     64 per TTL, each refreshed within the last half of its TTL) and takes
+//     one of those, refreshing it with a keepalive sent together with the
+//     transaction — one round trip. Without a spare lease, the claim is a
+//     lease grant and then the transaction: two. A claim whose keepalive
+//     fails while its transaction succeeded is undone, since the lease
+//     might then expire before the session's deadline.
+//   - A busy answer costs one more round trip, reading the holder's
+//     remaining lease time; the unused lease becomes a spare.
 //   - The fencing token is the key's create_revision. Every new holder must
 //     create the key, at a new, larger store revision, so tokens strictly
 //     increase per key; renewals and minimum holds keep it.
 //   - Renewal of all of a Locker's sessions is one round trip per renew
 //     interval: one LeaseKeepAlive stream carrying a message per lease,
-//     sent together with transactions of up to 128 reads that check each
-//     key is still bound to its session's lease with its token — a live
-//     lease does not prove the key is still ours (an operator may have
-//     deleted it). A lease whose keepalive reports TTL 0, a missing key and
-//     a key bound elsewhere are each a loss (core.ErrLeaseLost); a failed
+//     sent together with transactions of up to 128 reads each
+//     (WithMaxTxnOps; 1,000 leases are 8 transactions, sent at once) that
+//     check each key is still bound to its session's lease with its token
+//     — a live lease does not prove the key is still ours (an operator may
+//     have deleted it). A lease whose keepalive reports TTL 0, a missing key
+//     and a key bound elsewhere are each a loss (core.ErrLeaseLost); a failed
 //     request leaves the outcome unknown and the engine retries until the
 //     session's deadline.
-//   - Release revokes the session's lease, which deletes the key and only
-//     that key. A lease that is already gone is success, so a retried
-//     release is harmless, and a revoke can never delete a newer holder's
-//     key, which is bound to another lease. An acquire whose reply was lost
-//     is undone the same way: the lease ID is known before the grant is
-//     sent, so even a lost grant is revoked.
+//   - Release is one transaction that deletes the key if it is still bound
+//     to the session's lease at the session's create_revision; the lease
+//     becomes a spare. A retried release finds the key gone and does
+//     nothing, and the comparison on both lease and revision means it can
+//     never delete a newer holder's key.
+//   - An acquire whose outcome is unknown (its reply was lost) is undone by
+//     revoking its lease instead: that deletes the key if the claim was
+//     applied, and makes the claim fail if it is still on its way. The
+//     lease ID is known before anything is sent, so even a grant whose
+//     reply was lost is revoked.
 //   - A release before a minimum hold ends (core.MinHold) grants a lease of
 //     the remaining hold, moves the key to it with an owner-checked put
 //     that keeps its create_revision, and revokes the session's lease:
@@ -67,6 +80,8 @@
 //   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
 //     List reads the prefix in pages of 500; ForceRelease revokes the
 //     holder's lease, and the holder learns of it at its next renewal.
+//   - Close revokes the spare leases; any it cannot reach expire by
+//     themselves, bound to no key.
 //
 // Every request carries WithRequireLeader, so a member without a leader
 // answers at once with an error instead of waiting.
@@ -121,7 +136,8 @@
 //     replicated store).
 //   - Renewals, releases and forced releases act on the session's own lease
 //     or on an exact key revision: a stale session never renews or frees a
-//     newer holder's lock.
+//     newer holder's lock. A reused lease carries at most one key at a time,
+//     and a renewal checks the key's create_revision as well as its lease.
 //
 // # What is not guaranteed
 //
