@@ -28,6 +28,9 @@ var claimModes = []struct {
 		opts: []pg.Option{pg.WithAsyncCommit()}},
 	{name: "describe-exec", edit: func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeDescribeExec }},
 	{name: "legacy", opts: []pg.Option{pg.WithLegacyTable()}, tableOpts: []pg.Option{pg.WithLegacyTable()}},
+	// A higher statement_timeout of the session gives way to the claim
+	// timeout (a lower one is kept: TestStatementTimeout).
+	{name: "session-timeout-10s", edit: func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["statement_timeout"] = "10s" }},
 }
 
 // blockExpiredRow writes an expired row for key, held by "old-token", and

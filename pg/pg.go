@@ -136,7 +136,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout)
 	}
 	batch := &pgx.Batch{}
-	batch.Queue(b.stmt.bound, left.Milliseconds())
+	batch.Queue(b.stmt.bound, strconv.FormatInt(left.Milliseconds(), 10))
 	batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
 	br := conn.SendBatch(ctx, batch)
 	lease, err := b.readAcquire(br, req)

@@ -12,15 +12,15 @@ type statements struct {
 }
 
 // bound sets statement_timeout, for its own transaction only, to $1
-// milliseconds, or keeps the current setting when that is lower (and not 0,
-// which means none). Sent in one batch before the acquire, it arms the
-// server's timer for the acquire: the server starts a fresh statement timer
-// for each statement of a pipeline (extended protocol) or of a
-// multi-statement query (simple protocol), and commits or rolls back the
-// whole batch at its end, so no setting outlives it.
-const bound = `SELECT set_config('statement_timeout',
-	(CASE WHEN cur.ms > 0 AND cur.ms < $1::bigint THEN cur.ms ELSE $1::bigint END)::text, true)
-FROM (SELECT (extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::bigint) AS cur(ms)`
+// milliseconds (text), or keeps the current setting when that is lower (and
+// not 0, which means none; the common case, tested first because it is
+// cheapest). Sent in one batch before the acquire, it arms the server's
+// timer for the acquire: the server starts a fresh statement timer for each
+// statement of a pipeline (extended protocol) or of a multi-statement query
+// (simple protocol), and commits or rolls back the whole batch at its end, so
+// no setting outlives it.
+const bound = `SELECT set_config('statement_timeout', CASE WHEN current_setting('statement_timeout') = '0' THEN $1::text
+	ELSE least((extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::bigint, $1::text::bigint)::text END, true)`
 
 // asyncClause turns synchronous_commit off for the statement's own
 // transaction. It is a conjunct of a WHERE clause that every written row
