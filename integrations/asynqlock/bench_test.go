@@ -19,7 +19,7 @@ import (
 //     their throughput;
 //   - overhead-x-rtt: the time each task of the backlog costs beyond its
 //     handler, over a Redis PING round trip measured in the same run;
-//   - bounces/task: busy bounces per task of the backlog.
+//   - bounces/task: busy bounces per task (of both keys).
 //
 // It runs against DISLOCK_TEST_REDIS:
 //

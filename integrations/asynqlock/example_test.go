@@ -41,7 +41,6 @@ func Example() {
 	mux := asynq.NewServeMux()
 	mux.Use(asynqlock.Middleware(locker,
 		asynqlock.WithKey(asynqlock.ByHeader("account")), // one task per account at a time
-		asynqlock.BusyDelay(0, 200*time.Millisecond),
 	))
 	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
 		s, _ := core.SessionFromContext(ctx) // s.Token() fences writes
@@ -58,12 +57,11 @@ func Example() {
 		return nil
 	})
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		Concurrency:    3,
-		IsFailure:      asynqlock.IsFailure,       // a busy bounce consumes no retry
-		RetryDelayFunc: asynqlock.RetryDelay(nil), // and comes back after BusyDelay
-		// Quicker polling than the defaults, for the example's sake.
-		TaskCheckInterval:        20 * time.Millisecond,
-		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		Concurrency:              3,
+		IsFailure:                asynqlock.IsFailure,       // a busy bounce consumes no retry
+		RetryDelayFunc:           asynqlock.RetryDelay(nil), // and comes back soon
+		DelayedTaskCheckInterval: 100 * time.Millisecond,    // bounced tasks move back to pending every 0.1s
+		TaskCheckInterval:        100 * time.Millisecond,    // and are picked up within about 0.1s
 		LogLevel:                 asynq.FatalLevel,
 	})
 	if err := srv.Start(mux); err != nil {
