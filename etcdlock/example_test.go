@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -62,4 +63,30 @@ func ExampleWithPrefix() {
 		log.Fatal(err)
 	}
 	defer locker.Close()
+}
+
+// A Locker on a three-member cluster (the README's etcd snippet).
+// Compiled, not run: it needs an etcd cluster.
+func Example_cluster() {
+	if err := lockOnCluster(context.Background()); err != nil {
+		log.Print(err)
+	}
+}
+
+func lockOnCluster(ctx context.Context) error {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"etcd1:2379", "etcd2:2379", "etcd3:2379"}})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	locker, err := etcdlock.New(cli, etcdlock.WithPrefix("myapp/locks/"))
+	if err != nil {
+		return err
+	}
+	defer locker.Close()
+	s, err := locker.TryAcquire(ctx, "reports/daily", core.TTL(15*time.Second)) // a lease of 15 s
+	if err != nil {
+		return err
+	}
+	return s.Release(ctx)
 }
