@@ -29,8 +29,9 @@
 // a server whose queues are empty looks for pending tasks only every
 // TaskCheckInterval (0.5 to 1.5 times it). With asynq's defaults a bounced
 // task comes back after 5s at best, and a backlog on one key drains at about
-// one task every 4-5s whatever the policy that bounces. At 100ms each, one
-// server polls Redis some 10 times a second per queue more while idle.
+// one task every 4-5s whatever the policy that bounces. At 100ms each, an
+// idle server asks Redis about 10 times a second for pending tasks and 10
+// times a second per queue for due ones.
 //
 // # Keys
 //
@@ -53,11 +54,12 @@
 //   - HandOff(n) (default HandOff(1)): up to n busy tasks of a key wait for
 //     the lock on each server, each until its deadline, and the Locker wakes
 //     one when the lock is released (at once with a store that notifies
-//     releases: redislock, etcdlock, zklock, memlock; others are polled). Every other busy task is bounced as by
-//     RetryLater; up to QuickRetries a second per key and server (default
-//     200, in bursts of 50) with a retry delay of 0, so that they come back
-//     at the next delayed-task check and take the place of a waiter that got
-//     the lock, the rest after BusyDelay. Quick retries stop while a key has
+//     releases: redislock, etcdlock, zklock, memlock; others are polled).
+//     Every other busy task is bounced as by RetryLater: up to QuickRetries
+//     a second per key and server (default 200, in bursts of 50) with a
+//     retry delay of 0, so that they come back at the next delayed-task
+//     check and take the place of a waiter that got the lock; the rest
+//     after BusyDelay. Quick retries stop while a key has
 //     not changed hands for a second: its holders run long, and the bounced
 //     tasks come back after BusyDelay, which is short next to them.
 //   - RetryLater returns a *BusyError, which matches core.ErrNotAcquired.
@@ -92,9 +94,10 @@
 //     bounds the waiters of a server across keys.
 //   - RetryLater: no worker ever waits, but a bounced task comes back only
 //     after BusyDelay (1-3s) rounded to asynq's whole seconds, so a key
-//     changes hands about twice a second: 20 tasks take about 19s, and of
-//     200 a third were still waiting after 60s. Pick it when a key's tasks are rare (a backlog is the exception)
-//     or when no worker may be held by a task that does not run.
+//     changes hands only once or twice a second: 20 tasks take about 19s,
+//     and of 200 a third were still waiting after 60s. Pick it when a key's
+//     tasks are rare (a backlog is the exception) or when no worker may be
+//     held by a task that does not run.
 //   - Wait(0): the fastest drain (200 in 6.6s, 1.1 × serial), but every busy
 //     task holds a worker until it gets the lock: one hot key takes every
 //     worker, and 20 tasks of another key wait for the whole backlog (6.6s
@@ -107,12 +110,12 @@
 //
 // On the task's last attempt (retry count = MaxRetry, which is every attempt
 // of a task enqueued with MaxRetry(0)), asynq archives any error, so retrying
-// later is impossible. There RetryLater and a Wait that ran out apply the
-// OnExhausted policy instead, by default Wait(0): wait for the lock until
-// the task's deadline. Only if the lock is still busy then is the task
-// archived, with the busy error as its last error. Because busy bounces do
-// not count, a task reaches its last attempt only through real failures or
-// a MaxRetry of 0.
+// later is impossible. There RetryLater, HandOff's bounces and a Wait that
+// ran out apply the OnExhausted policy instead, by default Wait(0): wait for
+// the lock until the task's deadline. Only if the lock is still busy then is
+// the task archived, with the busy error as its last error. Because busy
+// bounces do not count, a task reaches its last attempt only through real
+// failures or a MaxRetry of 0.
 //
 // # While the lock is held
 //
