@@ -190,7 +190,7 @@ func TestHeldUpClaimAbortedByServer(t *testing.T) {
 // acquire left with less than half of it is not sent (a clear error naming
 // the option), a shorter wait is fine.
 func TestClaimNotSentAfterLongPoolWait(t *testing.T) {
-	const claimTimeout = 400 * time.Millisecond
+	const claimTimeout = time.Second
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	pool := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
@@ -214,7 +214,7 @@ func TestClaimNotSentAfterLongPoolWait(t *testing.T) {
 	if h := rowHolder(t, admin, table, "k", false); h != "" {
 		t.Fatalf("an acquire reported as not sent wrote a row held by %q", h)
 	}
-	busy(claimTimeout / 8)
+	busy(claimTimeout / 10)
 	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "me", OwnerToken: "t2", TTL: time.Minute}); err != nil {
 		t.Fatalf("TryAcquire after a short pool wait: %v", err)
 	}

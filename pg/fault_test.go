@@ -312,7 +312,7 @@ func TestLostReplyReconciled(t *testing.T) {
 	// after the first undo.
 	unblock := blockExpiredRow(t, admin, table, "c", false)
 	pool, _, down := faultPool(t)
-	cut, err := pg.NewBackend(ctx, pool, pg.WithTable(table), pg.WithClaimTimeout(500*time.Millisecond))
+	cut, err := pg.NewBackend(ctx, pool, pg.WithTable(table), pg.WithClaimTimeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,11 +333,11 @@ func TestLostReplyReconciled(t *testing.T) {
 	}) {
 		t.Fatalf("the cancelled claim did not take effect when the blocker left: the case is not tested")
 	}
-	if !waitFor(bounded.ClaimBound()+3*time.Second, func() bool {
+	if !waitFor(cut.ClaimBound()+3*time.Second, func() bool {
 		_, held, err := b.Inspect(ctx, "c")
 		return err == nil && !held
 	}) {
 		t.Fatalf("the cancelled claim is still held %v after it was sent (ClaimBound %v): left until its TTL",
-			time.Since(sent).Round(time.Millisecond), bounded.ClaimBound())
+			time.Since(sent).Round(time.Millisecond), cut.ClaimBound())
 	}
 }
