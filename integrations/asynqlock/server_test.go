@@ -466,3 +466,44 @@ func TestServers_ByTaskID(t *testing.T) {
 	}
 	e.waitState(id, asynq.TaskStateCompleted)
 }
+
+// TestServers_HotKeyLeavesWorkers: while a key is held elsewhere and has a
+// backlog, HandOff lets one of its tasks wait and bounces the others, so
+// that the server's other workers run other keys' tasks (under Wait(0) the
+// backlog would take all three workers until the holder lets go).
+func TestServers_HotKeyLeavesWorkers(t *testing.T) {
+	e := newEnv(t)
+	_, holder, l := lockers(t)
+	s, err := holder.TryAcquire(context.Background(), asynqlock.DefaultPrefix+"hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan string, 20)
+	cfg := wired()
+	cfg.Concurrency = 3
+	e.serve(cfg, asynqlock.Middleware(l, asynqlock.WithKey(asynqlock.ByHeader("account"))), func(_ context.Context, task *asynq.Task) error {
+		ran <- task.Headers()["account"]
+		return nil
+	})
+	enqueue := func(acct string) {
+		e.enqueueTask(asynq.NewTaskWithHeaders("job", []byte(acct), map[string]string{"account": acct}), asynq.Timeout(waitLong))
+	}
+	const hot, other = 10, 5
+	for range hot {
+		enqueue("hot")
+	}
+	for i := range other {
+		enqueue(fmt.Sprint("other-", i))
+	}
+	for range other {
+		if acct := recv(t, ran, "the other keys' tasks to run"); acct == "hot" {
+			t.Fatal("a task of the held key ran")
+		}
+	}
+	s.Release(context.Background())
+	for range hot {
+		if acct := recv(t, ran, "the hot key's tasks to run after the release"); acct != "hot" {
+			t.Fatalf("task of %q ran twice", acct)
+		}
+	}
+}
