@@ -6,6 +6,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,4 +121,65 @@ func TestChaosZooKeeper(t *testing.T) {
 			runChaos(t, tierRun(seed), zkSetup)
 		})
 	}
+}
+
+// zkSlowRenewals stalls the renewals of one ZooKeeper Locker (see
+// slowRenewals); the engine polls instead of watching through it.
+type zkSlowRenewals struct {
+	core.Backend
+	stalled atomic.Bool
+}
+
+func (b *zkSlowRenewals) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	if b.stalled.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return b.Backend.Renew(ctx, reqs)
+}
+
+// zkSlowStore is the slow-store scenario on a private ZooKeeper server.
+func zkSlowStore(t *testing.T, slowObs, fastObs core.ClientOption) (core.Locker, core.Locker, func() func()) {
+	if err := zktest.Installed(); err != nil {
+		if ciMode() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	ens, err := zktest.Start(t.TempDir(), 1, 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ens.Stop)
+	root := "/dislock-chaos-slow"
+	newBackend := func() *zklock.Backend {
+		b, err := zklock.NewBackend(context.Background(), ens.Connect(), zklock.WithRoot(root),
+			zklock.WithSessionTimeout(1500*time.Millisecond), zklock.WithLogger(zkLogger{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	sb := &zkSlowRenewals{Backend: newBackend()}
+	a, err := core.New(sb, core.WithDefaults(handoverTiming.options()...), slowObs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	b, err := core.New(newBackend(), core.WithDefaults(handoverTiming.options()...), fastObs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return a, b, func() func() {
+		sb.stalled.Store(true)
+		return func() { sb.stalled.Store(false) }
+	}
+}
+
+// TestSlowStoreNoHandoverZooKeeper is TestSlowStoreNoHandover on ZooKeeper:
+// the key passes on only after the slow holder's work stopped (its Release)
+// or its claim's TTL ran out on the server.
+func TestSlowStoreNoHandoverZooKeeper(t *testing.T) {
+	checkSlowStore(t, slowStoreHistory(t, 11, zkSlowStore))
 }
