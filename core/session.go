@@ -130,9 +130,16 @@ func (s *session) release(ctx context.Context, cause error) error {
 	}
 	var err error
 	if !s.slot { // a slot lock is kept until the slot ends: nothing to send
+		var echo time.Time
+		if !kept {
+			echo = c.expectEcho(s.key)
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 		err = c.b.Release(rctx, req)
 		cancel()
+		if err != nil {
+			c.dropEcho(s.key, echo)
+		}
 		if err != nil {
 			err = fmt.Errorf("dislock: %s: release %q: %w", c.name, s.key, err)
 			s.mu.Lock()
@@ -140,7 +147,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 			s.mu.Unlock()
 			c.owe(s)
 		} else if !kept {
-			c.notifyOwn(s.key)
+			c.notify(s.key)
 		}
 	}
 	if c.obs != nil {

@@ -65,24 +65,56 @@ func (c *Client) notify(key string) {
 const maxEchoes = 8
 
 // notifyOwn wakes a waiter after a release this client made, and remembers
-// that the store's notification of it will come back through Watch — only
-// while a subscription is in place, so that nothing piles up when none is.
-// Echoes that did not come back within the echo window are swept out.
+// that the store's notification of it will come back through Watch.
 func (c *Client) notifyOwn(key string) {
+	c.expectEcho(key)
+	c.notify(key)
+}
+
+// expectEcho remembers, before this client releases key, that the store's
+// notification of that release will come back through Watch — only while a
+// subscription is in place, so that nothing piles up when none is. It is
+// recorded before the release is sent, so that an echo that arrives before
+// the release's reply is still known as one. Echoes that did not come back
+// within the echo window are swept out. It returns the record's time, for
+// dropEcho; zero when nothing was recorded.
+func (c *Client) expectEcho(key string) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.subscribed {
-		now := time.Now()
-		if now.Sub(c.swept) > echoWindow {
-			c.sweepEchoesLocked(now)
-		}
-		ts := c.echoes[key]
-		if len(ts) >= maxEchoes {
-			ts = ts[1:]
-		}
-		c.echoes[key] = append(ts, now)
+	if !c.subscribed {
+		return time.Time{}
 	}
-	c.wakeOneLocked(key)
+	now := time.Now()
+	if now.Sub(c.swept) > echoWindow {
+		c.sweepEchoesLocked(now)
+	}
+	ts := c.echoes[key]
+	if len(ts) >= maxEchoes {
+		ts = ts[1:]
+	}
+	c.echoes[key] = append(ts, now)
+	return now
+}
+
+// dropEcho forgets the echo recorded at at for a release that failed.
+func (c *Client) dropEcho(key string, at time.Time) {
+	if at.IsZero() {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ts := c.echoes[key]
+	for i, t := range ts {
+		if t.Equal(at) {
+			ts = append(ts[:i:i], ts[i+1:]...)
+			break
+		}
+	}
+	if len(ts) == 0 {
+		delete(c.echoes, key)
+	} else {
+		c.echoes[key] = ts
+	}
 }
 
 // sweepEchoesLocked drops the echoes older than the echo window.
