@@ -74,7 +74,8 @@
 // the store's clock; MinHold(d) keeps a released lock until d after it was
 // taken. Either stops a fast job from running on every node.
 //
-// Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost,
-// ErrReleased, ErrClosed, ErrInvalidKey, ErrInvalidOption, ErrUnsupported);
-// backend failures wrap the driver's error.
+// Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost — with
+// ErrLeaseGone when the store refused a renewal —, ErrReleased, ErrClosed,
+// ErrInvalidKey, ErrInvalidOption, ErrUnsupported); backend failures wrap the
+// driver's error.
 package core
