@@ -21,7 +21,7 @@ func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option)
 		},
 		Steal: func(ctx context.Context, key string) error {
 			_, err := admin.Exec(ctx, `UPDATE `+ident+` SET owner = 'thief', holder = 'stolen',
-				token = nextval(pg_get_serial_sequence($2, 'token')) WHERE key = $1 AND expire_at > now()`, key, ident)
+				token = DEFAULT WHERE key = $1 AND expire_at > now()`, key)
 			return err
 		},
 		Delete: func(ctx context.Context, key string) error {

@@ -108,8 +108,8 @@ func WithAutoMigrate() Option {
 // connection), the commits of roughly the last 3×wal_writer_delay (600 ms by
 // default) can be lost although they were reported as done. An acquisition
 // may then vanish while its holder still runs, so the lock can be granted
-// twice, and fencing tokens handed out in that window can be handed out
-// again. Use it only where that is acceptable.
+// twice; fencing tokens still grow (they come from the server's clock, on
+// tables Migrate creates). Use it only where that is acceptable.
 func WithAsyncCommit() Option {
 	return func(c *config) { c.asyncCommit = true }
 }
