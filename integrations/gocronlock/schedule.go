@@ -1,6 +1,7 @@
 package gocronlock
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -8,13 +9,23 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/cronspec"
 )
 
 // Cron parses a crontab the way gocron.CronJob(crontab, withSeconds) does on
 // a scheduler whose location is loc (nil means time.Local), and returns it as
 // a core.Schedule for Locker.Schedule or Slot. A "TZ=" or "CRON_TZ=" prefix
-// in crontab overrides loc.
+// in crontab overrides loc. A value, range or step outside its field
+// (*/61 in the minutes, which the parser would take as "minute 0") is
+// rejected with an error naming the field.
 func Cron(crontab string, withSeconds bool, loc *time.Location) (core.Schedule, error) {
+	if err := cronspec.Check(crontab, withSeconds); err != nil {
+		var fc *cronspec.FieldCountError
+		if errors.As(err, &fc) {
+			return nil, invalid("Cron", "%q: %v; for a seconds field pass withSeconds true, as with gocron.CronJob(crontab, true)", crontab, err)
+		}
+		return nil, invalid("Cron", "%q: %v", crontab, err)
+	}
 	if loc == nil {
 		loc = time.Local
 	}

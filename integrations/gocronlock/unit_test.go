@@ -3,6 +3,7 @@ package gocronlock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -78,6 +79,24 @@ func TestCron(t *testing.T) {
 	for _, bad := range []string{"", "* * *", "61 * * * *"} {
 		if _, err := gocronlock.Cron(bad, false, nil); !errors.Is(err, core.ErrInvalidOption) {
 			t.Errorf("Cron(%q): %v, want core.ErrInvalidOption", bad, err)
+		}
+	}
+	// Steps and ranges outside their field are errors naming the field, not
+	// a silently different schedule (*/61 would be hourly).
+	for _, c := range []struct {
+		spec    string
+		seconds bool
+		want    string
+	}{
+		{"*/61 * * * *", false, "minute field"},
+		{"0 */25 * * *", false, "hour field"},
+		{"*/61 * * * * *", true, "second field"},
+		{"0 5-70 * * * *", true, "minute field"},
+		{"*/30 * * * * *", false, "withSeconds"},
+	} {
+		_, err := gocronlock.Cron(c.spec, c.seconds, nil)
+		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Cron(%q, %v): %v, want core.ErrInvalidOption naming %q", c.spec, c.seconds, err, c.want)
 		}
 	}
 }
