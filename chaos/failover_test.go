@@ -1,0 +1,443 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
+
+// The failover and crash tier: real topologies (a Sentinel-managed master
+// and replica, a Redis Cluster with a replica per master, a private
+// PostgreSQL server) whose masters are failed over or whose server is
+// crashed while holders and waiters run. Faults come in a fixed order, not
+// drawn by a seed; every run is checked by Check, and a witness measures
+// what each fault lost.
+
+// stepFault is one fault of a failover or crash run.
+type stepFault struct {
+	name string
+	// stateLoss: the fault may lose acknowledged writes (asynchronous
+	// replication, a crash under asynchronous commit or of an unlogged
+	// table), so the checker allows the overlaps that Check documents.
+	stateLoss bool
+	run       func(ctx context.Context) error
+}
+
+// runSteps runs cfg.contenders contenders on keys (acquire, hold for up to
+// a TTL, release; the others wait in Acquire meanwhile) while faults are
+// applied one after another, gap apart. Then the store must answer
+// (env.probe), every contender must acquire again, every Locker closes and
+// no key may stay held. It checks the history and returns the report.
+func runSteps(t *testing.T, cfg runConfig, env *backendEnv, keys []string, rec *Recorder, logs *sink,
+	gap time.Duration, faults []stepFault) Report {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := &run{t: t, cfg: cfg, env: env, rec: rec, errs: logs, keys: keys,
+		counters: map[string]*atomic.Int64{}, ctx: ctx}
+	for _, k := range keys {
+		r.counters[k] = new(atomic.Int64)
+	}
+	var cs []*contender
+	for i := range cfg.contenders {
+		name := fmt.Sprintf("%s-c%d", env.name, i)
+		obs := newRecObserver(rec, name, logs)
+		l, stop, err := env.newLocker(ctx, core.WithDefaults(cfg.options()...), core.WithObserver(obs),
+			core.WithReleaseTimeout(time.Second))
+		if err != nil {
+			t.Fatalf("locker %s: %v", name, err)
+		}
+		cs = append(cs, &contender{name: name, l: l, obs: obs, stop: stop,
+			rng: mrand.New(mrand.NewPCG(cfg.seed, uint64(i)+1))})
+	}
+	stopLoop := make(chan struct{})
+	var wg sync.WaitGroup
+	done := make([]atomic.Bool, len(cs))
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer done[i].Store(true)
+			for {
+				select {
+				case <-stopLoop:
+					for deadline := time.Now().Add(8 * cfg.ttl); time.Now().Before(deadline) && ctx.Err() == nil; {
+						if r.iteration(c, keys[0], 2*cfg.ttl, 50*time.Millisecond) {
+							return
+						}
+					}
+					return
+				default:
+				}
+				r.iteration(c, keys[c.rng.IntN(len(keys))], 2*cfg.ttl, cfg.ttl)
+				sleepCtx(ctx, between(c.rng, 0, 20*time.Millisecond))
+			}
+		}()
+	}
+
+	for _, f := range faults {
+		sleepCtx(ctx, gap)
+		rec.Add(Event{Kind: FaultStart, Fault: f.name, StateLoss: f.stateLoss})
+		fctx, fcancel := context.WithTimeout(ctx, 60*time.Second)
+		err := f.run(fctx)
+		fcancel()
+		rec.Add(Event{Kind: FaultEnd, Fault: f.name})
+		if err != nil {
+			t.Errorf("fault %s: %v", f.name, err)
+		}
+	}
+	for healBy := time.Now().Add(15 * time.Second); ; {
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		err := env.probe(pctx)
+		pcancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(healBy) {
+			t.Fatalf("%s: the store does not answer after the faults: %v", env.name, err)
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+	rec.Add(Event{Kind: Healed})
+	sleepCtx(ctx, gap)
+	close(stopLoop)
+
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(20 * cfg.ttl):
+		for i, c := range cs {
+			if !done[i].Load() {
+				rec.Add(Event{Kind: Stuck, Contender: c.name})
+			}
+		}
+		cancel()
+		<-finished
+	}
+	for _, c := range cs {
+		if err := c.stop(); err != nil {
+			logs.err(err)
+			t.Errorf("%s: close: %v", c.name, err)
+		}
+	}
+	held := map[string]core.Info{}
+	for until := time.Now().Add(cfg.ttl + 500*time.Millisecond); ; {
+		clear(held)
+		for _, k := range keys {
+			info, ok, err := env.admin.Inspect(context.Background(), k)
+			if err != nil {
+				t.Errorf("inspect %s: %v", k, err)
+			}
+			if ok {
+				held[k] = info
+			}
+		}
+		if len(held) == 0 || time.Now().After(until) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for k, info := range held {
+		rec.Add(Event{Kind: HeldAfterRun, Key: k, Token: info.Token})
+	}
+
+	hist := rec.History()
+	rep := Check(hist, Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack})
+	acquired, lost := 0, 0
+	for _, e := range hist.Events {
+		switch e.Kind {
+		case AcquireOK:
+			acquired++
+		case Lost:
+			lost++
+		}
+	}
+	t.Logf("%s: %d events, %d holds, %d losses signalled", env.name, len(hist.Events), acquired, lost)
+	if !rep.OK() {
+		path, err := hist.Dump(*flagOut, env.name)
+		if err != nil {
+			t.Logf("dump history: %v", err)
+		}
+		t.Errorf("%s: the history breaks the rules (history in %s):\n%s", env.name, path, rep)
+	}
+	if acquired < cfg.contenders*3 {
+		t.Errorf("%s: only %d acquisitions: the run exercised too little", env.name, acquired)
+	}
+	checkNoSecret(t, env.name+" run", logs.String(), historyText(hist))
+	return rep
+}
+
+// tokenRegressions counts the violations of the token rules in rep.
+func tokenRegressions(rep Report) int {
+	n := 0
+	for _, v := range rep.Violations {
+		if v.Rule == RuleTokenOrder || v.Rule == RuleTokenReuse || v.Rule == RuleFenceOrder || v.Rule == RuleStaleFenced {
+			n++
+		}
+	}
+	return n
+}
+
+// witnessTiming is the lease of the witness's locks: a long TTL, so that a
+// lock the store still has is still there when it is looked up after the
+// fault, and renewals every second, so that each holder has heard from the
+// store again by then.
+var witnessTiming = []core.Option{core.TTL(20 * time.Second), core.RenewInterval(time.Second), core.RenewDeadline(10 * time.Second)}
+
+// witness takes a fresh lock every few milliseconds and keeps it, from
+// before the first fault until after the last, so that every acknowledged
+// acquisition can be looked up in the store afterwards: which survived the
+// fault, which the fault lost, when locking worked again, and whether each
+// holder's view (Session.Err) agrees with the store.
+type witness struct {
+	rec    *Recorder
+	l      core.Locker
+	prefix string
+	every  time.Duration
+	mu     sync.Mutex
+	tries  []witnessTry
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// witnessTry is one acquisition attempt of the witness.
+type witnessTry struct {
+	key        string
+	start, end time.Duration // recorder offsets; end is when the reply came
+	ok         bool
+	token      uint64
+	s          core.Session
+}
+
+func startWitness(rec *Recorder, l core.Locker, prefix string, every time.Duration) *witness {
+	w := &witness{rec: rec, l: l, prefix: prefix, every: every, stop: make(chan struct{}), done: make(chan struct{})}
+	go w.loop()
+	return w
+}
+
+func (w *witness) loop() {
+	defer close(w.done)
+	tick := time.NewTicker(w.every)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-w.stop:
+			return
+		case <-tick.C:
+		}
+		key := fmt.Sprintf("%sw%05d", w.prefix, i)
+		start := w.rec.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s, err := w.l.TryAcquire(ctx, key, witnessTiming...)
+		cancel()
+		tr := witnessTry{key: key, start: start, end: w.rec.Now(), ok: err == nil, s: s}
+		if s != nil {
+			tr.token = s.Token()
+		}
+		w.mu.Lock()
+		w.tries = append(w.tries, tr)
+		w.mu.Unlock()
+	}
+}
+
+// halt stops taking locks (the ones held stay held).
+func (w *witness) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+func (w *witness) snapshot() []witnessTry {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]witnessTry(nil), w.tries...)
+}
+
+// lookup returns the fencing token the store has for each key it holds
+// (expired or not), looked up directly.
+type lookup func(ctx context.Context, keys []string) (map[string]uint64, error)
+
+// faultFigures is what one fault did, as the witness saw it.
+type faultFigures struct {
+	Fault string
+	// Acked: acquisitions the witness had acknowledged by the fault's start.
+	Acked int
+	// Lost: acknowledged acquisitions (before the fault or during it) the
+	// store no longer had afterwards; LostBefore of them were acknowledged
+	// before the fault started, the earliest of them Reach before it.
+	Lost, LostBefore int
+	Reach            time.Duration
+	// Suffix: the lost acquisitions were the last ones acknowledged before
+	// locking worked again (none was lost from the middle).
+	Suffix bool
+	// Recovery: from the fault's start until the first acquisition after
+	// which every attempt succeeded and stuck; -1 when that never happened.
+	Recovery time.Duration
+	// Regressions: witness tokens that did not exceed the one acknowledged
+	// before them (tokens of fresh keys, from the store's clock or sequence).
+	Regressions int
+	// Unaware: holders whose session was still valid although the store no
+	// longer had their lock (must be 0).
+	Unaware int
+	// LostSeen: holders that learned of their loss (Session.Err).
+	LostSeen int
+}
+
+func (f faultFigures) String() string {
+	rec := "never"
+	if f.Recovery >= 0 {
+		rec = f.Recovery.Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("%s: %d acquisitions acknowledged before it, %d lost (%d acknowledged before the fault, reaching back %v; last ones only: %v), locking worked again after %s, %d token regressions, %d holders unaware of a loss, %d told of their loss",
+		f.Fault, f.Acked, f.Lost, f.LostBefore, f.Reach.Round(time.Millisecond), f.Suffix, rec, f.Regressions, f.Unaware, f.LostSeen)
+}
+
+// measure looks every acknowledged witness lock up in the store and
+// attributes what is missing to the faults (each fault owns the attempts
+// from halfway after the previous fault's end up to halfway after its own
+// end). The faults' times come from hist.
+func (w *witness) measure(t *testing.T, hist History, look lookup) []faultFigures {
+	t.Helper()
+	tries := w.snapshot()
+	var keys []string
+	for _, tr := range tries {
+		if tr.ok {
+			keys = append(keys, tr.key)
+		}
+	}
+	have := map[string]uint64{}
+	for i := 0; i < len(keys); i += 500 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		m, err := look(ctx, keys[i:min(i+500, len(keys))])
+		cancel()
+		if err != nil {
+			t.Fatalf("look the witness's locks up: %v", err)
+		}
+		for k, v := range m {
+			have[k] = v
+		}
+	}
+	type span struct {
+		name       string
+		start, end time.Duration
+	}
+	var spans []span
+	for _, e := range hist.Events {
+		switch e.Kind {
+		case FaultStart:
+			spans = append(spans, span{name: e.Fault, start: e.At, end: -1})
+		case FaultEnd:
+			for i := range spans {
+				if spans[i].name == e.Fault && spans[i].end < 0 {
+					spans[i].end = e.At
+				}
+			}
+		}
+	}
+	good := func(tr witnessTry) bool { return tr.ok && have[tr.key] == tr.token }
+	var figs []faultFigures
+	for i, sp := range spans {
+		from, to := time.Duration(0), time.Duration(1<<62)
+		if i > 0 {
+			from = spans[i-1].end + (sp.start-spans[i-1].end)/2
+		}
+		if i+1 < len(spans) {
+			to = sp.end + (spans[i+1].start-sp.end)/2
+		}
+		f := faultFigures{Fault: sp.name, Recovery: -1, Suffix: true}
+		lastBad, firstLost := -1, -1
+		var prevTok uint64
+		for j, tr := range tries {
+			if tr.end < sp.start && tr.ok {
+				f.Acked++
+			}
+			if tr.start < from || tr.start >= to {
+				continue
+			}
+			if tr.ok {
+				if prevTok != 0 && tr.token <= prevTok {
+					f.Regressions++
+				}
+				prevTok = tr.token
+			}
+			if !good(tr) {
+				lastBad = j
+			}
+			if tr.ok && !good(tr) {
+				f.Lost++
+				if firstLost < 0 {
+					firstLost = j
+				}
+				if tr.end < sp.start {
+					f.LostBefore++
+					f.Reach = max(f.Reach, sp.start-tr.end)
+				}
+			}
+			if tr.ok {
+				if err := tr.s.Err(); err == nil && !good(tr) {
+					f.Unaware++
+				} else if err != nil && errors.Is(err, core.ErrLeaseLost) {
+					f.LostSeen++
+				}
+			}
+		}
+		if firstLost >= 0 {
+			// Lost ones only at the end: everything acknowledged after
+			// the first lost acquisition, until locking worked again,
+			// was lost too (failed attempts aside).
+			for _, tr := range tries[firstLost:max(firstLost, lastBad+1)] {
+				if tr.ok && good(tr) {
+					f.Suffix = false
+				}
+			}
+		}
+		for _, tr := range tries[lastBad+1:] {
+			if tr.start >= to {
+				break
+			}
+			if good(tr) && tr.end >= sp.start {
+				f.Recovery = tr.end - sp.start
+				break
+			}
+			if good(tr) {
+				f.Recovery = 0
+				break
+			}
+		}
+		figs = append(figs, f)
+	}
+	return figs
+}
+
+// figureLog collects the figures of the tier for its summary line.
+type figureLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+var tierFigures figureLog
+
+func (fl *figureLog) add(t *testing.T, format string, args ...any) {
+	t.Helper()
+	line := fmt.Sprintf(format, args...)
+	t.Logf("figures: %s", line)
+	fl.mu.Lock()
+	fl.lines = append(fl.lines, line)
+	fl.mu.Unlock()
+}
+
+// runPrefix makes the keys of one run unique.
+func runPrefix(name string) string {
+	return fmt.Sprintf("chaos-%s-%d-", name, time.Now().UnixNano()%1e9)
+}
