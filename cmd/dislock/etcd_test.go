@@ -45,6 +45,21 @@ func TestEtcd(t *testing.T) {
 			t.Fatalf("the command did not run after the holder ended: %s", ok.output())
 		}
 	})
+	t.Run("ScheduleSlot", func(t *testing.T) {
+		// One run per slot: a second start in the same hourly slot finds it
+		// taken, even though the first run has ended.
+		env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=schedule", "CRON_SCHEDULE=@hourly")
+		first := run(t, env, urlVar, "sh", "-c", "echo ran")
+		expectCode(t, first, 0)
+		if !strings.Contains(first.stdout.String(), "ran") {
+			t.Fatalf("the first start of the slot did not run: %s", first.output())
+		}
+		second := run(t, env, urlVar, "sh", "-c", "echo ran")
+		expectCode(t, second, 0)
+		if strings.Contains(second.stdout.String(), "ran") {
+			t.Fatalf("a second start in the same slot ran: %s", second.output())
+		}
+	})
 	t.Run("Admin", func(t *testing.T) {
 		dir := t.TempDir()
 		started := filepath.Join(dir, "started")
