@@ -335,9 +335,10 @@ func isLeaseNotFound(err error) bool {
 	return err != nil && errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound)
 }
 
-// TryAcquire implements core.Backend: a lease grant, then one transaction
-// that puts the key bound to that lease if it does not exist and otherwise
-// reads the holder.
+// TryAcquire implements core.Backend: one transaction that puts the key
+// bound to the session's lease if it does not exist and otherwise reads
+// the holder. The lease is a spare one, refreshed by a keepalive sent with
+// the transaction, or else one granted first.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if err := core.ValidateKey(req.Key); err != nil {
 		return core.Lease{}, err
@@ -664,12 +665,13 @@ func (b *Backend) keepAlive(ctx context.Context, ids []int64) ([]int64, error) {
 	return ttls, nil
 }
 
-// Release implements core.Backend. Without Keep it revokes the session's
-// lease, which deletes the key (and only that key) and wakes waiters; a
-// lease that is already gone is success, and a revoke can never touch a
-// newer holder's key, which is bound to another lease. With Keep it moves
-// the key, owner-checked, to a new lease of Keep (rounded up to whole
-// seconds) and revokes the old one: three round trips.
+// Release implements core.Backend. Without Keep it deletes the key if it is
+// still bound to the session's lease at the session's create revision, so
+// it can never delete a newer holder's key, and keeps the lease as a spare;
+// a key already gone is success. A claim whose outcome is unknown is undone
+// by revoking its lease. With Keep it moves the key, owner-checked, to a
+// new lease of Keep (rounded up to whole seconds) and revokes the old one:
+// three round trips.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	ctx = clientv3.WithRequireLeader(ctx)
 	h, ok := b.lookup(req.OwnerToken)
