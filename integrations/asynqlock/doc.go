@@ -86,7 +86,9 @@
 //     drain about as fast as alone. The price is the bouncing: 11-14 busy
 //     bounces per task of a long backlog, each a dequeue, a TryAcquire and a
 //     retry (a few Redis round trips), bounded by QuickRetries per key and
-//     server plus one per backlogged task per BusyDelay. HandOff(2) drains
+//     server (by default 200 a second, some 600 Redis calls) plus one per
+//     backlogged task per BusyDelay. On a CPU already saturated by other
+//     work the bouncing competes for it, and the drain slows down. HandOff(2) drains
 //     short handlers faster (200 in 7.5-8.5s) for one more worker per key
 //     and server. n must stay below Concurrency, or one key can take every
 //     worker of a server; and k keys backlogged at once take up to k·n
