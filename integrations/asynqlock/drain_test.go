@@ -30,8 +30,9 @@ const (
 	otherKey = "other"
 )
 
-// The bounds the drains must meet: at least half the serial, handler-bound
-// rate (20 × 30ms = 0.6s, 200 × 30ms = 6s), with room for the start.
+// The bounds the drains must meet. Their serial, handler-bound times are
+// 20 × 30ms = 0.6s and 200 × 30ms = 6s; the bounds leave room for the
+// start (the first dequeues) and for a loaded machine.
 const (
 	limit20  = 2 * time.Second
 	limit200 = 15 * time.Second
