@@ -70,7 +70,7 @@ func newLocker(t *testing.T, cli *clientv3.Client, prefix string, opts ...core.C
 // injects fault, and checks that the holder learns of its loss before a
 // process on the other members acquires the lock (by the send time of that
 // acquire), and that the fencing token grows.
-func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault func()) {
+func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault func()) (lost, taken core.Session, admin core.Admin) {
 	prefix := uniquePrefix("takeover")
 	holder := newLocker(t, c.Client(t, holderAt), prefix, core.WithDefaults(core.TTL(faultTTL)))
 	var others []int
@@ -94,8 +94,8 @@ func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault f
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost := make(chan time.Time, 1)
-	go func() { <-s.Done(); lost <- time.Now() }()
+	lostc := make(chan time.Time, 1)
+	go func() { <-s.Done(); lostc <- time.Now() }()
 
 	faultAt := time.Now()
 	fault()
@@ -114,10 +114,10 @@ func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault f
 			t.Fatalf("the other process never took over: %v", err)
 		}
 	}
-	defer s2.Release(context.Background())
+	t.Cleanup(func() { s2.Release(context.Background()) })
 	var lostAt time.Time
 	select {
-	case lostAt = <-lost:
+	case lostAt = <-lostc:
 	default:
 		t.Fatalf("another process acquired the lock %v after the fault while the holder's session is live",
 			rec.firstAcquire().Sub(faultAt))
@@ -135,6 +135,24 @@ func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault f
 	}
 	t.Logf("loss signalled %v after the fault, takeover sent %v after it; tokens %d -> %d",
 		lostAt.Sub(faultAt).Round(time.Millisecond), took.Sub(faultAt).Round(time.Millisecond), s.Token(), s2.Token())
+	return s, s2, ob
+}
+
+// staleReleaseKeepsNewHolder releases the lost session (as its process
+// does once its work has stopped) and checks that the new holder still
+// holds the key.
+func staleReleaseKeepsNewHolder(t *testing.T, lost, taken core.Session, admin core.Admin) {
+	t.Helper()
+	if err := lost.Release(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatalf("Release of the lost session: %v", err)
+	}
+	info, held, err := admin.Inspect(ctxT(t, 10*time.Second), taken.Key())
+	if err != nil || !held || info.Token != taken.Token() {
+		t.Fatalf("after the old holder's release the key is %+v (held %v, %v), want token %d", info, held, err, taken.Token())
+	}
+	if taken.Err() != nil {
+		t.Fatalf("the new holder lost its lock: %v", taken.Err())
+	}
 }
 
 // TestPartitionedHolder cuts the holder's member off from the rest of a
@@ -147,11 +165,13 @@ func TestPartitionedHolder(t *testing.T) {
 			if role == "Follower" {
 				at = (at + 1) % c.Size()
 			}
-			lossBeforeTakeover(t, c, at, func() { c.Partition(at) })
-			// Healed, the old member serves the new holder's state.
+			lost, taken, admin := lossBeforeTakeover(t, c, at, func() { c.Partition(at) })
+			// Healed, the old member serves the new holder's state, and
+			// the old holder's release leaves the new holder's key alone.
 			c.Heal(at)
 			cli := c.Client(t, at)
 			etcdtest.WaitHealthy(t, cli, 10*time.Second)
+			staleReleaseKeepsNewHolder(t, lost, taken, admin)
 		})
 	}
 }
