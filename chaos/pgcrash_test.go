@@ -140,7 +140,10 @@ func pgCrashRun(t *testing.T, srv *pgServer, mode pgMode) {
 		return err
 	}}
 	cfg := runConfig{contenders: 3, keys: len(keys), timing: shortTiming}
-	rep := runSteps(t, cfg, env, keys, rec, logs, 2*time.Second, []stepFault{crash})
+	rep, allowed := runSteps(t, cfg, env, keys, rec, logs, 2*time.Second, []stepFault{crash})
+	if !mode.stateLoss && len(allowed) > 0 {
+		t.Errorf("durable commits: a crash must not let two holders in, but %d violations came from it", len(allowed))
+	}
 
 	// Every witness holder has renewed (or been refused) since the restart.
 	w.halt()

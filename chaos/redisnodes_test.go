@@ -1,0 +1,248 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/redislock"
+)
+
+// redisProc is one redis-server process (a data node or a sentinel) of a
+// private topology, on a free loopback port, without persistence. It is
+// stopped by PID when the test ends.
+type redisProc struct {
+	port int
+	dir  string
+	args []string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// needRedisBinaries skips (fails under CI=true) when redis-server or
+// redis-cli is missing.
+func needRedisBinaries(t testing.TB) {
+	t.Helper()
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			err = fmt.Errorf("%s not installed; scripts/services.sh installs it (apt-get install redis-server redis-tools)", bin)
+			if ciMode() {
+				t.Fatal(err)
+			}
+			t.Skip(err)
+		}
+	}
+}
+
+func (p *redisProc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
+
+func (p *redisProc) start() error {
+	log, err := os.OpenFile(filepath.Join(p.dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.Command("redis-server", p.args...)
+	cmd.Dir = p.dir
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if c, err := net.DialTimeout("tcp", p.addr(), 100*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("redis-server on port %d exited at start (see %s)", p.port, p.dir)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server did not listen on %s", p.addr())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// kill sends SIGKILL and waits for the process to end.
+func (p *redisProc) kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd = nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// startRedisProc starts redis-server with args (plus port, bind, dir and
+// log) in a directory of its own.
+func startRedisProc(t testing.TB, port int, args ...string) *redisProc {
+	t.Helper()
+	dir := t.TempDir()
+	p := &redisProc{port: port, dir: dir}
+	if len(args) > 0 && strings.HasSuffix(args[0], ".conf") {
+		p.args = args // a config file (a sentinel): it sets its own port
+	} else {
+		p.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--protected-mode", "no",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}, args...)
+	}
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.kill)
+	return p
+}
+
+// dataNodeArgs are the arguments every data node of a private topology
+// gets: the sentinel password as its password and its replicas' master
+// password, and quick replication.
+func dataNodeArgs() []string {
+	return []string{"--requirepass", sentinelPW, "--masterauth", sentinelPW,
+		"--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"}
+}
+
+// redisRole returns a node's role ("master" or "slave") and, for a replica,
+// whether its link to the master is up.
+func redisRole(ctx context.Context, addr string) (role string, linkUp bool, err error) {
+	c := redis.NewClient(&redis.Options{Addr: addr, Password: sentinelPW, DialTimeout: 300 * time.Millisecond,
+		ReadTimeout: time.Second, MaxRetries: -1})
+	defer c.Close()
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return "", false, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "role:"); ok {
+			role = v
+		}
+		if v, ok := strings.CutPrefix(line, "master_link_status:"); ok {
+			linkUp = v == "up"
+		}
+	}
+	return role, linkUp, nil
+}
+
+// servedBy returns the port of the server c's commands reach.
+func servedBy(ctx context.Context, c redis.Cmdable) (int, error) {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "tcp_port:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, fmt.Errorf("no tcp_port in INFO")
+}
+
+// waitFor polls cond every 50ms until it holds or within passes.
+func waitFor(within time.Duration, what string, cond func() (bool, error)) error {
+	var last error
+	for deadline := time.Now().Add(within); ; {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not within %v (last error: %v)", what, within, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+var redisKeyEscaper = strings.NewReplacer("%", "%25", "}", "%7D")
+
+// redisLockKey is the Redis key of lock key under prefix (redislock's
+// documented layout).
+func redisLockKey(prefix, key string) string {
+	return prefix + ":{" + redisKeyEscaper.Replace(key) + "}"
+}
+
+// redisHarness is the conformance harness over clients made by newClient;
+// Steal and Delete act with plain Redis commands through admin.
+func redisHarness(prefix string, admin redis.UniversalClient, newClient func(t testing.TB) redis.UniversalClient) locktest.Harness {
+	return locktest.Harness{
+		NewBackend: func(t testing.TB) core.Backend {
+			b, err := redislock.NewBackend(newClient(t), redislock.WithPrefix(prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+		Steal: func(ctx context.Context, key string) error {
+			k := redisLockKey(prefix, key)
+			n, err := admin.Exists(ctx, k).Result()
+			if err != nil || n == 0 {
+				return err
+			}
+			_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.HIncrBy(ctx, k, "token", 1)
+				p.HSet(ctx, k, "otoken", "stolen", "owner", "thief")
+				return nil
+			})
+			return err
+		},
+		Delete: func(ctx context.Context, key string) error {
+			return admin.Del(ctx, redisLockKey(prefix, key)).Err()
+		},
+		KeyPrefix: "chaos:",
+	}
+}
+
+// redisLookup looks the witness's locks up through c: the token of each
+// lock hash that exists.
+func redisLookup(c redis.UniversalClient, prefix string) lookup {
+	return func(ctx context.Context, keys []string) (map[string]uint64, error) {
+		cmds := make([]*redis.StringCmd, len(keys))
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range keys {
+				cmds[i] = p.HGet(ctx, redisLockKey(prefix, k), "token")
+			}
+			return nil
+		})
+		if err != nil && err != redis.Nil {
+			return nil, err
+		}
+		out := map[string]uint64{}
+		for i, cmd := range cmds {
+			v, err := cmd.Uint64()
+			if err == redis.Nil {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			out[keys[i]] = v
+		}
+		return out, nil
+	}
+}
