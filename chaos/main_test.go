@@ -24,5 +24,5 @@ func TestMain(m *testing.M) {
 		return
 	}
 	redis.SetLogger(redisLogger{})
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, toxiproxyStuck)
 }
