@@ -357,7 +357,8 @@ func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string) er
 
 // Close implements Locker. It ends waits in Acquire (ErrClosed), cuts
 // acquisitions in flight short and waits for them and for the undo of their
-// claims, releases every session — also lost ones whose holder has not
+// claims (for a ClaimBounder backend, until the claim bound has passed),
+// releases every session — also lost ones whose holder has not
 // released them yet — stops the renewer and the watcher, waits for them, and
 // then closes the Backend (which frees only what the backend opened itself,
 // never the caller's pool or client).

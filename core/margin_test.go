@@ -380,3 +380,30 @@ func TestUndoRepeatedAfterClaimBound(t *testing.T) {
 		lb.wg.Wait()
 	})
 }
+
+// Close does not cut short the undo owed after the claim bound.
+func TestCloseWaitsForClaimBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		lb := &lateClaim{Backend: st.Backend()}
+		c, err := core.New(lb, core.WithDefaults(core.TTL(30*time.Second)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lb.late.Store(true)
+		start := time.Now()
+		if _, err := c.TryAcquire(context.Background(), "k"); err == nil {
+			t.Fatal("TryAcquire succeeded")
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d != 5*time.Second {
+			t.Fatalf("Close returned after %v, want at the 5s claim bound", d)
+		}
+		lb.wg.Wait()
+		if st.Held("k") {
+			t.Fatal("the claim that landed after the first undo outlived Close")
+		}
+	})
+}

@@ -30,7 +30,8 @@ const (
 // in the background with backoff until the claim would have expired anyway;
 // when the backend is a ClaimBounder, one more release follows once the
 // claim can no longer take effect. Close cuts the retries short after one
-// last attempt and waits for them.
+// last attempt — sent once the claim bound has passed, if one is owed — and
+// waits for them.
 func (c *Client) undo(ctx context.Context, key, ownerToken string, sent time.Time, life time.Duration) {
 	ctx = context.WithoutCancel(ctx)
 	err := c.releaseDetached(ctx, key, ownerToken)
@@ -57,6 +58,11 @@ func (c *Client) undo(ctx context.Context, key, ownerToken string, sent time.Tim
 				wait = d
 			}
 			closing := sleepCtx(c.closing, wait) != nil
+			if closing && time.Now().Before(after) {
+				// The last attempt must come after the claim bound, or
+				// a claim still running in the store outlives it.
+				time.Sleep(time.Until(after))
+			}
 			err = c.releaseDetached(ctx, key, ownerToken)
 			now := time.Now()
 			if closing || (err == nil && !now.Before(after)) || !now.Before(end) {

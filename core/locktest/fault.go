@@ -60,6 +60,15 @@ func (f *faultBackend) unusable() error {
 	return nil
 }
 
+// ClaimBound forwards the backend's core.ClaimBounder, so that the engine
+// repeats undos for it as it would unwrapped (0: the backend has no bound).
+func (f *faultBackend) ClaimBound() time.Duration {
+	if cb, ok := f.Backend.(core.ClaimBounder); ok {
+		return cb.ClaimBound()
+	}
+	return 0
+}
+
 func (f *faultBackend) Close() error {
 	f.closed.Store(true)
 	return f.Backend.Close()
