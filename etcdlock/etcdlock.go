@@ -101,6 +101,7 @@ type Backend struct {
 	cli       *clientv3.Client
 	prefix    string
 	maxTxnOps int
+	ka        *keepalives
 
 	mu     sync.Mutex
 	held   map[string]held   // by owner token: what this backend acquired
@@ -183,17 +184,19 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 	if cli == nil {
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
-	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps,
+	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
 		held: make(map[string]held), spares: make(map[int64][]spare)}, o, nil
 }
 
 // Name implements core.Backend.
 func (b *Backend) Name() string { return "etcd" }
 
-// Close implements core.Backend: it revokes the spare leases (within 2 s;
-// any left expire by themselves). It does not close the etcd client, which
-// belongs to the caller.
+// Close implements core.Backend: it ends the keepalive stream and revokes
+// the spare leases (within 2 s; any left expire by themselves). It does not
+// close the etcd client, which belongs to the caller. It is safe to call
+// more than once.
 func (b *Backend) Close() error {
+	b.ka.close()
 	b.mu.Lock()
 	var ids []int64
 	for _, list := range b.spares {
@@ -394,7 +397,15 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		)
 		if reused {
 			kaSent = time.Now()
-			wg.Go(func() { _, kaErr = b.cli.KeepAliveOnce(ctx, clientv3.LeaseID(h.lease)) })
+			wg.Go(func() {
+				ttls, err := b.ka.keepAlive(ctx, []int64{h.lease})
+				switch {
+				case err != nil:
+					kaErr = err
+				case ttls[0] <= 0:
+					kaErr = errors.New("lease expired")
+				}
+			})
 		}
 		resp, err := b.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
@@ -531,9 +542,8 @@ func (b *Backend) holderInfo(ctx context.Context, key string, kv *mvccpb.KeyValu
 	return info
 }
 
-// Renew implements core.Backend. One call is one round trip: a
-// LeaseKeepAlive stream carrying one message per lease, and, at the same
-// time, transactions of up to 128 Gets that check each key is still bound
+// Renew implements core.Backend. One call is one round trip: one message
+// per lease on the Backend's LeaseKeepAlive stream, and, at the same time, transactions of up to 128 Gets that check each key is still bound
 // to its session's lease with its fencing token — a live lease does not
 // prove the key is still there.
 func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
@@ -568,7 +578,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		for j, i := range idx {
 			ids[j] = hs[i].lease
 		}
-		ttls, kaErr = b.keepAlive(ctx, ids)
+		ttls, kaErr = b.ka.keepAlive(ctx, ids)
 	})
 	for c := range chunks {
 		part := idx[c*b.maxTxnOps : min(len(idx), (c+1)*b.maxTxnOps)]
@@ -623,46 +633,6 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		return nil, firstErr
 	}
 	return results, nil
-}
-
-// keepAlive refreshes leases on one LeaseKeepAlive stream and returns
-// their TTLs (0 for a lease that no longer exists), in order.
-func (b *Backend) keepAlive(ctx context.Context, ids []int64) ([]int64, error) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := b.leases().LeaseKeepAlive(sctx)
-	if err != nil {
-		return nil, err
-	}
-	sendErr := make(chan error, 1)
-	go func() {
-		for _, id := range ids {
-			if err := stream.Send(&etcdserverpb.LeaseKeepAliveRequest{ID: id}); err != nil {
-				sendErr <- err
-				return
-			}
-		}
-		sendErr <- stream.CloseSend()
-	}()
-	ttls := make([]int64, len(ids))
-	for j, id := range ids {
-		resp, err := stream.Recv()
-		if err != nil {
-			cancel()
-			<-sendErr
-			return nil, err
-		}
-		if resp.ID != id {
-			cancel()
-			<-sendErr
-			return nil, fmt.Errorf("keepalive answered lease %x, want %x", resp.ID, id)
-		}
-		ttls[j] = resp.TTL
-	}
-	if err := <-sendErr; err != nil {
-		return nil, err
-	}
-	return ttls, nil
 }
 
 // Release implements core.Backend. Without Keep it deletes the key if it is
