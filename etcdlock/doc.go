@@ -50,7 +50,7 @@
 //     create the key, at a new, larger store revision, so tokens strictly
 //     increase per key; renewals and minimum holds keep it.
 //   - Renewal of all of a Locker's sessions is one round trip per renew
-//     interval: one LeaseKeepAlive stream carrying a message per lease,
+//     interval: a keepalive message per lease on the Backend's stream,
 //     sent together with transactions of up to 128 reads each
 //     (WithMaxTxnOps; 1,000 leases are 8 transactions, sent at once) that
 //     check each key is still bound to its session's lease with its token
@@ -80,8 +80,12 @@
 //   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
 //     List reads the prefix in pages of 500; ForceRelease revokes the
 //     holder's lease, and the holder learns of it at its next renewal.
-//   - Close revokes the spare leases; any it cannot reach expire by
-//     themselves, bound to no key.
+//   - Keepalives, of claims and of renewals, travel on one LeaseKeepAlive
+//     stream per Backend, opened on first use and kept open (it requires a
+//     leader: a member that loses its leader ends it, and the next
+//     keepalive opens another). One goroutine reads its replies.
+//   - Close ends that stream, waits for its goroutine and revokes the spare
+//     leases; any it cannot reach expire by themselves, bound to no key.
 //
 // Every request carries WithRequireLeader, so a member without a leader
 // answers at once with an error instead of waiting.
