@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/services.sh
 # Stores whose tests start private servers: these scripts only make sure
 # the server binaries are installed (apt-get when missing).
-for s in scripts/etcd.sh scripts/zookeeper.sh; do
+for s in scripts/etcd.sh scripts/zookeeper.sh scripts/pgbouncer.sh; do
   if [ -f "$s" ]; then bash "$s"; fi
 done
 
