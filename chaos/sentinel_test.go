@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
@@ -151,6 +152,14 @@ func TestChaosSentinel(t *testing.T) {
 
 func sentinelFailovers(t *testing.T, st *sentinelTopo) {
 	ctx := context.Background()
+	// The clients' background goroutines (go-redis reloads the cluster
+	// state in one) must all end once they are closed.
+	ignore := goleak.IgnoreCurrent()
+	defer func() {
+		if err := findLeaks(ignore); err != nil {
+			t.Errorf("goroutines still running after the run: %v", err)
+		}
+	}()
 	prefix := runPrefix("sentinel")
 	rprefix := "dislock-" + strings.TrimSuffix(prefix, "-")
 	keys := []string{prefix + "hot-0", prefix + "hot-1"}

@@ -1,0 +1,263 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/redislock"
+)
+
+// freeClusterPort returns a free loopback port whose Cluster bus port
+// (port + 10000) is free too.
+func freeClusterPort(t testing.TB) int {
+	t.Helper()
+	for range 100 {
+		port := freePort(t)
+		if port+10000 > 65535 {
+			continue
+		}
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000)); err == nil {
+			l.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port pair for a Cluster node")
+	return 0
+}
+
+// clusterTopo is a private Redis Cluster of three masters, each with one
+// replica, on loopback ports; node timeout 1s, so a killed master is
+// replaced within a few seconds.
+type clusterTopo struct {
+	nodes []*redisProc
+}
+
+func startClusterTopo(t *testing.T) *clusterTopo {
+	t.Helper()
+	needRedisBinaries(t)
+	ct := &clusterTopo{}
+	var addrs []string
+	for range 6 {
+		p := startRedisProc(t, freeClusterPort(t), append(dataNodeArgs(), "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000")...)
+		ct.nodes = append(ct.nodes, p)
+		addrs = append(addrs, p.addr())
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	cmd := exec.Command("redis-cli", args...)
+	cmd.Env = append(os.Environ(), "REDISCLI_AUTH="+sentinelPW) // not on the command line
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, strings.ReplaceAll(string(out), sentinelPW, "***"))
+	}
+	ctx := context.Background()
+	for _, n := range ct.nodes {
+		c := redis.NewClient(&redis.Options{Addr: n.addr(), Password: sentinelPW})
+		err := waitFor(30*time.Second, "cluster node "+n.addr()+" ok and replicated", func() (bool, error) {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false, err
+			}
+			role, up, err := redisRole(ctx, n.addr())
+			return role == "master" || up, err
+		})
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ct
+}
+
+func (ct *clusterTopo) addrs() []string {
+	var out []string
+	for _, n := range ct.nodes {
+		out = append(out, n.addr())
+	}
+	return out
+}
+
+// options are the cluster clients' options. A ClusterClient learns that a
+// killed master was replaced only when it reloads the slot map: on a MOVED
+// reply (which a dead node never sends) or when the map is older than
+// ClusterStateReloadInterval, 60s by default. With that default the clients
+// keep dialling the dead master for up to a minute, so it is set to a second.
+func (ct *clusterTopo) options() *redis.ClusterOptions {
+	return &redis.ClusterOptions{Addrs: ct.addrs(), Password: sentinelPW,
+		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		ContextTimeoutEnabled: true, PoolSize: 4, ClusterStateReloadInterval: time.Second}
+}
+
+func (ct *clusterTopo) node(addr string) *redisProc {
+	for _, n := range ct.nodes {
+		if n.addr() == addr {
+			return n
+		}
+	}
+	return nil
+}
+
+// masterOf returns the address of the master that serves slot, and of its
+// replicas, as the cluster reports them (asking any live node).
+func (ct *clusterTopo) masterOf(ctx context.Context, slot int64) (master string, replicas []string, err error) {
+	for _, n := range ct.nodes {
+		c := redis.NewClient(&redis.Options{Addr: n.addr(), Password: sentinelPW, DialTimeout: 300 * time.Millisecond, MaxRetries: -1})
+		slots, e := c.ClusterSlots(ctx).Result()
+		c.Close()
+		if e != nil {
+			err = e
+			continue
+		}
+		for _, s := range slots {
+			if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 {
+				for _, r := range s.Nodes[1:] {
+					replicas = append(replicas, r.Addr)
+				}
+				return s.Nodes[0].Addr, replicas, nil
+			}
+		}
+	}
+	return "", nil, fmt.Errorf("no node serves slot %d: %v", slot, err)
+}
+
+// TestChaosCluster fails over the master of the hot keys' slot of a private
+// Redis Cluster (three masters, a replica each) while holders and waiters
+// run: CLUSTER FAILOVER on its replica (a coordinated hand-over, which
+// loses nothing), then SIGKILL of the new master (its replica takes over
+// after the node timeout, and may lack the last writes). The checks are
+// those of the Sentinel run.
+func TestChaosCluster(t *testing.T) {
+	ct := startClusterTopo(t)
+	ctx := context.Background()
+	// The clients' background goroutines (go-redis reloads the cluster
+	// state in one) must all end once they are closed.
+	ignore := goleak.IgnoreCurrent()
+	defer func() {
+		if err := findLeaks(ignore); err != nil {
+			t.Errorf("goroutines still running after the run: %v", err)
+		}
+	}()
+	prefix := runPrefix("cluster")
+	rprefix := "dislock-" + strings.TrimSuffix(prefix, "-")
+	keys := []string{prefix + "hot-0", prefix + "hot-1"}
+	logs := &sink{}
+	rec := NewRecorder(0)
+	adminCC := redis.NewClusterClient(ct.options())
+	defer adminCC.Close()
+	admin, err := redislock.New(adminCC, redislock.WithPrefix(rprefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	newLocker := func(opts ...core.ClientOption) (core.Locker, func() error, error) {
+		cc := redis.NewClusterClient(ct.options())
+		l, err := redislock.New(cc, redislock.WithPrefix(rprefix), redislock.WithSubscribeTimeout(time.Second),
+			redislock.WithClientOptions(opts...))
+		if err != nil {
+			cc.Close()
+			return nil, nil, err
+		}
+		return l, func() error { err := l.Close(); return errors.Join(err, cc.Close()) }, nil
+	}
+	env := &backendEnv{name: "cluster", admin: admin, keyPrefix: prefix}
+	env.newLocker = func(_ context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
+		return newLocker(opts...)
+	}
+	hot := redisLockKey(rprefix, keys[0])
+	env.probe = func(ctx context.Context) error { return adminCC.Exists(ctx, hot).Err() }
+	if u, ok := optionalPG(); ok {
+		pool := directPool(t, u, "dislock-chaos-direct")
+		defer pool.Close()
+		reg, err := newRegister(ctx, pool, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.reg = reg
+	}
+	wl, wclose, err := newLocker(core.WithObserver(&errObserver{errs: logs}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := wclose(); err != nil {
+			t.Errorf("close the witness: %v", err)
+		}
+	}()
+	w := startWitness(rec, wl, prefix, 25*time.Millisecond)
+	defer w.halt()
+
+	slot, err := adminCC.ClusterKeySlot(ctx, hot).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	switched := map[string]time.Duration{}
+	// failover runs do on the hot slot's master and replica, then waits
+	// until the replica serves the slot and the clients' commands reach it.
+	failover := func(name string, stateLoss bool, do func(master, replica string) error) stepFault {
+		return stepFault{name: name, stateLoss: stateLoss, run: func(ctx context.Context) error {
+			master, replicas, err := ct.masterOf(ctx, slot)
+			if err != nil {
+				return err
+			}
+			if len(replicas) == 0 {
+				return fmt.Errorf("the master of slot %d has no replica", slot)
+			}
+			start := time.Now()
+			if err := do(master, replicas[0]); err != nil {
+				return err
+			}
+			if err := waitFor(30*time.Second, "the replica serves the slot", func() (bool, error) {
+				m, _, err := ct.masterOf(ctx, slot)
+				return m == replicas[0], err
+			}); err != nil {
+				return err
+			}
+			switched[name] = time.Since(start)
+			want := ct.node(replicas[0]).port
+			return waitFor(15*time.Second, "the cluster clients follow the new master", func() (bool, error) {
+				if err := adminCC.Exists(ctx, hot).Err(); err != nil {
+					return false, err
+				}
+				c, err := adminCC.MasterForKey(ctx, hot)
+				if err != nil {
+					return false, err
+				}
+				p, err := servedBy(ctx, c)
+				return p == want, err
+			})
+		}}
+	}
+	faults := []stepFault{
+		failover("cluster-failover", false, func(_, replica string) error {
+			c := redis.NewClient(&redis.Options{Addr: replica, Password: sentinelPW})
+			defer c.Close()
+			return c.ClusterFailover(ctx).Err()
+		}),
+		failover("cluster-kill-master", true, func(master, _ string) error {
+			ct.node(master).kill()
+			return nil
+		}),
+	}
+	cfg := runConfig{contenders: 3, keys: len(keys), timing: shortTiming}
+	rep, allowed := runSteps(t, cfg, env, keys, rec, logs, 2*time.Second, faults)
+	w.halt()
+	figs := w.measure(t, rec.History(), redisLookup(adminCC, rprefix))
+	for _, f := range figs {
+		if f.Fault == "cluster-failover" && f.Lost != 0 {
+			t.Errorf("CLUSTER FAILOVER hands over after the replica caught up, yet %d acknowledged locks were lost", f.Lost)
+		}
+	}
+	checkFailoverFigures(t, "Redis Cluster", figs, rep, allowed, switched)
+}
