@@ -484,21 +484,10 @@ func (w *witness) measure(t *testing.T, hist History, look lookup) []faultFigure
 	return figs
 }
 
-// figureLog collects the figures of the tier for its summary line.
-type figureLog struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-var tierFigures figureLog
-
-func (fl *figureLog) add(t *testing.T, format string, args ...any) {
+// figure logs one of the tier's measured figures (go test -v shows them).
+func figure(t *testing.T, format string, args ...any) {
 	t.Helper()
-	line := fmt.Sprintf(format, args...)
-	t.Logf("figures: %s", line)
-	fl.mu.Lock()
-	fl.lines = append(fl.lines, line)
-	fl.mu.Unlock()
+	t.Logf("figures: "+format, args...)
 }
 
 // runPrefix makes the keys of one run unique.

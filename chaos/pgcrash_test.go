@@ -175,7 +175,7 @@ func pgCrashRun(t *testing.T, srv *pgServer, mode pgMode) {
 		t.Fatal(err)
 	}
 	regressions := f.Regressions + tokenRegressions(rep)
-	tierFigures.add(t, "PostgreSQL crash, %s: %v; server down %v; %d rows from before the crash left; %d token regressions in the contenders' history",
+	figure(t, "PostgreSQL crash, %s: %v; server down %v; %d rows from before the crash left; %d token regressions in the contenders' history",
 		mode.name, f, down.Round(time.Millisecond), before, tokenRegressions(rep))
 
 	if f.Acked < 50 {
@@ -408,7 +408,7 @@ func pgRestartWaiters(t *testing.T, srv *pgServer) {
 	for _, d := range wakes {
 		ws = append(ws, d.Round(time.Millisecond).String())
 	}
-	tierFigures.add(t, "PostgreSQL restart with %d LISTEN waiters: server down %v, waiters subscribed again %v after it was back, woken %s after each release (by notification), holder kept its lock; %d waiting Acquire calls ended on the restart's errors and were called again",
+	figure(t, "PostgreSQL restart with %d LISTEN waiters: server down %v, waiters subscribed again %v after it was back, woken %s after each release (by notification), holder kept its lock; %d waiting Acquire calls ended on the restart's errors and were called again",
 		waiters, down.Round(time.Millisecond), resub.Round(time.Millisecond), strings.Join(ws, ", "), retries.Load())
 	checkNoSecret(t, "pg restart", logs.String())
 }

@@ -282,7 +282,7 @@ func checkFailoverFigures(t *testing.T, topo string, figs []faultFigures, rep Re
 	lost := 0
 	for _, f := range figs {
 		lost += f.Lost
-		tierFigures.add(t, "%s, %v; topology switched %v after the fault began", topo, f, switched[f.Fault].Round(time.Millisecond))
+		figure(t, "%s, %v; topology switched %v after the fault began", topo, f, switched[f.Fault].Round(time.Millisecond))
 		if f.Acked < 20 {
 			t.Errorf("%s: only %d acquisitions acknowledged before it: too few to tell", f.Fault, f.Acked)
 		}
@@ -305,6 +305,6 @@ func checkFailoverFigures(t *testing.T, topo string, figs []faultFigures, rep Re
 			overlaps++
 		}
 	}
-	tierFigures.add(t, "%s: %d failovers, %d acknowledged locks lost in all, %d double grants of a hot key within a failover, %d token regressions",
+	figure(t, "%s: %d failovers, %d acknowledged locks lost in all, %d double grants of a hot key within a failover, %d token regressions",
 		topo, len(figs), lost, overlaps, tokenRegressions(rep))
 }
