@@ -72,7 +72,18 @@
 //     unless the new master's clock is ahead of every earlier token (they
 //     are microsecond timestamps, so the usual case is a larger token unless
 //     clocks differ by more than the time since the last acquisition). WAIT
-//     is not used; this is not Redlock.
+//     is not used; this is not Redlock. SENTINEL FAILOVER promotes the
+//     replica while the old master still takes writes until it is demoted:
+//     locks it grants meanwhile are lost, and their holders are told at
+//     their next renewal (ErrLeaseGone). CLUSTER FAILOVER waits for the
+//     replica to catch up and loses nothing.
+//   - After a failover the client has to find the new master. A Sentinel
+//     client (redis.NewFailoverClient) follows at once. A
+//     *redis.ClusterClient learns of a replaced master only when it reloads
+//     its slot map: on a MOVED reply, which a killed master never sends, or
+//     when the map is older than ClusterOptions.ClusterStateReloadInterval
+//     (60s by default). Until then renewals fail and holders lose their
+//     locks at the renew deadline; set it to about a second.
 //   - A restart without persistence loses every lock. Holders learn of it at
 //     their next renewal (ErrLeaseLost); new tokens are still larger because
 //     they come from the server's clock. With persistence (AOF), a restart
