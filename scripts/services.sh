@@ -81,6 +81,10 @@ ensure_tools() {
   if ! command -v redis-cli >/dev/null || ! command -v redis-server >/dev/null; then
     ENV_HINT=DISLOCK_TEST_REDIS apt_install redis-server redis-tools || true
   fi
+  # The chaos crash tier initdbs a private PostgreSQL server of its own.
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+    ENV_HINT=DISLOCK_TEST_PG apt_install postgresql || true
+  fi
 }
 
 ensure_redis
