@@ -369,7 +369,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	}
 	value, err := json.Marshal(rec)
 	if err != nil {
-		return core.Lease{}, fmt.Errorf("etcdlock: acquire: %w", err)
+		return core.Lease{}, err
 	}
 	k := b.etcdKey(req.Key)
 	slot := !req.ExpireAt.IsZero()
@@ -386,7 +386,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			b.putSpare(seconds, sp)
 		}
 		if h, err = b.grant(ctx, req.OwnerToken, held{key: req.Key, lease: newLeaseID()}, seconds); err != nil {
-			return core.Lease{}, fmt.Errorf("etcdlock: acquire: lease grant: %w", err)
+			return core.Lease{}, fmt.Errorf("lease grant: %w", err)
 		}
 	}
 	for attempt := 0; attempt < 3; attempt++ {
@@ -419,11 +419,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 				// lease of its own.
 				reused = false
 				if h, err = b.grant(ctx, req.OwnerToken, held{key: req.Key, lease: newLeaseID()}, seconds); err != nil {
-					return core.Lease{}, fmt.Errorf("etcdlock: acquire: lease grant: %w", err)
+					return core.Lease{}, fmt.Errorf("lease grant: %w", err)
 				}
 				continue
 			}
-			return core.Lease{}, fmt.Errorf("etcdlock: acquire: %w", err)
+			return core.Lease{}, err
 		}
 		spareOK := true
 		if reused {
@@ -435,7 +435,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 					// The key is bound to a lease whose refresh is not
 					// confirmed: it might expire before this session's
 					// deadline. The engine undoes the claim.
-					return core.Lease{}, fmt.Errorf("etcdlock: acquire: refresh the lease: %w", kaErr)
+					return core.Lease{}, fmt.Errorf("refresh the lease: %w", kaErr)
 				}
 			}
 		}
@@ -470,7 +470,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 				Then(clientv3.OpDelete(k)).
 				Commit()
 			if err != nil {
-				return core.Lease{}, fmt.Errorf("etcdlock: acquire: delete an ended slot: %w", err)
+				return core.Lease{}, fmt.Errorf("delete an ended slot: %w", err)
 			}
 			continue
 		}
@@ -487,7 +487,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		wg.Wait()
 		return core.Lease{}, core.Busy(req.Key, info)
 	}
-	return core.Lease{}, errors.New("etcdlock: acquire: the key changed under every attempt")
+	return core.Lease{}, errors.New("the key changed under every attempt")
 }
 
 // keep records a claim that succeeded. The engine neither renews nor
@@ -650,7 +650,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		// the key and checking its owner token.
 		resp, err := b.cli.Get(ctx, b.etcdKey(req.Key))
 		if err != nil {
-			return fmt.Errorf("etcdlock: release: %w", err)
+			return err
 		}
 		if len(resp.Kvs) == 0 {
 			return nil
@@ -667,7 +667,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		// still be on its way): revoking the lease deletes the key if the
 		// claim was applied, and makes it fail if it arrives later.
 		if err := b.revoke(ctx, h.lease); err != nil {
-			return fmt.Errorf("etcdlock: release: %w", err)
+			return err
 		}
 		b.forget(req.OwnerToken)
 		return nil
@@ -681,7 +681,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			Then(clientv3.OpDelete(k)).
 			Commit()
 		if err != nil {
-			return fmt.Errorf("etcdlock: release: %w", err)
+			return err
 		}
 		b.forget(req.OwnerToken)
 		if !resp.Succeeded || !b.putSpare(h.seconds, spare{id: h.lease, refreshed: h.refreshed}) {
@@ -695,7 +695,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	}
 	keep := newLeaseID()
 	if _, err := b.leases().LeaseGrant(ctx, &etcdserverpb.LeaseGrantRequest{ID: keep, TTL: seconds}); err != nil {
-		return fmt.Errorf("etcdlock: release: lease grant: %w", err)
+		return fmt.Errorf("lease grant: %w", err)
 	}
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.LeaseValue(k), "=", h.lease),
@@ -704,13 +704,13 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		Commit()
 	if err != nil {
 		_ = b.revoke(ctx, keep)
-		return fmt.Errorf("etcdlock: release: %w", err)
+		return err
 	}
 	if !resp.Succeeded {
 		_ = b.revoke(ctx, keep) // not ours any more: nothing to keep
 	}
 	if err := b.revoke(ctx, h.lease); err != nil {
-		return fmt.Errorf("etcdlock: release: %w", err)
+		return err
 	}
 	b.forget(req.OwnerToken)
 	return nil

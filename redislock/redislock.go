@@ -182,7 +182,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		req.OwnerToken, req.Owner, ttl, expireAt, fenceKeep.Milliseconds())
 	vals, err := cmd.Slice()
 	if err != nil {
-		return core.Lease{}, fmt.Errorf("redislock: acquire: %w", err)
+		return core.Lease{}, err
 	}
 	if len(vals) == 1 {
 		if code, _ := vals[0].(int64); code == 2 {
@@ -191,7 +191,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	}
 	r, err := parseHolder(vals)
 	if err != nil {
-		return core.Lease{}, fmt.Errorf("redislock: acquire: %w", err)
+		return core.Lease{}, err
 	}
 	if !r.mine {
 		info := r.info(req.Key)
@@ -351,7 +351,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	err := releaseScript.run(ctx, b.client, []string{b.lockKey(req.Key)},
 		req.OwnerToken, keep, b.channel, req.Key).Err()
 	if err != nil {
-		return fmt.Errorf("redislock: release: %w", err)
+		return err
 	}
 	return nil
 }
@@ -364,13 +364,13 @@ func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
 	if cc, ok := b.client.(*redis.ClusterClient); ok {
 		node, err := cc.MasterForKey(ctx, b.lockKey(key))
 		if err != nil {
-			return time.Time{}, fmt.Errorf("redislock: TIME: %w", err)
+			return time.Time{}, err
 		}
 		c = node
 	}
 	t, err := c.Time(ctx).Result()
 	if err != nil {
-		return time.Time{}, fmt.Errorf("redislock: TIME: %w", err)
+		return time.Time{}, err
 	}
 	return t, nil
 }

@@ -96,7 +96,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			if v.dropped != nil {
 				<-v.dropped
 			}
-			return core.Lease{}, fmt.Errorf("zklock: acquire: %w", err)
+			return core.Lease{}, err
 		}
 		if v.held {
 			break
@@ -133,7 +133,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		err = merr
 	}
 	if err != nil {
-		return core.Lease{}, fmt.Errorf("zklock: acquire: slot hold: %w", err)
+		return core.Lease{}, fmt.Errorf("slot hold: %w", err)
 	}
 	b.mu.Lock()
 	c.path, c.hold = "", hold
@@ -165,21 +165,21 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 			}
 		})
 		if cerr != nil {
-			return nil, 0, false, fmt.Errorf("zklock: acquire: %w", cerr)
+			return nil, 0, false, cerr
 		}
 		if err != nil && errors.Is(err, zk.ErrNoNode) && len(res) == 2 && attempt < 2 {
 			if err := b.ensureParent(ctx, parent); err != nil {
-				return nil, 0, false, fmt.Errorf("zklock: acquire: create %s: %w", parent, err)
+				return nil, 0, false, fmt.Errorf("create %s: %w", parent, err)
 			}
 			continue
 		}
 		break
 	}
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("zklock: acquire: %w", err)
+		return nil, 0, false, err
 	}
 	if len(res) != 2 || res[1].Stat == nil {
-		return nil, 0, false, errors.New("zklock: acquire: unexpected multi reply")
+		return nil, 0, false, errors.New("unexpected multi reply")
 	}
 	st := res[1].Stat
 	after := b.conn.SessionID()
@@ -197,7 +197,7 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 		// hand it out.
 		b.forget(req.OwnerToken)
 		b.bgDelete(c.path, sid)
-		return nil, 0, false, errors.New("zklock: acquire: the ZooKeeper session changed during the acquire")
+		return nil, 0, false, errors.New("the ZooKeeper session changed during the acquire")
 	}
 	return c, st.Mtime, st.NumChildren == 1, nil
 }
@@ -521,7 +521,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("zklock: release: %w", err)
+		return err
 	}
 	b.forget(req.OwnerToken)
 	return nil
@@ -559,13 +559,13 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 	var names []string
 	var err error
 	if cerr := b.call(ctx, func() { names, _, err = b.conn.Children(parent) }, nil); cerr != nil {
-		return fmt.Errorf("zklock: release: %w", cerr)
+		return cerr
 	}
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("zklock: release: %w", err)
+		return err
 	}
 	var errs []error
 	for _, n := range names {
@@ -605,7 +605,7 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("zklock: release: %w", err)
+		return err
 	}
 	return nil
 }
@@ -618,16 +618,16 @@ func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
 		var st *zk.Stat
 		var err error
 		if cerr := b.call(ctx, func() { st, err = b.conn.Set(b.clock, nil, -1) }, nil); cerr != nil {
-			return time.Time{}, fmt.Errorf("zklock: now: %w", cerr)
+			return time.Time{}, cerr
 		}
 		if err == nil {
 			return msTime(st.Mtime), nil
 		}
 		if !errors.Is(err, zk.ErrNoNode) || attempt > 0 {
-			return time.Time{}, fmt.Errorf("zklock: now: %w", err)
+			return time.Time{}, err
 		}
 		if err := b.ensurePath(ctx, b.clock); err != nil {
-			return time.Time{}, fmt.Errorf("zklock: now: create %s: %w", b.clock, err)
+			return time.Time{}, fmt.Errorf("create %s: %w", b.clock, err)
 		}
 	}
 }
