@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -39,13 +40,22 @@ func scheme(rawURL string) string {
 	return strings.ToLower(rawURL[:i])
 }
 
+// tableUse says what openPG may do about a missing lock table.
+type tableUse int
+
+const (
+	tableRun    tableUse = iota // a run: create the default table when missing
+	tableCreate                 // a run with --create-table: create any missing table
+	tableAdmin                  // an operator subcommand: create nothing
+)
+
 // openLocker connects to the backend the URL's scheme names. The returned
 // close function closes the Locker, then the connections. Errors never
 // contain the URL; configuration errors are *usageError.
-func openLocker(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse, log *slog.Logger) (locker, func() error, error) {
 	switch s := scheme(rawURL); s {
 	case "postgres", "postgresql":
-		return openPG(ctx, urlEnv, rawURL, table, log)
+		return openPG(ctx, urlEnv, rawURL, table, use, log)
 	case "redis", "rediss",
 		"redis+sentinel", "rediss+sentinel", "redis-sentinel", "rediss-sentinel",
 		"redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster":
@@ -71,9 +81,11 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, log *slog.Log
 }
 
 // openPG opens a pool and a Locker on the lock table. A table in the older
-// 3-column layout (key, value, expire_at) is used as such; a missing table is
-// created.
-func openPG(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+// 3-column layout (key, value, expire_at) is used as such. A missing table
+// is created only by a run, and only when it is the default table or
+// --create-table says so: a mistyped LOCK_TABLE must not split the locks
+// between two tables.
+func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, log *slog.Logger) (locker, func() error, error) {
 	pcfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
 		// The parser's message quotes the connection string.
@@ -84,18 +96,12 @@ func openPG(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger)
 		return nil, nil, fmt.Errorf("pg: connect: %w", err)
 	}
 	var opts []pg.Option
+	name := pg.DefaultTable
 	if table != "" {
 		opts = append(opts, pg.WithTable(table))
+		name = table
 	}
-	b, err := pg.NewBackend(ctx, pool, opts...)
-	if errors.Is(err, pg.ErrSchema) {
-		log.Debug("lock table not usable as is; trying the 3-column layout", "err", err)
-		if lb, lerr := pg.NewBackend(ctx, pool, append(opts, pg.WithLegacyTable())...); lerr == nil {
-			b, err = lb, nil
-		} else if mb, merr := pg.NewBackend(ctx, pool, append(opts, pg.WithAutoMigrate())...); merr == nil {
-			b, err = mb, nil
-		}
-	}
+	b, err := openTable(ctx, pool, name, table != "", use, opts, log)
 	if err != nil {
 		pool.Close()
 		if errors.Is(err, core.ErrInvalidOption) {
@@ -198,4 +204,40 @@ type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+}
+
+// openTable returns a Backend on the table name (opts name it when named is
+// set). A table in the 3-column layout is used as such; a missing one is
+// created when use allows it, and is otherwise a configuration error that
+// shows the statement creating it.
+func openTable(ctx context.Context, pool *pgxpool.Pool, name string, named bool, use tableUse, opts []pg.Option, log *slog.Logger) (*pg.Backend, error) {
+	ddl, err := pg.SchemaSQL(name, false, false)
+	if err != nil {
+		return nil, badSetting(specTable, "%v", err)
+	}
+	ddl = strings.NewReplacer("( ", "(", " )", ")").Replace(strings.Join(strings.Fields(ddl), " "))
+	var exists bool
+	parts := strings.SplitN(name, ".", 2)
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1::text) IS NOT NULL", pgx.Identifier(parts).Sanitize()).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("pg: look up table %s: %w", name, err)
+	}
+	if !exists {
+		switch {
+		case use == tableAdmin:
+			return nil, usagef("the lock table %s does not exist (no run has used it yet, or %s names another table); status, list and release create nothing",
+				pgx.Identifier(parts).Sanitize(), specTable.name())
+		case use == tableRun && named:
+			return nil, badSetting(specTable, "the table %s does not exist; create it with: %s; or let dislock create it with %s=1 (--%s)",
+				pgx.Identifier(parts).Sanitize(), ddl, specCreate.env, specCreate.flag)
+		}
+		return pg.NewBackend(ctx, pool, append(opts, pg.WithAutoMigrate())...)
+	}
+	b, err := pg.NewBackend(ctx, pool, opts...)
+	if errors.Is(err, pg.ErrSchema) {
+		log.Debug("lock table not usable as is; trying the 3-column layout", "err", err)
+		if lb, lerr := pg.NewBackend(ctx, pool, append(opts, pg.WithLegacyTable())...); lerr == nil {
+			return lb, nil
+		}
+	}
+	return b, err
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/pg"
 )
 
 // binary is the dislock executable built by TestMain.
@@ -86,6 +87,15 @@ func pgFixture(t *testing.T) *fixture {
 		conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
 		conn.Close(context.Background())
 	})
+	// A table named by LOCK_TABLE must exist: the CLI creates only the
+	// default one.
+	ddl, err := pg.SchemaSQL(table, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, ddl); err != nil {
+		t.Fatalf("create %s: %v", table, err)
+	}
 	return &fixture{
 		name: "pg", url: u, env: []string{"LOCK_TABLE=" + table},
 		held: func(t *testing.T, key string) bool {

@@ -14,6 +14,8 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/cronspec"
+	"github.com/dislock/dislock/pg"
 )
 
 // Key prefixes, as in the original tool.
@@ -49,19 +51,20 @@ type spec struct {
 // The settings. Flags win over environment variables, which win over defaults.
 var (
 	specKey        = spec{"key", "LOCK_KEY", "", "NAME", "lock name (required); the locks are " + schedulePrefix + "NAME and " + leasePrefix + "NAME"}
-	specSchedule   = spec{"schedule", "CRON_SCHEDULE", "", "SPEC", "cron schedule of the job, for the schedule strategy: 5 fields, or @hourly, @daily, @every 10m…"}
+	specSchedule   = spec{"schedule", "CRON_SCHEDULE", "", "SPEC", "cron schedule of the job, for the schedule strategy: 5 fields (no seconds field), or @hourly, @daily, @every 10m, @every 30s…; a value, range or step outside its field is an error"}
 	specStrategy   = spec{"strategy", "LOCK_STRATEGY", "schedule", "LIST", "schedule, lease, or both (schedule,lease): schedule runs the command at most once per schedule slot, lease keeps others out while it runs"}
-	specTable      = spec{"table", "LOCK_TABLE", "", "NAME", "PostgreSQL table of the locks (schema.table allowed; default: the backend's)"}
+	specTable      = spec{"table", "LOCK_TABLE", "", "NAME", "PostgreSQL table of the locks (schema.table allowed; default " + pg.DefaultTable + ", created on the first run if missing); a named table must exist unless --create-table is given"}
+	specCreate     = spec{"create-table", "DISLOCK_CREATE_TABLE", "", "", "let a run create the table named by LOCK_TABLE when it is missing (1 or true; the default table is always created); status, list and release never create a table"}
 	specTTL        = spec{"ttl", "RUN_LOCK_TTL_SECONDS", "60", "SECONDS", "lease time to live on the server; the lease is renewed while the command runs"}
 	specInterval   = spec{"lease-interval", "LOCK_LEASE_INTERVAL", "", "SECONDS", "lease renewal interval (default TTL×0.3, clamped to 1s…10s); shorter than the TTL"}
 	specJitter     = spec{"jitter", "LOCK_JITTER_SECONDS", "0", "SECONDS", "sleep a random time up to this long before taking the lock"}
 	specOnLoss     = spec{"on-lease-loss", "LOCK_ON_LEASE_LOSS", "terminate", "POLICY", "what to do when the lease is lost: terminate (the command's process group, exit 75) or continue"}
-	specLogLevel   = spec{"log-level", "CRONJOB_LOCK_LOG_LEVEL", "INFO", "LEVEL", "DEBUG, INFO, WARNING or ERROR"}
+	specLogLevel   = spec{"log-level", "CRONJOB_LOCK_LOG_LEVEL", "WARNING", "LEVEL", "DEBUG, INFO, WARNING or ERROR; at WARNING a run that succeeds, or is skipped because the lock is held, prints nothing, and INFO adds a line when the command starts and exits"}
 	specGrace      = spec{"grace", "DISLOCK_GRACE_SECONDS", "10", "SECONDS", "time between SIGTERM and SIGKILL when the command is terminated after a lease loss (shortened when the lease would expire first, and to at most 1s when the store refused the lease), or when it left processes running"}
 	specBusyExit   = spec{"busy-exit-code", "DISLOCK_BUSY_EXIT_CODE", "0", "CODE", "exit code when the lock is held elsewhere and the command does not start"}
 	specURLEnv     = spec{"url-env", "DISLOCK_URL_ENV", defaultURLEnv, "NAME", "environment variable holding the backend URL (subcommands; the run form names it as its first argument)"}
 	specForce      = spec{"force", "", "", "", "release: break the lock whoever holds it"}
-	specAllForHelp = []spec{specKey, specSchedule, specStrategy, specTable, specTTL, specInterval, specJitter, specOnLoss, specLogLevel, specGrace, specBusyExit, specURLEnv, specForce}
+	specAllForHelp = []spec{specKey, specSchedule, specStrategy, specTable, specTTL, specInterval, specJitter, specOnLoss, specLogLevel, specGrace, specBusyExit, specURLEnv, specCreate, specForce}
 )
 
 // name is how messages refer to a setting: the environment variable and the flag.
@@ -102,6 +105,7 @@ type invocation struct {
 	urlEnv string // name of the variable holding the backend URL
 	url    string
 	table  string
+	create bool // create a missing LOCK_TABLE (run form only)
 	force  bool
 
 	level     slog.Level
@@ -169,12 +173,13 @@ func newFlagSet() (*flag.FlagSet, *bool) {
 	fs := flag.NewFlagSet("dislock", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	for _, sp := range specAllForHelp {
-		if sp.flag == specForce.flag {
+		if sp.flag == specForce.flag || sp.flag == specCreate.flag {
 			continue
 		}
 		fs.String(sp.flag, sp.def, sp.help)
 	}
 	force := fs.Bool(specForce.flag, false, specForce.help)
+	fs.Bool(specCreate.flag, false, specCreate.help)
 	return fs, force
 }
 
@@ -211,6 +216,12 @@ func parseArgs(args []string, getenv func(string) (string, bool)) (*invocation, 
 	inv.force = *force
 	inv.level, inv.levelWarn = parseLevel(st.get(specLogLevel))
 	inv.table = st.get(specTable)
+	if inv.create, err = parseBool(st.get(specCreate)); err != nil {
+		return nil, badSetting(specCreate, "%v", err)
+	}
+	if inv.create && inv.sub != subRun {
+		return nil, badSetting(specCreate, "only a run creates a table; status, list and release never do")
+	}
 
 	switch inv.sub {
 	case subRun:
@@ -254,7 +265,12 @@ func parseArgs(args []string, getenv func(string) (string, bool)) (*invocation, 
 		return nil, usagef("--force is only for dislock release")
 	}
 	if !validEnvName(inv.urlEnv) {
-		return nil, usagef("URL_ENV: %q is not an environment variable name", inv.urlEnv)
+		// The value is not quoted: it may be the URL itself, password
+		// included.
+		if strings.Contains(inv.urlEnv, "://") || strings.Contains(inv.urlEnv, "@") {
+			return nil, usagef("URL_ENV: the argument looks like a URL; put the URL in an environment variable and pass the variable's name (e.g. DATABASE_URL=… dislock DATABASE_URL command)")
+		}
+		return nil, usagef("URL_ENV: the argument is not an environment variable name (letters, digits and _, not starting with a digit)")
 	}
 	u, ok := getenv(inv.urlEnv)
 	u = strings.TrimSpace(u)
@@ -405,6 +421,18 @@ func parseRun(st *settings, r *runConfig) error {
 	return nil
 }
 
+// parseBool reads a yes/no setting: 1, true, yes or on; 0, false, no, off
+// or empty.
+func parseBool(s string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "1", "true", "yes", "on":
+		return true, nil
+	case "", "0", "false", "no", "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("%q is not 1/true/yes/on or 0/false/no/off", s)
+}
+
 // parseSeconds reads a number of seconds ("60", "0.5") or a Go duration ("1m30s").
 func parseSeconds(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
@@ -436,6 +464,13 @@ func parseSchedule(specText string) (core.Schedule, time.Duration, error) {
 		}
 		return core.Every(d), min(core.DefaultSlotTolerance, d/4), nil
 	}
+	if err := cronspec.Check(specText, false); err != nil {
+		var fc *cronspec.FieldCountError
+		if errors.As(err, &fc) {
+			return nil, 0, fmt.Errorf("%v; there is no seconds field: for a schedule finer than a minute use @every, e.g. @every 30s", err)
+		}
+		return nil, 0, err
+	}
 	s, err := cron.ParseStandard(specText)
 	if err != nil {
 		return nil, 0, err
@@ -449,9 +484,9 @@ func parseLevel(s string) (slog.Level, string) {
 	switch strings.ToUpper(strings.TrimSpace(s)) {
 	case "DEBUG":
 		return slog.LevelDebug, ""
-	case "INFO", "":
+	case "INFO":
 		return slog.LevelInfo, ""
-	case "WARNING", "WARN":
+	case "WARNING", "WARN", "":
 		return slog.LevelWarn, ""
 	case "ERROR", "CRITICAL", "FATAL":
 		return slog.LevelError, ""

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dislock/dislock/core"
 )
 
 func envOf(kv ...string) func(string) (string, bool) {
@@ -37,8 +39,8 @@ func TestParseDefaults(t *testing.T) {
 	if r.grace != 10*time.Second || r.busyExit != 0 || r.onLossCont || r.jitter != 0 {
 		t.Errorf("grace %v busy %d cont %v jitter %v", r.grace, r.busyExit, r.onLossCont, r.jitter)
 	}
-	if inv.level != slog.LevelInfo {
-		t.Errorf("level %v", inv.level)
+	if inv.level != slog.LevelWarn {
+		t.Errorf("level %v, want WARNING by default", inv.level)
 	}
 	if r.scheduleKey() != "cronjob-lock:schedule:job" || r.leaseKey() != "cronjob-lock:lease:job" {
 		t.Errorf("keys %q %q", r.scheduleKey(), r.leaseKey())
@@ -269,5 +271,94 @@ func TestCommaHosts(t *testing.T) {
 		if got := commaHosts(in); got != want {
 			t.Errorf("%s: got %s, want %s", in, got, want)
 		}
+	}
+}
+
+// A cron value, range or step outside its field is a usage error naming
+// CRON_SCHEDULE and the field, not a silently different schedule (*/61 in
+// the minutes would be hourly); 6 fields point to @every for seconds.
+func TestScheduleOutOfField(t *testing.T) {
+	for spec, want := range map[string]string{
+		"*/61 * * * *":   "minute field",
+		"*/60 * * * *":   "minute field",
+		"0 */24 * * *":   "hour field",
+		"0 0 */32 * *":   "day of month field",
+		"0 0 * 1-13 *":   "month field",
+		"0 0 * * */7":    "day of week field",
+		"*/30 * * * * *": "@every",
+	} {
+		_, err := parseArgs([]string{"U", "true"}, envOf("U", testURL, "LOCK_KEY", "k", "CRON_SCHEDULE", spec))
+		var ue *usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "CRON_SCHEDULE") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want a usage error naming CRON_SCHEDULE and %q", spec, err, want)
+		}
+	}
+	if _, err := parseArgs([]string{"U", "true"}, envOf("U", testURL, "LOCK_KEY", "k", "CRON_SCHEDULE", "*/59 * * * *")); err != nil {
+		t.Errorf("*/59: %v", err)
+	}
+}
+
+// A URL passed where the variable's name belongs is never quoted back, with
+// or without a password, in the run form or with --url-env.
+func TestURLInPlaceOfName(t *testing.T) {
+	for _, u := range []string{"postgres://u:s3cr3t@db.example/app", "postgres://db.example/app", "redis://db.example:6379/0"} {
+		for _, args := range [][]string{{u, "true"}, {"status", "--url-env", u, "k"}, {"list", "--url-env=" + u}} {
+			_, err := parseArgs(args, envOf("LOCK_KEY", "k", "CRON_SCHEDULE", "@hourly"))
+			var ue *usageError
+			if !errors.As(err, &ue) || !strings.Contains(err.Error(), "URL_ENV") {
+				t.Fatalf("%q: %v, want a usage error naming URL_ENV", args, err)
+			}
+			if strings.Contains(err.Error(), "db.example") || strings.Contains(err.Error(), "s3cr3t") {
+				t.Errorf("%q: the error shows the URL: %v", args, err)
+			}
+		}
+	}
+}
+
+// DISLOCK_CREATE_TABLE / --create-table is a yes/no setting of the run form.
+func TestCreateTableSetting(t *testing.T) {
+	base := []string{"U", testURL, "LOCK_KEY", "k", "CRON_SCHEDULE", "@hourly"}
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want bool
+		ok   bool
+	}{
+		{nil, nil, false, true},
+		{[]string{"DISLOCK_CREATE_TABLE", "1"}, nil, true, true},
+		{[]string{"DISLOCK_CREATE_TABLE", "false"}, nil, false, true},
+		{nil, []string{"--create-table"}, true, true},
+		{[]string{"DISLOCK_CREATE_TABLE", "maybe"}, nil, false, false},
+	} {
+		inv, err := parseArgs(append(tc.args, "U", "true"), envOf(append(append([]string{}, base...), tc.env...)...))
+		if (err == nil) != tc.ok || (err == nil && inv.create != tc.want) {
+			t.Errorf("%v %v: %+v %v", tc.env, tc.args, inv, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "DISLOCK_CREATE_TABLE") {
+			t.Errorf("error does not name the setting: %v", err)
+		}
+	}
+	if _, err := parseArgs([]string{"list", "--create-table"}, envOf("DATABASE_URL", testURL)); err == nil {
+		t.Error("list --create-table accepted")
+	}
+}
+
+// The busy message of a schedule lock says the slot has already run, when
+// and by whom; a busy lease names the run that holds it.
+func TestBusyMessage(t *testing.T) {
+	cfg := &runConfig{key: "job"}
+	h := &core.Info{Owner: "host-a:4242", Token: 7, AcquiredAt: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC), ExpiresAt: time.Date(2026, 1, 2, 3, 59, 59, 0, time.UTC), Remaining: time.Minute}
+	msg := busyMessage(cfg.scheduleKey(), cfg, h)
+	for _, want := range []string{"already run", "2026-01-02T03:04:00Z", "host-a:4242", "2026-01-02T03:59:59Z"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("schedule: %q lacks %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "held elsewhere") {
+		t.Errorf("schedule: %q", msg)
+	}
+	msg = busyMessage(cfg.leaseKey(), cfg, h)
+	if !strings.Contains(msg, "held by another run") || !strings.Contains(msg, "host-a:4242") {
+		t.Errorf("lease: %q", msg)
 	}
 }

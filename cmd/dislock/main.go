@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/pg"
 )
 
 func main() {
@@ -109,7 +110,14 @@ func (c *cli) run(args []string) error {
 func (c *cli) open(ctx context.Context, inv *invocation) (locker, func() error, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	l, closeFn, err := openLocker(ctx, inv.urlEnv, inv.url, inv.table, c.log)
+	use := tableRun
+	switch {
+	case inv.sub != subRun:
+		use = tableAdmin
+	case inv.create:
+		use = tableCreate
+	}
+	l, closeFn, err := openLocker(ctx, inv.urlEnv, inv.url, inv.table, use, c.log)
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -136,10 +144,13 @@ func (c *cli) operate(inv *invocation, fn func(ctx context.Context, l locker) er
 	return fn(ctx, l)
 }
 
-// holderFields formats what status and list print about a held lock.
-func holderFields(info core.Info) string {
-	return fmt.Sprintf("owner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s",
-		info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond))
+// heldLine is the line status and list print for a held lock: the key,
+// "held", then the holder's fields. Every time in it comes from the one read
+// of the store that returned info (remaining is expires_at minus the store's
+// clock at that read).
+func heldLine(info core.Info) string {
+	return fmt.Sprintf("%s\theld\towner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s\n",
+		info.Key, info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond))
 }
 
 func (c *cli) status(inv *invocation) error {
@@ -153,7 +164,8 @@ func (c *cli) status(inv *invocation) error {
 			fmt.Fprintf(c.stdout, "%s\tfree\n", key)
 			return nil
 		}
-		fmt.Fprintf(c.stdout, "%s\theld\t%s\n", key, holderFields(info))
+		info.Key = key
+		io.WriteString(c.stdout, heldLine(info))
 		return nil
 	})
 }
@@ -169,7 +181,7 @@ func (c *cli) list(inv *invocation) error {
 			return exitWith(exitFailure, fmt.Errorf("list: %w", err))
 		}
 		for _, info := range infos {
-			fmt.Fprintf(c.stdout, "%s\t%s\n", info.Key, holderFields(info))
+			io.WriteString(c.stdout, heldLine(info))
 		}
 		return nil
 	})
@@ -215,8 +227,18 @@ Runs command under a distributed lock, for crontabs: on every machine, at most
 one instance per schedule slot (strategy schedule) and/or at a time (strategy
 lease). URL_ENV names the environment variable that holds the backend URL:
 postgres://, postgresql://, redis://, rediss://, redis+sentinel://h1:p1,h2:p2/db?master_name=NAME,
-redis+cluster://h1:p1,h2:p2, zk://h1:p1,h2:p2[/chroot][?session_timeout=SECONDS].
-The URL is never printed.
+redis+cluster://h1:p1,h2:p2, zk://h1:p1,h2:p2[/chroot][?session_timeout=SECONDS],
+etcd://[user:password@]h1:p1,h2:p2 (etcds:// for TLS). The URL is never
+printed, not even when it is passed in place of the variable's name.
+
+Logs go to stderr. At the default level, WARNING, a run that succeeds and a
+run skipped because the lock is held print nothing, so cron mails only about
+problems; CRONJOB_LOCK_LOG_LEVEL=INFO logs each start, exit and skip.
+
+On PostgreSQL the locks live in the table ` + pg.DefaultTable + `, which the first run
+creates. A table named by LOCK_TABLE must exist (exit 2 shows the CREATE
+statement), unless DISLOCK_CREATE_TABLE=1 lets the run create it; status,
+list and release never create a table.
 
 The command runs in its own process group with DISLOCK_KEY, DISLOCK_TOKEN
 (fencing token) and DISLOCK_DEADLINE (RFC 3339) added to its environment.
@@ -250,6 +272,9 @@ Flags (each overrides its environment variable):
 		}
 		fmt.Fprintf(&b, "      %s%s%s\n", env, sp.help, def)
 	}
-	b.WriteString("\nStatus, list and release take KEY as stored, e.g. " + schedulePrefix + "NAME or " + leasePrefix + "NAME.\n")
+	b.WriteString("\nStatus, list and release take KEY as stored, e.g. " + schedulePrefix + "NAME or " + leasePrefix + "NAME.\n" +
+		"Status and list print one line per lock, tab-separated: KEY held owner=… token=… acquired_at=…\n" +
+		"expires_at=… remaining=… (times in UTC, all from one read of the store); status prints KEY free\n" +
+		"for a free lock.\n")
 	io.WriteString(w, b.String())
 }

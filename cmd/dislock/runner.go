@@ -162,18 +162,41 @@ func (c *cli) try(ctx context.Context, l core.Locker, key string, opts []core.Op
 	case err == nil:
 		return s, nil
 	case errors.As(err, &busy):
-		attrs := []any{"key", key}
-		if h := busy.Holder; h != nil {
-			attrs = append(attrs, "holder", h.Owner, "holder_token", h.Token, "remaining", h.Remaining.Round(time.Millisecond))
-		}
-		c.log.Info("lock held elsewhere; the command does not run", attrs...)
+		c.log.Info(busyMessage(key, cfg, busy.Holder))
 		return nil, exitWith(cfg.busyExit, nil)
 	case context.Cause(ctx) != nil && errors.As(context.Cause(ctx), new(signalError)):
 		return nil, exitWith(exitFailure, context.Cause(ctx))
 	case errors.Is(err, core.ErrInvalidOption), errors.Is(err, core.ErrInvalidKey):
 		return nil, exitWith(exitUsage, fmt.Errorf("lock %q: %w", key, err))
 	}
-	return nil, exitWith(exitFailure, fmt.Errorf("lock %q on the backend in %s: %w", key, urlEnv, err))
+	// err names the key and the backend: "dislock: pg: acquire \"k\": …".
+	return nil, exitWith(exitFailure, fmt.Errorf("the backend in %s: %w", urlEnv, err))
+}
+
+// busyMessage says why the command does not run. A busy schedule lock means
+// the slot has already run (its holder may have exited long ago: the lock
+// is kept until the slot ends); a busy lease means a run is going on.
+func busyMessage(key string, cfg *runConfig, h *core.Info) string {
+	if key == cfg.scheduleKey() {
+		if h == nil {
+			return fmt.Sprintf("this schedule slot has already run; the command runs again in the next slot (key %s)", key)
+		}
+		return fmt.Sprintf("this schedule slot has already run: started %sby %s (token %d); the command runs again in the next slot, from %s (key %s)",
+			startedAt(h), h.Owner, h.Token, fmtTime(h.ExpiresAt), key)
+	}
+	if h == nil {
+		return fmt.Sprintf("the lease is held by another run; the command does not run (key %s)", key)
+	}
+	return fmt.Sprintf("the lease is held by another run, started %sby %s (token %d), for %s more unless renewed; the command does not run (key %s)",
+		startedAt(h), h.Owner, h.Token, h.Remaining.Round(time.Millisecond), key)
+}
+
+// startedAt is "at TIME " when the store knows when h was acquired.
+func startedAt(h *core.Info) string {
+	if h.AcquiredAt.IsZero() {
+		return ""
+	}
+	return "at " + fmtTime(h.AcquiredAt) + " "
 }
 
 // releaseAll releases the lease, then the schedule lock (which stays held

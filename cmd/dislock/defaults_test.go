@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/internal/testenv"
+)
+
+// At the default level (WARNING) a run that succeeds and a run skipped
+// because the lock is held print nothing, so that cron mails nothing; INFO
+// logs the start, the exit and the skip.
+func TestQuietByDefault(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=schedule,lease", "CRON_SCHEDULE=@hourly")
+		p := run(t, env, urlVar, "true")
+		expectCode(t, p, 0)
+		if out := p.output(); out != "" {
+			t.Errorf("a successful run printed:\n%s", out)
+		}
+		p = run(t, env, urlVar, "true")
+		expectCode(t, p, 0)
+		if out := p.output(); out != "" {
+			t.Errorf("a run skipped in a slot that has run printed:\n%s", out)
+		}
+		p = run(t, append(env, "CRONJOB_LOCK_LOG_LEVEL=INFO"), urlVar, "true")
+		expectCode(t, p, 0)
+		if !strings.Contains(p.stderr.String(), "level=INFO") || !strings.Contains(p.stderr.String(), "already run") {
+			t.Errorf("INFO does not log the skip:\n%s", p.output())
+		}
+
+		env = f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "CRONJOB_LOCK_LOG_LEVEL=info")
+		p = run(t, env, urlVar, "true")
+		expectCode(t, p, 0)
+		for _, want := range []string{"command started", "command exited"} {
+			if !strings.Contains(p.stderr.String(), want) {
+				t.Errorf("INFO does not log %q:\n%s", want, p.stderr.String())
+			}
+		}
+	})
+}
+
+// A second start in a slot says that the slot has already run, when and by
+// whom it was started, not that the lock is "held elsewhere" by a process
+// that has exited.
+func TestSlotAlreadyRun(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		dir := t.TempDir()
+		pidFile := filepath.Join(dir, "pid")
+		env := f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly", "CRONJOB_LOCK_LOG_LEVEL=INFO")
+		before := time.Now().Add(-2 * time.Second)
+		first := run(t, env, urlVar, "sh", "-c", "echo $PPID > "+pidFile)
+		expectCode(t, first, 0)
+		pid := waitFile(t, pidFile, time.Second)
+		second := run(t, env, urlVar, "true")
+		expectCode(t, second, 0)
+		msg := second.stderr.String()
+		if !strings.Contains(msg, "this schedule slot has already run") || strings.Contains(msg, "held elsewhere") {
+			t.Fatalf("second run:\n%s", msg)
+		}
+		if !strings.Contains(msg, ":"+pid+" ") {
+			t.Errorf("the message does not name the first run's process %s:\n%s", pid, msg)
+		}
+		i := strings.Index(msg, "started at ")
+		if i < 0 {
+			t.Fatalf("the message does not say when the slot was started:\n%s", msg)
+		}
+		ts, _, _ := strings.Cut(msg[i+len("started at "):], " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil || at.Before(before) || at.After(time.Now().Add(2*time.Second)) {
+			t.Errorf("start time %q (%v), want about now", ts, err)
+		}
+	})
+}
+
+// A URL passed in place of the variable's name is never printed, with or
+// without a password, and the command does not run.
+func TestURLNotPrinted(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	var f *fixture
+	env := f.baseEnv("LOCK_KEY=k", "CRON_SCHEDULE=@hourly", "CRONJOB_LOCK_LOG_LEVEL=DEBUG")
+	for _, u := range []string{
+		"postgres://user:" + sentinel + "@db-host-7q.example:5432/app",
+		"postgres://db-host-7q.example/app",
+		"redis://db-host-7q.example:6379/0",
+	} {
+		for _, args := range [][]string{{u, "touch", marker}, {"status", "--url-env", u, "k"}, {"list", "--url-env=" + u}} {
+			p := run(t, env, args...)
+			expectCode(t, p, exitUsage)
+			if out := p.output(); strings.Contains(out, "db-host-7q") || strings.Contains(out, sentinel) {
+				t.Errorf("%q: the URL is printed:\n%s", args[0], out)
+			}
+			if !strings.Contains(p.stderr.String(), "URL_ENV") {
+				t.Errorf("%q: the error does not name URL_ENV:\n%s", args[0], p.stderr.String())
+			}
+		}
+	}
+	if exists(marker) {
+		t.Fatal("the command ran")
+	}
+}
+
+// status and list print the same columns in the same format.
+func TestStatusListFormat(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, f *fixture) {
+		dir := t.TempDir()
+		started := filepath.Join(dir, "started")
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease")
+		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
+		waitFile(t, started, 20*time.Second)
+		st := run(t, f.baseEnv(), "status", "--url-env", urlVar, leasePrefix+key)
+		expectCode(t, st, 0)
+		ls := run(t, f.baseEnv(), "list", "--url-env", urlVar, leasePrefix+key)
+		expectCode(t, ls, 0)
+		columns := func(line string) []string {
+			var names []string
+			for i, field := range strings.Split(strings.TrimSpace(line), "\t") {
+				name, _, _ := strings.Cut(field, "=")
+				if i == 0 {
+					name = "KEY:" + name
+				}
+				names = append(names, name)
+			}
+			return names
+		}
+		want := []string{"KEY:" + leasePrefix + key, "held", "owner", "token", "acquired_at", "expires_at", "remaining"}
+		for name, out := range map[string]string{"status": st.stdout.String(), "list": ls.stdout.String()} {
+			if got := columns(out); strings.Join(got, " ") != strings.Join(want, " ") {
+				t.Errorf("%s prints columns %q, want %q:\n%s", name, got, want, out)
+			}
+		}
+		holder.cmd.Process.Signal(syscall.SIGTERM) // forwarded to the group
+		holder.wait(t, 20*time.Second)
+	})
+}
+
+// A LOCK_TABLE that does not exist is exit 2 with the statement that creates
+// it, and nothing is created; DISLOCK_CREATE_TABLE=1 (or --create-table)
+// lets the run create it; status, list and release never create a table;
+// the default table is created by the first run.
+func TestLockTableNotCreated(t *testing.T) {
+	u := testenv.PG(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A schema of its own, first on the search path, holds this test's
+	// default table.
+	schema := testenv.Name("dislock_cli_schema_")
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		conn.Close(context.Background())
+	})
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	f := &fixture{url: u + sep + "search_path=" + schema}
+	tableExists := func(name string) bool {
+		var ok bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1::text) IS NOT NULL", pgx.Identifier{schema, name}.Sanitize()).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	typo := "dislock_lokcs"
+
+	// Operators create nothing, not even the default table.
+	for _, args := range [][]string{
+		{"status", "--url-env", urlVar, "k"},
+		{"list", "--url-env", urlVar},
+		{"release", "--force", "--url-env", urlVar, "k"},
+		{"list", "--url-env", urlVar, "--table", typo},
+	} {
+		p := run(t, f.baseEnv(), args...)
+		expectCode(t, p, exitUsage)
+		if !strings.Contains(p.stderr.String(), "does not exist") {
+			t.Errorf("%v: %s", args, p.stderr.String())
+		}
+	}
+	if tableExists("dislock_locks") || tableExists(typo) {
+		t.Fatal("an operator subcommand created a table")
+	}
+
+	// A mistyped LOCK_TABLE: exit 2 with the CREATE statement; nothing ran.
+	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly", "LOCK_TABLE="+typo)
+	p := run(t, env, urlVar, "touch", marker)
+	expectCode(t, p, exitUsage)
+	for _, want := range []string{"LOCK_TABLE", "CREATE TABLE", typo, "DISLOCK_CREATE_TABLE"} {
+		if !strings.Contains(p.stderr.String(), want) {
+			t.Errorf("the error lacks %q: %s", want, p.stderr.String())
+		}
+	}
+	if tableExists(typo) || exists(marker) {
+		t.Fatal("the table was created or the command ran")
+	}
+
+	// Asked explicitly, the run creates it.
+	expectCode(t, run(t, append(env, "DISLOCK_CREATE_TABLE=1"), urlVar, "touch", marker), 0)
+	if !tableExists(typo) || !exists(marker) {
+		t.Fatal("DISLOCK_CREATE_TABLE=1 did not create the table and run")
+	}
+	os.Remove(marker)
+	other := typo + "_2"
+	expectCode(t, run(t, f.baseEnv("LOCK_KEY=k", "CRON_SCHEDULE=@hourly"), "--table", other, "--create-table", urlVar, "true"), 0)
+	if !tableExists(other) {
+		t.Fatal("--create-table did not create the table")
+	}
+
+	// The default table is created by the first run.
+	expectCode(t, run(t, f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly"), urlVar, "touch", marker), 0)
+	if !tableExists("dislock_locks") || !exists(marker) {
+		t.Fatal("the first run did not create the default table")
+	}
+	expectCode(t, run(t, f.baseEnv(), "list", "--url-env", urlVar), 0)
+}
