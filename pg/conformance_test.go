@@ -16,6 +16,8 @@ import (
 func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option) locktest.Harness {
 	ident := pgx.Identifier{table}.Sanitize()
 	return locktest.Harness{
+		// Behind a transaction pooler, LISTEN cannot work: waiters poll.
+		NoWatch: throughPooler(t),
 		NewBackend: func(tb testing.TB) core.Backend {
 			return newBackend(tb, table, opts...)
 		},

@@ -34,6 +34,11 @@ func newPool(t testing.TB, edit func(*pgxpool.Config)) *pgxpool.Pool {
 		t.Fatalf("parse test URL: %v", err)
 	}
 	cfg.MaxConns = 4
+	if throughPooler(t) {
+		// The test server is a transaction pooler: no prepared
+		// statements (edit may choose another mode that needs none).
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	if edit != nil {
 		edit(cfg)
 	}
@@ -51,11 +56,12 @@ func newTable(t testing.TB, admin *pgxpool.Pool, opts ...pg.Option) string {
 	t.Helper()
 	name := testenv.Name("dislock_test_")
 	opts = append([]pg.Option{pg.WithTable(name), pg.WithAutoMigrate()}, opts...)
+	// Registered first, so that a table whose check fails is dropped too.
+	dropAtCleanup(t, admin, pgx.Identifier{name})
 	b, err := pg.NewBackend(ctxT(t), admin, opts...)
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	dropAtCleanup(t, admin, pgx.Identifier{name})
 	_ = b.Close()
 	return name
 }

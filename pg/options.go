@@ -42,6 +42,7 @@ type config struct {
 	noListen     bool
 	noNotify     bool
 	listenConfig *pgx.ConnConfig
+	pooler       poolerConfig // see pooler.go
 	claimTimeout time.Duration
 	clientOpts   []core.ClientOption
 	errs         []error

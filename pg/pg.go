@@ -22,6 +22,7 @@ type Backend struct {
 	table   string // quoted, as written in statements
 	channel string // pg_notify channel of this table
 	stmt    statements
+	listen  listenState // see pooler.go
 }
 
 var (
@@ -143,7 +144,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	// The batch commits at its end: only then has the claim taken effect.
 	// (A busy answer wrote nothing.)
 	if cerr := br.Close(); err == nil && cerr != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", cerr)
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", poolerHint(cerr))
 	}
 	return lease, err
 }
@@ -151,11 +152,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 // readAcquire reads the acquire's answer from its batch.
 func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (core.Lease, error) {
 	if _, err := br.Exec(); err != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", poolerHint(err))
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", poolerHint(err))
 	}
 	defer rows.Close()
 	var (
@@ -175,7 +176,7 @@ func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (cor
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+		return core.Lease{}, fmt.Errorf("pg: acquire: %w", poolerHint(err))
 	}
 	switch {
 	case !found:
@@ -214,7 +215,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	}
 	rows, err := b.pool.Query(ctx, b.stmt.renew, keys, holders, ttls)
 	if err != nil {
-		return nil, fmt.Errorf("pg: renew: %w", err)
+		return nil, fmt.Errorf("pg: renew: %w", poolerHint(err))
 	}
 	defer rows.Close()
 	type kh struct{ key, holder string }
@@ -227,7 +228,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		renewed[k] = true
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("pg: renew: %w", err)
+		return nil, fmt.Errorf("pg: renew: %w", poolerHint(err))
 	}
 	results := make([]error, len(reqs))
 	for i, r := range reqs {
@@ -244,12 +245,12 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Keep > 0 {
 		if _, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep)); err != nil {
-			return fmt.Errorf("pg: release: %w", err)
+			return fmt.Errorf("pg: release: %w", poolerHint(err))
 		}
 		return nil
 	}
 	if _, err := b.pool.Exec(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()); err != nil {
-		return fmt.Errorf("pg: release: %w", err)
+		return fmt.Errorf("pg: release: %w", poolerHint(err))
 	}
 	return nil
 }

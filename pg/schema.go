@@ -68,7 +68,7 @@ func (b *Backend) Migrate(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("pg: migrate table %s: %w", b.table, err)
+		return fmt.Errorf("pg: migrate table %s: %w", b.table, poolerHint(err))
 	}
 	return nil
 }
@@ -104,7 +104,7 @@ FROM pg_class c WHERE c.oid = to_regclass($1::text)`, t).Scan(&oid, &kind, &canS
 		return 0, schemaErr(t, "does not exist (or is not visible to this role); fix: call Migrate, use WithAutoMigrate, or run the SQL from SchemaSQL")
 	}
 	if err != nil {
-		return 0, fmt.Errorf("pg: check table %s: %w", t, err)
+		return 0, fmt.Errorf("pg: check table %s: %w", t, poolerHint(err))
 	}
 	if kind != "r" && kind != "p" {
 		return 0, schemaErr(t, "is not a table (relkind %q); fix: name a plain table with WithTable", kind)
@@ -129,7 +129,7 @@ FROM pg_class c WHERE c.oid = to_regclass($1::text)`, t).Scan(&oid, &kind, &canS
 	rows, err := b.pool.Query(ctx, `SELECT attname::text, format_type(atttypid, atttypmod), attidentity <> '', atthasdef
 FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`, oid)
 	if err != nil {
-		return 0, fmt.Errorf("pg: check table %s: %w", t, err)
+		return 0, fmt.Errorf("pg: check table %s: %w", t, poolerHint(err))
 	}
 	cols := map[string]column{}
 	for rows.Next() {
@@ -137,13 +137,13 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 		var c column
 		if err := rows.Scan(&name, &c.typ, &c.identity, &c.hasDefault); err != nil {
 			rows.Close()
-			return 0, fmt.Errorf("pg: check table %s: %w", t, err)
+			return 0, fmt.Errorf("pg: check table %s: %w", t, poolerHint(err))
 		}
 		cols[name] = c
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("pg: check table %s: %w", t, err)
+		return 0, fmt.Errorf("pg: check table %s: %w", t, poolerHint(err))
 	}
 
 	want := []struct{ name, kind string }{

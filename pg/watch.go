@@ -19,9 +19,19 @@ const listenSetupTimeout = 10 * time.Second
 // when the connection or LISTEN fails, and ctx's error when ctx ends; the
 // engine polls meanwhile and retries. Under WithoutListen it returns
 // core.ErrUnsupported at once.
+//
+// Before calling ready it checks that notifications arrive: it LISTENs on
+// a private channel too, NOTIFYs it through the pool and waits up to 2s.
+// When the probe does not arrive (the LISTEN connection goes through a
+// transaction pooler), it warns once (WithLogger, ListenObserver), closes
+// the connection and returns an error matching ErrListenUnavailable and
+// core.ErrUnsupported, so the engine polls; later calls return it at once.
 func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
 	if b.cfg.noListen {
 		return core.ErrUnsupported
+	}
+	if b.listen.dead.Load() {
+		return listenFallback
 	}
 	cc := b.cfg.listenConfig
 	if cc == nil {
@@ -39,8 +49,15 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 		defer cancel()
 		conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(setup, "LISTEN "+pgx.Identifier{b.channel}.Sanitize(), pgx.QueryExecModeSimpleProtocol); err != nil {
+	probe := probeChannel()
+	if _, err := conn.Exec(setup, "LISTEN "+pgx.Identifier{b.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{probe}.Sanitize(),
+		pgx.QueryExecModeSimpleProtocol); err != nil {
 		return fmt.Errorf("pg: listen: %w", err)
+	}
+	// A transaction pooler accepts LISTEN but drops the notifications:
+	// make sure one arrives before telling the engine to rely on them.
+	if err := b.probeListen(ctx, setup, conn, probe, fn); err != nil {
+		return err
 	}
 	cancel()
 	ready()
@@ -52,6 +69,8 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 			}
 			return fmt.Errorf("pg: listen: %w", err)
 		}
-		fn(n.Payload)
+		if n.Channel == b.channel {
+			fn(n.Payload)
+		}
 	}
 }

@@ -1,0 +1,413 @@
+package pg_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/pg"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The documented configuration behind PgBouncer in transaction mode: no
+// prepared statements (exec or simple protocol).
+func bouncerExec(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec }
+
+// bouncerPool returns a small pool through bn, closed at cleanup. edit may
+// change its config first.
+func bouncerPool(t testing.TB, bn *bouncer, edit func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(bn.url)
+	if err != nil {
+		t.Fatalf("parse pooler URL: %v", err)
+	}
+	cfg.MaxConns = 4
+	if edit != nil {
+		edit(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// directConfig is the test server's own connection config, for
+// WithListenConfig.
+func directConfig(t testing.TB) *pgx.ConnConfig {
+	t.Helper()
+	cc, err := pgx.ParseConfig(testenv.PG(t))
+	if err != nil {
+		t.Fatal("DISLOCK_TEST_PG cannot be parsed")
+	}
+	return cc
+}
+
+// bouncerBackend returns a Backend on a pool of its own through bn.
+func bouncerBackend(t testing.TB, bn *bouncer, table string, edit func(*pgxpool.Config), opts ...pg.Option) *pg.Backend {
+	t.Helper()
+	b, err := pg.NewBackend(ctxT(t), bouncerPool(t, bn, edit), append([]pg.Option{pg.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatalf("NewBackend through pgbouncer: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// TestPgBouncerConformance runs the conformance suite through a private
+// PgBouncer in transaction mode, in the two documented configurations:
+// exec mode without LISTEN (waiters poll), and the simple protocol with a
+// direct LISTEN connection (WithListenConfig: waiters are notified). The
+// suite's own admin statements go through the pooler too.
+func TestPgBouncerConformance(t *testing.T) {
+	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
+	bn := startBouncer(t)
+	admin := bouncerPool(t, bn, bouncerExec)
+	for _, v := range []struct {
+		name    string
+		edit    func(*pgxpool.Config)
+		opts    []pg.Option
+		noWatch bool
+	}{
+		{"exec-without-listen", bouncerExec, []pg.Option{pg.WithoutListen()}, true},
+		{"simple-listen-direct", func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol },
+			[]pg.Option{pg.WithListenConfig(directConfig(t))}, false},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			table := newTable(t, admin)
+			h := harness(t, admin, table)
+			h.NoWatch = v.noWatch
+			h.NewBackend = func(tb testing.TB) core.Backend {
+				return bouncerBackend(tb, bn, table, v.edit, v.opts...)
+			}
+			locktest.Run(t, h)
+		})
+	}
+}
+
+// listenEvents records ListenUnavailable events.
+type listenEvents struct {
+	core.NopObserver
+	mu     sync.Mutex
+	events []pg.ListenUnavailableEvent
+	got    chan struct{}
+}
+
+func (o *listenEvents) ListenUnavailable(_ context.Context, e pg.ListenUnavailableEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.events = append(o.events, e)
+	if len(o.events) == 1 {
+		close(o.got)
+	}
+}
+
+func (o *listenEvents) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.events)
+}
+
+// watchProbe wraps a Backend and records when its Watch is subscribed.
+type watchProbe struct {
+	*pg.Backend
+	ready chan struct{}
+	once  sync.Once
+}
+
+func (w *watchProbe) Watch(ctx context.Context, ready func(), fn func(string)) error {
+	return w.Backend.Watch(ctx, func() { w.once.Do(func() { close(w.ready) }); ready() }, fn)
+}
+
+// Rule: a LISTEN connection through a transaction pooler, where LISTEN is
+// accepted and notifications are dropped, is detected: the Locker warns
+// once, through the logger and the Observer, naming the fix, closes it and
+// polls; waiters still get the lock after a release.
+func TestPgBouncerListenFallback(t *testing.T) {
+	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
+	bn := startBouncer(t)
+	admin := bouncerPool(t, bn, bouncerExec)
+	table := newTable(t, admin)
+	var logs syncBuffer
+	obs := &listenEvents{got: make(chan struct{})}
+	ctx := ctxT(t)
+	l, err := pg.New(ctx, bouncerPool(t, bn, bouncerExec), pg.WithTable(table),
+		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	holder := newClient(t, bouncerBackend(t, bn, table, bouncerExec, pg.WithoutListen()))
+	s, err := holder.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter makes the Locker subscribe.
+	got := make(chan error, 1)
+	go func() {
+		s2, err := l.Acquire(ctx, "k", core.Backoff(20*time.Millisecond, 100*time.Millisecond))
+		if err == nil {
+			err = s2.Release(ctx)
+		}
+		got <- err
+	}()
+	select {
+	case <-obs.got:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no ListenUnavailable event 15s after a wait began through pgbouncer; log: %q", logs.String())
+	}
+	obs.mu.Lock()
+	e := obs.events[0]
+	obs.mu.Unlock()
+	if e.Backend != "pg" || e.Table != (pgx.Identifier{table}).Sanitize() {
+		t.Errorf("event = %+v, want backend pg and table %s", e, table)
+	}
+	if !errors.Is(e.Err, pg.ErrListenUnavailable) || !errors.Is(e.Err, core.ErrUnsupported) {
+		t.Errorf("event error %v matches neither ErrListenUnavailable nor core.ErrUnsupported", e.Err)
+	}
+	for _, want := range []string{"PgBouncer", "WithListenConfig", "WithoutListen"} {
+		if !strings.Contains(e.Err.Error(), want) {
+			t.Errorf("event error %q does not name %s", e.Err, want)
+		}
+	}
+	out := logs.String()
+	if n := strings.Count(out, "level=WARN"); n != 1 {
+		t.Errorf("%d warnings logged, want 1: %q", n, out)
+	}
+	for _, want := range []string{"poll", "PgBouncer", "WithListenConfig", "WithoutListen", "table="} {
+		if !strings.Contains(out, want) {
+			t.Errorf("warning %q does not mention %s", out, want)
+		}
+	}
+	if strings.Contains(out, bn.url) || strings.Contains(out, "127.0.0.1") {
+		t.Errorf("warning names the connection: %q", out)
+	}
+	// The waiter polls and gets the lock once it is released.
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiter after the fallback: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter never acquired after the release")
+	}
+	// A later subscription of the same Backend fails at once, silently.
+	b := l.Backend().(*pg.Backend)
+	start := time.Now()
+	if err := b.Watch(ctx, func() { t.Error("ready called") }, func(string) {}); !errors.Is(err, pg.ErrListenUnavailable) {
+		t.Fatalf("Watch after the fallback = %v", err)
+	} else if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("Watch after the fallback took %v: it connected again", d)
+	}
+	if n := obs.count(); n != 1 {
+		t.Errorf("%d ListenUnavailable events, want 1", n)
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 {
+		t.Errorf("%d warnings after a second Watch, want 1", n)
+	}
+}
+
+// Rule: a direct LISTEN connection (WithListenConfig) behind a pool that goes
+// through PgBouncer restores notification wake-ups: no warning, and a waiter
+// whose poll timer is seconds away takes over within moments of a release.
+func TestPgBouncerListenConfig(t *testing.T) {
+	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
+	bn := startBouncer(t)
+	admin := bouncerPool(t, bn, bouncerExec)
+	table := newTable(t, admin)
+	var logs syncBuffer
+	obs := &listenEvents{got: make(chan struct{})}
+	ctx := ctxT(t)
+	be := bouncerBackend(t, bn, table, bouncerExec, pg.WithListenConfig(directConfig(t)),
+		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))
+	w := &watchProbe{Backend: be, ready: make(chan struct{})}
+	waiter := newClient(t, w)
+	holder := newClient(t, bouncerBackend(t, bn, table, bouncerExec, pg.WithoutListen()))
+	for i := range 3 {
+		s, err := holder.TryAcquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		var acquired atomic.Int64
+		go func() {
+			s2, err := waiter.Acquire(ctx, "k", core.Backoff(5*time.Second, 10*time.Second))
+			if err == nil {
+				acquired.Store(time.Now().UnixNano())
+				err = s2.Release(ctx)
+			}
+			got <- err
+		}()
+		select {
+		case <-w.ready:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the direct LISTEN connection never subscribed; log: %q", logs.String())
+		}
+		// Let the waiter's first attempt be answered busy before the release.
+		time.Sleep(100 * time.Millisecond) // a margin, not synchronisation: either order is correct
+		released := time.Now()
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("waiter never acquired")
+		}
+		if d := time.Unix(0, acquired.Load()).Sub(released); d > 2*time.Second {
+			t.Errorf("round %d: hand-off took %v with a 5s poll: the waiter was not notified", i, d)
+		}
+	}
+	if obs.count() != 0 || strings.Contains(logs.String(), "WARN") {
+		t.Errorf("a working direct LISTEN was reported unavailable: %q", logs.String())
+	}
+}
+
+// Rule: the default statement cache behind a transaction pooler fails with
+// an error that says what to set, keeping the server's error.
+func TestPgBouncerPreparedStatementHint(t *testing.T) {
+	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
+	bn := startBouncer(t)
+	admin := bouncerPool(t, bn, bouncerExec)
+	table := newTable(t, admin)
+	ctx := ctxT(t)
+	pool := bouncerPool(t, bn, func(c *pgxpool.Config) { c.MaxConns = 8 }) // pgx's default: cached prepared statements
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		found error
+	)
+	hinted := func(err error) bool {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && (pe.Code == "42P05" || pe.Code == "26000") {
+			mu.Lock()
+			defer mu.Unlock()
+			if found == nil {
+				found = err
+			}
+			return true
+		}
+		return false
+	}
+	// The schema check may meet the conflict already; then its error must
+	// say what to set.
+	b, err := pg.NewBackend(ctx, pool, pg.WithTable(table), pg.WithoutListen())
+	if err != nil && !hinted(err) {
+		t.Fatal(err)
+	}
+	for g := range 8 {
+		if b == nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				key := "k" + string(rune('a'+g))
+				tok := testenv.Name("t")
+				_, err := b.TryAcquire(ctx, core.AcquireRequest{Key: key, Owner: "me", OwnerToken: tok, TTL: time.Minute})
+				if err == nil {
+					err = b.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: tok})
+				}
+				if hinted(err) {
+					return
+				}
+				if err != nil {
+					t.Errorf("op %d: unexpected error %v", i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if found == nil {
+		t.Fatal("400 operations with cached prepared statements through pgbouncer never failed on one: the test proves nothing")
+	}
+	for _, want := range []string{"QueryExecModeExec", "default_query_exec_mode=exec", "PgBouncer"} {
+		if !strings.Contains(found.Error(), want) {
+			t.Errorf("error %q does not name %s", found, want)
+		}
+	}
+}
+
+// Rule: the acquire's batch (the set_config of statement_timeout for its own
+// transaction, then the claim) stays one transaction through PgBouncer, in
+// exec mode and over the simple protocol: a claim held up on the server is
+// aborted at the claim timeout (57014), nothing it set leaks into the
+// pooler's shared server connections, and the key is free afterwards.
+func TestPgBouncerClaimBound(t *testing.T) {
+	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
+	const claimTimeout = 300 * time.Millisecond
+	bn := startBouncer(t)
+	admin := bouncerPool(t, bn, bouncerExec)
+	for _, m := range []struct {
+		name string
+		edit func(*pgxpool.Config)
+	}{
+		{"exec", bouncerExec},
+		{"simple", func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol }},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			table := newTable(t, admin)
+			unblock := blockExpiredRow(t, admin, table, "k", false)
+			ctx := ctxT(t)
+			pool := bouncerPool(t, bn, m.edit)
+			b, err := pg.NewBackend(ctx, pool, pg.WithTable(table), pg.WithClaimTimeout(claimTimeout), pg.WithoutListen())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var before string
+			if err := pool.QueryRow(ctx, "SHOW statement_timeout").Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_, err = b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "me", OwnerToken: "mine", TTL: time.Minute})
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "57014" {
+				t.Fatalf("held-up TryAcquire through pgbouncer = %v, want SQLSTATE 57014", err)
+			}
+			if d := time.Since(start); d > claimTimeout+time.Second {
+				t.Errorf("aborted after %v, claim timeout %v", d.Round(time.Millisecond), claimTimeout)
+			}
+			unblock()
+			if h := rowHolder(t, admin, table, "k", false); h != "old-token" {
+				t.Fatalf("the aborted claim took effect: holder %q", h)
+			}
+			// The pooler's server connections keep their own
+			// statement_timeout.
+			for range 8 {
+				var st string
+				if err := pool.QueryRow(ctx, "SHOW statement_timeout").Scan(&st); err != nil {
+					t.Fatal(err)
+				}
+				if st != before {
+					t.Fatalf("statement_timeout on a pooled server connection is %q after a claim, %q before: the setting leaked", st, before)
+				}
+			}
+			if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "me", OwnerToken: "mine", TTL: time.Minute}); err != nil {
+				t.Fatalf("TryAcquire once the row is free: %v", err)
+			}
+			if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "mine"}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
