@@ -77,6 +77,11 @@ type fakeSession struct {
 
 func (s fakeSession) Err() error { return s.err }
 
+// Deadline has passed: measure waits for no fake session.
+func (s fakeSession) Deadline() time.Time { return time.Time{} }
+
+func (s fakeSession) Done() <-chan struct{} { return nil }
+
 // Rule: the witness's figures count the acknowledged locks the store lost,
 // how far before the fault they reach, when locking worked again, token
 // regressions, and holders whose session outlived their lock.

@@ -351,8 +351,8 @@ type faultFigures struct {
 	// Regressions: witness tokens that did not exceed the one acknowledged
 	// before them (tokens of fresh keys, from the store's clock or sequence).
 	Regressions int
-	// Unaware: holders whose session was still valid although the store no
-	// longer had their lock (must be 0).
+	// Unaware: holders whose session was still valid at its deadline
+	// although the store no longer had their lock (must be 0).
 	Unaware int
 	// LostSeen: holders that learned of their loss (Session.Err).
 	LostSeen int
@@ -449,6 +449,16 @@ func (w *witness) measure(t *testing.T, hist History, look lookup) []faultFigure
 				}
 			}
 			if tr.ok {
+				if tr.s.Err() == nil && !good(tr) {
+					// Gone from the store: the holder must be told by
+					// its deadline (its renewals may still be retrying).
+					timer := time.NewTimer(max(time.Until(tr.s.Deadline())+lossSlack, 0))
+					select {
+					case <-tr.s.Done():
+					case <-timer.C:
+					}
+					timer.Stop()
+				}
 				if err := tr.s.Err(); err == nil && !good(tr) {
 					f.Unaware++
 				} else if err != nil && errors.Is(err, core.ErrLeaseLost) {
