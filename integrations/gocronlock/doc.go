@@ -39,17 +39,27 @@
 // starts of one tick on every scheduler count as one tick as long as they
 // fall within the window.
 //
-// gocron passes a Locker only the job's name, so tell the Locker each job's
-// schedule: Locker.Schedule(name, core.Every(d)) for gocron.DurationJob(d)
-// and Locker.Schedule(name, sched) with sched from Cron for
-// gocron.CronJob, and give the job that name with gocron.WithName. For a
-// duration job, also start it at a multiple of the interval
-// (gocron.WithStartAt) so that its ticks fall near the slots' boundaries.
-// The Slot option sets a schedule for all other jobs; MinHold instead keeps
-// a plain lock at least that long, which works when the schedulers' ticks
-// spread over less than the hold and the hold is shorter than the interval.
-// A job with neither takes a plain lease, held while it runs: runs never
-// overlap, but a fast job may run more than once per tick.
+// gocron passes a Locker only the job's name, so the Locker looks the
+// schedule up: Attach it to the scheduler it is installed in, and give each
+// job a unique name with gocron.WithName.
+//
+//	locker, _ := gocronlock.NewLocker(l)
+//	s, _ := gocron.NewScheduler(gocron.WithDistributedLocker(locker))
+//	_ = locker.Attach(s) // schedules come from s's jobs, by name
+//
+// Cron jobs (gocron.CronJob, with or without seconds) and duration jobs
+// (gocron.DurationJob) are found this way. For other kinds, or without
+// Attach, register the schedule: Locker.Schedule(name, core.Every(d)) for
+// gocron.DurationJob(d), Locker.Schedule(name, sched) with sched from Cron
+// for gocron.CronJob. For a duration job, also start it at a multiple of
+// the interval (gocron.WithStartAt) so that its ticks fall near the slots'
+// boundaries. The Slot option sets a schedule for all other jobs; MinHold
+// instead keeps a plain lock at least that long, which works when the
+// schedulers' ticks spread over less than the hold and the hold is shorter
+// than the interval. A job with none of these takes a plain lease, held
+// while it runs: runs never overlap, but a fast job may run more than once
+// per tick. The Locker reports that once per job to OnError, with an error
+// matching ErrNoSchedule.
 //
 // A Locker makes one attempt per run, bounded by TryTimeout, and never
 // waits: a run that starts late would be a duplicate. Unlock releases on a

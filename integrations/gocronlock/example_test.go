@@ -32,11 +32,11 @@ func ExampleNewLocker() {
 		if err != nil {
 			panic(err)
 		}
-		// gocron gives a Locker only the job's name: register its schedule,
-		// so that each tick is a slot that runs once.
-		_ = locker.Schedule("report", core.Every(time.Hour))
-
 		s, _ := gocron.NewScheduler(gocron.WithDistributedLocker(locker))
+		// gocron gives a Locker only the job's name: attached to the
+		// scheduler, the Locker looks the job's schedule up by that name,
+		// so that each tick is a slot that runs once.
+		_ = locker.Attach(s)
 		_, err = s.NewJob(gocron.DurationJob(time.Hour),
 			gocron.NewTask(func() { runs.Add(1); done <- struct{}{} }),
 			gocron.WithName("report"),

@@ -3,6 +3,8 @@ package gocronlock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,17 +19,39 @@ import (
 //
 // Each run makes one lock attempt on prefix + job name, bounded by
 // TryTimeout; a busy lock makes gocron skip the run. The kind of lock comes
-// from the job's schedule, which gocron does not pass to a Locker: register
-// it with Schedule under the job's name (gocron.WithName), or set a default
-// with the Slot or MinHold option. A job with neither gets a plain lease that
-// only keeps two runs from overlapping.
+// from the job's schedule, which gocron does not pass to a Locker: Attach
+// the scheduler, and the Locker looks each job's schedule up by its name
+// (gocron.WithName); or register it with Schedule, or set a default with
+// the Slot or MinHold option. A job with none of these gets a plain lease
+// that only keeps two runs from overlapping, and a fast run may then repeat
+// on a scheduler whose ticker fires later; this is reported once per job to
+// OnError, with an error matching ErrNoSchedule.
 type Locker struct {
 	l   core.Locker
 	cfg config
 
 	mu        sync.RWMutex
 	schedules map[string]core.Schedule
+	attached  gocron.Scheduler
+	derived   map[string]derived // schedules taken from attached, by job name
+	warned    map[string]bool    // jobs reported with ErrNoSchedule
 }
+
+// derived is a job's schedule as taken from the attached scheduler: desc
+// describes gocron's JobSchedule it came from; sched is nil when it has no
+// slot equivalent, and why says why.
+type derived struct {
+	desc  string
+	sched core.Schedule
+	why   string
+}
+
+// ErrNoSchedule is matched (errors.Is) by the error a Locker reports to
+// OnError, once per job, when it knows no schedule for the job and no Slot
+// or MinHold option applies: the job's runs take plain leases, and a fast
+// run may repeat on another scheduler whose ticker fires a little later.
+// The message says how to fix it.
+var ErrNoSchedule = errors.New("gocronlock: no schedule for the job: its runs take plain leases, and a fast run may repeat on a scheduler whose ticker fires later")
 
 var _ gocron.Locker = (*Locker)(nil)
 
@@ -41,7 +65,121 @@ func NewLocker(l core.Locker, opts ...Option) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Locker{l: l, cfg: cfg, schedules: make(map[string]core.Schedule)}, nil
+	return &Locker{l: l, cfg: cfg, schedules: make(map[string]core.Schedule),
+		derived: make(map[string]derived), warned: make(map[string]bool)}, nil
+}
+
+// Attach makes the Locker take each job's schedule from s, the scheduler it
+// was installed in with gocron.WithDistributedLocker or
+// gocron.WithDistributedJobLocker, so that no job needs Schedule: at a run,
+// the job is looked up by name (gocron.WithName) among s.Jobs(), and a
+// gocron.CronJob (with or without seconds, in the scheduler's location) or
+// a gocron.DurationJob takes slot locks as if registered with Schedule
+// (Cron, core.Every). A schedule registered with Schedule wins. Jobs of
+// other kinds (daily, weekly, monthly, random durations, one-time), jobs
+// whose name several jobs with different schedules share, and jobs not
+// found fall back to the Slot and MinHold options, or else to a plain lease
+// reported with ErrNoSchedule. Give each job a unique name.
+func (k *Locker) Attach(s gocron.Scheduler) error {
+	if s == nil {
+		return invalid("Attach", "nil scheduler")
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.attached = s
+	clear(k.derived)
+	return nil
+}
+
+// fromScheduler returns the schedule of job in the attached scheduler, or
+// nil and why there is none. It costs one request to the scheduler's loop
+// per run, and more only when the job's schedule changed.
+func (k *Locker) fromScheduler(job string) (core.Schedule, string) {
+	k.mu.RLock()
+	s := k.attached
+	k.mu.RUnlock()
+	if s == nil {
+		return nil, ""
+	}
+	var found []gocron.Job
+	for _, j := range s.Jobs() {
+		if j.Name() == job {
+			found = append(found, j)
+		}
+	}
+	if len(found) == 0 {
+		return nil, "the attached scheduler has no job of that name"
+	}
+	desc := describe(found[0].Schedule())
+	for _, j := range found[1:] {
+		if describe(j.Schedule()) != desc {
+			return nil, "several jobs of the attached scheduler have that name, with different schedules"
+		}
+	}
+	k.mu.RLock()
+	d, ok := k.derived[job]
+	k.mu.RUnlock()
+	if ok && d.desc == desc {
+		return d.sched, d.why
+	}
+	d = derived{desc: desc}
+	switch v := found[0].Schedule().(type) {
+	case gocron.CronJobSchedule:
+		loc := time.Local
+		if next, err := found[0].NextRun(); err == nil && !next.IsZero() {
+			loc = next.Location() // gocron computes runs in its location
+		}
+		sched, err := Cron(v.Crontab, cronFields(v.Crontab) == 6, loc)
+		if err != nil {
+			d.why = err.Error()
+		} else {
+			d.sched = sched
+		}
+	case gocron.DurationJobSchedule:
+		if v.Duration > 0 {
+			d.sched = core.Every(v.Duration)
+		} else {
+			d.why = "the job's duration is not positive"
+		}
+	default:
+		d.why = fmt.Sprintf("a job of type %T has no slot schedule here; register one with Schedule", v)
+	}
+	k.mu.Lock()
+	k.derived[job] = d
+	k.mu.Unlock()
+	return d.sched, d.why
+}
+
+// describe identifies a gocron JobSchedule by its type and fields.
+func describe(js gocron.JobSchedule) string { return fmt.Sprintf("%T%+v", js, js) }
+
+// cronFields counts the fields of a crontab, without its TZ= prefix.
+func cronFields(crontab string) int {
+	f := strings.Fields(crontab)
+	if len(f) > 0 && (strings.HasPrefix(f[0], "TZ=") || strings.HasPrefix(f[0], "CRON_TZ=")) {
+		f = f[1:]
+	}
+	return len(f)
+}
+
+// warnNoSchedule reports, once per job, that job runs under plain leases.
+func (k *Locker) warnNoSchedule(job, key, why string) {
+	k.mu.Lock()
+	done := k.warned[job]
+	k.warned[job] = true
+	attached := k.attached != nil
+	k.mu.Unlock()
+	if done {
+		return
+	}
+	fix := "fix: call Locker.Attach with the scheduler, register the schedule with Locker.Schedule, or set the Slot or MinHold option"
+	if attached {
+		fix = "fix: register the schedule with Locker.Schedule, or set the Slot or MinHold option"
+	}
+	if why != "" {
+		why = " (" + why + ")"
+	}
+	k.cfg.report(key, fmt.Errorf("%w: job %q%s; %s", ErrNoSchedule, job, why, fix))
 }
 
 // Schedule registers the schedule of the job named job (as set with
@@ -72,6 +210,13 @@ func (k *Locker) Lock(ctx context.Context, job string) (gocron.Lock, error) {
 	k.mu.RLock()
 	sched := k.schedules[job]
 	k.mu.RUnlock()
+	if sched == nil {
+		var why string
+		sched, why = k.fromScheduler(job)
+		if sched == nil && k.cfg.slot == nil && k.cfg.minHold <= 0 {
+			k.warnNoSchedule(job, key, why)
+		}
+	}
 	s, slot, err := k.cfg.try(ctx, k.l, key, sched)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-co-op/gocron/v2"
+
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/gocronlock"
@@ -185,6 +187,9 @@ func TestLockerFailuresReported(t *testing.T) {
 	var reported []error
 	l, _ := gocronlock.NewLocker(c, gocronlock.TryTimeout(50*time.Millisecond), gocronlock.ReleaseTimeout(50*time.Millisecond),
 		gocronlock.OnError(func(_ string, err error) {
+			if errors.Is(err, gocronlock.ErrNoSchedule) {
+				return // these jobs take plain leases on purpose
+			}
 			mu.Lock()
 			reported = append(reported, err)
 			mu.Unlock()
@@ -216,5 +221,91 @@ func TestLockerFailuresReported(t *testing.T) {
 	defer mu.Unlock()
 	if len(reported) != 2 || !errors.Is(reported[1], memlock.ErrUnavailable) {
 		t.Errorf("OnError got %v, want the timeout and the release failure", reported)
+	}
+}
+
+// Rule: a job with no known schedule (no Schedule, no attached scheduler
+// that has it, no Slot or MinHold) is reported once per job to OnError with
+// an error matching ErrNoSchedule that says how to fix it; an attached
+// scheduler supplies the schedule of its cron and duration jobs, so that
+// their runs take slot locks kept after Unlock, with no registration.
+func TestLockerScheduleFromScheduler(t *testing.T) {
+	store := memlock.NewStore()
+	a, _ := store.Locker()
+	defer a.Close()
+	var (
+		mu      sync.Mutex
+		reports []error
+	)
+	l, err := gocronlock.NewLocker(a, gocronlock.OnError(func(_ string, err error) {
+		mu.Lock()
+		reports = append(reports, err)
+		mu.Unlock()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lockUnlock := func(job string) {
+		t.Helper()
+		lock, err := l.Lock(ctx, job)
+		if err != nil {
+			t.Fatalf("Lock(%q): %v", job, err)
+		}
+		if err := lock.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lockUnlock("plain")
+	lockUnlock("plain")
+	lockUnlock("other")
+	mu.Lock()
+	if len(reports) != 2 {
+		t.Fatalf("%d reports for two jobs without a schedule, want one each: %v", len(reports), reports)
+	}
+	for _, err := range reports {
+		if !errors.Is(err, gocronlock.ErrNoSchedule) || !strings.Contains(err.Error(), "Attach") {
+			t.Errorf("report %v: want ErrNoSchedule naming the fix", err)
+		}
+	}
+	reports = nil
+	mu.Unlock()
+
+	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	if err := l.Attach(s); err != nil {
+		t.Fatal(err)
+	}
+	task := gocron.NewTask(func() {})
+	for _, j := range []struct {
+		name string
+		def  gocron.JobDefinition
+	}{
+		{"cron-job", gocron.CronJob("0 * * * *", false)},
+		{"seconds-job", gocron.CronJob("0 0 * * * *", true)},
+		{"duration-job", gocron.DurationJob(time.Hour)},
+		{"daily-job", gocron.DailyJob(1, gocron.NewAtTimes(gocron.NewAtTime(3, 0, 0)))},
+	} {
+		if _, err := s.NewJob(j.def, task, gocron.WithName(j.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, job := range []string{"cron-job", "seconds-job", "duration-job"} {
+		lockUnlock(job)
+		if !store.Held(gocronlock.DefaultPrefix + job) {
+			t.Errorf("%s: the lock is not kept after Unlock: no slot lock", job)
+		}
+	}
+	lockUnlock("daily-job")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reports) != 1 || !errors.Is(reports[0], gocronlock.ErrNoSchedule) || !strings.Contains(reports[0].Error(), "daily-job") {
+		t.Errorf("reports %v: want one ErrNoSchedule for daily-job", reports)
+	}
+	if err := l.Attach(nil); !errors.Is(err, core.ErrInvalidOption) {
+		t.Errorf("Attach(nil): %v", err)
 	}
 }
