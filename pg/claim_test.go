@@ -131,6 +131,9 @@ func TestHeldUpClaimAbortedByServer(t *testing.T) {
 	admin := newPool(t, nil)
 	for _, m := range claimModes {
 		t.Run(m.name, func(t *testing.T) {
+			if m.name == "session-timeout-10s" {
+				needDirect(t, "it sets statement_timeout as a startup parameter")
+			}
 			legacy := len(m.tableOpts) > 0
 			table := newTable(t, admin, m.tableOpts...)
 			unblock := blockExpiredRow(t, admin, table, "k", legacy)

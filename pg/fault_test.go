@@ -86,6 +86,7 @@ func faultPool(t *testing.T, edit ...func(*pgxpool.Config)) (pool *pgxpool.Pool,
 // held: the leases survive when reconnecting works within the renew
 // deadline.
 func TestTerminateBackendSurvives(t *testing.T) {
+	needDirect(t, "it finds its connections by application_name")
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	pool, app, _ := faultPool(t)
@@ -132,6 +133,7 @@ func TestTerminateBackendSurvives(t *testing.T) {
 // deadline, the loss is signalled before the server could give the lock to
 // anyone else.
 func TestTerminateBackendLossSignalled(t *testing.T) {
+	needDirect(t, "it finds its connections by application_name")
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	pool, app, down := faultPool(t)
@@ -174,6 +176,7 @@ func TestTerminateBackendLossSignalled(t *testing.T) {
 // Rule: statement_timeout firing is a typed error and leaves nothing half
 // done; a session's statement_timeout lower than the claim timeout is kept.
 func TestStatementTimeout(t *testing.T) {
+	needDirect(t, "it sets statement_timeout as a startup parameter")
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	ident := pgx.Identifier{table}.Sanitize()

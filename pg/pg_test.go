@@ -246,6 +246,7 @@ func TestSchemaCheck(t *testing.T) {
 
 // Rule: a role without DELETE on the table is told so at start-up.
 func TestRoleWithoutDelete(t *testing.T) {
+	needDirect(t, "it connects as a role of its own")
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	ident := pgx.Identifier{table}.Sanitize()

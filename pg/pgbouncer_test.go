@@ -231,6 +231,16 @@ func throughPooler(t testing.TB) bool {
 	return pooled
 }
 
+// needDirect skips a test that needs a direct connection to the server
+// (startup parameters, roles, application_name, a direct LISTEN) when
+// DISLOCK_TEST_PG goes through a transaction pooler.
+func needDirect(t testing.TB, why string) {
+	t.Helper()
+	if throughPooler(t) {
+		t.Skip("DISLOCK_TEST_PG goes through a transaction pooler; this test needs a direct connection: " + why)
+	}
+}
+
 var (
 	pooledMu    sync.Mutex
 	pooledCache = map[string]bool{}

@@ -81,8 +81,10 @@ func TestPgBouncerConformance(t *testing.T) {
 		noWatch bool
 	}{
 		{"exec-without-listen", bouncerExec, []pg.Option{pg.WithoutListen()}, true},
+		// DISLOCK_TEST_PG is the direct connection, unless it is itself
+		// a pooler (then LISTEN falls back and waiters poll).
 		{"simple-listen-direct", func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol },
-			[]pg.Option{pg.WithListenConfig(directConfig(t))}, false},
+			[]pg.Option{pg.WithListenConfig(directConfig(t))}, throughPooler(t)},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
@@ -227,6 +229,7 @@ func TestPgBouncerListenFallback(t *testing.T) {
 // whose poll timer is seconds away takes over within moments of a release.
 func TestPgBouncerListenConfig(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
+	needDirect(t, "WithListenConfig gets DISLOCK_TEST_PG as the direct connection")
 	bn := startBouncer(t)
 	admin := bouncerPool(t, bn, bouncerExec)
 	table := newTable(t, admin)
