@@ -189,7 +189,7 @@ func TestSecretSweepPG(t *testing.T) {
 	app := "dislock-chaos-sweep"
 
 	// A working Locker whose URL carries the password, then faults.
-	b, err := pg.Open(ctx, proxied, pg.WithTable(pgTable), pg.WithAutoMigrate())
+	b, err := pg.OpenBackend(ctx, proxied, pg.WithTable(pgTable), pg.WithAutoMigrate())
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}

@@ -2,12 +2,15 @@
 // pgxpool.
 //
 //	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-//	locker, err := pg.New(ctx, pool)                  // a *core.Client: core.Locker and core.Admin
-//	s, err := locker.TryAcquire(ctx, "nightly-report") // errors.Is(err, core.ErrNotAcquired) when busy
+//	locker, err := pg.New(ctx, pool, pg.WithAutoMigrate()) // a *core.Client: core.Locker and core.Admin
+//	s, err := locker.TryAcquire(ctx, "nightly-report")     // errors.Is(err, core.ErrNotAcquired) when busy
 //
-// New and NewBackend use the caller's pool and never close it; Open makes a
-// pool of its own from a connection string, which Backend.Close closes. No
-// connection string or config is ever formatted into an error.
+// New and NewBackend use the caller's pool and never close it; Open and
+// OpenBackend make a pool of their own from a connection string, which the
+// Locker's (or the Backend's) Close closes: pg.Open(ctx, url,
+// pg.WithAutoMigrate()) is a Locker, like New. Without WithAutoMigrate the
+// lock table must exist already (Migrate, SchemaSQL). No connection string
+// or config is ever formatted into an error.
 //
 // # How it works
 //

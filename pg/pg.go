@@ -62,7 +62,9 @@ func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backe
 }
 
 // New returns a Locker on pool: core.New over NewBackend, with the options
-// given by WithClientOptions. The pool stays the caller's.
+// given by WithClientOptions. The pool stays the caller's. The lock table
+// must exist: on a new database add WithAutoMigrate, or create it first
+// (Migrate, SchemaSQL).
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client, error) {
 	b, err := NewBackend(ctx, pool, opts...)
 	if err != nil {
@@ -72,9 +74,28 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client,
 }
 
 // Open connects to the database at connString with a pool of its own and
-// returns a Backend on it; Backend.Close closes that pool. Neither the
+// returns a Locker on it: core.New over OpenBackend, with the options given
+// by WithClientOptions. Client.Close closes the pool. Neither the connection
+// string nor any part of it appears in an error it returns. On a new
+// database add WithAutoMigrate, or create the table first (Migrate,
+// SchemaSQL).
+func Open(ctx context.Context, connString string, opts ...Option) (*core.Client, error) {
+	b, err := OpenBackend(ctx, connString, opts...)
+	if err != nil {
+		return nil, err
+	}
+	c, err := core.New(b, b.cfg.clientOpts...)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// OpenBackend connects to the database at connString with a pool of its own
+// and returns a Backend on it; Backend.Close closes that pool. Neither the
 // connection string nor any part of it appears in an error it returns.
-func Open(ctx context.Context, connString string, opts ...Option) (*Backend, error) {
+func OpenBackend(ctx context.Context, connString string, opts ...Option) (*Backend, error) {
 	pcfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		// The parser's message quotes the connection string: say only
@@ -126,14 +147,14 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	}
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+		return core.Lease{}, err
 	}
 	defer conn.Release()
 	// The claim must be over on the server within the claim timeout of
 	// this call: the wait for the connection counts against it.
 	left := b.cfg.claimTimeout - time.Since(start)
 	if left < b.cfg.claimTimeout/2 {
-		return core.Lease{}, fmt.Errorf("pg: acquire: not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
+		return core.Lease{}, fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
 			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout)
 	}
 	batch := &pgx.Batch{}
@@ -144,7 +165,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	// The batch commits at its end: only then has the claim taken effect.
 	// (A busy answer wrote nothing.)
 	if cerr := br.Close(); err == nil && cerr != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", poolerHint(cerr))
+		return core.Lease{}, poolerHint(cerr)
 	}
 	return lease, err
 }
@@ -152,11 +173,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 // readAcquire reads the acquire's answer from its batch.
 func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (core.Lease, error) {
 	if _, err := br.Exec(); err != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", poolerHint(err))
+		return core.Lease{}, poolerHint(err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", poolerHint(err))
+		return core.Lease{}, poolerHint(err)
 	}
 	defer rows.Close()
 	var (
@@ -171,12 +192,12 @@ func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (cor
 	if rows.Next() {
 		found = true
 		if err := rows.Scan(&mine, &owner, &token, &acquired, &expires, &left); err != nil {
-			return core.Lease{}, fmt.Errorf("pg: acquire: %w", err)
+			return core.Lease{}, err
 		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return core.Lease{}, fmt.Errorf("pg: acquire: %w", poolerHint(err))
+		return core.Lease{}, poolerHint(err)
 	}
 	switch {
 	case !found:
@@ -245,12 +266,12 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Keep > 0 {
 		if _, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep)); err != nil {
-			return fmt.Errorf("pg: release: %w", poolerHint(err))
+			return poolerHint(err)
 		}
 		return nil
 	}
 	if _, err := b.pool.Exec(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()); err != nil {
-		return fmt.Errorf("pg: release: %w", poolerHint(err))
+		return poolerHint(err)
 	}
 	return nil
 }
@@ -267,7 +288,7 @@ func (b *Backend) notifyChannel() string {
 func (b *Backend) Now(ctx context.Context, _ string) (time.Time, error) {
 	var now time.Time
 	if err := b.pool.QueryRow(ctx, b.stmt.now).Scan(&now); err != nil {
-		return time.Time{}, fmt.Errorf("pg: now: %w", err)
+		return time.Time{}, err
 	}
 	return now, nil
 }

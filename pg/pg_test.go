@@ -3,6 +3,7 @@ package pg_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -318,20 +319,40 @@ func TestTimeZones(t *testing.T) {
 func TestWatchUnavailable(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
-	cc := admin.Config().ConnConfig.Copy()
-	cc.Port = 1 // nothing listens there
-	cc.ConnectTimeout = 2 * time.Second
-	b := newBackend(t, table, pg.WithListenConfig(cc))
 	ctx := ctxT(t)
-	done := make(chan error, 1)
-	go func() { done <- b.Watch(ctx, func() { t.Error("ready called") }, func(string) {}) }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("Watch returned nil")
+	// The test server's config as given, and with sslmode=prefer (the
+	// default when the URL has none), whose TLS fallbacks each carry an
+	// address of their own.
+	prefer, err := url.Parse(testenv.PG(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := prefer.Query()
+	q.Set("sslmode", "prefer")
+	prefer.RawQuery = q.Encode()
+	preferCfg, err := pgx.ParseConfig(prefer.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b *pg.Backend
+	for _, base := range []*pgx.ConnConfig{admin.Config().ConnConfig, preferCfg} {
+		cc := base.Copy()
+		cc.Port = 1 // nothing listens there
+		for _, fb := range cc.Fallbacks {
+			fb.Port = 1
 		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("Watch hangs when LISTEN is unavailable")
+		cc.ConnectTimeout = 2 * time.Second
+		b = newBackend(t, table, pg.WithListenConfig(cc))
+		done := make(chan error, 1)
+		go func() { done <- b.Watch(ctx, func() { t.Error("ready called") }, func(string) {}) }()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatal("Watch returned nil")
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("Watch hangs when LISTEN is unavailable")
+		}
 	}
 	b2 := newBackend(t, table, pg.WithoutListen())
 	if err := b2.Watch(ctx, func() {}, func(string) {}); !errors.Is(err, core.ErrUnsupported) {
@@ -378,17 +399,16 @@ func TestOpenKeepsSecrets(t *testing.T) {
 	}
 }
 
-// Rule: Open owns its pool and Backend.Close closes it (goleak in TestMain
-// catches a pool left running); SchemaSQL is what Migrate runs.
+// Rule: Open returns a Locker, as New does, that owns its pool: its Close
+// closes the pool; OpenBackend's Backend.Close does the same (goleak in
+// TestMain catches a pool left running); WithAutoMigrate makes Open work on
+// a database without the table; SchemaSQL is what Migrate runs.
 func TestOpenAndSchemaSQL(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	ctx := ctxT(t)
-	b, err := pg.Open(ctx, testenv.PG(t), pg.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := core.New(b)
+	var l core.Locker
+	l, err := pg.Open(ctx, testenv.PG(t), pg.WithTable(table), pg.WithClientOptions(core.WithDefaults(core.WithOwner("opened"))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,11 +416,32 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if s.Owner() != "opened" {
+		t.Errorf("owner %q: WithClientOptions not applied", s.Owner())
+	}
 	_ = s.Release(ctx)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
+
+	b, err := pg.OpenBackend(ctx, testenv.PG(t), pg.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := testenv.Name("dislock_open_")
+	t.Cleanup(func() { admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{fresh}.Sanitize()) })
+	if _, err := pg.Open(ctx, testenv.PG(t), pg.WithTable(fresh)); !errors.Is(err, pg.ErrSchema) {
+		t.Fatalf("Open on a missing table: %v, want ErrSchema", err)
+	}
+	l, err = pg.Open(ctx, testenv.PG(t), pg.WithTable(fresh), pg.WithAutoMigrate())
+	if err != nil {
+		t.Fatalf("Open with WithAutoMigrate on a missing table: %v", err)
+	}
+	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
 	sql, err := pg.SchemaSQL("app.locks", false, true)

@@ -47,13 +47,8 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 	case os.Getenv("DATABASE_URL") != "":
 		for range n {
 			// Each Locker owns its pool; Client.Close closes it.
-			b, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate())
+			c, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate(), pg.WithClientOptions(opts...))
 			if err != nil {
-				return nil, "", nil, err
-			}
-			c, err := core.New(b, opts...)
-			if err != nil {
-				b.Close()
 				return nil, "", nil, err
 			}
 			add(c)
