@@ -136,13 +136,41 @@
 //
 // # PgBouncer
 //
-// Statements hold no session state, so a pool behind PgBouncer in
-// transaction mode works, in any QueryExecMode (set default_query_exec_mode
-// to exec or simple_protocol when PgBouncer does not support protocol-level
-// prepared statements). LISTEN does not work through a transaction pooler:
-// it is accepted, but notifications never arrive. Give the LISTEN connection
-// a direct route with WithListenConfig, or turn it off with WithoutListen;
-// waiters then poll (see core.Backoff).
+// Statements hold no session state, so the pool may go through PgBouncer in
+// transaction mode (pool_mode = transaction), with two settings:
+//
+//   - No prepared statements: set the pool's DefaultQueryExecMode to
+//     pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol
+//     (default_query_exec_mode=exec in the URL). pgx's default caches
+//     prepared statements per client connection, which the pooler's server
+//     connections do not share: statements then fail with SQLSTATE 42P05
+//     or 26000, and the error says what to set.
+//   - LISTEN: through a transaction pooler it is accepted, but the
+//     notifications never arrive. Give the LISTEN connection (one per
+//     Backend, outside the pool) a direct route to the database server
+//     with WithListenConfig, or turn it off with WithoutListen: waiters then
+//     poll (see core.Backoff), and a hand-off takes a poll interval rather
+//     than a round trip or two.
+//
+// For example (ExampleNew_pgBouncer):
+//
+//	cfg, _ := pgxpool.ParseConfig(os.Getenv("DATABASE_URL")) // through PgBouncer
+//	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+//	pool, _ := pgxpool.NewWithConfig(ctx, cfg)
+//	direct, _ := pgx.ParseConfig(os.Getenv("DATABASE_DIRECT_URL")) // the server itself
+//	locker, err := pg.New(ctx, pool, pg.WithListenConfig(direct))  // or pg.WithoutListen()
+//
+// The acquire's batch (its statement_timeout, set for its own transaction,
+// and the claim) is one transaction, so it stays on one server connection
+// and sets nothing on it beyond that transaction.
+//
+// Watch checks its LISTEN connection each time it subscribes: it also
+// listens on a private channel, sends a NOTIFY there through the pool and
+// waits up to 2s for it. When it does not arrive, the Backend warns once,
+// through the logger (WithLogger, default slog.Default()) and any
+// ListenObserver given with WithObserver, naming the fix; it closes that
+// connection and lets waiters poll, as under WithoutListen, until it is
+// closed. No connection string or host is logged.
 //
 // # Notifications and durable commits
 //
