@@ -1,9 +1,11 @@
 package pg_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -122,6 +124,61 @@ func (o *listenEvents) count() int {
 	return len(o.events)
 }
 
+// listenConns tracks the connections of a pool's config (which Watch's
+// own connection copies) that sent a LISTEN, and whether they are closed.
+type listenConns struct {
+	mu    sync.Mutex
+	conns []*trackedConn
+}
+
+type trackedConn struct {
+	net.Conn
+	listened, closed atomic.Bool
+}
+
+func (c *trackedConn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("LISTEN ")) {
+		c.listened.Store(true)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *trackedConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+func (l *listenConns) install(cc *pgx.ConnConfig) {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c := &trackedConn{Conn: nc}
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+		return c, nil
+	}
+}
+
+// count returns how many connections sent a LISTEN and how many of those
+// are still open.
+func (l *listenConns) count() (listened, open int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		if c.listened.Load() {
+			listened++
+			if !c.closed.Load() {
+				open++
+			}
+		}
+	}
+	return listened, open
+}
+
 // watchProbe wraps a Backend and records when its Watch is subscribed.
 type watchProbe struct {
 	*pg.Backend
@@ -145,7 +202,9 @@ func TestPgBouncerListenFallback(t *testing.T) {
 	var logs syncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
-	l, err := pg.New(ctx, bouncerPool(t, bn, bouncerExec), pg.WithTable(table),
+	conns := &listenConns{}
+	pool := bouncerPool(t, bn, func(c *pgxpool.Config) { bouncerExec(c); conns.install(c.ConnConfig) })
+	l, err := pg.New(ctx, pool, pg.WithTable(table),
 		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
@@ -195,6 +254,11 @@ func TestPgBouncerListenFallback(t *testing.T) {
 	}
 	if strings.Contains(out, bn.url) || strings.Contains(out, "127.0.0.1") {
 		t.Errorf("warning names the connection: %q", out)
+	}
+	// The useless LISTEN connection is closed.
+	if !waitFor(5*time.Second, func() bool { n, open := conns.count(); return n > 0 && open == 0 }) {
+		n, open := conns.count()
+		t.Errorf("%d connections sent LISTEN, %d of them still open after the fallback", n, open)
 	}
 	// The waiter polls and gets the lock once it is released.
 	if err := s.Release(ctx); err != nil {
