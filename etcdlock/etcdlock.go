@@ -398,7 +398,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		if reused {
 			kaSent = time.Now()
 			wg.Go(func() {
-				ttls, err := b.ka.keepAlive(ctx, []int64{h.lease})
+				ttls, err := b.ka.keepAlive(ctx, []int64{h.lease}, false)
 				switch {
 				case err != nil:
 					kaErr = err
@@ -578,7 +578,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		for j, i := range idx {
 			ids[j] = hs[i].lease
 		}
-		ttls, kaErr = b.ka.keepAlive(ctx, ids)
+		ttls, kaErr = b.ka.keepAlive(ctx, ids, true)
 	})
 	for c := range chunks {
 		part := idx[c*b.maxTxnOps : min(len(idx), (c+1)*b.maxTxnOps)]

@@ -41,19 +41,19 @@ func newKeepalives(cli *clientv3.Client) *keepalives {
 }
 
 // send queues a keepalive of each lease and returns one channel per lease
-// that receives its reply.
-func (k *keepalives) send(ids []int64) ([]chan kaReply, error) {
+// that receives its reply, and the stream they went on.
+func (k *keepalives) send(ids []int64) ([]chan kaReply, etcdserverpb.Lease_LeaseKeepAliveClient, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
-		return nil, errClosed
+		return nil, nil, errClosed
 	}
 	if k.stream == nil {
 		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
 		stream, err := etcdserverpb.NewLeaseClient(k.cli.ActiveConnection()).LeaseKeepAlive(ctx)
 		if err != nil {
 			cancel()
-			return nil, err
+			return nil, nil, err
 		}
 		k.stream, k.cancel, k.done = stream, cancel, make(chan struct{})
 		go k.read(stream, k.done)
@@ -67,10 +67,21 @@ func (k *keepalives) send(ids []int64) ([]chan kaReply, error) {
 			// The reader sees the broken stream too and fails every
 			// waiting caller, these included.
 			k.cancel()
-			return chans, nil
+			return chans, k.stream, nil
 		}
 	}
-	return chans, nil
+	return chans, k.stream, nil
+}
+
+// abandon ends stream if it is still the current one: a keepalive on it
+// went unanswered for as long as its caller could wait, so the next one
+// goes on a new stream (on whichever connection the client then picks).
+func (k *keepalives) abandon(stream etcdserverpb.Lease_LeaseKeepAliveClient) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stream == stream && stream != nil {
+		k.cancel()
+	}
 }
 
 // read hands out the replies of stream until it fails, then fails every
@@ -107,9 +118,12 @@ func (k *keepalives) read(stream etcdserverpb.Lease_LeaseKeepAliveClient, done c
 }
 
 // keepAlive refreshes leases and returns their TTLs (0 for a lease that no
-// longer exists), in order, or the first error.
-func (k *keepalives) keepAlive(ctx context.Context, ids []int64) ([]int64, error) {
-	chans, err := k.send(ids)
+// longer exists), in order, or the first error. With abandon, a wait that
+// ends with ctx also ends the stream (renewals wait until their sessions'
+// deadlines: a stream that stays silent that long is stuck); claims, whose
+// ctx may be short for reasons of their own, leave it open.
+func (k *keepalives) keepAlive(ctx context.Context, ids []int64, abandon bool) ([]int64, error) {
+	chans, stream, err := k.send(ids)
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +136,9 @@ func (k *keepalives) keepAlive(ctx context.Context, ids []int64) ([]int64, error
 			}
 			ttls[i] = r.ttl
 		case <-ctx.Done():
+			if abandon {
+				k.abandon(stream)
+			}
 			return nil, ctx.Err()
 		}
 	}
