@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/examples/internal/exenv"
 	"github.com/dislock/dislock/integrations/asynqlock"
 	"github.com/dislock/dislock/redislock"
 )
@@ -168,7 +169,17 @@ func connect() (newClient func() *redis.Client, where string, closeFn func(), er
 		if err != nil {
 			return nil, "", nil, errors.New("REDIS_URL is not a valid Redis URL")
 		}
-		return func() *redis.Client { return redis.NewClient(opt) }, "the Redis at REDIS_URL", func() {}, nil
+		where := "the Redis at REDIS_URL"
+		var ignored []string
+		for _, v := range exenv.Variables {
+			if v != "REDIS_URL" && os.Getenv(v) != "" {
+				ignored = append(ignored, v)
+			}
+		}
+		if len(ignored) > 0 {
+			where += " (" + strings.Join(ignored, ", ") + " also set, not used: asynq runs on Redis)"
+		}
+		return func() *redis.Client { return redis.NewClient(opt) }, where, func() {}, nil
 	}
 	m, err := miniredis.Run()
 	if err != nil {

@@ -18,10 +18,10 @@ go -C examples build -o "$bin/job" ./cli
 export LOCK_KEY="demo-$$" LOCK_STRATEGY=schedule,lease CRON_SCHEDULE='* * * * *'
 "$bin/dislock" DATABASE_URL "$bin/job" -work 2s &
 sleep 0.5
-echo "--- second instance, same key:"
-"$bin/dislock" DATABASE_URL "$bin/job" -work 2s
+echo "--- second instance, same key (at log level INFO, to say why it does not run):"
+CRONJOB_LOCK_LOG_LEVEL=INFO "$bin/dislock" DATABASE_URL "$bin/job" -work 2s
 echo "--- second instance exited $?"
-echo "--- dislock list cronjob-lock:"
+echo "--- dislock list cronjob-lock:schedule:demo-$$"
 "$bin/dislock" list cronjob-lock:schedule:demo-$$
 wait
 echo "--- first instance done; the schedule lock stays until the minute ends:"

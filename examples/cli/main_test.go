@@ -12,12 +12,24 @@ import (
 
 func TestAlone(t *testing.T) {
 	t.Setenv("DISLOCK_KEY", "")
+	for _, v := range []string{"DATABASE_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"} {
+		t.Setenv(v, "")
+	}
 	var out strings.Builder
 	if err := run([]string{"-work", "1ms"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "no lock held") || !strings.Contains(out.String(), "job: done") {
 		t.Errorf("output:\n%s", out.String())
+	}
+	// With a server's URL set, it says how to run it under a lock there.
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
+	out.Reset()
+	if err := run([]string{"-work", "1ms"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "dislock REDIS_URL go -C examples run ./cli") || strings.Contains(out.String(), "6379") {
+		t.Errorf("output with REDIS_URL set:\n%s", out.String())
 	}
 }
 
@@ -48,5 +60,37 @@ func TestUnderDislock(t *testing.T) {
 				t.Errorf("output:\n%s", out)
 			}
 		})
+	}
+}
+
+// TestDemoScript runs demo.sh against PostgreSQL: the second instance does
+// not run and says why, and the listing's label names what it lists.
+func TestDemoScript(t *testing.T) {
+	cmd := exec.Command("sh", "demo.sh")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+testenv.PG(t))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo.sh: %v\n%s", err, out)
+	}
+	lines := strings.Split(string(out), "\n")
+	listed := false
+	for i, l := range lines {
+		prefix, ok := strings.CutPrefix(l, "--- dislock list ")
+		if !ok {
+			continue
+		}
+		listed = true
+		if i+1 >= len(lines) || !strings.HasPrefix(lines[i+1], prefix) || !strings.Contains(lines[i+1], "\theld\t") {
+			t.Errorf("the label %q does not match the listing %q", l, lines[i+1])
+		}
+	}
+	if !listed {
+		t.Errorf("no listing:\n%s", out)
+	}
+	// The second instance finds the slot taken (or, started just after a
+	// minute boundary, the lease held) and says so.
+	if strings.Count(string(out), "job: holding") != 1 ||
+		!strings.Contains(string(out), "already run") && !strings.Contains(string(out), "held by another run") {
+		t.Errorf("want one run and a second instance that says why it does not run:\n%s", out)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -33,11 +34,24 @@ func TestGocronExample(t *testing.T) {
 		"took over after",
 		"== locker: each tick runs on one scheduler ==",
 		"report for",
-		"3 ticks, 3 runs,",
 		"each tick ran once: true",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q", want)
 		}
+	}
+	// The summary counts the runs the schedulers made: as many as the
+	// "report for" lines, one per tick.
+	var ticks, runs, skips int
+	i := strings.Index(got, " ticks, ")
+	if i < 0 {
+		t.Fatal("no summary")
+	}
+	start := strings.LastIndex(got[:i], "\n") + 1
+	if _, err := fmt.Sscanf(got[start:], "%d ticks, %d runs, %d busy skips", &ticks, &runs, &skips); err != nil {
+		t.Fatalf("summary %q: %v", got[start:], err)
+	}
+	if reports := strings.Count(got, ": report for "); runs != reports || ticks != runs || runs < 3 {
+		t.Errorf("summary says %d ticks, %d runs; the output shows %d runs", ticks, runs, reports)
 	}
 }

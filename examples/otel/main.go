@@ -61,11 +61,12 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	opts := []core.ClientOption{core.WithObserver(obs), core.WithDefaults(core.TTL(600 * time.Millisecond))}
 
 	// Two nodes on the server the environment names.
-	lockers, _, closeAll, err := exenv.Lockers(ctx, 2, opts...)
+	lockers, backend, closeAll, err := exenv.Lockers(ctx, 2, opts...)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
+	fmt.Fprintln(out, "backend:", backend)
 	key := fmt.Sprintf("otel-example/report-%d", time.Now().UnixNano())
 
 	jobCtx, job := tp.Tracer("example").Start(ctx, "nightly-report")

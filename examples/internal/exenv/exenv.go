@@ -53,7 +53,7 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 			}
 			add(c)
 		}
-		return lockers, "PostgreSQL", closeAll, nil
+		return lockers, Chosen("PostgreSQL", "DATABASE_URL"), closeAll, nil
 	case os.Getenv("REDIS_URL") != "":
 		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 		if err != nil {
@@ -68,7 +68,7 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 			}
 			add(c)
 		}
-		return lockers, "Redis", closeAll, nil
+		return lockers, Chosen("Redis", "REDIS_URL"), closeAll, nil
 	case os.Getenv("ETCD_URL") != "":
 		cfg, err := etcdlock.ParseURL(os.Getenv("ETCD_URL"))
 		if err != nil {
@@ -87,7 +87,7 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 			}
 			add(c)
 		}
-		return lockers, "etcd", closeAll, nil
+		return lockers, Chosen("etcd", "ETCD_URL"), closeAll, nil
 	case os.Getenv("ZK_URL") != "":
 		connect, ok := strings.CutPrefix(os.Getenv("ZK_URL"), "zk://")
 		if !ok {
@@ -101,7 +101,7 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 			}
 			add(c)
 		}
-		return lockers, "ZooKeeper", closeAll, nil
+		return lockers, Chosen("ZooKeeper", "ZK_URL"), closeAll, nil
 	}
 	store := memlock.NewStore()
 	for range n {
@@ -112,4 +112,25 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 		add(c)
 	}
 	return lockers, "memlock (in-process; set DATABASE_URL, REDIS_URL, ETCD_URL or ZK_URL for a server)", closeAll, nil
+}
+
+// Variables lists the environment variables that select a server, in the
+// order Lockers tries them: the first one set wins.
+var Variables = []string{"DATABASE_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"}
+
+// Chosen describes the server picked from the variable used, naming the
+// other variables of Variables that are set too and are not used, so that
+// a run with several set says which one it took.
+func Chosen(name, used string) string {
+	var ignored []string
+	for _, v := range Variables {
+		if v != used && os.Getenv(v) != "" {
+			ignored = append(ignored, v)
+		}
+	}
+	desc := name + " (" + used + ")"
+	if len(ignored) > 0 {
+		desc += "; " + strings.Join(ignored, ", ") + " also set, not used"
+	}
+	return desc
 }
