@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
@@ -45,7 +46,22 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "build dislock:", err)
 		return 1
 	}
-	return m.Run()
+	if code := m.Run(); code != 0 {
+		return code
+	}
+	// The tests' own goroutines (process waiters, proxies) must be gone; an
+	// embedded etcd server's peer connections (net/http, owned by etcd's
+	// rafthttp) may still be winding down.
+	if err := goleak.Find(
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
+		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+	); err != nil {
+		fmt.Fprintln(os.Stderr, "goleak:", err)
+		return 1
+	}
+	return 0
 }
 
 // sentinel is a password that must never appear in any output.
@@ -686,6 +702,9 @@ func TestBadSettingsProcess(t *testing.T) {
 		{[]string{"LOCK_STRATEGY=sometimes"}, nil, "LOCK_STRATEGY"},
 		{[]string{"CRON_SCHEDULE="}, nil, "CRON_SCHEDULE"},
 		{[]string{"CRON_SCHEDULE=99 * * * *"}, nil, "CRON_SCHEDULE"},
+		{[]string{"CRON_SCHEDULE=*/61 * * * *"}, nil, "minute field"},
+		{[]string{"CRON_SCHEDULE=*/30 * * * * *"}, nil, "@every"},
+		{[]string{"DISLOCK_CREATE_TABLE=perhaps"}, nil, "DISLOCK_CREATE_TABLE"},
 		{[]string{"RUN_LOCK_TTL_SECONDS=soon"}, nil, "RUN_LOCK_TTL_SECONDS"},
 		{[]string{"RUN_LOCK_TTL_SECONDS=-1"}, nil, "RUN_LOCK_TTL_SECONDS"},
 		{[]string{"LOCK_LEASE_INTERVAL=61"}, nil, "LOCK_LEASE_INTERVAL"},
