@@ -122,6 +122,12 @@ func probeChannel() string {
 // pool, the way releases notify, and waits for it. Notifications of the
 // table's channel that arrive meanwhile go to fn. It returns
 // listenFallback, after warning once, when the probe does not arrive.
+//
+// A slow connection is not a deaf one: when the wait times out, a round
+// trip on conn collects any notification the server sent it before its
+// reply (the NOTIFY had committed before the wait began). Only when that
+// round trip succeeds without the probe is LISTEN known not to work; when
+// it fails, the error is an ordinary one and the engine subscribes again.
 func (b *Backend) probeListen(ctx, setup context.Context, conn *pgx.Conn, probe string, fn func(string)) error {
 	if _, err := b.pool.Exec(setup, "NOTIFY "+pgx.Identifier{probe}.Sanitize(), pgx.QueryExecModeSimpleProtocol); err != nil {
 		return fmt.Errorf("pg: listen: probe: %w", err)
@@ -134,7 +140,7 @@ func (b *Backend) probeListen(ctx, setup context.Context, conn *pgx.Conn, probe 
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil && wait.Err() != nil:
-			return b.listenUnavailable(ctx)
+			return b.probeRoundTrip(ctx, setup, conn, probe, fn)
 		case err != nil:
 			return fmt.Errorf("pg: listen: %w", err)
 		case n.Channel == probe:
@@ -143,6 +149,37 @@ func (b *Backend) probeListen(ctx, setup context.Context, conn *pgx.Conn, probe 
 			fn(n.Payload)
 		}
 	}
+}
+
+// probeRoundTrip ends a probe that timed out: see probeListen.
+func (b *Backend) probeRoundTrip(ctx, setup context.Context, conn *pgx.Conn, probe string, fn func(string)) error {
+	if _, err := conn.Exec(setup, "SELECT 1", pgx.QueryExecModeSimpleProtocol); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("pg: listen: probe: %w", err)
+	}
+	// What the round trip received is buffered in conn: an ended ctx
+	// reads only that.
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	found := false
+	for {
+		n, err := conn.WaitForNotification(done)
+		if err != nil || n == nil {
+			break
+		}
+		switch n.Channel {
+		case probe:
+			found = true
+		case b.channel:
+			fn(n.Payload)
+		}
+	}
+	if found {
+		return nil
+	}
+	return b.listenUnavailable(ctx)
 }
 
 // listenUnavailable records that LISTEN does not work, warns once through

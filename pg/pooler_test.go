@@ -478,3 +478,77 @@ func TestPgBouncerClaimBound(t *testing.T) {
 		})
 	}
 }
+
+// slowConn delays the second read after a LISTEN was written (the first
+// wait for a notification, the LISTEN's own reply being the first) by delay.
+type slowConn struct {
+	net.Conn
+	delay  time.Duration
+	reads  atomic.Int32 // reads since the LISTEN; -1 before it
+	waited atomic.Bool
+}
+
+func (c *slowConn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("LISTEN ")) {
+		c.reads.Store(0)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *slowConn) Read(p []byte) (int, error) {
+	if c.reads.Load() >= 0 && c.reads.Add(1) == 2 {
+		time.Sleep(c.delay) // the notification is in the socket by then
+		c.waited.Store(true)
+	}
+	return c.Conn.Read(p)
+}
+
+// Rule: a LISTEN connection that is slow (the probe notification is late)
+// is not taken for a deaf one: the round trip after the probe's wait finds
+// the notification, Watch subscribes and nothing is reported.
+func TestListenProbeSlowIsNotDeaf(t *testing.T) {
+	t.Parallel()
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	if throughPooler(t) {
+		t.Skip("DISLOCK_TEST_PG goes through a transaction pooler: its LISTEN is deaf, not slow")
+	}
+	cc := directConfig(t)
+	var slow *slowConn
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		slow = &slowConn{Conn: nc, delay: 2500 * time.Millisecond}
+		slow.reads.Store(-1)
+		return slow, nil
+	}
+	cc.Fallbacks = nil // one connection attempt: the one wrapped
+	var logs syncBuffer
+	obs := &listenEvents{got: make(chan struct{})}
+	b := newBackend(t, table, pg.WithListenConfig(cc),
+		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))
+	ctx, cancel := context.WithCancel(ctxT(t))
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- b.Watch(ctx, func() { close(ready) }, func(string) {}) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Watch on a slow connection = %v; log: %q", err, logs.String())
+	case <-time.After(15 * time.Second):
+		t.Fatal("Watch never subscribed")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Watch after cancel = %v", err)
+	}
+	if !slow.waited.Load() {
+		t.Error("the connection was never slowed: the test proves nothing")
+	}
+	if obs.count() != 0 || logs.String() != "" {
+		t.Errorf("a slow LISTEN was reported unavailable: %q", logs.String())
+	}
+}
