@@ -22,10 +22,12 @@ const listenSetupTimeout = 10 * time.Second
 //
 // Before calling ready it checks that notifications arrive: it LISTENs on
 // a private channel too, NOTIFYs it through the pool and waits up to 2s.
-// When the probe does not arrive (the LISTEN connection goes through a
-// transaction pooler), it warns once (WithLogger, ListenObserver), closes
-// the connection and returns an error matching ErrListenUnavailable and
-// core.ErrUnsupported, so the engine polls; later calls return it at once.
+// When the probe does not arrive, not even with the reply to a round
+// trip made on the connection after that wait (the LISTEN connection goes
+// through a transaction pooler), it warns once (WithLogger,
+// ListenObserver), closes the connection and returns an error matching
+// ErrListenUnavailable and core.ErrUnsupported, so the engine polls; later
+// calls return it at once.
 func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
 	if b.cfg.noListen {
 		return core.ErrUnsupported
