@@ -9,7 +9,8 @@
 // environment variables are those of the older Python cronjob-lock tool;
 // dislock --help lists them. The strategy schedule runs the command at most
 // once per slot of CRON_SCHEDULE, lease keeps a renewed lease while it runs,
-// and schedule,lease does both.
+// and schedule,lease does both. At the default log level, WARNING, a run
+// that succeeds and a run skipped because the lock is held print nothing.
 //
 // The command runs in its own process group. When the lease is lost, the
 // group gets SIGTERM, then SIGKILL after the grace period or earlier, so that
