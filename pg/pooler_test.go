@@ -179,11 +179,21 @@ func (l *listenConns) count() (listened, open int) {
 	return listened, open
 }
 
-// watchProbe wraps a Backend and records when its Watch is subscribed.
+// watchProbe wraps a Backend and records when its Watch is subscribed and
+// how many busy answers it gave.
 type watchProbe struct {
 	*pg.Backend
 	ready chan struct{}
 	once  sync.Once
+	busy  atomic.Int64
+}
+
+func (w *watchProbe) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	l, err := w.Backend.TryAcquire(ctx, req)
+	if errors.Is(err, core.ErrNotAcquired) {
+		w.busy.Add(1)
+	}
+	return l, err
 }
 
 func (w *watchProbe) Watch(ctx context.Context, ready func(), fn func(string)) error {
@@ -310,6 +320,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		busy := w.busy.Load()
 		got := make(chan error, 1)
 		var acquired atomic.Int64
 		go func() {
@@ -325,8 +336,11 @@ func TestPgBouncerListenConfig(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("the direct LISTEN connection never subscribed; log: %q", logs.String())
 		}
-		// Let the waiter's first attempt be answered busy before the release.
-		time.Sleep(100 * time.Millisecond) // a margin, not synchronisation: either order is correct
+		// The waiter's first attempt is answered busy before the release,
+		// so only a notification (or its poll, 5s later) can wake it.
+		if !waitFor(10*time.Second, func() bool { return w.busy.Load() > busy }) {
+			t.Fatal("the waiter's first attempt never came back busy")
+		}
 		released := time.Now()
 		if err := s.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -451,7 +465,7 @@ func TestPgBouncerClaimBound(t *testing.T) {
 			if !errors.As(err, &pe) || pe.Code != "57014" {
 				t.Fatalf("held-up TryAcquire through pgbouncer = %v, want SQLSTATE 57014", err)
 			}
-			if d := time.Since(start); d > claimTimeout+time.Second {
+			if d := time.Since(start); d > claimTimeout+3*time.Second {
 				t.Errorf("aborted after %v, claim timeout %v", d.Round(time.Millisecond), claimTimeout)
 			}
 			unblock()
