@@ -157,6 +157,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		defer func() { c.removeWaiter(key, wake, s != nil) }()
 	}
 	var timer *time.Timer
+	var failure error // the last attempt's store failure, while waiting
 	for {
 		attempts++
 		ss, err := c.attempt(opCtx, ctx, key, cfg)
@@ -167,15 +168,24 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		if errors.As(err, &b) {
 			busy, busyAt = b, time.Now()
 		}
-		if mode == ModeTry || b == nil {
-			if opCtx.Err() != nil && !errors.Is(err, ErrNotAcquired) {
-				return nil, ended(err)
-			}
+		if opCtx.Err() != nil && b == nil {
+			return nil, ended(err)
+		}
+		if mode == ModeTry || (b == nil && !retryable(err)) {
 			return nil, err
 		}
+		// Busy, or the store failed (a restart, a cut connection): wait
+		// and try again until ctx ends. The claim of a failed attempt was
+		// undone by attempt.
+		failure = nil
+		if b == nil {
+			failure = err
+		}
 		d := backoffWait(cfg.backoffMin, cfg.backoffMax, attempts-1)
-		if h := b.Holder; h != nil && h.Remaining > 0 && h.Remaining < d {
-			d = h.Remaining + time.Millisecond
+		if b != nil {
+			if h := b.Holder; h != nil && h.Remaining > 0 && h.Remaining < d {
+				d = h.Remaining + time.Millisecond
+			}
 		}
 		if timer == nil {
 			timer = time.NewTimer(d)
@@ -185,13 +195,21 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		}
 		select {
 		case <-opCtx.Done():
-			return nil, ended(nil)
+			return nil, ended(failure)
 		case <-wake:
 			woken = WakeNotify
 		case <-timer.C:
 			woken = WakePoll
 		}
 	}
+}
+
+// retryable reports whether Acquire keeps waiting after err: anything but
+// a bad key or option, an unsupported request or a closed Locker, which no
+// retry can mend.
+func retryable(err error) bool {
+	return !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidOption) &&
+		!errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrClosed)
 }
 
 // backoffWait is the n-th (0-based) polling wait: uniform in

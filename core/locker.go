@@ -24,7 +24,11 @@ type Locker interface {
 	// the driver's error (the claim, if the store applied it, is undone).
 	TryAcquire(ctx context.Context, key string, opts ...Option) (Session, error)
 	// Acquire waits until the lock is held or ctx ends; in the latter case the
-	// error is errors.Join(ErrNotAcquired, ctx.Err()) and nothing is left held.
+	// error is a *NotAcquiredError that matches ErrNotAcquired and ctx.Err(),
+	// names the last holder seen and the last store failure, and nothing is
+	// left held. Store failures while waiting (a restart, a cut connection)
+	// are retried with the same backoff; a bad key or option, ErrUnsupported
+	// and ErrClosed end the wait at once.
 	Acquire(ctx context.Context, key string, opts ...Option) (Session, error)
 	// Close releases every session this Locker holds, stops its goroutines
 	// and waits for them. Later calls return ErrClosed.

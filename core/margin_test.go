@@ -407,3 +407,41 @@ func TestCloseWaitsForClaimBound(t *testing.T) {
 		}
 	})
 }
+
+// A waiting Acquire rides out a store outage: it keeps trying until the
+// store is back and the lock is free, and a ctx that ends during the outage
+// reports the last failure.
+func TestAcquireWaitsThroughStoreFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		h, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs[1].SetDown(true)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err = cs[1].Acquire(ctx, "k")
+		if !errors.Is(err, core.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, memlock.ErrUnavailable) {
+			t.Fatalf("Acquire during an outage = %v, want ErrNotAcquired, DeadlineExceeded and the store's failure", err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			s, err := cs[1].Acquire(context.Background(), "k", core.Backoff(100*time.Millisecond, time.Second))
+			if err == nil {
+				s.Release(context.Background())
+			}
+			got <- err
+		}()
+		time.Sleep(5 * time.Second)
+		bs[1].SetDown(false)
+		h.Release(context.Background())
+		if err := <-got; err != nil {
+			t.Fatalf("Acquire did not ride out the outage: %v", err)
+		}
+		// Errors no retry can mend end the wait at once.
+		if _, err := cs[1].Acquire(context.Background(), "k", core.TTL(-1)); !errors.Is(err, core.ErrInvalidOption) {
+			t.Fatalf("bad option: %v", err)
+		}
+	})
+}
