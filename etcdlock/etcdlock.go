@@ -547,7 +547,16 @@ func (b *Backend) holderInfo(ctx context.Context, key string, kv *mvccpb.KeyValu
 // to its session's lease with its fencing token — a live lease does not
 // prove the key is still there.
 func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	// One attempt waits at most a sixth of the shortest TTL (at least
+	// 100 ms): a member that hangs without closing the connection then
+	// costs one attempt, and the engine's retry, before the deadline, goes
+	// on a new keepalive stream and to the next member.
+	attempt := time.Duration(math.MaxInt64)
+	for _, r := range reqs {
+		attempt = min(attempt, r.TTL/6)
+	}
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), max(attempt, 100*time.Millisecond))
+	defer cancel()
 	sent := time.Now()
 	results := make([]error, len(reqs))
 	hs := make([]held, len(reqs))

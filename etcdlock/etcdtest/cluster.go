@@ -39,10 +39,12 @@ type Cluster struct {
 // Member is one embedded etcd server.
 type Member struct {
 	Name      string
-	ClientURL string // http://127.0.0.1:port
+	ClientURL string // http://127.0.0.1:port, through a proxy that Kill resets
 	PeerURL   string
 	dir       string
 	initial   string
+	listen    string // the server's own client URL
+	front     *front
 
 	mu      sync.Mutex
 	e       *embed.Etcd
@@ -56,11 +58,19 @@ func Start(t testing.TB, n int) *Cluster {
 	c := &Cluster{t: t, token: fmt.Sprintf("dislock-%d", time.Now().UnixNano())}
 	var initial []string
 	for i := range n {
+		listen := freeAddr(t)
+		fr, err := newFront(listen)
+		if err != nil {
+			t.Fatalf("etcdtest: %v", err)
+		}
+		t.Cleanup(fr.close)
 		m := &Member{
 			Name:      "m" + strconv.Itoa(i),
-			ClientURL: "http://" + freeAddr(t),
+			ClientURL: "http://" + fr.addr(),
 			PeerURL:   "http://" + freeAddr(t),
 			dir:       t.TempDir(),
+			listen:    "http://" + listen,
+			front:     fr,
 		}
 		initial = append(initial, m.Name+"="+m.PeerURL)
 		c.members = append(c.members, m)
@@ -117,7 +127,7 @@ func (c *Cluster) config(m *Member) *embed.Config {
 	cfg := embed.NewConfig()
 	cfg.Name = m.Name
 	cfg.Dir = m.dir
-	cu, _ := url.Parse(m.ClientURL)
+	cu, _ := url.Parse(m.listen)
 	pu, _ := url.Parse(m.PeerURL)
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
@@ -144,6 +154,7 @@ func (c *Cluster) start(m *Member) error {
 	m.e = e
 	m.stopped = nil
 	m.mu.Unlock()
+	m.front.setDown(false)
 	return nil
 }
 
@@ -249,9 +260,10 @@ func (c *Cluster) Leader() int {
 }
 
 // Kill stops member i at once, without handing over leadership, as a crash
-// would: raft stops first, then its listeners close. It returns without
-// waiting for open client streams to be cut (etcd waits up to 5 s for
-// them); Restart and the cluster's cleanup wait.
+// would: raft stops, and its clients' connections are reset and new ones
+// refused. It returns without waiting for the server to wind down (etcd
+// waits up to 5 s for open streams); Restart and the cluster's cleanup
+// wait.
 func (c *Cluster) Kill(i int) {
 	m := c.members[i]
 	m.mu.Lock()
@@ -265,6 +277,7 @@ func (c *Cluster) Kill(i int) {
 	m.stopped = done
 	m.mu.Unlock()
 	e.Server.HardStop()
+	m.front.setDown(true) // clients' connections reset, as by a crash
 	go func() {
 		defer close(done)
 		e.Close()

@@ -240,10 +240,12 @@ func TestRollingRestart(t *testing.T) {
 	}
 	other := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(faultTTL)))
 	for i := range c.Size() {
+		start := time.Now()
 		c.Restart(i)
 		etcdtest.WaitHealthy(t, c.Client(t, i), 10*time.Second)
+		t.Logf("member %d restarted and healthy after %v", i, time.Since(start).Round(time.Millisecond))
 		if _, err := other.TryAcquire(ctxT(t, 10*time.Second), "job"); !errors.Is(err, core.ErrNotAcquired) {
-			t.Fatalf("after restarting member %d: TryAcquire = %v, want busy", i, err)
+			t.Fatalf("after restarting member %d: TryAcquire = %v, want busy (holder: %v)", i, err, s.Err())
 		}
 		if s.Err() != nil {
 			t.Fatalf("after restarting member %d the holder lost its lock: %v", i, s.Err())
