@@ -58,7 +58,10 @@
 //     have deleted it). A lease whose keepalive reports TTL 0, a missing key
 //     and a key bound elsewhere are each a loss (core.ErrLeaseLost); a failed
 //     request leaves the outcome unknown and the engine retries until the
-//     session's deadline.
+//     session's deadline. One attempt waits at most a sixth of the shortest
+//     TTL in it (at least 100 ms), and a keepalive left unanswered that long
+//     ends the stream: a member that hangs without closing the connection
+//     costs one attempt, and the retry goes to another member.
 //   - Release is one transaction that deletes the key if it is still bound
 //     to the session's lease at the session's create_revision; the lease
 //     becomes a spare. A retried release finds the key gone and does
