@@ -408,7 +408,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 	table := newTable(t, admin)
 	ctx := ctxT(t)
 	var l core.Locker
-	l, err := pg.Open(ctx, testenv.PG(t), pg.WithTable(table), pg.WithClientOptions(core.WithDefaults(core.WithOwner("opened"))))
+	l, err := pg.Open(ctx, testURL(t), pg.WithTable(table), pg.WithClientOptions(core.WithDefaults(core.WithOwner("opened"))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +424,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b, err := pg.OpenBackend(ctx, testenv.PG(t), pg.WithTable(table))
+	b, err := pg.OpenBackend(ctx, testURL(t), pg.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,10 +434,10 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 
 	fresh := testenv.Name("dislock_open_")
 	t.Cleanup(func() { admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{fresh}.Sanitize()) })
-	if _, err := pg.Open(ctx, testenv.PG(t), pg.WithTable(fresh)); !errors.Is(err, pg.ErrSchema) {
+	if _, err := pg.Open(ctx, testURL(t), pg.WithTable(fresh)); !errors.Is(err, pg.ErrSchema) {
 		t.Fatalf("Open on a missing table: %v, want ErrSchema", err)
 	}
-	l, err = pg.Open(ctx, testenv.PG(t), pg.WithTable(fresh), pg.WithAutoMigrate())
+	l, err = pg.Open(ctx, testURL(t), pg.WithTable(fresh), pg.WithAutoMigrate())
 	if err != nil {
 		t.Fatalf("Open with WithAutoMigrate on a missing table: %v", err)
 	}

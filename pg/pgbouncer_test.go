@@ -231,6 +231,27 @@ func throughPooler(t testing.TB) bool {
 	return pooled
 }
 
+// testURL is DISLOCK_TEST_PG for pg.Open, with default_query_exec_mode=exec
+// added when it goes through a transaction pooler.
+func testURL(t testing.TB) string {
+	t.Helper()
+	raw := testenv.PG(t)
+	if !throughPooler(t) {
+		return raw
+	}
+	if !strings.Contains(raw, "://") { // keyword/value form
+		return raw + " default_query_exec_mode=exec"
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal("DISLOCK_TEST_PG cannot be parsed")
+	}
+	q := u.Query()
+	q.Set("default_query_exec_mode", "exec")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // needDirect skips a test that needs a direct connection to the server
 // (startup parameters, roles, application_name, a direct LISTEN) when
 // DISLOCK_TEST_PG goes through a transaction pooler.
