@@ -71,7 +71,7 @@ func benchEndpoints(b *testing.B) clientv3.Config {
 		return cfg
 	}
 	c := etcdtest.Start(b, 1)
-	return clientv3.Config{Endpoints: c.Endpoints()}
+	return clientv3.Config{Endpoints: c.DirectEndpoints()}
 }
 
 func benchClient(b *testing.B, cfg clientv3.Config, cnt *counter) *clientv3.Client {

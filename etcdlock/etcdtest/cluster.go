@@ -187,6 +187,16 @@ func (c *Cluster) Endpoints(idx ...int) []string {
 	return eps
 }
 
+// DirectEndpoints returns the members' own client URLs, without the proxy
+// that Kill resets (for benchmarks).
+func (c *Cluster) DirectEndpoints() []string {
+	eps := make([]string, len(c.members))
+	for i, m := range c.members {
+		eps[i] = m.listen
+	}
+	return eps
+}
+
 // URL returns the members idx (all when empty) as an etcd:// URL.
 func (c *Cluster) URL(idx ...int) string {
 	var hosts []string
