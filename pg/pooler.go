@@ -56,9 +56,10 @@ type ListenUnavailableEvent struct {
 }
 
 // WithLogger sets the logger for the Backend's warnings (default
-// slog.Default()): today only the one that says its release notifications
-// cannot work (see ErrListenUnavailable). No connection string, host or
-// password is ever logged. Pass slog.New(slog.DiscardHandler) to silence it.
+// slog.Default()): the one warning there is says that its release
+// notifications cannot work (see ErrListenUnavailable). No connection
+// string, host or password is ever logged. Pass
+// slog.New(slog.DiscardHandler) to silence it; nil is rejected.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l == nil {

@@ -566,3 +566,19 @@ func TestListenProbeSlowIsNotDeaf(t *testing.T) {
 		t.Errorf("a slow LISTEN was reported unavailable: %q", logs.String())
 	}
 }
+
+// Rule: WithLogger(nil) is rejected with an error naming the option;
+// WithObserver(nil) is ignored.
+func TestWithLoggerNil(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	_, err := pg.NewBackend(ctxT(t), admin, pg.WithTable(table), pg.WithLogger(nil))
+	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithLogger") {
+		t.Fatalf("WithLogger(nil) = %v, want ErrInvalidOption naming WithLogger", err)
+	}
+	l, err := pg.New(ctxT(t), admin, pg.WithTable(table), pg.WithObserver(nil))
+	if err != nil {
+		t.Fatalf("WithObserver(nil): %v", err)
+	}
+	_ = l.Close()
+}
