@@ -884,7 +884,7 @@ func TestStoreUnreachable(t *testing.T) {
 		dir := t.TempDir()
 		pidFile := filepath.Join(dir, "pid")
 		key := f.newKey(t)
-		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=6",
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=10",
 			"LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=60", urlVar+"="+u.String())
 		p := start(t, env, urlVar, "sh", "-c", `trap "" TERM; sleep 300 & echo $! > `+pidFile+`; while :; do wait; done`)
 		pid, err := strconv.Atoi(waitFile(t, pidFile, 20*time.Second))
