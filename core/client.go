@@ -34,7 +34,12 @@ type Client struct {
 	mu         sync.Mutex
 	closed     bool
 	sessions   map[*session]struct{}
-	owed       map[*session]struct{}      // ended, but the store may still hold the key: Close releases them
+	owed       map[*session]struct{} // ended, but the store may still hold the key: Close releases them
+	owedSwept  time.Time             // when owed was last swept of sessions the store has surely dropped
+	undos      []*pendingUndo        // ambiguous claims whose undo is still owed (undo.go)
+	undoing    bool                  // the undo goroutine runs
+	undoWake   chan struct{}
+	groupSeq   uint64                     // last renewal group handed out (renewer goroutine only)
 	waiters    map[string][]chan struct{} // per key, oldest first
 	echoes     map[string][]time.Time     // own releases whose notification is due back
 	renewing   bool                       // renewer goroutine started
@@ -79,6 +84,7 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		waiters:  make(map[string][]chan struct{}),
 		echoes:   make(map[string][]time.Time),
 		wake:     make(chan struct{}, 1),
+		undoWake: make(chan struct{}, 1),
 	}
 	c.watcher, _ = b.(Watcher)
 	return c, nil
@@ -341,14 +347,17 @@ func (c *Client) unregister(s *session, owe bool) {
 
 // owe remembers a session whose key the store may still hold, so that Close
 // releases it; sessions whose lease the store has surely dropped by now are
-// forgotten.
+// forgotten (swept at most once a second, so that a mass loss stays linear).
 func (c *Client) owe(s *session) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for o := range c.owed {
-		if o.storeExpiry().Before(now) {
-			delete(c.owed, o)
+	if now.Sub(c.owedSwept) > time.Second {
+		c.owedSwept = now
+		for o := range c.owed {
+			if o.storeExpiry().Before(now) {
+				delete(c.owed, o)
+			}
 		}
 	}
 	c.owed[s] = struct{}{}
@@ -458,9 +467,12 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if !ok {
 		return false, ErrUnsupported
 	}
+	echo := c.expectEcho(key) // before the call: its echo may beat the reply
 	released, err := a.ForceRelease(ctx, key)
 	if released {
-		c.notifyOwn(key)
+		c.notify(key)
+	} else {
+		c.dropEcho(key, echo)
 	}
 	return released, err
 }

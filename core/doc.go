@@ -36,10 +36,11 @@
 //
 // Renewals are bounded per lease: a renewal call waits at most until the
 // earliest deadline among its sessions (half the time left, when it carries
-// several), calls run concurrently, and a lease whose call hung is renewed on
-// its own until it succeeds, so that one key that hangs (a slow node, a row
+// several), calls run concurrently, and the sessions of a call that failed as
+// a whole (it hung, or the store failed it) are split into smaller groups
+// until they succeed, so that one key that hangs or fails (a slow node, a row
 // locked by an open transaction) never costs another lease its lock. When
-// nothing hangs, all of a Locker's leases still cost one call per interval.
+// nothing fails, all of a Locker's leases still cost one call per interval.
 //
 // # What is not guaranteed
 //

@@ -144,6 +144,11 @@ func (e *Election) Resign() {
 	if st == nil {
 		return
 	}
+	// A request of an earlier term still queued must not block this one.
+	select {
+	case <-e.resign:
+	default:
+	}
 	select {
 	case e.resign <- st:
 	default:
@@ -193,7 +198,9 @@ func (e *Election) run() {
 		case <-e.resign:
 		default:
 		}
-		lost := s.Err() != nil && !resigned && e.ctx.Err() == nil
+		// A loss wins over a Resign or a Close that raced it: the leader's
+		// work stops with OnRevoked before the key is freed.
+		lost := errors.Is(s.Err(), ErrLeaseLost)
 		if !lost {
 			_ = s.Release(context.Background()) // bounded by the client's release timeout
 		}

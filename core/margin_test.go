@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -443,5 +444,132 @@ func TestAcquireWaitsThroughStoreFailures(t *testing.T) {
 		if _, err := cs[1].Acquire(context.Background(), "k", core.TTL(-1)); !errors.Is(err, core.ErrInvalidOption) {
 			t.Fatalf("bad option: %v", err)
 		}
+	})
+}
+
+// failBackend fails, after 200ms, every renewal call that carries a key in
+// bad: a timeout raised by the store or the driver, not by the engine.
+type failBackend struct {
+	*memlock.Backend
+	bad sync.Map
+}
+
+func (b *failBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	for _, r := range reqs {
+		if _, ok := b.bad.Load(r.Key); ok {
+			time.Sleep(200 * time.Millisecond)
+			return nil, errors.New("canceling statement due to statement timeout")
+		}
+	}
+	return b.Backend.Renew(ctx, reqs)
+}
+
+// A key whose every renewal call fails on the store's side (its own
+// timeout) is split away from the healthy leases batched with it.
+func TestFailingKeyIsSplitAway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		fb := &failBackend{Backend: st.Backend()}
+		c, err := core.New(fb, core.WithDefaults(core.TTL(3*time.Second)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		var ok []core.Session
+		for i := range 5 {
+			s, err := c.TryAcquire(context.Background(), fmt.Sprint("ok", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok = append(ok, s)
+		}
+		bad, err := c.TryAcquire(context.Background(), "bad")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb.bad.Store("bad", struct{}{})
+		time.Sleep(30 * time.Second) // 10 TTLs
+		for _, s := range ok {
+			if s.Err() != nil {
+				t.Fatalf("healthy lease %q lost beside a key the store fails: %v", s.Key(), s.Err())
+			}
+		}
+		if bad.Err() == nil {
+			t.Fatal("the failing lease was not lost")
+		}
+	})
+}
+
+// A short stall of the whole store costs a few extra calls, not one per
+// lease, and no lease.
+func TestStoreStallDoesNotFanOutPerLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		bk := st.Backend()
+		c, err := core.New(bk, core.WithDefaults(core.TTL(30*time.Second)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		var ss []core.Session
+		for i := range 200 {
+			s, err := c.TryAcquire(context.Background(), fmt.Sprint("k", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ss = append(ss, s)
+		}
+		time.Sleep(9 * time.Second)
+		before := bk.Stats().Renews
+		bk.SetLatency(time.Minute) // the renewal sent at 10s hangs
+		time.Sleep(3 * time.Second)
+		bk.SetLatency(0) // the store answers again; the hung call times out at 15s
+		time.Sleep(8 * time.Second)
+		if n := bk.Stats().Renews - before; n > 1+splitWays {
+			t.Fatalf("%d renewal calls for 200 leases around one stall, want at most %d", n, 1+splitWays)
+		}
+		for _, s := range ss {
+			if s.Err() != nil {
+				t.Fatalf("lease %q lost to a 5s stall: %v", s.Key(), s.Err())
+			}
+		}
+	})
+}
+
+const splitWays = 16
+
+// A waiting Acquire during an outage leaves no goroutine per attempt, and
+// its undos cost about one release per attempt, not one per attempt per
+// backoff step.
+func TestOutageUndosStayBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		h, err := cs[0].TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release(context.Background())
+		bs[1].SetDown(true)
+		base := runtime.NumGoroutine()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cs[1].Acquire(ctx, "k", core.Backoff(10*time.Millisecond, time.Second))
+			}()
+		}
+		time.Sleep(19 * time.Second)
+		if n := runtime.NumGoroutine() - base; n > 40 {
+			t.Fatalf("%d goroutines for 20 waiters during an outage", n)
+		}
+		wg.Wait()
+		st := bs[1].Stats()
+		if st.Releases > 2*st.Acquires+100 {
+			t.Fatalf("%d releases for %d acquire attempts during an outage", st.Releases, st.Acquires)
+		}
+		bs[1].SetDown(false)
 	})
 }

@@ -24,9 +24,12 @@ type renewBatch struct {
 // Several calls may be in flight at once, so that one slow key never holds
 // up the renewal of another; a session is in at most one of them. A call's
 // wait is bounded by the earliest deadline among its sessions (see
-// sendRenewals), and a session whose call ran out of time is renewed on its
-// own until it succeeds again, so that a key that hangs is isolated from the
-// healthy ones after one attempt.
+// renewBound). When a call for several sessions fails as a whole — it hung,
+// or the store failed it — its sessions are split into up to splitWays
+// groups that are renewed apart until they succeed, so that a key that
+// fails every call it is in is isolated from the healthy ones within a few
+// attempts (four for 10,000 leases), while a store that stalls for everyone
+// sees a few more calls per attempt rather than one per lease.
 func (c *Client) renewLoop() {
 	defer c.wg.Done()
 	timer := time.NewTimer(time.Hour)
@@ -69,14 +72,25 @@ func (c *Client) renewLoop() {
 		var batches []*renewBatch
 		if anyDue {
 			shared := &renewBatch{sent: now}
+			var groups map[uint64]*renewBatch
 			for s := range c.sessions {
 				s.mu.Lock()
 				if !s.slot && !s.inflight && now.Before(s.deadline) && s.nextRenew.Sub(now) <= s.interval/2 {
 					s.inflight = true
-					if s.isolated {
-						batches = append(batches, &renewBatch{sent: now, sessions: []*session{s}})
-					} else {
+					s.lastSent = now
+					if s.group == 0 {
 						shared.sessions = append(shared.sessions, s)
+					} else {
+						if groups == nil {
+							groups = make(map[uint64]*renewBatch)
+						}
+						g := groups[s.group]
+						if g == nil {
+							g = &renewBatch{sent: now}
+							groups[s.group] = g
+							batches = append(batches, g)
+						}
+						g.sessions = append(g.sessions, s)
 					}
 				}
 				s.mu.Unlock()
@@ -200,9 +214,19 @@ func (b *renewBatch) itemErr(i int) error {
 	return b.results[i]
 }
 
-// finishBatch applies a batch's outcome to its sessions.
+// splitWays is how many groups the sessions of a failed renewal call are
+// split into.
+const splitWays = 16
+
+// finishBatch applies a batch's outcome to its sessions. It runs on the
+// renewer goroutine only.
 func (c *Client) finishBatch(b *renewBatch) {
 	now := time.Now()
+	ways := 0
+	if b.err != nil && len(b.sessions) > 1 {
+		ways = min(len(b.sessions), splitWays)
+		c.groupSeq += uint64(ways)
+	}
 	for i, s := range b.sessions {
 		err := b.itemErr(i)
 		s.mu.Lock()
@@ -212,7 +236,7 @@ func (c *Client) finishBatch(b *renewBatch) {
 		case ended:
 		case err == nil:
 			s.failures = 0
-			s.isolated = false
+			s.group = 0
 			// The lease runs from the send time, the earliest instant the
 			// store could have applied the renewal.
 			if d := b.sent.Add(s.renewDeadline); d.After(s.deadline) {
@@ -220,16 +244,20 @@ func (c *Client) finishBatch(b *renewBatch) {
 			}
 			s.nextRenew = b.sent.Add(s.interval)
 		case errors.Is(err, ErrLeaseLost):
-		case b.timedOut:
-			// The call hung: try again at once, on this session's own, so
-			// that whatever held up the call cannot hold it up again.
-			s.failures++
-			s.isolated = true
-			s.nextRenew = now
 		default:
-			// Outcome unknown: retry soon, jittered, until the deadline.
+			// Outcome unknown: retry until the deadline — at once after a
+			// call that hung (its wait is spent), else soon, jittered — in
+			// a smaller group when the whole call failed, so that whatever
+			// failed it cannot fail the others again.
 			s.failures++
-			s.nextRenew = now.Add(retryDelay(s.ttl))
+			if ways > 0 {
+				s.group = c.groupSeq - uint64(i%ways)
+			}
+			if b.timedOut {
+				s.nextRenew = now
+			} else {
+				s.nextRenew = now.Add(retryDelay(s.ttl))
+			}
 		}
 		s.mu.Unlock()
 		if !ended && err != nil && errors.Is(err, ErrLeaseLost) {

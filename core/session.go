@@ -24,10 +24,11 @@ type session struct {
 
 	mu         sync.Mutex
 	deadline   time.Time // local, monotonic
+	lastSent   time.Time // send time of the latest renewal, whatever its outcome
 	nextRenew  time.Time
-	failures   int  // consecutive renewals with unknown outcome
-	inflight   bool // part of a renewal batch in flight
-	isolated   bool // renewed on its own until a renewal succeeds (its last call hung)
+	failures   int    // consecutive renewals with unknown outcome
+	inflight   bool   // part of a renewal batch in flight
+	group      uint64 // renewal group after a failed call (0: the shared batch); see finishBatch
 	err        error
 	unreleased bool // ended locally, server release still owed
 }
@@ -55,7 +56,13 @@ func (s *session) storeExpiry() time.Time {
 	if s.slot {
 		return s.deadline
 	}
-	return s.deadline.Add(s.ttl - s.renewDeadline)
+	// The latest renewal sent may have been applied even if its reply
+	// never came.
+	last := s.deadline.Add(-s.renewDeadline)
+	if s.lastSent.After(last) {
+		last = s.lastSent
+	}
+	return last.Add(s.ttl)
 }
 
 func (s *session) Err() error {

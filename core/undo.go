@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -23,51 +24,151 @@ const (
 	undoBackoffMax = 2 * time.Second
 )
 
+// pendingUndo is an ambiguous claim whose undo is still owed.
+type pendingUndo struct {
+	ctx             context.Context
+	key, ownerToken string
+	after           time.Time // one release is owed at or after this instant (the claim bound)
+	end             time.Time // after this the store has dropped the claim anyway
+	due             time.Time // next attempt
+	failures        int
+}
+
 // undo releases an ambiguous claim of key by owner token, so that nothing
 // stays held until its TTL. The claim was sent at sent and, if the store
-// applied it, lives there for life unless renewed. A first release is sent
-// at once. When it fails — the network is still down, say — it is retried
-// in the background with backoff until the claim would have expired anyway;
-// when the backend is a ClaimBounder, one more release follows once the
-// claim can no longer take effect. Close cuts the retries short after one
-// last attempt — sent once the claim bound has passed, if one is owed — and
-// waits for them.
+// applied it, lives there for life (from when it was applied) unless
+// renewed. A first release is sent at once. When it fails — the network is
+// still down, say — it is retried in the background with backoff until the
+// claim would have expired anyway; when the backend is a ClaimBounder, one
+// more release follows once the claim can no longer take effect. One
+// goroutine per Client serves every pending undo, and a round of retries
+// stops at its first failure, so an outage costs about one release per
+// backoff step, however many claims are pending. Close makes one last
+// attempt for each — sent once the claim bound has passed, if one is owed —
+// and waits for them.
 func (c *Client) undo(ctx context.Context, key, ownerToken string, sent time.Time, life time.Duration) {
 	ctx = context.WithoutCancel(ctx)
-	err := c.releaseDetached(ctx, key, ownerToken)
-	var after time.Time // a release is still owed at or after this instant
+	var bound time.Duration
 	if cb, ok := c.b.(ClaimBounder); ok {
-		if d := cb.ClaimBound(); d > 0 && d < life {
-			after = sent.Add(d)
-		}
+		bound = max(cb.ClaimBound(), 0)
 	}
-	end := sent.Add(life)
+	u := &pendingUndo{ctx: ctx, key: key, ownerToken: ownerToken, end: sent.Add(bound + life)}
+	if bound > 0 {
+		u.after = sent.Add(bound)
+	}
+	err := c.releaseDetached(ctx, key, ownerToken)
 	now := time.Now()
-	if (err == nil && !now.Before(after)) || !now.Before(end) {
+	if !u.owed(err, now) {
 		return
 	}
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		for n := 0; ; n++ {
-			wait := backoffWait(undoBackoffMin, undoBackoffMax, n)
-			if err == nil {
-				wait = time.Until(after) // only the repeat after the claim bound is owed
+	u.schedule(err, now)
+	c.mu.Lock()
+	c.undos = append(c.undos, u)
+	start := !c.undoing
+	c.undoing = true
+	if start {
+		c.wg.Add(1)
+	}
+	c.mu.Unlock()
+	if start {
+		go c.undoLoop()
+	} else {
+		select {
+		case c.undoWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// owed reports whether u still needs a release after an attempt that
+// returned err at now.
+func (u *pendingUndo) owed(err error, now time.Time) bool {
+	if !now.Before(u.end) {
+		return false
+	}
+	return err != nil || now.Before(u.after)
+}
+
+// schedule sets u's next attempt after one that returned err.
+func (u *pendingUndo) schedule(err error, now time.Time) {
+	if err == nil {
+		u.due = u.after // only the repeat after the claim bound is owed
+		return
+	}
+	u.failures++
+	u.due = now.Add(backoffWait(undoBackoffMin, undoBackoffMax, u.failures-1))
+}
+
+// undoLoop serves the Client's pending undos until none is left.
+func (c *Client) undoLoop() {
+	defer c.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		c.mu.Lock()
+		if len(c.undos) == 0 {
+			c.undoing = false
+			c.mu.Unlock()
+			return
+		}
+		list := slices.Clone(c.undos)
+		c.mu.Unlock()
+		slices.SortFunc(list, func(a, b *pendingUndo) int { return a.due.Compare(b.due) })
+
+		if c.closing.Err() != nil {
+			// Close: one last attempt each, none before its claim bound.
+			for _, u := range list {
+				if d := time.Until(u.after); d > 0 {
+					time.Sleep(d)
+				}
+				_ = c.releaseDetached(u.ctx, u.key, u.ownerToken)
 			}
-			if d := time.Until(end); wait > d {
-				wait = d
+			c.dropUndos(list)
+			continue
+		}
+		now := time.Now()
+		if d := list[0].due.Sub(now); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-c.undoWake:
+			case <-c.closing.Done():
 			}
-			closing := sleepCtx(c.closing, wait) != nil
-			if closing && time.Now().Before(after) {
-				// The last attempt must come after the claim bound, or
-				// a claim still running in the store outlives it.
-				time.Sleep(time.Until(after))
+			continue
+		}
+		var done []*pendingUndo
+		for _, u := range list {
+			if u.due.After(now) {
+				break
 			}
-			err = c.releaseDetached(ctx, key, ownerToken)
-			now := time.Now()
-			if closing || (err == nil && !now.Before(after)) || !now.Before(end) {
-				return
+			err := c.releaseDetached(u.ctx, u.key, u.ownerToken)
+			now = time.Now()
+			if !u.owed(err, now) {
+				done = append(done, u)
+				continue
+			}
+			u.schedule(err, now)
+			if err != nil {
+				// The store is likely still out of reach: the others would
+				// fail too. Try them after this one's backoff.
+				for _, o := range list {
+					if o != u && o.due.Before(u.due) && !slices.Contains(done, o) {
+						o.due = u.due
+					}
+				}
+				break
 			}
 		}
-	}()
+		c.dropUndos(done)
+	}
+}
+
+// dropUndos forgets the pending undos in list.
+func (c *Client) dropUndos(list []*pendingUndo) {
+	if len(list) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.undos = slices.DeleteFunc(c.undos, func(u *pendingUndo) bool { return slices.Contains(list, u) })
 }

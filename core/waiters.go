@@ -64,13 +64,6 @@ func (c *Client) notify(key string) {
 // notifications must not make them pile up within one echo window.
 const maxEchoes = 8
 
-// notifyOwn wakes a waiter after a release this client made, and remembers
-// that the store's notification of it will come back through Watch.
-func (c *Client) notifyOwn(key string) {
-	c.expectEcho(key)
-	c.notify(key)
-}
-
 // expectEcho remembers, before this client releases key, that the store's
 // notification of that release will come back through Watch — only while a
 // subscription is in place, so that nothing piles up when none is. It is
