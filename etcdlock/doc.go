@@ -81,8 +81,10 @@
 //     cluster ends the watch instead of going quiet, and the Locker polls
 //     until the watch is back.
 //   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
-//     List reads the prefix in pages of 500; ForceRelease revokes the
-//     holder's lease, and the holder learns of it at its next renewal.
+//     List reads the prefix in pages of 500; ForceRelease deletes exactly
+//     the incarnation it read (same lease, same create revision) and never
+//     revokes the holder's lease, which may by then be a spare serving
+//     another key; the holder learns of the loss at its next renewal.
 //   - Keepalives, of claims and of renewals, travel on one LeaseKeepAlive
 //     stream per Backend, opened on first use and kept open (it requires a
 //     leader: a member that loses its leader ends it, and the next

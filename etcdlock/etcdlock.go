@@ -654,7 +654,8 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	ctx = clientv3.WithRequireLeader(ctx)
 	h, ok := b.lookup(req.OwnerToken)
-	if !ok || h.key != req.Key {
+	own := ok && h.key == req.Key // the lease is this backend's own record, never a spare
+	if !own {
 		// Not acquired through this backend: find the lease by reading
 		// the key and checking its owner token.
 		resp, err := b.cli.Get(ctx, b.etcdKey(req.Key))
@@ -693,6 +694,11 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			return err
 		}
 		b.forget(req.OwnerToken)
+		if !own {
+			// A lease read from the key may by now serve another key of
+			// the process that holds it: never revoke it from here.
+			return nil
+		}
 		if !resp.Succeeded || !b.putSpare(h.seconds, spare{id: h.lease, refreshed: h.refreshed}) {
 			_ = b.revoke(ctx, h.lease) // no key of ours on it; it would expire anyway
 		}
@@ -712,7 +718,10 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		Then(clientv3.OpPut(k, "", clientv3.WithIgnoreValue(), clientv3.WithLease(clientv3.LeaseID(keep)))).
 		Commit()
 	if err != nil {
-		_ = b.revoke(ctx, keep)
+		// The move may have been applied: revoking keep could then free
+		// the key before the min hold ends. Left alone, keep expires by
+		// itself if nothing was moved onto it, and a retry of this
+		// release finds the key on keep no longer bound to h.lease.
 		return err
 	}
 	if !resp.Succeeded {
@@ -818,9 +827,11 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	}
 }
 
-// ForceRelease implements core.Admin: it revokes the holder's lease, which
-// deletes the key and wakes waiters. The holder learns of it at its next
-// renewal.
+// ForceRelease implements core.Admin: it deletes exactly the incarnation of
+// the key it read (same lease, same create revision), which wakes waiters.
+// It never revokes the holder's lease: a released lease may already serve
+// another key of the holder's process as a spare. The holder learns of the
+// loss at its next renewal, which finds the key gone.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if err := core.ValidateKey(key); err != nil {
 		return false, err
@@ -837,19 +848,11 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	kv := resp.Kvs[0]
 	rec, _ := decode(kv.Value)
 	live := !rec.slotOver(time.Now())
-	if kv.Lease != 0 {
-		_, err := b.cli.Revoke(ctx, clientv3.LeaseID(kv.Lease))
-		if isLeaseNotFound(err) {
-			return false, nil // expired meanwhile
-		}
-		if err != nil {
-			return false, fmt.Errorf("etcdlock: force release: %w", err)
-		}
-		return live, nil
-	}
-	// A key without a lease (written by hand): delete that incarnation.
+	// Delete that incarnation only: bound to the lease it was read with
+	// (none for a key written by hand) at the revision it was created.
 	d, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
+		If(clientv3.Compare(clientv3.LeaseValue(k), "=", kv.Lease),
+			clientv3.Compare(clientv3.CreateRevision(k), "=", kv.CreateRevision)).
 		Then(clientv3.OpDelete(k)).
 		Commit()
 	if err != nil {
