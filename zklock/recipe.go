@@ -74,7 +74,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			b.forget(req.OwnerToken)
 			var err error
 			if dropped != nil {
-				err = <-dropped
+				err = waitDropped(ctx, dropped)
 			} else {
 				err = b.del(ctx, created, -1)
 			}
@@ -94,7 +94,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		if err != nil {
 			// The engine releases the claim by its owner token.
 			if v.dropped != nil {
-				<-v.dropped
+				waitDropped(ctx, v.dropped)
 			}
 			return core.Lease{}, err
 		}
@@ -107,7 +107,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		// Every claim below ours had run out and was deleted, but ours
 		// was already being given up: claim again.
 		b.forget(req.OwnerToken)
-		if err := <-v.dropped; err != nil {
+		if err := waitDropped(ctx, v.dropped); err != nil {
 			b.bgDelete(created, sid)
 			return core.Lease{}, core.Busy(req.Key, nil)
 		}
@@ -132,14 +132,27 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err == nil {
 		err = merr
 	}
+	// Either way the record goes: the engine never renews or releases a
+	// slot session, and the undo of a hand-over in doubt finds the claim or
+	// the hold by the owner token in their names.
+	b.forget(req.OwnerToken)
 	if err != nil {
 		return core.Lease{}, fmt.Errorf("slot hold: %w", err)
 	}
-	b.mu.Lock()
-	c.path, c.hold = "", hold
-	b.mu.Unlock()
 	lease.ExpiresAt = msTime(until)
 	return lease, nil
+}
+
+// waitDropped waits for the deletion of a given-up claim, or for ctx: a
+// deletion still running then goes on in the background and deletes the
+// node when it gets through.
+func waitDropped(ctx context.Context, dropped <-chan error) error {
+	select {
+	case err := <-dropped:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // claim creates the claim node of req and records it. It returns the server
@@ -558,7 +571,13 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 	tok := encodeName(req.OwnerToken)
 	var names []string
 	var err error
-	if cerr := b.call(ctx, func() { names, _, err = b.conn.Children(parent) }, nil); cerr != nil {
+	// Sync first: after a reconnect the server answering may not have
+	// applied the claim being undone yet.
+	if cerr := b.call(ctx, func() {
+		if _, err = b.conn.Sync(parent); err == nil || errors.Is(err, zk.ErrNoNode) {
+			names, _, err = b.conn.Children(parent)
+		}
+	}, nil); cerr != nil {
 		return cerr
 	}
 	if errors.Is(err, zk.ErrNoNode) {
