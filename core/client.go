@@ -284,12 +284,12 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 		s.deadline = sent.Add(cfg.renewDeadline)
 		s.nextRenew = sent.Add(cfg.renewInterval)
 	}
-	if !time.Now().Before(s.deadline) {
+	if took := time.Since(sent); took >= s.deadline.Sub(sent) {
 		// The reply came so late that the lease may already be over: do
 		// not hand out a session that is dead on arrival.
 		c.undo(ctx, key, req.OwnerToken, sent, life)
 		return nil, fmt.Errorf("dislock: %s: acquire %q: the reply took %v, past the renew deadline: %w",
-			c.name, key, time.Since(sent).Round(time.Millisecond), ErrLeaseLost)
+			c.name, key, took.Round(time.Millisecond), ErrLeaseLost)
 	}
 	if !c.register(s) {
 		c.undo(ctx, key, req.OwnerToken, sent, life)

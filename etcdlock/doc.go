@@ -92,8 +92,9 @@
 //   - Close ends that stream, waits for its goroutine and revokes the spare
 //     leases; any it cannot reach expire by themselves, bound to no key.
 //
-// Every request carries WithRequireLeader, so a member without a leader
-// answers at once with an error instead of waiting.
+// Every lock request carries WithRequireLeader, so a member without a leader
+// answers at once with an error instead of waiting (Close's revokes of spare
+// leases do not: a lease they miss expires by itself).
 //
 // # Time
 //

@@ -83,9 +83,11 @@
 //     force; ended holds are deleted by the next acquirer. Their ends are on
 //     the ZooKeeper leader's wall clock (Now writes <root>/clock and reads
 //     its mtime).
-//   - Release notifications (core.Watcher): a busy acquisition leaves a
-//     one-shot watch on the holder's claim, the one node whose deletion can
-//     free the lock, never on the key's children, whose every change would
+//   - Release notifications (core.Watcher): a busy acquisition behind a
+//     claim leaves a one-shot watch on the holder's claim, the one node
+//     whose deletion can free the lock (behind a min-hold or slot hold there
+//     is nothing to wait for but the hold's end, which the waiter's backoff
+//     meets from the busy answer's remaining time), never on the key's children, whose every change would
 //     wake every waiter. A renewal fires it too; the backend sets it again
 //     without waking anyone. One watch per node per backend; the engine
 //     wakes one waiter per notification. Waiters in different processes all
