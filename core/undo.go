@@ -24,6 +24,16 @@ const (
 	undoBackoffMax = 2 * time.Second
 )
 
+// closeUndoWait bounds how long Close waits for claim bounds to pass.
+const closeUndoWait = 10 * time.Second
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // pendingUndo is an ambiguous claim whose undo is still owed.
 type pendingUndo struct {
 	ctx             context.Context
@@ -116,9 +126,11 @@ func (c *Client) undoLoop() {
 		slices.SortFunc(list, func(a, b *pendingUndo) int { return a.due.Compare(b.due) })
 
 		if c.closing.Err() != nil {
-			// Close: one last attempt each, none before its claim bound.
+			// Close: one last attempt each, none before its claim bound
+			// (waiting at most closeUndoWait for it).
+			limit := time.Now().Add(closeUndoWait)
 			for _, u := range list {
-				if d := time.Until(u.after); d > 0 {
+				if d := time.Until(minTime(u.after, limit)); d > 0 {
 					time.Sleep(d)
 				}
 				_ = c.releaseDetached(u.ctx, u.key, u.ownerToken)

@@ -91,8 +91,8 @@
 // stalled on the disk, or with synchronous_standby_names the wait for a
 // standby, can make a claim visible after the undo's repeat, and it is then
 // held until its TTL (WithAsyncCommit waits for neither). Close of the
-// Locker undoes a claim in flight once, at once, without waiting for the
-// bound.
+// Locker cuts a claim in flight short and sends its last undo once the
+// bound has passed (core waits for that at most 10s).
 //
 // # Schema and privileges
 //

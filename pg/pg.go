@@ -76,7 +76,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client,
 // Open connects to the database at connString with a pool of its own and
 // returns a Locker on it: core.New over OpenBackend, with the options given
 // by WithClientOptions. Client.Close closes the pool. Neither the connection
-// string nor any part of it appears in an error it returns. On a new
+// string nor its password appears in an error it returns. On a new
 // database add WithAutoMigrate, or create the table first (Migrate,
 // SchemaSQL).
 func Open(ctx context.Context, connString string, opts ...Option) (*core.Client, error) {
@@ -94,7 +94,8 @@ func Open(ctx context.Context, connString string, opts ...Option) (*core.Client,
 
 // OpenBackend connects to the database at connString with a pool of its own
 // and returns a Backend on it; Backend.Close closes that pool. Neither the
-// connection string nor any part of it appears in an error it returns.
+// connection string nor its password appears in an error it returns (a
+// connection failure names the user, database and host, as pgx reports it).
 func OpenBackend(ctx context.Context, connString string, opts ...Option) (*Backend, error) {
 	pcfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {

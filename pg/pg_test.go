@@ -219,7 +219,7 @@ func TestSchemaCheck(t *testing.T) {
 			"no unique index", []pg.Option{pg.WithLegacyTable()}},
 		{"no token default", `CREATE TABLE %s (key text PRIMARY KEY, owner text NOT NULL, holder text NOT NULL,
 			token bigint NOT NULL, acquired_at timestamptz NOT NULL, expire_at timestamptz NOT NULL)`,
-			"no sequence default", nil},
+			"has no default", nil},
 		{"view", `CREATE VIEW %s AS SELECT 1 AS x`, "is not a table", nil},
 	}
 	for _, c := range cases {

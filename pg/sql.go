@@ -71,8 +71,8 @@ func buildStatements(table string, legacy, async bool) statements {
 	// concurrent takeovers one wins and the others skip the row without
 	// locking it. Losing such a race yields no result row: busy, holder
 	// unknown. A claim for a slot that is already over (slotOpen) is refused
-	// the same way. The fencing token is the column's identity default
-	// (DEFAULT).
+	// the same way. The fencing token is the column's default (DEFAULT:
+	// the server clock in microseconds in tables Migrate creates).
 	s.acquire = fmt.Sprintf(`WITH cur AS (
 	SELECT %[2]s AS owner, %[3]s AS holder, %[4]s AS token, %[5]s AS acquired_at, expire_at
 	FROM %[1]s WHERE key = $1::text
