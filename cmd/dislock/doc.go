@@ -18,7 +18,11 @@
 // then exits 75. When the store itself refused the lease (the key was deleted
 // or taken over, so it may already be someone else's), SIGKILL follows
 // SIGTERM after at most one second. Signals sent to dislock are forwarded to
-// the group.
+// the group. SIGTSTP (Ctrl-Z) does not stop dislock: it is forwarded, so the
+// command pauses while dislock keeps renewing the lease, and SIGCONT resumes
+// it. SIGSTOP cannot be caught: it stops dislock and its renewals, the lease
+// may pass to another run meanwhile, and when dislock resumes it sees the
+// loss and terminates the command (exit 75).
 //
 // The locks are released only once the whole process group is gone: after a
 // loss the store keeps the key until its TTL runs out, and dislock's release

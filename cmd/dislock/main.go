@@ -242,7 +242,11 @@ list and release never create a table.
 
 The command runs in its own process group with DISLOCK_KEY, DISLOCK_TOKEN
 (fencing token) and DISLOCK_DEADLINE (RFC 3339) added to its environment.
-SIGINT, SIGTERM and SIGHUP are forwarded to the group. The lock is released
+SIGINT, SIGTERM and SIGHUP are forwarded to the group. SIGTSTP (Ctrl-Z) and
+SIGCONT are forwarded too: the command pauses while dislock keeps renewing the
+lease. SIGSTOP cannot be caught: it stops dislock's renewals, the lease may
+pass to another run, and the command is terminated (exit 75) once dislock
+resumes. The lock is released
 once the whole group is gone: processes the command leaves running get
 SIGTERM, then SIGKILL after the grace period. On Linux the command gets
 SIGKILL if dislock itself is killed (its children do not: exec the job).

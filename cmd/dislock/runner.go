@@ -43,6 +43,16 @@ func (c *cli) runLocked(inv *invocation) error {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
+	// Job-control signals must not stop dislock: stopped, it would stop
+	// renewing while the command (in its own process group) runs on, and
+	// the lease would pass to another run. Catching them (rather than
+	// ignoring them) leaves their default action to the command, since an
+	// exec resets caught signals but keeps ignored ones ignored. Until the
+	// command starts they are dropped; then SIGTSTP and SIGCONT are
+	// forwarded to the command's group (see runChild).
+	jobSigs := make(chan os.Signal, 8)
+	signal.Notify(jobSigs, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGCONT)
+	defer signal.Stop(jobSigs)
 
 	// Until the command starts, a signal abandons the attempt.
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -93,7 +103,8 @@ func (c *cli) runLocked(inv *invocation) error {
 	// The locks are released only once the command's whole process group is
 	// gone: after a loss, the store may keep the key until its TTL, and the
 	// release is what tells it the work has stopped.
-	code, gone, runErr := c.runChild(cfg, env, lease, sigs)
+	drain(jobSigs) // dropped before the command started
+	code, gone, runErr := c.runChild(cfg, env, lease, sigs, jobSigs)
 	if !gone {
 		keep = true
 		return runErr
@@ -220,7 +231,14 @@ func (c *cli) releaseAll(lease, sched core.Session) {
 // 75); processes the command leaves behind in its group are terminated too.
 // gone reports whether the whole group is gone: when it is not (processes
 // survived SIGKILL), the locks must not be released.
-func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs <-chan os.Signal) (code int, gone bool, err error) {
+//
+// SIGTSTP sent to dislock (Ctrl-Z) is forwarded to the group, which stops,
+// while dislock keeps renewing the lease: the command is paused, not gone,
+// so the lock stays held. SIGCONT is forwarded to resume it. SIGTTIN and
+// SIGTTOU are dropped. SIGSTOP cannot be caught: it stops dislock and its
+// renewals, the lease runs out, and the command is terminated once dislock
+// resumes and sees the loss.
+func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs, jobSigs <-chan os.Signal) (code int, gone bool, err error) {
 	cmd := exec.Command(cfg.command[0], cfg.command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = env
@@ -259,6 +277,13 @@ func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs <-
 			c.log.Info("forwarding signal to the command's process group", "signal", sig.String(), "pgid", g.pgid)
 			if s, ok := sig.(syscall.Signal); ok {
 				syscall.Kill(-g.pgid, s)
+			}
+			continue
+		case sig := <-jobSigs:
+			switch sig {
+			case syscall.SIGTSTP, syscall.SIGCONT:
+				c.log.Info("forwarding signal to the command's process group; the lease is kept", "signal", sig.String(), "pgid", g.pgid)
+				syscall.Kill(-g.pgid, sig.(syscall.Signal))
 			}
 			continue
 		case <-lost:
@@ -320,6 +345,17 @@ func (c *cli) runChild(cfg *runConfig, env []string, lease core.Session, sigs <-
 	return code, true, nil
 }
 
+// drain empties ch without blocking.
+func drain(ch <-chan os.Signal) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
 // refusedGrace is the longest time between SIGTERM and SIGKILL after the
 // store refused the lease: the key may already be someone else's.
 const refusedGrace = time.Second
@@ -340,6 +376,9 @@ func (g *group) terminate(killAt time.Time, timer *time.Timer) {
 	if !g.termSent {
 		g.termSent = true
 		syscall.Kill(-g.pgid, syscall.SIGTERM)
+		// A group paused by a forwarded SIGTSTP acts on SIGTERM only once
+		// it runs again.
+		syscall.Kill(-g.pgid, syscall.SIGCONT)
 	}
 	if g.killed || (!g.killAt.IsZero() && !killAt.Before(g.killAt)) {
 		return
