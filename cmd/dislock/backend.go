@@ -60,7 +60,7 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse,
 		"redis+sentinel", "rediss+sentinel", "redis-sentinel", "rediss-sentinel",
 		"redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster":
 		if table != "" {
-			log.Warn("LOCK_TABLE is ignored by the Redis backend")
+			log.Debug("LOCK_TABLE is ignored by the Redis backend")
 		}
 		// go-redis logs connection problems on its own: send them through
 		// the redacting logger.

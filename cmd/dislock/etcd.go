@@ -16,7 +16,7 @@ import (
 // the user through the calls that failed.
 func openEtcd(urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
 	if table != "" {
-		log.Warn("LOCK_TABLE is ignored by the etcd backend")
+		log.Debug("LOCK_TABLE is ignored by the etcd backend")
 	}
 	cfg, err := etcdlock.ParseURL(rawURL)
 	if err != nil {

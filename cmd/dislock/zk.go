@@ -23,7 +23,7 @@ const zkSessionTimeout = defaultTTL * 3 / 2
 // root znode (/chroot/dislock).
 func openZK(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
 	if table != "" {
-		log.Warn("LOCK_TABLE is ignored by the ZooKeeper backend")
+		log.Debug("LOCK_TABLE is ignored by the ZooKeeper backend")
 	}
 	rest := rawURL[len("zk://"):]
 	rest, query, _ := strings.Cut(rest, "?")
