@@ -22,7 +22,14 @@ const (
 	DefaultReleaseTimeout = 5 * time.Second
 	// DefaultQuickRetries is the default of QuickRetries.
 	DefaultQuickRetries = 200
+	// DefaultHandOffWait is the default of HandOffWait.
+	DefaultHandOffWait = 5 * time.Second
 )
+
+// handOffMargin is how long before the task's deadline a HandOff wait gives
+// up at the latest (or a tenth of the time left, if less), so that its bounce reaches asynq before the deadline
+// cancels the task (which would be an ordinary failure, using a retry).
+const handOffMargin = time.Second
 
 // quickWindow is how long after the key last changed hands HandOff still
 // sends bounces back quickly: a key held longer has long-running holders,
@@ -45,6 +52,7 @@ type config struct {
 	releaseTimeout time.Duration
 	quick          int
 	maxWaiting     int
+	handOffWait    time.Duration
 	errs           []error
 }
 
@@ -176,6 +184,23 @@ func MaxWaiting(n int) Option {
 	}
 }
 
+// HandOffWait bounds how long a task waits in HandOff's line (default
+// DefaultHandOffWait), and never past one second (or a tenth of the time
+// left, if less) before the task's deadline. A waiter that runs out is bounced with a *BusyError, which uses
+// none of its retries, and its place goes to the next busy task: a holder
+// elsewhere that runs long keeps a worker of this server for at most d at a
+// time, so that a server whose Concurrency is 1 still runs other keys' tasks.
+// On the task's last attempt a bounce would be archived: see HandOff.
+func HandOffWait(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, invalid("HandOffWait", "must be positive, got %v", d))
+			return
+		}
+		c.handOffWait = d
+	}
+}
+
 // ReleaseTimeout bounds the release after the handler returns, which runs on
 // a context detached from the task's cancellation (default
 // DefaultReleaseTimeout).
@@ -232,21 +257,29 @@ var (
 func Wait(max time.Duration) Policy { return Policy{kind: kindWait, max: max} }
 
 // HandOff (the default, HandOff(1)) lets up to n busy tasks of a key wait
-// for its lock on each server, each until its deadline: the Locker wakes a
+// for its lock on each server, each up to HandOffWait: the Locker wakes a
 // waiter when the lock is released (at once with a store that notifies
 // releases: redislock, etcdlock, zklock, memlock; others are polled), so
 // that a backlog on one key drains at about the handler's speed. Every
 // other busy task is bounced as by RetryLater: up to QuickRetries a second
 // come back at asynq's next delayed-task check, to take the place of a
-// waiter that got the lock; the rest after BusyDelay. Set
+// waiter that got the lock; the rest after BusyDelay. A waiter that runs
+// out of HandOffWait is bounced too, after BusyDelay. Set
 // asynq.Config.DelayedTaskCheckInterval and TaskCheckInterval to about
 // 100ms, or bounced tasks come back only every 5s: see the package
 // documentation.
 //
 // A waiter holds one of the server's workers while it waits, so n bounds the
 // workers one key can take on a server (n must be below Concurrency;
-// MaxWaiting bounds them across keys). On the task's last attempt the
-// bounce is replaced by the OnExhausted policy, as for RetryLater.
+// MaxWaiting bounds them across keys).
+//
+// On the task's last attempt asynq archives a bounce, so such a task takes
+// a place in the line like any other (counted against n and MaxWaiting) and
+// waits there until its deadline. If there is no place, the OnExhausted
+// policy applies, a Wait bounded by HandOffWait: the task holds its worker
+// for at most that long and is then archived with the busy error (run it
+// again with asynq's Inspector.RunTask). So the tasks on their last attempt
+// of a key held elsewhere take at most n workers for long.
 func HandOff(n int) Policy { return Policy{kind: kindHandOff, n: n} }
 
 func (p Policy) check(opt string) error {
@@ -339,6 +372,7 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 		delayMax:       DefaultBusyDelayMax,
 		releaseTimeout: DefaultReleaseTimeout,
 		quick:          DefaultQuickRetries,
+		handOffWait:    DefaultHandOffWait,
 	}
 	if l == nil {
 		c.errs = append(c.errs, invalid("Locker", "nil"))
@@ -392,7 +426,7 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 	if err := core.ValidateKey(key); err != nil {
 		return fmt.Errorf("asynqlock: key of task %q: %w: %w", t.Type(), err, asynq.SkipRetry)
 	}
-	s, err := m.acquire(ctx, key, m.c.onBusy, false)
+	s, err := m.acquire(ctx, key, m.c.onBusy, nil)
 	if err != nil {
 		return err
 	}
@@ -403,9 +437,9 @@ func (m *middleware) process(ctx context.Context, t *asynq.Task, next asynq.Hand
 }
 
 // acquire takes key under policy p. It returns a nil session and nil error
-// when the task is to be skipped. fallback is true when p is the OnExhausted
-// policy.
-func (m *middleware) acquire(ctx context.Context, key string, p Policy, fallback bool) (core.Session, error) {
+// when the task is to be skipped. from is the busy policy when p is the
+// OnExhausted policy applied in its place, nil otherwise.
+func (m *middleware) acquire(ctx context.Context, key string, p Policy, from *Policy) (core.Session, error) {
 	var (
 		s   core.Session
 		err error
@@ -413,7 +447,13 @@ func (m *middleware) acquire(ctx context.Context, key string, p Policy, fallback
 	quick := false
 	switch p.kind {
 	case kindWait:
-		s, err = m.wait(ctx, key, p.max)
+		max := p.max
+		if from != nil && from.kind == kindHandOff && (max == 0 || max > m.c.handOffWait) {
+			// A last attempt that found no place in HandOff's line: its
+			// wait is not counted there, so it is bounded in time.
+			max = m.c.handOffWait
+		}
+		s, err = m.wait(ctx, key, max)
 	case kindHandOff:
 		s, quick, err = m.handOff(ctx, key, p.n)
 	default:
@@ -444,8 +484,8 @@ func (m *middleware) acquire(ctx context.Context, key string, p Policy, fallback
 	}
 	// RetryLater, or a Wait that ran out. On the last attempt asynq would
 	// archive the task: apply the OnExhausted policy instead.
-	if !fallback && exhausted(ctx) {
-		return m.acquire(ctx, key, m.c.onExhausted, true)
+	if from == nil && exhausted(ctx) {
+		return m.acquire(ctx, key, m.c.onExhausted, &p)
 	}
 	return nil, busy
 }
@@ -462,17 +502,28 @@ func (m *middleware) wait(ctx context.Context, key string, max time.Duration) (c
 }
 
 // handOff tries key once and, when it is busy, waits for it if fewer than n
-// tasks of key wait on this server. A busy answer without a wait reports
-// whether the bounce may come back quickly.
+// tasks of key wait on this server: up to HandOffWait, or on the task's last
+// attempt until its deadline. A busy answer without a wait reports whether
+// the bounce may come back quickly.
 func (m *middleware) handOff(ctx context.Context, key string, n int) (core.Session, bool, error) {
 	s, err := m.l.TryAcquire(ctx, key, m.c.lockOpts...)
 	if err == nil || !errors.Is(err, core.ErrNotAcquired) {
 		return s, false, err
 	}
-	// The last attempt waits under the OnExhausted policy instead, whatever
-	// the line.
-	if exhausted(ctx) {
-		return nil, false, err
+	last := exhausted(ctx)
+	wctx := ctx
+	if !last {
+		d := m.c.handOffWait
+		if dl, ok := ctx.Deadline(); ok {
+			left := time.Until(dl)
+			d = min(d, left-min(handOffMargin, left/10))
+		}
+		if d <= 0 {
+			return nil, false, err // too close to the deadline to wait
+		}
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
 	}
 	var holder *core.Info
 	var na *core.NotAcquiredError
@@ -484,7 +535,10 @@ func (m *middleware) handOff(ctx context.Context, key string, n int) (core.Sessi
 		return nil, quick, err
 	}
 	defer m.lines.leave(key)
-	s, err = m.l.Acquire(ctx, key, m.c.lockOpts...)
+	// When wctx's own timer ends the wait, ctx has not ended, and acquire
+	// bounces the task with a *BusyError; when ctx ends, it is an ordinary
+	// failure.
+	s, err = m.l.Acquire(wctx, key, m.c.lockOpts...)
 	return s, false, err
 }
 

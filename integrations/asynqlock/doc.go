@@ -52,8 +52,9 @@
 // Config.IsFailure says the error is a failure.
 //
 //   - HandOff(n) (default HandOff(1)): up to n busy tasks of a key wait for
-//     the lock on each server, each until its deadline, and the Locker wakes
-//     one when the lock is released (at once with a store that notifies
+//     the lock on each server, each up to HandOffWait (default 5s, and never
+//     past a second before its deadline), and the Locker wakes one when the
+//     lock is released (at once with a store that notifies
 //     releases: redislock, etcdlock, zklock, memlock; others are polled).
 //     Every other busy task is bounced as by RetryLater: up to QuickRetries
 //     a second per key and server (default 200, in bursts of 50) with a
@@ -61,7 +62,12 @@
 //     check and take the place of a waiter that got the lock; the rest
 //     after BusyDelay. Quick retries stop while a key has
 //     not changed hands for a second: its holders run long, and the bounced
-//     tasks come back after BusyDelay, which is short next to them.
+//     tasks come back after BusyDelay, which is short next to them. A
+//     waiter that runs out of HandOffWait is bounced after BusyDelay, with a
+//     *BusyError that uses no retry, so that a holder elsewhere that runs
+//     long keeps a worker here for at most HandOffWait at a time (a server
+//     of Concurrency 1 still runs other keys' tasks). A wait that the task's
+//     own context ends (shutdown, deadline) is an ordinary failure.
 //   - RetryLater returns a *BusyError, which matches core.ErrNotAcquired.
 //     With IsFailure and RetryDelay wired in, the task goes back to the
 //     retry set for a short jittered delay (BusyDelay, 1-3s) without using
@@ -112,12 +118,18 @@
 //
 // On the task's last attempt (retry count = MaxRetry, which is every attempt
 // of a task enqueued with MaxRetry(0)), asynq archives any error, so retrying
-// later is impossible. There RetryLater, HandOff's bounces and a Wait that
-// ran out apply the OnExhausted policy instead, by default Wait(0): wait for
-// the lock until the task's deadline. Only if the lock is still busy then is
-// the task archived, with the busy error as its last error. Because busy
-// bounces do not count, a task reaches its last attempt only through real
-// failures or a MaxRetry of 0.
+// later is impossible. There RetryLater and a Wait that ran out apply the
+// OnExhausted policy instead, by default Wait(0): wait for the lock until the
+// task's deadline. Only if the lock is still busy then is the task archived,
+// with the busy error as its last error. Under HandOff a task on its last
+// attempt takes a place in the line like any other (counted against n and
+// MaxWaiting) and waits there until its deadline; one that finds no place
+// gets the OnExhausted policy with its wait bounded by HandOffWait, and is
+// then archived with the busy error (asynq's Inspector.RunTask runs it
+// again). So a backlog of such tasks on a key held elsewhere takes at most n
+// workers of a server for long, not all of them. Because busy bounces do not
+// count, a task reaches its last attempt only through real failures or a
+// MaxRetry of 0.
 //
 // # While the lock is held
 //

@@ -96,6 +96,7 @@ func TestNew_InvalidOptions(t *testing.T) {
 		"ReleaseTimeout": {l, []asynqlock.Option{asynqlock.ReleaseTimeout(0)}},
 		"QuickRetries":   {l, []asynqlock.Option{asynqlock.QuickRetries(-1)}},
 		"MaxWaiting":     {l, []asynqlock.Option{asynqlock.MaxWaiting(-1)}},
+		"HandOffWait":    {l, []asynqlock.Option{asynqlock.HandOffWait(0)}},
 		"HandOff":        {l, []asynqlock.Option{asynqlock.OnBusy(asynqlock.HandOff(0))}},
 		"HandOff(1)":     {l, []asynqlock.Option{asynqlock.OnExhausted(asynqlock.HandOff(1))}},
 	}
@@ -426,12 +427,52 @@ func TestMiddleware_HandOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	err = mw(noop()).ProcessTask(wctx, task)
-	if len(w.acquiring) != 1 || !errors.Is(err, core.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("after the hand-off: waited %d, err = %v; want a wait cut short by the deadline", len(w.acquiring), err)
+	var b *asynqlock.BusyError
+	if len(w.acquiring) != 1 || !errors.As(err, &b) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("after the hand-off: waited %d, err = %v; want a wait that stops short of the deadline and bounces", len(w.acquiring), err)
 	}
 	<-w.acquiring
+	// A wait that the task's own cancellation ends is an ordinary failure.
+	cctx, ccancel := context.WithCancel(ctx)
+	go func() { <-w.acquiring; ccancel() }()
+	err = mw(noop()).ProcessTask(cctx, task)
+	if !errors.Is(err, context.Canceled) || !asynqlock.IsFailure(err) {
+		t.Errorf("wait cancelled by the task's context: err = %v, want an ordinary failure", err)
+	}
 	s.Release(ctx)
+}
+
+// TestMiddleware_HandOffWait: a HandOff waiter whose own bound runs out is
+// bounced with a *BusyError (no retry used), and its place in line goes to
+// the next busy task.
+func TestMiddleware_HandOffWait(t *testing.T) {
+	_, holder, l := lockers(t)
+	ctx := context.Background()
+	key := asynqlock.DefaultPrefix + "t"
+	s, err := holder.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(ctx)
+	w := watchedLocker{Locker: l, acquiring: make(chan string, 2)}
+	mw := mustNew(t, w, asynqlock.HandOffWait(100*time.Millisecond))
+	task := asynq.NewTask("t", nil)
+	for i := range 2 {
+		start := time.Now()
+		err := mw(noop()).ProcessTask(ctx, task)
+		var b *asynqlock.BusyError
+		if !errors.As(err, &b) || asynqlock.IsFailure(err) {
+			t.Fatalf("waiter %d: err = %v, want a *BusyError", i, err)
+		}
+		if d := time.Since(start); d < 100*time.Millisecond || d > 5*time.Second {
+			t.Errorf("waiter %d bounced after %v, want about HandOffWait (100ms)", i, d)
+		}
+		if len(w.acquiring) != 1 {
+			t.Fatalf("waiter %d: %d waits, want 1 (the place in line is free again)", i, len(w.acquiring))
+		}
+		<-w.acquiring
+	}
 }
