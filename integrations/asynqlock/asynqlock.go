@@ -100,8 +100,9 @@ func OnBusy(p Policy) Option {
 // retry count has reached its MaxRetry), when the busy policy would retry it
 // later. asynq archives a task that fails on its last attempt whatever
 // Config.IsFailure says, so retrying later is not possible then; the default
-// is Wait(0): wait for the lock until the task's deadline. RetryLater and
-// HandOff are not valid values.
+// is Wait(0): wait for the lock until the task's deadline (under HandOff, a
+// task that found no place in the line waits at most HandOffWait). RetryLater
+// and HandOff are not valid values.
 func OnExhausted(p Policy) Option {
 	return func(c *config) {
 		if err := p.check("OnExhausted"); err != nil {
