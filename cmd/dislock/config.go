@@ -216,10 +216,13 @@ func parseArgs(args []string, getenv func(string) (string, bool)) (*invocation, 
 	inv.force = *force
 	inv.level, inv.levelWarn = parseLevel(st.get(specLogLevel))
 	inv.table = st.get(specTable)
-	if inv.create, err = parseBool(st.get(specCreate)); err != nil {
-		return nil, badSetting(specCreate, "%v", err)
-	}
-	if inv.create && inv.sub != subRun {
+	if inv.sub == subRun {
+		if inv.create, err = parseBool(st.get(specCreate)); err != nil {
+			return nil, badSetting(specCreate, "%v", err)
+		}
+	} else if _, ok := set[specCreate.flag]; ok {
+		// DISLOCK_CREATE_TABLE in the environment, set for the runs, is
+		// ignored: status, list and release never create anything.
 		return nil, badSetting(specCreate, "only a run creates a table; status, list and release never do")
 	}
 

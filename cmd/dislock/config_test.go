@@ -341,6 +341,16 @@ func TestCreateTableSetting(t *testing.T) {
 	if _, err := parseArgs([]string{"list", "--create-table"}, envOf("DATABASE_URL", testURL)); err == nil {
 		t.Error("list --create-table accepted")
 	}
+	// The environment of the runs may set DISLOCK_CREATE_TABLE: the operator
+	// subcommands ignore it.
+	for _, args := range [][]string{{"status", "--url-env", "DATABASE_URL", "k"}, {"list", "--url-env", "DATABASE_URL"}, {"release", "--force", "--url-env", "DATABASE_URL", "k"}} {
+		for _, v := range []string{"1", "maybe"} {
+			inv, err := parseArgs(args, envOf("DATABASE_URL", testURL, "DISLOCK_CREATE_TABLE", v))
+			if err != nil || inv.create {
+				t.Errorf("%v with DISLOCK_CREATE_TABLE=%s: %+v %v", args, v, inv, err)
+			}
+		}
+	}
 }
 
 // The busy message of a schedule lock says the slot has already run, when
