@@ -62,6 +62,17 @@ type AcquireRequest struct {
 	// over — its holder let it expire — and TryAcquire must answer Busy
 	// without claiming anything, or a slot could be started twice.
 	ExpireAt time.Time
+	// Limit > 1 claims one of Limit permits of a semaphore on Key (a
+	// SemaphoreBackend only; the engine never sends it to other backends).
+	// 0 or 1 is a mutex.
+	Limit int
+	// Waiter, set only for a Queuer backend and only by a waiting Acquire,
+	// names that wait: random per Acquire call, the same across its
+	// attempts. See Queuer.
+	Waiter string
+	// WaiterTTL is how long, on the store's clock, the store keeps Waiter's
+	// place in line after this attempt if no other attempt refreshes it.
+	WaiterTTL time.Duration
 }
 
 // Lease is what a successful TryAcquire returns.
@@ -76,6 +87,7 @@ type RenewRequest struct {
 	Key        string
 	OwnerToken string
 	TTL        time.Duration
+	Limit      int // the Limit the lease was acquired with (0 or 1: a mutex)
 }
 
 // ReleaseRequest gives up one lease.
@@ -84,5 +96,54 @@ type ReleaseRequest struct {
 	OwnerToken string
 	// Keep > 0 keeps the lock until the store's now + Keep instead of
 	// deleting it (min hold).
-	Keep time.Duration
+	Keep  time.Duration
+	Limit int // the Limit the lease was acquired with (0 or 1: a mutex)
+}
+
+// Queuer is implemented by Watcher backends that keep the waiters of a key
+// in a first-in, first-out queue on the store, so that one release wakes one
+// waiter across all processes, in the order they came, instead of one
+// waiter per process.
+//
+// The contract, on top of Backend's:
+//   - TryAcquire with req.Waiter set grants the key only when it is free (for
+//     a semaphore: a permit is free) and no live waiter was queued before
+//     req.Waiter. Otherwise it puts req.Waiter at the tail of the key's queue,
+//     or keeps its place, until the store's now + req.WaiterTTL, and answers
+//     Busy. A grant takes req.Waiter out of the queue.
+//   - TryAcquire without a Waiter grants a free key only when no live waiter
+//     is queued: a waiter is never overtaken by a caller that did not wait.
+//   - A waiter whose place expired (its process died or stopped trying) is
+//     skipped and dropped by whoever looks at the queue next.
+//   - Release of a key with live waiters, ForceRelease, and Leave of the
+//     first waiter of a claimable key tell the first live waiter through
+//     WatchTurns. A release with nobody queued sends nothing.
+//   - A lease that expires sends nothing: waiters poll at the holder's
+//     expiry, and the first live one gets the key.
+type Queuer interface {
+	Watcher
+	// WatchTurns is Watch for a Queuer: fn gets the key and the waiter whose
+	// turn it is (empty when the store did not say: any waiter may try).
+	// The engine calls WatchTurns instead of Watch.
+	WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error
+	// Leave takes waiter out of key's queue: its Acquire gave up or failed.
+	// When waiter was first in line and the key can be claimed, the next
+	// live waiter is told. Leaving a queue one is not in is not an error.
+	Leave(ctx context.Context, key, waiter string) error
+}
+
+// SemaphoreBackend is implemented by backends that also hold semaphores: a
+// key with up to Limit holders at once. TryAcquire, Renew and Release with
+// Limit > 1 act on one permit of the key; each permit has its own owner
+// token, lease and fencing token, and tokens strictly increase per key
+// across all permits. A permit that is not renewed expires at its TTL like
+// a lock. A claim whose Limit differs from the one the key's current
+// holders took it with (a mutex counts as 1) fails with an error matching
+// ErrLimitMismatch (see LimitMismatch) and claims nothing.
+type SemaphoreBackend interface {
+	Backend
+	// Holders lists every holder of key, oldest first: each permit of a
+	// semaphore (Info.Limit is the semaphore's limit), or the one holder of
+	// a mutex. It is empty when the key is free.
+	Holders(ctx context.Context, key string) ([]Info, error)
 }

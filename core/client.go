@@ -111,6 +111,11 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	if err != nil {
 		return nil, err
 	}
+	if cfg.limit > 1 {
+		if _, ok := c.b.(SemaphoreBackend); !ok {
+			return nil, fmt.Errorf("%w: semaphores (Limit %d) on %s", ErrUnsupported, cfg.limit, c.name)
+		}
+	}
 	// Close waits for acquisitions in flight, and for the undo of their
 	// claims, before it closes the backend.
 	c.mu.Lock()
@@ -239,6 +244,9 @@ func backoffWait(min, max time.Duration, n int) time.Duration {
 func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config) (*session, error) {
 	ctx := opCtx
 	req := AcquireRequest{Key: key, Owner: cfg.owner, OwnerToken: rand.Text(), TTL: cfg.ttl}
+	if cfg.limit > 1 {
+		req.Limit = cfg.limit
+	}
 	var serverNow time.Time
 	if cfg.schedule != nil {
 		now, err := c.b.Now(ctx, key)
@@ -267,7 +275,7 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 		return nil, fmt.Errorf("dislock: %s: acquire %q: %w", c.name, key, err)
 	}
 	s := &session{
-		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token,
+		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token, limit: req.Limit,
 		slot: cfg.schedule != nil, ttl: cfg.ttl, interval: cfg.renewInterval,
 		renewDeadline: cfg.renewDeadline, minHold: cfg.minHold,
 		acquiredAt: sent, obsCtx: context.WithoutCancel(opCtx),
@@ -456,6 +464,20 @@ func (c *Client) List(ctx context.Context, prefix string) ([]Info, error) {
 		return nil, ErrUnsupported
 	}
 	return a.List(ctx, prefix)
+}
+
+// Holders lists every holder of key, oldest first: each permit of a
+// semaphore, or the one holder of a mutex; empty when the key is free. It
+// returns ErrUnsupported unless the backend is a SemaphoreBackend.
+func (c *Client) Holders(ctx context.Context, key string) ([]Info, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	sb, ok := c.b.(SemaphoreBackend)
+	if !ok {
+		return nil, ErrUnsupported
+	}
+	return sb.Holders(ctx, key)
 }
 
 // ForceRelease implements Admin when the backend does. Waiters are woken.

@@ -39,7 +39,40 @@ var (
 	// ErrUnsupported: the backend does not implement the requested capability
 	// (for example Admin calls on a backend without them).
 	ErrUnsupported = &sentinel{"dislock: not supported by this backend", "unsupported"}
+	// ErrLimitMismatch: a semaphore claim (Limit) asked for another number
+	// of permits than the key's current holders took it with; a mutex
+	// counts as a limit of 1. The message names both.
+	ErrLimitMismatch = &sentinel{"dislock: limit mismatch", "limit_mismatch"}
 )
+
+// LimitMismatch returns the error a backend answers a claim of key with
+// when the key is held with limit have and the claim asked for want (1 for
+// a mutex). It matches ErrLimitMismatch.
+func LimitMismatch(key string, have, want int) error {
+	return &limitError{key: key, have: max(have, 1), want: max(want, 1)}
+}
+
+type limitError struct {
+	key        string
+	have, want int
+}
+
+func (e *limitError) Error() string {
+	return fmt.Sprintf("%s: key %q is held %s; this claim asked for %s",
+		ErrLimitMismatch.msg, e.key, limitWords(e.have), limitWords(e.want))
+}
+
+func limitWords(n int) string {
+	if n <= 1 {
+		return "as a mutex (limit 1)"
+	}
+	return fmt.Sprintf("as a semaphore of %d permits", n)
+}
+
+func (e *limitError) Unwrap() error { return ErrLimitMismatch }
+
+// ErrorType returns the type name of ErrLimitMismatch.
+func (e *limitError) ErrorType() string { return ErrLimitMismatch.typ }
 
 // sentinel is an error value with a stable type name for telemetry.
 type sentinel struct{ msg, typ string }
@@ -57,7 +90,7 @@ func ErrorType(err error) string {
 	if err == nil {
 		return ""
 	}
-	for _, s := range []*sentinel{ErrNotAcquired, ErrLeaseLost, ErrReleased, ErrClosed, ErrInvalidKey, ErrInvalidOption, ErrUnsupported} {
+	for _, s := range []*sentinel{ErrNotAcquired, ErrLeaseLost, ErrReleased, ErrClosed, ErrInvalidKey, ErrInvalidOption, ErrUnsupported, ErrLimitMismatch} {
 		if errors.Is(err, s) {
 			return s.typ
 		}
@@ -83,6 +116,7 @@ type Info struct {
 	AcquiredAt time.Time     // on the backend's clock; zero when unknown
 	ExpiresAt  time.Time     // on the backend's clock
 	Remaining  time.Duration // ExpiresAt minus the backend's now when read; 0 when unknown
+	Limit      int           // a semaphore's number of permits; 0 for a mutex
 }
 
 // NotAcquiredError is returned when a lock is held elsewhere, and when

@@ -73,6 +73,14 @@ type Session interface {
 	// freed (it then expires at its TTL). After the store refused a renewal
 	// (ErrLeaseGone) there is nothing to free and it returns nil.
 	Release(ctx context.Context) error
+	// Check asks the store, in one round trip, whether it still holds this
+	// session's lease: nil when it does (the lease is then renewed and
+	// Deadline moves forward as after a renewal), an error matching
+	// ErrLeaseLost when the store no longer has this session's owner token
+	// on the key (the session then ends as on a refused renewal), or the
+	// store's error when it could not tell. Call it right before an
+	// irreversible step on a resource that cannot check fencing tokens.
+	Check(ctx context.Context) error
 }
 
 // Admin lets operators look at and break locks. Backends that support it are

@@ -34,7 +34,29 @@ type config struct {
 	slotSet                           bool
 	tolerance                         time.Duration
 	backoffMin, backoffMax            time.Duration
+	limit                             int
 	errs                              []error
+}
+
+// MaxLimit is the largest number of permits Limit accepts.
+const MaxLimit = 10000
+
+// Limit turns the acquisition into one of n permits of a semaphore on the
+// key: up to n sessions hold the key at once, each with its own lease,
+// renewal, loss signal and fencing token (tokens strictly increase per key
+// across all permits). Limit(1), the default, is a mutex. Every holder of a
+// key must ask for the same n: a claim with another limit than the key's
+// current holders fails with ErrLimitMismatch. n must be between 1 and
+// MaxLimit; a backend without semaphores (not a SemaphoreBackend) answers
+// n > 1 with ErrUnsupported.
+func Limit(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > MaxLimit {
+			c.errs = append(c.errs, invalidOption("Limit", "must be between 1 and %d, got %d", MaxLimit, n))
+			return
+		}
+		c.limit = n
+	}
 }
 
 // TTL sets the lease's time to live on the server (default 30s). Unless set

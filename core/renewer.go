@@ -165,7 +165,7 @@ func (c *Client) sendRenewals(b *renewBatch, out chan<- *renewBatch) {
 	defer c.wg.Done()
 	reqs := make([]RenewRequest, len(b.sessions))
 	for i, s := range b.sessions {
-		reqs[i] = RenewRequest{Key: s.key, OwnerToken: s.ownerToken, TTL: s.ttl}
+		reqs[i] = RenewRequest{Key: s.key, OwnerToken: s.ownerToken, TTL: s.ttl, Limit: s.limit}
 	}
 	ctxs := make([]context.Context, len(b.sessions))
 	bctx := c.ctx // the store call's context

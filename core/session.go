@@ -13,6 +13,7 @@ type session struct {
 	c                      *Client
 	key, owner, ownerToken string
 	token                  uint64
+	limit                  int // semaphore permits; 0 for a mutex
 	slot                   bool
 	ttl, interval          time.Duration
 	renewDeadline, minHold time.Duration
@@ -124,7 +125,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 	}
 	c := s.c
 	c.forget(s)
-	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken}
+	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken, Limit: s.limit}
 	held := time.Since(s.acquiredAt)
 	kept := s.slot
 	if !s.slot && s.minHold > held {
@@ -161,6 +162,58 @@ func (s *session) release(ctx context.Context, cause error) error {
 		c.obs.ReleaseEnd(octx, ReleaseEndEvent{Backend: c.name, Key: s.key, Token: s.token, Held: held, Kept: kept, Err: err})
 	}
 	return err
+}
+
+// Check implements Session: one renewal of this lease alone, sent now.
+func (s *session) Check(ctx context.Context) error {
+	if err := s.Err(); err != nil {
+		return err
+	}
+	if s.slot {
+		// A slot lease is not renewed; the store keeps it until the slot
+		// ends, which the local deadline tracks.
+		if time.Now().Before(s.Deadline()) {
+			return nil
+		}
+		return fmt.Errorf("%w: %q: slot ended", ErrLeaseLost, s.key)
+	}
+	c := s.c
+	sent := time.Now()
+	s.mu.Lock()
+	if s.lastSent.Before(sent) {
+		s.lastSent = sent // it may be applied whatever its outcome
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithDeadline(ctx, s.Deadline())
+	defer cancel()
+	res, err := c.b.Renew(ctx, []RenewRequest{{Key: s.key, OwnerToken: s.ownerToken, TTL: s.ttl, Limit: s.limit}})
+	if err == nil {
+		if len(res) != 1 {
+			err = errors.New("dislock: backend returned the wrong number of renewal results")
+		} else {
+			err = res[0]
+		}
+	}
+	switch {
+	case err == nil:
+		s.mu.Lock()
+		if s.err == nil {
+			if d := sent.Add(s.renewDeadline); d.After(s.deadline) {
+				s.deadline = d
+			}
+		}
+		ended := s.err
+		s.mu.Unlock()
+		return ended
+	case errors.Is(err, ErrLeaseLost):
+		s.lose(err, false)
+		return s.Err()
+	default:
+		if e := s.Err(); e != nil {
+			return e
+		}
+		return fmt.Errorf("dislock: %s: check %q: %w", c.name, s.key, err)
+	}
 }
 
 func isLeaseLost(err error) bool { return err != nil && errors.Is(err, ErrLeaseLost) }
