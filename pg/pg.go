@@ -13,7 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Backend is the PostgreSQL store. It implements core.Backend, core.Watcher
+// Backend is the PostgreSQL store. It implements core.Backend, core.Watcher,
+// core.Queuer (waiters wait in line on the lock row; see the package doc)
 // and core.Admin and is safe for concurrent use.
 type Backend struct {
 	pool    *pgxpool.Pool
@@ -30,6 +31,7 @@ var (
 	_ core.Watcher      = (*Backend)(nil)
 	_ core.Admin        = (*Backend)(nil)
 	_ core.ClaimBounder = (*Backend)(nil)
+	_ core.Queuer       = (*Backend)(nil)
 )
 
 // NewBackend returns a Backend on pool, which stays the caller's: Close does
@@ -146,6 +148,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	} else if req.TTL <= 0 {
 		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", req.TTL)
 	}
+	if req.Waiter != "" && req.WaiterTTL <= 0 {
+		return core.Lease{}, invalidOption("WaiterTTL", "must be positive with a Waiter, got %v", req.WaiterTTL)
+	}
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return core.Lease{}, err
@@ -160,7 +165,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(b.stmt.bound, strconv.FormatInt(left.Milliseconds(), 10))
-	batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
+	if b.stmt.queue {
+		// The legacy table has no queue: the waiter is not sent.
+		batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL))
+	} else {
+		batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
+	}
 	br := conn.SendBatch(ctx, batch)
 	lease, err := b.readAcquire(br, req)
 	// The batch commits at its end: only then has the claim taken effect.
@@ -261,9 +271,10 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	return results, nil
 }
 
-// Release implements core.Backend: an owner-checked delete that notifies
-// waiters in the same statement, or with Keep > 0 an owner-checked update of
-// the expiry.
+// Release implements core.Backend: an owner-checked delete that, when
+// waiters are queued, keeps their queue on a free row and notifies the first
+// of them in the same statement (on the legacy table: notifies every
+// release); or with Keep > 0 an owner-checked update of the expiry.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Keep > 0 {
 		if _, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep)); err != nil {

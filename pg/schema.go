@@ -42,8 +42,23 @@ func schemaSQL(table string, legacy, unlogged bool) string {
 	holder      text NOT NULL,
 	token       bigint NOT NULL DEFAULT %s,
 	acquired_at timestamptz NOT NULL,
-	expire_at   timestamptz NOT NULL
+	expire_at   timestamptz NOT NULL,
+	waiters     jsonb
 )`, kind, table, tokenDefault)
+}
+
+// Schema change: the waiter queue (core.Queuer). The only column added to
+// the table of earlier versions is
+//
+//	waiters jsonb  -- NULL: nobody waits; else [{"w": waiter id, "d": deadline µs}, …], first in line first
+//
+// A row whose key is free but whose waiters are queued stays in the table
+// with an empty holder and expire_at '-infinity'. Migrate adds the column to an
+// existing table (addWaitersSQL: no rewrite, nullable without a default);
+// NewBackend reports a table without it as ErrSchema naming that statement.
+// The legacy table gets no column: it has no queue.
+func addWaitersSQL(table string) string {
+	return "ALTER TABLE " + table + " ADD COLUMN IF NOT EXISTS waiters jsonb"
 }
 
 // tokenDefault is the default of the token column of the tables Migrate
@@ -64,7 +79,18 @@ func (b *Backend) Migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('dislock: migrate'))`); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged))
+		if _, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged)); err != nil || b.cfg.legacy {
+			return err
+		}
+		// A table of an earlier version: add the queue's column (schema
+		// change above). Only when it is missing, so that a role without
+		// the ALTER privilege can still migrate a current table.
+		var has bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+	WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`, b.table).Scan(&has); err != nil || has {
+			return err
+		}
+		_, err := tx.Exec(ctx, addWaitersSQL(b.table))
 		return err
 	})
 	if err != nil {
@@ -148,7 +174,7 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 
 	want := []struct{ name, kind string }{
 		{"key", "text"}, {"owner", "text"}, {"holder", "text"}, {"token", "bigint"},
-		{"acquired_at", "timestamptz"}, {"expire_at", "timestamptz"},
+		{"acquired_at", "timestamptz"}, {"expire_at", "timestamptz"}, {"waiters", "jsonb"},
 	}
 	fix := "run Migrate on a new table, or use WithLegacyTable for a key_value(key, value, expire_at) table"
 	if b.cfg.legacy {
@@ -157,10 +183,17 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 	}
 	for _, w := range want {
 		c, ok := cols[w.name]
+		if !ok && w.name == "waiters" {
+			return 0, schemaErr(t, "column waiters (the waiter queue, added in this version) is missing; fix: %s; (or call Migrate, or use WithAutoMigrate, which add it)", addWaitersSQL(t))
+		}
 		if !ok {
 			return 0, schemaErr(t, "column %s is missing; fix: %s", w.name, fix)
 		}
 		switch w.kind {
+		case "jsonb":
+			if c.typ != "jsonb" {
+				return 0, schemaErr(t, "column %s is %s, want jsonb; fix: ALTER TABLE %s DROP COLUMN %s, then %s", w.name, c.typ, t, w.name, addWaitersSQL(t))
+			}
 		case "text":
 			if c.typ != "text" && !strings.HasPrefix(c.typ, "character varying") {
 				return 0, schemaErr(t, "column %s is %s, want text; fix: ALTER TABLE %s ALTER COLUMN %s TYPE text", w.name, c.typ, t, w.name)

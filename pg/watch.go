@@ -28,7 +28,18 @@ const listenSetupTimeout = 10 * time.Second
 // ListenObserver), closes the connection and returns an error matching
 // ErrListenUnavailable and core.ErrUnsupported, so the engine polls; later
 // calls return it at once.
+//
+// A release notifies only when a waiter is queued (see WatchTurns, which the
+// engine uses): fn sees those releases, not every one.
 func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
+	return b.watch(ctx, ready, func(payload string) {
+		key, _ := parseTurn(payload)
+		fn(key)
+	})
+}
+
+// watch is Watch and WatchTurns: fn gets each notification's payload.
+func (b *Backend) watch(ctx context.Context, ready func(), fn func(payload string)) error {
 	if b.cfg.noListen {
 		return core.ErrUnsupported
 	}
