@@ -30,15 +30,47 @@
 //   - Renewal of every due session of a Locker is one UPDATE … FROM
 //     unnest(…), checked against each session's random owner token; a
 //     session missing from the result is lost at once.
-//   - Release is an owner-checked DELETE that calls pg_notify in the same
-//     statement (or, under MinHold and slot mode, an owner-checked update of
-//     the expiry). Each Locker keeps one LISTEN connection, separate from
-//     the pool, so waiters in other processes wake at once; if LISTEN fails
-//     the Locker polls and retries the subscription.
+//   - Release is an owner-checked DELETE (or, under MinHold and slot mode,
+//     an owner-checked update of the expiry). When waiters are queued on the
+//     row (see Waiting in line), the same statement puts back a free row
+//     that keeps their queue and calls pg_notify for the first of them;
+//     with nobody queued it notifies nobody. Each Locker keeps one LISTEN
+//     connection, separate from the pool, so a waiter in another process
+//     wakes at once when its turn comes; if LISTEN fails the Locker polls
+//     and retries the subscription.
 //   - Nothing depends on session state: no advisory locks, no SET beyond
 //     a statement's own transaction, no prepared statements (every
 //     statement works in QueryExecModeExec and the simple protocol). Renewals that fail with 40001, 57P01 or a broken
 //     connection are retried by the engine until the renew deadline.
+//
+// # Waiting in line
+//
+// Backend is a core.Queuer: the waiters of a key wait in a first-in,
+// first-out queue kept on the key's row (the waiters column), across all
+// processes, so one release wakes one waiter, the first in line, instead of
+// one per process. A waiting Acquire's busy attempt takes a place at the
+// tail (or keeps its own) in the same statement as the attempt; the place
+// lasts the engine's queue TTL (2s) from the attempt that last refreshed
+// it, and the engine refreshes it while it waits. A free key is granted only
+// to the first live waiter, or to anyone when nobody live is queued, so a
+// TryAcquire never overtakes a waiter. A release, ForceRelease, or a Leave
+// of the first waiter of a free key (a wait that gave up) notifies the next
+// live waiter by name; a waiter whose process died is skipped once its
+// place expires; a lease that expires notifies nobody (waiters poll at the
+// holder's expiry). The notification's payload is the waiter id's length
+// in bytes, a colon, the id and the key.
+//
+// It costs the common paths nothing: with nobody queued the column is
+// NULL, a busy TryAcquire is the one indexed read it was, and a release
+// sends no notification. A queued waiter's repeated busy attempts write
+// its place only when less than half of its TTL is left, so they are reads
+// too.
+//
+// The legacy table (WithLegacyTable) has no queue: a free key goes to
+// whoever comes first, and every release notifies with the bare key, as
+// before. Processes of earlier versions sharing a table ignore the queue:
+// they may take a free key out of turn, and their releases drop the queue
+// (its waiters poll and queue again).
 //
 // # Guarantees
 //
@@ -104,7 +136,8 @@
 //		holder      text NOT NULL,        -- random owner token of the session
 //		token       bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, -- fencing token
 //		acquired_at timestamptz NOT NULL,
-//		expire_at   timestamptz NOT NULL
+//		expire_at   timestamptz NOT NULL,
+//		waiters     jsonb                 -- the waiter queue; NULL when nobody waits
 //	)
 //
 // SchemaSQL returns it for any table name, for use in your own migrations.
@@ -113,6 +146,15 @@
 // table, its columns and types, the unique index on key and these
 // privileges, and reports a problem as an error matching ErrSchema that
 // names the table and the fix.
+//
+// Tables created by earlier versions lack the waiters column: NewBackend
+// refuses them with an ErrSchema error naming the statement that adds it,
+//
+//	ALTER TABLE dislock_locks ADD COLUMN IF NOT EXISTS waiters jsonb
+//
+// which Migrate (and WithAutoMigrate) run for you. It is instant (a
+// nullable column without a default rewrites nothing), and processes of
+// the earlier version keep working on the table.
 //
 // Tables created by earlier versions take their tokens from an identity
 // sequence, which a crash can set back under WithAsyncCommit (its last
@@ -128,11 +170,21 @@
 //
 // # Durability modes
 //
-// By default every acquire, renewal and release waits for its WAL flush, so
-// its latency is the commit latency of the server, not the round trip.
+// By default every acquire and renewal waits for its WAL flush, so its
+// latency is the commit latency of the server, not the round trip.
 // WithAsyncCommit sets synchronous_commit = off for each statement's own
 // transaction; WithUnlogged creates an UNLOGGED table. Both are faster and
 // both can grant a lock twice after a database crash; see their docs.
+//
+// Releases (and ForceRelease, a waiter's place in line, Leave) commit with
+// synchronous_commit = off in every mode: they wait for no WAL flush. That
+// costs no guarantee. A release lost in a database crash leaves the key held
+// until its TTL, as a release that never arrived does, and a lost place in
+// line is taken again by the waiter's next try. No claim made after a
+// release can survive a crash that loses the release: the claim saw it, so
+// the release's commit record comes first in the WAL, and the claim's own
+// durable commit flushes (and, with synchronous_standby_names, replicates)
+// both.
 //
 // # PgBouncer
 //
@@ -175,9 +227,11 @@
 // # Notifications and durable commits
 //
 // A transaction that calls pg_notify holds a database-wide lock from its
-// commit until its WAL flush, so with durable commits the releases of many
-// Lockers queue behind one another's fsync. Where release throughput matters
-// more than hand-off latency, WithoutNotify (with WithoutListen) sends no
-// notifications and lets waiters poll; WithAsyncCommit removes the flush
-// wait instead.
+// commit until its WAL flush; with durable releases, the releases of many
+// Lockers used to queue behind one another's fsync. Now only releases of keys
+// that someone waits for notify (see Waiting in line), and releases wait for
+// no flush (see Durability modes), so releases commit in parallel. Where
+// hand-off latency matters less than the LISTEN connections, WithoutNotify
+// (with WithoutListen) sends no notifications and lets waiters poll (the
+// queue's order still holds).
 package pg

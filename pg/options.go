@@ -100,8 +100,8 @@ func WithAutoMigrate() Option {
 	return func(c *config) { c.autoMigrate = true }
 }
 
-// WithAsyncCommit commits every acquire, renewal and release with
-// synchronous_commit = off, set for that statement's own transaction only
+// WithAsyncCommit commits every acquire and renewal (releases always are,
+// see the package doc) with synchronous_commit = off, set for that statement's own transaction only
 // (set_config(..., true) inside the statement; no session state). A write no
 // longer waits for the WAL flush, which makes it about as fast as a read.
 //
@@ -144,12 +144,13 @@ func WithoutListen() Option {
 	return func(c *config) { c.noListen = true }
 }
 
-// WithoutNotify stops releases from sending pg_notify; waiters in every
-// process then poll (core.Backoff, never past the holder's expiry). A
-// notifying transaction takes a database-wide lock from its commit until its
-// WAL flush, so with durable commits concurrent releases queue behind one
-// another's fsync: without notifications, many Lockers releasing at once
-// commit in parallel, at the price of slower hand-offs. Use it with
+// WithoutNotify stops releases (and ForceRelease, and Leave) from sending
+// pg_notify; waiters in every process then poll (core.Backoff, never past
+// the holder's expiry, and at least every third of the queue TTL), still in
+// the queue's order. Only releases of keys with queued waiters notify, and
+// releases wait for no WAL flush (see the package doc), so notifications
+// cost little; WithoutNotify saves the notify lock's brief hold and the
+// LISTEN connections, at the price of slower hand-offs. Use it with
 // WithoutListen.
 func WithoutNotify() Option {
 	return func(c *config) { c.noNotify = true }

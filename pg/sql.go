@@ -82,6 +82,21 @@ func turnPayload(key, waiter string) string {
 	return `octet_length(` + waiter + `)::text || ':' || ` + waiter + ` || ` + key
 }
 
+// Durability: acquires and renewals commit with the Backend's setting
+// (durable unless WithAsyncCommit), because losing one in a database crash
+// could let two owners hold a key: a renewal lost shortens a lease its
+// holder counts on. Every other write commits with synchronous_commit = off
+// (asyncClause) in every mode, since losing it only delays others: a
+// release, ForceRelease or Leave lost in a crash leaves the key held until
+// its TTL (as a release that never arrived does) or a waiter's place until
+// its own TTL, and a place in line is refreshed by the waiter's next try.
+// No claim can outlive such a crash without the release before it: the
+// claim saw the release, so the release's commit record precedes the
+// claim's in the WAL, and the claim's flush (or a synchronous standby's
+// confirmation) covers both. So a release waits for no WAL flush, holds
+// the notify lock (pg_notify's database-wide lock, held from commit through
+// the flush) only for moments, and a queued waiter's write to the hot row
+// does not hold its row lock through a flush either.
 func buildStatements(table string, legacy, async bool) statements {
 	ac := ""
 	if async {
@@ -141,7 +156,7 @@ func buildStatements(table string, legacy, async bool) statements {
 		AND (l.expire_at > now() OR %[3]s <> $6::text)
 		AND coalesce(%[4]s, 0) < %[5]s + $7::bigint / 2%[6]s
 	RETURNING 1
-)`, table, qWith("l.waiters", "$6::text", nowMicros+" + $7::bigint"), qHead("l.waiters"), qDeadline("l.waiters", "$6::text"), nowMicros, ac)
+)`, table, qWith("l.waiters", "$6::text", nowMicros+" + $7::bigint"), qHead("l.waiters"), qDeadline("l.waiters", "$6::text"), nowMicros, asyncClause)
 		set += ", waiters = " + qWithout("l.waiters", "$6::text")
 	}
 	s.acquire = fmt.Sprintf(`WITH cur AS (
@@ -193,14 +208,14 @@ FROM %[1]s WHERE starts_with(key, $1::text) AND expire_at > now() ORDER BY key`,
 		s.release = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[1]s WHERE key = $1::text AND %[2]s = $2::text%[3]s RETURNING key
 )
-SELECT pg_notify($3::text, key) FROM d WHERE $3::text <> ''`, table, holder, ac)
+SELECT pg_notify($3::text, key) FROM d WHERE $3::text <> ''`, table, holder, asyncClause)
 
 		s.forceRelease = fmt.Sprintf(`WITH d AS (
-	DELETE FROM %[1]s WHERE key = $1::text RETURNING key, expire_at > now() AS live
+	DELETE FROM %[1]s WHERE key = $1::text%[2]s RETURNING key, expire_at > now() AS live
 ), n AS (
 	SELECT pg_notify($2::text, key) FROM d WHERE live AND $2::text <> ''
 )
-SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table, asyncClause)
 		return s
 	}
 
@@ -226,17 +241,17 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table)
 	DELETE FROM %[1]s WHERE key = $1::text AND holder = $2::text%[2]s RETURNING key, waiters
 ), %[3]s
 SELECT pg_notify($3::text, %[4]s) FROM i WHERE $3::text <> '' AND head IS NOT NULL`,
-		table, ac, refill("d"), turnPayload("key", "head"))
+		table, asyncClause, refill("d"), turnPayload("key", "head"))
 
 	// ForceRelease frees the key whoever holds it, keeping the queue, and
 	// tells its first live waiter.
 	s.forceRelease = fmt.Sprintf(`WITH d AS (
-	DELETE FROM %[1]s WHERE key = $1::text RETURNING key, waiters, expire_at > now() AS live
+	DELETE FROM %[1]s WHERE key = $1::text%[4]s RETURNING key, waiters, expire_at > now() AS live
 ), %[2]s, n AS (
 	SELECT pg_notify($2::text, %[3]s) FROM i WHERE $2::text <> '' AND head IS NOT NULL
 )
 SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`,
-		table, refill("d"), turnPayload("key", "head"))
+		table, refill("d"), turnPayload("key", "head"), asyncClause)
 
 	// Leave takes $2 out of the queue of $1. When $2 was first in line and
 	// the key is free, the next live waiter is told; a free row whose queue
@@ -258,6 +273,6 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`,
 )
 SELECT pg_notify($3::text, %[6]s) FROM upd
 WHERE $3::text <> '' AND free AND head IS NOT NULL AND (SELECT head FROM cur) = $2::text`,
-		table, qHead("waiters"), qWithout("l.waiters", "$2::text"), qHead("waiters"), ac, turnPayload("key", "head"))
+		table, qHead("waiters"), qWithout("l.waiters", "$2::text"), qHead("waiters"), asyncClause, turnPayload("key", "head"))
 	return s
 }

@@ -78,6 +78,11 @@ func TestTokensSwitchFromIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	dropAtCleanup(t, admin, pgx.Identifier{table})
+	// The earlier version's table also lacks the waiter queue's column:
+	// add it as the package doc says.
+	if _, err := admin.Exec(ctx, "ALTER TABLE "+ident+" ADD COLUMN IF NOT EXISTS waiters jsonb"); err != nil {
+		t.Fatal(err)
+	}
 	l := newClient(t, newBackend(t, table))
 	before := cycle(t, l, "k")
 	if _, err := admin.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN token DROP IDENTITY IF EXISTS,
