@@ -191,18 +191,19 @@ func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (cor
 		return core.Lease{}, poolerHint(err)
 	}
 	defer rows.Close()
+	// One row: the write's outcome, then what the statement's read found
+	// (all NULL when the key had no row).
 	var (
-		found    bool
-		mine     bool
-		owner    string
-		token    int64
-		acquired pgtype.Timestamptz
-		expires  time.Time
-		left     int64
+		won              bool
+		wToken           *int64
+		wAcq, wExp       pgtype.Timestamptz
+		live, mine       *bool
+		owner            *string
+		token, left      *int64
+		acquired, expire pgtype.Timestamptz
 	)
 	if rows.Next() {
-		found = true
-		if err := rows.Scan(&mine, &owner, &token, &acquired, &expires, &left); err != nil {
+		if err := rows.Scan(&won, &wToken, &wAcq, &wExp, &live, &mine, &owner, &token, &acquired, &expire, &left); err != nil {
 			return core.Lease{}, err
 		}
 	}
@@ -211,16 +212,31 @@ func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (cor
 		return core.Lease{}, poolerHint(err)
 	}
 	switch {
-	case !found:
-		// Taken by a concurrent acquirer after this statement's read.
+	case won:
+		l := core.Lease{ExpiresAt: wExp.Time, AcquiredAt: wAcq.Time}
+		if wToken != nil {
+			l.Token = uint64(*wToken)
+		}
+		return l, nil
+	case live == nil || !*live:
+		// Free when read, but taken by a concurrent acquirer, or someone
+		// else's turn, or the slot is over.
 		return core.Lease{}, core.Busy(req.Key, nil)
-	case mine:
-		return core.Lease{Token: uint64(token), AcquiredAt: acquired.Time, ExpiresAt: expires}, nil
+	case *mine:
+		return core.Lease{Token: uint64(deref(token)), AcquiredAt: acquired.Time, ExpiresAt: expire.Time}, nil
 	}
 	return core.Lease{}, core.Busy(req.Key, &core.Info{
-		Key: req.Key, Owner: owner, Token: uint64(token), AcquiredAt: acquired.Time,
-		ExpiresAt: expires, Remaining: time.Duration(left) * time.Microsecond,
+		Key: req.Key, Owner: deref(owner), Token: uint64(deref(token)), AcquiredAt: acquired.Time,
+		ExpiresAt: expire.Time, Remaining: time.Duration(deref(left)) * time.Microsecond,
 	})
+}
+
+func deref[T any](p *T) T {
+	var z T
+	if p == nil {
+		return z
+	}
+	return *p
 }
 
 // claimSlack is what ClaimBound adds to the claim timeout: the time an

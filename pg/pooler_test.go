@@ -179,7 +179,7 @@ func (l *listenConns) count() (listened, open int) {
 	return listened, open
 }
 
-// watchProbe wraps a Backend and records when its Watch is subscribed and
+// watchProbe wraps a Backend and records when its Watch (or WatchTurns) is subscribed and
 // how many busy answers it gave.
 type watchProbe struct {
 	*pg.Backend
@@ -198,6 +198,11 @@ func (w *watchProbe) TryAcquire(ctx context.Context, req core.AcquireRequest) (c
 
 func (w *watchProbe) Watch(ctx context.Context, ready func(), fn func(string)) error {
 	return w.Backend.Watch(ctx, func() { w.once.Do(func() { close(w.ready) }); ready() }, fn)
+}
+
+// WatchTurns is what the engine subscribes with on a Queuer.
+func (w *watchProbe) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
+	return w.Backend.WatchTurns(ctx, func() { w.once.Do(func() { close(w.ready) }); ready() }, fn)
 }
 
 // Rule: a LISTEN connection through a transaction pooler, where LISTEN is

@@ -1,6 +1,9 @@
 package pg
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // statements holds the SQL of every operation, built once per Backend for its
 // table. Every statement stands alone (autocommit), so it works in any query
@@ -48,32 +51,41 @@ const remaining = `(extract(epoch FROM expire_at - now()) * 1000000)::bigint`
 // nowMicros is the statement's now() in microseconds.
 const nowMicros = `(extract(epoch FROM now()) * 1000000)::bigint`
 
+// The queue expressions use jsonpath functions, not subqueries: a subquery
+// is a subplan, which the executor sets up on every execution of the
+// statement, used or not, and the acquire runs them on every attempt.
+
+// qVars are the jsonpath variables: $n the statement's now, $w waiter w.
+func qVars(w string) string {
+	return `jsonb_build_object('n', ` + nowMicros + `, 'w', ` + w + `)`
+}
+
 // qHead is the first live waiter of q, or NULL.
 func qHead(q string) string {
-	return `(SELECT e->>'w' FROM jsonb_array_elements(` + q + `) WITH ORDINALITY AS x(e, i)
-		WHERE (e->>'d')::bigint > ` + nowMicros + ` ORDER BY i LIMIT 1)`
+	return `(jsonb_path_query_first(` + q + `, '$[*] ? (@.d > $n).w', ` + qVars("''") + `) #>> '{}')`
 }
 
 // qDeadline is the deadline of waiter w's place in q (live or not), or NULL.
 func qDeadline(q, w string) string {
-	return `(SELECT (e->>'d')::bigint FROM jsonb_array_elements(` + q + `) AS x(e) WHERE e->>'w' = ` + w + ` LIMIT 1)`
+	return `(jsonb_path_query_first(` + q + `, '$[*] ? (@.w == $w).d', ` + qVars(w) + `))::bigint`
 }
 
 // qWithout is q without waiter w and without the expired places; NULL when
 // nobody is left.
 func qWithout(q, w string) string {
-	return `(SELECT jsonb_agg(e ORDER BY i) FROM jsonb_array_elements(` + q + `) WITH ORDINALITY AS x(e, i)
-		WHERE (e->>'d')::bigint > ` + nowMicros + ` AND e->>'w' <> ` + w + `)`
+	return `nullif(jsonb_path_query_array(` + q + `, '$[*] ? (@.d > $n && @.w != $w)', ` + qVars(w) + `), '[]'::jsonb)`
 }
 
-// qWith is q without the expired places, with waiter w's deadline set to d:
-// in its place when it has a live one, else at the tail.
+// qWith is q with waiter w's deadline set to d: in its place when it has a
+// live one (its entry, whose text is canonical jsonb and unique in the
+// queue, is replaced in the queue's text), else at the tail of the live
+// places.
 func qWith(q, w, d string) string {
-	live := `(e->>'d')::bigint > ` + nowMicros
-	return `coalesce((SELECT jsonb_agg(CASE WHEN e->>'w' = ` + w + ` THEN jsonb_build_object('w', ` + w + `, 'd', ` + d + `) ELSE e END ORDER BY i)
-		FROM jsonb_array_elements(` + q + `) WITH ORDINALITY AS x(e, i) WHERE ` + live + `), '[]'::jsonb)
-	|| CASE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements(` + q + `) AS x(e) WHERE e->>'w' = ` + w + ` AND ` + live + `)
-		THEN '[]'::jsonb ELSE jsonb_build_array(jsonb_build_object('w', ` + w + `, 'd', ` + d + `)) END`
+	old := qDeadline(q, w)
+	entry := func(d string) string { return `jsonb_build_object('d', ` + d + `, 'w', ` + w + `)` }
+	return `CASE WHEN coalesce(` + old + `, 0) <= ` + nowMicros + `
+		THEN coalesce(jsonb_path_query_array(` + q + `, '$[*] ? (@.d > $n)', ` + qVars(w) + `), '[]'::jsonb) || jsonb_build_array(` + entry(d) + `)
+		ELSE replace(` + q + `::text, ` + entry(old) + `::text, ` + entry(d) + `::text)::jsonb END`
 }
 
 // turnPayload is the notification of a turn: the waiter's length in bytes,
@@ -110,7 +122,6 @@ func buildStatements(table string, legacy, async bool) statements {
 	expire := "coalesce($5::timestamptz, now() + $4" + micros + ")"
 	insertCols := "key, owner, holder, acquired_at, expire_at"
 	insertVals := "$1::text, $2::text, $3::text, now(), " + expire
-	set := "owner = $2::text, holder = $3::text, token = DEFAULT, acquired_at = now(), expire_at = " + expire
 	if legacy {
 		// value is "<owner token> <owner>": the token guards renew and
 		// release, the rest is the human-readable owner. Rows written by
@@ -119,68 +130,90 @@ func buildStatements(table string, legacy, async bool) statements {
 		token, acquiredAt = "0::bigint", "NULL::timestamptz"
 		insertCols = "key, value, expire_at"
 		insertVals = "$1::text, $3::text || ' ' || $2::text, " + expire
-		set = "value = $3::text || ' ' || $2::text, expire_at = " + expire
 	}
 	s := statements{bound: bound, queue: queue}
-	// Acquire reads the row first (cur). A live row, whoever holds it, is
-	// answered from that read alone: no row lock, no write, no commit flush
-	// (a live row with the caller's own owner token is an idempotent
-	// success). A missing row is inserted with ON CONFLICT DO NOTHING, so a
-	// concurrent inserter makes this one busy without taking a lock. An
-	// expired row is taken over by an UPDATE whose WHERE re-checks the expiry
-	// on the latest row version (READ COMMITTED re-evaluation), so of several
-	// concurrent takeovers one wins and the others skip the row without
-	// locking it. Losing such a race yields no result row: busy, holder
-	// unknown. A claim for a slot that is already over (slotOpen) is refused
-	// the same way. The fencing token is the column's default (DEFAULT:
-	// the server clock in microseconds in tables Migrate creates). The
-	// writes are gated on what cur read (uncorrelated EXISTS: evaluated once,
-	// before any scan), so a busy answer costs the one indexed read.
+	// Acquire reads the row first (cur) and writes only when that read
+	// says a write is due: the key is missing, or free or expired (and,
+	// with the queue, this caller may take it), or a waiter's place must be
+	// taken or refreshed. A live row, whoever holds it, is answered from
+	// that read alone: no row lock, no write, no commit flush (a live row
+	// with the caller's own owner token is an idempotent success). The one
+	// write is an INSERT … ON CONFLICT (key) DO UPDATE whose WHERE and SET
+	// look at the latest row version (locked): a missing key is inserted; a
+	// row that is free or expired there is taken over (C below) by one of
+	// several concurrent takers, the others finding it held; with the
+	// queue, a row this caller may not take gets its place in line (E). A
+	// claim for a slot that is already over (slotOpen) writes nothing. The
+	// fencing token is the column's default, evaluated for the proposed
+	// row (excluded.token: the server clock in microseconds in tables
+	// Migrate creates). Losing the race for a free row answers busy, holder
+	// unknown; ON CONFLICT has locked the row the winner wrote, a lock-only
+	// transaction, which the WHERE's ELSE branch commits without waiting for
+	// the flush (a CASE evaluates only the branch it takes, so a takeover
+	// keeps the Backend's durability).
+	//
+	// One row comes back (v LEFT JOIN cur LEFT JOIN w): the write's outcome
+	// (won: this caller holds the row it wrote) and what cur read. No
+	// subqueries, so no subplan is set up per execution.
 	//
 	// With the queue ($6 the waiter, '' for none; $7 its place's TTL in
-	// microseconds), a free or expired row is claimable only by its first
-	// live waiter, or by anyone when no live waiter is queued; the takeover
+	// microseconds), a free or expired row goes only to its first live
+	// waiter, or to anyone when no live waiter is queued; the takeover
 	// drops the claimant and the expired places from the queue. A waiter
 	// that finds the key held, or free but not its turn, takes a place at
-	// the tail or keeps its own (enq); its deadline is written only when
-	// less than half of $7 is left of it, so the busy tries of a waiter
-	// that keeps trying are reads. upd and enq never both match one row
-	// version: their conditions exclude each other.
-	claimTurn, enq := "", ""
+	// the tail or keeps its own; its deadline is written only when less than
+	// half of $7 is left of it, so a waiter's repeated busy tries are reads,
+	// and that write commits without waiting for the flush (a place in line
+	// is soft state, see above).
+	take := "l.expire_at <= now()"
+	gate := "c.expire_at IS NULL OR c.expire_at <= now()"
+	cols := insertCols
+	sets := "owner = excluded.owner, holder = excluded.holder, token = excluded.token, acquired_at = excluded.acquired_at, expire_at = excluded.expire_at"
+	won := "l.holder = $3::text"
+	if legacy {
+		sets = "value = excluded.value, expire_at = excluded.expire_at"
+		won = "split_part(l.value, ' ', 1) = $3::text"
+	}
+	enq := ""
 	if queue {
-		claimTurn = ` AND coalesce(` + qHead("l.waiters") + ` = $6::text, true)`
+		turn := func(r string) string { return "coalesce(" + qHead(r+".waiters") + " = $6::text, true)" }
+		take += " AND " + turn("l")
+		gate = "c.expire_at IS NULL OR (c.expire_at <= now() AND " + turn("c") + ")"
+		sets += ", waiters = " + qWithout("l.waiters", "$6::text")
+		// A waiter not holding a live row, whose place is missing, expired
+		// or half gone, on a row it may not take (as cur read it, so that
+		// w and enq never both write).
+		due := func(r string) string {
+			return "NOT (" + r + ".holder = $3::text AND " + r + ".expire_at > now()) AND coalesce(" +
+				qDeadline(r+".waiters", "$6::text") + ", 0) < " + nowMicros + " + $7::bigint / 2"
+		}
 		enq = fmt.Sprintf(`, enq AS (
 	UPDATE %[1]s AS l SET waiters = %[2]s
-	WHERE l.key = $1::text AND $6::text <> '' AND EXISTS (SELECT 1 FROM cur)
-		AND NOT (l.holder = $3::text AND l.expire_at > now())
-		AND (l.expire_at > now() OR %[3]s <> $6::text)
-		AND coalesce(%[4]s, 0) < %[5]s + $7::bigint / 2%[6]s
-	RETURNING 1
-)`, table, qWith("l.waiters", "$6::text", nowMicros+" + $7::bigint"), qHead("l.waiters"), qDeadline("l.waiters", "$6::text"), nowMicros, asyncClause)
-		set += ", waiters = " + qWithout("l.waiters", "$6::text")
+	FROM cur AS c
+	WHERE l.key = $1::text AND $6::text <> '' AND NOT (%[3]s) AND %[4]s AND %[5]s%[6]s
+)`, table, qWith("l.waiters", "$6::text", nowMicros+" + $7::bigint"), gate, due("c"), due("l"), asyncClause)
+	}
+	curCols := fmt.Sprintf("%s AS owner, %s AS holder, %s AS token, %s AS acquired_at, expire_at", owner, holder, token, acquiredAt)
+	if queue {
+		curCols += ", waiters"
 	}
 	s.acquire = fmt.Sprintf(`WITH cur AS (
-	SELECT %[2]s AS owner, %[3]s AS holder, %[4]s AS token, %[5]s AS acquired_at, expire_at
-	FROM %[1]s WHERE key = $1::text
-), ins AS (
-	INSERT INTO %[1]s AS l (%[6]s)
-	SELECT %[7]s
-	WHERE NOT EXISTS (SELECT 1 FROM cur) AND %[11]s%[8]s
-	ON CONFLICT (key) DO NOTHING
-	RETURNING %[4]s AS token, %[5]s AS acquired_at, expire_at
-), upd AS (
-	UPDATE %[1]s AS l SET %[9]s
-	WHERE l.key = $1::text AND EXISTS (SELECT 1 FROM cur WHERE expire_at <= now())
-		AND l.expire_at <= now() AND %[11]s%[12]s%[8]s
-	RETURNING %[4]s AS token, %[5]s AS acquired_at, expire_at
-)%[13]s
-SELECT true, $2::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint FROM ins
-UNION ALL
-SELECT true, $2::text, token, coalesce(acquired_at, now()), expire_at, 0::bigint FROM upd
-UNION ALL
-SELECT holder = $3::text, owner, token, acquired_at, expire_at, %[10]s
-FROM cur WHERE expire_at > now()`,
-		table, owner, holder, token, acquiredAt, insertCols, insertVals, ac, set, remaining, slotOpen, claimTurn, enq)
+	SELECT %[2]s FROM %[1]s WHERE key = $1::text
+), w AS (
+	INSERT INTO %[1]s AS l (%[3]s)
+	SELECT %[4]s
+	FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true
+	WHERE %[5]s AND (%[6]s)%[7]s
+	ON CONFLICT (key) DO UPDATE SET %[8]s
+	WHERE CASE WHEN %[9]s THEN true%[7]s ELSE set_config('synchronous_commit', 'off', true) IS NULL END
+	RETURNING %[11]s AS won, %[12]s AS token, coalesce(%[13]s, now()) AS acquired_at, l.expire_at
+)%[10]s
+SELECT coalesce(w.won, false), w.token, w.acquired_at, w.expire_at,
+	c.expire_at > now(), c.holder = $3::text, c.owner, c.token, c.acquired_at, c.expire_at, %[14]s
+FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true LEFT JOIN w ON true`,
+		table, curCols, cols, insertVals, slotOpen, gate, ac, sets, take, enq,
+		won, strings.Replace(token, "token", "l.token", 1), strings.Replace(acquiredAt, "acquired_at", "l.acquired_at", 1),
+		"CASE WHEN c.expire_at > now() THEN "+strings.ReplaceAll(remaining, "expire_at", "c.expire_at")+" END")
 
 	s.renew = fmt.Sprintf(`UPDATE %[1]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond'
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, holder, ttl)
