@@ -16,10 +16,19 @@ import (
 	"github.com/dislock/dislock/redislock"
 )
 
-// locker is what the CLI needs of a backend: locks, and the operator calls.
+// locker is what the CLI needs of a backend: locks, the operator calls, and
+// the holders of a semaphore.
 type locker interface {
 	core.Locker
 	core.Admin
+	Holders(ctx context.Context, key string) ([]core.Info, error)
+	Backend() core.Backend
+}
+
+// hasSemaphores reports whether l's backend holds semaphores (LOCK_LIMIT).
+func hasSemaphores(l locker) bool {
+	_, ok := l.Backend().(core.SemaphoreBackend)
+	return ok
 }
 
 var _ locker = (*core.Client)(nil)
