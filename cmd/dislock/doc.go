@@ -22,6 +22,8 @@
 // held under another limit is exit 2. status prints a line per permit,
 // ending in limit=N, list does the same, and release --force frees all
 // permits. A value that is not a whole number from 1 to 10000 is exit 2.
+// Under schedule,lease the schedule lock still lets one run start per slot:
+// the limit then bounds the runs of successive slots that overlap.
 //
 // The command runs in its own process group. When the lease is lost, the
 // group gets SIGTERM, then SIGKILL after the grace period or earlier, so that
