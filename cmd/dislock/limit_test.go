@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 )
@@ -103,19 +105,38 @@ func TestLimitTake(t *testing.T) {
 	}
 }
 
+// table is the fixture's LOCK_TABLE, if any.
+func (f *fixture) table() string {
+	for _, kv := range f.env {
+		if v, ok := strings.CutPrefix(kv, "LOCK_TABLE="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// dropTable drops table, if it exists, from the PostgreSQL database at u.
+func dropTable(t *testing.T, u, table string) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Errorf("connect to PostgreSQL: %v", err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize()); err != nil {
+		t.Errorf("drop %s: %v", table, err)
+	}
+}
+
 // semaphores reports whether the fixture's backend holds semaphores, as
 // the CLI opens it.
 func (f *fixture) semaphores(t *testing.T) bool {
 	t.Helper()
-	table := ""
-	for _, kv := range f.env {
-		if v, ok := strings.CutPrefix(kv, "LOCK_TABLE="); ok {
-			table = v
-		}
-	}
+	table := f.table()
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
-	l, closeFn, err := openLocker(ctx, urlVar, f.url, table, tableAdmin, slog.New(slog.DiscardHandler))
+	l, closeFn, err := openLocker(ctx, urlVar, f.url, table, tableAdmin, false, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("open the %s backend: %v", f.name, err)
 	}
@@ -135,7 +156,12 @@ func TestLimitProcess(t *testing.T) {
 		key := f.newKey(t)
 		lockKey := leasePrefix + key
 		base := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=10", "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
-		env := append(append([]string{}, base...), "LOCK_LIMIT=2")
+		// DISLOCK_CREATE_TABLE lets the runs create what a semaphore needs
+		// beside the test's PostgreSQL table (dropped at the end).
+		env := append(append([]string{}, base...), "LOCK_LIMIT=2", "DISLOCK_CREATE_TABLE=1")
+		if table := f.table(); table != "" {
+			t.Cleanup(func() { dropTable(t, f.url, table+"_permits") })
+		}
 		marker := filepath.Join(dir, "ran")
 		admin := f.baseEnv()
 		if !f.semaphores(t) {

@@ -117,7 +117,8 @@ func (c *cli) open(ctx context.Context, inv *invocation) (locker, func() error, 
 	case inv.create:
 		use = tableCreate
 	}
-	l, closeFn, err := openLocker(ctx, inv.urlEnv, inv.url, inv.table, use, c.log)
+	permits := inv.sub == subRun && inv.run.limit > 1
+	l, closeFn, err := openLocker(ctx, inv.urlEnv, inv.url, inv.table, use, permits, c.log)
 	var ue *usageError
 	switch {
 	case err == nil:

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/pg"
 )
 
 // Timing of the group's termination.
@@ -198,7 +199,11 @@ func (c *cli) try(ctx context.Context, l core.Locker, key string, opts []core.Op
 		return nil, exitWith(exitUsage, badSetting(specLimit, "%d: %v; every run of %s must use the same %s",
 			cfg.limit, err, specKey.env+"="+cfg.key, specLimit.env))
 	case cfg.limit > 1 && errors.Is(err, core.ErrUnsupported):
-		return nil, exitWith(exitUsage, badSetting(specLimit, "%d: the backend in %s cannot hold it: %v", cfg.limit, urlEnv, err))
+		hint := ""
+		if errors.Is(err, pg.ErrSchema) {
+			hint = fmt.Sprintf("; or let dislock create what is missing with %s=1 (--%s)", specCreate.env, specCreate.flag)
+		}
+		return nil, exitWith(exitUsage, badSetting(specLimit, "%d: the backend in %s cannot hold it: %v%s", cfg.limit, urlEnv, err, hint))
 	}
 	// err names the key and the backend: "dislock: pg: acquire \"k\": …".
 	return nil, exitWith(exitFailure, fmt.Errorf("the backend in %s: %w", urlEnv, err))
