@@ -23,7 +23,10 @@
 // ending in limit=N, list does the same, and release --force frees all
 // permits. A value that is not a whole number from 1 to 10000 is exit 2.
 // Under schedule,lease the schedule lock still lets one run start per slot:
-// the limit then bounds the runs of successive slots that overlap.
+// the limit then bounds the runs of successive slots that overlap. On
+// PostgreSQL, a LOCK_LIMIT run that may create its table (the default one,
+// or with DISLOCK_CREATE_TABLE=1) also creates what the semaphores keep
+// beside it; otherwise a missing one is exit 2 that says what to create.
 //
 // The command runs in its own process group. When the lease is lost, the
 // group gets SIGTERM, then SIGKILL after the grace period or earlier, so that
