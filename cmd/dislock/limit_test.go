@@ -151,87 +151,90 @@ func (f *fixture) semaphores(t *testing.T) bool {
 // release --force frees every permit. On a backend without semaphores,
 // LOCK_LIMIT=2 is exit 2 naming LOCK_LIMIT, and the command does not run.
 func TestLimitProcess(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, f *fixture) {
-		dir := t.TempDir()
-		key := f.newKey(t)
-		lockKey := leasePrefix + key
-		base := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=10", "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
-		// DISLOCK_CREATE_TABLE lets the runs create what a semaphore needs
-		// beside the test's PostgreSQL table (dropped at the end).
-		env := append(append([]string{}, base...), "LOCK_LIMIT=2", "DISLOCK_CREATE_TABLE=1")
-		if table := f.table(); table != "" {
-			t.Cleanup(func() { dropTable(t, f.url, table+"_permits") })
-		}
-		marker := filepath.Join(dir, "ran")
-		admin := f.baseEnv()
-		if !f.semaphores(t) {
-			p := run(t, env, urlVar, "touch", marker)
-			if p.code != exitUsage || !strings.Contains(p.stderr.String(), "LOCK_LIMIT") || !strings.Contains(p.stderr.String(), "semaphores") {
-				t.Fatalf("LOCK_LIMIT=2 on %s without semaphores: exit %d, want 2 naming LOCK_LIMIT:\n%s", f.name, p.code, p.output())
-			}
-			if exists(marker) {
-				t.Fatal("the command ran")
-			}
-			st := run(t, admin, "status", "--url-env", urlVar, lockKey)
-			if !strings.Contains(st.stdout.String(), "free") {
-				t.Fatalf("status after the refused run: %s", st.output())
-			}
-			return
-		}
-		var holders []*proc
-		for i := range 2 {
-			started, stop := filepath.Join(dir, fmt.Sprint("started", i)), filepath.Join(dir, fmt.Sprint("stop", i))
-			holders = append(holders, start(t, env, urlVar, "sh", "-c",
-				fmt.Sprintf(`echo "$DISLOCK_TOKEN" > %s; while [ ! -e %s ]; do sleep 0.05; done`, started, stop)))
-		}
-		tokens := map[string]bool{}
-		for i := range 2 {
-			tokens[waitFile(t, filepath.Join(dir, fmt.Sprint("started", i)), 20*time.Second)] = true
-		}
-		if len(tokens) != 2 {
-			t.Errorf("DISLOCK_TOKEN of the two instances: %v, want two distinct tokens", tokens)
-		}
+	forEachBackend(t, limitProcess)
+}
 
-		expectCode(t, run(t, env, urlVar, "touch", marker), 0)
-		expectCode(t, run(t, env, "--busy-exit-code", "9", urlVar, "touch", marker), 9)
-		p := run(t, base, urlVar, "touch", marker)
-		if p.code != exitUsage || !strings.Contains(p.stderr.String(), "LOCK_LIMIT") {
-			t.Errorf("a run without LOCK_LIMIT while two hold the key under 2: exit %d, want 2 naming LOCK_LIMIT:\n%s", p.code, p.output())
+// limitProcess is TestLimitProcess on f; TestEtcd and TestZK run it too.
+func limitProcess(t *testing.T, f *fixture) {
+	dir := t.TempDir()
+	key := f.newKey(t)
+	lockKey := leasePrefix + key
+	base := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=10", "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
+	// DISLOCK_CREATE_TABLE lets the runs create what a semaphore needs
+	// beside the test's PostgreSQL table (dropped at the end).
+	env := append(append([]string{}, base...), "LOCK_LIMIT=2", "DISLOCK_CREATE_TABLE=1")
+	if table := f.table(); table != "" {
+		t.Cleanup(func() { dropTable(t, f.url, table+"_permits") })
+	}
+	marker := filepath.Join(dir, "ran")
+	admin := f.baseEnv()
+	if !f.semaphores(t) {
+		p := run(t, env, urlVar, "touch", marker)
+		if p.code != exitUsage || !strings.Contains(p.stderr.String(), "LOCK_LIMIT") || !strings.Contains(p.stderr.String(), "semaphores") {
+			t.Fatalf("LOCK_LIMIT=2 on %s without semaphores: exit %d, want 2 naming LOCK_LIMIT:\n%s", f.name, p.code, p.output())
 		}
 		if exists(marker) {
-			t.Fatal("a third instance's command ran")
+			t.Fatal("the command ran")
 		}
-
 		st := run(t, admin, "status", "--url-env", urlVar, lockKey)
-		expectCode(t, st, 0)
-		if n := strings.Count(st.stdout.String(), "\theld\t"); n != 2 || strings.Count(st.stdout.String(), "limit=2") != 2 {
-			t.Errorf("status shows %d holders, want 2 lines ending in limit=2:\n%s", n, st.output())
-		}
-		ls := run(t, admin, "list", "--url-env", urlVar, lockKey)
-		expectCode(t, ls, 0)
-		if n := strings.Count(ls.stdout.String(), lockKey+"\theld\t"); n != 2 {
-			t.Errorf("list shows %d permits of the key, want 2:\n%s", n, ls.output())
-		}
-
-		os.WriteFile(filepath.Join(dir, "stop0"), nil, 0o600)
-		if code := holders[0].wait(t, 20*time.Second); code != 0 {
-			t.Fatalf("first instance: exit %d: %s", code, holders[0].output())
-		}
-		expectCode(t, run(t, env, urlVar, "touch", marker), 0)
-		if !exists(marker) {
-			t.Fatal("a run did not start after one of the two instances ended")
-		}
-
-		rel := run(t, admin, "release", "--url-env", urlVar, lockKey, "--force")
-		expectCode(t, rel, 0)
-		if code := holders[1].wait(t, 20*time.Second); code != exitLeaseLost {
-			t.Fatalf("second instance after release --force: exit %d, want %d: %s", code, exitLeaseLost, holders[1].output())
-		}
-		st = run(t, admin, "status", "--url-env", urlVar, lockKey)
 		if !strings.Contains(st.stdout.String(), "free") {
-			t.Fatalf("status after release --force: %s", st.output())
+			t.Fatalf("status after the refused run: %s", st.output())
 		}
-	})
+		return
+	}
+	var holders []*proc
+	for i := range 2 {
+		started, stop := filepath.Join(dir, fmt.Sprint("started", i)), filepath.Join(dir, fmt.Sprint("stop", i))
+		holders = append(holders, start(t, env, urlVar, "sh", "-c",
+			fmt.Sprintf(`echo "$DISLOCK_TOKEN" > %s; while [ ! -e %s ]; do sleep 0.05; done`, started, stop)))
+	}
+	tokens := map[string]bool{}
+	for i := range 2 {
+		tokens[waitFile(t, filepath.Join(dir, fmt.Sprint("started", i)), 20*time.Second)] = true
+	}
+	if len(tokens) != 2 {
+		t.Errorf("DISLOCK_TOKEN of the two instances: %v, want two distinct tokens", tokens)
+	}
+
+	expectCode(t, run(t, env, urlVar, "touch", marker), 0)
+	expectCode(t, run(t, env, "--busy-exit-code", "9", urlVar, "touch", marker), 9)
+	p := run(t, base, urlVar, "touch", marker)
+	if p.code != exitUsage || !strings.Contains(p.stderr.String(), "LOCK_LIMIT") {
+		t.Errorf("a run without LOCK_LIMIT while two hold the key under 2: exit %d, want 2 naming LOCK_LIMIT:\n%s", p.code, p.output())
+	}
+	if exists(marker) {
+		t.Fatal("a third instance's command ran")
+	}
+
+	st := run(t, admin, "status", "--url-env", urlVar, lockKey)
+	expectCode(t, st, 0)
+	if n := strings.Count(st.stdout.String(), "\theld\t"); n != 2 || strings.Count(st.stdout.String(), "limit=2") != 2 {
+		t.Errorf("status shows %d holders, want 2 lines ending in limit=2:\n%s", n, st.output())
+	}
+	ls := run(t, admin, "list", "--url-env", urlVar, lockKey)
+	expectCode(t, ls, 0)
+	if n := strings.Count(ls.stdout.String(), lockKey+"\theld\t"); n != 2 {
+		t.Errorf("list shows %d permits of the key, want 2:\n%s", n, ls.output())
+	}
+
+	os.WriteFile(filepath.Join(dir, "stop0"), nil, 0o600)
+	if code := holders[0].wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("first instance: exit %d: %s", code, holders[0].output())
+	}
+	expectCode(t, run(t, env, urlVar, "touch", marker), 0)
+	if !exists(marker) {
+		t.Fatal("a run did not start after one of the two instances ended")
+	}
+
+	rel := run(t, admin, "release", "--url-env", urlVar, lockKey, "--force")
+	expectCode(t, rel, 0)
+	if code := holders[1].wait(t, 20*time.Second); code != exitLeaseLost {
+		t.Fatalf("second instance after release --force: exit %d, want %d: %s", code, exitLeaseLost, holders[1].output())
+	}
+	st = run(t, admin, "status", "--url-env", urlVar, lockKey)
+	if !strings.Contains(st.stdout.String(), "free") {
+		t.Fatalf("status after release --force: %s", st.output())
+	}
 }
 
 // status prints a line per permit of a semaphore, each ending in limit=N,
