@@ -24,6 +24,7 @@ type env struct {
 // proc is one simulated process: a Locker over its own backend connection.
 type proc struct {
 	l     core.Locker
+	c     *core.Client // the engine under l (l itself when Harness.Wrap is nil)
 	fault *faultBackend
 }
 
@@ -71,6 +72,10 @@ func Run(t *testing.T, h Harness) {
 		{"ManyGoroutinesManyKeys", testConcurrency},
 		{"CloseReleasesAll", testClose},
 		{"CloseUndoesClaimsInFlight", testCloseInFlight},
+		{"CheckConfirmsHeldLease", testCheckHeld},
+		{"CheckReportsLostLease", testCheckLost},
+		{"CheckAfterReleaseIsErrReleased", testCheckReleased},
+		{"CheckUnreachableIsNotLoss", testCheckUnreachable},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, e) })
@@ -88,7 +93,7 @@ func (e *env) proc(t *testing.T, opts ...core.ClientOption) *proc {
 	t.Helper()
 	fb := newFault(e.h.NewBackend(t))
 	all := append([]core.ClientOption{core.WithDefaults(core.TTL(e.ttl))}, e.h.ClientOptions...)
-	c, err := core.New(fb, append(all, opts...)...)
+	c, err := core.New(fb.backend(), append(all, opts...)...)
 	if err != nil {
 		t.Fatalf("core.New: %v", err)
 	}
@@ -97,7 +102,7 @@ func (e *env) proc(t *testing.T, opts ...core.ClientOption) *proc {
 		l = e.h.Wrap(c)
 	}
 	t.Cleanup(func() { l.Close() })
-	return &proc{l: l, fault: fb}
+	return &proc{l: l, c: c, fault: fb}
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
