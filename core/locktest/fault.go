@@ -47,6 +47,7 @@ type faultBackend struct {
 	// queuedBusy counts acquires sent with a Waiter that were answered
 	// busy: the wait has taken its place in line.
 	queuedBusy atomic.Int64
+	busies     atomic.Int64 // acquires answered busy
 	renews     atomic.Int64 // Renew calls that reached the store
 	leaves     atomic.Int64 // Leave calls that reached the store
 
@@ -118,8 +119,11 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 	f.mu.Lock()
 	f.sent = append(f.sent, sentAcquire{key: req.Key, waiter: req.Waiter, busy: busy})
 	f.mu.Unlock()
-	if busy && req.Waiter != "" {
-		f.queuedBusy.Add(1)
+	if busy {
+		f.busies.Add(1)
+		if req.Waiter != "" {
+			f.queuedBusy.Add(1)
+		}
 	}
 	if err == nil && f.stallClaim.Load() {
 		select {
