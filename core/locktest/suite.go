@@ -86,6 +86,14 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreHoldersListForceRelease", testSemHolders},
 		{"SemaphoreCheckOnPermit", testSemCheck},
 		{"SemaphoreRenewalsBatched", testSemRenewBatched},
+		{"QueueWaitNamesItself", testQueueWaiterID},
+		{"QueueFIFOAcrossProcesses", testQueueFIFO},
+		{"QueueDeadWaiterSkipped", testQueueDeadWaiter},
+		{"QueueCancelledWaiterLeaves", testQueueCancelled},
+		{"QueueNoBarging", testQueueNoBarging},
+		{"QueueNoBargingOnSemaphore", testQueueSemaphore},
+		{"QueueLeaveOfFirstPassesTurn", testQueueLeavePassesTurn},
+		{"QueueOneWakePerRelease", testQueueOneWake},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, e) })
