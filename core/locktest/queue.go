@@ -32,12 +32,12 @@ const queueRefresh = 600 * time.Millisecond
 // no queue.
 func queueProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
-	ps := make([]*proc, n)
-	for i := range ps {
-		ps[i] = e.proc(t, opts...)
-	}
+	ps := []*proc{e.proc(t, opts...)}
 	if _, ok := ps[0].fault.Backend.(core.Queuer); !ok {
 		t.Skip("backend keeps no waiter queue (not a core.Queuer)")
+	}
+	for len(ps) < n {
+		ps = append(ps, e.proc(t, opts...))
 	}
 	return ps
 }
@@ -216,43 +216,57 @@ func testQueueDeadWaiter(t *testing.T, e *env) {
 	}
 }
 
-// testQueueCancelled checks rule "a waiter whose ctx ends leaves the queue:
-// the next waiter gets the key at the release, as if it had never queued".
+// testQueueCancelled checks rule "a waiter whose ctx ends, or whose Locker
+// closes, leaves the queue: the next waiter gets the key at the release, as
+// if it had never queued".
 func testQueueCancelled(t *testing.T, e *env) {
-	const rule = "a waiter whose ctx ends leaves the queue: the next waiter gets the key at the release, as if it had never queued"
-	ps := queueProcs(t, e, 3)
-	a, w1, w2 := ps[0], ps[1], ps[2]
-	k := e.key(t)
-	s := mustAcquire(t, a, k, core.TTL(checkTTL))
-	// w1's place would outlive the rule if it stayed: only its leaving
-	// explains w2 getting the key at the release.
-	w1.fault.waiterTTL.Store(int64(time.Minute))
-	ctx1, cancel1 := context.WithCancel(context.Background())
-	defer cancel1()
-	res1 := startWait(t, rule, w1, ctx1, k, core.Backoff(20*time.Second, 20*time.Second))
-	res2 := startWait(t, rule, w2, ctxT(t, 60*time.Second), k, core.Backoff(20*time.Second, 20*time.Second))
-	cancel1()
-	select {
-	case r := <-res1:
-		if !errors.Is(r.err, core.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
-			t.Fatalf("rule %q: the cancelled wait returned %v", rule, r.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("rule %q: the cancelled wait did not return", rule)
-	}
-	released := time.Now()
-	s.Release(context.Background())
-	select {
-	case r := <-res2:
-		if r.err != nil {
-			t.Fatalf("rule %q: %v", rule, r.err)
-		}
-		r.s.Release(context.Background())
-		if d := r.at.Sub(released); d > 5*time.Second {
-			t.Errorf("rule %q: the next waiter got the key %v after the release", rule, d)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("rule %q: the next waiter did not get the key within 15s: the cancelled one kept its place", rule)
+	const rule = "a waiter whose ctx ends, or whose Locker closes, leaves the queue: the next waiter gets the key at the release, as if it had never queued"
+	base := e.key(t)
+	for _, how := range []string{"Cancel", "Close"} {
+		t.Run(how, func(t *testing.T) {
+			ps := queueProcs(t, e, 3)
+			a, w1, w2 := ps[0], ps[1], ps[2]
+			k := base + "/" + how
+			s := mustAcquire(t, a, k, core.TTL(checkTTL))
+			// w1's place would outlive the rule if it stayed: only its
+			// leaving explains w2 getting the key at the release.
+			w1.fault.waiterTTL.Store(int64(time.Minute))
+			ctx1, cancel1 := context.WithCancel(context.Background())
+			defer cancel1()
+			res1 := startWait(t, rule, w1, ctx1, k, core.Backoff(20*time.Second, 20*time.Second))
+			res2 := startWait(t, rule, w2, ctxT(t, 60*time.Second), k, core.Backoff(20*time.Second, 20*time.Second))
+			want := error(context.Canceled)
+			if how == "Close" {
+				want = core.ErrClosed
+				if err := w1.l.Close(); err != nil {
+					t.Errorf("rule %q: Close: %v", rule, err)
+				}
+			} else {
+				cancel1()
+			}
+			select {
+			case r := <-res1:
+				if !errors.Is(r.err, want) {
+					t.Fatalf("rule %q: the wait cut short returned %v, want %v", rule, r.err, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("rule %q: the wait cut short did not return", rule)
+			}
+			released := time.Now()
+			s.Release(context.Background())
+			select {
+			case r := <-res2:
+				if r.err != nil {
+					t.Fatalf("rule %q: %v", rule, r.err)
+				}
+				r.s.Release(context.Background())
+				if d := r.at.Sub(released); d > 5*time.Second {
+					t.Errorf("rule %q: the next waiter got the key %v after the release", rule, d)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatalf("rule %q: the next waiter did not get the key within 15s: the wait cut short kept its place", rule)
+			}
+		})
 	}
 }
 

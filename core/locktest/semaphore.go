@@ -23,12 +23,12 @@ const semLimit = 3
 // semaphores.
 func semProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
-	ps := make([]*proc, n)
-	for i := range ps {
-		ps[i] = e.proc(t, opts...)
-	}
+	ps := []*proc{e.proc(t, opts...)}
 	if _, ok := ps[0].fault.Backend.(core.SemaphoreBackend); !ok {
 		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
+	}
+	for len(ps) < n {
+		ps = append(ps, e.proc(t, opts...))
 	}
 	return ps
 }

@@ -241,7 +241,10 @@ func testAcquireCtx(t *testing.T, e *env) {
 	}
 	s.Release(context.Background())
 	c := e.proc(t)
-	s2 := mustAcquire(t, c, k) // b left nothing behind
+	// b left nothing behind; on a Queuer that includes its place in line,
+	// which the engine's Leave must have taken out before Acquire returned
+	// (a TryAcquire never overtakes a queued waiter).
+	s2 := mustAcquire(t, c, k)
 	s2.Release(context.Background())
 }
 
