@@ -3,6 +3,7 @@ package locktest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,8 @@ type faultBackend struct {
 
 	mu      sync.Mutex
 	tokens  map[string]string // key -> owner token of the last acquire sent
+	limits  map[string]int    // owner token -> the Limit its acquire was sent with (0: a mutex)
+	misuse  []string          // Renew and Release requests whose Limit is not their acquire's
 	sent    []sentAcquire     // every acquire sent, in order
 	renewed []int             // the number of leases of each Renew call
 }
@@ -61,10 +64,37 @@ type faultBackend struct {
 type sentAcquire struct {
 	key, waiter string
 	busy        bool
+	answered    time.Time
 }
 
 func newFault(b core.Backend) *faultBackend {
-	return &faultBackend{Backend: b, tokens: make(map[string]string), claimed: make(chan string, 16)}
+	return &faultBackend{Backend: b, tokens: make(map[string]string), limits: make(map[string]int), claimed: make(chan string, 16)}
+}
+
+// limitOf is a request's Limit as a record kind: 0 for a mutex.
+func limitOf(n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return n
+}
+
+// checkLimit records a Renew or Release of ownerToken whose Limit differs
+// from the one its acquire was sent with: the backend could not tell which
+// record to act on. f.mu is held.
+func (f *faultBackend) checkLimit(op, key, ownerToken string, limit int) {
+	want, ok := f.limits[ownerToken]
+	if ok && limitOf(limit) != want {
+		f.misuse = append(f.misuse, fmt.Sprintf("%s of %q carried Limit %d; its acquire was sent with Limit %d", op, key, limit, want))
+	}
+}
+
+// limitMisuse returns the Renew and Release requests sent with another
+// Limit than their lease's acquire.
+func (f *faultBackend) limitMisuse() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.misuse...)
 }
 
 // acquiresSent returns the acquires sent so far.
@@ -72,6 +102,19 @@ func (f *faultBackend) acquiresSent() []sentAcquire {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]sentAcquire(nil), f.sent...)
+}
+
+// lastQueued returns when the latest acquire sent with a Waiter was
+// answered busy (zero if none was).
+func (f *faultBackend) lastQueued() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.sent) - 1; i >= 0; i-- {
+		if a := f.sent[i]; a.busy && a.waiter != "" {
+			return a.answered
+		}
+	}
+	return time.Time{}
 }
 
 // renewCalls returns the number of leases of every Renew call so far.
@@ -110,6 +153,7 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 	f.attempts.Add(1)
 	f.mu.Lock()
 	f.tokens[req.Key] = req.OwnerToken
+	f.limits[req.OwnerToken] = limitOf(req.Limit)
 	f.mu.Unlock()
 	if d := f.waiterTTL.Load(); d > 0 && req.Waiter != "" {
 		req.WaiterTTL = time.Duration(d)
@@ -117,7 +161,7 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 	lease, err := f.Backend.TryAcquire(ctx, req)
 	busy := errors.Is(err, core.ErrNotAcquired)
 	f.mu.Lock()
-	f.sent = append(f.sent, sentAcquire{key: req.Key, waiter: req.Waiter, busy: busy})
+	f.sent = append(f.sent, sentAcquire{key: req.Key, waiter: req.Waiter, busy: busy, answered: time.Now()})
 	f.mu.Unlock()
 	if busy {
 		f.busies.Add(1)
@@ -150,6 +194,9 @@ func (f *faultBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]e
 	f.renews.Add(1)
 	f.mu.Lock()
 	f.renewed = append(f.renewed, len(reqs))
+	for _, r := range reqs {
+		f.checkLimit("Renew", r.Key, r.OwnerToken, r.Limit)
+	}
 	f.mu.Unlock()
 	return f.Backend.Renew(ctx, reqs)
 }
@@ -158,6 +205,9 @@ func (f *faultBackend) Release(ctx context.Context, req core.ReleaseRequest) err
 	if err := f.unusable(); err != nil {
 		return err
 	}
+	f.mu.Lock()
+	f.checkLimit("Release", req.Key, req.OwnerToken, req.Limit)
+	f.mu.Unlock()
 	if f.failRelease.Load() {
 		return errDown
 	}
