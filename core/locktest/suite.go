@@ -120,6 +120,12 @@ func (e *env) proc(t *testing.T, opts ...core.ClientOption) *proc {
 	if e.h.Wrap != nil {
 		l = e.h.Wrap(c)
 	}
+	// Runs after Close (cleanups run last first), whose releases count.
+	t.Cleanup(func() {
+		if m := fb.limitMisuse(); len(m) > 0 {
+			t.Errorf("rule %q: %d requests, the first: %s", "Renew and Release carry the Limit their lease was acquired with", len(m), m[0])
+		}
+	})
 	t.Cleanup(func() { l.Close() })
 	return &proc{l: l, c: c, fault: fb}
 }
