@@ -93,8 +93,10 @@ func Prefix(p string) Option {
 //
 // Every server must use the same n for a key. While a key's tasks hold it
 // under another limit (a rolling change of n), a task is bounced as busy
-// with an error that also matches core.ErrLimitMismatch; it runs once
-// those holders are gone.
+// with an error that also matches core.ErrLimitMismatch, and runs once
+// those holders are gone; on its last attempt, where the OnExhausted wait
+// cannot wait for that (Acquire answers a mismatch at once), asynq archives
+// it with that error.
 func WithLimit(n int) Option {
 	return func(c *config) {
 		if n < 1 || n > core.MaxLimit {

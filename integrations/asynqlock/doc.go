@@ -56,7 +56,8 @@
 // WithLimit. Every server must use the same n for a key: a task whose key
 // is held under another limit (a server without WithLimit, or a rolling
 // change of n) is bounced as busy, with an error that also matches
-// core.ErrLimitMismatch, until those holders are gone.
+// core.ErrLimitMismatch, until those holders are gone (on its last
+// attempt it is archived with that error).
 //
 // # When the key is busy
 //
