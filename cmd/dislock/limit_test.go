@@ -189,8 +189,20 @@ func limitProcess(t *testing.T, f *fixture) {
 			fmt.Sprintf(`echo "$DISLOCK_TOKEN" > %s; while [ ! -e %s ]; do sleep 0.05; done`, started, stop)))
 	}
 	tokens := map[string]bool{}
-	for i := range 2 {
-		tokens[waitFile(t, filepath.Join(dir, fmt.Sprint("started", i)), 20*time.Second)] = true
+	for i, h := range holders {
+		path := filepath.Join(dir, fmt.Sprint("started", i))
+		deadline := time.Now().Add(20 * time.Second)
+		for !exists(path) {
+			select {
+			case <-h.done:
+				t.Fatalf("instance %d exited %d before its command started:\n%s", i, h.code, h.output())
+			case <-time.After(20 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("instance %d did not start its command within 20s:\n%s", i, h.output())
+			}
+		}
+		tokens[waitFile(t, path, 20*time.Second)] = true
 	}
 	if len(tokens) != 2 {
 		t.Errorf("DISLOCK_TOKEN of the two instances: %v, want two distinct tokens", tokens)
