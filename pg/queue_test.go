@@ -490,3 +490,40 @@ func TestQueueTurnPayload(t *testing.T) {
 		}
 	}
 }
+
+// Rule: the queue's statements work without prepared statements
+// (QueryExecModeExec, as behind PgBouncer), notifications included.
+func TestQueueExecMode(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	exec := func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec }
+	b := newBackendPool(t, table, exec)
+	turns := watchTurns(t, newBackend(t, table))
+	ctx := ctxT(t)
+	k := "exec"
+	tryAs(t, b, k, "h", "", 0)
+	tryAs(t, b, k, "t1", "w1", 0, "busy")
+	tryAs(t, b, k, "t2", "w2", 0, "busy")
+	tryAs(t, b, k, "t3", "w3", 0, "busy")
+	release(t, b, k, "h")
+	if tr := nextTurn(t, turns, k); tr.waiter != "w1" {
+		t.Fatalf("turn %+v, want w1", tr)
+	}
+	tryAs(t, b, k, "t2", "w2", 0, "turn")
+	if err := b.Leave(ctx, k, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	if tr := nextTurn(t, turns, k); tr.waiter != "w2" {
+		t.Fatalf("turn after Leave %+v, want w2", tr)
+	}
+	tryAs(t, b, k, "t2", "w2", 0)
+	if ok, err := b.ForceRelease(ctx, k); err != nil || !ok {
+		t.Fatalf("ForceRelease = %v, %v", ok, err)
+	}
+	if tr := nextTurn(t, turns, k); tr.waiter != "w3" {
+		t.Fatalf("turn after ForceRelease %+v, want w3", tr)
+	}
+	tryAs(t, b, k, "t3", "w3", 0)
+	release(t, b, k, "t3")
+	noTurn(t, b, turns, k)
+}
