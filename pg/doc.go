@@ -17,10 +17,12 @@
 // Locks are rows of one table (default dislock_locks). Every operation is
 // one statement in its own transaction, one round trip:
 //
-//   - Acquire reads the key's row and, only when it is missing or expired,
-//     claims it (INSERT … ON CONFLICT DO NOTHING, or an UPDATE that
-//     re-checks the expiry). A busy key is answered by that read: a failed
-//     try takes no row lock and writes nothing. Acquiring with the same owner
+//   - Acquire reads the key's row and, only when it is missing or expired
+//     (and, with waiters queued, it is the caller's turn), claims it with an
+//     INSERT … ON CONFLICT DO UPDATE that re-checks the expiry on the latest
+//     row version. A busy key is answered by that read: a failed try takes
+//     no row lock and writes nothing (a waiting Acquire's first busy try
+//     takes its place in line; see Waiting in line). Acquiring with the same owner
 //     token again is a success (idempotent). The fencing token is the
 //     database server's clock in microseconds at the claim; all expiry times
 //     come from the database's now().
