@@ -53,7 +53,12 @@ func schemaSQL(table string, legacy, unlogged bool) string {
 //	waiters jsonb  -- NULL: nobody waits; else [{"w": waiter id, "d": deadline µs}, …], first in line first
 //
 // A row whose key is free but whose waiters are queued stays in the table
-// with an empty holder and expire_at '-infinity'. Migrate adds the column to an
+// with an empty holder and expire_at '-infinity' (Inspect, List and the
+// renewals see only rows with expire_at > now()); the next claim takes it
+// over, and Leave of its last waiter deletes it. If every waiter of such a
+// row dies and the key is never used again, the row stays: it is harmless,
+// and DELETE FROM <table> WHERE expire_at = '-infinity' clears such rows
+// (a waiter still alive takes its place again at its next try). Migrate adds the column to an
 // existing table (addWaitersSQL: no rewrite, nullable without a default);
 // NewBackend reports a table without it as ErrSchema naming that statement.
 // The legacy table gets no column: it has no queue.
