@@ -11,24 +11,21 @@
 --
 -- Replies:
 --   {1, token, acquired_us, pttl, time_s, time_us}  the caller holds the lock
---     (pttl is -3 for a fresh claim: the expiry is the one asked for;
---     time_s is "0" when the server clock was not read)
+--     (pttl is -3 for a fresh claim: the expiry is the one asked for)
 --   {0, token, acquired_us, pttl, time_s, time_us, owner}  another owner
 --     token holds it
 --   {2}  the absolute expiry asked for is already past (a slot that is over)
 --   {3}  the key is free, but it is another waiter's turn
 --
--- The common claim reads the record and writes it (GET, SET): a free key's
--- tombstone carries the last fencing token, so the server clock is read only
--- for a key with no record (the token is then seeded from it), for a slot
--- claim, and when waiters are queued.
+-- The common claim is GET, TIME, SET; the waiter queue is read only when
+-- the record says someone may be queued, or when there is no record.
 local v = redis.call('GET', KEYS[1])
 local r = rec_parse(v)
 local waiter = ARGV[5]
+local nowms, nowus, t = server_time()
 
 if r and r.held then
   local pttl = redis.call('PTTL', KEYS[1])
-  local nowms, _, t = server_time()
   if r.otoken == ARGV[1] then
     -- A retry of an acquire that already succeeded: same lease.
     return {1, r.token, r.acq, pttl, t[1], t[2]}
@@ -50,23 +47,16 @@ if r and r.held then
 end
 
 local expat = tonumber(ARGV[4])
-local nowms, nowus, t
-if expat > 0 or not r then
-  nowms, nowus, t = server_time()
-  if expat > 0 and expat <= nowms then
-    -- The slot this claim is for is already over on the server clock:
-    -- whoever held it let it expire, so the claim is refused, not granted.
-    return {2}
-  end
+if expat > 0 and expat <= nowms then
+  -- The slot this claim is for is already over on the server clock:
+  -- whoever held it let it expire, so the claim is refused, not granted.
+  return {2}
 end
 
 -- A free key: the queue, when there may be one, decides whose turn it is.
 -- A key with no record may have a queue whose holder's lease expired.
 local flags = 0
 if not r or rec_has(r.flags, REC_QUEUED) then
-  if not t then
-    nowms, nowus, t = server_time()
-  end
   local head = q_head(KEYS[2], KEYS[3], nowms)
   if head and head ~= waiter then
     if waiter ~= '' then
@@ -82,22 +72,18 @@ if not r or rec_has(r.flags, REC_QUEUED) then
   end
 end
 
--- Fencing token: one above the last one of this key, or, when the key has
--- no record, the server time in microseconds.
-local token
-if r then
-  token = fmt_int(tonumber(r.token) + 1)
-else
-  token = fmt_int(nowus)
+-- Fencing token: above the last one of this key (the tombstone's), and at
+-- least the server time in microseconds, so that it still grows when the
+-- record is gone, or when a failover lost the last claims.
+local token = nowus
+if r and tonumber(r.token) >= token then
+  token = tonumber(r.token) + 1
 end
-local acq = ''
+token = fmt_int(token)
+local acq = fmt_int(nowus)
 if expat > 0 then
-  acq = fmt_int(nowus)
   redis.call('SET', KEYS[1], rec_held(flags, token, acq, ARGV[1], ARGV[2]), 'PXAT', ARGV[4])
 else
   redis.call('SET', KEYS[1], rec_held(flags, token, acq, ARGV[1], ARGV[2]), 'PX', ARGV[3])
 end
-if t then
-  return {1, token, acq, -3, t[1], t[2]}
-end
-return {1, token, acq, -3, '0', '0'}
+return {1, token, acq, -3, t[1], t[2]}

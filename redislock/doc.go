@@ -23,7 +23,7 @@
 //
 // The free form is a tombstone that a release writes over the lease, keeping
 // its remaining TTL: it carries the last fencing token, so the next claim
-// counts on from it without reading the server clock. k' is k with "%"
+// counts on from it. k' is k with "%"
 // written as "%25" and "}" as "%7D", so the Cluster hash tag is always
 // exactly k': every key of one lock shares a slot whatever bytes k holds,
 // and k is recovered exactly from the Redis key (Admin.List). The prefix
@@ -37,9 +37,9 @@
 // run with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
 // failover or SCRIPT FLUSH), inside pipelines too:
 //
-//   - acquire claims a free key with GET and SET (5 server commands for an
-//     uncontended acquire + release, EVALSHA included), or answers with the
-//     holder (owner, fencing token, remaining TTL). A busy answer marks the
+//   - acquire claims a free key with GET, TIME and SET (6 server commands
+//     for an uncontended acquire + release, EVALSHA included), or answers
+//     with the holder (owner, fencing token, acquired-at, remaining TTL). A busy answer marks the
 //     record once, so that its release tells the waiters; a claim of a key
 //     nobody waits for never writes more. Run again with the same owner
 //     token it returns the same lease, so a retry after a lost reply is not
@@ -54,10 +54,8 @@
 //     was marked by a waiter. For a minimum hold it shortens the TTL
 //     instead.
 //
-// Lease.AcquiredAt and Info.AcquiredAt are zero (unknown) for leases: a
-// claim reads no server clock. Slot claims (core.ForSlot) read TIME, to
-// refuse a slot that is over, and keep their acquired-at; they expire with
-// PXAT at the slot's end.
+// Slot locks (core.ForSlot) expire with PXAT at the slot's end, computed
+// from the server's TIME.
 //
 // # Waiters
 //
@@ -88,14 +86,11 @@
 //     renew deadline is shorter than the TTL), so a holder that stops
 //     renewing knows it lost the lock before anyone else can take it, given
 //     clocks whose rates agree.
-//   - Fencing tokens strictly increase per key: a new token is the last
-//     one + 1 while the record (the lease, then its tombstone until the
-//     lease's TTL would have run out) is there, and the server TIME in
-//     microseconds when the key has no record. Tokens therefore stay
-//     ordered as long as the server's clock does not step back past earlier
-//     tokens; a key's token grows by one per acquisition, far more slowly
-//     than the clock, so a chain of claims never overtakes it. (This is the
-//     same clock assumption as the TTLs'.)
+//   - Fencing tokens strictly increase per key: a new token is
+//     max(last token + 1, server TIME in microseconds). The last token is in
+//     the record (the lease, then its tombstone until the lease's TTL would
+//     have run out); without it tokens keep growing as long as the server's
+//     clock does not step back past earlier tokens.
 //   - Renew and release check the owner token on the server: a stale session
 //     never renews or frees a newer holder's lock.
 //

@@ -154,8 +154,8 @@ func TestQueueFIFO(t *testing.T) {
 	if n, err := e.c.Exists(e.ctx, q, qd).Result(); err != nil || n != 0 {
 		t.Fatalf("rule %q: %d queue keys left (%v)", rule, n, err)
 	}
-	// The next claim costs nothing more and still counts up.
-	if l2 := e.grant(acquireReq("k", 5)); l2.Token != l.Token+1 {
+	// The next claim still counts up.
+	if l2 := e.grant(acquireReq("k", 5)); l2.Token <= l.Token {
 		t.Fatalf("rule %q: token %d after %d", rule, l2.Token, l.Token)
 	}
 	e.release("k", 5)
@@ -250,7 +250,7 @@ func TestQueueAfterExpiryAndForceRelease(t *testing.T) {
 	}
 	e.wantTurn("k", "w2")
 	l2 := e.grant(waitReq("k", 2, "w2", ttl))
-	if l2.Token != l1.Token+1 {
+	if l2.Token <= l1.Token {
 		t.Fatalf("rule %q: token %d after %d", rule, l2.Token, l1.Token)
 	}
 	e.release("k", 2)

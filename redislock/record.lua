@@ -6,10 +6,10 @@
 --   held  "<flags>|<token>|<acquired_us>|<otoken>|<owner>"  PX the lease
 --   free  "<flags>|<token>"  a tombstone: the last fencing token, kept for
 --         the rest of the released lease's TTL (KEEPTTL), so the next claim
---         continues the per-key counter without reading the server clock
+--         continues the per-key counter even if the server clock stepped
+--         back
 --
--- acquired_us is empty unless the claim read the server clock (slot
--- claims). flags is one digit, the sum of REC_NOTIFY (someone was answered
+-- flags is one digit, the sum of REC_NOTIFY (someone was answered
 -- busy: the release publishes the key) and REC_QUEUED (the key's waiter
 -- queue may hold waiters: the release, and a claim, look at it). A
 -- missing key is free with flags 0 and no last token. The owner token never

@@ -39,11 +39,10 @@ func acquireReq(key string, i int) core.AcquireRequest {
 }
 
 // TestCommandsPerAcquireRelease counts, on a private server, the commands
-// of an uncontended acquire + release: at most 5 (EVALSHA, GET, SET;
-// EVALSHA, SET), no clock read and no PUBLISH once the key has a record, and
-// no PUBLISH for a first claim either.
+// of an uncontended acquire + release: at most 6 (EVALSHA, GET, TIME, SET;
+// EVALSHA, SET) once the key has a record, and no PUBLISH.
 func TestCommandsPerAcquireRelease(t *testing.T) {
-	const rule = "an uncontended acquire + release costs at most 5 server commands and publishes nothing"
+	const rule = "an uncontended acquire + release costs at most 6 server commands and publishes nothing"
 	p := startPrivateRedis(t)
 	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	defer c.Close()
@@ -58,8 +57,8 @@ func TestCommandsPerAcquireRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := commandDelta(before, commandCalls(t, c))
-	// A key without a record seeds its token from TIME and looks for a
-	// queue; scripts loaded by EVAL after NOSCRIPT are not counted here.
+	// A key without a record also looks for a queue; scripts loaded by
+	// EVAL after NOSCRIPT are not counted here.
 	if first["publish"] != 0 || total(first)-first["eval"]-first["evalsha"] > 6 {
 		t.Errorf("rule %q: first claim of a key ran %v", rule, first)
 	}
@@ -75,7 +74,7 @@ func TestCommandsPerAcquireRelease(t *testing.T) {
 		}
 	}
 	d := commandDelta(before, commandCalls(t, c))
-	if got := total(d); got > 5*n || d["publish"] != 0 || d["time"] != 0 {
+	if got := total(d); got > 6*n || d["publish"] != 0 || d["evalsha"] != 2*n {
 		t.Errorf("rule %q: %d acquire+release ran %v (%.1f per pair)", rule, n, d, float64(got)/n)
 	}
 
@@ -97,7 +96,7 @@ func TestCommandsPerAcquireRelease(t *testing.T) {
 	}
 	d = commandDelta(before, commandCalls(t, c))
 	d["subscribe"], d["ping"] = 0, 0 // the Locker's release watch, if any
-	if got := total(d); got > 5*n || d["publish"] != 0 || d["time"] != 0 {
+	if got := total(d); got > 6*n || d["publish"] != 0 {
 		t.Errorf("rule %q: %d Locker TryAcquire+Release ran %v (%.1f per pair)", rule, n, d, float64(got)/n)
 	}
 }
@@ -167,14 +166,10 @@ func TestTokensAcrossTombstones(t *testing.T) {
 		last = l.Token
 	}
 	claim(0)
-	first := last
 	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(0)}); err != nil {
 		t.Fatal(err)
 	}
 	claim(1)
-	if last != first+1 {
-		t.Errorf("rule %q: token %d after the tombstone of %d, want +1", rule, last, first)
-	}
 	if ok, err := b.ForceRelease(ctx, "k"); err != nil || !ok {
 		t.Fatalf("ForceRelease = %v %v", ok, err)
 	}
@@ -192,6 +187,19 @@ func TestTokensAcrossTombstones(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim(4)
+	// A tombstone ahead of the clock (a clock that stepped back) is
+	// counted on from.
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(4)}); err != nil {
+		t.Fatal(err)
+	}
+	const ahead = 4_000_000_000_000_000
+	if err := c.Set(ctx, redislock.LockKey(prefix, "k"), "0|4000000000000000", 10*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	claim(5)
+	if last != ahead+1 {
+		t.Errorf("rule %q: token %d after a tombstone of %d", rule, last, uint64(ahead))
+	}
 }
 
 // TestStaleReleaseRestores: a release whose lease was taken over puts the
