@@ -35,7 +35,7 @@ if r and r.held then
   -- for the plain release message.
   local flags = r.flags
   if waiter ~= '' then
-    q_push(KEYS[2], KEYS[3], waiter, nowms, tonumber(ARGV[6]))
+    queue_ops().push(KEYS[2], KEYS[3], waiter, nowms, tonumber(ARGV[6]))
     flags = rec_with(flags, REC_QUEUED)
   else
     flags = rec_with(flags, REC_NOTIFY)
@@ -57,16 +57,16 @@ end
 -- A key with no record may have a queue whose holder's lease expired.
 local flags = 0
 if not r or rec_has(r.flags, REC_QUEUED) then
-  local head = q_head(KEYS[2], KEYS[3], nowms)
+  local head = queue_ops().head(KEYS[2], KEYS[3], nowms)
   if head and head ~= waiter then
     if waiter ~= '' then
-      q_push(KEYS[2], KEYS[3], waiter, nowms, tonumber(ARGV[6]))
+      queue_ops().push(KEYS[2], KEYS[3], waiter, nowms, tonumber(ARGV[6]))
     end
     return {3}
   end
   if head then
-    q_remove(KEYS[2], KEYS[3], waiter)
-    if q_any(KEYS[2]) then
+    queue_ops().remove(KEYS[2], KEYS[3], waiter)
+    if queue_ops().any(KEYS[2]) then
       flags = REC_QUEUED
     end
   end

@@ -14,11 +14,11 @@ if not r or not r.held then
 end
 local head = false
 if rec_has(r.flags, REC_QUEUED) then
-  head = q_head(KEYS[2], KEYS[3], (server_time()))
+  head = queue_ops().head(KEYS[2], KEYS[3], (server_time()))
 end
 if head then
   redis.call('SET', KEYS[1], rec_free(REC_QUEUED, r.token), 'KEEPTTL')
-  redis.call('PUBLISH', ARGV[1], turn_message(ARGV[2], head))
+  redis.call('PUBLISH', ARGV[1], queue_ops().turn(ARGV[2], head))
 else
   redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL')
   redis.call('PUBLISH', ARGV[1], ARGV[2])

@@ -12,14 +12,14 @@ if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
 end
 local now = server_time()
-local head = q_head(KEYS[2], KEYS[3], now)
-q_remove(KEYS[2], KEYS[3], ARGV[1])
+local head = queue_ops().head(KEYS[2], KEYS[3], now)
+queue_ops().remove(KEYS[2], KEYS[3], ARGV[1])
 if head == ARGV[1] then
   local r = rec_parse(redis.call('GET', KEYS[1]))
   if not r or not r.held then
-    local nxt = q_head(KEYS[2], KEYS[3], now)
+    local nxt = queue_ops().head(KEYS[2], KEYS[3], now)
     if nxt then
-      redis.call('PUBLISH', ARGV[2], turn_message(ARGV[3], nxt))
+      redis.call('PUBLISH', ARGV[2], queue_ops().turn(ARGV[3], nxt))
     end
   end
 end

@@ -43,10 +43,10 @@ else
 end
 
 if rec_has(r.flags, REC_QUEUED) then
-  local head = q_head(KEYS[2], KEYS[3], (server_time()))
+  local head = queue_ops().head(KEYS[2], KEYS[3], (server_time()))
   if head then
     redis.call('SET', KEYS[1], rec_free(REC_QUEUED, r.token), 'KEEPTTL')
-    redis.call('PUBLISH', ARGV[3], turn_message(ARGV[4], head))
+    redis.call('PUBLISH', ARGV[3], queue_ops().turn(ARGV[4], head))
     return 1
   end
 end
