@@ -15,19 +15,19 @@ const maxKnownTokens = 1 << 16
 // their renewal fails; past maxKnownTokens new ones are not remembered.
 type knownTokens struct {
 	mu sync.Mutex
-	m  map[string]uint64
+	m  map[leaseID]uint64
 }
 
-func tokenID(key, ownerToken string) string { return key + "\x00" + ownerToken }
+type leaseID struct{ key, ownerToken string }
 
 func (k *knownTokens) put(key, ownerToken string, token uint64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.m == nil {
-		k.m = make(map[string]uint64)
+		k.m = make(map[leaseID]uint64)
 	}
 	if len(k.m) < maxKnownTokens {
-		k.m[tokenID(key, ownerToken)] = token
+		k.m[leaseID{key, ownerToken}] = token
 	}
 }
 
@@ -35,7 +35,7 @@ func (k *knownTokens) put(key, ownerToken string, token uint64) {
 func (k *knownTokens) take(key, ownerToken string) (uint64, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	id := tokenID(key, ownerToken)
+	id := leaseID{key, ownerToken}
 	t, ok := k.m[id]
 	if ok {
 		delete(k.m, id)
@@ -46,5 +46,5 @@ func (k *knownTokens) take(key, ownerToken string) (uint64, bool) {
 func (k *knownTokens) drop(key, ownerToken string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	delete(k.m, tokenID(key, ownerToken))
+	delete(k.m, leaseID{key, ownerToken})
 }
