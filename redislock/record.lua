@@ -57,6 +57,21 @@ local function rec_parse(v)
   }
 end
 
+-- rec_held_by tells whether v is a record held by owner token ot, without
+-- taking it apart (renew checks many).
+local function rec_held_by(v, ot)
+  if not v then
+    return false
+  end
+  local b = string.find(v, '|', 3, true)
+  local c = b and string.find(v, '|', b + 1, true)
+  if not c then
+    return false
+  end
+  local e = c + #ot + 1
+  return string.byte(v, e) == 124 and string.sub(v, c + 1, e - 1) == ot
+end
+
 -- rec_reflag is the record v with other flags.
 local function rec_reflag(v, flags)
   return flags .. string.sub(v, 2)

@@ -283,3 +283,28 @@ func newClientOn(t testing.TB, addr string) *redis.Client {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// TestRenewChecksWholeOwnerToken: renew matches the owner token exactly,
+// not a prefix of it nor one it is a prefix of.
+func TestRenewChecksWholeOwnerToken(t *testing.T) {
+	c := sharedRedis(t)
+	ctx := ctxT(t, 30*time.Second)
+	b := newBackend(t, c, testenv.Name("dislocktest-"))
+	req := acquireReq("k", 0)
+	req.OwnerToken, req.Owner = "token", "owner|with|bars"
+	if _, err := b.TryAcquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tok string
+		ok  bool
+	}{{"tok", false}, {"tokenx", false}, {"token|", false}, {"owner", false}, {"token", true}} {
+		res, err := b.Renew(ctx, []core.RenewRequest{{Key: "k", OwnerToken: tc.tok, TTL: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (res[0] == nil) != tc.ok {
+			t.Errorf("renew with owner token %q: %v", tc.tok, res[0])
+		}
+	}
+}

@@ -8,8 +8,7 @@
 -- or held by another owner token.
 local res = {}
 for i = 1, #KEYS do
-  local r = rec_parse(redis.call('GET', KEYS[i]))
-  if r and r.held and r.otoken == ARGV[2 * i - 1] then
+  if rec_held_by(redis.call('GET', KEYS[i]), ARGV[2 * i - 1]) then
     res[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
   else
     res[i] = 0
