@@ -17,12 +17,30 @@
 --   {2}  the absolute expiry asked for is already past (a slot that is over)
 --   {3}  the key is free, but it is another waiter's turn
 --
--- The common claim is GET, TIME, SET; the waiter queue is read only when
--- the record says someone may be queued, or when there is no record.
+-- A claim is GET, TIME, SET; the waiter queue is read only when the record
+-- says someone may be queued, or when there is no record.
 local v = redis.call('GET', KEYS[1])
+local t = redis.call('TIME')
+
+-- The common claim, first and without taking anything apart: a tombstone
+-- with no flags (nobody waits), not a slot.
+if v and string.byte(v, 1) == 48 and ARGV[4] == '0' and not string.find(v, '|', 3, true) then
+  local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local token = tonumber(string.sub(v, 3))
+  if token and token >= nowus then
+    token = token + 1
+  else
+    token = nowus
+  end
+  token = fmt_int(token)
+  local acq = fmt_int(nowus)
+  redis.call('SET', KEYS[1], '0|' .. token .. '|' .. acq .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+  return {1, token, acq, -3, t[1], t[2]}
+end
+
 local r = rec_parse(v)
 local waiter = ARGV[5]
-local nowms, nowus, t = server_time()
+local nowms, nowus = server_time(t)
 
 if r and r.held then
   local pttl = redis.call('PTTL', KEYS[1])

@@ -85,9 +85,10 @@ local function rec_free(flags, token)
   return flags .. '|' .. token
 end
 
--- now_ms and now_us read the server clock.
-local function server_time()
-  local t = redis.call('TIME')
+-- server_time returns the server clock in ms and µs, and the TIME reply,
+-- read now or passed as t.
+local function server_time(t)
+  t = t or redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
   return s * 1000 + math.floor(us / 1000), s * 1000000 + us, t
 end
