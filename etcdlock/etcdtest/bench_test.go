@@ -398,3 +398,46 @@ func BenchmarkHold1000(b *testing.B) {
 	b.ReportMetric(float64(cnt.streams.Load()-s0)/intervals, "streams/interval")
 	b.ReportMetric(float64(cnt.streamMsgs.Load()-m0)/intervals, "keepalives/interval")
 }
+
+// BenchmarkSemaphore: one uncontended TryAcquire + Release of a permit of a
+// semaphore of 4, next to the same for a mutex and a raw Get, all timed in
+// the same run (interleaved with a Get each: see x-get).
+//
+//	cd etcdlock/etcdtest && go test -run '^$' -bench Semaphore -benchtime 500x .
+func BenchmarkSemaphore(b *testing.B) {
+	cfg := benchEndpoints(b)
+	for _, bc := range []struct {
+		name string
+		opts []core.Option
+	}{
+		{"mutex", nil},
+		{"permit-of-4", []core.Option{core.Limit(4)}},
+		{"permit-of-4-3-held", []core.Option{core.Limit(4)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			cnt := &counter{}
+			cli := benchClient(b, cfg, cnt)
+			prefix := uniquePrefix("bench-sem")
+			l := benchLocker(b, cli, prefix)
+			ctx := context.Background()
+			if bc.name == "permit-of-4-3-held" {
+				// Three permits held by another process.
+				other := benchLocker(b, benchClient(b, cfg, nil), prefix)
+				for range 3 {
+					s, err := other.TryAcquire(ctx, "sem", bc.opts...)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer s.Release(ctx)
+				}
+			}
+			interleaved(b, cli, cnt, func() error {
+				s, err := l.TryAcquire(ctx, "sem", bc.opts...)
+				if err != nil {
+					return err
+				}
+				return s.Release(ctx)
+			})
+		})
+	}
+}
