@@ -399,3 +399,47 @@ func TestSemWake(t *testing.T) {
 		t.Fatal("the waiter was not woken by the release")
 	}
 }
+
+// TestSemMinHold: a permit released before its minimum hold ends stays
+// held (on a lease of the remaining hold, rounded up to whole seconds)
+// until then; a lock claim meanwhile is a limit mismatch.
+func TestSemMinHold(t *testing.T) {
+	t.Parallel()
+	newClient := semClient(t)
+	prefix := uniquePrefix("sem-minhold")
+	bs := semBackends(t, newClient, prefix, 1)
+	a := newLocker(t, newClient(t), prefix)
+	ctx := ctxT(t, 30*time.Second)
+	const hold = 1500 * time.Millisecond
+	s, err := a.TryAcquire(ctx, "mh", core.Limit(2), core.MinHold(hold))
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs, err := bs[0].Holders(ctx, "mh")
+	if err != nil || len(hs) != 1 || hs[0].Limit != 2 || hs[0].Token != s.Token() {
+		t.Fatalf("holders during the min hold: %+v, %v", hs, err)
+	}
+	if _, err := bs[0].TryAcquire(ctx, core.AcquireRequest{Key: "mh", OwnerToken: "mutex", TTL: 5 * time.Second}); !errors.Is(err, core.ErrLimitMismatch) {
+		t.Fatalf("mutex during a permit's min hold: %v", err)
+	}
+	if _, err := bs[0].TryAcquire(ctx, permitReq("mh", 2, 5*time.Second)); err != nil {
+		t.Fatalf("second permit: %v", err)
+	}
+	for {
+		_, err := bs[0].TryAcquire(ctx, permitReq("mh", 2, 5*time.Second))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if took := time.Since(released); took < hold-100*time.Millisecond || took > hold+3*time.Second {
+		t.Fatalf("the held permit freed %v after the release, min hold %v", took, hold)
+	}
+}
