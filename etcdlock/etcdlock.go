@@ -435,7 +435,8 @@ type claim struct {
 	seconds int64
 	slot    bool
 	h       held
-	reused  bool // h.lease is a spare, refreshed with each transaction
+	reused  bool // h.lease is a spare, refreshed with the first transaction
+	kaDone  bool // the spare's refresh succeeded
 	spareOK bool // the lease may serve as a spare if the claim fails
 }
 
@@ -471,7 +472,7 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 			kaErr  error
 			kaSent time.Time
 		)
-		if c.reused {
+		if c.reused && !c.kaDone {
 			kaSent = time.Now()
 			lease := c.h.lease
 			wg.Go(func() {
@@ -500,9 +501,10 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 			}
 			return nil, err
 		}
-		if c.reused {
+		if c.reused && !c.kaDone {
 			if kaErr == nil {
 				c.h.refreshed = kaSent
+				c.kaDone = true // refreshed after the engine sent the claim: once is enough
 			} else {
 				c.spareOK = false
 				if resp.Succeeded {

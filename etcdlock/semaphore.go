@@ -15,8 +15,11 @@ var _ core.SemaphoreBackend = (*Backend)(nil)
 
 // maxPermitAttempts bounds the transactions of one permit claim: each
 // attempt after the first follows a read that found a free permit, and
-// fails only when another claim of the key was applied in between.
-const maxPermitAttempts = 8
+// fails only when another claim of the key was applied in between. A claim
+// also stops trying once a sixth of its TTL has passed (at least 100 ms):
+// the engine counts a claim whose reply comes after the renew deadline as
+// lost, so a claim that keeps losing races answers busy instead.
+const maxPermitAttempts = 4
 
 // maxViews bounds the semaphores whose last view a Backend keeps.
 const maxViews = 4096
@@ -121,7 +124,12 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 	v := b.view(key)
 	var live []permitKV
 	cleared := false
-	for range maxPermitAttempts {
+	start := time.Now()
+	bound := max(c.req.TTL/6, 100*time.Millisecond)
+	for attempt := range maxPermitAttempts {
+		if attempt > 0 && time.Since(start) > bound {
+			break
+		}
 		guard := clientv3.Compare(clientv3.ModRevision(lo), "<", v.rev+1).WithRange(hi)
 		if v.rev != 0 && (v.limit != limit || v.count >= limit) {
 			// Full, or taken with another limit, when last seen: read.
