@@ -363,7 +363,13 @@ func BenchmarkConcurrencyMutexHandoff(b *testing.B) {
 // leases, renewed every 500 ms). Each iteration is one renew interval;
 // reported per interval: unary requests (transactions), streams opened and
 // stream messages (keepalives).
-func BenchmarkHold1000(b *testing.B) {
+func BenchmarkHold1000(b *testing.B) { hold1000(b, 1) }
+
+// BenchmarkHold1000Permits is BenchmarkHold1000 with 1,000 permits: 250
+// semaphores of 4, all permits held by the one Locker.
+func BenchmarkHold1000Permits(b *testing.B) { hold1000(b, 4) }
+
+func hold1000(b *testing.B, limit int) {
 	const n = 1000
 	ttl := 1500 * time.Millisecond
 	interval := ttl / 3
@@ -374,7 +380,7 @@ func BenchmarkHold1000(b *testing.B) {
 	ctx := context.Background()
 	sessions := make([]core.Session, n)
 	for i := range sessions {
-		s, err := l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i))
+		s, err := l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i/limit), core.Limit(limit))
 		if err != nil {
 			b.Fatal(err)
 		}
