@@ -64,8 +64,10 @@ func (b *Backend) Migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('dislock: migrate'))`); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged))
-		return err
+		if _, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged)); err != nil {
+			return err
+		}
+		return b.sem.migrate(ctx, tx, b.cfg.unlogged) // the permits table (semaphore.go)
 	})
 	if err != nil {
 		return fmt.Errorf("pg: migrate table %s: %w", b.table, poolerHint(err))
