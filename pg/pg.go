@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Backend is the PostgreSQL store. It implements core.Backend, core.Watcher
-// and core.Admin and is safe for concurrent use.
+// Backend is the PostgreSQL store. It implements core.Backend, core.Watcher,
+// core.Admin and core.SemaphoreBackend and is safe for concurrent use.
 type Backend struct {
 	pool    *pgxpool.Pool
 	ownPool bool // Open created the pool; Close closes it

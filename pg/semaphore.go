@@ -154,7 +154,7 @@ func PermitsSchemaSQL(table string, unlogged bool) (string, error) {
 	return permitsSchemaSQL(p.Sanitize(), unlogged), nil
 }
 
-// migratePermits creates the permits table inside Migrate's transaction
+// migrate creates the permits table inside Migrate's transaction
 // (nothing when semaphores cannot work on this lock table).
 func (s *semaphores) migrate(ctx context.Context, tx pgx.Tx, unlogged bool) error {
 	if s.reason != nil {
@@ -199,7 +199,7 @@ func (s *semaphores) missing() error {
 		ErrSchema, core.ErrUnsupported, s.table)
 }
 
-// usable returns nil when permits can be claimed: the permits table exists
+// semUsable returns nil when permits can be claimed: the permits table exists
 // (looked for again while it is missing).
 func (b *Backend) semUsable(ctx context.Context) error {
 	s := b.sem
