@@ -24,6 +24,12 @@ func permitReq(key string, limit int, ttl time.Duration) core.AcquireRequest {
 	return core.AcquireRequest{Key: key, Owner: "owner-" + tok, OwnerToken: tok, TTL: ttl, Limit: limit}
 }
 
+// refusedTTL is the TTL of claims a test expects to be refused: the engine
+// undoes a refused claim (any answer but busy) by owner token, and a claim
+// that would outlive the claim bound is undone again once it has passed,
+// which makes Close wait for it.
+var refusedTTL = core.TTL(500 * time.Millisecond)
+
 func relReq(req core.AcquireRequest) core.ReleaseRequest {
 	return core.ReleaseRequest{Key: req.Key, OwnerToken: req.OwnerToken, Limit: req.Limit}
 }
@@ -332,14 +338,19 @@ func TestPermitLimitMismatch(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	l := newClient(t, newBackend(t, table))
-	other := newClient(t, newBackend(t, table))
+	// The refused claims go straight to a Backend: the engine would undo
+	// each (any answer but busy), and Close would wait for the claim bound.
+	other := newBackend(t, table)
+	mutex := func() core.AcquireRequest {
+		return core.AcquireRequest{Key: "k", Owner: "m", OwnerToken: testenv.Name("m"), TTL: time.Minute}
+	}
 	ctx := ctxT(t)
 
 	m, err := l.TryAcquire(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = other.TryAcquire(ctx, "k", core.Limit(3))
+	_, err = other.TryAcquire(ctx, permitReq("k", 3, time.Minute))
 	if !errors.Is(err, core.ErrLimitMismatch) || !strings.Contains(err.Error(), "mutex") || !strings.Contains(err.Error(), "3 permits") {
 		t.Fatalf("permit claim of a mutex's key: %v", err)
 	}
@@ -355,11 +366,11 @@ func TestPermitLimitMismatch(t *testing.T) {
 		}
 		permits = append(permits, s)
 	}
-	_, err = other.TryAcquire(ctx, "k")
+	_, err = other.TryAcquire(ctx, mutex())
 	if !errors.Is(err, core.ErrLimitMismatch) || !strings.Contains(err.Error(), "3 permits") || !strings.Contains(err.Error(), "mutex") {
 		t.Fatalf("mutex claim of a semaphore's key: %v", err)
 	}
-	_, err = other.TryAcquire(ctx, "k", core.Limit(2))
+	_, err = other.TryAcquire(ctx, permitReq("k", 2, time.Minute))
 	if !errors.Is(err, core.ErrLimitMismatch) || !strings.Contains(err.Error(), "3 permits") || !strings.Contains(err.Error(), "2 permits") {
 		t.Fatalf("claim with another limit: %v", err)
 	}
@@ -373,12 +384,14 @@ func TestPermitLimitMismatch(t *testing.T) {
 		}
 	}
 	// Free: a mutex takes it, then a semaphore of another limit.
-	m, err = other.TryAcquire(ctx, "k")
-	if err != nil {
+	mr := mutex()
+	if _, err := other.TryAcquire(ctx, mr); err != nil {
 		t.Fatalf("mutex after the last permit's release: %v", err)
 	}
-	_ = m.Release(ctx)
-	s, err := other.TryAcquire(ctx, "k", core.Limit(2))
+	if err := other.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: mr.OwnerToken}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := l.TryAcquire(ctx, "k", core.Limit(2))
 	if err != nil {
 		t.Fatalf("limit 2 on a free key: %v", err)
 	}
@@ -396,7 +409,7 @@ func TestPermitAdmin(t *testing.T) {
 	ctx := ctxT(t)
 	var held []core.Session
 	for i := range 3 {
-		s, err := l.TryAcquire(ctx, "sem", core.Limit(4), core.WithOwner(fmt.Sprintf("w%d", i)), core.TTL(3*time.Second))
+		s, err := l.TryAcquire(ctx, "sem", core.Limit(4), core.WithOwner(fmt.Sprintf("w%d", i)), core.TTL(1500*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -488,18 +501,20 @@ func TestPermitsTableMissing(t *testing.T) {
 	if _, err := admin.Exec(ctx, sql); err != nil {
 		t.Fatal(err)
 	}
-	l := newClient(t, newBackend(t, table))
+	// A short claim timeout: the engine undoes the refused claims, and
+	// Close waits for the claim bound.
+	l := newClient(t, newBackend(t, table, pg.WithClaimTimeout(100*time.Millisecond)))
 	s, err := l.TryAcquire(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = s.Release(ctx)
-	_, err = l.TryAcquire(ctx, "k", core.Limit(2))
+	_, err = l.TryAcquire(ctx, "k", core.Limit(2), refusedTTL)
 	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), table+"_permits") || !strings.Contains(err.Error(), "PermitsSchemaSQL") {
 		t.Fatalf("permit claim without the permits table: %v", err)
 	}
 	// A waiting Acquire ends at once too.
-	if _, err := l.Acquire(ctx, "k", core.Limit(2)); !errors.Is(err, pg.ErrSchema) {
+	if _, err := l.Acquire(ctx, "k", core.Limit(2), refusedTTL); !errors.Is(err, pg.ErrSchema) {
 		t.Fatalf("waiting permit claim without the permits table: %v", err)
 	}
 	var n int
@@ -594,7 +609,7 @@ func TestPermitRenew1000(t *testing.T) {
 	be := newBackendPool(t, table, func(c *pgxpool.Config) { c.MaxConns = 8 }, pg.WithAsyncCommit())
 	cb := &countingBackend{Backend: be}
 	l := newClient(t, cb)
-	const keys, limit, ttl = 250, 4, 3 * time.Second
+	const keys, limit, ttl = 250, 4, 1200 * time.Millisecond
 	ctx := ctxT(t)
 	var wg sync.WaitGroup
 	sessions := make(chan core.Session, keys*limit)
@@ -673,7 +688,7 @@ func TestPermitExecModes(t *testing.T) {
 						if _, err := l.TryAcquire(ctx, key, core.Limit(3)); !errors.Is(err, core.ErrNotAcquired) {
 							t.Fatalf("fourth permit: %v", err)
 						}
-						if _, err := l.TryAcquire(ctx, key, core.Limit(2)); !errors.Is(err, core.ErrLimitMismatch) {
+						if _, err := b.TryAcquire(ctx, permitReq(key, 2, time.Minute)); !errors.Is(err, core.ErrLimitMismatch) {
 							t.Fatalf("mismatch: %v", err)
 						}
 						if err := held[0].Check(ctx); err != nil {
@@ -703,7 +718,8 @@ func TestPermitExecModes(t *testing.T) {
 func TestPermitMinHold(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
-	l := newClient(t, newBackend(t, table))
+	b := newBackend(t, table)
+	l := newClient(t, b)
 	ctx := ctxT(t)
 	s, err := l.TryAcquire(ctx, "k", core.Limit(2), core.MinHold(time.Minute))
 	if err != nil {
@@ -716,7 +732,7 @@ func TestPermitMinHold(t *testing.T) {
 	if err != nil || len(hs) != 1 || hs[0].Remaining < 50*time.Second {
 		t.Fatalf("holders after a min-hold release: %+v, %v", hs, err)
 	}
-	if _, err := l.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrLimitMismatch) {
+	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "m", OwnerToken: "m", TTL: time.Minute}); !errors.Is(err, core.ErrLimitMismatch) {
 		t.Fatalf("mutex claim during the min hold: %v", err)
 	}
 }
@@ -726,9 +742,9 @@ func TestPermitMinHold(t *testing.T) {
 func TestPermitLegacyUnsupported(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin, pg.WithLegacyTable())
-	l := newClient(t, newBackend(t, table, pg.WithLegacyTable()))
+	b := newBackend(t, table, pg.WithLegacyTable())
 	ctx := ctxT(t)
-	if _, err := l.TryAcquire(ctx, "k", core.Limit(2)); !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "WithLegacyTable") {
+	if _, err := b.TryAcquire(ctx, permitReq("k", 2, time.Minute)); !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "WithLegacyTable") {
 		t.Fatalf("permit on the legacy table: %v", err)
 	}
 	var n int
