@@ -609,15 +609,18 @@ func TestPermitRenew1000(t *testing.T) {
 	be := newBackendPool(t, table, func(c *pgxpool.Config) { c.MaxConns = 8 }, pg.WithAsyncCommit())
 	cb := &countingBackend{Backend: be}
 	l := newClient(t, cb)
-	const keys, limit, ttl = 250, 4, 1200 * time.Millisecond
+	const keys, limit, ttl = 250, 4, 1500 * time.Millisecond
 	ctx := ctxT(t)
 	var wg sync.WaitGroup
 	sessions := make(chan core.Session, keys*limit)
-	for w := range 8 {
+	// Fewer claimers than pool connections: renewals get a connection
+	// while the claims go on.
+	const claimers = 4
+	for w := range claimers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < keys*limit; i += 8 {
+			for i := w; i < keys*limit; i += claimers {
 				s, err := l.TryAcquire(ctx, fmt.Sprintf("k%d", i%keys), core.Limit(limit), core.TTL(ttl))
 				if err != nil {
 					t.Error(err)
