@@ -160,9 +160,10 @@
 // (and core.ErrUnsupported, so a waiting Acquire ends at once) that names
 // the table and the fix. Nothing is created silently; once the table exists
 // claims work without a restart. Semaphores need clock tokens (the column
-// default Migrate sets; the ALTER TABLE above switches an older table) and
-// are not available on the legacy table (WithLegacyTable), nor when the
-// permits table's name would exceed 63 bytes.
+// default Migrate sets; the ALTER TABLE above switches an older table), and
+// are not available when the permits table's name would exceed 63 bytes.
+// On the legacy table (WithLegacyTable) the header's value is "<holder>
+// <owner>" like any row of it, and permits have no fencing tokens (0).
 //
 // Each operation on permits is one round trip, one transaction: a batch of
 // which the first statement locks the key's header row and the second,

@@ -109,14 +109,12 @@ func permitsName(p pgx.Identifier) string { return strings.Join(p, ".") }
 func newSemaphores(cfg config, table string) *semaphores {
 	s := &semaphores{}
 	switch p, ok := permitsIdent(cfg.table); {
-	case cfg.legacy:
-		s.reason = fmt.Errorf("%w: semaphores (core.Limit > 1) need the dislock lock table; the legacy table (WithLegacyTable) has no fencing tokens to order permits by", core.ErrUnsupported)
 	case !ok:
 		s.reason = fmt.Errorf("%w: semaphores (core.Limit > 1): the permits table's name %q would be longer than %d bytes; fix: a shorter WithTable",
 			core.ErrUnsupported, cfg.table[len(cfg.table)-1]+permitsSuffix, maxIdentLen)
 	default:
 		s.table, s.name = p.Sanitize(), permitsName(p)
-		s.stmt = buildSemStatements(table, s.table, cfg.asyncCommit)
+		s.stmt = buildSemStatements(table, s.table, cfg.legacy, cfg.asyncCommit)
 	}
 	return s
 }
@@ -259,7 +257,7 @@ type semStatements struct {
 	holders, list        string
 }
 
-func buildSemStatements(t, p string, async bool) semStatements {
+func buildSemStatements(t, p string, legacy, async bool) semStatements {
 	ac := ""
 	if async {
 		ac = asyncClause
@@ -267,8 +265,19 @@ func buildSemStatements(t, p string, async bool) semStatements {
 	const (
 		exp    = `coalesce($6::timestamptz, now() + $5::bigint * interval '1 microsecond')`
 		locked = `(coalesce(current_setting('` + semSetting + `', true), '') <> '')`
-		isHdr  = `starts_with(holder, '` + semMark + `')`
 	)
+	// The lock table's holder, token and acquisition time, with a table
+	// alias (ending in a dot) or none. The legacy table keeps the holder
+	// in value ("<holder> <owner>") and has no token: its permits' tokens
+	// are 0.
+	hh := func(alias string) string { return alias + "holder" }
+	tok := "token"
+	acq := "acquired_at"
+	if legacy {
+		hh = func(alias string) string { return "split_part(" + alias + "value, ' ', 1)" }
+		tok, acq = "0::bigint", "NULL::timestamptz"
+	}
+	isHdr := `starts_with(` + hh("") + `, '` + semMark + `')`
 	var s semStatements
 	// acquireLock ($1 key, $2 mark, $3 limit, $4 owner token, $5 TTL µs,
 	// $6 slot end) locks the key's header row, creating it when the key
@@ -278,19 +287,33 @@ func buildSemStatements(t, p string, async bool) semStatements {
 	// mutex or with another limit, the slot over, or the permit already
 	// held with this owner token; and it locks without writing when the
 	// row's latest version, checked under the lock, is such a row.
-	s.acquireLock = fmt.Sprintf(`INSERT INTO %[1]s AS l (key, owner, holder, token, acquired_at, expire_at)
-SELECT $1::text, $2::text, $2::text || ':' || md5(random()::text), %[3]s, now(), %[4]s
-WHERE ($6::timestamptz IS NULL OR $6::timestamptz > now())
+	const newHolder = `$2::text || ':' || md5(random()::text)`
+	skip := fmt.Sprintf(`WHERE ($6::timestamptz IS NULL OR $6::timestamptz > now())
 	AND NOT EXISTS (SELECT 1 FROM %[2]s WHERE key = $1::text AND holder = $4::text AND expire_at > now())
 	AND NOT EXISTS (SELECT 1 FROM %[1]s c WHERE c.key = $1::text AND c.expire_at > now()
-		AND (NOT starts_with(c.holder, $2::text || ':') OR (SELECT count(*) FROM %[2]s WHERE key = $1::text AND expire_at > now()) >= $3::int))%[5]s
+		AND (NOT starts_with(%[3]s, $2::text || ':') OR (SELECT count(*) FROM %[2]s WHERE key = $1::text AND expire_at > now()) >= $3::int))%[4]s`,
+		t, p, hh("c."), ac)
+	s.acquireLock = fmt.Sprintf(`INSERT INTO %[1]s AS l (key, owner, holder, token, acquired_at, expire_at)
+SELECT $1::text, $2::text, %[2]s, %[3]s, now(), %[4]s
+%[5]s
 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner,
 	holder = CASE WHEN l.expire_at > now() THEN l.holder ELSE excluded.holder END,
 	token = greatest(excluded.token, l.token + 1),
 	acquired_at = CASE WHEN l.expire_at > now() THEN l.acquired_at ELSE excluded.acquired_at END,
 	expire_at = greatest(l.expire_at, excluded.expire_at)
 WHERE l.expire_at <= now() OR starts_with(l.holder, excluded.owner || ':')
-RETURNING set_config('%[6]s', l.token::text, true)`, t, p, tokenDefault, exp, ac, semSetting)
+RETURNING set_config('%[6]s', l.token::text, true)`, t, newHolder, tokenDefault, exp, skip, semSetting)
+	if legacy {
+		// value is "<holder> <owner>"; no token to bump: the setting
+		// only says that the lock is held.
+		s.acquireLock = fmt.Sprintf(`INSERT INTO %[1]s AS l (key, value, expire_at)
+SELECT $1::text, %[2]s || ' ' || $2::text, %[3]s
+%[4]s
+ON CONFLICT (key) DO UPDATE SET value = CASE WHEN l.expire_at > now() THEN l.value ELSE excluded.value END,
+	expire_at = greatest(l.expire_at, excluded.expire_at)
+WHERE l.expire_at <= now() OR starts_with(l.value, $2::text || ':')
+RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
+	}
 
 	// acquire ($1 key, $2 mark, $3 limit, $4 owner token, $5 TTL µs, $6
 	// slot end, $7 owner) claims a permit when acquireLock locked the
@@ -321,16 +344,16 @@ SELECT 0, $7::text, token, acquired_at, expire_at, 0::bigint FROM ins
 UNION ALL
 SELECT 1, owner, token, acquired_at, expire_at, 0::bigint FROM mine
 UNION ALL
-SELECT 2, holder, token, acquired_at, expire_at, %[5]s FROM %[1]s WHERE key = $1::text AND expire_at > now() AND NOT starts_with(holder, $2::text || ':')
+SELECT 2, %[6]s, %[7]s, %[8]s, expire_at, %[5]s FROM %[1]s WHERE key = $1::text AND expire_at > now() AND NOT starts_with(%[6]s, $2::text || ':')
 UNION ALL
 (SELECT 3, owner, token, acquired_at, expire_at, %[5]s FROM %[2]s WHERE key = $1::text AND expire_at > now() ORDER BY expire_at, token LIMIT 1)`,
-		t, p, exp, semSetting, remaining)
+		t, p, exp, semSetting, remaining, hh(""), tok, acq)
 
 	// releaseLock ($1 key, $2 owner token) locks the header of a key that
 	// has a permit of this owner token.
 	s.releaseLock = fmt.Sprintf(`UPDATE %[1]s SET expire_at = expire_at
 WHERE key = $1::text AND %[3]s AND EXISTS (SELECT 1 FROM %[2]s WHERE key = $1::text AND holder = $2::text)%[4]s
-RETURNING set_config('%[5]s', token::text, true)`, t, p, isHdr, ac, semSetting)
+RETURNING set_config('%[5]s', %[6]s::text, true)`, t, p, isHdr, ac, semSetting, tok)
 
 	// release ($1 key, $2 owner token, $3 channel) deletes the permit and
 	// notifies when it was live. Under the header lock it also sets the
@@ -372,20 +395,20 @@ UPDATE %[1]s SET expire_at = greatest(expire_at, (SELECT expire_at FROM k)) WHER
 ), p AS (
 	UPDATE %[2]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond' FROM r
 	WHERE l.key = r.key AND l.holder = r.holder AND l.expire_at > now()
-		AND EXISTS (SELECT 1 FROM %[1]s h WHERE h.key = r.key AND starts_with(h.holder, r.mark || ':') AND h.expire_at > now())%[3]s
+		AND EXISTS (SELECT 1 FROM %[1]s h WHERE h.key = r.key AND starts_with(%[4]s, r.mark || ':') AND h.expire_at > now())%[3]s
 	RETURNING l.key, l.holder, l.expire_at
 ), h AS (
 	UPDATE %[1]s AS h SET expire_at = m.until FROM (SELECT key, max(expire_at) AS until FROM p GROUP BY key) m
 	WHERE h.key = m.key AND h.expire_at < m.until
 )
-SELECT key, holder FROM p`, t, p, ac)
+SELECT key, holder FROM p`, t, p, ac, hh("h."))
 
 	// forceLock ($1 key) locks a semaphore's header; force ($1 key, $2
 	// channel) then deletes every permit and the header, and notifies
 	// when a live permit was among them. Its row says whether the key was
 	// a semaphore (locked), and whether a live permit was freed.
 	s.forceLock = fmt.Sprintf(`UPDATE %[1]s SET expire_at = expire_at WHERE key = $1::text AND %[2]s
-RETURNING set_config('%[3]s', token::text, true)`, t, isHdr, semSetting)
+RETURNING set_config('%[3]s', %[4]s::text, true)`, t, isHdr, semSetting, tok)
 	s.force = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[2]s WHERE key = $1::text AND %[4]s RETURNING expire_at > now() AS live
 ), h AS (
@@ -397,16 +420,16 @@ SELECT %[4]s, EXISTS (SELECT 1 FROM d WHERE live), (SELECT count(*) FROM n)`, t,
 
 	// holders ($1 key) and list ($1 prefix): the live permits of live
 	// headers, oldest first, with the header's limit.
-	const permitCols = `p.key, p.owner, p.token, p.acquired_at, p.expire_at,
-	(extract(epoch FROM p.expire_at - now()) * 1000000)::bigint, split_part(h.holder, ':', 3)::int`
+	permitCols := `p.key, p.owner, p.token, p.acquired_at, p.expire_at,
+	(extract(epoch FROM p.expire_at - now()) * 1000000)::bigint, split_part(` + hh("h.") + `, ':', 3)::int`
 	s.holders = fmt.Sprintf(`SELECT %[3]s
-FROM %[2]s p JOIN %[1]s h ON h.key = p.key AND starts_with(h.holder, '%[4]s') AND h.expire_at > now()
+FROM %[2]s p JOIN %[1]s h ON h.key = p.key AND starts_with(%[5]s, '%[4]s') AND h.expire_at > now()
 WHERE p.key = $1::text AND p.expire_at > now()
-ORDER BY p.acquired_at, p.token`, t, p, permitCols, semMark)
+ORDER BY p.acquired_at, p.token`, t, p, permitCols, semMark, hh("h."))
 	s.list = fmt.Sprintf(`SELECT %[3]s
-FROM %[2]s p JOIN %[1]s h ON h.key = p.key AND starts_with(h.holder, '%[4]s') AND h.expire_at > now()
+FROM %[2]s p JOIN %[1]s h ON h.key = p.key AND starts_with(%[5]s, '%[4]s') AND h.expire_at > now()
 WHERE starts_with(p.key, $1::text) AND p.expire_at > now()
-ORDER BY p.key, p.acquired_at, p.token`, t, p, permitCols, semMark)
+ORDER BY p.key, p.acquired_at, p.token`, t, p, permitCols, semMark, hh("h."))
 	return s
 }
 

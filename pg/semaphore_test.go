@@ -1,7 +1,6 @@
 package pg_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -740,23 +739,45 @@ func TestPermitMinHold(t *testing.T) {
 	}
 }
 
-// Rule: semaphores are refused on the legacy table, with an error saying
-// why, and mutexes there keep working.
-func TestPermitLegacyUnsupported(t *testing.T) {
+// Rule: semaphores work on the legacy table too, without fencing tokens
+// (0), next to the older tool's rows: a mutex claim of a semaphore's key is
+// a limit mismatch, and the last release frees the key.
+func TestPermitLegacy(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin, pg.WithLegacyTable())
 	b := newBackend(t, table, pg.WithLegacyTable())
 	ctx := ctxT(t)
-	if _, err := b.TryAcquire(ctx, permitReq("k", 2, time.Minute)); !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "WithLegacyTable") {
-		t.Fatalf("permit on the legacy table: %v", err)
+	p1, p2 := permitReq("k", 2, time.Minute), permitReq("k", 2, time.Minute)
+	for _, r := range []core.AcquireRequest{p1, p2} {
+		l, err := b.TryAcquire(ctx, r)
+		if err != nil || l.Token != 0 {
+			t.Fatalf("permit on the legacy table: %+v, %v", l, err)
+		}
 	}
-	var n int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = $1`, table+"_permits").Scan(&n); err != nil || n != 0 {
-		t.Fatalf("a permits table was created for the legacy table: %d, %v", n, err)
+	var na *core.NotAcquiredError
+	if _, err := b.TryAcquire(ctx, permitReq("k", 2, time.Minute)); !errors.As(err, &na) || na.Holder == nil || na.Holder.Limit != 2 {
+		t.Fatalf("third permit: %v", err)
+	}
+	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "m", OwnerToken: "m", TTL: time.Minute}); !errors.Is(err, core.ErrLimitMismatch) {
+		t.Fatalf("mutex on a semaphore's key: %v", err)
+	}
+	if hs, err := b.Holders(ctx, "k"); err != nil || len(hs) != 2 || hs[0].Owner != p1.Owner {
+		t.Fatalf("holders: %+v, %v", hs, err)
+	}
+	res, err := b.Renew(ctx, []core.RenewRequest{{Key: "k", OwnerToken: p1.OwnerToken, TTL: time.Minute, Limit: 2}})
+	if err != nil || res[0] != nil {
+		t.Fatalf("renew: %v, %v", res, err)
+	}
+	for _, r := range []core.AcquireRequest{p1, p2} {
+		if err := b.Release(ctx, relReq(r)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := core.AcquireRequest{Key: "k", Owner: "m", OwnerToken: "m", TTL: time.Minute}
+	if _, err := b.TryAcquire(ctx, m); err != nil {
+		t.Fatalf("mutex after the last release: %v", err)
 	}
 }
-
-var _ = context.Background
 
 // Rule: a full semaphore is answered by a read: a busy try neither writes
 // nor locks the header or the permits.
