@@ -88,7 +88,8 @@ type semaphores struct {
 	reason error // set when semaphores cannot work on this lock table at all
 
 	mu    sync.Mutex
-	ready bool // the permits table was found
+	ready bool  // the permits table was found, usable
+	why   error // when not ready: why (nil: the table is missing)
 }
 
 // permitsIdent returns the permits table of the lock table t, or ok false
@@ -171,22 +172,37 @@ func (s *semaphores) check(ctx context.Context, q interface {
 	if s.reason != nil {
 		return nil
 	}
-	var exists, identity bool
+	var (
+		exists, identity bool
+		privs            [4]bool
+	)
 	err := q.QueryRow(ctx, `SELECT to_regclass($1::text) IS NOT NULL,
-	coalesce((SELECT attidentity <> '' FROM pg_attribute WHERE attrelid = to_regclass($2::text) AND attname = 'token' AND NOT attisdropped), false)`,
-		s.table, lockTable).Scan(&exists, &identity)
+	coalesce((SELECT attidentity <> '' FROM pg_attribute WHERE attrelid = to_regclass($2::text) AND attname = 'token' AND NOT attisdropped), false),
+	coalesce(has_table_privilege(to_regclass($1::text), 'SELECT'), false), coalesce(has_table_privilege(to_regclass($1::text), 'INSERT'), false),
+	coalesce(has_table_privilege(to_regclass($1::text), 'UPDATE'), false), coalesce(has_table_privilege(to_regclass($1::text), 'DELETE'), false)`,
+		s.table, lockTable).Scan(&exists, &identity, &privs[0], &privs[1], &privs[2], &privs[3])
 	if err != nil {
 		return fmt.Errorf("pg: check table %s: %w", s.table, poolerHint(err))
 	}
-	if identity {
+	var why error
+	var missing []string
+	for i, name := range []string{"SELECT", "INSERT", "UPDATE", "DELETE"} {
+		if !privs[i] {
+			missing = append(missing, name)
+		}
+	}
+	switch {
+	case identity:
 		// A sequence's values are far below the clock tokens a permit
 		// gets: a mutex claim after a semaphore would go back.
-		s.reason = fmt.Errorf("%w: %w: table %s: semaphores (core.Limit > 1) need clock tokens, and column token is an identity; fix: ALTER TABLE %s ALTER COLUMN token DROP IDENTITY IF EXISTS, ALTER COLUMN token SET DEFAULT %s",
+		why = fmt.Errorf("%w: %w: table %s: semaphores (core.Limit > 1) need clock tokens, and column token is an identity; fix: ALTER TABLE %s ALTER COLUMN token DROP IDENTITY IF EXISTS, ALTER COLUMN token SET DEFAULT %s",
 			ErrSchema, core.ErrUnsupported, lockTable, lockTable, tokenDefault)
-		return nil
+	case exists && len(missing) > 0:
+		why = fmt.Errorf("%w: %w: table %s: the role lacks the %s privilege, which semaphores (core.Limit > 1) need; fix: GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO the role dislock connects as",
+			ErrSchema, core.ErrUnsupported, s.table, strings.Join(missing, ", "), s.table)
 	}
 	s.mu.Lock()
-	s.ready = exists
+	s.ready, s.why = exists && why == nil, why
 	s.mu.Unlock()
 	return nil
 }
@@ -197,8 +213,8 @@ func (s *semaphores) missing() error {
 		ErrSchema, core.ErrUnsupported, s.table)
 }
 
-// semUsable returns nil when permits can be claimed: the permits table exists
-// (looked for again while it is missing).
+// semUsable returns nil when permits can be claimed: the permits table
+// exists and is usable (looked at again while it is not).
 func (b *Backend) semUsable(ctx context.Context) error {
 	s := b.sem
 	if s.reason != nil {
@@ -213,16 +229,16 @@ func (b *Backend) semUsable(ctx context.Context) error {
 	if err := s.check(ctx, b.pool, b.table); err != nil {
 		return err
 	}
-	if s.reason != nil {
-		return s.reason
-	}
 	s.mu.Lock()
-	ready = s.ready
+	ready, why := s.ready, s.why
 	s.mu.Unlock()
-	if !ready {
-		return s.missing()
+	switch {
+	case ready:
+		return nil
+	case why != nil:
+		return why
 	}
-	return nil
+	return s.missing()
 }
 
 // semErr maps a statement's error: a permits table dropped since it was
@@ -231,7 +247,7 @@ func (b *Backend) semErr(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42P01" && strings.Contains(pe.Message, strings.Trim(permitsIdentLast(b.sem.table), `"`)) {
 		b.sem.mu.Lock()
-		b.sem.ready = false
+		b.sem.ready, b.sem.why = false, nil
 		b.sem.mu.Unlock()
 		return b.sem.missing()
 	}
