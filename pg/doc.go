@@ -191,7 +191,9 @@
 //     locks the headers of their keys, in key order (so renewals never
 //     deadlock), the mutex renewal when there are mutexes, and one
 //     UPDATE … FROM unnest(…) of the permits and their headers. A Locker's
-//     1,000 permits are one round trip per renew interval.
+//     1,000 permits are one round trip per renew interval. The renewal
+//     holds those header rows until it commits: claims and releases of its
+//     keys wait for it (one commit), and it waits for theirs.
 //   - Holders lists a key's live permits oldest first; List has one
 //     Info per live permit; Inspect returns a semaphore's oldest permit;
 //     ForceRelease deletes every permit and the header (one batch) and
