@@ -557,7 +557,10 @@ func (b *Backend) readPermitAcquire(br pgx.BatchResults, req core.AcquireRequest
 // delete (or, with Keep, the update) in one batch.
 func (b *Backend) releasePermit(ctx context.Context, req core.ReleaseRequest) error {
 	if b.sem.reason != nil {
-		return b.sem.reason
+		return nil // no permit can have been claimed
+	}
+	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
+		return err // no permits table, no permit to release (the undo of a refused claim)
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(b.sem.stmt.releaseLock, req.Key, req.OwnerToken)
@@ -666,15 +669,25 @@ func compactStrings(s []string) []string {
 	return out
 }
 
-// semPermitsReady reports whether the permits table is known to exist;
-// admin calls skip the permits while it is not.
-func (b *Backend) semPermitsReady() bool {
+// semPermitsReady reports whether the permits table exists (looked for
+// again while it is not: another process may have made it); admin calls
+// skip the permits while it does not, as there can be none.
+func (b *Backend) semPermitsReady(ctx context.Context) (bool, error) {
 	if b.sem.reason != nil {
-		return false
+		return false, nil
+	}
+	b.sem.mu.Lock()
+	ready := b.sem.ready
+	b.sem.mu.Unlock()
+	if ready {
+		return true, nil
+	}
+	if err := b.sem.check(ctx, b.pool, b.table); err != nil {
+		return false, err
 	}
 	b.sem.mu.Lock()
 	defer b.sem.mu.Unlock()
-	return b.sem.ready
+	return b.sem.ready, nil
 }
 
 func scanPermits(rows pgx.Rows) ([]core.Info, error) {
@@ -705,7 +718,11 @@ func (b *Backend) Holders(ctx context.Context, key string) ([]core.Info, error) 
 	if err := core.ValidateKey(key); err != nil {
 		return nil, err
 	}
-	if b.semPermitsReady() {
+	ready, err := b.semPermitsReady(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ready {
 		rows, err := b.pool.Query(ctx, b.sem.stmt.holders, key)
 		if err != nil {
 			return nil, fmt.Errorf("pg: holders: %w", b.semErr(err))
@@ -727,8 +744,8 @@ func (b *Backend) Holders(ctx context.Context, key string) ([]core.Info, error) 
 
 // inspectPermits is Inspect of a semaphore's key: its oldest live permit.
 func (b *Backend) inspectPermits(ctx context.Context, key string) (core.Info, bool, error) {
-	if !b.semPermitsReady() {
-		return core.Info{}, false, nil
+	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
+		return core.Info{}, false, err
 	}
 	rows, err := b.pool.Query(ctx, b.sem.stmt.holders, key)
 	if err != nil {
@@ -757,8 +774,11 @@ func (b *Backend) listPermits(ctx context.Context, prefix string, list []core.In
 		}
 		out = append(out, info)
 	}
-	if headers == 0 || !b.semPermitsReady() {
+	if headers == 0 {
 		return out, nil
+	}
+	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
+		return out, err
 	}
 	rows, err := b.pool.Query(ctx, b.sem.stmt.list, prefix)
 	if err != nil {
@@ -777,8 +797,8 @@ func (b *Backend) listPermits(ctx context.Context, prefix string, list []core.In
 // and the header, in one batch. handled is false when key is not a
 // semaphore's (ForceRelease then deletes the lock table's row).
 func (b *Backend) forceReleasePermits(ctx context.Context, key string) (handled, released bool, err error) {
-	if !b.semPermitsReady() {
-		return false, false, nil
+	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
+		return false, false, err
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(b.sem.stmt.forceLock, key)
