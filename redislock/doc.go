@@ -23,10 +23,10 @@
 //
 // The free form is a tombstone that a release writes over the lease, keeping
 // its remaining TTL: it carries the last fencing token, so the next claim
-// counts on from it. k' is k with "%"
-// written as "%25" and "}" as "%7D", so the Cluster hash tag is always
-// exactly k': every key of one lock shares a slot whatever bytes k holds,
-// and k is recovered exactly from the Redis key (Admin.List). The prefix
+// counts on from it. k' is k with "%" written as "%25" and "}" as "%7D", so
+// the Cluster hash tag is always exactly k': every key of one lock shares a
+// slot whatever bytes k holds, and k is recovered exactly from the Redis key
+// (Admin.List). The prefix
 // (WithPrefix, default "dislock") may contain no braces. A lock hash left
 // by an earlier version of this package is refused with WRONGTYPE, never
 // granted a second time: let those locks expire (or delete them) before
@@ -39,9 +39,9 @@
 //
 //   - acquire claims a free key with GET, TIME and SET (6 server commands
 //     for an uncontended acquire + release, EVALSHA included), or answers
-//     with the holder (owner, fencing token, acquired-at, remaining TTL). A busy answer marks the
-//     record once, so that its release tells the waiters; a claim of a key
-//     nobody waits for never writes more. Run again with the same owner
+//     with the holder (owner, fencing token, acquired-at, remaining TTL).
+//     A busy answer marks the record once, so that its release tells the
+//     waiters; a claim of a key nobody waits for never writes more. Run again with the same owner
 //     token it returns the same lease, so a retry after a lost reply is not
 //     mistaken for "busy".
 //   - renew extends, owner-checked, every lease of a batch: a Locker renews
