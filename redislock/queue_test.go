@@ -162,8 +162,9 @@ func TestQueueFIFO(t *testing.T) {
 	noTurn(t, e.c, e.prefix, e.turns)
 }
 
+// TestQueueExpiredWaiterSkipped: a waiter whose place expired does not
+// block the ones behind it.
 func TestQueueExpiredWaiterSkipped(t *testing.T) {
-	const rule = "a waiter whose place expired does not block the ones behind it"
 	e := newQueueEnv(t)
 	e.grant(acquireReq("k", 0))
 	e.busy(waitReq("k", 1, "dead", 50*time.Millisecond), true)
@@ -178,11 +179,11 @@ func TestQueueExpiredWaiterSkipped(t *testing.T) {
 	e.grant(waitReq("k", 1, "dead", time.Second))
 	e.release("k", 1)
 	noTurn(t, e.c, e.prefix, e.turns)
-	_ = rule
 }
 
+// TestQueueLeave: Leave of the first waiter of a free key passes the turn
+// on; others leave quietly.
 func TestQueueLeave(t *testing.T) {
-	const rule = "Leave of the first waiter of a free key passes the turn on; others leave quietly"
 	e := newQueueEnv(t)
 	const ttl = 10 * time.Second
 	e.grant(acquireReq("k", 0))
@@ -210,7 +211,6 @@ func TestQueueLeave(t *testing.T) {
 	e.grant(waitReq("k", 4, "w4", ttl))
 	e.release("k", 4)
 	noTurn(t, e.c, e.prefix, e.turns)
-	_ = rule
 }
 
 func TestQueueAfterExpiryAndForceRelease(t *testing.T) {
