@@ -46,7 +46,7 @@ func parseTurn(payload string) (key, waiter string) {
 	}
 	n, err := strconv.Atoi(payload[:i])
 	rest := payload[i+1:]
-	if err != nil || n <= 0 || n >= len(rest) || payload[0] == '+' || payload[0] == '-' {
+	if err != nil || n < 0 || n >= len(rest) || payload[0] == '+' || payload[0] == '-' {
 		return payload, ""
 	}
 	return rest[n:], rest[:n]

@@ -16,6 +16,8 @@ var ErrSchema = errors.New("pg: lock table unusable")
 
 // SchemaSQL returns the statement Migrate runs for table (a name as given to
 // WithTable), for those who create tables through their own migrations.
+// Semaphores (core.Limit > 1) also need the permits table: see
+// PermitsSchemaSQL.
 func SchemaSQL(table string, legacy, unlogged bool) (string, error) {
 	cfg, err := newConfig([]Option{WithTable(table)})
 	if err != nil {
@@ -76,7 +78,8 @@ func addWaitersSQL(table string) string {
 // commit and a round trip apart, so they never share a microsecond.
 const tokenDefault = `(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 
-// Migrate creates the lock table when it does not exist. Concurrent calls
+// Migrate creates the lock table, and the permits table semaphores use (see
+// PermitsSchemaSQL), when they do not exist. Concurrent calls
 // from many processes are safe: they serialise on a transaction-scoped
 // advisory lock. It needs the CREATE privilege on the schema.
 func (b *Backend) Migrate(ctx context.Context) error {
@@ -84,19 +87,26 @@ func (b *Backend) Migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('dislock: migrate'))`); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged)); err != nil || b.cfg.legacy {
+		if _, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged)); err != nil {
 			return err
 		}
-		// A table of an earlier version: add the queue's column (schema
-		// change above). Only when it is missing, so that a role without
-		// the ALTER privilege can still migrate a current table.
-		var has bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-	WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`, b.table).Scan(&has); err != nil || has {
-			return err
+		if !b.cfg.legacy {
+			// A table of an earlier version: add the queue's column
+			// (schema change above). Only when it is missing, so that a
+			// role without the ALTER privilege can still migrate a
+			// current table.
+			var has bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+	WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`, b.table).Scan(&has); err != nil {
+				return err
+			}
+			if !has {
+				if _, err := tx.Exec(ctx, addWaitersSQL(b.table)); err != nil {
+					return err
+				}
+			}
 		}
-		_, err := tx.Exec(ctx, addWaitersSQL(b.table))
-		return err
+		return b.sem.migrate(ctx, tx, b.cfg.unlogged) // the permits table (semaphore.go)
 	})
 	if err != nil {
 		return fmt.Errorf("pg: migrate table %s: %w", b.table, poolerHint(err))

@@ -183,8 +183,10 @@ func buildStatements(table string, legacy, async bool) statements {
 		// A waiter not holding a live row, whose place is missing, expired
 		// or half gone, on a row it may not take (as cur read it, so that
 		// w and enq never both write).
+		// A live semaphore header (semaphore.go) gets no place: the
+		// claim fails with core.LimitMismatch, queuing nothing.
 		due := func(r string) string {
-			return "NOT (" + r + ".holder = $3::text AND " + r + ".expire_at > now()) AND coalesce(" +
+			return "NOT (" + r + ".holder = $3::text AND " + r + ".expire_at > now()) AND NOT (starts_with(" + r + ".holder, '" + semMark + "') AND " + r + ".expire_at > now()) AND coalesce(" +
 				qDeadline(r+".waiters", "$6::text") + ", 0) < " + nowMicros + " + $7::bigint / 2"
 		}
 		enq = fmt.Sprintf(`, enq AS (
