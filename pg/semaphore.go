@@ -304,11 +304,23 @@ func buildSemStatements(t, p string, legacy, async bool) semStatements {
 	// held with this owner token; and it locks without writing when the
 	// row's latest version, checked under the lock, is such a row.
 	const newHolder = `$2::text || ':' || md5(random()::text)`
+	// The waiter queue (on the header row's waiters column; not on the
+	// legacy table): acquireLock's $7 and acquire's $8 are the waiter ('':
+	// none), $8 and $9 its place's TTL in µs. A full semaphore is answered
+	// from the read alone unless the waiter's place is missing or half
+	// gone; under the header lock a permit goes to a claim only when fewer
+	// live waiters are queued before it than permits are free, and the
+	// claim takes its waiter out of line or, answered busy, gives it a
+	// place.
+	placeDue := ""
+	if !legacy {
+		placeDue = ` AND NOT ($7::text <> '' AND coalesce(` + qDeadline("c.waiters", "$7::text") + `, 0) < ` + nowMicros + ` + $8::bigint / 2)`
+	}
 	skip := fmt.Sprintf(`WHERE ($6::timestamptz IS NULL OR $6::timestamptz > now())
 	AND NOT EXISTS (SELECT 1 FROM %[2]s WHERE key = $1::text AND holder = $4::text AND expire_at > now())
 	AND NOT EXISTS (SELECT 1 FROM %[1]s c WHERE c.key = $1::text AND c.expire_at > now()
-		AND (NOT starts_with(%[3]s, $2::text || ':') OR (SELECT count(*) FROM %[2]s WHERE key = $1::text AND expire_at > now()) >= $3::int))%[4]s`,
-		t, p, hh("c."), ac)
+		AND (NOT starts_with(%[3]s, $2::text || ':') OR ((SELECT count(*) FROM %[2]s WHERE key = $1::text AND expire_at > now()) >= $3::int%[5]s)))%[4]s`,
+		t, p, hh("c."), ac, placeDue)
 	s.acquireLock = fmt.Sprintf(`INSERT INTO %[1]s AS l (key, owner, holder, token, acquired_at, expire_at)
 SELECT $1::text, $2::text, %[2]s, %[3]s, now(), %[4]s
 %[5]s
@@ -340,6 +352,20 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 	// already held with this owner token, 2 the key's row when it is held
 	// as a mutex or with another limit (holder column), 3 the live permit
 	// that expires first.
+	ahead, setQueue, dequeue := "", "", ""
+	if !legacy {
+		// ahead: the live waiters queued before $8 (all of them when $8
+		// has no live place).
+		live := `(x.e->>'d')::bigint > ` + nowMicros
+		ahead = ` + (SELECT count(*) FROM ` + t + ` h, jsonb_array_elements(h.waiters) WITH ORDINALITY AS x(e, i)
+			WHERE h.key = $1::text AND ` + live + ` AND x.i < coalesce((SELECT y.i FROM jsonb_array_elements(h.waiters) WITH ORDINALITY AS y(e, i)
+				WHERE y.e->>'w' = $8::text AND (y.e->>'d')::bigint > ` + nowMicros + ` LIMIT 1), 2147483647))`
+		setQueue = `,
+		waiters = CASE WHEN $8::text = '' OR EXISTS (SELECT 1 FROM mine) THEN waiters
+			WHEN EXISTS (SELECT 1 FROM ins) THEN ` + qWithout("waiters", "$8::text") + `
+			ELSE ` + qWith("waiters", "$8::text", nowMicros+" + $9::bigint") + ` END`
+		dequeue = ` OR $8::text <> ''`
+	}
 	s.acquire = fmt.Sprintf(`WITH tok AS (
 	SELECT nullif(current_setting('%[4]s', true), '')::bigint AS token
 ), mine AS (
@@ -350,11 +376,12 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 	INSERT INTO %[2]s (key, holder, owner, token, acquired_at, expire_at)
 	SELECT $1::text, $4::text, $7::text, t.token, now(), %[3]s FROM tok t
 	WHERE t.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mine)
-		AND (SELECT count(*) FROM %[2]s WHERE key = $1::text) - (SELECT count(*) FROM reap) < $3::int
+		AND (SELECT count(*) FROM %[2]s WHERE key = $1::text) - (SELECT count(*) FROM reap)%[9]s < $3::int
 	RETURNING token, acquired_at, expire_at
 ), fix AS (
-	UPDATE %[1]s SET expire_at = coalesce((SELECT max(expire_at) FROM %[2]s WHERE key = $1::text AND expire_at > now()), now())
-	WHERE key = $1::text AND (SELECT token FROM tok) IS NOT NULL AND NOT EXISTS (SELECT 1 FROM ins)
+	UPDATE %[1]s SET expire_at = CASE WHEN EXISTS (SELECT 1 FROM ins) THEN expire_at
+		ELSE coalesce((SELECT max(expire_at) FROM %[2]s WHERE key = $1::text AND expire_at > now()), now()) END%[10]s
+	WHERE key = $1::text AND (SELECT token FROM tok) IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM ins)%[11]s)
 )
 SELECT 0, $7::text, token, acquired_at, expire_at, 0::bigint FROM ins
 UNION ALL
@@ -363,7 +390,15 @@ UNION ALL
 SELECT 2, %[6]s, %[7]s, %[8]s, expire_at, %[5]s FROM %[1]s WHERE key = $1::text AND expire_at > now() AND NOT starts_with(%[6]s, $2::text || ':')
 UNION ALL
 (SELECT 3, owner, token, acquired_at, expire_at, %[5]s FROM %[2]s WHERE key = $1::text AND expire_at > now() ORDER BY expire_at, token LIMIT 1)`,
-		t, p, exp, semSetting, remaining, hh(""), tok, acq)
+		t, p, exp, semSetting, remaining, hh(""), tok, acq, ahead, setQueue, dequeue)
+
+	// A permit's release names the header's first live waiter (see
+	// WatchTurns), or none (the bare key) when nobody is queued.
+	releasePayload := "$1::text"
+	if !legacy {
+		head := "(SELECT " + qHead("h.waiters") + " FROM " + t + " h WHERE h.key = $1::text)"
+		releasePayload = "coalesce(" + turnPayload("$1::text", head) + ", $1::text)"
+	}
 
 	// releaseLock ($1 key, $2 owner token) locks the header of a key that
 	// has a permit of this owner token.
@@ -387,7 +422,7 @@ RETURNING set_config('%[5]s', %[6]s::text, true)`, t, p, isHdr, ac, semSetting, 
 ), hu AS (
 	UPDATE %[1]s SET expire_at = (SELECT until FROM rest) WHERE key = $1::text AND %[3]s AND %[4]s AND expire_at > (SELECT until FROM rest)
 )
-SELECT pg_notify($3::text, $1::text) FROM d WHERE live AND $3::text <> ''`, t, p, isHdr, locked)
+SELECT pg_notify($3::text, %[5]s) FROM d WHERE live AND $3::text <> ''`, t, p, isHdr, locked, releasePayload)
 
 	// keep ($1 key, $2 owner token, $3 µs), after releaseLock, sets a live
 	// permit's expiry to now + $3 (min hold, slot mode) and keeps the
@@ -488,8 +523,13 @@ func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest)
 	mark := semMarkOf(req.Limit)
 	batch := &pgx.Batch{}
 	batch.Queue(b.stmt.bound, semTimeout(left))
-	batch.Queue(b.sem.stmt.acquireLock, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt)
-	batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner)
+	if b.cfg.legacy { // no queue
+		batch.Queue(b.sem.stmt.acquireLock, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt)
+		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner)
+	} else {
+		batch.Queue(b.sem.stmt.acquireLock, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL))
+		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner, req.Waiter, micro(req.WaiterTTL))
+	}
 	br := conn.SendBatch(ctx, batch)
 	lease, err := b.readPermitAcquire(br, req)
 	if cerr := br.Close(); err == nil && cerr != nil {
