@@ -226,8 +226,8 @@
 //     with the same owner token are answered from a read alone: no lock, no
 //     write. A full semaphore answers core.Busy with the permit that expires
 //     first (Info.Limit set); another limit answers core.LimitMismatch.
-//   - Release locks the header and deletes the permit, notifying waiters
-//     (pg_notify, as a mutex release does) when it was live; the header's
+//   - Release locks the header and deletes the permit, notifying the
+//     first waiter (pg_notify) when it was live; the header's
 //     expiry follows the permits left, and the last one's release deletes
 //     the header, so the key is free at once for a mutex or another limit.
 //     Under MinHold and slot mode it sets the permit's expiry instead.
@@ -246,9 +246,18 @@
 // The statements keep no session state (the header lock is passed from the
 // first statement to the second with a set_config local to the
 // transaction), so permits work in every QueryExecMode and behind
-// PgBouncer in transaction mode, like mutexes. Permits are not queued on
-// the store: waiters poll at the first permit's expiry and wake on
-// releases.
+// PgBouncer in transaction mode, like mutexes.
+//
+// Waiters for permits wait in line too, in the header row's waiters
+// column (see Waiting in line): under the header lock a permit goes to a
+// claim only when fewer live waiters are queued before it than permits are
+// free, so a TryAcquire never takes a permit a waiter is owed; a waiter
+// answered busy takes its place there (a full semaphore's repeated busy
+// tries by a waiter whose place is fresh stay reads). A permit's release
+// notifies the first live waiter by name, or with the bare key when nobody
+// is queued. A grant that leaves permits free does not notify the next
+// waiter: it finds the free permit at its next try (at most a third of the
+// queue TTL later). Not on the legacy table, which has no queue.
 //
 // # Durability modes
 //
@@ -258,8 +267,9 @@
 // transaction; WithUnlogged creates an UNLOGGED table. Both are faster and
 // both can grant a lock twice after a database crash; see their docs.
 //
-// Releases (and ForceRelease, a waiter's place in line, Leave) commit with
-// synchronous_commit = off in every mode: they wait for no WAL flush. That
+// Releases of mutexes (and their ForceRelease, a waiter's place in line,
+// Leave) commit with synchronous_commit = off in every mode (permit
+// releases keep the Backend's setting): they wait for no WAL flush. That
 // costs no guarantee. A release lost in a database crash leaves the key held
 // until its TTL, as a release that never arrived does, and a lost place in
 // line is taken again by the waiter's next try. No claim made after a
