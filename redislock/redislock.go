@@ -166,6 +166,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err := core.ValidateKey(req.Key); err != nil {
 		return core.Lease{}, err
 	}
+	if req.Limit > 1 {
+		return b.semAcquire(ctx, req) // semaphore.go
+	}
 	lock, fence := b.keys(req.Key)
 	var expireAt int64
 	if !req.ExpireAt.IsZero() {
@@ -181,6 +184,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	cmd := acquireScript.run(ctx, b.client, []string{lock, fence},
 		req.OwnerToken, req.Owner, ttl, expireAt, fenceKeep.Milliseconds())
 	vals, err := cmd.Slice()
+	if isWrongType(err) {
+		return core.Lease{}, b.heldAsSemaphore(ctx, req.Key) // semaphore.go
+	}
 	if err != nil {
 		return core.Lease{}, err
 	}
@@ -290,9 +296,14 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		case groupTag:
 			id = r.Key
 		}
+		s, keys := renewScript, []string{b.lockKey(r.Key)}
+		if r.Limit > 1 { // a permit: semaphore.go
+			id += semSuffix
+			s, keys = semRenewScript, b.semRenewKeys(r)
+		}
 		g := byID[id]
 		if g == nil || len(g.idx) == renewChunk {
-			g = &group{c: &call{s: renewScript}}
+			g = &group{c: &call{s: s}}
 			byID[id] = g
 			groups = append(groups, g)
 		}
@@ -300,7 +311,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		if ttl < 1 {
 			ttl = 1
 		}
-		g.c.keys = append(g.c.keys, b.lockKey(r.Key))
+		g.c.keys = append(g.c.keys, keys...)
 		g.c.args = append(g.c.args, r.OwnerToken, ttl)
 		g.idx = append(g.idx, i)
 	}
@@ -313,6 +324,11 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	var firstErr error
 	for _, g := range groups {
 		vals, err := g.c.cmd.Slice()
+		if isWrongType(err) && g.c.s == renewScript {
+			// A key of the batch holds a semaphore now (semaphore.go).
+			b.renewApart(ctx, reqs, g.idx, results)
+			continue
+		}
 		if err == nil && len(vals) != len(g.idx) {
 			err = fmt.Errorf("unexpected script reply of %d items for %d leases", len(vals), len(g.idx))
 		}
@@ -341,6 +357,9 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 
 // Release implements core.Backend.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	if req.Limit > 1 {
+		return b.semRelease(ctx, req) // semaphore.go
+	}
 	var keep int64
 	if req.Keep > 0 {
 		keep = req.Keep.Milliseconds()
@@ -350,6 +369,11 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	}
 	err := releaseScript.run(ctx, b.client, []string{b.lockKey(req.Key)},
 		req.OwnerToken, keep, b.channel, req.Key).Err()
+	if isWrongType(err) {
+		// The key holds a semaphore: the token may be one of its permits
+		// (core's undo of a claim in doubt does not say which kind).
+		return b.semRelease(ctx, req)
+	}
 	if err != nil {
 		return err
 	}
@@ -439,6 +463,9 @@ func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, err
 	}
 	c := &call{s: inspectScript, keys: []string{b.lockKey(key)}}
 	runBatch(ctx, b.client, []*call{c})
+	if isWrongType(c.cmd.Err()) {
+		return b.semInspect(ctx, key) // semaphore.go
+	}
 	info, ok, err := parseInspect(key, c.cmd)
 	if err != nil {
 		return core.Info{}, false, fmt.Errorf("redislock: inspect: %w", err)
@@ -510,6 +537,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	sort.Strings(found)
 	found = compactStrings(found) // SCAN may return a key twice
 	list := make([]core.Info, 0, len(found))
+	var sems []string // keys that hold semaphores (semaphore.go)
 	for start := 0; start < len(found); start += 512 {
 		end := min(start+512, len(found))
 		calls := make([]*call, end-start)
@@ -518,6 +546,10 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 		}
 		runBatch(ctx, b.client, calls)
 		for i, c := range calls {
+			if isWrongType(c.cmd.Err()) {
+				sems = append(sems, found[start+i])
+				continue
+			}
 			info, ok, err := parseInspect(found[start+i], c.cmd)
 			if err != nil {
 				return nil, fmt.Errorf("redislock: list: %w", err)
@@ -526,6 +558,14 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 				list = append(list, info)
 			}
 		}
+	}
+	if len(sems) > 0 {
+		permits, err := b.semList(ctx, sems)
+		if err != nil {
+			return nil, fmt.Errorf("redislock: list: %w", err)
+		}
+		list = append(list, permits...)
+		sort.SliceStable(list, func(i, j int) bool { return list[i].Key < list[j].Key })
 	}
 	return list, nil
 }

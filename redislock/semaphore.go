@@ -1,0 +1,278 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Semaphores (core.Limit(n) with n > 1). A semaphore on key k lives in the
+// sorted set at the lock's own Redis key (owner token -> permit expiry in
+// Unix ms) and the hash "<lock key>:sem" (the limit, and each permit's
+// fencing token, acquired-at and owner); its fencing counter is the
+// mutex's. See sem_common.lua. A mutex record is never a sorted set, so
+// each kind detects the other by type and answers core.LimitMismatch.
+
+var _ core.SemaphoreBackend = (*Backend)(nil)
+
+const semSuffix = ":sem"
+
+// semKeys returns the permit set and the permit hash of key.
+func (b *Backend) semKeys(key string) (set, meta string) {
+	set = b.lockKey(key)
+	return set, set + semSuffix
+}
+
+// isWrongType reports whether err is Redis's answer to a command on a key
+// of another type: a mutex script run on a semaphore's key.
+func isWrongType(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "WRONGTYPE")
+}
+
+// semAcquire is TryAcquire for req.Limit > 1: one round trip.
+func (b *Backend) semAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if req.Limit > core.MaxLimit {
+		return core.Lease{}, fmt.Errorf("%w: Limit: must be at most %d, got %d", core.ErrInvalidOption, core.MaxLimit, req.Limit)
+	}
+	set, meta := b.semKeys(req.Key)
+	var expireAt int64
+	if !req.ExpireAt.IsZero() {
+		expireAt = max(req.ExpireAt.UnixMilli(), 1)
+	}
+	ttl := max(req.TTL.Milliseconds(), 1)
+	vals, err := semAcquireScript.run(ctx, b.client, []string{set, meta, set + fenceSuffix},
+		req.OwnerToken, req.Owner, ttl, expireAt, fenceKeep.Milliseconds(), req.Limit).Slice()
+	if err != nil {
+		return core.Lease{}, err
+	}
+	if len(vals) >= 1 {
+		switch code, _ := toInt(vals[0]); {
+		case code == 2 && len(vals) == 1:
+			return core.Lease{}, core.Busy(req.Key, nil) // the slot is over
+		case code == 3 && len(vals) == 2:
+			have, err := toInt(vals[1])
+			if err != nil {
+				return core.Lease{}, fmt.Errorf("unexpected script reply %v", vals)
+			}
+			return core.Lease{}, core.LimitMismatch(req.Key, int(have), req.Limit)
+		}
+	}
+	r, err := parseHolder(vals)
+	if err != nil {
+		return core.Lease{}, err
+	}
+	if !r.mine {
+		info := r.info(req.Key)
+		info.Limit = req.Limit
+		return core.Lease{}, core.Busy(req.Key, &info)
+	}
+	lease := core.Lease{Token: r.token, AcquiredAt: r.acquired}
+	switch {
+	case r.pttl >= 0:
+		lease.ExpiresAt = r.now.Add(time.Duration(r.pttl) * time.Millisecond)
+	case expireAt > 0:
+		lease.ExpiresAt = time.UnixMilli(expireAt)
+	default:
+		lease.ExpiresAt = r.now.Add(time.Duration(ttl) * time.Millisecond)
+	}
+	return lease, nil
+}
+
+// heldAsSemaphore is the answer to a mutex claim of key that found a
+// semaphore there.
+func (b *Backend) heldAsSemaphore(ctx context.Context, key string) error {
+	hs, limit, err := b.semHolders(ctx, key)
+	if err != nil {
+		return err
+	}
+	if len(hs) == 0 {
+		return core.Busy(key, nil) // freed meanwhile: try again
+	}
+	return core.LimitMismatch(key, limit, 1)
+}
+
+// semRenewCall returns the script and keys that renew r's permit.
+func (b *Backend) semRenewKeys(r core.RenewRequest) []string {
+	set, meta := b.semKeys(r.Key)
+	return []string{set, meta}
+}
+
+// renewApart renews the mutex leases reqs[idx] one script call each, in one
+// pipeline, after their batch failed because one of their keys now holds a
+// semaphore: that lease is gone, the others are renewed as usual.
+func (b *Backend) renewApart(ctx context.Context, reqs []core.RenewRequest, idx []int, results []error) {
+	if len(idx) == 1 {
+		results[idx[0]] = core.Gone(reqs[idx[0]].Key, "the key holds a semaphore")
+		return
+	}
+	calls := make([]*call, len(idx))
+	for j, i := range idx {
+		calls[j] = &call{s: renewScript, keys: []string{b.lockKey(reqs[i].Key)},
+			args: []any{reqs[i].OwnerToken, max(reqs[i].TTL.Milliseconds(), 1)}}
+	}
+	runBatch(ctx, b.client, calls)
+	for j, i := range idx {
+		vals, err := calls[j].cmd.Slice()
+		switch {
+		case isWrongType(err):
+			results[i] = core.Gone(reqs[i].Key, "the key holds a semaphore")
+		case err != nil:
+			results[i] = fmt.Errorf("redislock: renew: %w", err)
+		case len(vals) == 1:
+			if n, _ := toInt(vals[0]); n != 1 {
+				results[i] = core.Gone(reqs[i].Key, "held by another owner or gone")
+			}
+		default:
+			results[i] = fmt.Errorf("redislock: renew: unexpected script reply %v", vals)
+		}
+	}
+}
+
+// semRelease is Release for a permit: one round trip.
+func (b *Backend) semRelease(ctx context.Context, req core.ReleaseRequest) error {
+	var keep int64
+	if req.Keep > 0 {
+		keep = max(req.Keep.Milliseconds(), 1)
+	}
+	set, meta := b.semKeys(req.Key)
+	return semReleaseScript.run(ctx, b.client, []string{set, meta},
+		req.OwnerToken, keep, b.channel, req.Key).Err()
+}
+
+// Holders implements core.SemaphoreBackend: every live permit of key's
+// semaphore, oldest (smallest token) first, each with Info.Limit set; the
+// one holder of a mutex; nothing when the key is free. Expired permits are
+// dropped as the key is read.
+func (b *Backend) Holders(ctx context.Context, key string) ([]core.Info, error) {
+	if err := core.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	hs, limit, err := b.semHolders(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if limit != 1 {
+		return hs, nil
+	}
+	info, ok, err := b.Inspect(ctx, key)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return []core.Info{info}, nil
+}
+
+// semHolders reads key's permits. limit is the semaphore's, 0 when the key
+// is free, and 1 when it holds a mutex (then hs is empty).
+func (b *Backend) semHolders(ctx context.Context, key string) (hs []core.Info, limit int, err error) {
+	c := b.semHoldersCall(key)
+	runBatch(ctx, b.client, []*call{c})
+	hs, limit, err = parseSemHolders(key, c.cmd)
+	if err != nil {
+		return nil, 0, fmt.Errorf("redislock: holders: %w", err)
+	}
+	return hs, limit, nil
+}
+
+func (b *Backend) semHoldersCall(key string) *call {
+	set, meta := b.semKeys(key)
+	return &call{s: semHoldersScript, keys: []string{set, meta}}
+}
+
+// parseSemHolders reads {1, limit, time_s, time_us, expiry_ms, entry, ...},
+// {0} (free) or {-1} (another type: limit 1).
+func parseSemHolders(key string, cmd *redis.Cmd) ([]core.Info, int, error) {
+	v, err := cmd.Slice()
+	if err != nil {
+		return nil, 0, err
+	}
+	code, err := toInt(first(v))
+	if err != nil {
+		return nil, 0, fmt.Errorf("unexpected script reply: %w", err)
+	}
+	switch {
+	case code == 0 && len(v) == 1:
+		return nil, 0, nil
+	case code == -1 && len(v) == 1:
+		return nil, 1, nil
+	case code != 1 || len(v) < 4 || len(v)%2 != 0:
+		return nil, 0, fmt.Errorf("unexpected script reply of %d items", len(v))
+	}
+	limit, err1 := toInt(v[1])
+	sec, err2 := toInt(v[2])
+	usec, err3 := toInt(v[3])
+	if err1 != nil || err2 != nil || err3 != nil {
+		return nil, 0, fmt.Errorf("unexpected script reply %v", v[:4])
+	}
+	now := time.Unix(sec, usec*1000)
+	hs := make([]core.Info, 0, (len(v)-4)/2)
+	for i := 4; i < len(v); i += 2 {
+		exp, _ := v[i].(string)
+		ms, err := strconv.ParseFloat(exp, 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("unexpected permit expiry %q", exp)
+		}
+		entry, _ := v[i+1].(string)
+		info := core.Info{Key: key, Limit: int(limit), ExpiresAt: time.UnixMilli(int64(ms))}
+		info.Remaining = max(info.ExpiresAt.Sub(now), 0)
+		tok, rest, _ := strings.Cut(entry, " ")
+		acq, owner, _ := strings.Cut(rest, " ")
+		info.Owner = owner
+		info.Token, _ = strconv.ParseUint(tok, 10, 64)
+		if us, _ := strconv.ParseInt(acq, 10, 64); us > 0 {
+			info.AcquiredAt = time.UnixMicro(us)
+		}
+		hs = append(hs, info)
+	}
+	slices.SortFunc(hs, func(a, b core.Info) int {
+		switch {
+		case a.Token < b.Token:
+			return -1
+		case a.Token > b.Token:
+			return 1
+		}
+		return 0
+	})
+	return hs, int(limit), nil
+}
+
+func first(v []any) any {
+	if len(v) == 0 {
+		return nil
+	}
+	return v[0]
+}
+
+// semInspect is Inspect of a key that holds a semaphore: its oldest permit.
+func (b *Backend) semInspect(ctx context.Context, key string) (core.Info, bool, error) {
+	hs, _, err := b.semHolders(ctx, key)
+	if err != nil || len(hs) == 0 {
+		return core.Info{}, false, err
+	}
+	return hs[0], true, nil
+}
+
+// semList reads the permits of keys (keys that List found holding another
+// type than a mutex) in one pipeline.
+func (b *Backend) semList(ctx context.Context, keys []string) ([]core.Info, error) {
+	calls := make([]*call, len(keys))
+	for i, k := range keys {
+		calls[i] = b.semHoldersCall(k)
+	}
+	runBatch(ctx, b.client, calls)
+	var list []core.Info
+	for i, c := range calls {
+		hs, _, err := parseSemHolders(keys[i], c.cmd)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, hs...)
+	}
+	return list, nil
+}
