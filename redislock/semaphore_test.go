@@ -550,3 +550,126 @@ func TestSemaphoreMiniredis(t *testing.T) {
 		t.Fatalf("after release: %v", err)
 	}
 }
+
+// Rule: on Redis Cluster, permits of keys in many slots are claimed,
+// renewed in one Renew call, read and released like on one server.
+func TestSemaphoreCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	addrs := clusterAddrs(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { c.Close() })
+	b := newBackend(t, c, testenv.Name("dislocktest-semc-"))
+	ctx := ctxT(t, 30*time.Second)
+	var reqs []core.RenewRequest
+	for i := range 300 {
+		key := fmt.Sprint("c/", i%30)
+		tok := fmt.Sprint("t", i)
+		if _, err := b.TryAcquire(ctx, acq(key, tok, 10, 5*time.Second)); err != nil {
+			t.Fatal(i, err)
+		}
+		reqs = append(reqs, core.RenewRequest{Key: key, OwnerToken: tok, TTL: 20 * time.Second, Limit: 10})
+	}
+	if _, err := b.TryAcquire(ctx, acq("c/0", "eleventh", 10, time.Second)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("eleventh permit: %v", err)
+	}
+	if _, err := b.TryAcquire(ctx, acq("c/0", "mutex", 0, time.Second)); !errors.Is(err, core.ErrLimitMismatch) {
+		t.Fatalf("mutex claim: %v", err)
+	}
+	res, err := b.Renew(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r != nil {
+			t.Fatalf("permit %d: %v", i, r)
+		}
+	}
+	list, err := b.List(ctx, "c/")
+	if err != nil || len(list) != 300 {
+		t.Fatalf("list: %d %v", len(list), err)
+	}
+	for _, r := range reqs {
+		if err := b.Release(ctx, core.ReleaseRequest{Key: r.Key, OwnerToken: r.OwnerToken, Limit: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if list, err := b.List(ctx, "c/"); err != nil || len(list) != 0 {
+		t.Fatalf("list after release: %d %v", len(list), err)
+	}
+}
+
+// BenchmarkSemaphoreAcquireRelease: one TryAcquire + Release of a permit of
+// a semaphore of 4 (with no other permit held, and with 3 held elsewhere),
+// against a mutex, in the same run, each as a ratio to PING (x-ping):
+//
+//	go test -run '^$' -bench SemaphoreAcquireRelease -benchtime 2000x ./redislock/
+func BenchmarkSemaphoreAcquireRelease(b *testing.B) {
+	opt := benchRedis(b)
+	ctx := context.Background()
+	for _, bc := range []struct {
+		name         string
+		limit, other int
+	}{{"mutex", 1, 0}, {"limit=4", 4, 0}, {"limit=4/held=3", 4, 3}} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := benchClient(b, opt)
+			l := newLocker(b, c, "bench", core.Limit(bc.limit))
+			key := "sem/" + bc.name
+			for range bc.other {
+				s, err := l.TryAcquire(ctx, key, core.TTL(time.Minute))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Release(ctx)
+			}
+			interleaved(b, c, func() error {
+				s, err := l.TryAcquire(ctx, key)
+				if err != nil {
+					return err
+				}
+				return s.Release(ctx)
+			})
+		})
+	}
+}
+
+// BenchmarkSemaphoreHold1000: one Locker holds 1,000 permits (10 keys of
+// limit 100, TTL 1.5s, renewed every 500ms). Each iteration is one renew
+// interval; reported per interval: script calls and client round trips.
+func BenchmarkSemaphoreHold1000(b *testing.B) {
+	ttl := 1500 * time.Millisecond
+	interval := ttl / 3
+	opt := benchRedis(b)
+	admin := benchClient(b, opt)
+	c := benchClient(b, opt)
+	hook := &countHook{}
+	c.AddHook(hook)
+	l := newLocker(b, c, "bench", core.TTL(ttl), core.Limit(100))
+	ctx := context.Background()
+	sessions := make([]core.Session, 1000)
+	for i := range sessions {
+		s, err := l.TryAcquire(ctx, fmt.Sprint("semhold/", i%10))
+		if err != nil {
+			b.Fatal(err)
+		}
+		sessions[i] = s
+	}
+	time.Sleep(interval) // let acquisitions settle into one renewal batch
+	before, trips := commandCalls(b, admin), hook.n.Load()
+	start := time.Now()
+	b.ResetTimer()
+	for range b.N {
+		time.Sleep(interval)
+	}
+	b.StopTimer()
+	intervals := time.Since(start).Seconds() / interval.Seconds()
+	after, trips2 := commandCalls(b, admin), hook.n.Load()
+	for _, s := range sessions {
+		if s.Err() != nil {
+			b.Fatalf("permit lost: %v", s.Err())
+		}
+	}
+	b.ReportMetric(float64(scriptCalls(before, after))/intervals, "scripts/interval")
+	b.ReportMetric(float64(trips2-trips)/intervals, "roundtrips/interval")
+}
