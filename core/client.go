@@ -22,6 +22,7 @@ type Client struct {
 	cfg     clientConfig
 	obs     Observer
 	watcher Watcher
+	queuer  Queuer // the store keeps waiters in line (nil: it does not)
 
 	ctx    context.Context // cancelled by Close once every session is released
 	cancel context.CancelFunc
@@ -39,15 +40,15 @@ type Client struct {
 	undos      []*pendingUndo        // ambiguous claims whose undo is still owed (undo.go)
 	undoing    bool                  // the undo goroutine runs
 	undoWake   chan struct{}
-	groupSeq   uint64                     // last renewal group handed out (renewer goroutine only)
-	waiters    map[string][]chan struct{} // per key, oldest first
-	echoes     map[string][]time.Time     // own releases whose notification is due back
-	renewing   bool                       // renewer goroutine started
-	nextWake   time.Time                  // when the renewer plans to wake next (zero: it is busy)
-	idle       time.Duration              // the renewer wakes at least this often: the shortest renew interval seen
-	watching   bool                       // watcher goroutine started
-	subscribed bool                       // the watcher's subscription is in place (ready was called)
-	swept      time.Time                  // when echoes were last swept
+	groupSeq   uint64                 // last renewal group handed out (renewer goroutine only)
+	waiters    map[string][]*waiter   // per key, oldest first
+	echoes     map[string][]time.Time // own releases whose notification is due back
+	renewing   bool                   // renewer goroutine started
+	nextWake   time.Time              // when the renewer plans to wake next (zero: it is busy)
+	idle       time.Duration          // the renewer wakes at least this often: the shortest renew interval seen
+	watching   bool                   // watcher goroutine started
+	subscribed bool                   // the watcher's subscription is in place (ready was called)
+	swept      time.Time              // when echoes were last swept
 	wake       chan struct{}
 }
 
@@ -81,12 +82,13 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		ctx: ctx, cancel: cancel, closing: closing, stopAcquire: stopAcquire,
 		sessions: make(map[*session]struct{}),
 		owed:     make(map[*session]struct{}),
-		waiters:  make(map[string][]chan struct{}),
+		waiters:  make(map[string][]*waiter),
 		echoes:   make(map[string][]time.Time),
 		wake:     make(chan struct{}, 1),
 		undoWake: make(chan struct{}, 1),
 	}
 	c.watcher, _ = b.(Watcher)
+	c.queuer, _ = b.(Queuer)
 	return c, nil
 }
 
@@ -163,14 +165,25 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		}
 	}
 	var wake chan struct{}
+	var queued string // this wait's place in the store's queue, once it may have one
 	if mode == ModeWait {
-		wake = c.addWaiter(key)
-		defer func() { c.removeWaiter(key, wake, s != nil) }()
+		w := c.addWaiter(key)
+		wake = w.ch
+		defer func() {
+			c.removeWaiter(key, w, s != nil)
+			if s == nil && queued != "" {
+				c.leave(ctx, key, queued)
+			}
+		}()
+		if w.id != "" {
+			cfg.waiter = w.id
+		}
 	}
 	var timer *time.Timer
 	var failure error // the last attempt's store failure, while waiting
 	for {
 		attempts++
+		queued = cfg.waiter
 		ss, err := c.attempt(opCtx, ctx, key, cfg)
 		if err == nil {
 			return ss, nil
@@ -198,6 +211,9 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 				d = h.Remaining + time.Millisecond
 			}
 		}
+		if cfg.waiter != "" && d > queueTTL/3 {
+			d = queueTTL / 3 // keep the place in line
+		}
 		if timer == nil {
 			timer = time.NewTimer(d)
 			defer timer.Stop()
@@ -213,6 +229,15 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 			woken = WakePoll
 		}
 	}
+}
+
+// leave takes a wait that ended without the lock out of the store's queue,
+// on a context detached from the caller's, bounded by the release timeout.
+// It is best effort: a place left behind expires within the queue TTL.
+func (c *Client) leave(ctx context.Context, key, waiter string) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+	defer cancel()
+	_ = c.queuer.Leave(lctx, key, waiter)
 }
 
 // retryable reports whether Acquire keeps waiting after err: anything but
@@ -246,6 +271,9 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 	req := AcquireRequest{Key: key, Owner: cfg.owner, OwnerToken: rand.Text(), TTL: cfg.ttl}
 	if cfg.limit > 1 {
 		req.Limit = cfg.limit
+	}
+	if cfg.waiter != "" {
+		req.Waiter, req.WaiterTTL = cfg.waiter, queueTTL
 	}
 	var serverNow time.Time
 	if cfg.schedule != nil {

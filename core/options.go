@@ -35,6 +35,7 @@ type config struct {
 	tolerance                         time.Duration
 	backoffMin, backoffMax            time.Duration
 	limit                             int
+	waiter                            string // set by the engine: the wait's place in a Queuer store
 	errs                              []error
 }
 

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"crypto/rand"
 	"errors"
 	"time"
 )
@@ -12,29 +13,43 @@ const echoWindow = 200 * time.Millisecond
 // Waiters on a key are woken one at a time, oldest first: one release lets
 // one waiter of this client try, not all of them.
 
+// waiter is one waiting Acquire of this client.
+type waiter struct {
+	id string        // the wait's name in a Queuer store's queue ("" otherwise)
+	ch chan struct{} // a wake; buffered 1
+}
+
+// queueTTL is how long a Queuer store keeps a waiter's place in line after
+// its latest attempt; a queued wait tries again at least every third of it.
+const queueTTL = 2 * time.Second
+
 // addWaiter registers interest in releases of key before the first attempt,
 // so that a release between an attempt and the wait is not missed.
-func (c *Client) addWaiter(key string) chan struct{} {
-	ch := make(chan struct{}, 1)
+func (c *Client) addWaiter(key string) *waiter {
+	w := &waiter{ch: make(chan struct{}, 1)}
+	if c.queuer != nil {
+		w.id = rand.Text()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.waiters[key] = append(c.waiters[key], ch)
+	c.waiters[key] = append(c.waiters[key], w)
 	if c.watcher != nil && !c.watching && !c.closed {
 		c.watching = true
 		c.wg.Add(1)
 		go c.watchLoop()
 	}
-	return ch
+	return w
 }
 
-// removeWaiter unregisters ch. A wake it received but did not use (it gave
-// up, or acquired through another wake) passes to the next waiter.
-func (c *Client) removeWaiter(key string, ch chan struct{}, acquired bool) {
+// removeWaiter unregisters w. A wake it received but did not use (it gave
+// up, or acquired through another wake) passes to the next waiter — unless
+// the store keeps the queue, which passes the turn itself (Leave).
+func (c *Client) removeWaiter(key string, w *waiter, acquired bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	list := c.waiters[key]
-	for i, w := range list {
-		if w == ch {
+	for i, o := range list {
+		if o == w {
 			list = append(list[:i:i], list[i+1:]...)
 			break
 		}
@@ -45,16 +60,20 @@ func (c *Client) removeWaiter(key string, ch chan struct{}, acquired bool) {
 		c.waiters[key] = list
 	}
 	select {
-	case <-ch:
-		if !acquired {
+	case <-w.ch:
+		if !acquired && c.queuer == nil {
 			c.wakeOneLocked(key)
 		}
 	default:
 	}
 }
 
-// notify wakes one of this client's waiters on key.
+// notify wakes one of this client's waiters on key after a release this
+// client made. A Queuer store tells the waiter whose turn it is instead.
 func (c *Client) notify(key string) {
+	if c.queuer != nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.wakeOneLocked(key)
@@ -72,6 +91,9 @@ const maxEchoes = 8
 // within the echo window are swept out. It returns the record's time, for
 // dropEcho; zero when nothing was recorded.
 func (c *Client) expectEcho(key string) time.Time {
+	if c.queuer != nil {
+		return time.Time{} // turns are addressed: no echo to drop
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.subscribed {
@@ -171,11 +193,31 @@ func (c *Client) watched(key string) {
 	c.wakeOneLocked(key)
 }
 
+// turn handles a Queuer store's turn: it wakes the wait named waiter, if it
+// is this client's, or, when the store named none, the oldest wait on key.
+func (c *Client) turn(key, waiter string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if waiter == "" {
+		c.wakeOneLocked(key)
+		return
+	}
+	for _, w := range c.waiters[key] {
+		if w.id == waiter {
+			select {
+			case w.ch <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+}
+
 // wakeOneLocked wakes the oldest waiter on key that has no wake pending.
 func (c *Client) wakeOneLocked(key string) {
-	for _, ch := range c.waiters[key] {
+	for _, w := range c.waiters[key] {
 		select {
-		case ch <- struct{}{}:
+		case w.ch <- struct{}{}:
 			return
 		default: // already woken; try the next
 		}
@@ -188,9 +230,9 @@ func (c *Client) wakeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, list := range c.waiters {
-		for _, ch := range list {
+		for _, w := range list {
 			select {
-			case ch <- struct{}{}:
+			case w.ch <- struct{}{}:
 			default:
 			}
 		}
@@ -203,7 +245,13 @@ func (c *Client) watchLoop() {
 	defer c.wg.Done()
 	for failures := 0; ; {
 		start := time.Now()
-		err := c.watcher.Watch(c.ctx, func() { c.setSubscribed(true); c.wakeAll() }, c.watched)
+		ready := func() { c.setSubscribed(true); c.wakeAll() }
+		var err error
+		if c.queuer != nil {
+			err = c.queuer.WatchTurns(c.ctx, ready, c.turn)
+		} else {
+			err = c.watcher.Watch(c.ctx, ready, c.watched)
+		}
 		c.setSubscribed(false)
 		if c.ctx.Err() != nil || errors.Is(err, ErrUnsupported) {
 			return

@@ -34,10 +34,18 @@ var ErrReplyLost = errors.New("memlock: reply lost")
 // Store is the shared in-memory lock table.
 type Store struct {
 	mu     sync.Mutex
-	locks  map[string]*entry
+	locks  map[string]*record
 	tokens map[string]uint64
-	subs   map[chan string]struct{}
+	queues map[string][]*queued // waiters per key, in arrival order
+	subs   map[chan turn]struct{}
 	offset time.Duration
+}
+
+// record is a held key: one holder for a mutex (limit 1), up to limit
+// permits for a semaphore; oldest first.
+type record struct {
+	limit int
+	held  []*entry
 }
 
 type entry struct {
@@ -46,12 +54,25 @@ type entry struct {
 	acquiredAt, expireAt time.Time
 }
 
+// queued is a waiter's place in a key's queue.
+type queued struct {
+	id       string
+	deadline time.Time
+}
+
+// turn is a release notification: the key, and the waiter whose turn it is.
+type turn struct{ key, waiter string }
+
+// defaultWaiterTTL keeps a waiter's place when a request gives no WaiterTTL.
+const defaultWaiterTTL = 2 * time.Second
+
 // NewStore returns an empty store.
 func NewStore() *Store {
 	return &Store{
-		locks:  make(map[string]*entry),
+		locks:  make(map[string]*record),
 		tokens: make(map[string]uint64),
-		subs:   make(map[chan string]struct{}),
+		queues: make(map[string][]*queued),
+		subs:   make(map[chan turn]struct{}),
 	}
 }
 
@@ -79,17 +100,19 @@ func (s *Store) SetClockOffset(d time.Duration) {
 }
 
 // Steal gives key to another owner, as if the lease had expired and someone
-// else acquired it: the holder's next renewal is refused. It reports whether
-// the key was held.
+// else acquired it: the holder's next renewal is refused (for a semaphore:
+// every permit's). It reports whether the key was held.
 func (s *Store) Steal(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.live(key)
-	if e == nil {
+	r := s.live(key)
+	if r == nil {
 		return false
 	}
-	s.tokens[key]++
-	e.owner, e.ownerToken, e.token = "thief", "stolen", s.tokens[key]
+	for i, e := range r.held {
+		s.tokens[key]++
+		e.owner, e.ownerToken, e.token = "thief", fmt.Sprintf("stolen-%d", i), s.tokens[key]
+	}
 	return true
 }
 
@@ -98,47 +121,148 @@ func (s *Store) Steal(key string) bool {
 func (s *Store) Delete(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.live(key)
+	r := s.live(key)
 	delete(s.locks, key)
-	return e != nil
+	return r != nil
 }
 
-// Held reports whether key is held now.
+// Held reports whether key is held now (for a semaphore: by any permit).
 func (s *Store) Held(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.live(key) != nil
 }
 
-// live returns key's unexpired entry.
-func (s *Store) live(key string) *entry {
-	e := s.locks[key]
-	if e == nil {
+// Waiting returns the live waiters queued on key, first in line first.
+func (s *Store) Waiting(key string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for _, q := range s.liveQueue(key) {
+		ids = append(ids, q.id)
+	}
+	return ids
+}
+
+// live returns key's record without its expired holders; nil when free.
+func (s *Store) live(key string) *record {
+	r := s.locks[key]
+	if r == nil {
 		return nil
 	}
-	if !s.now().Before(e.expireAt) {
+	now := s.now()
+	kept := r.held[:0]
+	for _, e := range r.held {
+		if now.Before(e.expireAt) {
+			kept = append(kept, e)
+		}
+	}
+	clear(r.held[len(kept):])
+	r.held = kept
+	if len(kept) == 0 {
 		delete(s.locks, key)
 		return nil
 	}
-	return e
+	return r
 }
 
-func (s *Store) info(key string, e *entry) core.Info {
-	return core.Info{Key: key, Owner: e.owner, Token: e.token, AcquiredAt: e.acquiredAt,
+// liveQueue returns key's queue without the waiters whose place expired.
+func (s *Store) liveQueue(key string) []*queued {
+	q := s.queues[key]
+	now := s.now()
+	kept := q[:0]
+	for _, w := range q {
+		if now.Before(w.deadline) {
+			kept = append(kept, w)
+		}
+	}
+	clear(q[len(kept):])
+	if len(kept) == 0 {
+		delete(s.queues, key)
+		return nil
+	}
+	s.queues[key] = kept
+	return kept
+}
+
+// enqueue puts waiter at the tail of key's queue, or refreshes its place.
+func (s *Store) enqueue(key, waiter string, ttl time.Duration) {
+	if ttl <= 0 {
+		ttl = defaultWaiterTTL
+	}
+	deadline := s.now().Add(ttl)
+	for _, w := range s.liveQueue(key) {
+		if w.id == waiter {
+			w.deadline = deadline
+			return
+		}
+	}
+	s.queues[key] = append(s.queues[key], &queued{id: waiter, deadline: deadline})
+}
+
+// dequeue takes waiter out of key's queue; it reports whether waiter was
+// first in line.
+func (s *Store) dequeue(key, waiter string) (first bool) {
+	q := s.liveQueue(key)
+	for i, w := range q {
+		if w.id == waiter {
+			q = append(q[:i:i], q[i+1:]...)
+			if len(q) == 0 {
+				delete(s.queues, key)
+			} else {
+				s.queues[key] = q
+			}
+			return i == 0
+		}
+	}
+	return false
+}
+
+// claimable reports whether key has room for one more holder of limit.
+func (s *Store) claimable(key string) bool {
+	r := s.live(key)
+	return r == nil || len(r.held) < r.limit
+}
+
+// signal tells the first live waiter of key, if any, that it is its turn.
+func (s *Store) signal(key string) {
+	if q := s.liveQueue(key); len(q) > 0 {
+		s.publish(turn{key, q[0].id})
+	}
+}
+
+func (s *Store) info(key string, r *record, e *entry) core.Info {
+	i := core.Info{Key: key, Owner: e.owner, Token: e.token, AcquiredAt: e.acquiredAt,
 		ExpiresAt: e.expireAt, Remaining: e.expireAt.Sub(s.now())}
+	if r.limit > 1 {
+		i.Limit = r.limit
+	}
+	return i
 }
 
-func (s *Store) publish(key string) {
+// firstToExpire is the holder of r whose lease ends first.
+func firstToExpire(r *record) *entry {
+	first := r.held[0]
+	for _, e := range r.held[1:] {
+		if e.expireAt.Before(first.expireAt) {
+			first = e
+		}
+	}
+	return first
+}
+
+func (s *Store) publish(t turn) {
 	for ch := range s.subs {
 		select {
-		case ch <- key:
+		case ch <- t:
 		default: // a slow subscriber falls back to polling
 		}
 	}
 }
 
 // Backend is one process's handle on a Store. It implements core.Backend,
-// core.Watcher and core.Admin.
+// core.Watcher, core.Queuer (waiters wait in line, first come first served),
+// core.SemaphoreBackend and core.Admin.
 type Backend struct {
 	s *Store
 
@@ -153,6 +277,9 @@ var (
 	_ core.Backend = (*Backend)(nil)
 	_ core.Watcher = (*Backend)(nil)
 	_ core.Admin   = (*Backend)(nil)
+	_ core.Queuer  = (*Backend)(nil)
+
+	_ core.SemaphoreBackend = (*Backend)(nil)
 )
 
 // Stats counts the calls a handle served.
@@ -223,17 +350,23 @@ func (b *Backend) call(ctx context.Context, count func(*Stats), op func() error)
 // Name implements core.Backend.
 func (b *Backend) Name() string { return "memory" }
 
-// TryAcquire implements core.Backend.
+// TryAcquire implements core.Backend, core.Queuer and core.SemaphoreBackend.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (lease core.Lease, err error) {
 	err = b.call(ctx, func(st *Stats) { st.Acquires++ }, func() error {
 		s := b.s
-		if e := s.live(req.Key); e != nil {
-			if e.ownerToken == req.OwnerToken {
-				lease = core.Lease{Token: e.token, AcquiredAt: e.acquiredAt, ExpiresAt: e.expireAt}
-				return nil
+		limit := max(req.Limit, 1)
+		r := s.live(req.Key)
+		if r != nil {
+			for _, e := range r.held {
+				if e.ownerToken == req.OwnerToken {
+					// A retry of a claim that already succeeded.
+					lease = core.Lease{Token: e.token, AcquiredAt: e.acquiredAt, ExpiresAt: e.expireAt}
+					return nil
+				}
 			}
-			info := s.info(req.Key, e)
-			return core.Busy(req.Key, &info)
+			if r.limit != limit {
+				return core.LimitMismatch(req.Key, r.limit, limit)
+			}
 		}
 		now := s.now()
 		exp := now.Add(req.TTL)
@@ -243,13 +376,61 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (leas
 			}
 			exp = req.ExpireAt
 		}
+		full := r != nil && len(r.held) >= limit
+		// Waiters ahead of this caller: a claim may take a free permit only
+		// when fewer callers are ahead of it than there are free permits.
+		ahead := 0
+		for _, w := range s.liveQueue(req.Key) {
+			if w.id == req.Waiter && req.Waiter != "" {
+				break
+			}
+			ahead++
+		}
+		free := limit
+		if r != nil {
+			free -= len(r.held)
+		}
+		if full || ahead >= free {
+			if req.Waiter != "" {
+				s.enqueue(req.Key, req.Waiter, req.WaiterTTL)
+			}
+			if full {
+				info := s.info(req.Key, r, firstToExpire(r))
+				return core.Busy(req.Key, &info)
+			}
+			return core.Busy(req.Key, nil) // free, but someone waits before this caller
+		}
+		if req.Waiter != "" {
+			s.dequeue(req.Key, req.Waiter)
+		}
+		if r == nil {
+			r = &record{limit: limit}
+			s.locks[req.Key] = r
+		}
 		s.tokens[req.Key]++
 		e := &entry{owner: req.Owner, ownerToken: req.OwnerToken, token: s.tokens[req.Key], acquiredAt: now, expireAt: exp}
-		s.locks[req.Key] = e
+		r.held = append(r.held, e)
+		if len(r.held) < r.limit {
+			s.signal(req.Key) // a permit is still free
+		}
 		lease = core.Lease{Token: e.token, AcquiredAt: now, ExpiresAt: exp}
 		return nil
 	})
 	return lease, err
+}
+
+// holder returns the live holder of key with ownerToken.
+func (s *Store) holder(key, ownerToken string) (*record, int) {
+	r := s.live(key)
+	if r == nil {
+		return nil, -1
+	}
+	for i, e := range r.held {
+		if e.ownerToken == ownerToken {
+			return r, i
+		}
+	}
+	return r, -1
 }
 
 // Renew implements core.Backend.
@@ -257,13 +438,13 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) (results 
 	err = b.call(ctx, func(st *Stats) { st.Renews++; st.RenewedLeases += len(reqs) }, func() error {
 		s := b.s
 		results = make([]error, len(reqs))
-		for i, r := range reqs {
-			e := s.live(r.Key)
-			if e == nil || e.ownerToken != r.OwnerToken {
-				results[i] = core.Gone(r.Key, "held by another owner or gone")
+		for i, q := range reqs {
+			r, j := s.holder(q.Key, q.OwnerToken)
+			if j < 0 {
+				results[i] = core.Gone(q.Key, "held by another owner or gone")
 				continue
 			}
-			e.expireAt = s.now().Add(r.TTL)
+			r.held[j].expireAt = s.now().Add(q.TTL)
 		}
 		return nil
 	})
@@ -273,20 +454,24 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) (results 
 	return results, nil
 }
 
-// Release implements core.Backend.
+// Release implements core.Backend. It tells the first waiter in line, if
+// any, that its turn has come.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	return b.call(ctx, func(st *Stats) { st.Releases++ }, func() error {
 		s := b.s
-		e := s.live(req.Key)
-		if e == nil || e.ownerToken != req.OwnerToken {
+		r, j := s.holder(req.Key, req.OwnerToken)
+		if j < 0 {
 			return nil
 		}
 		if req.Keep > 0 {
-			e.expireAt = s.now().Add(req.Keep)
+			r.held[j].expireAt = s.now().Add(req.Keep)
 			return nil
 		}
-		delete(s.locks, req.Key)
-		s.publish(req.Key)
+		r.held = append(r.held[:j:j], r.held[j+1:]...)
+		if len(r.held) == 0 {
+			delete(s.locks, req.Key)
+		}
+		s.signal(req.Key)
 		return nil
 	})
 }
@@ -305,13 +490,18 @@ func (b *Backend) Close() error { return nil }
 
 // Watch implements core.Watcher.
 func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
+	return b.WatchTurns(ctx, ready, func(key, _ string) { fn(key) })
+}
+
+// WatchTurns implements core.Queuer.
+func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	b.mu.Lock()
 	down := b.down
 	b.mu.Unlock()
 	if down {
 		return ErrUnavailable
 	}
-	ch := make(chan string, 256)
+	ch := make(chan turn, 256)
 	b.s.mu.Lock()
 	b.s.subs[ch] = struct{}{}
 	b.s.mu.Unlock()
@@ -325,46 +515,77 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case key := <-ch:
-			fn(key)
+		case t := <-ch:
+			fn(t.key, t.waiter)
 		}
 	}
 }
 
-// Inspect implements core.Admin.
+// Leave implements core.Queuer.
+func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
+	return b.call(ctx, func(*Stats) {}, func() error {
+		if b.s.dequeue(key, waiter) && b.s.claimable(key) {
+			b.s.signal(key)
+		}
+		return nil
+	})
+}
+
+// Inspect implements core.Admin: the oldest holder.
 func (b *Backend) Inspect(ctx context.Context, key string) (info core.Info, ok bool, err error) {
 	err = b.call(ctx, func(*Stats) {}, func() error {
-		if e := b.s.live(key); e != nil {
-			info, ok = b.s.info(key, e), true
+		if r := b.s.live(key); r != nil {
+			info, ok = b.s.info(key, r, r.held[0]), true
 		}
 		return nil
 	})
 	return info, ok, err
 }
 
-// List implements core.Admin.
+// Holders implements core.SemaphoreBackend.
+func (b *Backend) Holders(ctx context.Context, key string) (list []core.Info, err error) {
+	err = b.call(ctx, func(*Stats) {}, func() error {
+		if r := b.s.live(key); r != nil {
+			for _, e := range r.held {
+				list = append(list, b.s.info(key, r, e))
+			}
+		}
+		return nil
+	})
+	return list, err
+}
+
+// List implements core.Admin: one Info per holder (every permit of a
+// semaphore), by key, oldest first.
 func (b *Backend) List(ctx context.Context, prefix string) (list []core.Info, err error) {
 	err = b.call(ctx, func(*Stats) {}, func() error {
 		for k := range b.s.locks {
 			if !strings.HasPrefix(k, prefix) {
 				continue
 			}
-			if e := b.s.live(k); e != nil {
-				list = append(list, b.s.info(k, e))
+			if r := b.s.live(k); r != nil {
+				for _, e := range r.held {
+					list = append(list, b.s.info(k, r, e))
+				}
 			}
 		}
 		return nil
 	})
-	sort.Slice(list, func(i, j int) bool { return list[i].Key < list[j].Key })
+	sort.SliceStable(list, func(i, j int) bool {
+		if list[i].Key != list[j].Key {
+			return list[i].Key < list[j].Key
+		}
+		return list[i].AcquiredAt.Before(list[j].AcquiredAt)
+	})
 	return list, err
 }
 
-// ForceRelease implements core.Admin.
+// ForceRelease implements core.Admin: every holder of key is dropped.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (released bool, err error) {
 	err = b.call(ctx, func(*Stats) {}, func() error {
 		if b.s.live(key) != nil {
 			delete(b.s.locks, key)
-			b.s.publish(key)
+			b.s.signal(key)
 			released = true
 		}
 		return nil
