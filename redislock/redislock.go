@@ -185,7 +185,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		req.OwnerToken, req.Owner, ttl, expireAt, fenceKeep.Milliseconds())
 	vals, err := cmd.Slice()
 	if isWrongType(err) {
-		return core.Lease{}, b.heldAsSemaphore(ctx, req.Key) // semaphore.go
+		return b.heldAsSemaphore(ctx, req) // semaphore.go
 	}
 	if err != nil {
 		return core.Lease{}, err

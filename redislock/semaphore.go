@@ -85,20 +85,27 @@ func (b *Backend) semAcquire(ctx context.Context, req core.AcquireRequest) (core
 	return lease, nil
 }
 
-// heldAsSemaphore is the answer to a mutex claim of key that found a
-// semaphore there.
-func (b *Backend) heldAsSemaphore(ctx context.Context, key string) error {
-	hs, limit, err := b.semHolders(ctx, key)
-	if err != nil {
-		return err
+// heldAsSemaphore answers a mutex claim (req) that found another type than
+// a mutex record at the lock key: LimitMismatch when a semaphore holds it;
+// when only expired permits were left (the read dropped them) the claim is
+// made again, once.
+func (b *Backend) heldAsSemaphore(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	hs, limit, err := b.semHolders(ctx, req.Key)
+	switch {
+	case err != nil:
+		return core.Lease{}, err
+	case limit > 1 && len(hs) > 0:
+		return core.Lease{}, core.LimitMismatch(req.Key, limit, 1)
+	case limit == 0 && ctx.Value(reclaimKey{}) == nil:
+		return b.TryAcquire(context.WithValue(ctx, reclaimKey{}, true), req)
 	}
-	if len(hs) == 0 {
-		return core.Busy(key, nil) // freed meanwhile: try again
-	}
-	return core.LimitMismatch(key, limit, 1)
+	return core.Lease{}, fmt.Errorf("redislock: the Redis key of %q holds a value of another type than a lock", req.Key)
 }
 
-// semRenewCall returns the script and keys that renew r's permit.
+// reclaimKey marks the context of a claim made again by heldAsSemaphore.
+type reclaimKey struct{}
+
+// semRenewKeys returns the keys the permit renew script takes for r.
 func (b *Backend) semRenewKeys(r core.RenewRequest) []string {
 	set, meta := b.semKeys(r.Key)
 	return []string{set, meta}
@@ -259,20 +266,23 @@ func (b *Backend) semInspect(ctx context.Context, key string) (core.Info, bool, 
 }
 
 // semList reads the permits of keys (keys that List found holding another
-// type than a mutex) in one pipeline.
+// type than a mutex), in pipelines of up to 512 keys.
 func (b *Backend) semList(ctx context.Context, keys []string) ([]core.Info, error) {
-	calls := make([]*call, len(keys))
-	for i, k := range keys {
-		calls[i] = b.semHoldersCall(k)
-	}
-	runBatch(ctx, b.client, calls)
 	var list []core.Info
-	for i, c := range calls {
-		hs, _, err := parseSemHolders(keys[i], c.cmd)
-		if err != nil {
-			return nil, err
+	for start := 0; start < len(keys); start += 512 {
+		part := keys[start:min(start+512, len(keys))]
+		calls := make([]*call, len(part))
+		for i, k := range part {
+			calls[i] = b.semHoldersCall(k)
 		}
-		list = append(list, hs...)
+		runBatch(ctx, b.client, calls)
+		for i, c := range calls {
+			hs, _, err := parseSemHolders(part[i], c.cmd)
+			if err != nil {
+				return nil, err
+			}
+			list = append(list, hs...)
+		}
 	}
 	return list, nil
 }

@@ -673,3 +673,29 @@ func BenchmarkSemaphoreHold1000(b *testing.B) {
 	b.ReportMetric(float64(scriptCalls(before, after))/intervals, "scripts/interval")
 	b.ReportMetric(float64(trips2-trips)/intervals, "roundtrips/interval")
 }
+
+// Rule: a mutex claim on a key whose semaphore has only expired permits
+// left (not yet dropped) takes the key, with a larger token.
+func TestSemaphoreExpiredPermitsThenMutex(t *testing.T) {
+	cs, prefix := semClients(t, 1)
+	b := newBackend(t, cs[0], prefix)
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := b.TryAcquire(ctx, acq("em", "long", 3, 20*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	short, err := b.TryAcquire(ctx, acq("em", "short", 3, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "em", OwnerToken: "long", Limit: 3}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond) // the short permit's TTL
+	m, err := b.TryAcquire(ctx, acq("em", "m", 0, time.Second))
+	if err != nil {
+		t.Fatalf("mutex claim after the permits expired: %v", err)
+	}
+	if m.Token <= short.Token {
+		t.Fatalf("mutex token %d after permit token %d", m.Token, short.Token)
+	}
+}
