@@ -614,6 +614,8 @@ func BenchmarkSemaphoreAcquireRelease(b *testing.B) {
 				}
 				defer s.Release(ctx)
 			}
+			admin := benchClient(b, opt)
+			before := commandCalls(b, admin)
 			interleaved(b, c, func() error {
 				s, err := l.TryAcquire(ctx, key)
 				if err != nil {
@@ -621,6 +623,9 @@ func BenchmarkSemaphoreAcquireRelease(b *testing.B) {
 				}
 				return s.Release(ctx)
 			})
+			after := commandCalls(b, admin)
+			// PINGs included (one per iteration), and the warm-up's.
+			b.ReportMetric(float64(serverCalls(before, after)-after["ping"]+before["ping"])/float64(b.N), "server-cmds/op")
 		})
 	}
 }
