@@ -1,17 +1,22 @@
 -- sem_holders reads every live permit of a semaphore.
 --
--- KEYS[1]  Z, KEYS[2]  H
+-- KEYS[1]  Z, KEYS[2]  H, KEYS[3]  q (sem_common.lua)
 --
 -- Reply {1, limit, time_s, time_us, expiry_ms, entry, ...} with one
 -- expiry (Unix ms) and H entry ("<token> <acquired_us> <owner>") per
--- permit, {0} when the key is free, {-1} when it holds another type (a
--- mutex). Owner tokens never leave the server.
-local t, nowms = sem_now()
+-- permit, {0} when the key is free, {-1} when a lock holds it. Owner
+-- tokens never leave the server.
+local nowms, _, t = server_time()
 local n = sem_sweep(KEYS[1], KEYS[2], nowms)
 if not n then
-  return {-1}
+  local r = rec_parse(redis.call('GET', KEYS[1]))
+  if r.held then
+    return {-1}
+  end
+  return {0}
 end
 if n == 0 then
+  sem_vacate(KEYS[1], KEYS[2], KEYS[3])
   return {0}
 end
 local r = {1, redis.call('HGET', KEYS[2], 'limit') or '0', t[1], t[2]}

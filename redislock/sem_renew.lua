@@ -7,14 +7,14 @@
 --
 -- Reply: one integer per permit, 1 when renewed, 0 when it expired, was
 -- released or forced out, or the key holds something else.
-local t, nowms = sem_now()
+local nowms = server_time()
 local res = {}
 local extended = {}
 for i = 1, #KEYS / 2 do
   local z, h, tok, ttl = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   local s = redis.pcall('ZSCORE', z, tok)
   if type(s) == 'string' and tonumber(s) > nowms then
-    redis.call('ZADD', z, 'XX', sem_fmt(nowms + ttl), tok)
+    redis.call('ZADD', z, 'XX', fmt_int(nowms + ttl), tok)
     if (extended[z] or 0) < ttl then
       sem_extend(z, h, ttl)
       extended[z] = ttl

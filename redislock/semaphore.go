@@ -15,19 +15,22 @@ import (
 
 // Semaphores (core.Limit(n) with n > 1). A semaphore on key k lives in the
 // sorted set at the lock's own Redis key (owner token -> permit expiry in
-// Unix ms) and the hash "<lock key>:sem" (the limit, and each permit's
-// fencing token, acquired-at and owner); its fencing counter is the
-// mutex's. See sem_common.lua. A mutex record is never a sorted set, so
-// each kind detects the other by type and answers core.LimitMismatch.
+// Unix ms) and the hash "<lock key>:sem" (the limit, the last fencing
+// token, and each permit's token, acquired-at and owner); its waiters are
+// in the lock's queue. See sem_common.lua. A lock record is never a sorted
+// set, so each kind detects the other by type and answers
+// core.LimitMismatch; the scripts of locks fail with WRONGTYPE on a
+// semaphore's key, and the Backend then runs the semaphore's.
 
 var _ core.SemaphoreBackend = (*Backend)(nil)
 
 const semSuffix = ":sem"
 
-// semKeys returns the permit set and the permit hash of key.
-func (b *Backend) semKeys(key string) (set, meta string) {
-	set = b.lockKey(key)
-	return set, set + semSuffix
+// semKeys returns the permit set, the permit hash, the waiter queue and
+// the waiters' deadlines of key.
+func (b *Backend) semKeys(key string) []string {
+	set := b.lockKey(key)
+	return []string{set, set + semSuffix, set + queueSuffix, set + deadlinesSuffix}
 }
 
 // isWrongType reports whether err is Redis's answer to a command on a key
@@ -41,21 +44,23 @@ func (b *Backend) semAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if req.Limit > core.MaxLimit {
 		return core.Lease{}, fmt.Errorf("%w: Limit: must be at most %d, got %d", core.ErrInvalidOption, core.MaxLimit, req.Limit)
 	}
-	set, meta := b.semKeys(req.Key)
 	var expireAt int64
 	if !req.ExpireAt.IsZero() {
 		expireAt = max(req.ExpireAt.UnixMilli(), 1)
 	}
 	ttl := max(req.TTL.Milliseconds(), 1)
-	vals, err := semAcquireScript.run(ctx, b.client, []string{set, meta, set + fenceSuffix},
-		req.OwnerToken, req.Owner, ttl, expireAt, fenceKeep.Milliseconds(), req.Limit).Slice()
+	waiterTTL := max(req.WaiterTTL.Milliseconds(), 1)
+	vals, err := semAcquireScript.run(ctx, b.client, b.semKeys(req.Key), req.OwnerToken, req.Owner,
+		ttl, expireAt, req.Waiter, waiterTTL, req.Limit, b.channel, req.Key).Slice()
 	if err != nil {
 		return core.Lease{}, err
 	}
 	if len(vals) >= 1 {
 		switch code, _ := toInt(vals[0]); {
-		case code == 2 && len(vals) == 1:
-			return core.Lease{}, core.Busy(req.Key, nil) // the slot is over
+		case (code == 2 || code == 4) && len(vals) == 1:
+			// The slot is over, or a permit is free but it is other
+			// waiters' turn.
+			return core.Lease{}, core.Busy(req.Key, nil)
 		case code == 3 && len(vals) == 2:
 			have, err := toInt(vals[1])
 			if err != nil {
@@ -107,8 +112,7 @@ type reclaimKey struct{}
 
 // semRenewKeys returns the keys the permit renew script takes for r.
 func (b *Backend) semRenewKeys(r core.RenewRequest) []string {
-	set, meta := b.semKeys(r.Key)
-	return []string{set, meta}
+	return b.semKeys(r.Key)[:2]
 }
 
 // renewApart renews the mutex leases reqs[idx] one script call each, in one
@@ -148,8 +152,7 @@ func (b *Backend) semRelease(ctx context.Context, req core.ReleaseRequest) error
 	if req.Keep > 0 {
 		keep = max(req.Keep.Milliseconds(), 1)
 	}
-	set, meta := b.semKeys(req.Key)
-	return semReleaseScript.run(ctx, b.client, []string{set, meta},
+	return semReleaseScript.run(ctx, b.client, b.semKeys(req.Key),
 		req.OwnerToken, keep, b.channel, req.Key).Err()
 }
 
@@ -188,8 +191,7 @@ func (b *Backend) semHolders(ctx context.Context, key string) (hs []core.Info, l
 }
 
 func (b *Backend) semHoldersCall(key string) *call {
-	set, meta := b.semKeys(key)
-	return &call{s: semHoldersScript, keys: []string{set, meta}}
+	return &call{s: semHoldersScript, keys: b.semKeys(key)[:3]}
 }
 
 // parseSemHolders reads {1, limit, time_s, time_us, expiry_ms, entry, ...},
@@ -285,4 +287,17 @@ func (b *Backend) semList(ctx context.Context, keys []string) ([]core.Info, erro
 		}
 	}
 	return list, nil
+}
+
+// semForceRelease is ForceRelease of a key that holds a semaphore: every
+// permit goes, and the first live waiter is told its turn.
+func (b *Backend) semForceRelease(ctx context.Context, key string) (int, error) {
+	return semForceReleaseScript.run(ctx, b.client, b.semKeys(key), b.channel, key).Int()
+}
+
+// semLeave is the end of Leave on a key that holds a semaphore: waiter is
+// out of the queue, and the first live waiter is told its turn when a
+// permit is free.
+func (b *Backend) semLeave(ctx context.Context, key, waiter string) error {
+	return semLeaveScript.run(ctx, b.client, b.semKeys(key), waiter, b.channel, key).Err()
 }

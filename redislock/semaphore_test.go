@@ -695,3 +695,79 @@ func TestSemaphoreExpiredPermitsThenMutex(t *testing.T) {
 		t.Fatalf("mutex token %d after permit token %d", m.Token, short.Token)
 	}
 }
+
+// Rule: the waiters of a semaphore wait in the key's queue: a freed permit
+// is the first live waiter's turn, nobody without a place (or further back)
+// takes a permit that waiters ahead of it may claim, a grant that leaves a
+// permit free tells the next waiter, Leave of the first waiter passes the
+// turn on, ForceRelease tells the first waiter, and a release with nobody
+// in line publishes only when someone was answered busy.
+func TestSemaphoreQueue(t *testing.T) {
+	e := newQueueEnv(t)
+	const ttl = 10 * time.Second
+	sem := func(otoken, waiter string) core.AcquireRequest {
+		r := acq("q", otoken, 2, ttl)
+		r.Waiter, r.WaiterTTL = waiter, ttl
+		return r
+	}
+	rel := func(otoken string) {
+		t.Helper()
+		if err := e.b.Release(e.ctx, core.ReleaseRequest{Key: "q", OwnerToken: otoken, Limit: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.grant(sem("p1", ""))
+	e.grant(sem("p2", ""))
+	e.busy(sem("w1", "w1"), true)
+	e.busy(sem("w2", "w2"), true)
+	rel("p1")
+	e.wantTurn("q", "w1")
+	e.busy(sem("c", ""), false)    // a permit is free, but w1 is ahead
+	e.busy(sem("w2", "w2"), false) // and ahead of w2
+	e.grant(sem("w1", "w1"))
+	noTurn(t, e.c, e.prefix, e.turns) // no permit left free
+	rel("p2")
+	e.wantTurn("q", "w2")
+	e.grant(sem("w2", "w2"))
+
+	rel("w1")
+	noTurn(t, e.c, e.prefix, e.turns) // nobody in line, nobody answered busy
+	e.grant(sem("c2", ""))
+	e.busy(sem("c3", ""), true)
+	rel("c2")
+	e.wantTurn("q", "") // c3 was answered busy without a place
+
+	// Two permits free at once: the first grant tells the next waiter.
+	e.grant(sem("c4", ""))
+	e.busy(sem("w3", "w3"), true)
+	e.busy(sem("w4", "w4"), true)
+	rel("c4")
+	e.wantTurn("q", "w3")
+	rel("w2")
+	e.wantTurn("q", "w3") // still first in line
+	e.grant(sem("w3", "w3"))
+	e.wantTurn("q", "w4") // a permit is still free
+	e.grant(sem("w4", "w4"))
+
+	// Leave of the first waiter when a permit is free.
+	e.busy(sem("w5", "w5"), true)
+	e.busy(sem("w6", "w6"), true)
+	rel("w3")
+	e.wantTurn("q", "w5")
+	if err := e.b.Leave(e.ctx, "q", "w5"); err != nil {
+		t.Fatal(err)
+	}
+	e.wantTurn("q", "w6")
+	e.grant(sem("w6", "w6"))
+
+	// ForceRelease tells the first live waiter.
+	e.busy(sem("w7", "w7"), true)
+	if ok, err := e.b.ForceRelease(e.ctx, "q"); !ok || err != nil {
+		t.Fatalf("force release: %v %v", ok, err)
+	}
+	e.wantTurn("q", "w7")
+	if hs, err := e.b.Holders(e.ctx, "q"); err != nil || len(hs) != 0 {
+		t.Fatalf("holders after force release: %+v %v", hs, err)
+	}
+	e.grant(sem("w7", "w7"))
+}
