@@ -91,8 +91,8 @@ func New(client redis.UniversalClient, opts ...Option) (*core.Client, error) {
 }
 
 // Backend is the Redis store for core's lease engine. It implements
-// core.Backend, core.Watcher, core.Queuer and core.Admin, and is safe for
-// concurrent use.
+// core.Backend, core.Watcher, core.Queuer, core.SemaphoreBackend
+// (semaphore.go) and core.Admin, and is safe for concurrent use.
 // Most programs use New; NewBackend is for wrapping or composing backends.
 type Backend struct {
 	client     redis.UniversalClient
