@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/redislock"
 )
 
 // semClients returns n Redis clients on the shared server, each acting as
@@ -770,4 +772,51 @@ func TestSemaphoreQueue(t *testing.T) {
 		t.Fatalf("holders after force release: %+v %v", hs, err)
 	}
 	e.grant(sem("w7", "w7"))
+}
+
+// Example_semaphore lets at most two holders of a key run at once: a third
+// claim is turned away until a permit is released.
+func Example_semaphore() {
+	m := miniredis.NewMiniRedis()
+	m.ClockTTL(true)
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locker, err := redislock.New(rdb, redislock.WithPrefix("myapp"))
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close()
+
+	ctx := context.Background()
+	a, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	if err != nil {
+		panic(err)
+	}
+	b, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	if err != nil {
+		panic(err)
+	}
+	_, err = locker.TryAcquire(ctx, "exports", core.Limit(2))
+	fmt.Println("third permit busy:", errors.Is(err, core.ErrNotAcquired))
+	holders, err := locker.Holders(ctx, "exports")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("holders:", len(holders), "of", holders[0].Limit, "- tokens increase:", b.Token() > a.Token())
+
+	a.Release(ctx)
+	c, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	fmt.Println("after a release:", err == nil)
+	if err == nil {
+		c.Release(ctx)
+	}
+	b.Release(ctx)
+	// Output:
+	// third permit busy: true
+	// holders: 2 of 2 - tokens increase: true
+	// after a release: true
 }
