@@ -2,6 +2,8 @@
 -- reports why it cannot.
 --
 -- KEYS[1]  Z, KEYS[2]  H, KEYS[3]  q, KEYS[4]  qd (sem_common.lua)
+-- KEYS[5]  the fencing counter of the earlier lock layout (a hash per lock
+--          and "<lock key>:fence"), read only, for a key with no record
 -- ARGV[1]  owner token
 -- ARGV[2]  owner: human-readable metadata
 -- ARGV[3]  TTL in milliseconds (used when ARGV[4] is "0")
@@ -84,8 +86,10 @@ end
 if n > 0 then
   last = tonumber(redis.call('HGET', h, 'last')) or 0
 elseif not tomb then
-  -- No record: h may be left over from a semaphore whose set was deleted.
-  last = tonumber(redis.call('HGET', h, 'last')) or 0
+  -- No record: h may be left over from a semaphore whose set was deleted,
+  -- and the earlier layout's counter may outlive its lock.
+  last = math.max(tonumber(redis.call('HGET', h, 'last')) or 0,
+    tonumber(redis.call('GET', KEYS[5])) or 0)
   redis.call('DEL', h)
 end
 local token = nowus

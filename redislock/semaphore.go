@@ -26,6 +26,10 @@ var _ core.SemaphoreBackend = (*Backend)(nil)
 
 const semSuffix = ":sem"
 
+// legacyFenceSuffix names the fencing counter of the earlier lock layout (a
+// hash per lock): a permit claim of a key with no record counts on from it.
+const legacyFenceSuffix = ":fence"
+
 // semKeys returns the permit set, the permit hash, the waiter queue and
 // the waiters' deadlines of key.
 func (b *Backend) semKeys(key string) []string {
@@ -50,7 +54,8 @@ func (b *Backend) semAcquire(ctx context.Context, req core.AcquireRequest) (core
 	}
 	ttl := max(req.TTL.Milliseconds(), 1)
 	waiterTTL := max(req.WaiterTTL.Milliseconds(), 1)
-	vals, err := semAcquireScript.run(ctx, b.client, b.semKeys(req.Key), req.OwnerToken, req.Owner,
+	keys := append(b.semKeys(req.Key), b.lockKey(req.Key)+legacyFenceSuffix)
+	vals, err := semAcquireScript.run(ctx, b.client, keys, req.OwnerToken, req.Owner,
 		ttl, expireAt, req.Waiter, waiterTTL, req.Limit, b.channel, req.Key).Slice()
 	if err != nil {
 		return core.Lease{}, err

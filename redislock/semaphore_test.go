@@ -820,3 +820,19 @@ func Example_semaphore() {
 	// holders: 2 of 2 - tokens increase: true
 	// after a release: true
 }
+
+// Rule: a permit claim of a key with no record counts on from the fencing
+// counter the earlier lock layout (a hash and "<lock key>:fence") left.
+func TestSemaphoreLegacyFence(t *testing.T) {
+	cs, prefix := semClients(t, 1)
+	b := newBackend(t, cs[0], prefix)
+	ctx := ctxT(t, 10*time.Second)
+	const ahead = uint64(1) << 52 // above the server time in µs, exact in Lua
+	if err := cs[0].Set(ctx, redislock.LockKey(prefix, "legacy")+":fence", ahead, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.TryAcquire(ctx, acq("legacy", "p", 2, time.Second))
+	if err != nil || l.Token != ahead+1 {
+		t.Fatalf("permit after the legacy counter %d: %+v %v", ahead, l, err)
+	}
+}
