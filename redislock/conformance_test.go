@@ -86,6 +86,7 @@ func TestCluster(t *testing.T) {
 			})
 		})
 	})
+	t.Run("Semaphores", func(t *testing.T) { testSemaphoreCluster(t, newClient(t)) })
 	t.Run("OddKeys", func(t *testing.T) {
 		c := newClient(t)
 		testOddKeys(t, c, func(key string) int64 {

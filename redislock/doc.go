@@ -77,6 +77,47 @@
 // subscription fails within WithSubscribeTimeout and the Locker polls
 // instead, retrying the subscription in the background.
 //
+// # Semaphores
+//
+// Backend is a core.SemaphoreBackend: core.Limit(n) with n > 1 claims one
+// of n permits of a key, each with its own owner token, lease and fencing
+// token.
+//
+//	s, err := locker.TryAcquire(ctx, "exports", core.Limit(4)) // at most 4 at once
+//
+// A semaphore lives at the lock's own Redis key, as a sorted set of owner
+// tokens scored by their permit's expiry (Unix ms, server clock), next to
+// the hash "<prefix>:{k'}:sem" (the limit, the last fencing token, and
+// each permit's token, acquired-at and owner). Both expire with their last
+// permit; when the last permit goes, the lock's tombstone takes the key's
+// place with the last token. Acquire, release and the read of the holders
+// are one script each, so one round trip; the renewals of a Locker's
+// permits go in the same pipeline as its lock renewals (one script call
+// for up to 256 permits of one server, or of one hash slot on Cluster), one
+// round trip per interval however many permits it holds. A permit that is
+// not renewed is free once its expiry is past: the next script that reads
+// the key drops it. A full semaphore answers busy with the permit that
+// expires first, so waiters poll no later than that. Fencing tokens
+// strictly increase per key across permits and across lock use of the key
+// (max(last + 1, server TIME in µs)).
+//
+// Waiters of a semaphore wait in the key's queue, like a lock's: a claim
+// takes a free permit only when fewer live waiters are in line before it
+// than there are free permits; a freed permit is the first live waiter's
+// turn, and a grant that leaves a permit free tells the next one. With
+// nobody in line a release publishes nothing, unless someone without a
+// place in line was answered busy.
+//
+// A lock record is never a sorted set, so each kind sees the other: a
+// semaphore claim on a held lock, a lock claim on a semaphore, and a
+// semaphore claim with another limit fail with core.ErrLimitMismatch and
+// claim nothing. The lock's scripts answer WRONGTYPE on a semaphore's key,
+// and the Backend then runs the semaphore's, so Inspect returns the oldest
+// permit, List one Info per permit, ForceRelease frees every permit (and
+// tells the first waiter), and Leave passes the turn on. Holders
+// (core.Client.Holders) lists every permit oldest first with Info.Limit
+// set, or the one holder of a lock.
+//
 // # Guarantees
 //
 // On one Redis server that keeps its data:

@@ -91,8 +91,8 @@ func New(client redis.UniversalClient, opts ...Option) (*core.Client, error) {
 }
 
 // Backend is the Redis store for core's lease engine. It implements
-// core.Backend, core.Watcher, core.Queuer and core.Admin, and is safe for
-// concurrent use.
+// core.Backend, core.Watcher, core.Queuer, core.SemaphoreBackend
+// (semaphore.go) and core.Admin, and is safe for concurrent use.
 // Most programs use New; NewBackend is for wrapping or composing backends.
 type Backend struct {
 	client     redis.UniversalClient
@@ -172,6 +172,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if req.OwnerToken == "" || strings.Contains(req.OwnerToken, "|") {
 		return core.Lease{}, fmt.Errorf("redislock: owner token must be non-empty and without %q", "|")
 	}
+	if req.Limit > 1 {
+		return b.semAcquire(ctx, req) // semaphore.go
+	}
 	var expireAt int64
 	if !req.ExpireAt.IsZero() {
 		expireAt = req.ExpireAt.UnixMilli()
@@ -184,6 +187,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	cmd := acquireScript.run(ctx, b.client, b.keys(req.Key),
 		req.OwnerToken, req.Owner, ttl, expireAt, req.Waiter, waiterTTL)
 	vals, err := cmd.Slice()
+	if isWrongType(err) {
+		return b.heldAsSemaphore(ctx, req) // semaphore.go
+	}
 	if err != nil {
 		return core.Lease{}, err
 	}
@@ -302,9 +308,14 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		case groupTag:
 			id = r.Key
 		}
+		s, keys := renewScript, []string{b.lockKey(r.Key)}
+		if r.Limit > 1 { // a permit: semaphore.go
+			id += semSuffix
+			s, keys = semRenewScript, b.semRenewKeys(r)
+		}
 		g := byID[id]
 		if g == nil || len(g.idx) == renewChunk {
-			g = &group{c: &call{s: renewScript}}
+			g = &group{c: &call{s: s}}
 			byID[id] = g
 			groups = append(groups, g)
 		}
@@ -312,7 +323,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		if ttl < 1 {
 			ttl = 1
 		}
-		g.c.keys = append(g.c.keys, b.lockKey(r.Key))
+		g.c.keys = append(g.c.keys, keys...)
 		g.c.args = append(g.c.args, r.OwnerToken, ttl)
 		g.idx = append(g.idx, i)
 	}
@@ -325,6 +336,11 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	var firstErr error
 	for _, g := range groups {
 		vals, err := g.c.cmd.Slice()
+		if isWrongType(err) && g.c.s == renewScript {
+			// A key of the batch holds a semaphore now (semaphore.go).
+			b.renewApart(ctx, reqs, g.idx, results)
+			continue
+		}
 		if err == nil && len(vals) != len(g.idx) {
 			err = fmt.Errorf("unexpected script reply of %d items for %d leases", len(vals), len(g.idx))
 		}
@@ -354,6 +370,9 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 
 // Release implements core.Backend.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	if req.Limit > 1 {
+		return b.semRelease(ctx, req) // semaphore.go
+	}
 	var keep int64
 	if req.Keep > 0 {
 		keep = max(req.Keep.Milliseconds(), 1)
@@ -364,8 +383,14 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			token = strconv.FormatUint(t, 10)
 		}
 	}
-	return releaseScript.run(ctx, b.client, b.keys(req.Key),
+	err := releaseScript.run(ctx, b.client, b.keys(req.Key),
 		req.OwnerToken, keep, b.channel, req.Key, token).Err()
+	if isWrongType(err) {
+		// The key holds a semaphore: the token may be one of its permits
+		// (a Release without Limit).
+		return b.semRelease(ctx, req)
+	}
+	return err
 }
 
 // Now implements core.Backend with TIME, read on the node that holds key
@@ -469,7 +494,11 @@ func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 	if waiter == "" {
 		return nil
 	}
-	if err := leaveScript.run(ctx, b.client, b.keys(key), waiter, b.channel, key).Err(); err != nil {
+	err := leaveScript.run(ctx, b.client, b.keys(key), waiter, b.channel, key).Err()
+	if isWrongType(err) {
+		err = b.semLeave(ctx, key, waiter) // the key holds a semaphore: semaphore.go
+	}
+	if err != nil {
 		return fmt.Errorf("redislock: leave: %w", err)
 	}
 	return nil
@@ -482,6 +511,9 @@ func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, err
 	}
 	c := &call{s: inspectScript, keys: []string{b.lockKey(key)}}
 	runBatch(ctx, b.client, []*call{c})
+	if isWrongType(c.cmd.Err()) {
+		return b.semInspect(ctx, key) // semaphore.go
+	}
 	info, ok, err := parseInspect(key, c.cmd)
 	if err != nil {
 		return core.Info{}, false, fmt.Errorf("redislock: inspect: %w", err)
@@ -553,6 +585,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	sort.Strings(found)
 	found = compactStrings(found) // SCAN may return a key twice
 	list := make([]core.Info, 0, len(found))
+	var sems []string // keys that hold semaphores (semaphore.go)
 	for start := 0; start < len(found); start += 512 {
 		end := min(start+512, len(found))
 		calls := make([]*call, end-start)
@@ -561,6 +594,10 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 		}
 		runBatch(ctx, b.client, calls)
 		for i, c := range calls {
+			if isWrongType(c.cmd.Err()) {
+				sems = append(sems, found[start+i])
+				continue
+			}
 			info, ok, err := parseInspect(found[start+i], c.cmd)
 			if err != nil {
 				return nil, fmt.Errorf("redislock: list: %w", err)
@@ -569,6 +606,14 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 				list = append(list, info)
 			}
 		}
+	}
+	if len(sems) > 0 {
+		permits, err := b.semList(ctx, sems)
+		if err != nil {
+			return nil, fmt.Errorf("redislock: list: %w", err)
+		}
+		list = append(list, permits...)
+		sort.SliceStable(list, func(i, j int) bool { return list[i].Key < list[j].Key })
 	}
 	return list, nil
 }
@@ -592,6 +637,9 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 		return false, err
 	}
 	n, err := forceReleaseScript.run(ctx, b.client, b.keys(key), b.channel, key).Int()
+	if isWrongType(err) {
+		n, err = b.semForceRelease(ctx, key) // the key holds a semaphore: semaphore.go
+	}
 	if err != nil {
 		return false, fmt.Errorf("redislock: force release: %w", err)
 	}

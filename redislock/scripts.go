@@ -39,6 +39,33 @@ var (
 	leaveScript        = newScript(leaveLua)
 )
 
+// Semaphore scripts (semaphore.go): each is sem_common.lua followed by its
+// own file.
+var (
+	//go:embed sem_common.lua
+	semCommonLua string
+	//go:embed sem_acquire.lua
+	semAcquireLua string
+	//go:embed sem_renew.lua
+	semRenewLua string
+	//go:embed sem_release.lua
+	semReleaseLua string
+	//go:embed sem_holders.lua
+	semHoldersLua string
+	//go:embed sem_forcerelease.lua
+	semForceReleaseLua string
+	//go:embed sem_leave.lua
+	semLeaveLua string
+
+	semAcquireScript = newScript(semCommonLua + semAcquireLua)
+	semRenewScript   = newScript(semCommonLua + semRenewLua)
+	semReleaseScript = newScript(semCommonLua + semReleaseLua)
+	semHoldersScript = newScript(semCommonLua + semHoldersLua)
+
+	semForceReleaseScript = newScript(semCommonLua + semForceReleaseLua)
+	semLeaveScript        = newScript(semCommonLua + semLeaveLua)
+)
+
 // script is a Lua script run by SHA1 (EVALSHA), falling back to its source
 // (EVAL, which also caches it on that server) when the server answers
 // NOSCRIPT: after a restart, a failover or SCRIPT FLUSH, and on each Cluster
