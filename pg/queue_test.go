@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -526,4 +527,32 @@ func TestQueueExecMode(t *testing.T) {
 	tryAs(t, b, k, "t3", "w3", 0)
 	release(t, b, k, "t3")
 	noTurn(t, b, turns, k)
+}
+
+// Rule: a token column GENERATED ALWAYS AS IDENTITY, which the claim's
+// upsert cannot set, is refused with the statement that switches it to
+// clock tokens.
+func TestSchemaTokenAlwaysIdentity(t *testing.T) {
+	admin := newPool(t, nil)
+	table := testenv.Name("dislock_test_always_")
+	ident := pgx.Identifier{table}.Sanitize()
+	ctx := ctxT(t)
+	dropAtCleanup(t, admin, pgx.Identifier{table})
+	if _, err := admin.Exec(ctx, `CREATE TABLE `+ident+` (key text PRIMARY KEY, owner text NOT NULL, holder text NOT NULL,
+	token bigint GENERATED ALWAYS AS IDENTITY, acquired_at timestamptz NOT NULL, expire_at timestamptz NOT NULL, waiters jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pg.NewBackend(ctx, admin, pg.WithTable(table))
+	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), "DROP IDENTITY") {
+		t.Fatalf("NewBackend on an ALWAYS identity token: %v", err)
+	}
+	if _, err := admin.Exec(ctx, `ALTER TABLE `+ident+` ALTER COLUMN token DROP IDENTITY IF EXISTS,
+	ALTER COLUMN token SET DEFAULT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := pg.NewBackend(ctx, admin, pg.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tryAs(t, b, "k", "h", "", 0)
 }

@@ -118,6 +118,7 @@ func (b *Backend) Migrate(ctx context.Context) error {
 type column struct {
 	typ        string
 	identity   bool
+	always     bool // GENERATED ALWAYS AS IDENTITY
 	hasDefault bool
 }
 
@@ -167,7 +168,7 @@ FROM pg_class c WHERE c.oid = to_regclass($1::text)`, t).Scan(&oid, &kind, &canS
 		return 0, schemaErr(t, "column key has no unique index; fix: ALTER TABLE %s ADD PRIMARY KEY (key)", t)
 	}
 
-	rows, err := b.pool.Query(ctx, `SELECT attname::text, format_type(atttypid, atttypmod), attidentity <> '', atthasdef
+	rows, err := b.pool.Query(ctx, `SELECT attname::text, format_type(atttypid, atttypmod), attidentity <> '', attidentity = 'a', atthasdef
 FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`, oid)
 	if err != nil {
 		return 0, fmt.Errorf("pg: check table %s: %w", t, poolerHint(err))
@@ -176,7 +177,7 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 	for rows.Next() {
 		var name string
 		var c column
-		if err := rows.Scan(&name, &c.typ, &c.identity, &c.hasDefault); err != nil {
+		if err := rows.Scan(&name, &c.typ, &c.identity, &c.always, &c.hasDefault); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("pg: check table %s: %w", t, poolerHint(err))
 		}
@@ -216,6 +217,13 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 		case "bigint":
 			if c.typ != "bigint" {
 				return 0, schemaErr(t, "column %s is %s, want bigint; fix: %s", w.name, c.typ, fix)
+			}
+			if c.always {
+				// A claim sets the token to the default evaluated for
+				// its proposed row (INSERT … ON CONFLICT DO UPDATE SET
+				// token = excluded.token), which an ALWAYS identity
+				// refuses.
+				return 0, schemaErr(t, "column %s is GENERATED ALWAYS AS IDENTITY; fix: ALTER TABLE %s ALTER COLUMN %s DROP IDENTITY IF EXISTS, ALTER COLUMN %s SET DEFAULT %s", w.name, t, w.name, w.name, tokenDefault)
 			}
 			if !c.identity && !c.hasDefault {
 				return 0, schemaErr(t, "column %s has no default; fix (tokens must never restart below those already handed out): ALTER TABLE %s ALTER COLUMN %s SET DEFAULT %s", w.name, t, w.name, tokenDefault)
