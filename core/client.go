@@ -164,7 +164,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 			return nil, ended(nil)
 		}
 	}
-	var wake chan struct{}
+	var wake chan Wake
 	var queued string // this wait's place in the store's queue, once it may have one
 	if mode == ModeWait {
 		w := c.addWaiter(key)
@@ -229,8 +229,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		select {
 		case <-opCtx.Done():
 			return nil, ended(failure)
-		case <-wake:
-			woken = WakeNotify
+		case woken = <-wake:
 		case <-timer.C:
 			woken = WakePoll
 		}

@@ -21,7 +21,7 @@ type Wake string
 // Wake-up reasons, as reported to Observers.
 const (
 	WakeNotify Wake = "notify" // a release notification (the Watcher, or a release by this Client)
-	WakePoll   Wake = "poll"   // the polling timer (backoff, or the holder's known expiry)
+	WakePoll   Wake = "poll"   // the polling timer (backoff, or the holder's known expiry), or a re-check after the Watcher (re)subscribed
 )
 
 // Observer sees every store operation of a Client, including the background

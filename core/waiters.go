@@ -15,8 +15,8 @@ const echoWindow = 200 * time.Millisecond
 
 // waiter is one waiting Acquire of this client.
 type waiter struct {
-	id string        // the wait's name in a Queuer store's queue ("" otherwise)
-	ch chan struct{} // a wake; buffered 1
+	id string    // the wait's name in a Queuer store's queue ("" otherwise)
+	ch chan Wake // a wake and its reason; buffered 1
 }
 
 // queueTTL is how long a Queuer store keeps a waiter's place in line after
@@ -26,7 +26,7 @@ const queueTTL = 2 * time.Second
 // addWaiter registers interest in releases of key before the first attempt,
 // so that a release between an attempt and the wait is not missed.
 func (c *Client) addWaiter(key string) *waiter {
-	w := &waiter{ch: make(chan struct{}, 1)}
+	w := &waiter{ch: make(chan Wake, 1)}
 	if c.queuer != nil {
 		w.id = rand.Text()
 	}
@@ -212,7 +212,7 @@ func (c *Client) turn(key, waiter string) {
 	for _, w := range c.waiters[key] {
 		if w.id == waiter {
 			select {
-			case w.ch <- struct{}{}:
+			case w.ch <- WakeNotify:
 			default:
 			}
 			return
@@ -224,7 +224,7 @@ func (c *Client) turn(key, waiter string) {
 func (c *Client) wakeOneLocked(key string) {
 	for _, w := range c.waiters[key] {
 		select {
-		case w.ch <- struct{}{}:
+		case w.ch <- WakeNotify:
 			return
 		default: // already woken; try the next
 		}
@@ -239,7 +239,7 @@ func (c *Client) wakeAll() {
 	for _, list := range c.waiters {
 		for _, w := range list {
 			select {
-			case w.ch <- struct{}{}:
+			case w.ch <- WakePoll: // a re-check, as a poll is
 			default:
 			}
 		}
