@@ -110,6 +110,9 @@ type backendEnv struct {
 	reg *register
 	// keyPrefix makes this run's keys unique.
 	keyPrefix string
+	// limit is the run's runConfig.limit (set by runChaos after setup), for
+	// deleteKeys: a semaphore's records may differ from a lock's.
+	limit int
 	close     func()
 }
 
@@ -439,6 +442,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	logs := &sink{}
 	h := NewHarness(logs)
 	env := setup(t, h, keys, prefix)
+	env.limit = cfg.limit
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	r := &run{t: t, cfg: cfg, env: env, rec: NewRecorder(cfg.seed), errs: logs, keys: keys,
