@@ -60,6 +60,9 @@ type runConfig struct {
 	// once, and the steps skip the fenced register, which assumes mutual
 	// exclusion.
 	limit int
+	// firstFault, when set, names the fault the fault phase starts with
+	// (then the seed chooses, as always).
+	firstFault string
 	timing
 }
 
@@ -70,9 +73,12 @@ func shortRun(seed uint64) runConfig {
 // semaphoreRun is the short tier's semaphore run: five contenders on two
 // keys of two permits each, so that a key is often full with someone
 // waiting, through the same faults as the mutex runs in a shorter fault
-// phase.
+// phase. It starts with the keys deleted behind their holders' backs, so
+// that every run has the state loss that lets the store hand out permits
+// still in use.
 func semaphoreRun(seed uint64) runConfig {
-	return runConfig{seed: seed, contenders: 5, keys: 2, limit: 2, faultPhase: 9 * time.Second, timing: shortTiming}
+	return runConfig{seed: seed, contenders: 5, keys: 2, limit: 2, faultPhase: 9 * time.Second, timing: shortTiming,
+		firstFault: "delete-locks"}
 }
 
 // acquireOptions are the options of every acquisition of the run.
@@ -113,7 +119,7 @@ type backendEnv struct {
 	// limit is the run's runConfig.limit (set by runChaos after setup), for
 	// deleteKeys: a semaphore's records may differ from a lock's.
 	limit int
-	close     func()
+	close func()
 }
 
 // sink collects every error string and log line a run produces, for the
@@ -514,6 +520,13 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	for time.Now().Before(end) {
 		sleepCtx(ctx, between(rng, 300*time.Millisecond, 1200*time.Millisecond))
 		f := faults[rng.IntN(len(faults))]
+		if len(counts) == 0 && cfg.firstFault != "" {
+			for _, d := range faults {
+				if d.name == cfg.firstFault {
+					f = d
+				}
+			}
+		}
 		counts[f.name]++
 		r.rec.Add(Event{Kind: FaultStart, Fault: f.name, StateLoss: f.stateLoss})
 		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
