@@ -13,8 +13,10 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
+	"github.com/dislock/dislock/zklock"
 )
 
 // semaphoreTier sizes a semaphore run for the tier: the short one (see
@@ -119,6 +121,26 @@ func memSetup(t *testing.T, _ *Harness, _ []string, prefix string) *backendEnv {
 // in-process, so a shorter fault phase does.
 func TestChaosMemorySemaphore(t *testing.T) {
 	runSemaphore(t, (*memlock.Backend)(nil), 6*time.Second, memSetup)
+}
+
+// TestChaosEtcdSemaphore is the semaphore run on etcd: the proxy's faults,
+// the server killed and restarted from its data, and deleted permit keys.
+// Long tier only: the short tier's budget has no room for it.
+func TestChaosEtcdSemaphore(t *testing.T) {
+	if !longTier() {
+		t.Skip("long tier only (-chaos.long or DISLOCK_CHAOS_LONG=1)")
+	}
+	runSemaphore(t, (*etcdlock.Backend)(nil), 0, etcdSetup)
+}
+
+// TestChaosZooKeeperSemaphore is the semaphore run on ZooKeeper: the
+// proxy's faults, the server killed and restarted, and deleted permit
+// nodes. Long tier only, as for etcd.
+func TestChaosZooKeeperSemaphore(t *testing.T) {
+	if !longTier() {
+		t.Skip("long tier only (-chaos.long or DISLOCK_CHAOS_LONG=1)")
+	}
+	runSemaphore(t, (*zklock.Backend)(nil), 0, zkSetup)
 }
 
 // TestChaosRedisSemaphore is the semaphore run on Redis: the proxy's faults,
