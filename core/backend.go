@@ -120,6 +120,10 @@ type ReleaseRequest struct {
 //     WatchTurns. A release with nobody queued sends nothing.
 //   - A lease that expires sends nothing: waiters poll at the holder's
 //     expiry, and the first live one gets the key.
+//
+// A Backend that wraps a Queuer must be a Queuer itself, forwarding
+// WatchTurns and Leave: waiters behind a wrapper that hides them are never
+// queued, so no release tells them anything and they only poll.
 type Queuer interface {
 	Watcher
 	// WatchTurns is Watch for a Queuer: fn gets the key and the waiter whose

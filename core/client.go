@@ -241,11 +241,11 @@ func (c *Client) leave(ctx context.Context, key, waiter string) {
 }
 
 // retryable reports whether Acquire keeps waiting after err: anything but
-// a bad key or option, an unsupported request or a closed Locker, which no
-// retry can mend.
+// a bad key or option, an unsupported request, a closed Locker or a limit
+// other than the key's holders', which no retry can mend.
 func retryable(err error) bool {
 	return !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidOption) &&
-		!errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrClosed)
+		!errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrClosed) && !errors.Is(err, ErrLimitMismatch)
 }
 
 // backoffWait is the n-th (0-based) polling wait: uniform in
@@ -294,12 +294,12 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 	}
 	lease, err := c.b.TryAcquire(ctx, req)
 	if err != nil {
-		if errors.Is(err, ErrNotAcquired) {
-			return nil, err
+		if errors.Is(err, ErrNotAcquired) || errors.Is(err, ErrLimitMismatch) {
+			return nil, err // the store claimed nothing
 		}
 		// The claim may have been applied before the failure: undo it by
 		// owner token so that nothing stays held until its TTL.
-		c.undo(ctx, key, req.OwnerToken, sent, life)
+		c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
 		return nil, fmt.Errorf("dislock: %s: acquire %q: %w", c.name, key, err)
 	}
 	s := &session{
@@ -323,12 +323,12 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 	if took := time.Since(sent); took >= s.deadline.Sub(sent) {
 		// The reply came so late that the lease may already be over: do
 		// not hand out a session that is dead on arrival.
-		c.undo(ctx, key, req.OwnerToken, sent, life)
+		c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
 		return nil, fmt.Errorf("dislock: %s: acquire %q: the reply took %v, past the renew deadline: %w",
 			c.name, key, took.Round(time.Millisecond), ErrLeaseLost)
 	}
 	if !c.register(s) {
-		c.undo(ctx, key, req.OwnerToken, sent, life)
+		c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
 		return nil, ErrClosed
 	}
 	return s, nil
@@ -408,10 +408,10 @@ func (c *Client) forget(s *session) {
 
 // releaseDetached releases key by owner token on a context that ignores the
 // caller's cancellation but keeps its values, bounded by the release timeout.
-func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string) error {
+func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string, limit int) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 	defer cancel()
-	err := c.b.Release(rctx, ReleaseRequest{Key: key, OwnerToken: ownerToken})
+	err := c.b.Release(rctx, ReleaseRequest{Key: key, OwnerToken: ownerToken, Limit: limit})
 	if err == nil {
 		c.notify(key)
 	}

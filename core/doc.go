@@ -67,6 +67,42 @@
 // undo of their claims, releases every session, stops both goroutines and
 // waits for them, and only then closes the Backend.
 //
+// # Waiting in line
+//
+// Acquire waits until the key is free or ctx ends. On a backend that is a
+// Queuer (memlock, redislock, pg) the store keeps the waiters of a key in a
+// first-in, first-out queue: a busy answer puts the waiter in line, a
+// release tells the first waiter in line — across all processes — that its
+// turn has come, and only that waiter claims. One release costs one claim,
+// not one per waiting process, and waiters get the key in the order they
+// came. A caller that does not wait (TryAcquire) never takes a free key
+// from a waiter in line. A waiter's place lasts two seconds after its latest
+// attempt and is refreshed while it waits, so the place of a process that
+// died is skipped within two seconds; a wait that gives up (ctx, Close)
+// leaves the line at once. On other backends a release wakes one waiter
+// per process. Either way a jittered backoff, capped at the holder's known
+// expiry, polls when a notification is missed.
+//
+// # Semaphores
+//
+// Limit(n) makes the acquisition one of n permits of a semaphore on the key:
+// up to n sessions hold it at once. Each permit is a lease like a lock —
+// renewed in the Locker's one batched call per interval, lost with the same
+// signal, with a fencing token that strictly increases per key across all
+// permits — and waiters wake when a permit frees. Every holder of a key must
+// ask for the same limit: a claim with another one fails with
+// ErrLimitMismatch. Client.Holders lists every permit of a key. Backends
+// opt in by implementing SemaphoreBackend; others answer Limit(n > 1) with
+// ErrUnsupported.
+//
+// # Check
+//
+// Session.Check asks the store in one round trip whether it still holds the
+// session's lease (renewing it when it does): call it right before an
+// irreversible step on a resource that cannot check fencing tokens. It
+// narrows the window in which a paused or partitioned holder acts on a lost
+// lease to that round trip; only a fencing token closes it.
+//
 // # Slots and min hold
 //
 // Schedulers that fire on several machines at slightly different moments want
@@ -77,6 +113,6 @@
 //
 // Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost — with
 // ErrLeaseGone when the store refused a renewal —, ErrReleased, ErrClosed,
-// ErrInvalidKey, ErrInvalidOption, ErrUnsupported); backend failures wrap the
+// ErrInvalidKey, ErrInvalidOption, ErrUnsupported, ErrLimitMismatch); backend failures wrap the
 // driver's error.
 package core

@@ -58,15 +58,15 @@ type limitError struct {
 }
 
 func (e *limitError) Error() string {
-	return fmt.Sprintf("%s: key %q is held %s; this claim asked for %s",
+	return fmt.Sprintf("%s: key %q is held as %s; this claim is for %s",
 		ErrLimitMismatch.msg, e.key, limitWords(e.have), limitWords(e.want))
 }
 
 func limitWords(n int) string {
 	if n <= 1 {
-		return "as a mutex (limit 1)"
+		return "a mutex (limit 1)"
 	}
-	return fmt.Sprintf("as a semaphore of %d permits", n)
+	return fmt.Sprintf("a semaphore of %d permits", n)
 }
 
 func (e *limitError) Unwrap() error { return ErrLimitMismatch }

@@ -107,3 +107,53 @@ func ExampleCampaign() {
 	fmt.Println("leader:", e.IsLeader())
 	// Output: leader: true
 }
+
+// Limit makes a key a semaphore: up to n sessions hold it at once, each
+// with its own lease, renewal, loss signal and fencing token. Here at most
+// two exports run at a time, across every process using the store.
+func ExampleLimit() {
+	ctx := context.Background()
+	locker, _ := memlock.New()
+	defer locker.Close()
+
+	a, _ := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	b, _ := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	_, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	fmt.Println("third export:", errors.Is(err, core.ErrNotAcquired))
+
+	holders, _ := locker.Holders(ctx, "exports")
+	fmt.Println("holders:", len(holders), "of", holders[0].Limit)
+
+	// Every holder of a key must ask for the same limit.
+	_, err = locker.TryAcquire(ctx, "exports")
+	fmt.Println("as a mutex:", errors.Is(err, core.ErrLimitMismatch))
+
+	a.Release(ctx)
+	c, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	fmt.Println("after a release:", err == nil, c.Token() > b.Token())
+	b.Release(ctx)
+	c.Release(ctx)
+	// Output:
+	// third export: true
+	// holders: 2 of 2
+	// as a mutex: true
+	// after a release: true true
+}
+
+// Check asks the store, in one round trip, whether it still holds the
+// session's lease: the last thing to do before a step that cannot be undone
+// on a resource that cannot check fencing tokens.
+func ExampleSession_Check() {
+	ctx := context.Background()
+	locker, _ := memlock.New()
+	defer locker.Close()
+
+	s, _ := locker.TryAcquire(ctx, "payouts")
+	defer s.Release(ctx)
+	if err := s.Check(ctx); err != nil {
+		fmt.Println("not sending: ", err)
+		return
+	}
+	fmt.Println("still the holder: sending the payout")
+	// Output: still the holder: sending the payout
+}

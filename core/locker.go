@@ -27,8 +27,8 @@ type Locker interface {
 	// error is a *NotAcquiredError that matches ErrNotAcquired and ctx.Err(),
 	// names the last holder seen and the last store failure, and nothing is
 	// left held. Store failures while waiting (a restart, a cut connection)
-	// are retried with the same backoff; a bad key or option, ErrUnsupported
-	// and ErrClosed end the wait at once.
+	// are retried with the same backoff; a bad key or option, ErrUnsupported,
+	// ErrClosed and ErrLimitMismatch end the wait at once.
 	Acquire(ctx context.Context, key string, opts ...Option) (Session, error)
 	// Close releases every session this Locker holds, stops its goroutines
 	// and waits for them. Later calls return ErrClosed.
@@ -78,8 +78,11 @@ type Session interface {
 	// Deadline moves forward as after a renewal), an error matching
 	// ErrLeaseLost when the store no longer has this session's owner token
 	// on the key (the session then ends as on a refused renewal), or the
-	// store's error when it could not tell. Call it right before an
-	// irreversible step on a resource that cannot check fencing tokens.
+	// store's error when it could not tell (the session stays held, until
+	// its deadline: a Check that runs into it ends the session with
+	// ErrLeaseLost). A slot session is not renewed: Check answers from its
+	// deadline, without a round trip. Call it right before an irreversible
+	// step on a resource that cannot check fencing tokens.
 	Check(ctx context.Context) error
 }
 

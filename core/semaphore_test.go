@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dislock/dislock/core"
@@ -132,5 +133,60 @@ func TestCheck(t *testing.T) {
 	case <-s.Done():
 	default:
 		t.Fatal("session not ended by a refused Check")
+	}
+}
+
+// Acquire with a limit other than the key's holders ends at once with
+// ErrLimitMismatch (no retry mends it while they hold), and the mismatch,
+// which claims nothing, costs no undo Release.
+func TestAcquireLimitMismatchEndsAtOnce(t *testing.T) {
+	st := memlock.NewStore()
+	a, _ := st.Locker()
+	defer a.Close()
+	rb := st.Backend()
+	b, _ := core.New(rb)
+	defer b.Close()
+	s, err := a.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = b.Acquire(ctx, "k", core.Limit(3))
+	if !errors.Is(err, core.ErrLimitMismatch) {
+		t.Fatalf("Acquire = %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Acquire retried a limit mismatch for %v (until ctx ended)", d)
+	}
+	if st := rb.Stats(); st.Releases != 0 {
+		t.Errorf("a limit mismatch, which claims nothing, was undone with %d Release calls", st.Releases)
+	}
+}
+
+// Check that returns at or after the session's Deadline (the store hung)
+// reports the loss: the session can no longer act as the holder.
+func TestCheckPastDeadlineIsLoss(t *testing.T) {
+	synctest.Test(t, checkPastDeadline)
+}
+
+func checkPastDeadline(t *testing.T) {
+	st := memlock.NewStore()
+	for i := range 20 {
+		b := st.Backend()
+		c, _ := core.New(b, core.WithDefaults(core.TTL(600*time.Millisecond)))
+		s, err := c.TryAcquire(context.Background(), "k"+string(rune('a'+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.SetLatency(time.Hour) // every later call hangs until its ctx ends
+		err = s.Check(context.Background())
+		if !errors.Is(err, core.ErrLeaseLost) {
+			t.Errorf("run %d: Check returned %v after the Deadline (session Err %v), want ErrLeaseLost", i, err, s.Err())
+		}
+		b.SetLatency(0)
+		c.Close()
 	}
 }

@@ -212,6 +212,12 @@ func (s *session) Check(ctx context.Context) error {
 		if e := s.Err(); e != nil {
 			return e
 		}
+		if !time.Now().Before(s.Deadline()) {
+			// Past the deadline the session may not act as the holder,
+			// whatever the store would have said.
+			c.expire(s)
+			return s.Err()
+		}
 		return fmt.Errorf("dislock: %s: check %q: %w", c.name, s.key, err)
 	}
 }

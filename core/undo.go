@@ -38,6 +38,7 @@ func minTime(a, b time.Time) time.Time {
 type pendingUndo struct {
 	ctx             context.Context
 	key, ownerToken string
+	limit           int
 	after           time.Time // one release is owed at or after this instant (the claim bound)
 	end             time.Time // after this the store has dropped the claim anyway
 	due             time.Time // next attempt
@@ -56,17 +57,17 @@ type pendingUndo struct {
 // backoff step, however many claims are pending. Close makes one last
 // attempt for each — sent once the claim bound has passed, if one is owed —
 // and waits for them.
-func (c *Client) undo(ctx context.Context, key, ownerToken string, sent time.Time, life time.Duration) {
+func (c *Client) undo(ctx context.Context, key, ownerToken string, limit int, sent time.Time, life time.Duration) {
 	ctx = context.WithoutCancel(ctx)
 	var bound time.Duration
 	if cb, ok := c.b.(ClaimBounder); ok {
 		bound = max(cb.ClaimBound(), 0)
 	}
-	u := &pendingUndo{ctx: ctx, key: key, ownerToken: ownerToken, end: sent.Add(bound + life)}
+	u := &pendingUndo{ctx: ctx, key: key, ownerToken: ownerToken, limit: limit, end: sent.Add(bound + life)}
 	if bound > 0 {
 		u.after = sent.Add(bound)
 	}
-	err := c.releaseDetached(ctx, key, ownerToken)
+	err := c.releaseDetached(ctx, key, ownerToken, limit)
 	now := time.Now()
 	if !u.owed(err, now) {
 		return
@@ -133,7 +134,7 @@ func (c *Client) undoLoop() {
 				if d := time.Until(minTime(u.after, limit)); d > 0 {
 					time.Sleep(d)
 				}
-				_ = c.releaseDetached(u.ctx, u.key, u.ownerToken)
+				_ = c.releaseDetached(u.ctx, u.key, u.ownerToken, u.limit)
 			}
 			c.dropUndos(list)
 			continue
@@ -153,7 +154,7 @@ func (c *Client) undoLoop() {
 			if u.due.After(now) {
 				break
 			}
-			err := c.releaseDetached(u.ctx, u.key, u.ownerToken)
+			err := c.releaseDetached(u.ctx, u.key, u.ownerToken, u.limit)
 			now = time.Now()
 			if !u.owed(err, now) {
 				done = append(done, u)

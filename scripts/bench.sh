@@ -3,7 +3,8 @@
 # bsm/redislock, redsync, a plain TTL-row lock and PostgreSQL advisory locks)
 # and prints the machine, the server versions, the raw `go test -bench`
 # output and a summary. Results are also written to bench/results/ (ignored
-# by git). Takes about 3 minutes.
+# by git), and bench/chart.svg (shown in BENCHMARKS.md) is redrawn from
+# them. Takes about 3 minutes.
 #
 # PostgreSQL: DISLOCK_BENCH_PG, else DISLOCK_TEST_PG (the benchmarks create a
 # private database on it for the run and drop it at the end).
@@ -75,4 +76,9 @@ out=bench/results/bench-$(date -u +%Y%m%dT%H%M%SZ).txt
 } | tee "$out.summary"
 cat "$out.summary" >>"$out"
 rm "$out.summary"
+# The chart BENCHMARKS.md shows: dislock beside the peers, redrawn from a
+# full run (one narrowed by arguments leaves it alone).
+if [ "$#" -eq 0 ] && (cd bench && go run ./cmd/benchchart -o chart.svg "../$out"); then
+  echo "chart written to bench/chart.svg"
+fi
 echo "results written to $out"

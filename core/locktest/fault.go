@@ -3,6 +3,7 @@ package locktest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,14 +40,88 @@ type faultBackend struct {
 	claimed    chan string
 	closed     atomic.Bool  // Close was called: every call fails
 	attempts   atomic.Int64 // TryAcquire calls
-	watching   atomic.Bool  // a Watch subscription is in place
+	watching   atomic.Bool  // a Watch or WatchTurns subscription is in place
+	// waiterTTL, when positive, replaces the WaiterTTL of every acquire
+	// sent with a Waiter: a wait whose place in line would outlive any
+	// bound of a test unless it leaves the queue.
+	waiterTTL atomic.Int64
+	// queuedBusy counts acquires sent with a Waiter that were answered
+	// busy: the wait has taken its place in line.
+	queuedBusy atomic.Int64
+	busies     atomic.Int64 // acquires answered busy
+	renews     atomic.Int64 // Renew calls that reached the store
+	leaves     atomic.Int64 // Leave calls that reached the store
 
-	mu     sync.Mutex
-	tokens map[string]string // key -> owner token of the last acquire sent
+	mu      sync.Mutex
+	tokens  map[string]string // key -> owner token of the last acquire sent
+	limits  map[string]int    // owner token -> the Limit its acquire was sent with (0: a mutex)
+	misuse  []string          // Renew and Release requests whose Limit is not their acquire's
+	sent    []sentAcquire     // every acquire sent, in order
+	renewed []int             // the number of leases of each Renew call
+}
+
+// sentAcquire is what a faultBackend saw of one TryAcquire.
+type sentAcquire struct {
+	key, waiter string
+	busy        bool
+	answered    time.Time
 }
 
 func newFault(b core.Backend) *faultBackend {
-	return &faultBackend{Backend: b, tokens: make(map[string]string), claimed: make(chan string, 16)}
+	return &faultBackend{Backend: b, tokens: make(map[string]string), limits: make(map[string]int), claimed: make(chan string, 16)}
+}
+
+// limitOf is a request's Limit as a record kind: 0 for a mutex.
+func limitOf(n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return n
+}
+
+// checkLimit records a Renew or Release of ownerToken whose Limit differs
+// from the one its acquire was sent with: the backend could not tell which
+// record to act on. f.mu is held.
+func (f *faultBackend) checkLimit(op, key, ownerToken string, limit int) {
+	want, ok := f.limits[ownerToken]
+	if ok && limitOf(limit) != want {
+		f.misuse = append(f.misuse, fmt.Sprintf("%s of %q carried Limit %d; its acquire was sent with Limit %d", op, key, limit, want))
+	}
+}
+
+// limitMisuse returns the Renew and Release requests sent with another
+// Limit than their lease's acquire.
+func (f *faultBackend) limitMisuse() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.misuse...)
+}
+
+// acquiresSent returns the acquires sent so far.
+func (f *faultBackend) acquiresSent() []sentAcquire {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]sentAcquire(nil), f.sent...)
+}
+
+// lastQueued returns when the latest acquire sent with a Waiter was
+// answered busy (zero if none was).
+func (f *faultBackend) lastQueued() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.sent) - 1; i >= 0; i-- {
+		if a := f.sent[i]; a.busy && a.waiter != "" {
+			return a.answered
+		}
+	}
+	return time.Time{}
+}
+
+// renewCalls returns the number of leases of every Renew call so far.
+func (f *faultBackend) renewCalls() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.renewed...)
 }
 
 // unusable is the error of a call that cannot reach the store.
@@ -58,15 +133,6 @@ func (f *faultBackend) unusable() error {
 		return errDown
 	}
 	return nil
-}
-
-// ClaimBound forwards the backend's core.ClaimBounder, so that the engine
-// repeats undos for it as it would unwrapped (0: the backend has no bound).
-func (f *faultBackend) ClaimBound() time.Duration {
-	if cb, ok := f.Backend.(core.ClaimBounder); ok {
-		return cb.ClaimBound()
-	}
-	return 0
 }
 
 func (f *faultBackend) Close() error {
@@ -87,8 +153,22 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 	f.attempts.Add(1)
 	f.mu.Lock()
 	f.tokens[req.Key] = req.OwnerToken
+	f.limits[req.OwnerToken] = limitOf(req.Limit)
 	f.mu.Unlock()
+	if d := f.waiterTTL.Load(); d > 0 && req.Waiter != "" {
+		req.WaiterTTL = time.Duration(d)
+	}
 	lease, err := f.Backend.TryAcquire(ctx, req)
+	busy := errors.Is(err, core.ErrNotAcquired)
+	f.mu.Lock()
+	f.sent = append(f.sent, sentAcquire{key: req.Key, waiter: req.Waiter, busy: busy, answered: time.Now()})
+	f.mu.Unlock()
+	if busy {
+		f.busies.Add(1)
+		if req.Waiter != "" {
+			f.queuedBusy.Add(1)
+		}
+	}
 	if err == nil && f.stallClaim.Load() {
 		select {
 		case f.claimed <- req.Key:
@@ -111,6 +191,13 @@ func (f *faultBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]e
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
+	f.renews.Add(1)
+	f.mu.Lock()
+	f.renewed = append(f.renewed, len(reqs))
+	for _, r := range reqs {
+		f.checkLimit("Renew", r.Key, r.OwnerToken, r.Limit)
+	}
+	f.mu.Unlock()
 	return f.Backend.Renew(ctx, reqs)
 }
 
@@ -118,6 +205,9 @@ func (f *faultBackend) Release(ctx context.Context, req core.ReleaseRequest) err
 	if err := f.unusable(); err != nil {
 		return err
 	}
+	f.mu.Lock()
+	f.checkLimit("Release", req.Key, req.OwnerToken, req.Limit)
+	f.mu.Unlock()
 	if f.failRelease.Load() {
 		return errDown
 	}
@@ -129,18 +219,6 @@ func (f *faultBackend) Now(ctx context.Context, key string) (time.Time, error) {
 		return time.Time{}, err
 	}
 	return f.Backend.Now(ctx, key)
-}
-
-func (f *faultBackend) Watch(ctx context.Context, ready func(), fn func(string)) error {
-	w, ok := f.Backend.(core.Watcher)
-	if !ok {
-		return core.ErrUnsupported
-	}
-	if err := f.unusable(); err != nil {
-		return err
-	}
-	defer f.watching.Store(false)
-	return w.Watch(ctx, func() { f.watching.Store(true); ready() }, fn)
 }
 
 func (f *faultBackend) admin() (core.Admin, error) {
@@ -176,4 +254,142 @@ func (f *faultBackend) ForceRelease(ctx context.Context, key string) (bool, erro
 		return false, err
 	}
 	return a.ForceRelease(ctx, key)
+}
+
+// The optional interfaces of the wrapped backend — core.Watcher, core.Queuer,
+// core.SemaphoreBackend, core.ClaimBounder — are forwarded exactly when it
+// implements them, since the engine changes its behaviour on each: a
+// wrapper that claimed one its backend lacks (or hid one it has) would test
+// another engine than the one the backend runs under. faultBackend itself
+// has none of their methods; each comes from one of the parts below, and
+// backend composes the parts the wrapped backend has. The Admin calls stay
+// on faultBackend (answering ErrUnsupported for a backend without them),
+// as the engine only forwards them.
+
+// watchPart adds core.Watcher.
+type watchPart struct{ f *faultBackend }
+
+func (p watchPart) Watch(ctx context.Context, ready func(), fn func(string)) error {
+	f := p.f
+	if err := f.unusable(); err != nil {
+		return err
+	}
+	defer f.watching.Store(false)
+	return f.Backend.(core.Watcher).Watch(ctx, func() { f.watching.Store(true); ready() }, fn)
+}
+
+// queuePart adds core.Queuer (and so core.Watcher).
+type queuePart struct{ watchPart }
+
+func (p queuePart) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
+	f := p.f
+	if err := f.unusable(); err != nil {
+		return err
+	}
+	defer f.watching.Store(false)
+	return f.Backend.(core.Queuer).WatchTurns(ctx, func() { f.watching.Store(true); ready() }, fn)
+}
+
+func (p queuePart) Leave(ctx context.Context, key, waiter string) error {
+	f := p.f
+	if err := f.unusable(); err != nil {
+		return err
+	}
+	f.leaves.Add(1)
+	return f.Backend.(core.Queuer).Leave(ctx, key, waiter)
+}
+
+// semPart adds core.SemaphoreBackend's Holders.
+type semPart struct{ f *faultBackend }
+
+func (p semPart) Holders(ctx context.Context, key string) ([]core.Info, error) {
+	if err := p.f.unusable(); err != nil {
+		return nil, err
+	}
+	return p.f.Backend.(core.SemaphoreBackend).Holders(ctx, key)
+}
+
+// boundPart adds core.ClaimBounder, so that the engine repeats undos for
+// the backend as it would unwrapped.
+type boundPart struct{ f *faultBackend }
+
+func (p boundPart) ClaimBound() time.Duration {
+	return p.f.Backend.(core.ClaimBounder).ClaimBound()
+}
+
+// backend returns f with exactly the optional interfaces of the backend it
+// wraps: what the engine under test is given.
+func (f *faultBackend) backend() core.Backend {
+	_, watch := f.Backend.(core.Watcher)
+	_, queue := f.Backend.(core.Queuer)
+	_, sem := f.Backend.(core.SemaphoreBackend)
+	_, bound := f.Backend.(core.ClaimBounder)
+	w, q, s, b := watchPart{f}, queuePart{watchPart{f}}, semPart{f}, boundPart{f}
+	switch {
+	case queue && sem && bound:
+		return struct {
+			*faultBackend
+			queuePart
+			semPart
+			boundPart
+		}{f, q, s, b}
+	case queue && sem:
+		return struct {
+			*faultBackend
+			queuePart
+			semPart
+		}{f, q, s}
+	case queue && bound:
+		return struct {
+			*faultBackend
+			queuePart
+			boundPart
+		}{f, q, b}
+	case queue:
+		return struct {
+			*faultBackend
+			queuePart
+		}{f, q}
+	case watch && sem && bound:
+		return struct {
+			*faultBackend
+			watchPart
+			semPart
+			boundPart
+		}{f, w, s, b}
+	case watch && sem:
+		return struct {
+			*faultBackend
+			watchPart
+			semPart
+		}{f, w, s}
+	case watch && bound:
+		return struct {
+			*faultBackend
+			watchPart
+			boundPart
+		}{f, w, b}
+	case watch:
+		return struct {
+			*faultBackend
+			watchPart
+		}{f, w}
+	case sem && bound:
+		return struct {
+			*faultBackend
+			semPart
+			boundPart
+		}{f, s, b}
+	case sem:
+		return struct {
+			*faultBackend
+			semPart
+		}{f, s}
+	case bound:
+		return struct {
+			*faultBackend
+			boundPart
+		}{f, b}
+	}
+	return f
 }

@@ -11,7 +11,18 @@
 //
 // Faults that every backend can suffer the same way (a store that stops
 // answering, a crashed holder, lost replies) are injected by locktest itself
-// through a Backend wrapper, so a backend needs no test hooks for them.
+// through a Backend wrapper, so a backend needs no test hooks for them. The
+// wrapper has exactly the optional interfaces of the backend it wraps
+// (core.Watcher, core.Queuer, core.SemaphoreBackend, core.ClaimBounder), so
+// the engine under test runs as it would on the bare backend.
+//
+// Rules of optional capabilities run when the backend implements them and
+// are skipped, with the reason, when it does not: the Semaphore rules for a
+// core.SemaphoreBackend (at most n holders, tokens across permits, a
+// crashed permit, wake-ups, limit mismatches, Holders and the Admin calls
+// per permit, batched renewal), the Queue rules for a core.Queuer (FIFO
+// across processes, dead and cancelled waiters, no barging, one wake per
+// release). The Check rules (Session.Check) run on every backend.
 package locktest
 
 import (

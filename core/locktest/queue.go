@@ -1,0 +1,553 @@
+package locktest
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Rules of store-side waiter queues. They run when the backend is a
+// core.Queuer and are skipped otherwise. A waiting Acquire on a Queuer
+// sends every attempt with one Waiter id and the engine's queue TTL (2s),
+// and re-attempts at least every third of it to keep its place in line.
+//
+// Existing rules that take a key right after a wait on it ended
+// (AcquireHonoursContext) rely on the engine's Leave having run before
+// Acquire returned: a waiter's place left behind would make the next
+// TryAcquire busy (no barging) until the queue TTL ran out.
+
+// queueRefresh is how often, at most, a queued wait re-attempts to keep its
+// place (a third of the engine's 2s queue TTL, rounded down so that counts
+// of attempts err on the generous side).
+const queueRefresh = 600 * time.Millisecond
+
+// queueProcs returns n processes, or skips the rule when the backend keeps
+// no queue.
+func queueProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
+	t.Helper()
+	ps := []*proc{e.proc(t, opts...)}
+	if _, ok := ps[0].fault.Backend.(core.Queuer); !ok {
+		t.Skip("backend keeps no waiter queue (not a core.Queuer)")
+	}
+	for len(ps) < n {
+		ps = append(ps, e.proc(t, opts...))
+	}
+	return ps
+}
+
+// queueBackend is a Backend that keeps a waiter queue.
+type queueBackend interface {
+	core.Backend
+	core.Queuer
+}
+
+// rawQueuer returns a new connection to the store, unwrapped, or skips the
+// rule when the backend keeps no queue.
+func rawQueuer(t *testing.T, e *env) queueBackend {
+	t.Helper()
+	q, ok := e.h.NewBackend(t).(queueBackend)
+	if !ok {
+		t.Skip("backend keeps no waiter queue (not a core.Queuer)")
+	}
+	return q
+}
+
+// startWait starts p's Acquire of key in the background and returns once it
+// is queued on the store (an attempt with its Waiter was answered busy) and
+// p's subscription to turns is in place, so that no turn meant for it is
+// missed. The session, or the error, arrives on the returned channel; a
+// session is released by whoever receives it.
+func startWait(t *testing.T, rule string, p *proc, ctx context.Context, key string, opts ...core.Option) <-chan waitResult {
+	t.Helper()
+	out := make(chan waitResult, 1)
+	n := p.fault.queuedBusy.Load()
+	go func() {
+		s, err := p.l.Acquire(ctx, key, opts...)
+		out <- waitResult{s: s, err: err, at: time.Now()}
+	}()
+	if !waitFor(t, func() bool { return p.fault.queuedBusy.Load() > n }, 10*time.Second) {
+		t.Fatalf("rule %q: the wait was never queued (no attempt with a Waiter answered busy)", rule)
+	}
+	if !waitFor(t, p.fault.watching.Load, 10*time.Second) {
+		t.Fatalf("rule %q: the backend's WatchTurns never called ready", rule)
+	}
+	return out
+}
+
+type waitResult struct {
+	s   core.Session
+	err error
+	at  time.Time
+}
+
+// testQueueWaiterID checks rule "a waiting Acquire on a Queuer names itself
+// with one Waiter on all its attempts, another per Acquire, leaves the queue
+// when it gives up, and TryAcquire sends no Waiter".
+func testQueueWaiterID(t *testing.T, e *env) {
+	const rule = "a waiting Acquire on a Queuer names itself with one Waiter on all its attempts, another per Acquire, leaves the queue when it gives up, and TryAcquire sends no Waiter"
+	ps := queueProcs(t, e, 2)
+	a, b := ps[0], ps[1]
+	k := e.key(t)
+	s := mustAcquire(t, a, k, core.TTL(checkTTL))
+	defer s.Release(context.Background())
+	mustBusy(t, rule, b, k)
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_, err := b.l.Acquire(ctx, k, core.Backoff(5*time.Millisecond, 20*time.Millisecond))
+		cancel()
+		if !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("rule %q: Acquire = %v", rule, err)
+		}
+	}
+	sent := b.fault.acquiresSent()
+	if len(sent) < 4 || sent[0].waiter != "" {
+		t.Fatalf("rule %q: attempts %+v: want a TryAcquire without Waiter, then two waits", rule, sent)
+	}
+	var ids []string
+	for _, at := range sent[1:] {
+		if at.waiter == "" {
+			t.Fatalf("rule %q: an attempt of a wait sent no Waiter", rule)
+		}
+		if len(ids) == 0 || ids[len(ids)-1] != at.waiter {
+			ids = append(ids, at.waiter)
+		}
+	}
+	if len(ids) != 2 || ids[0] == ids[1] {
+		t.Errorf("rule %q: two waits sent the Waiters %q, want one each, different", rule, ids)
+	}
+	if n := b.fault.leaves.Load(); n < 2 {
+		t.Errorf("rule %q: %d Leave calls after two waits gave up, want 2", rule, n)
+	}
+	if s.Release(context.Background()) != nil {
+		t.Fatal("Release failed")
+	}
+	s2 := mustAcquire(t, b, k) // the waits left: nobody is in line before a TryAcquire
+	s2.Release(context.Background())
+}
+
+// testQueueFIFO checks rule "on a Queuer, waiters in separate processes get
+// the key in the order they queued".
+func testQueueFIFO(t *testing.T, e *env) {
+	const rule = "on a Queuer, waiters in separate processes get the key in the order they queued"
+	const waiters = 5
+	ps := queueProcs(t, e, waiters+1)
+	k := e.key(t)
+	s := mustAcquire(t, ps[0], k, core.TTL(checkTTL))
+	order := make(chan int, waiters)
+	errc := make(chan error, waiters)
+	ctx := ctxT(t, 60*time.Second)
+	var wg sync.WaitGroup
+	for i := 1; i <= waiters; i++ {
+		// Short polls: every waiter keeps trying, and only the store's
+		// order can keep them in line.
+		res := startWait(t, rule, ps[i], ctx, k, core.Backoff(10*time.Millisecond, 50*time.Millisecond))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := <-res
+			if r.err != nil {
+				errc <- r.err
+				return
+			}
+			order <- i // before the release: the next one cannot have it yet
+			r.s.Release(context.Background())
+		}()
+	}
+	s.Release(context.Background())
+	wg.Wait()
+	close(order)
+	close(errc)
+	for err := range errc {
+		t.Fatalf("rule %q: %v", rule, err)
+	}
+	var got []int
+	for i := range order {
+		got = append(got, i)
+	}
+	if want := []int{1, 2, 3, 4, 5}; !slices.Equal(got, want) {
+		t.Fatalf("rule %q: acquired in the order %v, want %v", rule, got, want)
+	}
+}
+
+// testQueueDeadWaiter checks rule "a waiter that stopped trying keeps its
+// place until its WaiterTTL runs out, and then no longer blocks the ones
+// behind it".
+func testQueueDeadWaiter(t *testing.T, e *env) {
+	const rule = "a waiter that stopped trying keeps its place until its WaiterTTL runs out, and then no longer blocks the ones behind it"
+	ps := queueProcs(t, e, 2)
+	a, w := ps[0], ps[1]
+	raw := rawQueuer(t, e)
+	k := e.key(t)
+	s := mustAcquire(t, a, k, core.TTL(checkTTL))
+	wttl := e.ttl / 2
+	dead := "dead-" + rand.Text()
+	sent := time.Now()
+	_, err := raw.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{
+		Key: k, Owner: "dead waiter", OwnerToken: rand.Text(), TTL: e.ttl, Waiter: dead, WaiterTTL: wttl})
+	if !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: the dead waiter's attempt = %v, want busy", rule, err)
+	}
+	res := startWait(t, rule, w, ctxT(t, 30*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+	s.Release(context.Background()) // the turn goes to the dead waiter
+	var r waitResult
+	select {
+	case r = <-res:
+	case <-time.After(wttl + 10*time.Second):
+		t.Fatalf("rule %q: the waiter behind a dead one did not get the key within %v", rule, wttl+10*time.Second)
+	}
+	if r.err != nil {
+		t.Fatalf("rule %q: %v", rule, r.err)
+	}
+	defer r.s.Release(context.Background())
+	// The store kept the dead waiter's place until at least sent + wttl
+	// (its clock ran from after sent); allow 50ms for its resolution.
+	if d := r.at.Sub(sent); d < wttl-50*time.Millisecond {
+		t.Errorf("rule %q: the waiter behind got the key %v after the dead one queued, before its WaiterTTL %v", rule, d, wttl)
+	}
+	if d := r.at.Sub(sent); d > wttl+3*time.Second {
+		t.Errorf("rule %q: the waiter behind got the key only %v after the dead one queued (WaiterTTL %v)", rule, d, wttl)
+	}
+}
+
+// testQueueCancelled checks rule "a waiter whose ctx ends, or whose Locker
+// closes, leaves the queue: the next waiter gets the key at the release, as
+// if it had never queued".
+func testQueueCancelled(t *testing.T, e *env) {
+	const rule = "a waiter whose ctx ends, or whose Locker closes, leaves the queue: the next waiter gets the key at the release, as if it had never queued"
+	base := e.key(t)
+	for _, how := range []string{"Cancel", "Close"} {
+		t.Run(how, func(t *testing.T) {
+			ps := queueProcs(t, e, 3)
+			a, w1, w2 := ps[0], ps[1], ps[2]
+			k := base + "/" + how
+			s := mustAcquire(t, a, k, core.TTL(checkTTL))
+			// w1's place would outlive the rule if it stayed: only its
+			// leaving explains w2 getting the key at the release.
+			w1.fault.waiterTTL.Store(int64(time.Minute))
+			ctx1, cancel1 := context.WithCancel(context.Background())
+			defer cancel1()
+			res1 := startWait(t, rule, w1, ctx1, k, core.Backoff(20*time.Second, 20*time.Second))
+			res2 := startWait(t, rule, w2, ctxT(t, 60*time.Second), k, core.Backoff(20*time.Second, 20*time.Second))
+			want := error(context.Canceled)
+			if how == "Close" {
+				want = core.ErrClosed
+				if err := w1.l.Close(); err != nil {
+					t.Errorf("rule %q: Close: %v", rule, err)
+				}
+			} else {
+				cancel1()
+			}
+			select {
+			case r := <-res1:
+				if !errors.Is(r.err, want) {
+					t.Fatalf("rule %q: the wait cut short returned %v, want %v", rule, r.err, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("rule %q: the wait cut short did not return", rule)
+			}
+			released := time.Now()
+			s.Release(context.Background())
+			select {
+			case r := <-res2:
+				if r.err != nil {
+					t.Fatalf("rule %q: %v", rule, r.err)
+				}
+				r.s.Release(context.Background())
+				if d := r.at.Sub(released); d > 5*time.Second {
+					t.Errorf("rule %q: the next waiter got the key %v after the release", rule, d)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatalf("rule %q: the next waiter did not get the key within 15s: the wait cut short kept its place", rule)
+			}
+		})
+	}
+}
+
+// turnLog subscribes to a Queuer's turns and keeps those of one key.
+type turnLog struct {
+	key   string
+	turns chan string
+	stop  func()
+}
+
+func watchTurns(t *testing.T, rule string, q core.Queuer, key string) *turnLog {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &turnLog{key: key, turns: make(chan string, 64)}
+	ready := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var once sync.Once
+		q.WatchTurns(ctx, func() { once.Do(func() { close(ready) }) }, func(k, waiter string) {
+			if k == key {
+				select {
+				case l.turns <- waiter:
+				default:
+				}
+			}
+		})
+	}()
+	l.stop = func() { cancel(); <-done }
+	t.Cleanup(l.stop)
+	select {
+	case <-ready:
+	case <-done:
+		t.Fatalf("rule %q: WatchTurns ended before it was ready", rule)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("rule %q: WatchTurns never called ready", rule)
+	}
+	return l
+}
+
+// expect waits for the next turn of the key and checks it names waiter.
+func (l *turnLog) expect(t *testing.T, rule, what, waiter string) {
+	t.Helper()
+	select {
+	case got := <-l.turns:
+		if got != waiter {
+			t.Errorf("rule %q: %s: the turn named %q, want %q", rule, what, got, waiter)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("rule %q: %s: no turn within 5s", rule, what)
+	}
+}
+
+// testQueueNoBarging checks rule "on a Queuer a caller that did not wait
+// never overtakes a queued waiter; a release tells the first waiter, a
+// grant takes it out of line, and a release with nobody queued sends no
+// turn", with raw Backend calls.
+func testQueueNoBarging(t *testing.T, e *env) {
+	const rule = "on a Queuer a caller that did not wait never overtakes a queued waiter; a release tells the first waiter, a grant takes it out of line, and a release with nobody queued sends no turn"
+	holder, waiter, other := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
+	k := e.key(t)
+	turns := watchTurns(t, rule, other, k)
+	ctx := ctxT(t, 30*time.Second)
+	req := func(waiterID string) core.AcquireRequest {
+		r := core.AcquireRequest{Key: k, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL}
+		if waiterID != "" {
+			r.Waiter, r.WaiterTTL = waiterID, checkTTL
+		}
+		return r
+	}
+	busy := func(b core.Backend, r core.AcquireRequest, what string) {
+		t.Helper()
+		if _, err := b.TryAcquire(ctx, r); !errors.Is(err, core.ErrNotAcquired) {
+			if err == nil {
+				b.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: r.OwnerToken})
+			}
+			t.Fatalf("rule %q: %s: TryAcquire = %v, want busy", rule, what, err)
+		}
+	}
+	grant := func(b core.Backend, r core.AcquireRequest, what string) core.Lease {
+		t.Helper()
+		l, err := b.TryAcquire(ctx, r)
+		if err != nil {
+			t.Fatalf("rule %q: %s: TryAcquire = %v, want granted", rule, what, err)
+		}
+		return l
+	}
+	release := func(b core.Backend, r core.AcquireRequest) {
+		t.Helper()
+		if err := b.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: r.OwnerToken}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	h := req("")
+	l0 := grant(holder, h, "the first claim")
+	w1, w2 := "w1-"+rand.Text(), "w2-"+rand.Text()
+	busy(waiter, req(w1), "a waiter on a held key")
+	release(holder, h)
+	turns.expect(t, rule, "release with a waiter queued", w1)
+	busy(other, req(""), "a TryAcquire without Waiter while a waiter is queued on the free key")
+	busy(other, req(w2), "a second waiter while the first is queued on the free key")
+	g1 := req(w1)
+	l1 := grant(waiter, g1, "the first waiter on the free key")
+	if !e.h.NoFencing && l1.Token <= l0.Token {
+		t.Errorf("rule %q: token %d after %d", rule, l1.Token, l0.Token)
+	}
+	release(waiter, g1)
+	turns.expect(t, rule, "release with the second waiter queued", w2)
+	busy(holder, req(""), "a TryAcquire without Waiter while the second waiter is queued")
+	g2 := req(w2)
+	grant(other, g2, "the second waiter")
+	release(other, g2) // nobody queued: no turn
+	// Both grants took their waiter out of line: the key is anyone's.
+	h = req("")
+	grant(holder, h, "a TryAcquire once every waiter got its turn")
+	release(holder, h) // nobody queued: no turn
+	if err := holder.Leave(ctx, k, "nobody-"+rand.Text()); err != nil {
+		t.Errorf("rule %q: Leave of a waiter not in line = %v, want nil", rule, err)
+	}
+	// A turn on the key sent after the quiet release: if that release had
+	// sent one, it would come first.
+	h = req("")
+	grant(holder, h, "a claim")
+	w3 := "w3-" + rand.Text()
+	busy(waiter, req(w3), "a waiter")
+	release(holder, h)
+	turns.expect(t, rule, "the first turn after a release with nobody queued", w3)
+	if err := waiter.Leave(ctx, k, w3); err != nil {
+		t.Errorf("rule %q: Leave = %v", rule, err)
+	}
+}
+
+// testQueueSemaphore checks rule "on a Queuer semaphore a queued waiter is
+// not overtaken for a freed permit by a caller that did not wait".
+func testQueueSemaphore(t *testing.T, e *env) {
+	const rule = "on a Queuer semaphore a queued waiter is not overtaken for a freed permit by a caller that did not wait"
+	holder, waiter, other := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
+	if _, ok := holder.(core.SemaphoreBackend); !ok {
+		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
+	}
+	k := e.key(t)
+	ctx := ctxT(t, 30*time.Second)
+	req := func(waiterID string) core.AcquireRequest {
+		r := core.AcquireRequest{Key: k, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL, Limit: 2}
+		if waiterID != "" {
+			r.Waiter, r.WaiterTTL = waiterID, checkTTL
+		}
+		return r
+	}
+	p1, p2 := req(""), req("")
+	for _, p := range []core.AcquireRequest{p1, p2} {
+		if _, err := holder.TryAcquire(ctx, p); err != nil {
+			t.Fatalf("rule %q: permit: %v", rule, err)
+		}
+	}
+	defer holder.Release(context.Background(), core.ReleaseRequest{Key: k, OwnerToken: p2.OwnerToken, Limit: 2})
+	w := "w-" + rand.Text()
+	if _, err := waiter.TryAcquire(ctx, req(w)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: a waiter on a full semaphore: %v, want busy", rule, err)
+	}
+	if err := holder.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: p1.OwnerToken, Limit: 2}); err != nil {
+		t.Fatal(err)
+	}
+	barger := req("")
+	if _, err := other.TryAcquire(ctx, barger); !errors.Is(err, core.ErrNotAcquired) {
+		if err == nil {
+			other.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: barger.OwnerToken, Limit: 2})
+		}
+		t.Fatalf("rule %q: a TryAcquire without Waiter took the permit freed for a waiter: %v", rule, err)
+	}
+	g := req(w)
+	if _, err := waiter.TryAcquire(ctx, g); err != nil {
+		t.Fatalf("rule %q: the waiter's claim of the freed permit: %v", rule, err)
+	}
+	if err := waiter.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: g.OwnerToken, Limit: 2}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testQueueLeavePassesTurn checks rule "when the first waiter of a free key
+// leaves, the next waiter is told at once".
+func testQueueLeavePassesTurn(t *testing.T, e *env) {
+	const rule = "when the first waiter of a free key leaves, the next waiter is told at once"
+	log := &acquireLog{}
+	ps := queueProcs(t, e, 2, core.WithObserver(log))
+	a, w := ps[0], ps[1]
+	raw := rawQueuer(t, e)
+	k := e.key(t)
+	s := mustAcquire(t, a, k, core.TTL(checkTTL))
+	first := "first-" + rand.Text()
+	if _, err := raw.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{
+		Key: k, Owner: "first", OwnerToken: rand.Text(), TTL: e.ttl, Waiter: first, WaiterTTL: time.Minute}); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: the first waiter's attempt = %v, want busy", rule, err)
+	}
+	res := startWait(t, rule, w, ctxT(t, 30*time.Second), k, core.Backoff(20*time.Second, 20*time.Second))
+	s.Release(context.Background()) // the turn is the first waiter's, who is not listening
+	// Leave soon after one of w's attempts was answered busy: its next
+	// refresh of its place is then a good while away, so only the turn
+	// Leave sends explains a prompt wake (the Observer's Wake).
+	if time.Since(w.fault.lastQueued()) > queueRefresh/3 {
+		n := w.fault.queuedBusy.Load()
+		if !waitFor(t, func() bool { return w.fault.queuedBusy.Load() > n }, 10*time.Second) {
+			t.Fatalf("rule %q: the waiter stopped trying", rule)
+		}
+	}
+	left := time.Now()
+	if err := raw.Leave(ctxT(t, 10*time.Second), k, first); err != nil {
+		t.Fatalf("rule %q: Leave = %v", rule, err)
+	}
+	select {
+	case r := <-res:
+		if r.err != nil {
+			t.Fatalf("rule %q: %v", rule, r.err)
+		}
+		r.s.Release(context.Background())
+		if d := r.at.Sub(left); d > 2*time.Second {
+			t.Errorf("rule %q: the next waiter got the key %v after the first left", rule, d)
+		}
+		if end, ok := log.lastAcquired(); !ok || end.Wake != core.WakeNotify {
+			t.Errorf("rule %q: the wait that acquired was woken by %q, want %q", rule, end.Wake, core.WakeNotify)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("rule %q: the next waiter did not get the key within 15s of the first one's Leave", rule)
+	}
+}
+
+// testQueueOneWake checks rule "on a Queuer one release wakes one waiter
+// across all processes: a hand-off costs at most two attempts, besides the
+// waits' refreshes of their places".
+func testQueueOneWake(t *testing.T, e *env) {
+	const rule = "on a Queuer one release wakes one waiter across all processes: a hand-off costs at most two attempts, besides the waits' refreshes of their places"
+	const waiters = 8
+	ps := queueProcs(t, e, waiters+1)
+	k := e.key(t)
+	s := mustAcquire(t, ps[0], k, core.TTL(checkTTL))
+	ctx := ctxT(t, 60*time.Second)
+	results := make([]<-chan waitResult, waiters)
+	for i := range waiters {
+		// A long poll backoff: only turns (and refreshes) make attempts.
+		results[i] = startWait(t, rule, ps[i+1], ctx, k, core.Backoff(20*time.Second, 20*time.Second))
+	}
+	base := make([]int64, waiters)
+	for i := range waiters {
+		base[i] = ps[i+1].fault.attempts.Load()
+	}
+	start := time.Now()
+	s.Release(context.Background())
+	var wg sync.WaitGroup
+	waited := make([]time.Duration, waiters)
+	errs := make(chan error, waiters)
+	for i := range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case r := <-results[i]:
+				if r.err != nil {
+					errs <- r.err
+					return
+				}
+				waited[i] = r.at.Sub(start)
+				r.s.Release(context.Background())
+			case <-time.After(45 * time.Second):
+				errs <- fmt.Errorf("rule %q: waiter %d never got the key", rule, i)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var attempts, allowed int64
+	for i := range waiters {
+		attempts += ps[i+1].fault.attempts.Load() - base[i]
+		allowed += 2 + int64(waited[i]/queueRefresh) + 1
+	}
+	t.Logf("%d hand-offs: %d attempts (allowed %d)", waiters, attempts, allowed)
+	if attempts > allowed {
+		t.Errorf("rule %q: %d attempts for %d hand-offs, want at most %d (2 each plus refreshes over the waits %v)",
+			rule, attempts, waiters, allowed, waited)
+	}
+}

@@ -1,0 +1,629 @@
+package locktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Rules of semaphores (core.Limit(n) with n > 1). They run when the backend
+// is a core.SemaphoreBackend and are skipped otherwise, except
+// SemaphoreUnsupportedWithoutBackend, which runs only then.
+
+// semLimit is the number of permits of most semaphore rules.
+const semLimit = 3
+
+// semProcs returns n processes, or skips the rule when the backend has no
+// semaphores.
+func semProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
+	t.Helper()
+	ps := []*proc{e.proc(t, opts...)}
+	if _, ok := ps[0].fault.Backend.(core.SemaphoreBackend); !ok {
+		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
+	}
+	for len(ps) < n {
+		ps = append(ps, e.proc(t, opts...))
+	}
+	return ps
+}
+
+// acquireLog is an Observer that keeps the end of every acquisition.
+type acquireLog struct {
+	core.NopObserver
+	mu   sync.Mutex
+	ends []core.AcquireEndEvent
+}
+
+func (l *acquireLog) AcquireEnd(_ context.Context, e core.AcquireEndEvent) {
+	l.mu.Lock()
+	l.ends = append(l.ends, e)
+	l.mu.Unlock()
+}
+
+// lastAcquired returns the end of the latest successful acquisition.
+func (l *acquireLog) lastAcquired() (core.AcquireEndEvent, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.ends) - 1; i >= 0; i-- {
+		if l.ends[i].Session != nil {
+			return l.ends[i], true
+		}
+	}
+	return core.AcquireEndEvent{}, false
+}
+
+// testSemUnsupported checks rule "a backend without semaphores answers
+// Limit(n > 1) with ErrUnsupported and claims nothing".
+func testSemUnsupported(t *testing.T, e *env) {
+	const rule = "a backend without semaphores answers Limit(n > 1) with ErrUnsupported and claims nothing"
+	a, b := e.proc(t), e.proc(t)
+	if _, ok := a.fault.Backend.(core.SemaphoreBackend); ok {
+		t.Skip("backend has semaphores: the Semaphore rules check them")
+	}
+	k := e.key(t)
+	if _, err := a.l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit)); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("rule %q: TryAcquire = %v", rule, err)
+	}
+	if _, err := a.l.Acquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit)); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("rule %q: Acquire = %v", rule, err)
+	}
+	if _, err := a.c.Holders(ctxT(t, 10*time.Second), k); !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("rule %q: Holders = %v", rule, err)
+	}
+	s := mustAcquire(t, b, k)
+	s.Release(context.Background())
+}
+
+// testSemNeverMore checks rule "a semaphore of n never has more than n
+// holders, however many processes race for it with TryAcquire and Acquire".
+func testSemNeverMore(t *testing.T, e *env) {
+	const rule = "a semaphore of n never has more than n holders, however many processes race for it with TryAcquire and Acquire"
+	procs := semProcs(t, e, 4)
+	k := e.key(t)
+	const workers, rounds = 8, 12
+	var (
+		mu          sync.Mutex
+		holders     int
+		most        int
+		tokens      = map[uint64]bool{}
+		acquired    int
+		wg          sync.WaitGroup
+		errs        = make(chan error, workers*rounds)
+		limitOption = core.Limit(semLimit)
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := procs[w%len(procs)]
+			for r := range rounds {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				var s core.Session
+				var err error
+				if (w+r)%2 == 0 {
+					s, err = p.l.TryAcquire(ctx, k, limitOption)
+				} else {
+					s, err = p.l.Acquire(ctx, k, limitOption, core.Backoff(time.Millisecond, 20*time.Millisecond))
+				}
+				cancel()
+				if errors.Is(err, core.ErrNotAcquired) && (w+r)%2 == 0 {
+					continue // full: the TryAcquire was refused
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				holders++
+				acquired++
+				most = max(most, holders)
+				n := holders
+				dup := tokens[s.Token()] && !e.h.NoFencing
+				tokens[s.Token()] = true
+				mu.Unlock()
+				if n > semLimit {
+					errs <- fmt.Errorf("rule %q: %d holders of a semaphore of %d", rule, n, semLimit)
+				}
+				if dup {
+					errs <- fmt.Errorf("rule %q: token %d handed out twice", rule, s.Token())
+				}
+				// Hold the permit a moment, so that holders overlap.
+				time.Sleep(time.Millisecond)
+				mu.Lock()
+				holders--
+				mu.Unlock()
+				if err := s.Err(); err != nil {
+					errs <- fmt.Errorf("rule %q: a permit was lost while held: %v", rule, err)
+				}
+				if err := s.Release(context.Background()); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d acquisitions, at most %d holders at once", acquired, most)
+}
+
+// testSemFull checks rule "a semaphore of n grants n permits to n
+// processes at once; the next TryAcquire is busy and names the permit that
+// expires first; a released permit is free at once".
+func testSemFull(t *testing.T, e *env) {
+	const rule = "a semaphore of n grants n permits to n processes at once; the next TryAcquire is busy and names the permit that expires first; a released permit is free at once"
+	procs := semProcs(t, e, semLimit+1)
+	k := e.key(t)
+	// A long TTL: no renewal moves an expiry while the rule runs, so the
+	// first permit is the one that expires first.
+	var held []core.Session
+	for i := range semLimit {
+		s, err := procs[i].l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit), core.TTL(checkTTL), core.WithOwner(fmt.Sprintf("permit-%d", i)))
+		if err != nil {
+			t.Fatalf("rule %q: permit %d of %d: %v", rule, i+1, semLimit, err)
+		}
+		defer s.Release(context.Background())
+		held = append(held, s)
+	}
+	last := procs[semLimit]
+	_, err := last.l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit))
+	var na *core.NotAcquiredError
+	if !errors.Is(err, core.ErrNotAcquired) || !errors.As(err, &na) {
+		t.Fatalf("rule %q: TryAcquire of a full semaphore = %v, want busy", rule, err)
+	}
+	if !e.h.NoHolderInfo {
+		h := na.Holder
+		switch {
+		case h == nil:
+			t.Errorf("rule %q: the busy answer names no holder", rule)
+		case h.Key != k || h.Owner != "permit-0":
+			t.Errorf("rule %q: busy answer names %q of %q, want permit-0 (it expires first)", rule, h.Owner, h.Key)
+		case h.Limit != semLimit:
+			t.Errorf("rule %q: busy answer has Limit %d, want %d", rule, h.Limit, semLimit)
+		case h.Remaining <= 0 || h.Remaining > checkTTL:
+			t.Errorf("rule %q: busy answer's Remaining %v outside (0, %v]", rule, h.Remaining, checkTTL)
+		case !e.h.NoFencing && h.Token != held[0].Token():
+			t.Errorf("rule %q: busy answer's token %d, permit-0 has %d", rule, h.Token, held[0].Token())
+		}
+	}
+	if err := held[1].Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := last.l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit))
+	if err != nil {
+		t.Fatalf("rule %q: TryAcquire after a permit was released = %v", rule, err)
+	}
+	defer s.Release(context.Background())
+	if _, err := procs[1].l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: TryAcquire of the again full semaphore = %v, want busy", rule, err)
+	}
+}
+
+// testSemTokens checks rule "fencing tokens strictly increase per key across
+// every permit of a semaphore and across mutex use of the key".
+func testSemTokens(t *testing.T, e *env) {
+	const rule = "fencing tokens strictly increase per key across every permit of a semaphore and across mutex use of the key"
+	if e.h.NoFencing {
+		t.Skip("backend has no fencing tokens (NoFencing)")
+	}
+	ps := semProcs(t, e, 2)
+	a, b := ps[0], ps[1]
+	k := e.key(t)
+	var last uint64
+	check := func(what string, s core.Session) {
+		t.Helper()
+		if s.Token() <= last {
+			t.Fatalf("rule %q: %s: token %d after %d", rule, what, s.Token(), last)
+		}
+		last = s.Token()
+	}
+	m := mustAcquire(t, a, k)
+	check("mutex", m)
+	m.Release(context.Background())
+	p1 := mustAcquire(t, a, k, core.Limit(2))
+	check("first permit", p1)
+	p2 := mustAcquire(t, b, k, core.Limit(2))
+	check("second permit", p2)
+	p2.Release(context.Background())
+	p3 := mustAcquire(t, b, k, core.Limit(2))
+	check("permit after a release", p3)
+	p1.Release(context.Background())
+	p3.Release(context.Background())
+	m = mustAcquire(t, b, k)
+	check("mutex after the semaphore", m)
+	m.Release(context.Background())
+
+	// Across an expiry: SemaphoreCrashedPermitFreesWithinTTL.
+}
+
+// testSemCrash checks rule "a permit whose holder stops renewing frees
+// within its TTL and a waiter gets it, with a greater token; the other
+// permits stay held".
+func testSemCrash(t *testing.T, e *env) {
+	const rule = "a permit whose holder stops renewing frees within its TTL and a waiter gets it, with a greater token; the other permits stay held"
+	ps := semProcs(t, e, 4)
+	a, b, c := ps[0], ps[1], ps[2]
+	k := e.key(t)
+	sa := mustAcquire(t, a, k, core.Limit(2), core.WithOwner("crashes"))
+	sb := mustAcquire(t, b, k, core.Limit(2), core.WithOwner("stays"))
+	defer sb.Release(context.Background())
+	got := make(chan core.Session, 1)
+	errc := make(chan error, 1)
+	n := c.fault.busies.Load()
+	go func() {
+		s, err := c.l.Acquire(ctxT(t, 10*e.ttl+10*time.Second), k, core.Limit(2), core.WithOwner("waiter"), core.Backoff(10*time.Millisecond, e.ttl/4))
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- s
+	}()
+	if !waitFor(t, func() bool { return c.fault.busies.Load() > n }, 10*time.Second) {
+		t.Fatalf("rule %q: the waiter was never answered busy", rule)
+	}
+	start := time.Now()
+	a.fault.down.Store(true) // a "crashes": no renewal reaches the store
+	var sc core.Session
+	select {
+	case sc = <-got:
+	case err := <-errc:
+		t.Fatalf("rule %q: %v", rule, err)
+	case <-time.After(10*e.ttl + 10*time.Second):
+		t.Fatalf("rule %q: the waiter never got the permit", rule)
+	}
+	defer sc.Release(context.Background())
+	if d := time.Since(start); d > e.ttl+time.Second {
+		t.Errorf("rule %q: took %v (TTL %v)", rule, d, e.ttl)
+	}
+	if !e.h.NoFencing && (sc.Token() <= sa.Token() || sc.Token() <= sb.Token()) {
+		t.Errorf("rule %q: token %d after the permits %d and %d", rule, sc.Token(), sa.Token(), sb.Token())
+	}
+	if sb.Err() != nil {
+		t.Fatalf("rule %q: the other permit was lost: %v", rule, sb.Err())
+	}
+	hs, err := b.c.Holders(ctxT(t, 10*time.Second), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var owners []string
+	for _, h := range hs {
+		owners = append(owners, h.Owner)
+	}
+	slices.Sort(owners)
+	if !slices.Equal(owners, []string{"stays", "waiter"}) {
+		t.Errorf("rule %q: holders %q, want [stays waiter]", rule, owners)
+	}
+	if _, err := ps[3].l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Errorf("rule %q: a third permit: %v, want busy", rule, err)
+	}
+}
+
+// testSemNotified checks rule "with release notifications a waiter on a
+// full semaphore wakes on a permit's release, not on its poll timer".
+func testSemNotified(t *testing.T, e *env) {
+	const rule = "with release notifications a waiter on a full semaphore wakes on a permit's release, not on its poll timer"
+	if e.h.NoWatch {
+		t.Skip("backend has no release notifications (NoWatch)")
+	}
+	log := &acquireLog{}
+	ps := semProcs(t, e, 2)
+	a1, a2 := ps[0], ps[1]
+	b := e.proc(t, core.WithObserver(log))
+	k := e.key(t)
+	subscribe(t, rule, a1, b, k+"-warm")
+	s1 := mustAcquire(t, a1, k, core.Limit(2), core.TTL(checkTTL))
+	defer s1.Release(context.Background())
+	s2 := mustAcquire(t, a2, k, core.Limit(2), core.TTL(checkTTL))
+	waitNotified(t, rule, b, log, func() { s2.Release(context.Background()) },
+		func(ctx context.Context) (core.Session, error) {
+			return b.l.Acquire(ctx, k, core.Limit(2), core.Backoff(20*time.Second, 20*time.Second))
+		})
+}
+
+// subscribe makes b's release subscription come up: a first wait on a
+// busy key starts it.
+func subscribe(t *testing.T, rule string, a, b *proc, key string) {
+	t.Helper()
+	warm := mustAcquire(t, a, key)
+	wctx, wcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	b.l.Acquire(wctx, key)
+	wcancel()
+	warm.Release(context.Background())
+	if !waitFor(t, b.fault.watching.Load, 10*time.Second) {
+		t.Fatalf("rule %q: the backend's Watch never called ready", rule)
+	}
+}
+
+// waitNotified starts acquire (a wait of b with a long poll backoff), waits
+// until its first attempt is answered busy, calls release right away and
+// checks that the wait acquires promptly, woken by a notification. Right
+// after a busy answer the wait's next poll is far off — 20s of backoff, or
+// on a Queuer the refresh of its place in line a third of the queue TTL
+// later — so only the release's notification explains a prompt wake, and
+// the Observer's Wake must say so.
+func waitNotified(t *testing.T, rule string, b *proc, log *acquireLog, release func(), acquire func(context.Context) (core.Session, error)) {
+	t.Helper()
+	type result struct {
+		s   core.Session
+		err error
+		at  time.Time
+	}
+	got := make(chan result, 1)
+	n := b.fault.busies.Load()
+	go func() {
+		s, err := acquire(ctxT(t, 30*time.Second))
+		got <- result{s, err, time.Now()}
+	}()
+	if !waitFor(t, func() bool { return b.fault.busies.Load() > n }, 10*time.Second) {
+		t.Fatalf("rule %q: the waiter was never answered busy", rule)
+	}
+	released := time.Now()
+	release()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("rule %q: %v", rule, r.err)
+		}
+		r.s.Release(context.Background())
+		if d := r.at.Sub(released); d > 2*time.Second {
+			t.Errorf("rule %q: woke %v after the release", rule, d)
+		}
+		if end, ok := log.lastAcquired(); !ok || end.Wake != core.WakeNotify {
+			t.Errorf("rule %q: the wait that acquired was woken by %q, want %q", rule, end.Wake, core.WakeNotify)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("rule %q: waiter not woken within 10s (poll wait was 20s)", rule)
+	}
+}
+
+// testSemMismatch checks rule "a claim with another limit than the key's
+// holders (a mutex counts as 1) fails with ErrLimitMismatch, both ways, and
+// claims nothing".
+func testSemMismatch(t *testing.T, e *env) {
+	const rule = "a claim with another limit than the key's holders (a mutex counts as 1) fails with ErrLimitMismatch, both ways, and claims nothing"
+	ps := semProcs(t, e, 2)
+	a, b := ps[0], ps[1]
+	k := e.key(t)
+	mismatch := func(what string, key string, opts ...core.Option) {
+		t.Helper()
+		s, err := b.l.TryAcquire(ctxT(t, 10*time.Second), key, opts...)
+		if err == nil {
+			s.Release(context.Background())
+		}
+		if !errors.Is(err, core.ErrLimitMismatch) {
+			t.Fatalf("rule %q: %s: TryAcquire = %v, want ErrLimitMismatch", rule, what, err)
+		}
+		// A wait ends with the mismatch in its error, whether it ends at
+		// once or when ctx does.
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		s, err = b.l.Acquire(ctx, key, opts...)
+		if err == nil {
+			s.Release(context.Background())
+		}
+		if !errors.Is(err, core.ErrLimitMismatch) {
+			t.Fatalf("rule %q: %s: Acquire = %v, want an error matching ErrLimitMismatch", rule, what, err)
+		}
+	}
+
+	// A mutex holder; a semaphore claim.
+	m := mustAcquire(t, a, k+"/mutex")
+	mismatch("semaphore of 3 on a mutex", k+"/mutex", core.Limit(3))
+	if hs, err := a.c.Holders(ctxT(t, 10*time.Second), k+"/mutex"); err != nil || len(hs) != 1 || hs[0].Limit != 0 {
+		t.Fatalf("rule %q: holders of the mutex after the mismatch: %+v %v", rule, hs, err)
+	}
+	m.Release(context.Background())
+	s := mustAcquire(t, b, k+"/mutex", core.Limit(3)) // free now: any limit
+	s.Release(context.Background())
+
+	// A semaphore of 3; a mutex claim and a claim of 4.
+	p := mustAcquire(t, a, k+"/sem", core.Limit(3))
+	defer p.Release(context.Background())
+	mismatch("mutex on a semaphore of 3", k+"/sem")
+	mismatch("semaphore of 4 on a semaphore of 3", k+"/sem", core.Limit(4))
+	hs, err := a.c.Holders(ctxT(t, 10*time.Second), k+"/sem")
+	if err != nil || len(hs) != 1 || hs[0].Limit != 3 {
+		t.Fatalf("rule %q: holders of the semaphore after the mismatches: %+v %v", rule, hs, err)
+	}
+	s = mustAcquire(t, b, k+"/sem", core.Limit(3)) // the right limit still gets a permit
+	s.Release(context.Background())
+}
+
+// testSemHolders checks rule "Holders lists every permit oldest first with
+// Limit set; List shows one entry per permit, Inspect the oldest;
+// ForceRelease frees every permit and each holder learns of it".
+func testSemHolders(t *testing.T, e *env) {
+	const rule = "Holders lists every permit oldest first with Limit set; List shows one entry per permit, Inspect the oldest; ForceRelease frees every permit and each holder learns of it"
+	ps := semProcs(t, e, semLimit+1)
+	base := e.key(t)
+	k := base + "/sem"
+	ctx := ctxT(t, 30*time.Second)
+	c := ps[semLimit]
+	if hs, err := c.c.Holders(ctx, k); err != nil || len(hs) != 0 {
+		t.Fatalf("rule %q: Holders of a free key = %+v %v", rule, hs, err)
+	}
+	var held []core.Session
+	for i := range semLimit {
+		s := mustAcquire(t, ps[i], k, core.Limit(semLimit), core.WithOwner(fmt.Sprintf("permit-%d", i)))
+		defer s.Release(context.Background())
+		held = append(held, s)
+	}
+	hs, err := c.c.Holders(ctx, k)
+	if err != nil || len(hs) != semLimit {
+		t.Fatalf("rule %q: Holders = %+v %v, want %d permits", rule, hs, err, semLimit)
+	}
+	for i, h := range hs {
+		if h.Key != k || h.Limit != semLimit || h.ExpiresAt.IsZero() {
+			t.Errorf("rule %q: holder %d = %+v", rule, i, h)
+		}
+		if i > 0 && h.AcquiredAt.Before(hs[i-1].AcquiredAt) {
+			t.Errorf("rule %q: holders not oldest first: %+v", rule, hs)
+		}
+		if !h.AcquiredAt.IsZero() && i > 0 && h.AcquiredAt.After(hs[i-1].AcquiredAt) && h.Owner < hs[i-1].Owner {
+			t.Errorf("rule %q: holders not oldest first: %q before %q", rule, hs[i-1].Owner, h.Owner)
+		}
+		j := slices.IndexFunc(held, func(s core.Session) bool { return s.Owner() == h.Owner })
+		if j < 0 {
+			t.Errorf("rule %q: holder %q is none of the permits", rule, h.Owner)
+		} else if !e.h.NoFencing && h.Token != held[j].Token() {
+			t.Errorf("rule %q: holder %q has token %d, its session %d", rule, h.Owner, h.Token, held[j].Token())
+		}
+	}
+	m := mustAcquire(t, ps[0], base+"/mutex", core.WithOwner("mutex"))
+	defer m.Release(context.Background())
+	if hm, err := c.c.Holders(ctx, base+"/mutex"); err != nil || len(hm) != 1 || hm[0].Owner != "mutex" || hm[0].Limit != 0 {
+		t.Errorf("rule %q: Holders of a mutex = %+v %v, want its one holder with Limit 0", rule, hm, err)
+	}
+	if e.h.NoAdmin {
+		return
+	}
+	adm, ok := c.l.(core.Admin)
+	if !ok {
+		return
+	}
+	list, err := adm.List(ctx, k)
+	if err != nil || len(list) != semLimit {
+		t.Fatalf("rule %q: List = %+v %v, want one entry per permit", rule, list, err)
+	}
+	for _, i := range list {
+		if i.Key != k || i.Limit != semLimit {
+			t.Errorf("rule %q: List entry %+v", rule, i)
+		}
+	}
+	info, ok, err := adm.Inspect(ctx, k)
+	if err != nil || !ok || info.Owner != hs[0].Owner || info.Limit != semLimit {
+		t.Errorf("rule %q: Inspect = %+v %v %v, want the oldest permit %q", rule, info, ok, err, hs[0].Owner)
+	}
+	released, err := adm.ForceRelease(ctx, k)
+	if err != nil || !released {
+		t.Fatalf("rule %q: ForceRelease = %v %v", rule, released, err)
+	}
+	for _, s := range held[1:] {
+		checkLost(t, rule, s) // asking the store finds the loss at once
+	}
+	expectLost(t, rule, held[0], e.ttl+2*time.Second) // the renewer finds it at its next renewal
+	if hs, err := c.c.Holders(ctx, k); err != nil || len(hs) != 0 {
+		t.Fatalf("rule %q: Holders after ForceRelease = %+v %v", rule, hs, err)
+	}
+	s := mustAcquire(t, c, k) // free: even a mutex may take it
+	s.Release(context.Background())
+}
+
+// testSemCheck checks rule "Check works on a permit: nil while held, and
+// ErrLeaseLost once the store dropped it".
+func testSemCheck(t *testing.T, e *env) {
+	const rule = "Check works on a permit: nil while held, and ErrLeaseLost once the store dropped it"
+	ps := semProcs(t, e, 2)
+	k := e.key(t)
+	s1 := mustAcquire(t, ps[0], k, core.Limit(2), core.TTL(checkTTL))
+	defer s1.Release(context.Background())
+	s2 := mustAcquire(t, ps[1], k, core.Limit(2), core.TTL(checkTTL))
+	for _, s := range []core.Session{s1, s2} {
+		d0 := s.Deadline()
+		if err := s.Check(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatalf("rule %q: Check = %v", rule, err)
+		}
+		if !s.Deadline().After(d0) {
+			t.Errorf("rule %q: Deadline did not move forward", rule)
+		}
+	}
+	s2.Release(context.Background())
+	if err := s1.Check(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatalf("rule %q: Check after another permit's release = %v", rule, err)
+	}
+	switch adm, ok := ps[1].l.(core.Admin); {
+	case !e.h.NoAdmin && ok:
+		if _, err := adm.ForceRelease(ctxT(t, 10*time.Second), k); err != nil {
+			t.Fatal(err)
+		}
+	case e.h.Delete != nil:
+		if err := e.h.Delete(ctxT(t, 10*time.Second), k); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		return
+	}
+	checkLost(t, rule, s1)
+}
+
+// testSemRenewBatched checks rule "the renewal of many permits, of one key
+// or many, and of locks besides, is one Renew call per interval".
+func testSemRenewBatched(t *testing.T, e *env) {
+	const rule = "the renewal of many permits, of one key or many, and of locks besides, is one Renew call per interval"
+	p := semProcs(t, e, 1)[0]
+	k := e.key(t)
+	var held []core.Session
+	take := func(key string, opts ...core.Option) {
+		held = append(held, mustAcquire(t, p, key, opts...))
+	}
+	const many = 16
+	for range many {
+		take(k+"/many", core.Limit(many))
+	}
+	for i := range 4 {
+		for range 2 {
+			take(fmt.Sprintf("%s/pair-%d", k, i), core.Limit(2))
+		}
+	}
+	take(k + "/mutex-0")
+	take(k + "/mutex-1")
+	defer func() {
+		for _, s := range held {
+			s.Release(context.Background())
+		}
+	}()
+	// Two calls in a row that each renew every lease: one call per
+	// interval, not one per permit.
+	n := len(held)
+	full := func() bool {
+		run := 0
+		for _, c := range p.fault.renewCalls() {
+			if c >= n {
+				run++
+				if run == 2 {
+					return true
+				}
+			} else {
+				run = 0
+			}
+		}
+		return false
+	}
+	if !waitFor(t, full, 30*e.ttl) {
+		t.Fatalf("rule %q: no two Renew calls in a row renewed all %d leases: calls of %v leases", rule, n, p.fault.renewCalls())
+	}
+	for i, s := range held {
+		if s.Err() != nil {
+			t.Fatalf("rule %q: lease %d lost: %v", rule, i, s.Err())
+		}
+	}
+}
+
+// testSemReconcile checks rule "a semaphore claim whose reply is lost is
+// undone as a permit: nothing stays held until the TTL".
+func testSemReconcile(t *testing.T, e *env) {
+	const rule = "a semaphore claim whose reply is lost is undone as a permit: nothing stays held until the TTL"
+	ps := semProcs(t, e, 3)
+	a, b, c := ps[0], ps[1], ps[2]
+	k := e.key(t)
+	a.fault.loseReply.Store(true)
+	_, err := a.l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(2), core.TTL(60*time.Second))
+	a.fault.loseReply.Store(false)
+	if err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: want a backend error, got %v", rule, err)
+	}
+	// Both permits are free: the orphan would hold one for 60s.
+	s1 := mustAcquire(t, b, k, core.Limit(2))
+	defer s1.Release(context.Background())
+	s2 := mustAcquire(t, c, k, core.Limit(2))
+	s2.Release(context.Background())
+}
