@@ -92,6 +92,58 @@
 //   - Close ends that stream, waits for its goroutine and revokes the spare
 //     leases; any it cannot reach expire by themselves, bound to no key.
 //
+// # Semaphores
+//
+// The Backend is a core.SemaphoreBackend: core.Limit(n) with n > 1 takes
+// one of n permits of the key. Each permit is a key of its own,
+// <prefix><key> NUL <owner token> (lock keys cannot contain NUL, so no lock
+// key is ever a permit key and a key's permits are one key range), with
+// the same JSON record plus the limit, bound to its session's own lease:
+// renewal, release, undo, minimum hold and slots work on a permit exactly
+// as on a lock key, and a Locker's renewal of locks and permits together
+// stays one round trip.
+//
+//   - Acquire is one transaction: put the permit key if the lock key does
+//     not exist and no permit key of the semaphore has a mod_revision
+//     above R; otherwise read the lock key and the permits, oldest first.
+//     R and the number of permits live at R come from the Backend's last
+//     view of the semaphore: its last read of the permits, or its last
+//     claim (R 0 for a semaphore it has not seen: the guard then says "no
+//     permit keys at all"). Every permit key left at the transaction has a
+//     mod_revision at most R, so it existed, and held a permit, at R:
+//     deletions only lower the count, and any claim applied since R fails
+//     the guard. So the transaction, which is the only place a permit is
+//     created, never makes more than n holders; it is sent only when the
+//     view has a permit free. When the guard fails, the read gives a fresh
+//     view and, if it has a permit free, a second transaction claims it:
+//     a claim costs one round trip when this Backend made the last change
+//     to the semaphore (or the semaphore is free), two otherwise, plus one
+//     per claim of another process that wins in between (at most 4
+//     transactions, and none started after a sixth of the TTL, so that a
+//     claim that keeps losing races answers busy well before the renew
+//     deadline). The lease is taken as for a lock (a spare, refreshed once
+//     alongside the first transaction).
+//   - A lock claim's transaction also requires the permit range to be
+//     empty. A lock claim that finds permits, and a permit claim that finds
+//     the lock key or permits taken with another limit, fail with
+//     core.LimitMismatch and claim nothing.
+//   - The fencing token of a permit is its key's create_revision, like a
+//     lock's: every permit and every lock of a key is created at a new,
+//     larger store revision, so tokens strictly increase per key across
+//     permits and across lock use of the key.
+//   - A full semaphore answers core.Busy with the permit that expires first
+//     (one lease read per permit, 32 at a time).
+//   - Release deletes the permit key guarded by its lease and
+//     create_revision, as for a lock; the deletion wakes waiters through
+//     the same prefix watch, one per freed permit.
+//   - Holders reads the lock key and the permit range in one transaction
+//     and then each permit's lease; Inspect describes the oldest permit,
+//     List gives one Info per permit (with Info.Limit), and ForceRelease
+//     deletes every permit it read, each guarded by its lease and
+//     create_revision (one transaction per 128 permits).
+//   - The store-side waiter queue of core.Queuer is not implemented: waiters
+//     are woken by the watch and race, as for locks.
+//
 // Every lock request carries WithRequireLeader, so a member without a leader
 // answers at once with an error instead of waiting (Close's revokes of spare
 // leases do not: a lease they miss expires by itself).

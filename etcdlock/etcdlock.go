@@ -1,6 +1,7 @@
 package etcdlock
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -95,7 +97,8 @@ func New(cli *clientv3.Client, opts ...Option) (*core.Client, error) {
 }
 
 // Backend is the etcd store for core's lease engine. It implements
-// core.Backend, core.Watcher and core.Admin, and is safe for concurrent use.
+// core.Backend, core.Watcher, core.Admin and core.SemaphoreBackend, and is
+// safe for concurrent use.
 // Most programs use New; NewBackend is for wrapping or composing backends.
 type Backend struct {
 	cli       *clientv3.Client
@@ -104,15 +107,17 @@ type Backend struct {
 	ka        *keepalives
 
 	mu     sync.Mutex
-	held   map[string]held   // by owner token: what this backend acquired
-	spares map[int64][]spare // by TTL in seconds: live leases bound to no key
+	held   map[string]held    // by owner token: what this backend acquired
+	spares map[int64][]spare  // by TTL in seconds: live leases bound to no key
+	views  map[string]semView // by key: what this backend last saw of a semaphore
 }
 
-// held is one lock this backend claimed (or tried to): its key, its lease
+// held is one lock or permit this backend claimed (or tried to): its key, its lease
 // and, once known, the key's create revision (the fencing token), the
 // lease's TTL and the send time of its last successful grant or keepalive.
 type held struct {
 	key       string
+	ekey      string // the etcd key: the lock key, or the permit key
 	lease     int64
 	rev       int64
 	seconds   int64
@@ -185,7 +190,7 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
 	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
-		held: make(map[string]held), spares: make(map[int64][]spare)}, o, nil
+		held: make(map[string]held), spares: make(map[int64][]spare), views: make(map[string]semView)}, o, nil
 }
 
 // Name implements core.Backend.
@@ -226,6 +231,7 @@ type record struct {
 	OwnerToken string `json:"otoken"`
 	Acquired   int64  `json:"acquired_ms"`        // acquirer's clock, Unix ms
 	SlotEnd    int64  `json:"slot_end,omitempty"` // slot locks: the slot's end, Unix ms
+	Limit      int    `json:"limit,omitempty"`    // permits: the semaphore's limit
 }
 
 func decode(v []byte) (record, bool) {
@@ -242,6 +248,40 @@ func (r record) slotOver(now time.Time) bool {
 }
 
 func (b *Backend) etcdKey(key string) string { return b.prefix + key }
+
+// permitKey is the etcd key of the permit of key held with ownerToken:
+// <prefix><key> NUL <ownerToken>. Lock keys cannot contain NUL, so no lock
+// key is a permit key, and the permits of key are exactly the etcd keys in
+// permitRange(key).
+func (b *Backend) permitKey(key, ownerToken string) string {
+	return b.prefix + key + "\x00" + ownerToken
+}
+
+// permitRange is the etcd key range [lo, hi) of the permits of key.
+func (b *Backend) permitRange(key string) (lo, hi string) {
+	return b.prefix + key + "\x00", b.prefix + key + "\x01"
+}
+
+// recordKey is the etcd key a claim with limit writes.
+func (b *Backend) recordKey(key, ownerToken string, limit int) string {
+	if limit > 1 {
+		return b.permitKey(key, ownerToken)
+	}
+	return b.etcdKey(key)
+}
+
+// lockKey returns the lock key of an etcd key under the prefix: for a
+// permit key, the key of its semaphore.
+func (b *Backend) lockKey(ekey string) (string, bool) {
+	key, ok := strings.CutPrefix(ekey, b.prefix)
+	if !ok {
+		return "", false
+	}
+	if i := strings.IndexByte(key, 0); i >= 0 {
+		key = key[:i]
+	}
+	return key, true
+}
 
 // leaseSeconds rounds d up to whole seconds, at least 1, and rejects what
 // etcd would refuse.
@@ -338,17 +378,24 @@ func isLeaseNotFound(err error) bool {
 	return err != nil && errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound)
 }
 
-// TryAcquire implements core.Backend: one transaction that puts the key
-// bound to the session's lease if it does not exist and otherwise reads
-// the holder. The lease is a spare one, refreshed by a keepalive sent with
-// the transaction, or else one granted first.
+// TryAcquire implements core.Backend and core.SemaphoreBackend: one
+// transaction that puts the key (for Limit > 1: a permit key) bound to the
+// session's lease if the key is free and otherwise reads the holders. The
+// lease is a spare one, refreshed by a keepalive sent with the
+// transaction, or else one granted first.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if err := core.ValidateKey(req.Key); err != nil {
 		return core.Lease{}, err
 	}
+	if req.Limit > core.MaxLimit {
+		return core.Lease{}, invalidOption("Limit", "must be at most %d, got %d", core.MaxLimit, req.Limit)
+	}
 	ctx = clientv3.WithRequireLeader(ctx)
 	now := time.Now()
 	rec := record{Owner: req.Owner, OwnerToken: req.OwnerToken, Acquired: now.UnixMilli()}
+	if req.Limit > 1 {
+		rec.Limit = req.Limit
+	}
 	var (
 		seconds int64
 		err     error
@@ -371,34 +418,65 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err != nil {
 		return core.Lease{}, err
 	}
-	k := b.etcdKey(req.Key)
-	slot := !req.ExpireAt.IsZero()
-	// A spare lease of this TTL saves the grant: it is refreshed by a
-	// keepalive sent with the claim. Slot leases are not reused.
-	var h held
-	reused := false
-	if sp, ok := b.takeSpare(seconds); ok && !slot {
-		h = held{key: req.Key, lease: sp.id, seconds: seconds, refreshed: sp.refreshed}
-		b.remember(req.OwnerToken, h) // before the claim is sent: an undo revokes it
-		reused = true
-	} else {
-		if ok {
-			b.putSpare(seconds, sp)
-		}
-		if h, err = b.grant(ctx, req.OwnerToken, held{key: req.Key, lease: newLeaseID()}, seconds); err != nil {
-			return core.Lease{}, fmt.Errorf("lease grant: %w", err)
-		}
+	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), spareOK: true}
+	if err := c.start(ctx); err != nil {
+		return core.Lease{}, err
 	}
-	for attempt := 0; attempt < 3; attempt++ {
+	if req.Limit > 1 {
+		return c.permit(ctx, string(value), now)
+	}
+	return c.mutex(ctx, string(value), now)
+}
+
+// claim is one TryAcquire in progress: the lease it binds its key to.
+type claim struct {
+	b       *Backend
+	req     core.AcquireRequest
+	seconds int64
+	slot    bool
+	h       held
+	reused  bool // h.lease is a spare, refreshed with the first transaction
+	kaDone  bool // the spare's refresh succeeded
+	spareOK bool // the lease may serve as a spare if the claim fails
+}
+
+// start takes a spare lease of the claim's TTL or grants one. Slot leases
+// are not reused.
+func (c *claim) start(ctx context.Context) error {
+	b, req := c.b, c.req
+	h := held{key: req.Key, ekey: b.recordKey(req.Key, req.OwnerToken, req.Limit), seconds: c.seconds}
+	if sp, ok := b.takeSpare(c.seconds); ok && !c.slot {
+		h.lease, h.refreshed = sp.id, sp.refreshed
+		b.remember(req.OwnerToken, h) // before the claim is sent: an undo revokes it
+		c.h, c.reused = h, true
+		return nil
+	} else if ok {
+		b.putSpare(c.seconds, sp)
+	}
+	h.lease = newLeaseID()
+	h, err := b.grant(ctx, req.OwnerToken, h, c.seconds)
+	c.h = h
+	if err != nil {
+		return fmt.Errorf("lease grant: %w", err)
+	}
+	return nil
+}
+
+// commit sends the transaction txn builds, together with a keepalive of a
+// reused lease. A reused lease found expired is replaced by a granted one
+// and the transaction sent again.
+func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.TxnResponse, error) {
+	for {
 		var (
 			wg     sync.WaitGroup
 			kaErr  error
 			kaSent time.Time
 		)
-		if reused {
+		if c.reused && !c.kaDone {
 			kaSent = time.Now()
+			lease := c.h.lease
 			wg.Go(func() {
-				ttls, err := b.ka.keepAlive(ctx, []int64{h.lease}, false)
+				ttls, err := c.b.ka.keepAlive(ctx, []int64{lease}, false)
 				switch {
 				case err != nil:
 					kaErr = err
@@ -407,59 +485,117 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 				}
 			})
 		}
-		resp, err := b.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-			Then(clientv3.OpPut(k, string(value), clientv3.WithLease(clientv3.LeaseID(h.lease)))).
-			Else(clientv3.OpGet(k)).
-			Commit()
+		resp, err := txn().Commit()
 		wg.Wait()
 		if err != nil {
-			if reused && isLeaseNotFound(err) {
+			if c.reused && isLeaseNotFound(err) {
 				// The spare expired: nothing was written. Claim with a
 				// lease of its own.
-				reused = false
-				if h, err = b.grant(ctx, req.OwnerToken, held{key: req.Key, lease: newLeaseID()}, seconds); err != nil {
-					return core.Lease{}, fmt.Errorf("lease grant: %w", err)
+				c.reused = false
+				h := c.h
+				h.lease, h.rev, h.refreshed = newLeaseID(), 0, time.Time{}
+				if c.h, err = c.b.grant(ctx, c.req.OwnerToken, h, c.seconds); err != nil {
+					return nil, fmt.Errorf("lease grant: %w", err)
 				}
 				continue
 			}
-			return core.Lease{}, err
+			return nil, err
 		}
-		spareOK := true
-		if reused {
+		if c.reused && !c.kaDone {
 			if kaErr == nil {
-				h.refreshed = kaSent
+				c.h.refreshed = kaSent
+				c.kaDone = true // refreshed after the engine sent the claim: once is enough
 			} else {
-				spareOK = false
+				c.spareOK = false
 				if resp.Succeeded {
 					// The key is bound to a lease whose refresh is not
 					// confirmed: it might expire before this session's
 					// deadline. The engine undoes the claim.
-					return core.Lease{}, fmt.Errorf("refresh the lease: %w", kaErr)
+					return nil, fmt.Errorf("refresh the lease: %w", kaErr)
 				}
 			}
+		}
+		return resp, nil
+	}
+}
+
+// succeed records the claim as held with fencing token rev.
+func (c *claim) succeed(rev int64, now time.Time) core.Lease {
+	c.h.rev = rev
+	c.b.keep(c.req, c.h)
+	return c.b.lease(rev, now, c.req)
+}
+
+// own is a claim that finds its own record, written by an earlier attempt
+// with the same owner token: it holds the key with that record's lease.
+func (c *claim) own(ctx context.Context, kv *mvccpb.KeyValue, now time.Time) core.Lease {
+	if kv.Lease != c.h.lease {
+		_ = c.b.revoke(ctx, c.h.lease)
+	}
+	c.h.lease = kv.Lease
+	return c.succeed(kv.CreateRevision, now)
+}
+
+// giveUp forgets a claim that took nothing and keeps its unused lease for
+// the next claim, or revokes it; wait waits for that revoke.
+func (c *claim) giveUp(ctx context.Context) (wait func()) {
+	c.b.forget(c.req.OwnerToken)
+	var wg sync.WaitGroup
+	if !c.spareOK || c.slot || !c.b.putSpare(c.seconds, spare{id: c.h.lease, refreshed: c.h.refreshed}) {
+		lease := c.h.lease
+		wg.Go(func() { _ = c.b.revoke(ctx, lease) })
+	}
+	return wg.Wait
+}
+
+// mutex claims the lock key: if neither it nor any permit key of the same
+// key exists, put it bound to the claim's lease; otherwise read both.
+func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Lease, error) {
+	b, key := c.b, c.req.Key
+	k := b.etcdKey(key)
+	lo, hi := b.permitRange(key)
+	for attempt := 0; attempt < 3; attempt++ {
+		resp, err := c.commit(ctx, func() clientv3.Txn {
+			return b.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+					clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)). // no permits
+				Then(clientv3.OpPut(k, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))).
+				Else(clientv3.OpGet(k),
+					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+		})
+		if err != nil {
+			return core.Lease{}, err
 		}
 		if resp.Succeeded {
 			// The transaction's only write created the key: its create
 			// revision is the transaction's revision.
-			h.rev = resp.Header.Revision
-			b.keep(req, h)
-			return b.lease(h.rev, now, req), nil
+			return c.succeed(resp.Header.Revision, now), nil
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
-			continue // cannot happen: the compare saw the key
+			// Permits of a semaphore hold the key, or held it: a slot
+			// semaphore whose slot ended leaves its permits to their
+			// leases, which only collect them.
+			live, ended := splitPermits(resp.Responses[1].GetResponseRange().Kvs, time.Now())
+			if len(live) > 0 {
+				c.giveUp(ctx)()
+				return core.Lease{}, core.LimitMismatch(key, live[0].limit(), 1)
+			}
+			if len(ended) > 0 && attempt == 0 {
+				kvs := make([]*mvccpb.KeyValue, len(ended))
+				for i, p := range ended {
+					kvs[i] = p.kv
+				}
+				if _, err := b.deleteIncarnations(ctx, kvs); err != nil {
+					return core.Lease{}, fmt.Errorf("delete an ended slot: %w", err)
+				}
+			}
+			continue
 		}
 		kv := kvs[0]
 		cur, ok := decode(kv.Value)
-		if ok && cur.OwnerToken == req.OwnerToken {
-			// Our own claim, made by an earlier attempt with this token.
-			if kv.Lease != h.lease {
-				_ = b.revoke(ctx, h.lease)
-			}
-			h.lease, h.rev = kv.Lease, kv.CreateRevision
-			b.keep(req, h)
-			return b.lease(h.rev, now, req), nil
+		if ok && cur.OwnerToken == c.req.OwnerToken {
+			return c.own(ctx, kv, now), nil // our own claim, by an earlier attempt
 		}
 		if ok && cur.slotOver(time.Now()) && attempt == 0 {
 			// A slot lock whose slot has ended is free; its lease only
@@ -476,17 +612,15 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		}
 		// Busy: keep the unused lease for the next claim (or revoke it) and
 		// say who holds the key.
-		b.forget(req.OwnerToken)
-		if !spareOK || slot || !b.putSpare(seconds, spare{id: h.lease, refreshed: h.refreshed}) {
-			wg.Go(func() { _ = b.revoke(ctx, h.lease) })
-		}
+		wait := c.giveUp(ctx)
 		var info *core.Info
 		if ok {
-			info = b.holderInfo(ctx, req.Key, kv, cur)
+			info = b.holderInfo(ctx, key, kv, cur)
 		}
-		wg.Wait()
-		return core.Lease{}, core.Busy(req.Key, info)
+		wait()
+		return core.Lease{}, core.Busy(key, info)
 	}
+	c.giveUp(ctx)()
 	return core.Lease{}, errors.New("the key changed under every attempt")
 }
 
@@ -518,6 +652,9 @@ func (b *Backend) lease(rev int64, now time.Time, req core.AcquireRequest) core.
 func (b *Backend) holderInfo(ctx context.Context, key string, kv *mvccpb.KeyValue, rec record) *core.Info {
 	now := time.Now()
 	info := &core.Info{Key: key, Owner: rec.Owner, Token: uint64(kv.CreateRevision)}
+	if rec.Limit > 1 {
+		info.Limit = rec.Limit
+	}
 	if rec.Acquired != 0 {
 		info.AcquiredAt = time.UnixMilli(rec.Acquired)
 	}
@@ -563,7 +700,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	var idx []int // requests to send
 	for i, r := range reqs {
 		h, ok := b.lookup(r.OwnerToken)
-		if !ok || h.key != r.Key || h.rev == 0 {
+		if !ok || h.key != r.Key || h.ekey != b.recordKey(r.Key, r.OwnerToken, r.Limit) || h.rev == 0 {
 			results[i] = core.Gone(r.Key, "not held by this backend")
 			continue
 		}
@@ -594,7 +731,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		wg.Go(func() {
 			ops := make([]clientv3.Op, len(part))
 			for j, i := range part {
-				ops[j] = clientv3.OpGet(b.etcdKey(reqs[i].Key)) // WithKeysOnly would drop the lease ID
+				ops[j] = clientv3.OpGet(hs[i].ekey) // WithKeysOnly would drop the lease ID
 			}
 			resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 			if err != nil {
@@ -657,21 +794,31 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	own := ok && h.key == req.Key // the lease is this backend's own record, never a spare
 	if !own {
 		// Not acquired through this backend: find the lease by reading
-		// the key and checking its owner token.
-		resp, err := b.cli.Get(ctx, b.etcdKey(req.Key))
+		// the key and checking its owner token. An undo does not say
+		// whether it claimed a lock or a permit: read both.
+		resp, err := b.cli.Txn(ctx).Then(clientv3.OpGet(b.etcdKey(req.Key)),
+			clientv3.OpGet(b.permitKey(req.Key, req.OwnerToken))).Commit()
 		if err != nil {
 			return err
 		}
-		if len(resp.Kvs) == 0 {
-			return nil
+		found := false
+		for _, r := range resp.Responses {
+			kvs := r.GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			kv := kvs[0]
+			if rec, ok := decode(kv.Value); ok && rec.OwnerToken == req.OwnerToken {
+				h = held{key: req.Key, ekey: string(kv.Key), lease: kv.Lease, rev: kv.CreateRevision}
+				found = true
+				break
+			}
 		}
-		kv := resp.Kvs[0]
-		if rec, ok := decode(kv.Value); !ok || rec.OwnerToken != req.OwnerToken {
-			return nil // someone else's
+		if !found {
+			return nil // gone, or someone else's
 		}
-		h = held{key: req.Key, lease: kv.Lease, rev: kv.CreateRevision}
 	}
-	k := b.etcdKey(req.Key)
+	k := h.ekey
 	if h.rev == 0 {
 		// The claim's outcome is unknown (its reply was lost, or it may
 		// still be on its way): revoking the lease deletes the key if the
@@ -694,6 +841,9 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			return err
 		}
 		b.forget(req.OwnerToken)
+		if resp.Succeeded && k != b.etcdKey(req.Key) {
+			b.permitFreed(req.Key, h.rev, resp.Header.Revision)
+		}
 		if !own {
 			// A lease read from the key may by now serve another key of
 			// the process that holds it: never revoke it from here.
@@ -751,8 +901,8 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 		}
 		for _, ev := range resp.Events {
 			if ev.Type == mvccpb.DELETE {
-				if key, ok := strings.CutPrefix(string(ev.Kv.Key), b.prefix); ok {
-					fn(key)
+				if key, ok := b.lockKey(string(ev.Kv.Key)); ok {
+					fn(key) // a lock, or one permit of a semaphore
 				}
 			}
 		}
@@ -763,26 +913,25 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 	return errors.New("etcdlock: watch: closed")
 }
 
-// Inspect implements core.Admin: a Get, and for a lease lock a read of its
-// lease's remaining time.
+// Inspect implements core.Admin: a read of the key and of its permits,
+// and a read of the holder's lease. For a semaphore it describes the
+// oldest permit.
 func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, error) {
 	if err := core.ValidateKey(key); err != nil {
 		return core.Info{}, false, err
 	}
-	ctx = clientv3.WithRequireLeader(ctx)
-	resp, err := b.cli.Get(ctx, b.etcdKey(key))
+	list, err := b.holders(clientv3.WithRequireLeader(ctx), key, true)
 	if err != nil {
 		return core.Info{}, false, fmt.Errorf("etcdlock: inspect: %w", err)
 	}
-	if len(resp.Kvs) == 0 {
+	if len(list) == 0 {
 		return core.Info{}, false, nil
 	}
-	info, ok := b.info(ctx, key, resp.Kvs[0])
-	return info, ok, nil
+	return list[0], true, nil
 }
 
-// info describes a lock key; false when it no longer holds a lock (an ended
-// slot, or a lease that just expired).
+// info describes a lock or permit key; false when it no longer holds a
+// lock (an ended slot, or a lease that just expired).
 func (b *Backend) info(ctx context.Context, key string, kv *mvccpb.KeyValue) (core.Info, bool) {
 	rec, _ := decode(kv.Value)
 	if rec.slotOver(time.Now()) {
@@ -797,16 +946,46 @@ func (b *Backend) info(ctx context.Context, key string, kv *mvccpb.KeyValue) (co
 	return *i, true
 }
 
+// infoParallel is how many lease reads infos has in flight at once.
+const infoParallel = 32
+
+// infos describes each of kvs (lock or permit keys of key, or of the key
+// keyOf names), in order, leaving out those that no longer hold a lock.
+// The lease reads run in parallel.
+func (b *Backend) infos(ctx context.Context, kvs []*mvccpb.KeyValue, keyOf func(*mvccpb.KeyValue) string) []core.Info {
+	out := make([]core.Info, len(kvs))
+	ok := make([]bool, len(kvs))
+	sem := make(chan struct{}, infoParallel)
+	var wg sync.WaitGroup
+	for i, kv := range kvs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i], ok[i] = b.info(ctx, keyOf(kv), kv)
+		})
+	}
+	wg.Wait()
+	list := out[:0]
+	for i := range out {
+		if ok[i] {
+			list = append(list, out[i])
+		}
+	}
+	return list
+}
+
 // listPage is how many keys one List read returns.
 const listPage = 500
 
 // List implements core.Admin: prefix reads of up to 500 keys, and one lease
-// read per lease lock. The result is sorted by key. Locks taken or freed
-// during the walk may or may not appear.
+// read per lease lock or permit (32 at a time). The result is sorted by
+// key, and a semaphore's permits by token (oldest first), one Info each.
+// Locks taken or freed during the walk may or may not appear.
 func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) {
 	ctx = clientv3.WithRequireLeader(ctx)
 	start := b.etcdKey(prefix)
 	end := clientv3.GetPrefixRangeEnd(start)
+	keyOf := func(kv *mvccpb.KeyValue) string { k, _ := b.lockKey(string(kv.Key)); return k }
 	var list []core.Info
 	for {
 		resp, err := b.cli.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(listPage),
@@ -814,49 +993,52 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 		if err != nil {
 			return nil, fmt.Errorf("etcdlock: list: %w", err)
 		}
-		for _, kv := range resp.Kvs {
-			key := strings.TrimPrefix(string(kv.Key), b.prefix)
-			if info, ok := b.info(ctx, key, kv); ok {
-				list = append(list, info)
-			}
-		}
+		list = append(list, b.infos(ctx, resp.Kvs, keyOf)...)
 		if !resp.More || len(resp.Kvs) == 0 {
-			return list, nil
+			break
 		}
 		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
+	slices.SortStableFunc(list, func(x, y core.Info) int {
+		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Token, y.Token))
+	})
+	return list, nil
 }
 
 // ForceRelease implements core.Admin: it deletes exactly the incarnation of
-// the key it read (same lease, same create revision), which wakes waiters.
-// It never revokes the holder's lease: a released lease may already serve
-// another key of the holder's process as a spare. The holder learns of the
-// loss at its next renewal, which finds the key gone.
+// the key it read (same lease, same create revision), or of each permit of
+// a semaphore, which wakes waiters. It never revokes a holder's lease: a
+// released lease may already serve another key of the holder's process as
+// a spare. A holder learns of the loss at its next renewal, which finds
+// its key gone.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if err := core.ValidateKey(key); err != nil {
 		return false, err
 	}
 	ctx = clientv3.WithRequireLeader(ctx)
 	k := b.etcdKey(key)
-	resp, err := b.cli.Get(ctx, k)
+	lo, hi := b.permitRange(key)
+	resp, err := b.cli.Txn(ctx).Then(clientv3.OpGet(k), clientv3.OpGet(lo, clientv3.WithRange(hi))).Commit()
 	if err != nil {
 		return false, fmt.Errorf("etcdlock: force release: %w", err)
 	}
-	if len(resp.Kvs) == 0 {
+	kvs := append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...)
+	if len(kvs) == 0 {
 		return false, nil
 	}
-	kv := resp.Kvs[0]
-	rec, _ := decode(kv.Value)
-	live := !rec.slotOver(time.Now())
-	// Delete that incarnation only: bound to the lease it was read with
-	// (none for a key written by hand) at the revision it was created.
-	d, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.LeaseValue(k), "=", kv.Lease),
-			clientv3.Compare(clientv3.CreateRevision(k), "=", kv.CreateRevision)).
-		Then(clientv3.OpDelete(k)).
-		Commit()
+	now := time.Now()
+	live := make(map[string]bool, len(kvs))
+	for _, kv := range kvs {
+		rec, _ := decode(kv.Value)
+		live[string(kv.Key)] = !rec.slotOver(now)
+	}
+	deleted, err := b.deleteIncarnations(ctx, kvs)
 	if err != nil {
 		return false, fmt.Errorf("etcdlock: force release: %w", err)
 	}
-	return d.Succeeded && live, nil
+	released := false
+	for _, ekey := range deleted {
+		released = released || live[ekey]
+	}
+	return released, nil
 }

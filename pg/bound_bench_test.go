@@ -48,7 +48,7 @@ func BenchmarkClaimBound(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{table}.Sanitize())
+			defer pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{table}.Sanitize()+", "+pgx.Identifier{table + "_permits"}.Sanitize())
 			if mode.busy {
 				if _, err := be.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "h", OwnerToken: "h", TTL: time.Hour}); err != nil {
 					b.Fatal(err)

@@ -126,6 +126,86 @@
 // Table names are quoted identifiers: WithTable("Jobs") is the table "Jobs",
 // not jobs, and no name is ever interpreted as SQL.
 //
+// # Semaphores
+//
+// With core.Limit(n), n > 1, a key has up to n holders at once, each
+// holding one permit with its own owner token, lease, renewal and fencing
+// token (tokens strictly increase per key across permits and across mutex
+// use of the key):
+//
+//	s, err := locker.TryAcquire(ctx, "thumbnails", core.Limit(4)) // one of 4 permits
+//
+// A semaphore's key has a header row in the lock table, whose owner is
+// "dislock:semaphore:<n>" (its holder adds a random part, so no mutex
+// renewal or release matches it). It carries the key's last fencing token
+// and the latest expiry of the key's live permits, so a mutex claim of the
+// key sees it held (and gets an error matching core.ErrLimitMismatch) and,
+// when every holder crashed, can take it once the last permit expired. Each
+// permit is a row of a second table, the lock table's name with "_permits"
+// appended (dislock_locks_permits):
+//
+//	CREATE TABLE IF NOT EXISTS "dislock_locks_permits" (
+//		key         text NOT NULL,
+//		holder      text NOT NULL,  -- the permit's owner token
+//		owner       text NOT NULL,
+//		token       bigint NOT NULL, -- fencing token
+//		acquired_at timestamptz NOT NULL,
+//		expire_at   timestamptz NOT NULL,
+//		PRIMARY KEY (key, holder)
+//	)
+//
+// Migrate and WithAutoMigrate create it; PermitsSchemaSQL returns it for
+// your own migrations. Mutexes never use it: a deployment without it keeps
+// working, and only a permit claim fails, with an error matching ErrSchema
+// (and core.ErrUnsupported, so a waiting Acquire ends at once) that names
+// the table and the fix. Nothing is created silently; once the table exists
+// claims work without a restart. Semaphores need clock tokens (the column
+// default Migrate sets; the ALTER TABLE above switches an older table), and
+// are not available when the permits table's name would exceed 63 bytes.
+// On the legacy table (WithLegacyTable) the header's value is "<holder>
+// <owner>" like any row of it, and permits have no fencing tokens (0).
+//
+// Each operation on permits is one round trip, one transaction: a batch of
+// which the first statement locks the key's header row and the second,
+// reading a fresh snapshot (READ COMMITTED), acts on the permits. The count
+// of live permits is therefore exact: concurrent claims from any number of
+// processes never exceed the limit and are not refused while a permit is
+// free. In detail:
+//
+//   - Acquire sends the claim bound (statement_timeout of half the time left
+//     of the claim timeout, for each of its two statements), then an upsert
+//     of the header that takes its row lock and the next token (the
+//     server's clock in microseconds, or the key's last token + 1 when that
+//     is larger), then the claim, which drops the key's expired permits and
+//     inserts the new one when fewer than n are left. A full semaphore, a
+//     key held as a mutex or with another limit, and a permit already held
+//     with the same owner token are answered from a read alone: no lock, no
+//     write. A full semaphore answers core.Busy with the permit that expires
+//     first (Info.Limit set); another limit answers core.LimitMismatch.
+//   - Release locks the header and deletes the permit, notifying waiters
+//     (pg_notify, as a mutex release does) when it was live; the header's
+//     expiry follows the permits left, and the last one's release deletes
+//     the header, so the key is free at once for a mutex or another limit.
+//     Under MinHold and slot mode it sets the permit's expiry instead.
+//   - A Renew call that includes permits is one batch: a statement that
+//     locks the headers of their keys, in key order (so renewals never
+//     deadlock), the mutex renewal when there are mutexes, and one
+//     UPDATE … FROM unnest(…) of the permits and their headers. A Locker's
+//     1,000 permits are one round trip per renew interval. The renewal
+//     holds those header rows until it commits: claims and releases of its
+//     keys wait for it (one commit), and it waits for theirs.
+//   - Holders lists a key's live permits oldest first; List has one
+//     Info per live permit; Inspect returns a semaphore's oldest permit;
+//     ForceRelease deletes every permit and the header (one batch) and
+//     notifies.
+//
+// The statements keep no session state (the header lock is passed from the
+// first statement to the second with a set_config local to the
+// transaction), so permits work in every QueryExecMode and behind
+// PgBouncer in transaction mode, like mutexes. Permits are not queued on
+// the store: waiters poll at the first permit's expiry and wake on
+// releases.
+//
 // # Durability modes
 //
 // By default every acquire, renewal and release waits for its WAL flush, so

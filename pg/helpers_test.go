@@ -70,7 +70,10 @@ func dropAtCleanup(t testing.TB, admin *pgxpool.Pool, ident pgx.Identifier) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := admin.Exec(ctx, "DROP TABLE IF EXISTS "+ident.Sanitize()); err != nil {
+		// Migrate creates the table's permits table (semaphores) too.
+		permits := append(pgx.Identifier(nil), ident...)
+		permits[len(permits)-1] += "_permits"
+		if _, err := admin.Exec(ctx, "DROP TABLE IF EXISTS "+ident.Sanitize()+", "+permits.Sanitize()); err != nil {
 			t.Errorf("drop %s: %v", ident.Sanitize(), err)
 		}
 	})

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Backend is the PostgreSQL store. It implements core.Backend, core.Watcher
-// and core.Admin and is safe for concurrent use.
+// Backend is the PostgreSQL store. It implements core.Backend, core.Watcher,
+// core.Admin and core.SemaphoreBackend and is safe for concurrent use.
 type Backend struct {
 	pool    *pgxpool.Pool
 	ownPool bool // Open created the pool; Close closes it
@@ -23,6 +23,7 @@ type Backend struct {
 	channel string // pg_notify channel of this table
 	stmt    statements
 	listen  listenState // see pooler.go
+	sem     *semaphores // see semaphore.go
 }
 
 var (
@@ -30,6 +31,8 @@ var (
 	_ core.Watcher      = (*Backend)(nil)
 	_ core.Admin        = (*Backend)(nil)
 	_ core.ClaimBounder = (*Backend)(nil)
+
+	_ core.SemaphoreBackend = (*Backend)(nil) // semaphore.go
 )
 
 // NewBackend returns a Backend on pool, which stays the caller's: Close does
@@ -46,6 +49,7 @@ func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backe
 	}
 	b := &Backend{pool: pool, cfg: cfg, table: cfg.table.Sanitize()}
 	b.stmt = buildStatements(b.table, cfg.legacy, cfg.asyncCommit)
+	b.sem = newSemaphores(cfg, b.table) // semaphore.go
 	if cfg.autoMigrate {
 		if err := b.Migrate(ctx); err != nil {
 			return nil, err
@@ -53,6 +57,9 @@ func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backe
 	}
 	oid, err := b.checkSchema(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.sem.check(ctx, b.pool, b.table); err != nil { // semaphore.go
 		return nil, err
 	}
 	// Every process that uses the table derives the same channel from the
@@ -136,6 +143,9 @@ func micro(d time.Duration) int64 { return d.Microseconds() }
 // buildStatements), sent in one batch after the statement that bounds it on
 // the server (see WithClaimTimeout): one round trip, one transaction.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if req.Limit > 1 {
+		return b.tryAcquirePermit(ctx, req) // semaphore.go
+	}
 	start := time.Now()
 	if err := core.ValidateKey(req.Key); err != nil {
 		return core.Lease{}, err
@@ -206,6 +216,9 @@ func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (cor
 		return core.Lease{}, core.Busy(req.Key, nil)
 	case mine:
 		return core.Lease{Token: uint64(token), AcquiredAt: acquired.Time, ExpiresAt: expires}, nil
+	case semLimit(owner) > 0:
+		// A semaphore's header (semaphore.go).
+		return core.Lease{}, core.LimitMismatch(req.Key, semLimit(owner), 1)
 	}
 	return core.Lease{}, core.Busy(req.Key, &core.Info{
 		Key: req.Key, Owner: owner, Token: uint64(token), AcquiredAt: acquired.Time,
@@ -228,6 +241,9 @@ func (b *Backend) ClaimBound() time.Duration { return b.cfg.claimTimeout + claim
 func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
 	if len(reqs) == 0 {
 		return nil, nil
+	}
+	if hasPermits(reqs) {
+		return b.renewWithPermits(ctx, reqs) // semaphore.go
 	}
 	keys := make([]string, len(reqs))
 	holders := make([]string, len(reqs))
@@ -265,6 +281,9 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // waiters in the same statement, or with Keep > 0 an owner-checked update of
 // the expiry.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	if req.Limit > 1 {
+		return b.releasePermit(ctx, req) // semaphore.go
+	}
 	if req.Keep > 0 {
 		if _, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep)); err != nil {
 			return poolerHint(err)
@@ -310,6 +329,9 @@ func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, err
 		return core.Info{}, false, fmt.Errorf("pg: inspect: %w", err)
 	}
 	info.Token, info.AcquiredAt, info.Remaining = uint64(token), acquired.Time, time.Duration(left)*time.Microsecond
+	if semLimit(info.Owner) > 0 {
+		return b.inspectPermits(ctx, key) // a semaphore: its oldest permit (semaphore.go)
+	}
 	return info, true, nil
 }
 
@@ -338,12 +360,15 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("pg: list: %w", err)
 	}
-	return list, nil
+	return b.listPermits(ctx, prefix, list) // semaphores: one Info per permit (semaphore.go)
 }
 
 // ForceRelease implements core.Admin: deletes key whoever holds it and
 // notifies waiters. The holder learns of it at its next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
+	if handled, released, err := b.forceReleasePermits(ctx, key); handled || err != nil { // semaphore.go
+		return released, err
+	}
 	var (
 		released bool
 		n        int64

@@ -433,7 +433,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 	}
 
 	fresh := testenv.Name("dislock_open_")
-	t.Cleanup(func() { admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{fresh}.Sanitize()) })
+	dropAtCleanup(t, admin, pgx.Identifier{fresh})
 	if _, err := pg.Open(ctx, testURL(t), pg.WithTable(fresh)); !errors.Is(err, pg.ErrSchema) {
 		t.Fatalf("Open on a missing table: %v, want ErrSchema", err)
 	}

@@ -16,6 +16,8 @@ var ErrSchema = errors.New("pg: lock table unusable")
 
 // SchemaSQL returns the statement Migrate runs for table (a name as given to
 // WithTable), for those who create tables through their own migrations.
+// Semaphores (core.Limit > 1) also need the permits table: see
+// PermitsSchemaSQL.
 func SchemaSQL(table string, legacy, unlogged bool) (string, error) {
 	cfg, err := newConfig([]Option{WithTable(table)})
 	if err != nil {
@@ -56,7 +58,8 @@ func schemaSQL(table string, legacy, unlogged bool) string {
 // commit and a round trip apart, so they never share a microsecond.
 const tokenDefault = `(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 
-// Migrate creates the lock table when it does not exist. Concurrent calls
+// Migrate creates the lock table, and the permits table semaphores use (see
+// PermitsSchemaSQL), when they do not exist. Concurrent calls
 // from many processes are safe: they serialise on a transaction-scoped
 // advisory lock. It needs the CREATE privilege on the schema.
 func (b *Backend) Migrate(ctx context.Context) error {
@@ -64,8 +67,10 @@ func (b *Backend) Migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('dislock: migrate'))`); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged))
-		return err
+		if _, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged)); err != nil {
+			return err
+		}
+		return b.sem.migrate(ctx, tx, b.cfg.unlogged) // the permits table (semaphore.go)
 	})
 	if err != nil {
 		return fmt.Errorf("pg: migrate table %s: %w", b.table, poolerHint(err))

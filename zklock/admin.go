@@ -109,20 +109,15 @@ func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, err
 }
 
 func (b *Backend) inspect(ctx context.Context, key string) (*core.Info, error) {
-	parent := b.keyPath(key)
-	names, err := b.children(ctx, parent)
-	if err != nil || len(names) == 0 {
+	list, err := b.holders(ctx, key)
+	if err != nil || len(list) == 0 {
 		return nil, err
 	}
-	now, err := b.Now(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	return b.holderOf(ctx, key, parent, names, now.UnixMilli())
+	return &list[0], nil // a semaphore's oldest permit
 }
 
 // List implements core.Admin: the held locks whose key starts with prefix,
-// sorted by key.
+// sorted by key, with one Info per permit of a semaphore (oldest first).
 func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) {
 	names, err := b.children(ctx, b.locks)
 	if err != nil {
@@ -143,7 +138,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	if err != nil {
 		return nil, fmt.Errorf("zklock: list: %w", err)
 	}
-	infos := make([]*core.Info, len(keys))
+	infos := make([][]core.Info, len(keys))
 	errs := make([]error, len(keys))
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
@@ -155,7 +150,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 			parent := b.keyPath(k)
 			kids, err := b.children(ctx, parent)
 			if err == nil && len(kids) > 0 {
-				infos[i], err = b.holderOf(ctx, k, parent, kids, now.UnixMilli())
+				infos[i], err = b.holdersOf(ctx, k, parent, kids, now.UnixMilli())
 			}
 			errs[i] = err
 		}()
@@ -166,9 +161,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	}
 	list := make([]core.Info, 0, len(keys))
 	for _, i := range infos {
-		if i != nil {
-			list = append(list, *i)
-		}
+		list = append(list, i...)
 	}
 	return list, nil
 }
@@ -193,7 +186,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("zklock: force release: %w", err)
 	}
-	info, err := b.holderOf(ctx, key, parent, names, now.UnixMilli())
+	held, err := b.holdersOf(ctx, key, parent, names, now.UnixMilli())
 	if err != nil {
 		return false, fmt.Errorf("zklock: force release: %w", err)
 	}
@@ -216,5 +209,5 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if !watched {
 		b.echo(key, "")
 	}
-	return info != nil, nil
+	return len(held) > 0, nil
 }

@@ -317,3 +317,48 @@ func handoff(b *testing.B, raw *zk.Conn, cnt *counter, mk func(i int) (func(cont
 	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(acquired.Load()), "req/acq")
 	b.ReportMetric(float64(rtt.Microseconds())/1000, "rtt-ms")
 }
+
+// BenchmarkSemaphore: one uncontended TryAcquire + Release of a permit of a
+// semaphore of 4, next to the same for a mutex, each interleaved with an
+// Exists (x-rtt) in the same run. "3-held": three permits are held by
+// another session, so the claim is not the key's only child and costs a
+// read of the children as well.
+//
+//	go test -run '^$' -bench Semaphore -benchtime 500x ./zklock/
+func BenchmarkSemaphore(b *testing.B) {
+	connect := benchServer(b)
+	for _, bc := range []struct {
+		name string
+		opts []core.Option
+		held int
+	}{
+		{"mutex", nil, 0},
+		{"permit-of-4", []core.Option{core.Limit(4)}, 0},
+		{"permit-of-4-3-held", []core.Option{core.Limit(4)}, 3},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			raw := benchConn(b, connect, nil)
+			var cnt counter
+			root := testRoot()
+			l := benchLocker(b, connect, root, &cnt)
+			ctx := context.Background()
+			if bc.held > 0 {
+				other := benchLocker(b, connect, root, nil)
+				for range bc.held {
+					s, err := other.TryAcquire(ctx, "sem", bc.opts...)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer s.Release(ctx)
+				}
+			}
+			interleaved(b, raw, &cnt, func() error {
+				s, err := l.TryAcquire(ctx, "sem", bc.opts...)
+				if err != nil {
+					return err
+				}
+				return s.Release(ctx)
+			})
+		})
+	}
+}

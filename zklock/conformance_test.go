@@ -28,7 +28,7 @@ func harness(t *testing.T, connect string) locktest.Harness {
 		}
 		var out []string
 		for _, n := range names {
-			if strings.HasPrefix(n, "l-") {
+			if strings.HasPrefix(n, "l-") || strings.HasPrefix(n, "p-") { // lock and permit claims
 				out = append(out, parent+"/"+n)
 			}
 		}

@@ -30,6 +30,51 @@
 // node of its own session, never the next holder's; an acquire whose reply
 // was lost is found and undone by its owner token.
 //
+// # Semaphores
+//
+// The Backend is a core.SemaphoreBackend: core.Limit(n) with n > 1 takes
+// one of n permits of the key. A permit is a claim like a lock's, in the
+// same container node, named p-<n>-<owner token>-NNNNNNNNNN (its hold, for
+// a minimum hold or a slot, q-<n>-<until>-<owner token>), with the same
+// data, lease discipline, renewal (in the same multi as the Locker's
+// locks), release and undo.
+//
+//   - A permit claim holds when fewer than n permits are in force below it
+//     (permit claims with a lower sequence number, and permit holds), all
+//     taken with limit n, and no mutex claim below it or mutex hold is in
+//     force. Sequence numbers are the container's, shared by mutex and
+//     permit claims. At most n hold at once: a claim's position only
+//     improves (later claims get higher numbers) and a claim below it
+//     stops counting only once it is gone (released, its session expired,
+//     or deleted after its TTL ran out, guarded by the version judged), so
+//     when the newest holder decided, all the other holders were below it
+//     and counted.
+//   - Round trips. Acquire is the claim's multi (create + a write to the
+//     key node, whose stat says whether the claim is the only child): one
+//     round trip on a free key. Otherwise a read of the children follows
+//     (two): ZooKeeper cannot make a create conditional on the number or
+//     the kind of its siblings, so the claim is made first and judged
+//     after. When the claims below are permits of the same limit, fewer
+//     than n with the permit holds, nothing else is read; otherwise they
+//     are read in order (a watch on each one in force) until n are in
+//     force, and a busy claim then deletes itself: busy, with the permit
+//     that expires first. Release is one delete; renewal is one multi for
+//     all locks and permits of the Locker.
+//   - Fencing tokens are the claims' czxids, as for locks: strictly
+//     increasing per key across permits and across mutex use.
+//   - A permit claim that finds a mutex in force below it (or a mutex
+//     hold), or permits or permit holds of another limit, and a mutex
+//     claim that finds a permit in force below it (or a permit hold), fail
+//     with core.LimitMismatch; their claim is deleted before the answer.
+//   - Holders (and Inspect, which gives the oldest) lists the permits in
+//     force as the rule above counts them, oldest first; List gives one
+//     Info per permit; ForceRelease deletes every claim and hold of the
+//     key. The shortcuts below that answer busy without a request apply to
+//     mutexes only: a permit claim always asks the store.
+//   - The store-side waiter queue of core.Queuer is not implemented:
+//     waiters are woken by the watches their busy claims left on the
+//     permits in force and race, as for locks.
+//
 // # Guarantees
 //
 //   - Mutual exclusion as ZooKeeper orders writes: every claim, renewal,

@@ -13,17 +13,22 @@ import (
 //	<root>/locks/<enc(key)>                       container node, one per key
 //	<root>/locks/<enc(key)>/l-<enc(token)>-NNNNNNNNNN   ephemeral sequential: a claim
 //	<root>/locks/<enc(key)>/h-<untilMs>-<enc(token)>    persistent: a hold (min hold, slot)
+//	<root>/locks/<enc(key)>/p-<limit>-<enc(token)>-NNNNNNNNNN   ephemeral sequential: a permit claim
+//	<root>/locks/<enc(key)>/q-<limit>-<untilMs>-<enc(token)>    persistent: a permit's hold
 //	<root>/clock                                  persistent: Now writes it and reads its mtime
 //
 // A claim's data is "1\n<ttl ms>\n<owner>"; it is in force until its mtime
 // (the server time of its creation or last renewal) plus the TTL. A hold's
 // data is "1\n<fencing token>\n<owner>"; it is in force until untilMs, which
-// is on the server clock.
+// is on the server clock. Permit claims and holds (semaphores, Limit > 1)
+// are the same with the semaphore's limit in their names.
 
 const (
-	claimPrefix = "l-"
-	holdPrefix  = "h-"
-	seqLen      = 10 // ZooKeeper's sequence suffix: %010d
+	claimPrefix      = "l-"
+	holdPrefix       = "h-"
+	permitPrefix     = "p-"
+	permitHoldPrefix = "q-"
+	seqLen           = 10 // ZooKeeper's sequence suffix: %010d
 )
 
 // encodeName makes s a valid ZooKeeper path component that decodeName
@@ -73,6 +78,7 @@ func decodeName(s string) (string, error) {
 type child struct {
 	name  string
 	hold  bool
+	limit int    // permits and their holds: the semaphore's limit; 0 for a mutex
 	token string // encoded owner token
 	seq   int64  // claims
 	until int64  // holds: ms since the epoch, server clock
@@ -80,9 +86,31 @@ type child struct {
 
 func parseChild(name string) (child, bool) {
 	c := child{name: name}
+	var rest string
 	switch {
+	case strings.HasPrefix(name, permitPrefix), strings.HasPrefix(name, permitHoldPrefix):
+		// <limit>- then the rest as for a claim or a hold.
+		rest = name[len(permitPrefix):]
+		i := strings.IndexByte(rest, '-')
+		if i <= 0 {
+			return c, false
+		}
+		limit, err := strconv.Atoi(rest[:i])
+		if err != nil || limit < 2 {
+			return c, false
+		}
+		kind := claimPrefix
+		if name[0] == permitHoldPrefix[0] {
+			kind = holdPrefix
+		}
+		p, ok := parseChild(kind + rest[i+1:])
+		if !ok {
+			return c, false
+		}
+		p.name, p.limit = name, limit
+		return p, true
 	case strings.HasPrefix(name, claimPrefix):
-		rest := name[len(claimPrefix):]
+		rest = name[len(claimPrefix):]
 		if len(rest) < seqLen+2 || rest[len(rest)-seqLen-1] != '-' {
 			return c, false
 		}
@@ -93,7 +121,7 @@ func parseChild(name string) (child, bool) {
 		c.seq, c.token = seq, rest[:len(rest)-seqLen-1]
 		return c, true
 	case strings.HasPrefix(name, holdPrefix):
-		rest := name[len(holdPrefix):]
+		rest = name[len(holdPrefix):]
 		i := strings.IndexByte(rest, '-')
 		if i <= 0 || i == len(rest)-1 {
 			return c, false
@@ -108,8 +136,21 @@ func parseChild(name string) (child, bool) {
 	return c, false
 }
 
-func holdName(until int64, encToken string) string {
+// holdName is the name of a hold; limit > 1: of a permit's hold.
+func holdName(until int64, encToken string, limit int) string {
+	if limit > 1 {
+		return permitHoldPrefix + strconv.Itoa(limit) + "-" + strconv.FormatInt(until, 10) + "-" + encToken
+	}
 	return holdPrefix + strconv.FormatInt(until, 10) + "-" + encToken
+}
+
+// claimName is the name of a claim before its sequence number; limit > 1:
+// of a permit claim.
+func claimName(encToken string, limit int) string {
+	if limit > 1 {
+		return permitPrefix + strconv.Itoa(limit) + "-" + encToken + "-"
+	}
+	return claimPrefix + encToken + "-"
 }
 
 // claimData is the data of a claim node.

@@ -38,24 +38,33 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if ttl <= 0 {
 		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", ttl)
 	}
-	if info, ok := b.knownBusy(req.Key); ok && !slot {
-		return core.Lease{}, core.Busy(req.Key, info)
+	if req.Limit > core.MaxLimit {
+		return core.Lease{}, invalidOption("Limit", "must be at most %d, got %d", core.MaxLimit, req.Limit)
 	}
-	// One attempt per key at a time from this backend: a second one could
-	// only lose to the first or to the same holder, and its claim would
-	// stand in the first one's way.
-	b.mu.Lock()
-	if b.trying[req.Key] && !slot {
-		b.mu.Unlock()
-		return core.Lease{}, core.Busy(req.Key, nil)
-	}
-	b.trying[req.Key] = true
-	b.mu.Unlock()
-	defer func() {
+	permit := req.Limit > 1
+	if !permit {
+		// A mutex this backend holds is busy without a request. (A permit
+		// claim goes to the store: another permit may be free, and a
+		// mutex held here is a limit mismatch.)
+		if info, ok := b.knownBusy(req.Key); ok && !slot {
+			return core.Lease{}, core.Busy(req.Key, info)
+		}
+		// One attempt per key at a time from this backend: a second one
+		// could only lose to the first or to the same holder, and its
+		// claim would stand in the first one's way.
 		b.mu.Lock()
-		delete(b.trying, req.Key)
+		if b.trying[req.Key] && !slot {
+			b.mu.Unlock()
+			return core.Lease{}, core.Busy(req.Key, nil)
+		}
+		b.trying[req.Key] = true
 		b.mu.Unlock()
-	}()
+		defer func() {
+			b.mu.Lock()
+			delete(b.trying, req.Key)
+			b.mu.Unlock()
+		}()
+	}
 	parent := b.keyPath(req.Key)
 	tok := encodeName(req.OwnerToken)
 	var c *claim
@@ -70,7 +79,8 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			return core.Lease{}, err
 		}
 		created, sid := c.path, c.sid
-		busy := func(info *core.Info, dropped <-chan error) (core.Lease, error) {
+		// fail gives the claim up: busy, or a limit mismatch.
+		fail := func(info *core.Info, dropped <-chan error, mismatch int) (core.Lease, error) {
 			b.forget(req.OwnerToken)
 			var err error
 			if dropped != nil {
@@ -81,8 +91,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			if err != nil {
 				b.bgDelete(created, sid)
 			}
+			if mismatch > 0 {
+				return core.Lease{}, core.LimitMismatch(req.Key, mismatch, max(req.Limit, 1))
+			}
 			return core.Lease{}, core.Busy(req.Key, info)
 		}
+		busy := func(info *core.Info, dropped <-chan error) (core.Lease, error) { return fail(info, dropped, 0) }
 		if slot && req.ExpireAt.UnixMilli() <= now {
 			return busy(nil, nil) // the slot is over
 		}
@@ -90,7 +104,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			break
 		}
 		ours, _ := parseChild(created[len(parent)+1:])
-		v, err := b.judge(ctx, req.Key, parent, ours, now, func() <-chan error { return b.dropAsync(created) })
+		var v verdict
+		if permit {
+			v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit)
+		} else {
+			v, err = b.judge(ctx, req.Key, parent, ours, now, func() <-chan error { return b.dropAsync(created) })
+		}
 		if err != nil {
 			// The engine releases the claim by its owner token.
 			if v.dropped != nil {
@@ -100,6 +119,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		}
 		if v.held {
 			break
+		}
+		if v.mismatch > 0 {
+			return fail(nil, v.dropped, v.mismatch)
 		}
 		if !v.retry || round > 0 {
 			return busy(v.info, v.dropped)
@@ -113,6 +135,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		}
 	}
 	lease := core.Lease{Token: c.token, AcquiredAt: msTime(c.acqMs), ExpiresAt: msTime(c.acqMs).Add(ttl)}
+	if !slot && permit {
+		return lease, nil
+	}
 	if !slot {
 		b.markHeld(req.Key, req.OwnerToken, core.Info{Key: req.Key, Owner: req.Owner, Token: c.token,
 			AcquiredAt: lease.AcquiredAt, ExpiresAt: lease.ExpiresAt}, ttl, c.acqLocal)
@@ -121,7 +146,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	// Hand the lock from the claim, which lives with the session, to a hold
 	// that lives until the slot's end.
 	until := req.ExpireAt.UnixMilli()
-	hold := parent + "/" + holdName(until, tok)
+	hold := parent + "/" + holdName(until, tok, req.Limit)
 	var merr error
 	err := b.call(ctx, func() {
 		_, merr = b.conn.Multi(
@@ -168,7 +193,7 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 	for attempt := 0; ; attempt++ {
 		cerr := b.call(ctx, func() {
 			res, err = b.conn.Multi(
-				&zk.CreateRequest{Path: parent + "/" + claimPrefix + tok + "-", Data: data, Acl: acl, Flags: zk.FlagEphemeralSequential},
+				&zk.CreateRequest{Path: parent + "/" + claimName(tok, req.Limit), Data: data, Acl: acl, Flags: zk.FlagEphemeralSequential},
 				&zk.SetDataRequest{Path: parent, Data: nil, Version: -1},
 			)
 		}, func() {
@@ -201,7 +226,8 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 		// first one.
 		sid = after
 	}
-	c := &claim{key: req.Key, path: res[0].String, owner: req.Owner, sid: sid, token: uint64(st.Mzxid), acqMs: st.Mtime, acqLocal: sent}
+	c := &claim{key: req.Key, path: res[0].String, owner: req.Owner, sid: sid, token: uint64(st.Mzxid), acqMs: st.Mtime, acqLocal: sent,
+		limit: req.Limit}
 	b.mu.Lock()
 	b.claims[req.OwnerToken] = c
 	b.mu.Unlock()
@@ -230,10 +256,11 @@ func (b *Backend) dropAsync(p string) <-chan error {
 
 // verdict is what judge decided.
 type verdict struct {
-	held    bool
-	info    *core.Info   // the holder, when busy and known
-	dropped <-chan error // our claim is being deleted: its outcome
-	retry   bool         // free after all, but our claim was dropped
+	held     bool
+	mismatch int          // the limit of the holders, when it differs from the claim's
+	info     *core.Info   // the holder, when busy and known
+	dropped  <-chan error // our claim is being deleted: its outcome
+	retry    bool         // free after all, but our claim was dropped
 }
 
 // judge decides, from the children of parent, whether the claim ours
@@ -255,6 +282,7 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 	found := false
 	var lower []child
 	var best *child
+	permitHold := 0
 	for _, n := range names {
 		c, ok := parseChild(n)
 		if !ok {
@@ -266,6 +294,8 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		case c.hold:
 			if c.until <= now {
 				b.bgDelete(parent+"/"+n, 0)
+			} else if c.limit > 0 {
+				permitHold = max(permitHold, c.limit)
 			} else if c.token != ours.token && (best == nil || c.until > best.until) {
 				best = &c
 			}
@@ -277,6 +307,11 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		return verdict{}, nil // deleted meanwhile (force release): not ours
 	}
 	var v verdict
+	if permitHold > 0 {
+		v.dropped = drop()
+		v.mismatch = permitHold // a semaphore's permit is held
+		return v, nil
+	}
 	if best != nil {
 		v.dropped = drop()
 		info := core.Info{Key: key, ExpiresAt: msTime(best.until), Remaining: time.Duration(best.until-now) * time.Millisecond}
@@ -314,7 +349,8 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		}
 		ttl, owner, perr := parseData(data)
 		info := &core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}
-		if perr != nil { // not ours to judge: in force
+		v.mismatch = l.limit // in force, if a permit: a semaphore holds the key
+		if perr != nil {     // not ours to judge: in force
 			b.armWatch(p, key, ch)
 			v.info = info
 			return v, nil
@@ -335,8 +371,10 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		}
 		switch {
 		case derr == nil, errors.Is(derr, zk.ErrNoNode):
+			v.mismatch = 0
 			continue
 		case errors.Is(derr, zk.ErrBadVersion): // renewed meanwhile
+			v.mismatch = l.limit
 			info.Remaining = time.Duration(ttl) * time.Millisecond
 			info.ExpiresAt = msTime(now + ttl)
 			b.armWatch(p, key, ch)
@@ -526,7 +564,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		err = b.del(ctx, cc.hold, -1)
 	case req.Keep > 0:
 		until := cc.acqMs + (time.Since(cc.acqLocal) + req.Keep).Milliseconds()
-		err = b.keep(ctx, req.Key, cc.path, until, cc.token, cc.owner, encodeName(req.OwnerToken))
+		err = b.keep(ctx, req.Key, cc.path, until, cc.token, cc.owner, encodeName(req.OwnerToken), cc.limit)
 	default:
 		err = b.del(ctx, cc.path, -1)
 		if err == nil {
@@ -541,8 +579,8 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 }
 
 // keep replaces the claim at p by a hold until the server time until.
-func (b *Backend) keep(ctx context.Context, key, p string, until int64, token uint64, owner, encToken string) error {
-	hold := b.keyPath(key) + "/" + holdName(until, encToken)
+func (b *Backend) keep(ctx context.Context, key, p string, until int64, token uint64, owner, encToken string, limit int) error {
+	hold := b.keyPath(key) + "/" + holdName(until, encToken, limit)
 	var err error
 	if cerr := b.call(ctx, func() {
 		_, err = b.conn.Multi(
@@ -614,7 +652,7 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 				errs = append(errs, err)
 				continue
 			}
-			errs = append(errs, b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), uint64(st.Czxid), owner, tok))
+			errs = append(errs, b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), uint64(st.Czxid), owner, tok, c.limit))
 			continue
 		}
 		err := b.del(ctx, p, -1)

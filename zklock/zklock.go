@@ -86,7 +86,8 @@ func WithClientOptions(opts ...core.ClientOption) Option {
 }
 
 // Backend is the ZooKeeper store for core's lease engine. It implements
-// core.Backend, core.Watcher and core.Admin, and is safe for concurrent use.
+// core.Backend, core.Watcher, core.Admin and core.SemaphoreBackend, and is
+// safe for concurrent use.
 type Backend struct {
 	conn    *zk.Conn
 	ownConn bool
@@ -119,6 +120,7 @@ type claim struct {
 	token    uint64
 	acqMs    int64     // server time of the claim's creation
 	acqLocal time.Time // local time when the acquire was sent
+	limit    int       // a permit's semaphore limit; 0 or 1 for a mutex
 }
 
 var (

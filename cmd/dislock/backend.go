@@ -16,10 +16,19 @@ import (
 	"github.com/dislock/dislock/redislock"
 )
 
-// locker is what the CLI needs of a backend: locks, and the operator calls.
+// locker is what the CLI needs of a backend: locks, the operator calls, and
+// the holders of a semaphore.
 type locker interface {
 	core.Locker
 	core.Admin
+	Holders(ctx context.Context, key string) ([]core.Info, error)
+	Backend() core.Backend
+}
+
+// hasSemaphores reports whether l's backend holds semaphores (LOCK_LIMIT).
+func hasSemaphores(l locker) bool {
+	_, ok := l.Backend().(core.SemaphoreBackend)
+	return ok
 }
 
 var _ locker = (*core.Client)(nil)
@@ -49,13 +58,14 @@ const (
 	tableAdmin                  // an operator subcommand: create nothing
 )
 
-// openLocker connects to the backend the URL's scheme names. The returned
-// close function closes the Locker, then the connections. Errors never
-// contain the URL; configuration errors are *usageError.
-func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse, log *slog.Logger) (locker, func() error, error) {
+// openLocker connects to the backend the URL's scheme names. permits says
+// that the run takes a semaphore (LOCK_LIMIT above 1). The returned close
+// function closes the Locker, then the connections. Errors never contain the
+// URL; configuration errors are *usageError.
+func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse, permits bool, log *slog.Logger) (locker, func() error, error) {
 	switch s := scheme(rawURL); s {
 	case "postgres", "postgresql":
-		return openPG(ctx, urlEnv, rawURL, table, use, log)
+		return openPG(ctx, urlEnv, rawURL, table, use, permits, log)
 	case "redis", "rediss",
 		"redis+sentinel", "rediss+sentinel", "redis-sentinel", "rediss-sentinel",
 		"redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster":
@@ -84,8 +94,9 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse,
 // 3-column layout (key, value, expire_at) is used as such. A missing table
 // is created only by a run, and only when it is the default table or
 // --create-table says so: a mistyped LOCK_TABLE must not split the locks
-// between two tables.
-func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, log *slog.Logger) (locker, func() error, error) {
+// between two tables. A run that takes a semaphore (permits) and may create
+// its table also creates what the semaphores need beside an existing table.
+func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, permits bool, log *slog.Logger) (locker, func() error, error) {
 	pcfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
 		// The parser's message quotes the connection string.
@@ -101,7 +112,7 @@ func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, log
 		opts = append(opts, pg.WithTable(table))
 		name = table
 	}
-	b, err := openTable(ctx, pool, name, table != "", use, opts, log)
+	b, err := openTable(ctx, pool, name, table != "", use, permits, opts, log)
 	if err != nil {
 		pool.Close()
 		if errors.Is(err, core.ErrInvalidOption) {
@@ -210,7 +221,7 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 // set). A table in the 3-column layout is used as such; a missing one is
 // created when use allows it, and is otherwise a configuration error that
 // shows the statement creating it.
-func openTable(ctx context.Context, pool *pgxpool.Pool, name string, named bool, use tableUse, opts []pg.Option, log *slog.Logger) (*pg.Backend, error) {
+func openTable(ctx context.Context, pool *pgxpool.Pool, name string, named bool, use tableUse, permits bool, opts []pg.Option, log *slog.Logger) (*pg.Backend, error) {
 	ddl, err := pg.SchemaSQL(name, false, false)
 	if err != nil {
 		return nil, badSetting(specTable, "%v", err)
@@ -231,6 +242,12 @@ func openTable(ctx context.Context, pool *pgxpool.Pool, name string, named bool,
 				pgx.Identifier(parts).Sanitize(), ddl, specCreate.env, specCreate.flag)
 		}
 		return pg.NewBackend(ctx, pool, append(opts, pg.WithAutoMigrate())...)
+	}
+	if permits && (use == tableCreate || use == tableRun && !named) {
+		// The table exists, but perhaps not what the semaphores keep
+		// beside it: a run that may create the table creates that too
+		// (Migrate only creates what is missing).
+		opts = append(opts, pg.WithAutoMigrate())
 	}
 	b, err := pg.NewBackend(ctx, pool, opts...)
 	if errors.Is(err, pg.ErrSchema) {

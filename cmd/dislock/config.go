@@ -53,6 +53,7 @@ var (
 	specKey        = spec{"key", "LOCK_KEY", "", "NAME", "lock name (required); the locks are " + schedulePrefix + "NAME and " + leasePrefix + "NAME"}
 	specSchedule   = spec{"schedule", "CRON_SCHEDULE", "", "SPEC", "cron schedule of the job, for the schedule strategy: 5 fields (no seconds field), or @hourly, @daily, @every 10m, @every 30s…; a value, range or step outside its field is an error"}
 	specStrategy   = spec{"strategy", "LOCK_STRATEGY", "schedule", "LIST", "schedule, lease, or both (schedule,lease): schedule runs the command at most once per schedule slot, lease keeps others out while it runs"}
+	specLimit      = spec{"limit", "LOCK_LIMIT", "1", "N", "run the command only if fewer than N instances of LOCK_KEY run (1 to " + strconv.Itoa(core.MaxLimit) + "; needs the lease strategy and a backend with semaphores): each instance holds one of N permits of the lease, with its own DISLOCK_TOKEN"}
 	specTable      = spec{"table", "LOCK_TABLE", "", "NAME", "PostgreSQL table of the locks (schema.table allowed; default " + pg.DefaultTable + ", created on the first run if missing); a named table must exist unless --create-table is given"}
 	specCreate     = spec{"create-table", "DISLOCK_CREATE_TABLE", "", "", "let a run create the table named by LOCK_TABLE when it is missing (1 or true; the default table is always created); status, list and release never create a table"}
 	specTTL        = spec{"ttl", "RUN_LOCK_TTL_SECONDS", "60", "SECONDS", "lease time to live on the server; the lease is renewed while the command runs"}
@@ -64,7 +65,7 @@ var (
 	specBusyExit   = spec{"busy-exit-code", "DISLOCK_BUSY_EXIT_CODE", "0", "CODE", "exit code when the lock is held elsewhere and the command does not start"}
 	specURLEnv     = spec{"url-env", "DISLOCK_URL_ENV", defaultURLEnv, "NAME", "environment variable holding the backend URL (subcommands; the run form names it as its first argument)"}
 	specForce      = spec{"force", "", "", "", "release: break the lock whoever holds it"}
-	specAllForHelp = []spec{specKey, specSchedule, specStrategy, specTable, specTTL, specInterval, specJitter, specOnLoss, specLogLevel, specGrace, specBusyExit, specURLEnv, specCreate, specForce}
+	specAllForHelp = []spec{specKey, specSchedule, specStrategy, specLimit, specTable, specTTL, specInterval, specJitter, specOnLoss, specLogLevel, specGrace, specBusyExit, specURLEnv, specCreate, specForce}
 )
 
 // name is how messages refer to a setting: the environment variable and the flag.
@@ -131,6 +132,7 @@ type runConfig struct {
 	onLossCont    bool
 	grace         time.Duration
 	busyExit      int
+	limit         int // permits of the lease; 1: a mutex
 }
 
 func (r *runConfig) scheduleKey() string { return schedulePrefix + r.key }
@@ -329,6 +331,7 @@ func parseRun(st *settings, r *runConfig) error {
 		return badSetting(specKey, "%v", err)
 	}
 
+	var err error
 	strategy := strings.ToLower(st.get(specStrategy))
 	for _, part := range strings.Split(strategy, ",") {
 		switch strings.TrimSpace(part) {
@@ -347,6 +350,14 @@ func parseRun(st *settings, r *runConfig) error {
 		}
 	}
 
+	if r.limit, err = parseLimit(st.get(specLimit)); err != nil {
+		return badSetting(specLimit, "%v", err)
+	}
+	if r.limit > 1 && !r.useLease {
+		return badSetting(specLimit, "%d counts the instances that run, which takes the lease strategy: set %s to lease or schedule,lease (it is %q)",
+			r.limit, specStrategy.name(), strategy)
+	}
+
 	r.scheduleSpec = st.get(specSchedule)
 	if r.useSchedule {
 		if r.scheduleSpec == "" {
@@ -359,7 +370,6 @@ func parseRun(st *settings, r *runConfig) error {
 		r.schedule, r.slotTolerance = sched, tol
 	}
 
-	var err error
 	if r.ttl, err = parseSeconds(st.get(specTTL)); err != nil {
 		return badSetting(specTTL, "%v", err)
 	}
@@ -422,6 +432,19 @@ func parseRun(st *settings, r *runConfig) error {
 	}
 	r.busyExit = code
 	return nil
+}
+
+// parseLimit reads LOCK_LIMIT: a whole number from 1 to core.MaxLimit.
+func parseLimit(s string) (int, error) {
+	s = strings.TrimSpace(s)
+	n, err := strconv.Atoi(s)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%q is not a whole number of instances from 1 to %d", s, core.MaxLimit)
+	case n < 1 || n > core.MaxLimit:
+		return 0, fmt.Errorf("must be from 1 to %d, got %d", core.MaxLimit, n)
+	}
+	return n, nil
 }
 
 // parseBool reads a yes/no setting: 1, true, yes or on; 0, false, no, off

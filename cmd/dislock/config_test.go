@@ -116,6 +116,14 @@ func TestBadSettings(t *testing.T) {
 		{"grace negative", []string{"DISLOCK_GRACE_SECONDS", "-1"}, nil, "DISLOCK_GRACE_SECONDS"},
 		{"busy code", []string{"DISLOCK_BUSY_EXIT_CODE", "300"}, nil, "DISLOCK_BUSY_EXIT_CODE"},
 		{"busy code text", []string{"DISLOCK_BUSY_EXIT_CODE", "x"}, nil, "DISLOCK_BUSY_EXIT_CODE"},
+		{"limit zero", []string{"LOCK_STRATEGY", "lease", "LOCK_LIMIT", "0"}, nil, "LOCK_LIMIT"},
+		{"limit negative", []string{"LOCK_STRATEGY", "lease", "LOCK_LIMIT", "-2"}, nil, "LOCK_LIMIT"},
+		{"limit text", []string{"LOCK_STRATEGY", "lease", "LOCK_LIMIT", "many"}, nil, "LOCK_LIMIT"},
+		{"limit fraction", []string{"LOCK_STRATEGY", "lease", "LOCK_LIMIT", "1.5"}, nil, "LOCK_LIMIT"},
+		{"limit above max", []string{"LOCK_STRATEGY", "lease", "LOCK_LIMIT", "10001"}, nil, "LOCK_LIMIT"},
+		{"limit huge", []string{"LOCK_STRATEGY", "lease", "LOCK_LIMIT", "99999999999999999999999"}, nil, "LOCK_LIMIT"},
+		{"limit flag", []string{"LOCK_STRATEGY", "lease"}, []string{"--limit", "0"}, "--limit"},
+		{"limit without lease", []string{"LOCK_LIMIT", "3"}, nil, "LOCK_STRATEGY"},
 		{"ttl flag", nil, []string{"--ttl", "x"}, "--ttl"},
 		{"url env unset", nil, []string{"NOPE"}, "NOPE"},
 		{"url env not a name", nil, []string{"1-2"}, "URL_ENV"},
@@ -370,5 +378,63 @@ func TestBusyMessage(t *testing.T) {
 	msg = busyMessage(cfg.leaseKey(), cfg, h)
 	if !strings.Contains(msg, "held by another run") || !strings.Contains(msg, "host-a:4242") {
 		t.Errorf("lease: %q", msg)
+	}
+}
+
+// LOCK_LIMIT defaults to 1 (a mutex, as before); --limit wins over it; a
+// limit above 1 needs the lease strategy, and 1 works with any.
+func TestLimitSetting(t *testing.T) {
+	parse := func(args []string, kv ...string) (*invocation, error) {
+		env := envOf(append([]string{"U", testURL, "LOCK_KEY", "k", "CRON_SCHEDULE", "@hourly"}, kv...)...)
+		return parseArgs(append(args, "U", "true"), env)
+	}
+	inv, err := parse(nil)
+	if err != nil || inv.run.limit != 1 {
+		t.Fatalf("default: limit %v, err %v; want 1", inv.run.limit, err)
+	}
+	inv, err = parse(nil, "LOCK_STRATEGY", "lease", "LOCK_LIMIT", " 3 ")
+	if err != nil || inv.run.limit != 3 {
+		t.Fatalf("LOCK_LIMIT=3: limit %v, err %v", inv.run.limit, err)
+	}
+	inv, err = parse([]string{"--limit", "5"}, "LOCK_STRATEGY", "schedule,lease", "LOCK_LIMIT", "3")
+	if err != nil || inv.run.limit != 5 {
+		t.Fatalf("--limit 5 over LOCK_LIMIT=3: limit %v, err %v", inv.run.limit, err)
+	}
+	inv, err = parse(nil, "LOCK_LIMIT", "1")
+	if err != nil || inv.run.limit != 1 {
+		t.Fatalf("LOCK_LIMIT=1 with the schedule strategy: limit %v, err %v", inv.run.limit, err)
+	}
+	inv, err = parse(nil, "LOCK_STRATEGY", "lease", "LOCK_LIMIT", "10000")
+	if err != nil || inv.run.limit != core.MaxLimit {
+		t.Fatalf("LOCK_LIMIT=10000: limit %v, err %v", inv.run.limit, err)
+	}
+	_, err = parse(nil, "LOCK_LIMIT", "3")
+	if err == nil || !strings.Contains(err.Error(), "LOCK_LIMIT") || !strings.Contains(err.Error(), "lease") {
+		t.Errorf("LOCK_LIMIT=3 with the schedule strategy: %v, want an error naming LOCK_LIMIT and the lease strategy", err)
+	}
+}
+
+// A busy semaphore says that the limit is reached, and names the lease that
+// ends first.
+func TestBusyMessageLimit(t *testing.T) {
+	cfg := &runConfig{key: "job", limit: 3}
+	h := &core.Info{Owner: "host-a:4242", Token: 7, AcquiredAt: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC), Remaining: time.Minute, Limit: 3}
+	msg := busyMessage(cfg.leaseKey(), cfg, h)
+	for _, want := range []string{"3 instances", "LOCK_LIMIT", "host-a:4242", "token 7"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("%q lacks %q", msg, want)
+		}
+	}
+}
+
+// A permit's line ends in limit=N; a mutex's line is as before.
+func TestHeldLineLimit(t *testing.T) {
+	info := core.Info{Key: "k", Owner: "o", Token: 1}
+	if line := heldLine(info); strings.Contains(line, "limit=") || !strings.HasSuffix(line, "remaining=0s\n") {
+		t.Errorf("mutex line %q", line)
+	}
+	info.Limit = 4
+	if line := heldLine(info); !strings.HasSuffix(line, "\tlimit=4\n") {
+		t.Errorf("permit line %q", line)
 	}
 }

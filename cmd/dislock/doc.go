@@ -12,6 +12,22 @@
 // and schedule,lease does both. At the default log level, WARNING, a run
 // that succeeds and a run skipped because the lock is held print nothing.
 //
+// LOCK_LIMIT=N (--limit N), with the lease strategy, runs the command only
+// if fewer than N instances of the key run: each instance holds one of the
+// N permits of a semaphore on the lease key, renewed and lost like a lease,
+// with a DISLOCK_TOKEN of its own; a run that finds all N taken does not
+// start, as with a busy lock. It needs a backend with semaphores (a
+// backend without them is exit 2 naming LOCK_LIMIT, before any lock is
+// taken), and every run of a key must use the same N: a run whose key is
+// held under another limit is exit 2. status prints a line per permit,
+// ending in limit=N, list does the same, and release --force frees all
+// permits. A value that is not a whole number from 1 to 10000 is exit 2.
+// Under schedule,lease the schedule lock still lets one run start per slot:
+// the limit then bounds the runs of successive slots that overlap. On
+// PostgreSQL, a LOCK_LIMIT run that may create its table (the default one,
+// or with DISLOCK_CREATE_TABLE=1) also creates what the semaphores keep
+// beside it; otherwise a missing one is exit 2 that says what to create.
+//
 // The command runs in its own process group. When the lease is lost, the
 // group gets SIGTERM, then SIGKILL after the grace period or earlier, so that
 // it is dead before the server could give the lock to another holder; dislock

@@ -124,6 +124,7 @@ func TestEtcd(t *testing.T) {
 		st := run(t, f.baseEnv(urlVar+"="+bad, "CRONJOB_LOCK_LOG_LEVEL=DEBUG"), "status", "--url-env", urlVar, "k")
 		noSentinel(t, st)
 	})
+	t.Run("Limit", func(t *testing.T) { limitProcess(t, f) })
 	t.Run("BadURL", func(t *testing.T) {
 		for _, u := range []string{"etcd://", "etcds://", "etcd://u:" + sentinel + "@", "etcd://u:" + sentinel + "@h:2379/path",
 			"etcd://h:2379?x=" + sentinel, "etcd://a:1,,b:2"} {

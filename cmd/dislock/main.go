@@ -117,7 +117,8 @@ func (c *cli) open(ctx context.Context, inv *invocation) (locker, func() error, 
 	case inv.create:
 		use = tableCreate
 	}
-	l, closeFn, err := openLocker(ctx, inv.urlEnv, inv.url, inv.table, use, c.log)
+	permits := inv.sub == subRun && inv.run.limit > 1
+	l, closeFn, err := openLocker(ctx, inv.urlEnv, inv.url, inv.table, use, permits, c.log)
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -147,27 +148,51 @@ func (c *cli) operate(inv *invocation, fn func(ctx context.Context, l locker) er
 // heldLine is the line status and list print for a held lock: the key,
 // "held", then the holder's fields. Every time in it comes from the one read
 // of the store that returned info (remaining is expires_at minus the store's
-// clock at that read).
+// clock at that read). A permit of a semaphore (LOCK_LIMIT) ends with
+// limit=N; each permit has a line of its own.
 func heldLine(info core.Info) string {
-	return fmt.Sprintf("%s\theld\towner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s\n",
-		info.Key, info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond))
+	limit := ""
+	if info.Limit > 1 {
+		limit = fmt.Sprintf("\tlimit=%d", info.Limit)
+	}
+	return fmt.Sprintf("%s\theld\towner=%s\ttoken=%d\tacquired_at=%s\texpires_at=%s\tremaining=%s%s\n",
+		info.Key, info.Owner, info.Token, fmtTime(info.AcquiredAt), fmtTime(info.ExpiresAt), info.Remaining.Round(time.Millisecond), limit)
 }
 
 func (c *cli) status(inv *invocation) error {
 	return c.operate(inv, func(ctx context.Context, l locker) error {
-		key := inv.args[0]
-		info, ok, err := l.Inspect(ctx, key)
+		return c.printStatus(ctx, l, inv.args[0])
+	})
+}
+
+// printStatus prints the status of key on l: a line per holder, or free.
+func (c *cli) printStatus(ctx context.Context, l locker, key string) error {
+	info, ok, err := l.Inspect(ctx, key)
+	if err != nil {
+		return exitWith(exitFailure, fmt.Errorf("status %q: %w", key, err))
+	}
+	if !ok {
+		fmt.Fprintf(c.stdout, "%s\tfree\n", key)
+		return nil
+	}
+	holders := []core.Info{info}
+	if info.Limit > 1 && hasSemaphores(l) {
+		// A semaphore: a line for every permit, oldest first.
+		hs, err := l.Holders(ctx, key)
 		if err != nil {
 			return exitWith(exitFailure, fmt.Errorf("status %q: %w", key, err))
 		}
-		if !ok {
+		if len(hs) == 0 {
 			fmt.Fprintf(c.stdout, "%s\tfree\n", key)
 			return nil
 		}
-		info.Key = key
-		io.WriteString(c.stdout, heldLine(info))
-		return nil
-	})
+		holders = hs
+	}
+	for _, h := range holders {
+		h.Key = key
+		io.WriteString(c.stdout, heldLine(h))
+	}
+	return nil
 }
 
 func (c *cli) list(inv *invocation) error {
@@ -191,8 +216,13 @@ func (c *cli) release(inv *invocation) error {
 	return c.operate(inv, func(ctx context.Context, l locker) error {
 		key := inv.args[0]
 		if info, ok, err := l.Inspect(ctx, key); err == nil && ok {
-			c.log.Warn("force-releasing a held lock; its holder learns of the loss at its next renewal",
-				"key", key, "owner", info.Owner, "token", info.Token)
+			if info.Limit > 1 {
+				c.log.Warn("force-releasing every permit of a semaphore; each holder learns of the loss at its next renewal",
+					"key", key, "limit", info.Limit, "oldest_owner", info.Owner, "oldest_token", info.Token)
+			} else {
+				c.log.Warn("force-releasing a held lock; its holder learns of the loss at its next renewal",
+					"key", key, "owner", info.Owner, "token", info.Token)
+			}
 		}
 		released, err := l.ForceRelease(ctx, key)
 		if err != nil {
@@ -251,6 +281,12 @@ once the whole group is gone: processes the command leaves running get
 SIGTERM, then SIGKILL after the grace period. On Linux the command gets
 SIGKILL if dislock itself is killed (its children do not: exec the job).
 
+LOCK_LIMIT=N (--limit N), with the lease strategy, lets up to N instances of
+the key run at once: each holds one of N permits of the lease, with its own
+DISLOCK_TOKEN, and a run that finds all N taken does not start (a busy lock).
+Every run of a key must use the same LOCK_LIMIT; a run whose key is held under
+another limit, or on a backend without semaphores, is exit 2.
+
 Exit codes: 0 the command succeeded, or the lock is held elsewhere and the
 command did not start (see --busy-exit-code); 1 runtime failure (for example
 the backend is unreachable; the command did not start); 2 bad configuration or
@@ -279,6 +315,7 @@ Flags (each overrides its environment variable):
 	b.WriteString("\nStatus, list and release take KEY as stored, e.g. " + schedulePrefix + "NAME or " + leasePrefix + "NAME.\n" +
 		"Status and list print one line per lock, tab-separated: KEY held owner=… token=… acquired_at=…\n" +
 		"expires_at=… remaining=… (times in UTC, all from one read of the store); status prints KEY free\n" +
-		"for a free lock.\n")
+		"for a free lock. A lease taken with LOCK_LIMIT above 1 has a line per running instance, ending\n" +
+		"in limit=N; release --force frees all of them.\n")
 	io.WriteString(w, b.String())
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/pg"
 )
 
 // Timing of the group's termination.
@@ -122,15 +123,25 @@ func (c *cli) runLocked(inv *invocation) error {
 // acquire opens the backend and takes the schedule lock, then the lease.
 // A busy lock is an *exitError with the busy exit code and nothing to log.
 func (c *cli) acquire(ctx context.Context, inv *invocation) (sched, lease core.Session, closeFn func() error, err error) {
-	cfg := &inv.run
 	l, closeFn, err := c.open(ctx, inv)
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	return c.take(ctx, inv, l, closeFn)
+}
+
+// take takes the locks of the run on l; on failure it releases what it took
+// and calls closeFn.
+func (c *cli) take(ctx context.Context, inv *invocation, l locker, closeFn func() error) (sched, lease core.Session, _ func() error, err error) {
+	cfg := &inv.run
 	fail := func(err error) (core.Session, core.Session, func() error, error) {
 		c.releaseAll(lease, sched)
 		closeFn()
 		return nil, nil, nil, err
+	}
+	if cfg.limit > 1 && !hasSemaphores(l) {
+		// Checked before any lock is taken, so that no slot is used up.
+		return fail(noSemaphores(cfg, l.Backend().Name(), inv.urlEnv))
 	}
 	jitter := cfg.jitter
 	jitterOpt := func() []core.Option {
@@ -153,6 +164,9 @@ func (c *cli) acquire(ctx context.Context, inv *invocation) (sched, lease core.S
 	if cfg.useLease {
 		key := cfg.leaseKey()
 		opts := append(jitterOpt(), core.TTL(cfg.ttl), core.RenewInterval(cfg.interval), core.RenewDeadline(cfg.renewDeadline))
+		if cfg.limit > 1 {
+			opts = append(opts, core.Limit(cfg.limit))
+		}
 		s, err := c.try(ctx, l, key, opts, cfg, inv.urlEnv)
 		if err != nil {
 			return fail(err)
@@ -179,9 +193,27 @@ func (c *cli) try(ctx context.Context, l core.Locker, key string, opts []core.Op
 		return nil, exitWith(exitFailure, context.Cause(ctx))
 	case errors.Is(err, core.ErrInvalidOption), errors.Is(err, core.ErrInvalidKey):
 		return nil, exitWith(exitUsage, fmt.Errorf("lock %q: %w", key, err))
+	case errors.Is(err, core.ErrLimitMismatch):
+		// Other runs hold the key under another LOCK_LIMIT: the machines'
+		// settings disagree.
+		return nil, exitWith(exitUsage, badSetting(specLimit, "%d: %v; every run of %s must use the same %s",
+			cfg.limit, err, specKey.env+"="+cfg.key, specLimit.env))
+	case cfg.limit > 1 && errors.Is(err, core.ErrUnsupported):
+		hint := ""
+		if errors.Is(err, pg.ErrSchema) {
+			hint = fmt.Sprintf("; or let dislock create what is missing with %s=1 (--%s)", specCreate.env, specCreate.flag)
+		}
+		return nil, exitWith(exitUsage, badSetting(specLimit, "%d: the backend in %s cannot hold it: %v%s", cfg.limit, urlEnv, err, hint))
 	}
 	// err names the key and the backend: "dislock: pg: acquire \"k\": …".
 	return nil, exitWith(exitFailure, fmt.Errorf("the backend in %s: %w", urlEnv, err))
+}
+
+// noSemaphores is the configuration error of a LOCK_LIMIT above 1 on a
+// backend without semaphores.
+func noSemaphores(cfg *runConfig, backend, urlEnv string) error {
+	return badSetting(specLimit, "%d: the %s backend in %s has no semaphores, so it cannot let %d instances run at once; unset %s or use a backend that has them",
+		cfg.limit, backend, urlEnv, cfg.limit, specLimit.env)
 }
 
 // busyMessage says why the command does not run. A busy schedule lock means
@@ -194,6 +226,13 @@ func busyMessage(key string, cfg *runConfig, h *core.Info) string {
 		}
 		return fmt.Sprintf("this schedule slot has already run: started %sby %s (token %d); the command runs again in the next slot, from %s (key %s)",
 			startedAt(h), h.Owner, h.Token, fmtTime(h.ExpiresAt), key)
+	}
+	if cfg.limit > 1 {
+		if h == nil {
+			return fmt.Sprintf("%d instances already run, the most %s allows; the command does not run (key %s)", cfg.limit, specLimit.env, key)
+		}
+		return fmt.Sprintf("%d instances already run, the most %s allows; the lease that ends first was started %sby %s (token %d), for %s more unless renewed; the command does not run (key %s)",
+			cfg.limit, specLimit.env, startedAt(h), h.Owner, h.Token, h.Remaining.Round(time.Millisecond), key)
 	}
 	if h == nil {
 		return fmt.Sprintf("the lease is held by another run; the command does not run (key %s)", key)

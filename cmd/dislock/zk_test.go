@@ -96,6 +96,7 @@ func TestZooKeeper(t *testing.T) {
 			t.Fatalf("status after release: %s", st.output())
 		}
 	})
+	t.Run("Limit", func(t *testing.T) { limitProcess(t, f) })
 	t.Run("BadURL", func(t *testing.T) {
 		for _, u := range []string{"zk://", "zk:///chroot", "zk://user:" + sentinel + "@h:2181", "zk://h:2181?nope=1", "zk://h:2181?session_timeout=x"} {
 			p := run(t, f.baseEnv("LOCK_KEY=k", urlVar+"="+u), urlVar, "true")

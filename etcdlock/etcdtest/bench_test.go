@@ -363,7 +363,13 @@ func BenchmarkConcurrencyMutexHandoff(b *testing.B) {
 // leases, renewed every 500 ms). Each iteration is one renew interval;
 // reported per interval: unary requests (transactions), streams opened and
 // stream messages (keepalives).
-func BenchmarkHold1000(b *testing.B) {
+func BenchmarkHold1000(b *testing.B) { hold1000(b, 1) }
+
+// BenchmarkHold1000Permits is BenchmarkHold1000 with 1,000 permits: 250
+// semaphores of 4, all permits held by the one Locker.
+func BenchmarkHold1000Permits(b *testing.B) { hold1000(b, 4) }
+
+func hold1000(b *testing.B, limit int) {
 	const n = 1000
 	ttl := 1500 * time.Millisecond
 	interval := ttl / 3
@@ -374,7 +380,7 @@ func BenchmarkHold1000(b *testing.B) {
 	ctx := context.Background()
 	sessions := make([]core.Session, n)
 	for i := range sessions {
-		s, err := l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i))
+		s, err := l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i/limit), core.Limit(limit))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -397,4 +403,47 @@ func BenchmarkHold1000(b *testing.B) {
 	b.ReportMetric(float64(cnt.unary.Load()-u0)/intervals, "txns/interval")
 	b.ReportMetric(float64(cnt.streams.Load()-s0)/intervals, "streams/interval")
 	b.ReportMetric(float64(cnt.streamMsgs.Load()-m0)/intervals, "keepalives/interval")
+}
+
+// BenchmarkSemaphore: one uncontended TryAcquire + Release of a permit of a
+// semaphore of 4, next to the same for a mutex and a raw Get, all timed in
+// the same run (interleaved with a Get each: see x-get).
+//
+//	cd etcdlock/etcdtest && go test -run '^$' -bench Semaphore -benchtime 500x .
+func BenchmarkSemaphore(b *testing.B) {
+	cfg := benchEndpoints(b)
+	for _, bc := range []struct {
+		name string
+		opts []core.Option
+	}{
+		{"mutex", nil},
+		{"permit-of-4", []core.Option{core.Limit(4)}},
+		{"permit-of-4-3-held", []core.Option{core.Limit(4)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			cnt := &counter{}
+			cli := benchClient(b, cfg, cnt)
+			prefix := uniquePrefix("bench-sem")
+			l := benchLocker(b, cli, prefix)
+			ctx := context.Background()
+			if bc.name == "permit-of-4-3-held" {
+				// Three permits held by another process.
+				other := benchLocker(b, benchClient(b, cfg, nil), prefix)
+				for range 3 {
+					s, err := other.TryAcquire(ctx, "sem", bc.opts...)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer s.Release(ctx)
+				}
+			}
+			interleaved(b, cli, cnt, func() error {
+				s, err := l.TryAcquire(ctx, "sem", bc.opts...)
+				if err != nil {
+					return err
+				}
+				return s.Release(ctx)
+			})
+		})
+	}
 }

@@ -39,7 +39,10 @@ func harness(t *testing.T, prefix string, newClient func(t testing.TB) *clientv3
 			return steal(ctx, admin, prefix+key)
 		},
 		Delete: func(ctx context.Context, key string) error {
-			_, err := admin.Delete(ctx, prefix+key)
+			// The lock key, and a semaphore's permit keys:
+			// <prefix><key> NUL <owner token>.
+			_, err := admin.Txn(ctx).Then(clientv3.OpDelete(prefix+key),
+				clientv3.OpDelete(prefix+key+"\x00", clientv3.WithPrefix())).Commit()
 			return err
 		},
 		TTL: minTTL(t, admin),

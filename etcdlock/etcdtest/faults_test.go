@@ -506,4 +506,33 @@ func TestLostReply(t *testing.T) {
 		s.Release(context.Background())
 		noLeases(t)
 	})
+	t.Run("Permit", func(t *testing.T) {
+		// A permit claim applied but unanswered is undone: the semaphore
+		// keeps all its permits free, and later claims see it right.
+		drop.dropped.Store(0)
+		drop.arm(isClaim)
+		_, err := a.TryAcquire(ctxT(t, 10*time.Second), "permit", core.Limit(2))
+		if err == nil || errors.Is(err, core.ErrNotAcquired) || drop.dropped.Load() != 1 {
+			t.Fatalf("TryAcquire = %v, want a backend error (dropped %d)", err, drop.dropped.Load())
+		}
+		if hs, err := b.Holders(ctxT(t, 5*time.Second), "permit"); err != nil || len(hs) != 0 {
+			t.Fatalf("holders after the undo: %+v, %v", hs, err)
+		}
+		noLeases(t)
+		var ss []core.Session
+		for _, l := range []*core.Client{a, b} {
+			s, err := l.TryAcquire(ctxT(t, 5*time.Second), "permit", core.Limit(2))
+			if err != nil {
+				t.Fatalf("permit after the undo: %v", err)
+			}
+			ss = append(ss, s)
+		}
+		if _, err := a.TryAcquire(ctxT(t, 5*time.Second), "permit", core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("third permit of 2: %v", err)
+		}
+		for _, s := range ss {
+			s.Release(context.Background())
+		}
+		noLeases(t)
+	})
 }

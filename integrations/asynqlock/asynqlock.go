@@ -53,6 +53,7 @@ type config struct {
 	quick          int
 	maxWaiting     int
 	handOffWait    time.Duration
+	limit          int
 	errs           []error
 }
 
@@ -77,6 +78,33 @@ func WithKey(fn KeyFunc) Option {
 // locks of asynq tasks share a namespace of their own. It may be empty.
 func Prefix(p string) Option {
 	return func(c *config) { c.prefix = p }
+}
+
+// WithLimit lets up to n tasks of a key run at once across every server
+// that shares the lock store (default 1: one at a time): each running task
+// holds one of the n permits of a semaphore on the key (core.Limit(n)), with
+// its own lease, renewal, loss signal and fencing token. A task that finds
+// all n permits taken is busy, and the busy policy (OnBusy, OnExhausted)
+// applies as for a held lock: under HandOff it waits for a permit, and is
+// woken when one is released. n must be between 1 and core.MaxLimit, and
+// the Locker's backend must hold semaphores (a core.SemaphoreBackend:
+// New checks this when l is a *core.Client); it overrides a core.Limit
+// given in LockOptions.
+//
+// Every server must use the same n for a key. While a key's tasks hold it
+// under another limit (a rolling change of n), a task is bounced as busy
+// with an error that also matches core.ErrLimitMismatch, and runs once
+// those holders are gone; on its last attempt, where the OnExhausted wait
+// cannot wait for that (Acquire answers a mismatch at once), asynq archives
+// it with that error.
+func WithLimit(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > core.MaxLimit {
+			c.errs = append(c.errs, invalid("WithLimit", "must be between 1 and %d, got %d", core.MaxLimit, n))
+			return
+		}
+		c.limit = n
+	}
 }
 
 // LockOptions are passed to every acquisition (core.TTL, core.WithOwner, …).
@@ -386,6 +414,16 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 	if len(c.errs) > 0 {
 		return nil, c.errs[0]
 	}
+	if c.limit > 1 {
+		if cl, ok := l.(*core.Client); ok {
+			if _, ok := cl.Backend().(core.SemaphoreBackend); !ok {
+				return nil, fmt.Errorf("%w: asynqlock: WithLimit: %d permits need a backend with semaphores, and %s has none: %w",
+					core.ErrInvalidOption, c.limit, cl.Backend().Name(), core.ErrUnsupported)
+			}
+		}
+		// Last, so that it wins over a core.Limit in LockOptions.
+		c.lockOpts = append(append([]core.Option(nil), c.lockOpts...), core.Limit(c.limit))
+	}
 	m := &middleware{l: l, c: c, lines: lines{keys: map[string]*line{}}}
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
@@ -395,7 +433,8 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 }
 
 // Middleware returns an asynq middleware that runs at most one task per key
-// at a time across every server that uses the same lock store. Use it with
+// (WithLimit: n tasks) at a time across every server that uses the same lock
+// store. Use it with
 // ServeMux.Use, or around one handler: Middleware(l)(h). The middleware and
 // the handlers it returns are safe for concurrent use.
 //
@@ -463,8 +502,14 @@ func (m *middleware) acquire(ctx context.Context, key string, p Policy, from *Po
 	if err == nil {
 		return s, nil
 	}
+	if errors.Is(err, core.ErrLimitMismatch) && !errors.Is(err, core.ErrNotAcquired) && ctx.Err() == nil {
+		// The key's holders took it under another limit (servers that
+		// disagree on WithLimit, or a rolling change of it): the key is
+		// taken for this task until they are gone.
+		err = fmt.Errorf("%w: %w", core.ErrNotAcquired, err)
+	}
 	if !errors.Is(err, core.ErrNotAcquired) || ctx.Err() != nil {
-		if errors.Is(err, core.ErrInvalidKey) || errors.Is(err, core.ErrInvalidOption) {
+		if errors.Is(err, core.ErrInvalidKey) || errors.Is(err, core.ErrInvalidOption) || errors.Is(err, core.ErrUnsupported) {
 			return nil, fmt.Errorf("asynqlock: %w: %w", err, asynq.SkipRetry)
 		}
 		// A store failure or the task's own cancellation: an ordinary
@@ -603,6 +648,7 @@ type line struct {
 	waiting int       // tasks waiting for the key
 	moved   time.Time // when the key last changed hands, as far as seen here
 	holder  holder    // the holder in the last busy answer
+	newest  uint64    // a semaphore's newest permit token seen in busy answers
 	// Quick retries are a token bucket kept as the time at which it is
 	// full again (GCRA): each retry moves it on by 1s/rate.
 	full time.Time
@@ -632,13 +678,24 @@ func (ls *lines) enter(key string, n, total, rate int, info *core.Info, now time
 		l = &line{}
 		ls.keys[key] = l
 	}
-	if info == nil {
+	switch {
+	case info == nil:
 		// The store does not say who holds the key: count every busy
 		// answer as a change of hands, so that only the rate bounds the
 		// quick retries.
 		l.moved = now
-	} else if h := (holder{info.Token, info.Owner, info.AcquiredAt.UnixNano()}); h != l.holder {
-		l.holder, l.moved = h, now
+	case info.Limit > 1 && info.Token != 0:
+		// A full semaphore names the permit that expires first, which
+		// changes as its holders renew. A permit changed hands when one
+		// with a newer token shows up: tokens increase per key across
+		// permits.
+		if info.Token > l.newest {
+			l.newest, l.moved = info.Token, now
+		}
+	default:
+		if h := (holder{info.Token, info.Owner, info.AcquiredAt.UnixNano()}); h != l.holder {
+			l.holder, l.moved = h, now
+		}
 	}
 	if l.waiting < n && (total == 0 || ls.waiting < total) {
 		l.waiting++

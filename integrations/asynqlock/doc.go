@@ -1,6 +1,6 @@
 // Package asynqlock is an asynq middleware that keeps at most one task per
-// key running at a time, across every asynq server that shares the lock
-// store.
+// key running at a time (or up to n, with WithLimit), across every asynq
+// server that shares the lock store.
 //
 // asynq's own Unique option does not do this: it deduplicates at enqueue
 // time, and only tasks with the same type and exactly the same payload (and
@@ -41,6 +41,23 @@
 // "asynqlock:") is put before it. An empty key runs the task without a lock.
 // A KeyFunc error, or a key the Locker rejects, is permanent: the returned
 // error wraps asynq.SkipRetry and asynq archives the task.
+//
+// # Up to n at a time: WithLimit
+//
+// WithLimit(n) lets up to n tasks of a key run at once, across all servers:
+// each running task holds one of the n permits of a semaphore on the key
+// (core.Limit), with its own lease, renewal, loss signal and fencing token
+// (tokens increase per key across the permits). A task that finds all n
+// permits taken is busy, and everything below applies as to a held lock:
+// under HandOff it waits in line for a permit and is woken when one is
+// released; the others are bounced, quick retries included. The store must
+// hold semaphores (a core.SemaphoreBackend: memlock, and the backends whose
+// documentation says so); New reports a store without them, naming
+// WithLimit. Every server must use the same n for a key: a task whose key
+// is held under another limit (a server without WithLimit, or a rolling
+// change of n) is bounced as busy, with an error that also matches
+// core.ErrLimitMismatch, until those holders are gone (on its last
+// attempt it is archived with that error).
 //
 // # When the key is busy
 //

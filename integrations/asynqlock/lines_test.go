@@ -93,3 +93,29 @@ func TestLines_MaxWaiting(t *testing.T) {
 		t.Fatal("key c does not wait after a wait ended")
 	}
 }
+
+// TestLines_SemaphoreHolders: a full semaphore's busy answer names the
+// permit that expires first, which rotates among long-running holders as
+// they renew: that is not a change of hands, and does not reopen quick
+// retries; a permit with a newer token is.
+func TestLines_SemaphoreHolders(t *testing.T) {
+	ls := lines{keys: map[string]*line{}}
+	t0 := time.Unix(1000, 0)
+	permit := func(token uint64, owner string) *core.Info {
+		return &core.Info{Token: token, Owner: owner, Limit: 3}
+	}
+	ls.enter("k", 1, 0, 40, permit(7, "a"), t0) // waits
+	if _, q := ls.enter("k", 1, 0, 40, permit(5, "b"), t0); !q {
+		t.Fatal("no quick retry right after the first busy answer")
+	}
+	// Two seconds on, the permits of a, b and c take turns expiring first.
+	t1 := t0.Add(2 * time.Second)
+	for i, p := range []*core.Info{permit(5, "b"), permit(6, "c"), permit(7, "a")} {
+		if _, q := ls.enter("k", 1, 0, 40, p, t1); q {
+			t.Errorf("busy answer %d (an older permit, token %d): quick retry, want none", i, p.Token)
+		}
+	}
+	if _, q := ls.enter("k", 1, 0, 40, permit(8, "d"), t1); !q {
+		t.Error("no quick retry after a new permit (token 8) showed up")
+	}
+}

@@ -174,6 +174,14 @@ func TestServers_OneAtATime(t *testing.T) {
 // Redis (redislock), each server with its own Redis client.
 func TestServers_OneAtATime_Redislock(t *testing.T) {
 	e := newEnv(t)
+	la, lb := redislockers(t)
+	oneAtATime(t, e, la, lb)
+}
+
+// redislockers returns two Lockers on the Redis of testenv.Redis, each with
+// its own client, sharing a prefix of the test's own.
+func redislockers(t *testing.T) (core.Locker, core.Locker) {
+	t.Helper()
 	prefix := testenv.Name("asynqlock-test")
 	var ls []core.Locker
 	for range 2 {
@@ -189,7 +197,7 @@ func TestServers_OneAtATime_Redislock(t *testing.T) {
 		t.Cleanup(func() { l.Close(); c.Close() })
 		ls = append(ls, l)
 	}
-	oneAtATime(t, e, ls[0], ls[1])
+	return ls[0], ls[1]
 }
 
 func oneAtATime(t *testing.T, e *env, la, lb core.Locker) {

@@ -106,6 +106,11 @@ func TestNew_InvalidOptions(t *testing.T) {
 			t.Errorf("%s: err = %v, want ErrInvalidOption naming it", name, err)
 		}
 	}
+	for _, n := range []int{0, -1, core.MaxLimit + 1} {
+		if _, err := asynqlock.New(l, asynqlock.WithLimit(n)); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithLimit") {
+			t.Errorf("WithLimit(%d): err = %v, want ErrInvalidOption naming WithLimit", n, err)
+		}
+	}
 	defer func() {
 		if recover() == nil {
 			t.Error("Middleware with an invalid option did not panic")

@@ -67,11 +67,33 @@
 // already-cancelled context at shutdown; failures go to OnError and to the
 // core.Locker's Observer (gocron drops them).
 //
+// # Up to n at once: Limit
+//
+// gocron's Locker holds its lock for the run, so a limit across schedulers
+// fits it: with the Limit(n) option (every job of a Locker, or a Task) or
+// Locker.Limit(job, n) (one job), a run takes one of the n permits of a
+// semaphore on the job's key (core.Limit) instead of the lock, with its own
+// fencing token, kept as the job's lock would be. For a job with a slot
+// lock, at most n runs start per slot across all schedulers (the permits
+// are kept until the slot ends); for a job with a plain lease, at most n
+// runs go on at once, each permit held while its run runs and renewed like
+// a lease; under MinHold each permit is kept at least that long. A run
+// that finds all n permits taken is skipped like a busy one, with an error
+// matching core.ErrNotAcquired. The store must hold semaphores (a
+// core.SemaphoreBackend; checked when the Locker is built on a
+// *core.Client). Every scheduler must use the same limit for a job: a run
+// whose job is held under another limit is skipped, and OnError gets an
+// error matching core.ErrLimitMismatch. An Elector has no limit: it elects
+// one leader.
+//
+//	locker, _ := gocronlock.NewLocker(l)
+//	_ = locker.Limit("reindex", 3) // up to 3 reindex runs at once, across all schedulers
+//
 // # Guarantees
 //
 //   - Locker: at most one run starts per slot of a job across all schedulers
 //     sharing the store (for a job without a slot: no two runs overlap while
-//     the lease holds). A busy lock is an error matching core.ErrNotAcquired
+//     the lease holds); with a limit of n, n instead of one. A busy lock is an error matching core.ErrNotAcquired
 //     and gocron skips that run; a store failure keeps its cause.
 //   - Elector: IsLeader is true on at most one scheduler at a time, as long
 //     as the machines' clocks run at the same rate: a leader's IsLeader

@@ -39,7 +39,7 @@ func NewElector(l core.Locker, key string, opts ...Option) (*Elector, error) {
 		return nil, err
 	}
 	eopts := []core.ElectionOption{
-		core.WithLockOptions(cfg.coreOptions()...),
+		core.WithLockOptions(cfg.coreOptions(0)...),
 		core.WithRetry(cfg.retry),
 	}
 	if cfg.onElected != nil {

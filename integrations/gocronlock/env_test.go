@@ -59,7 +59,9 @@ func newEnv(t *testing.T, name string) *env {
 		}
 		table := testenv.Name("gocronlock_")
 		t.Cleanup(func() {
-			_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+			// WithAutoMigrate also creates the permits table semaphores
+			// keep beside the lock table, where the backend has them.
+			_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize()+", "+pgx.Identifier{table + "_permits"}.Sanitize())
 			pool.Close()
 		})
 		return &env{name: name,

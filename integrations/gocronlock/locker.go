@@ -25,7 +25,8 @@ import (
 // the Slot or MinHold option. A job with none of these gets a plain lease
 // that only keeps two runs from overlapping, and a fast run may then repeat
 // on a scheduler whose ticker fires later; this is reported once per job to
-// OnError, with an error matching ErrNoSchedule.
+// OnError, with an error matching ErrNoSchedule. With a limit (the Limit
+// option, Locker.Limit) up to n runs of a job hold its lock at once.
 type Locker struct {
 	l   core.Locker
 	cfg config
@@ -34,6 +35,7 @@ type Locker struct {
 	schedules map[string]core.Schedule
 	attached  gocron.Scheduler
 	derived   map[string]derived // schedules taken from attached, by job name
+	limits    map[string]int     // limits registered with Limit, by job name
 	warned    map[string]bool    // jobs reported with ErrNoSchedule
 }
 
@@ -65,8 +67,41 @@ func NewLocker(l core.Locker, opts ...Option) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := semaphores("Limit", l, cfg.limit); err != nil {
+		return nil, err
+	}
 	return &Locker{l: l, cfg: cfg, schedules: make(map[string]core.Schedule),
-		derived: make(map[string]derived), warned: make(map[string]bool)}, nil
+		derived: make(map[string]derived), warned: make(map[string]bool), limits: make(map[string]int)}, nil
+}
+
+// Limit sets how many runs of the job named job (as set with
+// gocron.WithName) may hold its lock at once across all schedulers, as the
+// Limit option does for every job: n permits of a semaphore, each kept as
+// the job's lock would be (until the slot ends under a slot lock, while the
+// run runs under a lease). n = 1 makes the job's lock a plain one whatever
+// the Limit option says; n = 0 removes the registration, and the Limit
+// option applies again. n must be between 0 and core.MaxLimit, and n > 1
+// needs a store with semaphores.
+func (k *Locker) Limit(job string, n int) error {
+	if err := core.ValidateKey(k.cfg.prefix + job); err != nil {
+		return err
+	}
+	if n != 0 {
+		if err := checkLimit("Locker.Limit", n); err != nil {
+			return err
+		}
+		if err := semaphores("Locker.Limit", k.l, n); err != nil {
+			return err
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if n == 0 {
+		delete(k.limits, job)
+		return nil
+	}
+	k.limits[job] = n
+	return nil
 }
 
 // Attach makes the Locker take each job's schedule from s, the scheduler it
@@ -209,7 +244,11 @@ func (k *Locker) Lock(ctx context.Context, job string) (gocron.Lock, error) {
 	key := k.cfg.prefix + job
 	k.mu.RLock()
 	sched := k.schedules[job]
+	limit, ok := k.limits[job]
 	k.mu.RUnlock()
+	if !ok {
+		limit = k.cfg.limit
+	}
 	if sched == nil {
 		var why string
 		sched, why = k.fromScheduler(job)
@@ -217,20 +256,21 @@ func (k *Locker) Lock(ctx context.Context, job string) (gocron.Lock, error) {
 			k.warnNoSchedule(job, key, why)
 		}
 	}
-	s, slot, err := k.cfg.try(ctx, k.l, key, sched)
+	s, slot, err := k.cfg.try(ctx, k.l, key, sched, limit)
 	if err != nil {
 		return nil, err
 	}
 	return &lock{s: s, slot: slot, cfg: &k.cfg}, nil
 }
 
-// try makes the one bounded attempt of a run. sched, when not nil, overrides
-// the configured slot. slot reports whether the session is a slot lock.
-func (c *config) try(ctx context.Context, l core.Locker, key string, sched core.Schedule) (s core.Session, slot bool, err error) {
+// try makes the one bounded attempt of a run, on one of limit permits (a
+// plain lock when limit is 0 or 1). sched, when not nil, overrides the
+// configured slot. slot reports whether the session is a slot lock.
+func (c *config) try(ctx context.Context, l core.Locker, key string, sched core.Schedule, limit int) (s core.Session, slot bool, err error) {
 	if sched == nil {
 		sched = c.slot
 	}
-	opts := c.coreOptions()
+	opts := c.coreOptions(limit)
 	if sched != nil {
 		tol := c.slotTolerance(sched, time.Now())
 		opts = append(opts, core.ForSlot(sched), core.SlotTolerance(tol))

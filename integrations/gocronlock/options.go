@@ -49,6 +49,7 @@ type config struct {
 	onElected      func(core.Session)
 	onRevoked      func(error)
 	retry          time.Duration
+	limit          int
 
 	used []usedOption
 	errs []error
@@ -93,14 +94,15 @@ func resolveConfig(s scope, opts []Option) (config, error) {
 		return c, invalid("MinHold", "cannot be combined with Slot: a slot lock is already kept until the slot ends")
 	}
 	// Bad core options (LockOptions) fail now, not at the first run.
-	if err := core.ValidateOptions(c.coreOptions()...); err != nil {
+	if err := core.ValidateOptions(c.coreOptions(c.limit)...); err != nil {
 		return c, err
 	}
 	return c, nil
 }
 
-// coreOptions returns the core options common to every acquisition.
-func (c *config) coreOptions() []core.Option {
+// coreOptions returns the core options common to every acquisition, with
+// limit permits (a mutex when limit is 0 or 1).
+func (c *config) coreOptions(limit int) []core.Option {
 	var opts []core.Option
 	if c.ttl > 0 {
 		opts = append(opts, core.TTL(c.ttl))
@@ -108,7 +110,59 @@ func (c *config) coreOptions() []core.Option {
 	if c.jitter > 0 {
 		opts = append(opts, core.Jitter(c.jitter))
 	}
+	if limit > 1 {
+		opts = append(opts, core.Limit(limit))
+	}
 	return append(opts, c.lockOpts...)
+}
+
+// Limit lets up to n runs of a job (of a Task's key) hold its lock at once
+// across all schedulers, instead of one: each run takes one of the n
+// permits of a semaphore on the key (core.Limit(n)), with its own fencing
+// token, and only the kind of lock decides for how long. Under a slot lock
+// (a job whose schedule is known, the Slot option) the permit is kept until
+// the slot ends, so at most n runs start per tick; under a plain lease it is
+// held while the run runs, so at most n runs go on at once; under MinHold it
+// is kept at least that long. A run that finds all n permits taken is
+// skipped, as with a busy lock. For a Locker, Locker.Limit sets the limit of
+// one job instead. n must be between 1 and core.MaxLimit (1, the default, is
+// a plain lock), and the core.Locker's store must hold semaphores (a
+// core.SemaphoreBackend; checked here when it is a *core.Client). Every
+// scheduler must use the same limit for a job: a run whose job is held
+// under another limit is skipped with an error matching
+// core.ErrLimitMismatch, which OnError sees.
+func Limit(n int) Option {
+	return func(c *config) {
+		c.use("Limit", forLocker|forTask)
+		if err := checkLimit("Limit", n); err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.limit = n
+	}
+}
+
+// checkLimit validates a limit given by option opt.
+func checkLimit(opt string, n int) error {
+	if n < 1 || n > core.MaxLimit {
+		return invalid(opt, "must be between 1 and %d, got %d", core.MaxLimit, n)
+	}
+	return nil
+}
+
+// semaphores reports an error naming opt when a limit of n > 1 cannot work
+// on l: l is a *core.Client whose backend has no semaphores.
+func semaphores(opt string, l core.Locker, n int) error {
+	if n <= 1 {
+		return nil
+	}
+	if c, ok := l.(*core.Client); ok {
+		if _, ok := c.Backend().(core.SemaphoreBackend); !ok {
+			return fmt.Errorf("%w: gocronlock: %s: %d permits need a store with semaphores, and %s has none: %w",
+				core.ErrInvalidOption, opt, n, c.Backend().Name(), core.ErrUnsupported)
+		}
+	}
+	return nil
 }
 
 // Prefix is put before every lock key (default DefaultPrefix): a Locker

@@ -23,7 +23,8 @@ type TaskFunc func(ctx context.Context, s core.Session) error
 //
 // By default the lock is a lease, renewed while fn runs; MinHold keeps it a
 // little longer so a fast job runs once per tick. With Slot the lock is the
-// tick's slot, and the session, hence ctx, ends when the slot does.
+// tick's slot, and the session, hence ctx, ends when the slot does. With
+// Limit(n), up to n runs hold the key at once, each on a permit of its own.
 //
 // The run returns fn's error; or, when the session ended (lease lost, slot
 // over) while fn ran, an error matching core.ErrLeaseLost even if fn
@@ -39,12 +40,15 @@ func Wrap(l core.Locker, key string, fn TaskFunc, opts ...Option) (func(ctx cont
 	if err != nil {
 		return nil, err
 	}
+	if err := semaphores("Limit", l, cfg.limit); err != nil {
+		return nil, err
+	}
 	key = cfg.prefix + key
 	if err := core.ValidateKey(key); err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context) error {
-		s, slot, err := cfg.try(ctx, l, key, nil)
+		s, slot, err := cfg.try(ctx, l, key, nil, cfg.limit)
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,144 @@
+package pg_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/pg"
+)
+
+// Acquire + release of one permit of a semaphore of 4 against a mutex and
+// a SELECT 1 round trip, in the same run (x_select1: time per operation ÷
+// time per SELECT 1 at the same concurrency, on the same pool):
+//
+//   - seq: one goroutine, one key;
+//   - par4: 4 goroutines; the permits share one key of limit 4 (never
+//     busy, but serialised on the key's header row), the mutexes take 4
+//     distinct keys.
+func BenchmarkPermitAcquireRelease(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		opts []pg.Option
+	}{{"durable", nil}, {"async", []pg.Option{pg.WithAsyncCommit()}}} {
+		for _, par := range []int{1, 4} {
+			for _, kind := range []string{"select1", "mutex", "permit4"} {
+				name := fmt.Sprintf("%s/%s/par%d", mode.name, kind, par)
+				b.Run(name, func(b *testing.B) {
+					pool := benchPool(b, 4)
+					table := benchTable(b, pool)
+					l, err := pg.New(context.Background(), pool, append([]pg.Option{pg.WithTable(table)}, mode.opts...)...)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer l.Close()
+					ctx := context.Background()
+					base := select1(b, pool, par)
+					op := func(w int) error {
+						var one int
+						return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+					}
+					switch kind {
+					case "mutex":
+						op = func(w int) error {
+							s, err := l.TryAcquire(ctx, fmt.Sprintf("m%d", w), core.TTL(time.Minute))
+							if err != nil {
+								return err
+							}
+							return s.Release(ctx)
+						}
+					case "permit4":
+						op = func(int) error {
+							s, err := l.TryAcquire(ctx, "sem", core.Limit(4), core.TTL(time.Minute))
+							if err != nil {
+								return err
+							}
+							return s.Release(ctx)
+						}
+					}
+					b.ResetTimer()
+					if par == 1 {
+						for b.Loop() {
+							if err := op(0); err != nil {
+								b.Fatal(err)
+							}
+						}
+					} else {
+						var wg sync.WaitGroup
+						per := b.N/par + 1
+						for w := range par {
+							wg.Add(1)
+							go func() {
+								defer wg.Done()
+								for range per {
+									if err := op(w); err != nil {
+										b.Error(err)
+										return
+									}
+								}
+							}()
+						}
+						wg.Wait()
+					}
+					reportRatio(b, base)
+				})
+			}
+		}
+	}
+}
+
+// Holding 1,000 permits (250 keys of limit 4) on one Locker: renew calls
+// (each one batch, one round trip) per renew interval, and committed
+// transactions on the database per interval.
+func BenchmarkHoldPermits1000(b *testing.B) {
+	for b.Loop() {
+		pool := benchPool(b, 8)
+		table := benchTable(b, pool)
+		be, err := pg.NewBackend(context.Background(), pool, pg.WithTable(table))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cb := &countingBackend{Backend: be}
+		l, err := core.New(cb)
+		if err != nil {
+			b.Fatal(err)
+		}
+		const keys, limit, ttl = 250, 4, 3 * time.Second
+		interval := ttl / 3
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < keys*limit; i += 8 {
+					if _, err := l.TryAcquire(ctx, fmt.Sprintf("sem-%d", i%keys), core.Limit(limit), core.TTL(ttl)); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		xacts := func() int64 {
+			var x int64
+			if err := pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&x); err != nil {
+				b.Fatal(err)
+			}
+			return x
+		}
+		calls0, items0, x0 := cb.calls.Load(), cb.items.Load(), xacts()
+		const rounds = 3
+		time.Sleep(rounds * interval) // a measuring window, not synchronisation
+		calls, items, x := cb.calls.Load()-calls0, cb.items.Load()-items0, xacts()-x0-1
+		b.ReportMetric(float64(calls)/rounds, "renew_calls/interval")
+		b.ReportMetric(float64(items)/rounds, "permits_renewed/interval")
+		b.ReportMetric(float64(x)/rounds, "db_commits/interval")
+		if err := l.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
