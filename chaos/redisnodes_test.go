@@ -199,17 +199,7 @@ func redisHarness(prefix string, admin redis.UniversalClient, newClient func(t t
 			return b
 		},
 		Steal: func(ctx context.Context, key string) error {
-			k := redisLockKey(prefix, key)
-			n, err := admin.Exists(ctx, k).Result()
-			if err != nil || n == 0 {
-				return err
-			}
-			_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				p.HIncrBy(ctx, k, "token", 1)
-				p.HSet(ctx, k, "otoken", "stolen", "owner", "thief")
-				return nil
-			})
-			return err
+			return redisSteal.Run(ctx, admin, []string{redisLockKey(prefix, key)}).Err()
 		},
 		Delete: func(ctx context.Context, key string) error {
 			return admin.Del(ctx, redisLockKey(prefix, key)).Err()
@@ -218,14 +208,40 @@ func redisHarness(prefix string, admin redis.UniversalClient, newClient func(t t
 	}
 }
 
+// redisSteal makes a held lock another owner's, with the next token, as an
+// operator could: the record is "<flags>|<token>|<acquired>|<owner
+// token>|<owner>" (redislock's documented layout).
+var redisSteal = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local f, at = {}, 1
+while #f < 4 do
+  local bar = string.find(v, '|', at, true)
+  if not bar then return 0 end
+  f[#f + 1] = string.sub(v, at, bar - 1)
+  at = bar + 1
+end
+local tok = string.format('%.0f', tonumber(f[2]) + 1)
+redis.call('SET', KEYS[1], f[1] .. '|' .. tok .. '|' .. f[3] .. '|stolen|thief', 'KEEPTTL')
+return 1
+`)
+
+// redisRecordToken is the fencing token in a lock record, held or a
+// tombstone ("<flags>|<token>[|...]").
+func redisRecordToken(v string) (uint64, error) {
+	_, rest, _ := strings.Cut(v, "|")
+	tok, _, _ := strings.Cut(rest, "|")
+	return strconv.ParseUint(tok, 10, 64)
+}
+
 // redisLookup looks the witness's locks up through c: the token of each
-// lock hash that exists.
+// lock record that exists (a released lock's tombstone keeps it).
 func redisLookup(c redis.UniversalClient, prefix string) lookup {
 	return func(ctx context.Context, keys []string) (map[string]uint64, error) {
 		cmds := make([]*redis.StringCmd, len(keys))
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, k := range keys {
-				cmds[i] = p.HGet(ctx, redisLockKey(prefix, k), "token")
+				cmds[i] = p.Get(ctx, redisLockKey(prefix, k))
 			}
 			return nil
 		})
@@ -234,12 +250,16 @@ func redisLookup(c redis.UniversalClient, prefix string) lookup {
 		}
 		out := map[string]uint64{}
 		for i, cmd := range cmds {
-			v, err := cmd.Uint64()
+			rec, err := cmd.Result()
 			if err == redis.Nil {
 				continue
 			}
 			if err != nil {
 				return nil, err
+			}
+			v, err := redisRecordToken(rec)
+			if err != nil {
+				return nil, fmt.Errorf("lock record %q: %w", rec, err)
 			}
 			out[keys[i]] = v
 		}

@@ -206,6 +206,12 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 			failure = err
 		}
 		d := backoffWait(cfg.backoffMin, cfg.backoffMax, attempts-1)
+		if b != nil && cfg.waiter != "" && c.isSubscribed() {
+			// In line, with the store's turns arriving: a poll is needed
+			// only at the holder's expiry (a lease that runs out sends no
+			// turn) and to keep the place.
+			d = queueTTL / 3
+		}
 		if b != nil {
 			if h := b.Holder; h != nil && h.Remaining > 0 && h.Remaining < d {
 				d = h.Remaining + time.Millisecond

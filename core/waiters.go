@@ -147,6 +147,13 @@ func (c *Client) sweepEchoesLocked(now time.Time) {
 	}
 }
 
+// isSubscribed reports whether the release subscription is in place.
+func (c *Client) isSubscribed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.subscribed
+}
+
 // setSubscribed records whether the release subscription is in place; the
 // echoes of a subscription that ended will never come back.
 func (c *Client) setSubscribed(on bool) {

@@ -1,57 +1,107 @@
 -- acquire claims a lock for an owner token, or reports who holds it.
 --
--- KEYS[1]  the lock hash (fields: otoken, owner, token, acquired)
--- KEYS[2]  the lock's fencing counter (same hash slot)
+-- KEYS[1]  the lock record (record.lua)
+-- KEYS[2]  the key's waiter queue, KEYS[3] its deadlines (queue.lua)
 -- ARGV[1]  owner token: random per session, guards renew and release
 -- ARGV[2]  owner: human-readable metadata
 -- ARGV[3]  TTL in milliseconds (used when ARGV[4] is "0")
 -- ARGV[4]  absolute expiry in Unix milliseconds on this server's clock, or "0"
--- ARGV[5]  how long the counter outlives the lock, in milliseconds
+-- ARGV[5]  waiter id of a waiting Acquire, or ""
+-- ARGV[6]  how long the waiter keeps its place, in milliseconds
 --
--- Reply {1, token, acquired_us, pttl, time_s, time_us} when the caller holds
--- the lock (pttl is -3 for a fresh claim: the expiry is the one asked for),
--- {0, token, acquired_us, pttl, time_s, time_us, owner} when another owner
--- token holds it, {2} when the absolute expiry asked for is already past (a
--- slot that is over). A busy lock is answered by reads only.
-local cur = redis.call('HMGET', KEYS[1], 'otoken', 'owner', 'token', 'acquired')
+-- Replies:
+--   {1, token, acquired_us, pttl, time_s, time_us}  the caller holds the lock
+--     (pttl is -3 for a fresh claim: the expiry is the one asked for)
+--   {0, token, acquired_us, pttl, time_s, time_us, owner}  another owner
+--     token holds it
+--   {2}  the absolute expiry asked for is already past (a slot that is over)
+--   {3}  the key is free, but it is another waiter's turn
+--
+-- A claim is GET, TIME, SET; the waiter queue is read only when the record
+-- says someone may be queued, or when there is no record.
+local v = redis.call('GET', KEYS[1])
 local t = redis.call('TIME')
-if cur[1] then
+
+-- The common claim, first and without taking anything apart: a tombstone
+-- with no flags (nobody waits), not a slot.
+if v and string.byte(v, 1) == 48 and ARGV[4] == '0' and not string.find(v, '|', 3, true) then
+  local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local token = tonumber(string.sub(v, 3))
+  if token and token >= nowus then
+    token = token + 1
+  else
+    token = nowus
+  end
+  token = fmt_int(token)
+  local acq = fmt_int(nowus)
+  redis.call('SET', KEYS[1], '0|' .. token .. '|' .. acq .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+  return {1, token, acq, -3, t[1], t[2]}
+end
+
+local r = rec_parse(v)
+local waiter = ARGV[5]
+local nowms, nowus = server_time(t)
+
+if r and r.held then
   local pttl = redis.call('PTTL', KEYS[1])
-  if cur[1] == ARGV[1] then
+  if r.otoken == ARGV[1] then
     -- A retry of an acquire that already succeeded: same lease.
-    return {1, cur[3], cur[4], pttl, t[1], t[2]}
+    return {1, r.token, r.acq, pttl, t[1], t[2]}
   end
-  return {0, cur[3] or '0', cur[4] or '0', pttl, t[1], t[2], cur[2] or ''}
+  -- Busy. Mark the record once so that its release tells the waiters: a
+  -- waiter with an id queues and is told its turn; any other caller asks
+  -- for the plain release message.
+  local flags = r.flags
+  if waiter ~= '' then
+    queue_ops().push(KEYS[2], KEYS[3], waiter, nowms, tonumber(ARGV[6]))
+    flags = rec_with(flags, REC_QUEUED)
+  else
+    flags = rec_with(flags, REC_NOTIFY)
+  end
+  if flags ~= r.flags then
+    redis.call('SET', KEYS[1], rec_reflag(v, flags), 'KEEPTTL')
+  end
+  return {0, r.token, r.acq, pttl, t[1], t[2], r.owner}
 end
 
-local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local expat = tonumber(ARGV[4])
-local life = tonumber(ARGV[3])
-if expat > 0 then
-  life = expat - nowms
-  if life <= 0 then
-    -- The slot this claim is for is already over on the server clock:
-    -- whoever held it let it expire, so the claim is refused, not granted.
-    return {2}
+if expat > 0 and expat <= nowms then
+  -- The slot this claim is for is already over on the server clock:
+  -- whoever held it let it expire, so the claim is refused, not granted.
+  return {2}
+end
+
+-- A free key: the queue, when there may be one, decides whose turn it is.
+-- A key with no record may have a queue whose holder's lease expired.
+local flags = 0
+if not r or rec_has(r.flags, REC_QUEUED) then
+  local head = queue_ops().head(KEYS[2], KEYS[3], nowms)
+  if head and head ~= waiter then
+    if waiter ~= '' then
+      queue_ops().push(KEYS[2], KEYS[3], waiter, nowms, tonumber(ARGV[6]))
+    end
+    return {3}
+  end
+  if head then
+    queue_ops().remove(KEYS[2], KEYS[3], waiter)
+    if queue_ops().any(KEYS[2]) then
+      flags = REC_QUEUED
+    end
   end
 end
 
--- Fencing token: above the last one minted for this key, and at least the
--- server time in microseconds, so it still grows when the counter is gone.
+-- Fencing token: above the last one of this key (the tombstone's), and at
+-- least the server time in microseconds, so that it still grows when the
+-- record is gone, or when a failover lost the last claims.
 local token = nowus
-local last = tonumber(redis.call('GET', KEYS[2]))
-if last and last >= token then
-  token = last + 1
+if r and tonumber(r.token) >= token then
+  token = tonumber(r.token) + 1
 end
-token = string.format('%.0f', token)
-local acquired = string.format('%.0f', nowus)
-
-redis.call('HSET', KEYS[1], 'otoken', ARGV[1], 'owner', ARGV[2], 'token', token, 'acquired', acquired)
+token = fmt_int(token)
+local acq = fmt_int(nowus)
 if expat > 0 then
-  redis.call('PEXPIREAT', KEYS[1], ARGV[4])
+  redis.call('SET', KEYS[1], rec_held(flags, token, acq, ARGV[1], ARGV[2]), 'PXAT', ARGV[4])
 else
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('SET', KEYS[1], rec_held(flags, token, acq, ARGV[1], ARGV[2]), 'PX', ARGV[3])
 end
-redis.call('SET', KEYS[2], token, 'PX', string.format('%.0f', life + tonumber(ARGV[5])))
-return {1, token, acquired, -3, t[1], t[2]}
+return {1, token, acq, -3, t[1], t[2]}

@@ -263,7 +263,7 @@ func BenchmarkRawHotKeyFailedTries(b *testing.B) {
 }
 
 // commandCalls reads INFO commandstats: calls per command.
-func commandCalls(b *testing.B, c *redis.Client) map[string]int64 {
+func commandCalls(b testing.TB, c *redis.Client) map[string]int64 {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)

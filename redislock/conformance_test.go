@@ -29,16 +29,7 @@ func harness(t *testing.T, prefix string, newClient func(t testing.TB) redis.Uni
 			return b
 		},
 		Steal: func(ctx context.Context, key string) error {
-			k := lockKey(key)
-			n, err := admin.Exists(ctx, k).Result()
-			if err != nil || n == 0 {
-				return err
-			}
-			_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				p.HIncrBy(ctx, k, "token", 1)
-				p.HSet(ctx, k, "otoken", "stolen", "owner", "thief")
-				return nil
-			})
+			_, err := redislock.Steal(ctx, admin, prefix, key)
 			return err
 		},
 		Delete: func(ctx context.Context, key string) error {

@@ -11,39 +11,68 @@
 // New accepts any redis.UniversalClient: a *redis.Client (one server, or a
 // Sentinel failover client from redis.NewFailoverClient), a
 // *redis.ClusterClient, or what redis.NewUniversalClient returns. The client
-// stays the caller's; closing the Locker does not close it. Redis 6 or later
-// (or Valkey) is required.
+// stays the caller's; closing the Locker does not close it. Redis 6.2 or
+// later (or Valkey) is required.
 //
 // # How locks are stored
 //
-// Lock key k lives in the hash "<prefix>:{k'}" (fields owner, otoken, token,
-// acquired) with a PEXPIRE TTL, and its last fencing token in the string
-// "<prefix>:{k'}:fence". k' is k with "%" written as "%25" and "}" as "%7D",
-// so the Cluster hash tag is always exactly k': both keys of one lock share a
-// slot whatever bytes k holds, and k is recovered exactly from the Redis key
-// (Admin.List). The prefix (WithPrefix, default "dislock") may contain no
-// braces.
+// Lock key k is one string, "<prefix>:{k'}", with a PEXPIRE TTL:
 //
-// Every operation is one Lua script, kept as an embedded .lua file and run
-// with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
+//	held  "<flags>|<token>|<acquired_us>|<owner token>|<owner>"
+//	free  "<flags>|<token>"
+//
+// The free form is a tombstone that a release writes over the lease, keeping
+// its remaining TTL: it carries the last fencing token, so the next claim
+// counts on from it. k' is k with "%" written as "%25" and "}" as "%7D", so
+// the Cluster hash tag is always exactly k': every key of one lock shares a
+// slot whatever bytes k holds, and k is recovered exactly from the Redis key
+// (Admin.List). The prefix
+// (WithPrefix, default "dislock") may contain no braces. A lock hash left
+// by an earlier version of this package is refused with WRONGTYPE, never
+// granted a second time: let those locks expire (or delete them) before
+// upgrading.
+//
+// Every operation is one Lua script, kept as an embedded .lua file (the
+// record format and the queue functions are a prelude shared by all) and
+// run with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
 // failover or SCRIPT FLUSH), inside pipelines too:
 //
-//   - acquire claims a free key, or answers with the holder (owner, fencing
-//     token, acquired-at, remaining TTL) without writing anything. Run again
-//     with the same owner token it returns the same lease, so a retry after
-//     a lost reply is not mistaken for "busy".
+//   - acquire claims a free key with GET, TIME and SET (6 server commands
+//     for an uncontended acquire + release, EVALSHA included), or answers
+//     with the holder (owner, fencing token, acquired-at, remaining TTL).
+//     A busy answer marks the record once, so that its release tells the
+//     waiters; a claim of a key nobody waits for never writes more. Run again with the same owner
+//     token it returns the same lease, so a retry after a lost reply is not
+//     mistaken for "busy".
 //   - renew extends, owner-checked, every lease of a batch: a Locker renews
 //     all of its sessions in one round trip per node (one script call for
 //     up to 256 leases on one server, one per hash slot on Cluster, in one
 //     pipeline per node).
-//   - release deletes the key if the owner token still holds it and
-//     PUBLISHes the key on "<prefix>:released", or, for a minimum hold,
-//     shortens its TTL instead.
+//   - release writes the tombstone with one SET ... XX GET and checks what
+//     it replaced: a record that was not this lease's is put back in the
+//     same script. It PUBLISHes on "<prefix>:released" only when the record
+//     was marked by a waiter. For a minimum hold it shortens the TTL
+//     instead.
 //
-// Slot locks (core.ForSlot) expire with PEXPIREAT at the slot's end,
-// computed from the server's TIME.
+// Slot locks (core.ForSlot) expire with PXAT at the slot's end, computed
+// from the server's TIME.
 //
-// Waiters are woken by one subscription per Locker to "<prefix>:released".
+// # Waiters
+//
+// The Backend is a core.Queuer: the waiting Acquires of a key, from every
+// process, wait in one first-in, first-out queue on the server, next to the
+// lock ("<prefix>:{k'}:q", a sorted set of waiter ids, and
+// "<prefix>:{k'}:qd", their deadlines; both vanish by PEXPIRE when
+// abandoned). A free key goes to the first live waiter only, and never to
+// a TryAcquire that did not wait while someone is queued; a waiter whose
+// place expired (its process died) is dropped by whoever finds it first.
+// A release, a ForceRelease or the Leave of the first waiter publishes a
+// turn, "<key>\x00<waiter id>", so one waiter in one process wakes.
+// Watch, for engines that do not queue, hears a turn as its key, and a
+// busy answer without a waiter id asks for the plain message ("<key>").
+// Nothing is published, and the queue is never read, for a key nobody
+// waits for.
+//
 // When pub/sub is unavailable (a proxy that refuses SUBSCRIBE, say) the
 // subscription fails within WithSubscribeTimeout and the Locker polls
 // instead, retrying the subscription in the background.
@@ -58,9 +87,10 @@
 //     renewing knows it lost the lock before anyone else can take it, given
 //     clocks whose rates agree.
 //   - Fencing tokens strictly increase per key: a new token is
-//     max(last token + 1, server TIME in microseconds). The counter key
-//     outlives its lock by a day, and tokens keep growing without it as long
-//     as the server's clock does not step back past earlier tokens.
+//     max(last token + 1, server TIME in microseconds). The last token is in
+//     the record (the lease, then its tombstone until the lease's TTL would
+//     have run out); without it tokens keep growing as long as the server's
+//     clock does not step back past earlier tokens.
 //   - Renew and release check the owner token on the server: a stale session
 //     never renews or frees a newer holder's lock.
 //

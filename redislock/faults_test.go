@@ -253,7 +253,7 @@ func TestOddKeys(t *testing.T) {
 // List and ForceRelease; a key past the limit is a clear error. slotOf,
 // when set, reports the server's hash slot of a Redis key.
 func testOddKeys(t *testing.T, c redis.UniversalClient, slotOf func(string) int64) {
-	const rule = "keys of any valid bytes round-trip; both Redis keys of a lock share a hash slot"
+	const rule = "keys of any valid bytes round-trip; all Redis keys of a lock share a hash slot"
 	ctx := ctxT(t, 30*time.Second)
 	prefix := testenv.Name("dislocktest-")
 	l := newLocker(t, c, prefix)
@@ -261,7 +261,7 @@ func testOddKeys(t *testing.T, c redis.UniversalClient, slotOf func(string) int6
 	keys := []string{
 		"}", "{", "{}", "}{", "{a}", "a}b{c", "}}}", "%", "%7D", "%25", "%7d}",
 		"with space", "tab\tand\r\nCRLF", "*3\r\n$3\r\nDEL\r\n$1\r\nx\r\n",
-		"glob*?[a-z]\\", "ünïcødé-鍵-🔒", ":fence", "x}:fence",
+		"glob*?[a-z]\\", "ünïcødé-鍵-🔒", ":fence", "x}:fence", ":q", "x}:qd",
 	}
 	for i := range keys {
 		keys[i] = base + keys[i]
@@ -286,8 +286,10 @@ func testOddKeys(t *testing.T, c redis.UniversalClient, slotOf func(string) int6
 		}
 		if slotOf != nil {
 			lock := redislock.LockKey(prefix, k)
-			if a, b := slotOf(lock), slotOf(lock+":fence"); a != b || a != int64(redislock.HashSlot(lock[len(prefix)+2:len(lock)-1])) {
-				t.Fatalf("rule %q: %q: lock slot %d, counter slot %d", rule, k, a, b)
+			q, qd := redislock.QueueKeys(prefix, k)
+			a := slotOf(lock)
+			if a != slotOf(q) || a != slotOf(qd) || a != int64(redislock.HashSlot(lock[len(prefix)+2:len(lock)-1])) {
+				t.Fatalf("rule %q: %q: lock slot %d, queue slots %d, %d", rule, k, a, slotOf(q), slotOf(qd))
 			}
 		}
 	}

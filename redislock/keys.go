@@ -8,12 +8,14 @@ import (
 
 // Key layout. Lock key k under prefix p is stored as
 //
-//	p:{esc(k)}        a hash: otoken, owner, token, acquired
-//	p:{esc(k)}:fence  the last fencing token minted for k
+//	p:{esc(k)}     the lock record, a string (record.lua): the holder, or
+//	               a tombstone with the last fencing token
+//	p:{esc(k)}:q   the queue of waiters, a sorted set (queue.lua)
+//	p:{esc(k)}:qd  the waiters' deadlines, a hash
 //
 // esc replaces "%" with "%25" and "}" with "%7D", so the hash tag (the text
 // between the first "{" and the first "}" after it) is always exactly esc(k):
-// non-empty, and the same for both keys of one lock, which therefore share a
+// non-empty, and the same for all keys of one lock, which therefore share a
 // Cluster slot whatever bytes k holds. The prefix may contain neither brace.
 
 var (
@@ -22,7 +24,10 @@ var (
 	globber   = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
 )
 
-const fenceSuffix = ":fence"
+const (
+	queueSuffix     = ":q"
+	deadlinesSuffix = ":qd"
+)
 
 func escapeKey(key string) string {
 	if !strings.ContainsAny(key, "%}") {
@@ -31,18 +36,19 @@ func escapeKey(key string) string {
 	return escaper.Replace(key)
 }
 
-// lockKey is the Redis key of the lock hash.
+// lockKey is the Redis key of the lock record.
 func (b *Backend) lockKey(key string) string {
 	return b.prefix + ":{" + escapeKey(key) + "}"
 }
 
-// keys returns the lock hash and the fencing counter of key.
-func (b *Backend) keys(key string) (lock, fence string) {
-	lock = b.lockKey(key)
-	return lock, lock + fenceSuffix
+// keys returns the Redis keys of key: its lock record, its waiter queue and
+// the waiters' deadlines, in the order the scripts take them.
+func (b *Backend) keys(key string) []string {
+	lock := b.lockKey(key)
+	return []string{lock, lock + queueSuffix, lock + deadlinesSuffix}
 }
 
-// userKey recovers the lock key from a Redis key of the lock hash; ok is
+// userKey recovers the lock key from a Redis key of a lock record; ok is
 // false for any other Redis key.
 func (b *Backend) userKey(redisKey string) (string, bool) {
 	head := b.prefix + ":{"
@@ -60,7 +66,7 @@ func (b *Backend) userKey(redisKey string) (string, bool) {
 	return key, true
 }
 
-// scanPattern is the SCAN MATCH pattern for lock hashes whose key starts
+// scanPattern is the SCAN MATCH pattern for lock records whose key starts
 // with keyPrefix.
 func (b *Backend) scanPattern(keyPrefix string) string {
 	return globber.Replace(b.prefix+":{"+escapeKey(keyPrefix)) + "*}"

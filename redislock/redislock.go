@@ -91,7 +91,8 @@ func New(client redis.UniversalClient, opts ...Option) (*core.Client, error) {
 }
 
 // Backend is the Redis store for core's lease engine. It implements
-// core.Backend, core.Watcher and core.Admin, and is safe for concurrent use.
+// core.Backend, core.Watcher, core.Queuer and core.Admin, and is safe for
+// concurrent use.
 // Most programs use New; NewBackend is for wrapping or composing backends.
 type Backend struct {
 	client     redis.UniversalClient
@@ -99,12 +100,14 @@ type Backend struct {
 	channel    string
 	group      grouping
 	subTimeout time.Duration
+	tokens     knownTokens
 }
 
 var (
 	_ core.Backend = (*Backend)(nil)
 	_ core.Watcher = (*Backend)(nil)
 	_ core.Admin   = (*Backend)(nil)
+	_ core.Queuer  = (*Backend)(nil)
 )
 
 // grouping says which leases one renew script call may cover.
@@ -166,7 +169,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err := core.ValidateKey(req.Key); err != nil {
 		return core.Lease{}, err
 	}
-	lock, fence := b.keys(req.Key)
+	if req.OwnerToken == "" || strings.Contains(req.OwnerToken, "|") {
+		return core.Lease{}, fmt.Errorf("redislock: owner token must be non-empty and without %q", "|")
+	}
 	var expireAt int64
 	if !req.ExpireAt.IsZero() {
 		expireAt = req.ExpireAt.UnixMilli()
@@ -174,19 +179,20 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			expireAt = 1
 		}
 	}
-	ttl := req.TTL.Milliseconds()
-	if ttl < 1 {
-		ttl = 1
-	}
-	cmd := acquireScript.run(ctx, b.client, []string{lock, fence},
-		req.OwnerToken, req.Owner, ttl, expireAt, fenceKeep.Milliseconds())
+	ttl := max(req.TTL.Milliseconds(), 1)
+	waiterTTL := max(req.WaiterTTL.Milliseconds(), 1)
+	cmd := acquireScript.run(ctx, b.client, b.keys(req.Key),
+		req.OwnerToken, req.Owner, ttl, expireAt, req.Waiter, waiterTTL)
 	vals, err := cmd.Slice()
 	if err != nil {
 		return core.Lease{}, err
 	}
 	if len(vals) == 1 {
-		if code, _ := vals[0].(int64); code == 2 {
-			return core.Lease{}, core.Busy(req.Key, nil) // the slot is over
+		switch code, _ := vals[0].(int64); code {
+		case 2: // the slot is over
+			return core.Lease{}, core.Busy(req.Key, nil)
+		case 3: // free, but another waiter's turn
+			return core.Lease{}, core.Busy(req.Key, nil)
 		}
 	}
 	r, err := parseHolder(vals)
@@ -197,13 +203,14 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		info := r.info(req.Key)
 		return core.Lease{}, core.Busy(req.Key, &info)
 	}
+	b.tokens.put(req.Key, req.OwnerToken, r.token)
 	lease := core.Lease{Token: r.token, AcquiredAt: r.acquired}
 	switch {
 	case r.pttl >= 0:
 		lease.ExpiresAt = r.now.Add(time.Duration(r.pttl) * time.Millisecond)
 	case !req.ExpireAt.IsZero():
 		lease.ExpiresAt = time.UnixMilli(expireAt)
-	default:
+	case !r.now.IsZero():
 		lease.ExpiresAt = r.now.Add(time.Duration(ttl) * time.Millisecond)
 	}
 	return lease, nil
@@ -214,14 +221,14 @@ type holder struct {
 	mine     bool
 	token    uint64
 	acquired time.Time
-	pttl     int64 // -3: fresh claim, -1: no expiry
-	now      time.Time
+	pttl     int64     // -3: fresh claim, -1: no expiry
+	now      time.Time // zero when the script did not read the clock
 	owner    string
 }
 
 func (h holder) info(key string) core.Info {
 	i := core.Info{Key: key, Owner: h.owner, Token: h.token, AcquiredAt: h.acquired}
-	if h.pttl >= 0 {
+	if h.pttl >= 0 && !h.now.IsZero() {
 		i.Remaining = time.Duration(h.pttl) * time.Millisecond
 		i.ExpiresAt = h.now.Add(i.Remaining)
 	}
@@ -249,7 +256,9 @@ func parseHolder(v []any) (holder, error) {
 		h.acquired = time.UnixMicro(acq)
 	}
 	h.pttl = pttl
-	h.now = time.Unix(sec, usec*1000)
+	if sec > 0 {
+		h.now = time.Unix(sec, usec*1000)
+	}
 	if len(v) > 6 {
 		h.owner, _ = v[6].(string)
 	}
@@ -262,6 +271,9 @@ func toInt(v any) (int64, error) {
 	case int64:
 		return x, nil
 	case string:
+		if x == "" {
+			return 0, nil
+		}
 		return strconv.ParseInt(x, 10, 64)
 	case nil:
 		return 0, nil
@@ -330,6 +342,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		for j, i := range g.idx {
 			if n, _ := toInt(vals[j]); n != 1 {
 				results[i] = core.Gone(reqs[i].Key, "held by another owner or gone")
+				b.tokens.drop(reqs[i].Key, reqs[i].OwnerToken)
 			}
 		}
 	}
@@ -343,17 +356,16 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	var keep int64
 	if req.Keep > 0 {
-		keep = req.Keep.Milliseconds()
-		if keep < 1 {
-			keep = 1
+		keep = max(req.Keep.Milliseconds(), 1)
+	}
+	var token string
+	if keep == 0 {
+		if t, ok := b.tokens.take(req.Key, req.OwnerToken); ok {
+			token = strconv.FormatUint(t, 10)
 		}
 	}
-	err := releaseScript.run(ctx, b.client, []string{b.lockKey(req.Key)},
-		req.OwnerToken, keep, b.channel, req.Key).Err()
-	if err != nil {
-		return err
-	}
-	return nil
+	return releaseScript.run(ctx, b.client, b.keys(req.Key),
+		req.OwnerToken, keep, b.channel, req.Key, token).Err()
 }
 
 // Now implements core.Backend with TIME, read on the node that holds key
@@ -376,11 +388,25 @@ func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
 }
 
 // Watch implements core.Watcher with one subscription to the release
-// channel ("<prefix>:released", message = key). It returns an error rather
-// than wait when Redis does not confirm the subscription within the
-// subscribe timeout (pub/sub unavailable, e.g. behind some proxies), and
-// when the connection fails; the engine then polls and calls Watch again.
+// channel ("<prefix>:released"). It returns an error rather than wait when
+// Redis does not confirm the subscription within the subscribe timeout
+// (pub/sub unavailable, e.g. behind some proxies), and when the connection
+// fails; the engine then polls and calls Watch again. A turn message (see
+// WatchTurns) reaches fn as its key alone.
 func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
+	return b.watch(ctx, ready, func(key, _ string) { fn(key) })
+}
+
+// WatchTurns implements core.Queuer on the same subscription as Watch. A
+// message on the release channel is either a key (a release with nobody
+// queued but someone answered busy, or a ForceRelease), which reaches fn
+// with waiter "", or a turn: the key, NUL, and the id of the first live
+// waiter.
+func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
+	return b.watch(ctx, ready, fn)
+}
+
+func (b *Backend) watch(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	// The connection set-up, SUBSCRIBE and its confirmation share one
 	// bound.
 	sctx, cancel := context.WithTimeout(ctx, b.subTimeout)
@@ -427,9 +453,26 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 		}
 		pinged = false
 		if m, ok := msg.(*redis.Message); ok && m.Channel == b.channel {
-			fn(m.Payload)
+			key, waiter, _ := strings.Cut(m.Payload, "\x00")
+			fn(key, waiter)
 		}
 	}
+}
+
+// Leave implements core.Queuer: it takes waiter out of key's queue and,
+// when waiter was first in line and the key is free, tells the next live
+// waiter its turn.
+func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
+	if err := core.ValidateKey(key); err != nil {
+		return err
+	}
+	if waiter == "" {
+		return nil
+	}
+	if err := leaveScript.run(ctx, b.client, b.keys(key), waiter, b.channel, key).Err(); err != nil {
+		return fmt.Errorf("redislock: leave: %w", err)
+	}
+	return nil
 }
 
 // Inspect implements core.Admin.
@@ -540,13 +583,15 @@ func compactStrings(s []string) []string {
 	return out
 }
 
-// ForceRelease implements core.Admin: it deletes the lock whoever holds it
-// and publishes the release. The holder learns of it at its next renewal.
+// ForceRelease implements core.Admin: it frees the lock whoever holds it
+// (leaving the tombstone that keeps its fencing counter) and tells the
+// first live waiter its turn, or publishes the plain release when nobody is
+// queued. The holder learns of it at its next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if err := core.ValidateKey(key); err != nil {
 		return false, err
 	}
-	n, err := forceReleaseScript.run(ctx, b.client, []string{b.lockKey(key)}, b.channel, key).Int()
+	n, err := forceReleaseScript.run(ctx, b.client, b.keys(key), b.channel, key).Int()
 	if err != nil {
 		return false, fmt.Errorf("redislock: force release: %w", err)
 	}

@@ -1,21 +1,63 @@
 -- release gives up a lock held by an owner token.
 --
--- KEYS[1]  the lock hash
+-- KEYS[1]  the lock record
+-- KEYS[2]  the key's waiter queue, KEYS[3] its deadlines
 -- ARGV[1]  the owner token expected in KEYS[1]
--- ARGV[2]  keep in milliseconds: "0" deletes the lock; more keeps it held
+-- ARGV[2]  keep in milliseconds: "0" frees the lock; more keeps it held
 --          until the server's now + keep (min hold)
 -- ARGV[3]  release channel
--- ARGV[4]  message: the lock's key
+-- ARGV[4]  the lock's key
+-- ARGV[5]  the lease's fencing token when the caller knows it, or ""
 --
--- Reply: 1 deleted (and published), 2 kept, 0 not held by this owner token
--- (already released, expired or taken over: nothing to do).
-if redis.call('HGET', KEYS[1], 'otoken') ~= ARGV[1] then
-  return 0
+-- Reply: 1 freed, 2 kept, 0 not held by this owner token (already
+-- released, expired or taken over: nothing to do).
+--
+-- Freeing writes the tombstone (record.lua) over the lease, keeping its
+-- TTL. With the token known that is one command, SET ... XX GET, whose
+-- answer is checked afterwards: a record that was not this lease's is put
+-- back at once (the script is atomic, so nobody sees the tombstone). The
+-- release channel hears of it only when the record says someone waits.
+local keep = tonumber(ARGV[2])
+local v, r
+if keep > 0 or ARGV[5] == '' then
+  v = redis.call('GET', KEYS[1])
+  r = rec_parse(v)
+  if not r or not r.held or r.otoken ~= ARGV[1] then
+    return 0
+  end
+  if keep > 0 then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 2
+  end
+  redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL')
+else
+  v = redis.call('SET', KEYS[1], '0|' .. ARGV[5], 'KEEPTTL', 'XX', 'GET')
+  -- The common release, checked without taking the record apart: this
+  -- lease's, and nobody waits.
+  local n = #ARGV[5]
+  if v and string.byte(v, 1) == 48 and string.byte(v, 3 + n) == 124
+      and string.sub(v, 3, 2 + n) == ARGV[5] and rec_held_by(v, ARGV[1]) then
+    return 1
+  end
+  r = rec_parse(v)
+  if not r then
+    return 0
+  end
+  if not r.held or r.otoken ~= ARGV[1] or r.token ~= ARGV[5] then
+    redis.call('SET', KEYS[1], v, 'KEEPTTL')
+    return 0
+  end
 end
-if tonumber(ARGV[2]) > 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 2
+
+if rec_has(r.flags, REC_QUEUED) then
+  local head = queue_ops().head(KEYS[2], KEYS[3], (server_time()))
+  if head then
+    redis.call('SET', KEYS[1], rec_free(REC_QUEUED, r.token), 'KEEPTTL')
+    redis.call('PUBLISH', ARGV[3], queue_ops().turn(ARGV[4], head))
+    return 1
+  end
 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
+if rec_has(r.flags, REC_NOTIFY) then
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+end
 return 1

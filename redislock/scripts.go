@@ -10,6 +10,14 @@ import (
 )
 
 var (
+	// The prelude comes first in every script: the lock record's format
+	// and the waiter queue's functions.
+	//go:embed record.lua
+	recordLua string
+	//go:embed queue.lua
+	queueLua string
+	prelude  = recordLua + "\n" + queueLua + "\n"
+
 	//go:embed acquire.lua
 	acquireLua string
 	//go:embed renew.lua
@@ -20,12 +28,15 @@ var (
 	inspectLua string
 	//go:embed forcerelease.lua
 	forceReleaseLua string
+	//go:embed leave.lua
+	leaveLua string
 
 	acquireScript      = newScript(acquireLua)
 	renewScript        = newScript(renewLua)
 	releaseScript      = newScript(releaseLua)
 	inspectScript      = newScript(inspectLua)
 	forceReleaseScript = newScript(forceReleaseLua)
+	leaveScript        = newScript(leaveLua)
 )
 
 // script is a Lua script run by SHA1 (EVALSHA), falling back to its source
@@ -36,7 +47,9 @@ type script struct {
 	src, sha string
 }
 
+// newScript returns the script whose body is src, after the prelude.
 func newScript(src string) *script {
+	src = prelude + src
 	sum := sha1.Sum([]byte(src))
 	return &script{src: src, sha: hex.EncodeToString(sum[:])}
 }

@@ -131,6 +131,23 @@ func pgFixture(t *testing.T) *fixture {
 	}
 }
 
+// redisSteal makes a held lock another owner's (owner token and owner
+// "thief", same token), keeping its TTL: the record is
+// "<flags>|<token>|<acquired>|<owner token>|<owner>".
+var redisSteal = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local at, n = 1, 0
+while n < 3 do
+  local bar = string.find(v, '|', at, true)
+  if not bar then return 0 end
+  at, n = bar + 1, n + 1
+end
+if not string.find(v, '|', at, true) then return 0 end
+redis.call('SET', KEYS[1], string.sub(v, 1, at - 1) .. 'thief|thief', 'KEEPTTL')
+return 1
+`)
+
 func redisFixture(t *testing.T) *fixture {
 	u := testenv.Redis(t)
 	opt, err := redis.ParseURL(u)
@@ -144,18 +161,23 @@ func redisFixture(t *testing.T) *fixture {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, k := range keys {
-			client.Del(context.Background(), "dislock:{"+k+"}", "dislock:{"+k+"}:fence")
+			client.Del(context.Background(), "dislock:{"+k+"}", "dislock:{"+k+"}:q", "dislock:{"+k+"}:qd")
 		}
 		client.Close()
 	})
 	return &fixture{
 		name: "redis", url: u,
 		held: func(t *testing.T, key string) bool {
-			n, err := client.Exists(context.Background(), "dislock:{"+key+"}").Result()
+			// A held lock's record has five fields; a released one's
+			// tombstone two (redislock's documented layout).
+			v, err := client.Get(context.Background(), "dislock:{"+key+"}").Result()
+			if err == redis.Nil {
+				return false
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			return n == 1
+			return strings.Count(v, "|") >= 4
 		},
 		forget: func(key string) {
 			mu.Lock()
@@ -163,9 +185,9 @@ func redisFixture(t *testing.T) *fixture {
 			mu.Unlock()
 		},
 		steal: func(t *testing.T, key string) {
-			n, err := client.HSet(context.Background(), "dislock:{"+key+"}", "otoken", "thief", "owner", "thief").Result()
-			if err != nil || n != 0 {
-				t.Fatalf("steal %s: %v (%d new fields: the lock was not there)", key, err, n)
+			n, err := redisSteal.Run(context.Background(), client, []string{"dislock:{" + key + "}"}).Int()
+			if err != nil || n != 1 {
+				t.Fatalf("steal %s: %v (%d: the lock was not held)", key, err, n)
 			}
 		},
 	}

@@ -1,0 +1,310 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/redislock"
+)
+
+// commandDelta counts the commands a private server ran between two
+// INFO commandstats reads, INFO itself left out.
+func commandDelta(before, after map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for k, v := range after {
+		if d := v - before[k]; d != 0 && k != "info" {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+func total(m map[string]int64) int64 {
+	var n int64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func acquireReq(key string, i int) core.AcquireRequest {
+	return core.AcquireRequest{Key: key, Owner: "o", OwnerToken: ownerToken(i), TTL: 10 * time.Second}
+}
+
+// TestCommandsPerAcquireRelease counts, on a private server, the commands
+// of an uncontended acquire + release: at most 6 (EVALSHA, GET, TIME, SET;
+// EVALSHA, SET) once the key has a record, and no PUBLISH.
+func TestCommandsPerAcquireRelease(t *testing.T) {
+	const rule = "an uncontended acquire + release costs at most 6 server commands and publishes nothing"
+	p := startPrivateRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
+	defer c.Close()
+	ctx := ctxT(t, 30*time.Second)
+	b := newBackend(t, c, testenv.Name("dislocktest-"))
+
+	before := commandCalls(t, c)
+	if _, err := b.TryAcquire(ctx, acquireReq("k", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(0)}); err != nil {
+		t.Fatal(err)
+	}
+	first := commandDelta(before, commandCalls(t, c))
+	// A key without a record also looks for a queue; scripts loaded by
+	// EVAL after NOSCRIPT are not counted here.
+	if first["publish"] != 0 || total(first)-first["eval"]-first["evalsha"] > 6 {
+		t.Errorf("rule %q: first claim of a key ran %v", rule, first)
+	}
+
+	const n = 20
+	before = commandCalls(t, c)
+	for i := 1; i <= n; i++ {
+		if _, err := b.TryAcquire(ctx, acquireReq("k", i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := commandDelta(before, commandCalls(t, c))
+	if got := total(d); got > 6*n || d["publish"] != 0 || d["evalsha"] != 2*n {
+		t.Errorf("rule %q: %d acquire+release ran %v (%.1f per pair)", rule, n, d, float64(got)/n)
+	}
+
+	// Through the engine: the same.
+	l, err := core.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	before = commandCalls(t, c)
+	for range n {
+		s, err := l.TryAcquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d = commandDelta(before, commandCalls(t, c))
+	d["subscribe"], d["ping"] = 0, 0 // the Locker's release watch, if any
+	if got := total(d); got > 6*n || d["publish"] != 0 {
+		t.Errorf("rule %q: %d Locker TryAcquire+Release ran %v (%.1f per pair)", rule, n, d, float64(got)/n)
+	}
+}
+
+// TestBusyMarksOnce: a busy answer marks the record once, so that only a
+// release somebody was turned away from publishes.
+func TestBusyMarksOnce(t *testing.T) {
+	const rule = "a busy answer writes at most once per holder; the release then publishes, once"
+	p := startPrivateRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
+	defer c.Close()
+	ctx := ctxT(t, 30*time.Second)
+	b := newBackend(t, c, testenv.Name("dislocktest-"))
+	if _, err := b.TryAcquire(ctx, acquireReq("k", 0)); err != nil {
+		t.Fatal(err)
+	}
+	before := commandCalls(t, c)
+	for range 5 {
+		_, err := b.TryAcquire(ctx, acquireReq("k", 1))
+		var na *core.NotAcquiredError
+		if !errors.As(err, &na) || na.Holder == nil || na.Holder.Remaining <= 0 || na.Holder.ExpiresAt.IsZero() {
+			t.Fatalf("busy TryAcquire = %v", err)
+		}
+	}
+	d := commandDelta(before, commandCalls(t, c))
+	if d["set"] != 1 {
+		t.Errorf("rule %q: 5 busy tries ran %v", rule, d)
+	}
+	before = commandCalls(t, c)
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(0)}); err != nil {
+		t.Fatal(err)
+	}
+	if d := commandDelta(before, commandCalls(t, c)); d["publish"] != 1 {
+		t.Errorf("rule %q: release after busy tries ran %v", rule, d)
+	}
+	// The next holder starts unmarked.
+	if _, err := b.TryAcquire(ctx, acquireReq("k", 2)); err != nil {
+		t.Fatal(err)
+	}
+	before = commandCalls(t, c)
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if d := commandDelta(before, commandCalls(t, c)); d["publish"] != 0 {
+		t.Errorf("rule %q: release nobody waited for ran %v", rule, d)
+	}
+}
+
+// TestTokensAcrossTombstones: tokens increase by one while the tombstone
+// keeps the counter, and stay larger once it is gone.
+func TestTokensAcrossTombstones(t *testing.T) {
+	const rule = "tokens strictly increase across releases, ForceRelease and a deleted record"
+	c := sharedRedis(t)
+	ctx := ctxT(t, 30*time.Second)
+	prefix := testenv.Name("dislocktest-")
+	b := newBackend(t, c, prefix)
+	var last uint64
+	claim := func(i int) {
+		t.Helper()
+		l, err := b.TryAcquire(ctx, acquireReq("k", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Token <= last {
+			t.Fatalf("rule %q: token %d after %d", rule, l.Token, last)
+		}
+		last = l.Token
+	}
+	claim(0)
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(0)}); err != nil {
+		t.Fatal(err)
+	}
+	claim(1)
+	if ok, err := b.ForceRelease(ctx, "k"); err != nil || !ok {
+		t.Fatalf("ForceRelease = %v %v", ok, err)
+	}
+	claim(2)
+	// A release by another Backend (no known token) reads the record.
+	other := newBackend(t, c, prefix)
+	if err := other.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, held, err := b.Inspect(ctx, "k"); err != nil || held {
+		t.Fatalf("rule %q: after release by another Backend: held=%v err=%v", rule, held, err)
+	}
+	claim(3)
+	if err := c.Del(ctx, redislock.LockKey(prefix, "k")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	claim(4)
+	// A tombstone ahead of the clock (a clock that stepped back) is
+	// counted on from.
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(4)}); err != nil {
+		t.Fatal(err)
+	}
+	const ahead = 4_000_000_000_000_000
+	if err := c.Set(ctx, redislock.LockKey(prefix, "k"), "0|4000000000000000", 10*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	claim(5)
+	if last != ahead+1 {
+		t.Errorf("rule %q: token %d after a tombstone of %d", rule, last, uint64(ahead))
+	}
+}
+
+// TestStaleReleaseRestores: a release whose lease was taken over puts the
+// new holder's record back untouched, TTL included.
+func TestStaleReleaseRestores(t *testing.T) {
+	const rule = "a stale release leaves the new holder's record and TTL as they were"
+	c := sharedRedis(t)
+	ctx := ctxT(t, 30*time.Second)
+	prefix := testenv.Name("dislocktest-")
+	b := newBackend(t, c, prefix)
+	if _, err := b.TryAcquire(ctx, acquireReq("k", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := redislock.Steal(ctx, c, prefix, "k"); err != nil || !ok {
+		t.Fatalf("Steal = %v %v", ok, err)
+	}
+	k := redislock.LockKey(prefix, "k")
+	was, err := c.Get(ctx, k).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(0)}); err != nil {
+		t.Fatal(err)
+	}
+	now, err := c.Get(ctx, k).Result()
+	if err != nil || now != was {
+		t.Fatalf("rule %q: record %q after stale release, was %q (%v)", rule, now, was, err)
+	}
+	if ttl, err := c.PTTL(ctx, k).Result(); err != nil || ttl <= 0 {
+		t.Fatalf("rule %q: PTTL %v %v after stale release", rule, ttl, err)
+	}
+	info, held, err := b.Inspect(ctx, "k")
+	if err != nil || !held || info.Owner != "thief" {
+		t.Fatalf("rule %q: Inspect = %+v %v %v", rule, info, held, err)
+	}
+	// Releasing twice, and releasing a tombstone, change nothing either.
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "stolen"}); err != nil {
+		t.Fatal(err)
+	}
+	tomb, _ := c.Get(ctx, k).Result()
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "stolen"}); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := c.Get(ctx, k).Result(); again != tomb {
+		t.Fatalf("rule %q: tombstone %q became %q", rule, tomb, again)
+	}
+}
+
+// TestOldRecordFailsLoudly: a lock hash of the previous layout is an error,
+// never a second grant.
+func TestOldRecordFailsLoudly(t *testing.T) {
+	const rule = "a lock hash of the old layout makes acquire fail, not grant"
+	c := sharedRedis(t)
+	ctx := ctxT(t, 30*time.Second)
+	prefix := testenv.Name("dislocktest-")
+	k := redislock.LockKey(prefix, "k")
+	if err := c.HSet(ctx, k, "otoken", "old", "owner", "old", "token", "7").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Del(ctx, k)
+	b := newBackend(t, c, prefix)
+	_, err := b.TryAcquire(ctx, acquireReq("k", 0))
+	if err == nil || errors.Is(err, core.ErrNotAcquired) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("rule %q: TryAcquire on an old hash = %v", rule, err)
+	}
+}
+
+// TestOwnerTokenWithSeparator: the record cannot hold an owner token with
+// its separator.
+func TestOwnerTokenWithSeparator(t *testing.T) {
+	b := newBackend(t, newClientOn(t, newMiniredis(t).Addr()), testenv.Name("dislocktest-"))
+	req := acquireReq("k", 0)
+	req.OwnerToken = "a|b"
+	if _, err := b.TryAcquire(context.Background(), req); err == nil {
+		t.Fatal("owner token with | accepted")
+	}
+}
+
+func newClientOn(t testing.TB, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestRenewChecksWholeOwnerToken: renew matches the owner token exactly,
+// not a prefix of it nor one it is a prefix of.
+func TestRenewChecksWholeOwnerToken(t *testing.T) {
+	c := sharedRedis(t)
+	ctx := ctxT(t, 30*time.Second)
+	b := newBackend(t, c, testenv.Name("dislocktest-"))
+	req := acquireReq("k", 0)
+	req.OwnerToken, req.Owner = "token", "owner|with|bars"
+	if _, err := b.TryAcquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tok string
+		ok  bool
+	}{{"tok", false}, {"tokenx", false}, {"token|", false}, {"owner", false}, {"token", true}} {
+		res, err := b.Renew(ctx, []core.RenewRequest{{Key: "k", OwnerToken: tc.tok, TTL: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (res[0] == nil) != tc.ok {
+			t.Errorf("renew with owner token %q: %v", tc.tok, res[0])
+		}
+	}
+}
