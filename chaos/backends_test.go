@@ -85,8 +85,19 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		return l, func() error { err := l.Close(); pool.Close(); return err }, nil
 	}
 	env.deleteKeys = func(ctx context.Context, keys []string) error {
-		_, err := direct.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys)
-		return err
+		if env.limit <= 1 {
+			_, err := direct.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys)
+			return err
+		}
+		// A semaphore: its header row, then (in a fresh snapshot, once
+		// claims that held the header's row lock committed) its permits.
+		return pgx.BeginFunc(ctx, direct, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `DELETE FROM `+pgTable+`_permits WHERE key = ANY($1)`, keys)
+			return err
+		})
 	}
 	probeCfg := proxiedPGConfig(t, u, px, app).ConnConfig
 	env.probe = func(ctx context.Context) error {
@@ -201,7 +212,10 @@ func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backend
 	}
 	env.deleteKeys = func(ctx context.Context, keys []string) error {
 		for _, k := range keys {
-			if err := direct.Del(ctx, rprefix+":{"+k+"}").Err(); err != nil {
+			// The lock (a semaphore's permit set) and a semaphore's permit
+			// hash; the fencing counter stays.
+			lock := rprefix + ":{" + k + "}"
+			if err := direct.Del(ctx, lock, lock+":sem").Err(); err != nil {
 				return err
 			}
 		}

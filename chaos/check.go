@@ -25,6 +25,20 @@ type Config struct {
 	// nothing. It must be shorter than TTL - RenewDeadline, the margin in
 	// which the store keeps the key for the holder.
 	StopSlack time.Duration
+	// Limit is the number of permits of the run's keys: 0 or 1 for a mutex
+	// (the rules as they always were), n > 1 for a semaphore (core.Limit(n)),
+	// whose keys may have up to n holds at once. Limits overrides it per key.
+	Limit int
+	// Limits gives single keys a limit of their own (0 or absent: Limit).
+	Limits map[string]int
+}
+
+// limit returns key's number of permits: 1 for a mutex.
+func (c Config) limit(key string) int {
+	if n := c.Limits[key]; n > 0 {
+		return n
+	}
+	return max(c.Limit, 1)
 }
 
 // Hold is one session as the history shows it: it may act from OK until End,
@@ -87,11 +101,15 @@ type Violation struct {
 	A      *Hold   `json:"a,omitempty"`
 	B      *Hold   `json:"b,omitempty"`
 	Events []Event `json:"events,omitempty"`
+	// Others are the further holds involved (RuleOverLimit: every hold of
+	// the key, besides A and B, that was still held when B was granted).
+	Others []Hold `json:"others,omitempty"`
 }
 
 // Rules the checker enforces (Violation.Rule).
 const (
 	RuleOverlap      = "overlapping holds"
+	RuleOverLimit    = "more holds than the limit"
 	RuleTokenOrder   = "fencing token went backwards"
 	RuleTokenReuse   = "fencing token reused"
 	RuleStaleFenced  = "stale fenced write accepted"
@@ -111,6 +129,10 @@ type Report struct {
 	Seed       uint64      `json:"seed"`
 	Holds      []Hold      `json:"holds"`
 	Violations []Violation `json:"violations"`
+	// MaxHolds is, per key, the most holds the store had granted at once
+	// (holds a state-loss fault excuses not counted): a run whose semaphore
+	// never had more than one holder tested little.
+	MaxHolds map[string]int `json:"max_holds,omitempty"`
 }
 
 // OK reports whether no rule was broken.
@@ -132,6 +154,9 @@ func (r Report) String() string {
 		if v.B != nil {
 			fmt.Fprintf(&b, "   B: %s\n", v.B)
 		}
+		for _, o := range v.Others {
+			fmt.Fprintf(&b, "   also: %s\n", o)
+		}
 		for _, e := range v.Events {
 			fmt.Fprintf(&b, "   | %s\n", e)
 		}
@@ -147,8 +172,8 @@ type fault struct {
 
 // Check is a pure function over a history. The rules, per key:
 //
-//   - Mutual exclusion. Hold A lasts from its acquire-ok until End, when its
-//     work stopped. A loss does not end the work at once: the holder learns
+//   - Mutual exclusion (a mutex: Limit 0 or 1). Hold A lasts from its
+//     acquire-ok until End, when its work stopped. A loss does not end the work at once: the holder learns
 //     of it at its local deadline (the send time of its last successful
 //     acquire or renewal plus the renew deadline, shorter than the TTL) and
 //     then needs a moment to stop. The store keeps the key until the holder
@@ -165,16 +190,32 @@ type fault struct {
 //     Slack (A's renewals after F are refused, so its deadline cannot move
 //     past that). Histories without work-stopped events end a hold at the
 //     earliest of its release start, loss signal and final local deadline.
+//     This is RuleOverlap, for keys whose limit (Config.Limit, Limits) is 0
+//     or 1.
+//   - At most Limit holds at once, for a semaphore (limit n > 1,
+//     RuleOverLimit): the same rule counted instead of paired. When hold B is
+//     granted (its acquire-ok), at most n - 1 holds of the key that were
+//     granted no later than B may still be held (End > B.OK), with the same
+//     exceptions and no others: a hold A that a state-loss fault excuses
+//     against B as above (the store forgot A's permit, so it could give it
+//     again while A could not know) is not counted. With n = 1 this is the
+//     mutual exclusion rule.
 //   - The work stops within StopSlack of the moment the holder had to stop
 //     (its loss signal or local deadline, whichever came first).
-//   - Fencing tokens strictly increase: when A.OK < B.Start, A.Token <
-//     B.Token, and no two holds share a token.
+//   - Fencing tokens strictly increase per key, across all of a semaphore's
+//     permits as well: when A.OK < B.Start, A.Token < B.Token, and no two
+//     holds share a token.
 //   - The fenced register never accepts a stale token: accepted writes in the
 //     register's own order carry non-decreasing tokens, and no write is
 //     accepted after (by reply time) a write with a greater token was.
+//     It assumes mutual exclusion and is not checked on semaphore keys
+//     (limit > 1), whose permits hold the key together: there a smaller
+//     token is rejected while the permit holding it is still valid.
 //   - No lost update in the unfenced counter: between a hold's read and its
 //     write of the counter no other hold writes it, unless the two holds'
-//     overlap is one the first rule allows.
+//     overlap is one the first rule allows. It too assumes mutual exclusion
+//     and is not checked on semaphore keys, whose holders may all update the
+//     counter at once.
 //   - A holder acts only inside its hold: counter writes happen before End.
 //   - A loss is signalled no later than LossSlack after the final local
 //     deadline (or after acquire-ok, for a session whose acquisition outlasted
@@ -328,12 +369,14 @@ func Check(h History, cfg Config) Report {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	rep.MaxHolds = map[string]int{}
 	for _, k := range keys {
 		list := byKey[k]
+		n := cfg.limit(k)
 		sort.SliceStable(list, func(i, j int) bool { return list[i].OK < list[j].OK })
 		for i, a := range list {
 			for _, b := range list[i+1:] {
-				if a.End > b.OK && b.End > b.OK {
+				if n == 1 && a.End > b.OK && b.End > b.OK {
 					if ok, _ := excused(a, b); !ok {
 						ca, cb := *a, *b
 						rep.Violations = append(rep.Violations, Violation{Rule: RuleOverlap, Key: k, A: &ca, B: &cb,
@@ -352,6 +395,38 @@ func Check(h History, cfg Config) Report {
 							a.Token, b.Token, faultsBetween(a.OK, b.OK))})
 				}
 			}
+		}
+		// Holds at once: at each grant B, the earlier holds still held that
+		// no state-loss fault excuses. For a mutex (n == 1) the pairs above
+		// are the rule; a semaphore allows n.
+		for j, b := range list {
+			if b.End <= b.OK {
+				continue
+			}
+			var live []*Hold
+			for _, a := range list[:j] {
+				if a.End > b.OK {
+					if ok, _ := excused(a, b); !ok {
+						live = append(live, a)
+					}
+				}
+			}
+			rep.MaxHolds[k] = max(rep.MaxHolds[k], len(live)+1)
+			if n == 1 || len(live) < n {
+				continue
+			}
+			ca, cb := *live[0], *b
+			v := Violation{Rule: RuleOverLimit, Key: k, A: &ca, B: &cb}
+			var until []string
+			for _, a := range live {
+				until = append(until, fmt.Sprintf("hold %d until %.3fs", a.ID, a.End.Seconds()))
+				if a != live[0] {
+					v.Others = append(v.Others, *a)
+				}
+			}
+			v.Detail = fmt.Sprintf("B acquired a permit at %.3fs while %d other holds still held the key (%s): %d holds at once, limit %d (faults active: %s)",
+				b.OK.Seconds(), len(live), strings.Join(until, ", "), len(live)+1, n, faultsBetween(live[0].OK, b.OK))
+			rep.Violations = append(rep.Violations, v)
 		}
 	}
 
@@ -381,6 +456,9 @@ func Check(h History, cfg Config) Report {
 	}
 	for _, u := range updates {
 		r, e := u.read, u.write
+		if cfg.limit(e.Key) > 1 {
+			continue // permits share the key: the counter is not theirs alone
+		}
 		ws := writes[e.Key] // in time order
 		from := sort.Search(len(ws), func(i int) bool { return ws[i].At > r.At })
 		for _, o := range ws[from:] {
@@ -416,7 +494,9 @@ func Check(h History, cfg Config) Report {
 	}
 	fkeys := make([]string, 0, len(fenced))
 	for k := range fenced {
-		fkeys = append(fkeys, k)
+		if cfg.limit(k) == 1 {
+			fkeys = append(fkeys, k)
+		}
 	}
 	sort.Strings(fkeys)
 	for _, k := range fkeys {

@@ -263,3 +263,189 @@ func TestHistoryJSONRoundTrip(t *testing.T) {
 		t.Fatalf("round trip changed the history: %+v", back)
 	}
 }
+
+// sem is the checker's configuration for a semaphore run of limit n.
+func sem(n int) Config {
+	c := cfg
+	c.Limit = n
+	return c
+}
+
+// Up to Limit permits may be held at once; one more is a violation that
+// names every hold involved. A mutex run judges the same history pair by
+// pair under its own rule.
+func TestCheckSemaphoreLimit(t *testing.T) {
+	b := &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 600)
+	b.hold(2, "c2", "k", 11, 10, 20, 1020, 700)  // two permits at once
+	b.hold(3, "c3", "k", 12, 30, 600, 1600, 900) // enters as hold 1 stops
+	b.hold(4, "c4", "k", 13, 40, 700, 1700, 950) // enters as hold 2 stops
+	b.hold(5, "c5", "other", 3, 0, 5, 1005, 500) // another key's own permits
+	r := Check(b.history(), sem(2))
+	wantRules(t, r)
+	if r.MaxHolds["k"] != 2 || r.MaxHolds["other"] != 1 {
+		t.Errorf("MaxHolds = %v, want k:2 other:1", r.MaxHolds)
+	}
+
+	b.hold(6, "c6", "k", 14, 50, 650, 1650, 690) // a third holder while 3 and 2 hold
+	r = Check(b.history(), sem(2))
+	wantRules(t, r, RuleOverLimit)
+	v := r.Violations[0]
+	if v.A.ID != 2 || v.B.ID != 6 || len(v.Others) != 1 || v.Others[0].ID != 3 {
+		t.Errorf("violation names A %d, B %d, others %v; want A 2, B 6, others [3]", v.A.ID, v.B.ID, v.Others)
+	}
+	for _, want := range []string{"B acquired a permit at 0.650s", "hold 2 until 0.700s, hold 3 until 0.900s", "3 holds at once, limit 2", "also: hold 3 (c3"} {
+		if !strings.Contains(r.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, r)
+		}
+	}
+	if r.MaxHolds["k"] != 3 {
+		t.Errorf("MaxHolds[k] = %d, want 3", r.MaxHolds["k"])
+	}
+	// The limit 3 allows it.
+	wantRules(t, Check(b.history(), sem(3)))
+	// So does a limit for that key alone, and only for it.
+	c := cfg
+	c.Limits = map[string]int{"k": 3}
+	wantRules(t, Check(b.history(), c))
+
+	// A mutex run (Limit 0 or 1): the mutual exclusion rule, pair by pair,
+	// under its old name.
+	for _, n := range []int{0, 1} {
+		wantRules(t, Check(b.history(), sem(n)), RuleOverlap, RuleOverlap, RuleOverlap, RuleOverlap, RuleOverlap)
+	}
+	b = &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 600)
+	b.hold(2, "c2", "other", 3, 0, 5, 1005, 500)
+	b.hold(3, "c3", "other", 4, 10, 20, 1020, 700)
+	c.Limits = map[string]int{"k": 3}
+	wantRules(t, Check(b.history(), c), RuleOverlap) // "other" is still a mutex
+}
+
+// A permit, like a lock, lasts until its holder's work stopped: a permit
+// freed at the loss signal lets one holder too many in while the last step
+// still runs. Once the work stopped (within the margin), the permit may go.
+func TestCheckSemaphoreMargin(t *testing.T) {
+	c := sem(2)
+	c.StopSlack = ms(100)
+	mk := func(thirdOK int) History {
+		b := &hb{}
+		b.lostWorking(1, "c1", "k", 10, 0, 5, 1005, 1040)
+		b.hold(2, "c2", "k", 11, 10, 20, 2020, 1300)
+		b.hold(3, "c3", "k", 12, 100, thirdOK, thirdOK+1000, thirdOK+100)
+		return b.history()
+	}
+	r := Check(mk(1008), c) // the permit freed at hold 1's loss signal
+	wantRules(t, r, RuleOverLimit)
+	for _, want := range []string{"hold 1 until 1.040s, hold 2 until 1.300s", "3 holds at once, limit 2"} {
+		if !strings.Contains(r.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, r)
+		}
+	}
+	wantRules(t, Check(mk(1040), c)) // freed by the Release after the work stopped
+	wantRules(t, Check(mk(1505), c)) // expired at its TTL
+
+	// Without work-stopped events a hold ends at its signal.
+	legacy := History{Seed: 42}
+	for _, e := range mk(1008).Events {
+		if e.Kind != WorkStopped {
+			legacy.Events = append(legacy.Events, e)
+		}
+	}
+	wantRules(t, Check(legacy, c))
+
+	// Network faults widen nothing.
+	b := &hb{}
+	b.add(Event{At: ms(0), Kind: FaultStart, Fault: "cut"})
+	b.hold(1, "c1", "k", 10, 0, 5, 1020, 0)
+	b.hold(2, "c2", "k", 11, 0, 6, 1030, 0)
+	b.hold(3, "c3", "k", 12, 10, 1020, 2020, 1100) // exactly as hold 1 stops: fine
+	b.add(Event{At: ms(3000), Kind: FaultEnd, Fault: "cut"})
+	wantRules(t, Check(b.history(), sem(2)))
+	b.hold(4, "c4", "k", 13, 10, 1019, 2019, 1020) // 1ms before
+	wantRules(t, Check(b.history(), sem(2)), RuleOverLimit)
+}
+
+// A state-loss fault lets the store give away permits whose holders cannot
+// know yet: those holds do not count against the limit until the holders'
+// renewals are refused (F.start + RenewDeadline + Slack). Holds granted
+// after the fault count in full.
+func TestCheckSemaphoreStateLoss(t *testing.T) {
+	mk := func(aDeadline int, extra bool) History {
+		b := &hb{}
+		b.hold(1, "c1", "k", 10, 0, 5, aDeadline, 0)
+		b.hold(2, "c2", "k", 11, 0, 8, 1008, 0)
+		b.add(Event{At: ms(300), Kind: FaultStart, Fault: "delete", StateLoss: true})
+		b.add(Event{At: ms(301), Kind: FaultEnd, Fault: "delete"})
+		if extra {
+			b.hold(5, "c5", "k", 12, 302, 305, 1305, 900)
+		}
+		b.hold(3, "c3", "k", 13, 310, 320, 1320, 900)
+		b.hold(4, "c4", "k", 14, 310, 330, 1330, 900)
+		return b.history()
+	}
+	// Four holds at once, two of them forgotten by the store.
+	r := Check(mk(1200, false), sem(2))
+	wantRules(t, r)
+	if r.MaxHolds["k"] != 2 {
+		t.Errorf("MaxHolds[k] = %d, want 2 (excused holds are not counted)", r.MaxHolds["k"])
+	}
+	// Hold 1 keeps acting past the fault start + RenewDeadline + Slack:
+	// it counts from then on, against holds 3 and 4.
+	r = Check(mk(1400, false), sem(2))
+	wantRules(t, r, RuleOverLimit)
+	if v := r.Violations[0]; v.A.ID != 1 || v.B.ID != 4 || !strings.Contains(v.Detail, "faults active: delete [0.300s, 0.301s]") {
+		t.Errorf("violation: %+v\n%s", v, r)
+	}
+	// A hold granted after the fault is not excused: with it, holds 3 and 4
+	// make three the store knew of.
+	wantRules(t, Check(mk(1200, true), sem(2)), RuleOverLimit)
+	wantRules(t, Check(mk(1200, true), sem(3)))
+}
+
+// Fencing tokens strictly increase per key across permits: concurrent
+// permits have distinct tokens, and a permit acquired after another was
+// granted has a larger one.
+func TestCheckSemaphoreTokens(t *testing.T) {
+	b := &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 500)
+	b.hold(2, "c2", "k", 11, 10, 20, 1020, 500)
+	b.hold(3, "c3", "k", 12, 100, 510, 1510, 600)
+	wantRules(t, Check(b.history(), sem(2)))
+
+	b = &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 500)
+	b.hold(2, "c2", "k", 10, 10, 20, 1020, 500) // a second permit with the same token
+	wantRules(t, Check(b.history(), sem(2)), RuleTokenReuse)
+
+	b = &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 500)
+	b.hold(2, "c2", "k", 9, 10, 20, 1020, 500) // asked after hold 1 was granted
+	wantRules(t, Check(b.history(), sem(2)), RuleTokenOrder)
+
+	// Permits acquired concurrently may get their tokens in either order.
+	b = &hb{}
+	b.hold(1, "c1", "k", 11, 0, 50, 1050, 500)
+	b.hold(2, "c2", "k", 10, 10, 60, 1060, 500)
+	wantRules(t, Check(b.history(), sem(2)))
+}
+
+// The unfenced counter and the fenced register assume mutual exclusion:
+// on a semaphore key their rules are off, while acting outside a hold is
+// still checked.
+func TestCheckSemaphoreSkipsExclusiveResources(t *testing.T) {
+	b := &hb{}
+	b.hold(1, "c1", "k", 10, 0, 5, 1005, 500)
+	b.hold(2, "c2", "k", 11, 10, 20, 1020, 500)
+	b.add(Event{At: ms(100), Kind: CounterRead, Contender: "c1", Key: "k", Hold: 1, Value: 4})
+	b.add(Event{At: ms(110), Kind: CounterRead, Contender: "c2", Key: "k", Hold: 2, Value: 4})
+	b.add(Event{At: ms(120), Kind: CounterWrite, Contender: "c2", Key: "k", Hold: 2, Read: 4, Value: 5})
+	b.add(Event{At: ms(130), Kind: CounterWrite, Contender: "c1", Key: "k", Hold: 1, Read: 4, Value: 5})
+	b.add(Event{At: ms(140), Sent: ms(135), Kind: FencedWrite, Key: "k", Hold: 2, Token: 11, Accepted: true, Value: 1})
+	b.add(Event{At: ms(150), Sent: ms(145), Kind: FencedWrite, Key: "k", Hold: 1, Token: 10, Accepted: true, Value: 2})
+	wantRules(t, Check(b.history(), sem(2)))
+	wantRules(t, Check(b.history(), cfg), RuleOverlap, RuleLostUpdate, RuleFenceOrder, RuleStaleFenced)
+
+	b.add(Event{At: ms(600), Kind: CounterWrite, Contender: "c1", Key: "k", Hold: 1, Value: 6})
+	wantRules(t, Check(b.history(), sem(2)), RuleActedOutside)
+}

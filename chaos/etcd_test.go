@@ -245,6 +245,10 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 			if _, err := adminCli.Delete(ctx, eprefix+k); err != nil {
 				return err
 			}
+			// A semaphore's permits: <prefix><key> NUL <owner token>.
+			if _, err := adminCli.Delete(ctx, eprefix+k+"\x00", clientv3.WithPrefix()); err != nil {
+				return err
+			}
 		}
 		return nil
 	}

@@ -55,11 +55,38 @@ type runConfig struct {
 	contenders int
 	keys       int
 	faultPhase time.Duration
+	// limit > 1 makes the keys semaphores of that many permits
+	// (core.Limit): the checker then allows up to limit holds of a key at
+	// once, and the steps skip the fenced register, which assumes mutual
+	// exclusion.
+	limit int
+	// firstFault, when set, names the fault the fault phase starts with
+	// (then the seed chooses, as always).
+	firstFault string
 	timing
 }
 
 func shortRun(seed uint64) runConfig {
 	return runConfig{seed: seed, contenders: 4, keys: 2, faultPhase: 18 * time.Second, timing: shortTiming}
+}
+
+// semaphoreRun is the short tier's semaphore run: five contenders on two
+// keys of two permits each, so that a key is often full with someone
+// waiting, through the same faults as the mutex runs in a shorter fault
+// phase. It starts with the keys deleted behind their holders' backs, so
+// that every run has the state loss that lets the store hand out permits
+// still in use.
+func semaphoreRun(seed uint64) runConfig {
+	return runConfig{seed: seed, contenders: 5, keys: 2, limit: 2, faultPhase: 9 * time.Second, timing: shortTiming,
+		firstFault: "delete-locks"}
+}
+
+// acquireOptions are the options of every acquisition of the run.
+func (c runConfig) acquireOptions() []core.Option {
+	if c.limit > 1 {
+		return []core.Option{core.Limit(c.limit)}
+	}
+	return nil
 }
 
 // faultDef is one kind of fault. run applies it, keeps it for a while (never
@@ -89,7 +116,10 @@ type backendEnv struct {
 	reg *register
 	// keyPrefix makes this run's keys unique.
 	keyPrefix string
-	close     func()
+	// limit is the run's runConfig.limit (set by runChaos after setup), for
+	// deleteKeys: a semaphore's records may differ from a lock's.
+	limit int
+	close func()
 }
 
 // sink collects every error string and log line a run produces, for the
@@ -253,10 +283,14 @@ func between(rng *mrand.Rand, lo, hi time.Duration) time.Duration {
 func (r *run) iteration(c *contender, key string, timeout, maxHold time.Duration) bool {
 	r.rec.Add(Event{Kind: AcquireStart, Contender: c.name, Key: key})
 	actx, cancel := context.WithTimeout(r.ctx, timeout)
-	s, err := c.l.Acquire(actx, key)
+	s, err := c.l.Acquire(actx, key, r.cfg.acquireOptions()...)
 	cancel()
 	if err != nil {
 		r.errs.err(err)
+		if errors.Is(err, core.ErrLimitMismatch) || errors.Is(err, core.ErrUnsupported) {
+			// Every contender asks for the same limit of keys of its own.
+			r.t.Errorf("%s: acquire %s: %v", c.name, key, err)
+		}
 		kind := AcquireUnknown
 		if errors.Is(err, core.ErrNotAcquired) {
 			kind = AcquireBusy
@@ -338,7 +372,7 @@ func (r *run) critical(c *contender, s core.Session, id int64, key string) bool 
 	now := time.Now()
 	ctr.Store(v + 1)
 	r.rec.Add(Event{At: r.rec.Since(now), Kind: CounterWrite, Contender: c.name, Key: key, Hold: id, Token: s.Token(), Read: v, Value: v + 1})
-	if r.env.reg != nil {
+	if r.env.reg != nil && r.cfg.limit <= 1 {
 		now = time.Now()
 		if !valid(now) {
 			return false
@@ -404,6 +438,9 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	ignore := goleak.IgnoreCurrent()
 	rng := mrand.New(mrand.NewPCG(cfg.seed, 0x5eed))
 	prefix := fmt.Sprintf("chaos-%d-", cfg.seed)
+	if cfg.limit > 1 {
+		prefix = fmt.Sprintf("chaos-sem%d-%d-", cfg.limit, cfg.seed)
+	}
 	keys := make([]string, cfg.keys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%shot-%d", prefix, i)
@@ -411,6 +448,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	logs := &sink{}
 	h := NewHarness(logs)
 	env := setup(t, h, keys, prefix)
+	env.limit = cfg.limit
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	r := &run{t: t, cfg: cfg, env: env, rec: NewRecorder(cfg.seed), errs: logs, keys: keys,
@@ -418,8 +456,12 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	for _, k := range keys {
 		r.counters[k] = new(atomic.Int64)
 	}
-	t.Logf("%s: seed %d (rerun with -chaos.seed=%d), %d contenders, %d keys, faults for %v",
-		env.name, cfg.seed, cfg.seed, cfg.contenders, cfg.keys, cfg.faultPhase)
+	kind := "mutex"
+	if cfg.limit > 1 {
+		kind = fmt.Sprintf("semaphore of %d permits", cfg.limit)
+	}
+	t.Logf("%s: seed %d (rerun with -chaos.seed=%d), %d contenders, %d keys (%s), faults for %v",
+		env.name, cfg.seed, cfg.seed, cfg.contenders, cfg.keys, kind, cfg.faultPhase)
 
 	var cs []*contender
 	for i := range cfg.contenders {
@@ -463,7 +505,11 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	}
 
 	// Fault phase: one fault at a time, with healthy gaps.
-	faults := append(proxyFaults(env.proxy, cfg.timing), env.faults...)
+	var faults []faultDef
+	if env.proxy != nil {
+		faults = proxyFaults(env.proxy, cfg.timing)
+	}
+	faults = append(faults, env.faults...)
 	faults = append(faults, faultDef{name: "delete-locks", stateLoss: true, run: func(ctx context.Context, _ *mrand.Rand) error {
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
@@ -474,6 +520,13 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	for time.Now().Before(end) {
 		sleepCtx(ctx, between(rng, 300*time.Millisecond, 1200*time.Millisecond))
 		f := faults[rng.IntN(len(faults))]
+		if len(counts) == 0 && cfg.firstFault != "" {
+			for _, d := range faults {
+				if d.name == cfg.firstFault {
+					f = d
+				}
+			}
+		}
 		counts[f.name]++
 		r.rec.Add(Event{Kind: FaultStart, Fault: f.name, StateLoss: f.stateLoss})
 		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
@@ -547,7 +600,8 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	}
 
 	hist := r.rec.History()
-	rep := Check(hist, Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack})
+	rep := Check(hist, Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack,
+		Limit: cfg.limit})
 	acquired, lost := 0, 0
 	for _, e := range hist.Events {
 		switch e.Kind {
@@ -557,7 +611,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 			lost++
 		}
 	}
-	t.Logf("%s: %d events, %d holds, %d losses signalled", env.name, len(hist.Events), acquired, lost)
+	t.Logf("%s: %d events, %d holds, %d losses signalled, most holds of a key at once %v", env.name, len(hist.Events), acquired, lost, rep.MaxHolds)
 	if !rep.OK() {
 		path, err := hist.Dump(*flagOut, env.name)
 		if err != nil {
@@ -567,6 +621,15 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	}
 	if acquired < cfg.contenders*3 {
 		t.Errorf("%s: only %d acquisitions: the run exercised too little", env.name, acquired)
+	}
+	if cfg.limit > 1 {
+		most := 0
+		for _, n := range rep.MaxHolds {
+			most = max(most, n)
+		}
+		if most < cfg.limit {
+			t.Errorf("%s: no key ever had %d holders at once (at most %d): the semaphore was not exercised", env.name, cfg.limit, most)
+		}
 	}
 
 	env.close()
