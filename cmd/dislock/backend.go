@@ -243,13 +243,31 @@ func openTable(ctx context.Context, pool *pgxpool.Pool, name string, named bool,
 		}
 		return pg.NewBackend(ctx, pool, append(opts, pg.WithAutoMigrate())...)
 	}
-	if permits && (use == tableCreate || use == tableRun && !named) {
+	mayCreate := use == tableCreate || use == tableRun && !named
+	if permits && mayCreate {
 		// The table exists, but perhaps not what the semaphores keep
 		// beside it: a run that may create the table creates that too
 		// (Migrate only creates what is missing).
 		opts = append(opts, pg.WithAutoMigrate())
 	}
 	b, err := pg.NewBackend(ctx, pool, opts...)
+	if errors.Is(err, pg.ErrSchema) && !permits {
+		// A table of an earlier version lacks the waiter queue's column
+		// (never a table in the 3-column layout, which has no queue): a
+		// run that may create the table adds it (Migrate adds only what is
+		// missing); any other run says how.
+		var modern, queue bool
+		if qerr := pool.QueryRow(ctx, `SELECT
+	EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1::text) AND attname = 'holder' AND NOT attisdropped),
+	EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`,
+			pgx.Identifier(parts).Sanitize()).Scan(&modern, &queue); qerr == nil && modern && !queue {
+			if !mayCreate {
+				return nil, badSetting(specTable, "%v; or let dislock add it with %s=1 (--%s)", err, specCreate.env, specCreate.flag)
+			}
+			log.Debug("lock table of an earlier version; adding what is missing", "err", err)
+			b, err = pg.NewBackend(ctx, pool, append(opts, pg.WithAutoMigrate())...)
+		}
+	}
 	if errors.Is(err, pg.ErrSchema) {
 		log.Debug("lock table not usable as is; trying the 3-column layout", "err", err)
 		if lb, lerr := pg.NewBackend(ctx, pool, append(opts, pg.WithLegacyTable())...); lerr == nil {

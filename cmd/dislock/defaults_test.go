@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/pg"
 )
 
 // At the default level (WARNING) a run that succeeds and a run skipped
@@ -228,4 +229,80 @@ func TestLockTableNotCreated(t *testing.T) {
 		t.Fatal("the first run did not create the default table")
 	}
 	expectCode(t, run(t, f.baseEnv(), "list", "--url-env", urlVar), 0)
+}
+
+// A lock table of an earlier version (no waiters column) is brought up to
+// date by a run that may create the table — the default table, or
+// DISLOCK_CREATE_TABLE=1 — and is otherwise exit 2 naming the statement that
+// adds the column; nothing is altered then.
+func TestLockTableUpgraded(t *testing.T) {
+	u := testenv.PG(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := testenv.Name("dislock_cli_upgrade_")
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		conn.Close(context.Background())
+	})
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	f := &fixture{url: u + sep + "search_path=" + schema}
+	oldTable := func(name string) {
+		t.Helper()
+		ddl, err := pg.SchemaSQL(schema+"."+name, false, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := pgx.Identifier{schema, name}.Sanitize()
+		if _, err := conn.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, "ALTER TABLE "+q+" DROP COLUMN waiters"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hasWaiters := func(name string) bool {
+		var ok bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`,
+			pgx.Identifier{schema, name}.Sanitize()).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	marker := filepath.Join(t.TempDir(), "ran")
+
+	// A named table: exit 2 with the fix, the table untouched.
+	named := "old_locks"
+	oldTable(named)
+	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly", "LOCK_TABLE="+named)
+	p := run(t, env, urlVar, "touch", marker)
+	expectCode(t, p, exitUsage)
+	if !strings.Contains(p.stderr.String(), "ADD COLUMN IF NOT EXISTS waiters") {
+		t.Errorf("the error does not say how to add the column: %s", p.stderr.String())
+	}
+	if hasWaiters(named) || exists(marker) {
+		t.Fatal("the named table was altered or the command ran")
+	}
+	// Asked to create what is missing, the run adds the column and runs.
+	expectCode(t, run(t, append(env, "DISLOCK_CREATE_TABLE=1"), urlVar, "touch", marker), 0)
+	if !hasWaiters(named) || !exists(marker) {
+		t.Fatal("DISLOCK_CREATE_TABLE=1 did not add the column and run")
+	}
+	os.Remove(marker)
+
+	// The default table of an earlier version is brought up to date.
+	oldTable("dislock_locks")
+	expectCode(t, run(t, f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly"), urlVar, "touch", marker), 0)
+	if !hasWaiters("dislock_locks") || !exists(marker) {
+		t.Fatal("a run on the default table of an earlier version did not add the column and run")
+	}
 }
