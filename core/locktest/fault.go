@@ -41,6 +41,7 @@ type faultBackend struct {
 	closed     atomic.Bool  // Close was called: every call fails
 	attempts   atomic.Int64 // TryAcquire calls
 	watching   atomic.Bool  // a Watch or WatchTurns subscription is in place
+	readyAt    atomic.Int64 // when the latest subscription came up (UnixNano)
 	// waiterTTL, when positive, replaces the WaiterTTL of every acquire
 	// sent with a Waiter: a wait whose place in line would outlive any
 	// bound of a test unless it leaves the queue.
@@ -62,9 +63,9 @@ type faultBackend struct {
 
 // sentAcquire is what a faultBackend saw of one TryAcquire.
 type sentAcquire struct {
-	key, waiter string
-	busy        bool
-	answered    time.Time
+	key, waiter    string
+	busy           bool
+	sent, answered time.Time
 }
 
 func newFault(b core.Backend) *faultBackend {
@@ -102,6 +103,19 @@ func (f *faultBackend) acquiresSent() []sentAcquire {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]sentAcquire(nil), f.sent...)
+}
+
+// queuedSince reports whether an acquire sent with a Waiter at or after t
+// was answered busy.
+func (f *faultBackend) queuedSince(t time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.sent) - 1; i >= 0; i-- {
+		if a := f.sent[i]; a.busy && a.waiter != "" && !a.sent.Before(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // lastQueued returns when the latest acquire sent with a Waiter was
@@ -158,10 +172,11 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 	if d := f.waiterTTL.Load(); d > 0 && req.Waiter != "" {
 		req.WaiterTTL = time.Duration(d)
 	}
+	sentAt := time.Now()
 	lease, err := f.Backend.TryAcquire(ctx, req)
 	busy := errors.Is(err, core.ErrNotAcquired)
 	f.mu.Lock()
-	f.sent = append(f.sent, sentAcquire{key: req.Key, waiter: req.Waiter, busy: busy, answered: time.Now()})
+	f.sent = append(f.sent, sentAcquire{key: req.Key, waiter: req.Waiter, busy: busy, sent: sentAt, answered: time.Now()})
 	f.mu.Unlock()
 	if busy {
 		f.busies.Add(1)
@@ -275,7 +290,7 @@ func (p watchPart) Watch(ctx context.Context, ready func(), fn func(string)) err
 		return err
 	}
 	defer f.watching.Store(false)
-	return f.Backend.(core.Watcher).Watch(ctx, func() { f.watching.Store(true); ready() }, fn)
+	return f.Backend.(core.Watcher).Watch(ctx, func() { f.readyAt.Store(time.Now().UnixNano()); f.watching.Store(true); ready() }, fn)
 }
 
 // queuePart adds core.Queuer (and so core.Watcher).
@@ -287,7 +302,7 @@ func (p queuePart) WatchTurns(ctx context.Context, ready func(), fn func(key, wa
 		return err
 	}
 	defer f.watching.Store(false)
-	return f.Backend.(core.Queuer).WatchTurns(ctx, func() { f.watching.Store(true); ready() }, fn)
+	return f.Backend.(core.Queuer).WatchTurns(ctx, func() { f.readyAt.Store(time.Now().UnixNano()); f.watching.Store(true); ready() }, fn)
 }
 
 func (p queuePart) Leave(ctx context.Context, key, waiter string) error {

@@ -90,6 +90,14 @@ func startWait(t *testing.T, rule string, p *proc, ctx context.Context, key stri
 	if !waitFor(t, p.fault.watching.Load, 10*time.Second) {
 		t.Fatalf("rule %q: the backend's WatchTurns never called ready", rule)
 	}
+	// An attempt sent before the subscription came up is followed by a
+	// re-check (a release in between would have been missed): wait for a
+	// busy attempt sent after it, so that no attempt of the wait is still
+	// to come when the caller acts.
+	ready := time.Unix(0, p.fault.readyAt.Load())
+	if !waitFor(t, func() bool { return p.fault.queuedSince(ready) }, 10*time.Second) {
+		t.Fatalf("rule %q: the wait made no attempt after its subscription came up", rule)
+	}
 	return out
 }
 
