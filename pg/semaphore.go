@@ -409,14 +409,18 @@ RETURNING set_config('%[5]s', %[6]s::text, true)`, t, p, isHdr, ac, semSetting, 
 	// release ($1 key, $2 owner token, $3 channel) deletes the permit and
 	// notifies when it was live. Under the header lock it also sets the
 	// header's expiry to the latest of the permits left, or, when none is
-	// left, deletes the header and the key's expired permits: the key is
-	// free at once, for a mutex or another limit too.
+	// left, ends the header (expiry -infinity) and deletes the key's
+	// expired permits: the key is free at once, for a mutex or another
+	// limit too. The ended header stays, with its last token: a claim
+	// whose clock was read before it waited for the header's lock still
+	// gets a token above every earlier one (greatest(clock, last + 1)),
+	// which a deleted header could not promise.
 	s.release = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[2]s WHERE key = $1::text AND holder = $2::text RETURNING expire_at > now() AS live
 ), rest AS (
 	SELECT max(expire_at) AS until FROM %[2]s WHERE key = $1::text AND holder <> $2::text AND expire_at > now()
 ), hd AS (
-	DELETE FROM %[1]s WHERE key = $1::text AND %[3]s AND %[4]s AND (SELECT until FROM rest) IS NULL
+	UPDATE %[1]s SET expire_at = '-infinity' WHERE key = $1::text AND %[3]s AND %[4]s AND (SELECT until FROM rest) IS NULL
 ), gc AS (
 	DELETE FROM %[2]s WHERE key = $1::text AND holder <> $2::text AND expire_at <= now() AND %[4]s AND (SELECT until FROM rest) IS NULL
 ), hu AS (
@@ -455,7 +459,8 @@ UPDATE %[1]s SET expire_at = greatest(expire_at, (SELECT expire_at FROM k)) WHER
 SELECT key, holder FROM p`, t, p, ac, hh("h."))
 
 	// forceLock ($1 key) locks a semaphore's header; force ($1 key, $2
-	// channel) then deletes every permit and the header, and notifies
+	// channel) then deletes every permit and ends the header (keeping its
+	// last token, as release does), and notifies
 	// when a live permit was among them. Its row says whether the key was
 	// a semaphore (locked), and whether a live permit was freed.
 	s.forceLock = fmt.Sprintf(`UPDATE %[1]s SET expire_at = expire_at WHERE key = $1::text AND %[2]s
@@ -463,7 +468,7 @@ RETURNING set_config('%[3]s', %[4]s::text, true)`, t, isHdr, semSetting, tok)
 	s.force = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[2]s WHERE key = $1::text AND %[4]s RETURNING expire_at > now() AS live
 ), h AS (
-	DELETE FROM %[1]s WHERE key = $1::text AND %[3]s AND %[4]s
+	UPDATE %[1]s SET expire_at = '-infinity' WHERE key = $1::text AND %[3]s AND %[4]s
 ), n AS (
 	SELECT pg_notify($2::text, $1::text) WHERE %[4]s AND $2::text <> '' AND EXISTS (SELECT 1 FROM d WHERE live)
 )

@@ -103,11 +103,12 @@ func TestSemaphoreNeverMoreThanN(t *testing.T) {
 	if n != 0 {
 		t.Errorf("%d permit rows left after every release", n)
 	}
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()).Scan(&n); err != nil {
+	// The header stays, ended, with the key's last token.
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE expire_at > now()`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {
-		t.Errorf("%d lock table rows left after every release", n)
+		t.Errorf("%d live lock table rows left after every release", n)
 	}
 }
 
