@@ -228,8 +228,11 @@
 //     first (Info.Limit set); another limit answers core.LimitMismatch.
 //   - Release locks the header and deletes the permit, notifying the
 //     first waiter (pg_notify) when it was live; the header's
-//     expiry follows the permits left, and the last one's release deletes
-//     the header, so the key is free at once for a mutex or another limit.
+//     expiry follows the permits left, and the last one's release ends
+//     the header (its expiry becomes -infinity), so the key is free at
+//     once for a mutex or another limit. The ended header keeps the key's
+//     last token: a claim that read the server clock before it waited for
+//     the header's lock still gets a larger one (greatest(clock, last + 1)).
 //     Under MinHold and slot mode it sets the permit's expiry instead.
 //   - A Renew call that includes permits is one batch: a statement that
 //     locks the headers of their keys, in key order (so renewals never
@@ -240,8 +243,8 @@
 //     keys wait for it (one commit), and it waits for theirs.
 //   - Holders lists a key's live permits oldest first; List has one
 //     Info per live permit; Inspect returns a semaphore's oldest permit;
-//     ForceRelease deletes every permit and the header (one batch) and
-//     notifies.
+//     ForceRelease deletes every permit and ends the header (one batch)
+//     and notifies.
 //
 // The statements keep no session state (the header lock is passed from the
 // first statement to the second with a set_config local to the
