@@ -84,20 +84,49 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		}
 		return l, func() error { err := l.Close(); pool.Close(); return err }, nil
 	}
-	env.deleteKeys = func(ctx context.Context, keys []string) error {
-		if env.limit <= 1 {
-			_, err := direct.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys)
+	env.deleteKeys = func(ctx context.Context, keys []string) ([]removal, error) {
+		// The rows' tokens as the deletion returns them, in one commit.
+		sent := time.Now()
+		removed := map[string][]uint64{}
+		collect := func(rows pgx.Rows) error {
+			var k string
+			var tok int64
+			_, err := pgx.ForEachRow(rows, []any{&k, &tok}, func() error {
+				removed[k] = append(removed[k], uint64(tok))
+				return nil
+			})
 			return err
 		}
-		// A semaphore: its header row, then (in a fresh snapshot, once
-		// claims that held the header's row lock committed) its permits.
-		return pgx.BeginFunc(ctx, direct, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys); err != nil {
-				return err
+		var err error
+		if env.limit <= 1 {
+			rows, qerr := direct.Query(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1) RETURNING key, token`, keys)
+			if err = qerr; err == nil {
+				err = collect(rows)
 			}
-			_, err := tx.Exec(ctx, `DELETE FROM `+pgTable+`_permits WHERE key = ANY($1)`, keys)
-			return err
-		})
+		} else {
+			// A semaphore: its header row, then (in a fresh snapshot, once
+			// claims that held the header's row lock committed) its
+			// permits, whose tokens are the permits' own.
+			err = pgx.BeginFunc(ctx, direct, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys); err != nil {
+					return err
+				}
+				rows, err := tx.Query(ctx, `DELETE FROM `+pgTable+`_permits WHERE key = ANY($1) RETURNING key, token`, keys)
+				if err != nil {
+					return err
+				}
+				return collect(rows)
+			})
+		}
+		if err != nil {
+			return nil, err
+		}
+		done := time.Now()
+		out := make([]removal, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, removal{key: k, sent: sent, done: done, tokens: removed[k]})
+		}
+		return out, nil
 	}
 	probeCfg := proxiedPGConfig(t, u, px, app).ConnConfig
 	env.probe = func(ctx context.Context) error {
@@ -210,16 +239,16 @@ func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backend
 		}
 		return l, func() error { err := l.Close(); return errors.Join(err, client.Close()) }, nil
 	}
-	env.deleteKeys = func(ctx context.Context, keys []string) error {
+	env.deleteKeys = func(ctx context.Context, keys []string) ([]removal, error) {
 		for _, k := range keys {
 			// The lock (a semaphore's permit set) and a semaphore's permit
 			// hash; the fencing counter stays.
 			lock := rprefix + ":{" + k + "}"
 			if err := direct.Del(ctx, lock, lock+":sem").Err(); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		return nil
+		return nil, nil // judged by the fault's time window
 	}
 	probe := redis.NewClient(rt.proxiedOptions(t, px))
 	env.probe = func(ctx context.Context) error { return probe.Ping(ctx).Err() }

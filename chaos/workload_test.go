@@ -106,8 +106,10 @@ type backendEnv struct {
 	newLocker func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error)
 	// admin inspects locks directly, not through the proxy.
 	admin core.Admin
-	// deleteKeys removes locks behind their holders' backs.
-	deleteKeys func(ctx context.Context, keys []string) error
+	// deleteKeys removes locks behind their holders' backs and reports, per
+	// key, what the store says it removed (nil: the store reports nothing,
+	// and the checker judges the fault by its time window alone).
+	deleteKeys func(ctx context.Context, keys []string) ([]removal, error)
 	// probe makes one round trip through the proxy.
 	probe func(ctx context.Context) error
 	// faults specific to this backend (server side).
@@ -120,6 +122,17 @@ type backendEnv struct {
 	// deleteKeys: a semaphore's records may differ from a lock's.
 	limit int
 	close func()
+}
+
+// removal is what one deletion of a key's lock records removed, as the
+// store reported it: the fencing tokens of the claims it removed, and, for
+// a store whose every later grant gets a larger token (etcd), the
+// deletion's position in the store's order (recorded as a StateLost event).
+type removal struct {
+	key        string
+	sent, done time.Time
+	tokens     []uint64
+	pos        uint64
 }
 
 // sink collects every error string and log line a run produces, for the
@@ -513,7 +526,12 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	faults = append(faults, faultDef{name: "delete-locks", stateLoss: true, run: func(ctx context.Context, _ *mrand.Rand) error {
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		return env.deleteKeys(dctx, keys)
+		rms, err := env.deleteKeys(dctx, keys)
+		for _, rm := range rms {
+			r.rec.Add(Event{At: r.rec.Since(rm.done), Sent: r.rec.Since(rm.sent), Kind: StateLost, Key: rm.key,
+				Fault: "delete-locks", Tokens: rm.tokens, Pos: rm.pos})
+		}
+		return err
 	}})
 	end := time.Now().Add(cfg.faultPhase)
 	counts := map[string]int{}
