@@ -193,10 +193,16 @@ type fault struct {
 //     frees the key at the loss signal, while the work is still stopping,
 //     breaks it. Only a state-loss fault F (lock deleted, store restarted
 //     without persistence) lets B in while A cannot know: such an overlap is
-//     allowed when F started between A's acquire-start and B's acquire-ok and
-//     A had to stop (loss, deadline or release) by F.start + RenewDeadline +
-//     Slack (A's renewals after F are refused, so its deadline cannot move
-//     past that). Histories without work-stopped events end a hold at the
+//     allowed when F was under way at some time between A's acquire-start
+//     and B's acquire-ok, and A had to stop (loss, deadline or release)
+//     within RenewDeadline + Slack of the removal (A's renewals after it are
+//     refused, so its deadline cannot move past that). Where F's StateLost
+//     events say what it removed from the key, that is exact: a deletion
+//     that removed A's claim and not B's, before B's grant in the store's
+//     order, answered no earlier than RenewDeadline + Slack before A had to
+//     stop. Otherwise the removal is placed at the end of F or at B's
+//     acquire-ok, whichever came first. Allowed overlaps go to
+//     Report.Excused. Histories without work-stopped events end a hold at the
 //     earliest of its release start, loss signal and final local deadline.
 //     This is RuleOverlap, for keys whose limit (Config.Limit, Limits) is 0
 //     or 1.

@@ -630,6 +630,23 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 		}
 	}
 	t.Logf("%s: %d events, %d holds, %d losses signalled, most holds of a key at once %v", env.name, len(hist.Events), acquired, lost, rep.MaxHolds)
+	removals, removed := 0, 0
+	for _, e := range hist.Events {
+		if e.Kind == StateLost {
+			removals++
+			removed += len(e.Tokens)
+		}
+	}
+	if removals > 0 {
+		t.Logf("%s: the deletions of locks recorded what they removed: %d deletions, %d claims", env.name, removals, removed)
+	}
+	if len(rep.Excused) > 0 {
+		var b strings.Builder
+		for _, v := range rep.Excused[:min(3, len(rep.Excused))] {
+			fmt.Fprintf(&b, "\n  %s on key %q: %s", v.Rule, v.Key, v.Detail)
+		}
+		t.Logf("%s: %d overlaps and lost updates allowed by a state-loss fault, such as:%s", env.name, len(rep.Excused), b.String())
+	}
 	if !rep.OK() {
 		path, err := hist.Dump(*flagOut, env.name)
 		if err != nil {

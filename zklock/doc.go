@@ -156,4 +156,11 @@
 //     <root>/clock once to read the server clock.
 //   - ZooKeeper ACLs are open (world:anyone); use a chroot or WithRoot per
 //     tenant and the server's own authorization if that matters.
+//   - go-zookeeper v1.0.4 has a data race of its own: after a reconnect in
+//     the same session it reads Conn.lastZxid to send the session's watches
+//     again while its receive loop writes it (upstream PR #35). A busy
+//     acquisition leaves a watch, so a program built with -race may report
+//     it after a connection drop; it is harmless in practice and not
+//     dislock's. dislock's chaos suite, which reconnects such sessions all
+//     the time, runs on a copy of the client with the fix (chaos/README.md).
 package zklock
