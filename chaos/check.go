@@ -313,7 +313,11 @@ func Check(h History, cfg Config) Report {
 				if f.lost == nil {
 					f.lost = map[string][]Event{}
 				}
-				f.lost[e.Key] = append(f.lost[e.Key], e)
+				k := e.Key
+				if e.All {
+					k = "" // every key
+				}
+				f.lost[k] = append(f.lost[k], e)
 			}
 		case FaultEnd:
 			if i, ok := open[e.Fault]; ok {
@@ -375,7 +379,9 @@ func Check(h History, cfg Config) Report {
 	// some time between A's acquire-start and B's acquire-ok: a deletion may
 	// take A's claim right after the store granted it, while A's answer is
 	// still on its way. Where the history records what F removed from the
-	// key (StateLost events), the excuse is exact: one of those deletions
+	// key (StateLost events), the excuse is exact: a store that lost
+	// everything (All) before A's acquire-start can not have had A's claim,
+	// and otherwise one of those deletions
 	// removed A's claim (so A was granted before it in the store's order)
 	// and not B's, B's grant came after it (its token is above the
 	// deletion's store position, where known; B's acquire-ok is after the
@@ -391,9 +397,13 @@ func Check(h History, cfg Config) Report {
 			if !f.stateLoss || f.start > b.OK || (f.end >= 0 && f.end < a.Start) {
 				continue
 			}
-			if ls, exact := f.lost[a.Key]; exact {
+			if ls := append(f.lost[a.Key], f.lost[""]...); len(ls) > 0 {
 				for _, l := range ls {
-					if a.Token != 0 && slices.Contains(l.Tokens, a.Token) && !slices.Contains(l.Tokens, b.Token) &&
+					if l.All && a.Start <= l.At && l.Sent <= b.OK && a.signalled() <= l.At+bound {
+						return true, fmt.Sprintf("%s lost every claim granted before %.3fs (the store stopped between %.3fs and then), A's among them, and B's grant came after",
+							f.name, l.At.Seconds(), l.Sent.Seconds())
+					}
+					if !l.All && a.Token != 0 && slices.Contains(l.Tokens, a.Token) && !slices.Contains(l.Tokens, b.Token) &&
 						(l.Pos == 0 || b.Token > l.Pos) && l.Sent <= b.OK && a.signalled() <= l.At+bound {
 						return true, fmt.Sprintf("%s removed A's claim (token %d) in a deletion sent at %.3fs and answered at %.3fs%s, before B's grant",
 							f.name, a.Token, l.Sent.Seconds(), l.At.Seconds(), posText(l.Pos))

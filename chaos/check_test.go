@@ -486,3 +486,33 @@ func TestCheckStateLossUnderWay(t *testing.T) {
 	wantRules(t, Check(exact([]uint64{10, 11}, 0), cfg), RuleOverlap) // B's was too: granted before it
 	wantRules(t, Check(exact([]uint64{10}, 11), cfg), RuleOverlap)    // B's grant came before it
 }
+
+// A restart without persistence loses every claim granted before the
+// server stopped: recorded (StateLost with All), it excuses only the holds
+// that asked before then and stopped within RenewDeadline + Slack of it, not
+// one the restarted, empty store granted while the fault's window was
+// still open.
+func TestCheckRestartLosesEverything(t *testing.T) {
+	mk := func(aStart, aOK, aDeadline int, record bool) History {
+		b := &hb{}
+		b.add(Event{At: ms(0), Kind: FaultStart, Fault: "restart", StateLoss: true})
+		if record {
+			b.add(Event{At: ms(10), Sent: ms(1), Kind: StateLost, Fault: "restart", All: true})
+		}
+		b.add(Event{At: ms(600), Kind: FaultEnd, Fault: "restart"})
+		b.hold(1, "c1", "k", 10, aStart, aOK, aDeadline, 0)
+		b.hold(2, "c2", "k", 11, 630, 700, 1700, 900)
+		return b.history()
+	}
+	// Granted by the old server just before it stopped: excused either way.
+	wantRules(t, Check(mk(2, 8, 1002, false), cfg))
+	wantRules(t, Check(mk(2, 8, 1002, true), cfg))
+	// Granted by the restarted server: the time rule alone lets it pass
+	// (the window was open, 1.62s is within 1.05s of its end), the record
+	// shows that B was granted while the new server had A's claim.
+	wantRules(t, Check(mk(50, 610, 1610, false), cfg))
+	wantRules(t, Check(mk(50, 610, 1610, true), cfg), RuleOverlap)
+	// Asked before the stop but granted after it (its deadline is past the
+	// stop + RenewDeadline + Slack): not excused.
+	wantRules(t, Check(mk(2, 610, 1610, true), cfg), RuleOverlap)
+}

@@ -65,7 +65,9 @@ const (
 	// store whose every grant after the deletion gets a token above it
 	// (etcd: the delete's revision). A fault with such events for a key
 	// excuses exactly the holds whose claims they removed; without them the
-	// checker falls back to the fault's time window.
+	// checker falls back to the fault's time window. All (no Key, no
+	// Tokens) records a store that lost every claim granted before At (a
+	// restart without persistence: the server killed between Sent and At).
 	StateLost Kind = "state-lost"
 	// Healed: all faults are over and the store answers again.
 	Healed Kind = "healed"
@@ -93,6 +95,7 @@ type Event struct {
 	StateLoss bool          `json:"state_loss,omitempty"`
 	Tokens    []uint64      `json:"tokens,omitempty"`
 	Pos       uint64        `json:"pos,omitempty"`
+	All       bool          `json:"all,omitempty"`
 	Err       string        `json:"err,omitempty"`
 }
 
@@ -122,7 +125,11 @@ func (e Event) String() string {
 		s += fmt.Sprintf(" sent=%.3fs accepted=%v seq=%d", e.Sent.Seconds(), e.Accepted, e.Value)
 	}
 	if e.Kind == StateLost {
-		s += fmt.Sprintf(" sent=%.3fs removed=%v", e.Sent.Seconds(), e.Tokens)
+		removed := fmt.Sprint(e.Tokens)
+		if e.All {
+			removed = "everything"
+		}
+		s += fmt.Sprintf(" sent=%.3fs removed=%s", e.Sent.Seconds(), removed)
 		if e.Pos != 0 {
 			s += fmt.Sprintf(" pos=%d", e.Pos)
 		}

@@ -121,6 +121,9 @@ type backendEnv struct {
 	// limit is the run's runConfig.limit (set by runChaos after setup), for
 	// deleteKeys: a semaphore's records may differ from a lock's.
 	limit int
+	// lost records what a state-loss fault removed (set by runChaos after
+	// setup), for faults of the backend's own.
+	lost  func(fault string, rm removal)
 	close func()
 }
 
@@ -133,6 +136,9 @@ type removal struct {
 	sent, done time.Time
 	tokens     []uint64
 	pos        uint64
+	// all: the store lost every claim (a restart without persistence,
+	// the server killed between sent and done); key and tokens are empty.
+	all bool
 }
 
 // sink collects every error string and log line a run produces, for the
@@ -466,6 +472,10 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	defer cancel()
 	r := &run{t: t, cfg: cfg, env: env, rec: NewRecorder(cfg.seed), errs: logs, keys: keys,
 		counters: map[string]*atomic.Int64{}, ctx: ctx}
+	env.lost = func(fault string, rm removal) {
+		r.rec.Add(Event{At: r.rec.Since(rm.done), Sent: r.rec.Since(rm.sent), Kind: StateLost, Key: rm.key,
+			Fault: fault, Tokens: rm.tokens, Pos: rm.pos, All: rm.all})
+	}
 	for _, k := range keys {
 		r.counters[k] = new(atomic.Int64)
 	}
@@ -528,8 +538,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 		defer cancel()
 		rms, err := env.deleteKeys(dctx, keys)
 		for _, rm := range rms {
-			r.rec.Add(Event{At: r.rec.Since(rm.done), Sent: r.rec.Since(rm.sent), Kind: StateLost, Key: rm.key,
-				Fault: "delete-locks", Tokens: rm.tokens, Pos: rm.pos})
+			env.lost("delete-locks", rm)
 		}
 		return err
 	}})
@@ -638,7 +647,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 		}
 	}
 	if removals > 0 {
-		t.Logf("%s: the deletions of locks recorded what they removed: %d deletions, %d claims", env.name, removals, removed)
+		t.Logf("%s: state-loss faults recorded what they removed: %d records, %d claims", env.name, removals, removed)
 	}
 	if len(rep.Excused) > 0 {
 		var b strings.Builder
