@@ -378,26 +378,27 @@ func Check(h History, cfg Config) Report {
 	// one a state-loss fault F allows, and why. F must have been under way at
 	// some time between A's acquire-start and B's acquire-ok: a deletion may
 	// take A's claim right after the store granted it, while A's answer is
-	// still on its way. Where the history records what F removed from the
-	// key (StateLost events), the excuse is exact: a store that lost
-	// everything (All) before A's acquire-start can not have had A's claim,
-	// and otherwise one of those deletions
-	// removed A's claim (so A was granted before it in the store's order)
-	// and not B's, B's grant came after it (its token is above the
-	// deletion's store position, where known; B's acquire-ok is after the
-	// deletion was sent), and A had to stop within RenewDeadline + Slack of
-	// the deletion's answer. Otherwise the time rule: A had to stop within
-	// RenewDeadline + Slack of the end of F or of B's acquire-ok, whichever
-	// came first (by then the removal had happened, and A's renewals after
-	// it are refused). How long A's work then took to stop is the StopSlack
-	// rule's business.
+	// still on its way. Where the history records what F removed (StateLost
+	// events for the key, or for every key), the excuse is exact:
+	//   - a deletion removed A's claim and not B's, B's grant came after it
+	//     (B's token is above the deletion's store position, where the store
+	//     has one, and B's acquire-ok is after the deletion was sent), and A
+	//     had to stop within RenewDeadline + Slack of the deletion's answer;
+	//   - or the store lost everything (All: killed between Sent and At),
+	//     with At no earlier than A's acquire-start and Sent no later than
+	//     B's acquire-ok, and A had to stop within RenewDeadline + Slack of
+	//     At.
+	// Otherwise the time rule: A had to stop within RenewDeadline + Slack of
+	// the end of F or of B's acquire-ok, whichever came first (by then the
+	// removal had happened, and A's renewals after it are refused). How long
+	// A's work then took to stop is the StopSlack rule's business.
 	excused := func(a, b *Hold) (bool, string) {
 		bound := cfg.RenewDeadline + cfg.Slack
 		for _, f := range faults {
 			if !f.stateLoss || f.start > b.OK || (f.end >= 0 && f.end < a.Start) {
 				continue
 			}
-			if ls := append(f.lost[a.Key], f.lost[""]...); len(ls) > 0 {
+			if ls := slices.Concat(f.lost[a.Key], f.lost[""]); len(ls) > 0 {
 				for _, l := range ls {
 					if l.All && a.Start <= l.At && l.Sent <= b.OK && a.signalled() <= l.At+bound {
 						return true, fmt.Sprintf("%s lost every claim granted before %.3fs (the store stopped between %.3fs and then), A's among them, and B's grant came after",
