@@ -294,3 +294,46 @@ func TestWithACL(t *testing.T) {
 		t.Errorf("anonymous write: %v, want ErrNoAuth", err)
 	}
 }
+
+// Rule: after the session expires and go-zookeeper opens a new one, the
+// credentials apply to the new session too.
+func TestAuthAfterSessionExpiry(t *testing.T) {
+	t.Parallel()
+	connect := singleConnect(t)
+	root := testRoot()
+	cred, _ := digest()
+	var cut cutter
+	b := newBackend(t, connect, root, zklock.WithAuth("digest", []byte(cred)), zklock.WithDialer(cut.dial),
+		zklock.WithSessionTimeout(1200*time.Millisecond))
+	ctx := ctxT(t, 30*time.Second)
+	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "a", Owner: "o", OwnerToken: "tok-a", TTL: 700 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	sid := b.Conn().SessionID()
+	admin := rawConn(t, connect)
+	if err := admin.AddAuth("digest", []byte(cred)); err != nil {
+		t.Fatal(err)
+	}
+	cut.cut.Store(true)
+	deadline := time.Now().Add(15 * time.Second)
+	for { // the server expires the session and deletes its claim
+		names, _, err := admin.Children(b.KeyPath("a"))
+		if err == nil && len(names) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claims of the cut session still there: %v %v", names, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cut.cut.Store(false)
+	for b.Conn().SessionID() == sid || b.Conn().State() != zk.StateHasSession {
+		if time.Now().After(deadline) {
+			t.Fatal("no new session after the cut healed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "b", Owner: "o", OwnerToken: "tok-b", TTL: 700 * time.Millisecond}); err != nil {
+		t.Fatalf("acquire in the new session: %v", err)
+	}
+}
