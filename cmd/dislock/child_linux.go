@@ -3,6 +3,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"runtime"
 	"syscall"
@@ -46,4 +47,45 @@ func startChild(cmd *exec.Cmd) (<-chan struct{}, error) {
 		return nil, err
 	}
 	return waited, nil
+}
+
+// becomeSubreaper makes dislock the reaper of the command's orphans: a
+// process that leaves the command's group (setsid) and whose parent exits
+// is reparented to dislock rather than to init, so that strays can find it
+// before the locks are released.
+func becomeSubreaper() {
+	const prSetChildSubreaper = 36
+	syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0)
+}
+
+// strays returns the live descendants of dislock outside the process group
+// pgid (processes that left the command's group, with setsid or setpgid),
+// and reaps those of dislock's children that have exited, other than the
+// command itself (its own waiter reaps it).
+func strays(pgid int) []int {
+	procs := readProcs()
+	self := os.Getpid()
+	children := map[int][]procStat{}
+	for _, p := range procs {
+		children[p.ppid] = append(children[p.ppid], p)
+	}
+	var out []int
+	queue := []int{self}
+	for len(queue) > 0 {
+		parent := queue[0]
+		queue = queue[1:]
+		for _, p := range children[parent] {
+			queue = append(queue, p.pid)
+			switch {
+			case p.zombie():
+				if parent == self && p.pid != pgid {
+					var ws syscall.WaitStatus
+					syscall.Wait4(p.pid, &ws, syscall.WNOHANG, nil)
+				}
+			case p.pgrp != pgid:
+				out = append(out, p.pid)
+			}
+		}
+	}
+	return out
 }

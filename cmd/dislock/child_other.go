@@ -27,3 +27,10 @@ func startChild(cmd *exec.Cmd) (<-chan struct{}, error) {
 	}()
 	return waited, nil
 }
+
+// becomeSubreaper does nothing: there are no subreapers here, and a process
+// that leaves the command's group (setsid) is not found.
+func becomeSubreaper() {}
+
+// strays finds nothing here.
+func strays(pgid int) []int { return nil }

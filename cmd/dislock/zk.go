@@ -21,7 +21,7 @@ const zkSessionTimeout = defaultTTL * 3 / 2
 // openZK opens a Locker on zk://host:port[,host:port...][/chroot]
 // [?session_timeout=SECONDS]. The chroot, when given, holds the locks'
 // root znode (/chroot/dislock).
-func openZK(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+func openZK(ctx context.Context, urlEnv, rawURL, table string, copts []core.ClientOption, log *slog.Logger) (locker, func() error, error) {
 	if table != "" {
 		log.Debug("LOCK_TABLE is ignored by the ZooKeeper backend")
 	}
@@ -66,10 +66,23 @@ func openZK(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger)
 		return nil, nil, err
 	}
 	log.Debug("ZooKeeper session", "session_timeout", b.SessionTimeout(), "max_ttl", b.MaxTTL())
-	l, err := core.New(b)
+	l, err := core.New(b, copts...)
 	if err != nil {
 		b.Close()
 		return nil, nil, err
 	}
 	return l, l.Close, nil
+}
+
+// zkAsked is the session timeout a zk:// URL asks for.
+func zkAsked(rawURL string) time.Duration {
+	_, query, _ := strings.Cut(rawURL, "?")
+	for _, kv := range strings.Split(query, "&") {
+		if v, ok := strings.CutPrefix(kv, "session_timeout="); ok {
+			if secs, err := strconv.ParseFloat(v, 64); err == nil {
+				return time.Duration(secs * float64(time.Second))
+			}
+		}
+	}
+	return zkSessionTimeout
 }
