@@ -257,6 +257,13 @@ func start(t *testing.T, env []string, args ...string) *proc {
 	p.cmd = exec.Command(binary, args...)
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	startProc(t, p)
+	return p
+}
+
+// startProc starts the process p.cmd describes and collects its exit.
+func startProc(t *testing.T, p *proc) {
+	t.Helper()
 	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -278,7 +285,6 @@ func start(t *testing.T, env []string, args ...string) *proc {
 			<-p.done
 		}
 	})
-	return p
 }
 
 // wait waits for the process to exit and returns its exit code.

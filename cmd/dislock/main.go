@@ -47,7 +47,8 @@ type cli struct {
 	level          *slog.LevelVar
 	red            *redactor
 	log            *slog.Logger
-	locker         locker // the run's backend, once open
+	locker         locker         // the run's backend, once open
+	jobSigs        chan os.Signal // the job-control signals dislock catches
 }
 
 func newCLI(stdout, stderr io.Writer, getenv func(string) (string, bool)) *cli {

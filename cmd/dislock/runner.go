@@ -56,6 +56,7 @@ func (c *cli) runLocked(inv *invocation) error {
 	// command starts they are dropped; then SIGTSTP and SIGCONT are
 	// forwarded to the command's group (see runChild).
 	jobSigs := make(chan os.Signal, 8)
+	c.jobSigs = jobSigs
 	signal.Notify(jobSigs, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGCONT)
 	defer signal.Stop(jobSigs)
 
@@ -425,14 +426,21 @@ func (c *cli) runChild(cfg *runConfig, path string, env []string, lease core.Ses
 	cmd.Args[0] = cfg.command[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = env
-	waited, err := startChild(cmd)
+	fg := foregroundTerminal()
+	waited, err := startChild(cmd, fg)
 	if err != nil {
 		// A command that cannot start (not executable) is a runtime
 		// failure like an unreachable backend: exit 1.
 		return 0, true, exitWith(exitFailure, fmt.Errorf("%w: %w", errNotStarted, err))
 	}
 	g := &group{c: c, pgid: cmd.Process.Pid}
-	c.log.Info("command started", "pid", g.pgid, "command", cfg.command[0])
+	c.log.Info("command started", "pid", g.pgid, "command", cfg.command[0], "foreground", fg)
+	if fg {
+		defer func() {
+			reclaimTerminal()
+			signal.Notify(c.jobSigs, syscall.SIGTTOU)
+		}()
+	}
 
 	var lost <-chan struct{}
 	if lease != nil {
