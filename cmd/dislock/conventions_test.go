@@ -219,7 +219,7 @@ func TestSetsidDescendantEnded(t *testing.T) {
 	f := redisFixture(t)
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "DISLOCK_GRACE_SECONDS=1")
-	p := run(t, env, urlVar, "sh", "-c", "setsid sleep 300 & echo $! > "+pidFile)
+	p := run(t, env, urlVar, "sh", "-c", "setsid sleep 300 >/dev/null 2>&1 </dev/null & echo $! > "+pidFile)
 	expectCode(t, p, 0)
 	pid, err := strconv.Atoi(waitFile(t, pidFile, 5*time.Second))
 	if err != nil {
