@@ -1,3 +1,7 @@
+// The dislock modules are required at a placeholder version: in a clone,
+// go.work (beside this file) uses their directories instead; a release sets
+// the versions it tags, so that
+// go install github.com/dislock/dislock/cmd/dislock@VERSION needs nothing else.
 module github.com/dislock/dislock/cmd/dislock
 
 go 1.26.0

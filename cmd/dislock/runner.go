@@ -209,7 +209,7 @@ func (c *cli) take(ctx context.Context, inv *invocation, l locker, closeFn func(
 }
 
 // errWaitOver is the cause of a wait (LOCK_WAIT_SECONDS) that ran out.
-var errWaitOver = errors.New("the wait is over")
+var errWaitOver = fmt.Errorf("the wait (%s) ran out", specWait.env)
 
 // try makes one attempt at key, or with wait above 0 waits up to that long
 // in the store's queue, and maps the outcome to an exit code. Only the
@@ -226,6 +226,7 @@ func (c *cli) try(ctx context.Context, l locker, key string, opts []core.Option,
 	if wait > 0 {
 		wctx, wcancel := context.WithTimeoutCause(ctx, cfg.jitter+wait, errWaitOver)
 		defer wcancel()
+		actx = wctx // a wait is bounded by its own end
 		c.log.Debug("waiting for the lock", "key", key, "wait", wait)
 		s, err = l.Acquire(wctx, key, opts...)
 	} else {
