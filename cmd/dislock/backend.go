@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -266,8 +267,14 @@ func commaHosts(u string) string {
 type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	driverSaid.Store(strings.TrimPrefix(msg, "redis: "))
+	l.log.DebugContext(ctx, "redis: "+msg)
 }
+
+// driverSaid is the driver's last log line (go-redis says why it could not
+// dial only there): an error cut short by a timeout names it as its cause.
+var driverSaid atomic.Value // string
 
 // openTable returns a Backend on the table name (opts name it when named is
 // set). A table in the 3-column layout is used as such; a missing one is

@@ -159,6 +159,9 @@ func outage(ctx context.Context, err error) error {
 	if errors.As(context.Cause(ctx), &te) && !errors.As(err, &te) {
 		err = fmt.Errorf("%w: %w", te, err)
 	}
+	if said, _ := driverSaid.Load().(string); said != "" && ctx.Err() != nil && !strings.Contains(err.Error(), said) {
+		err = fmt.Errorf("%w (the driver last said: %s)", err, said)
+	}
 	return oneLine{err}
 }
 

@@ -74,14 +74,14 @@ func TestOutageIsNotBusy(t *testing.T) {
 	}
 	silent := silentServer(t)
 	cases := []struct {
-		name, url, backend string
+		name, url, backend, cause string
 	}{
-		{"RedissToPlaintext", "rediss://" + redisURL.Host + "/0", "redis"},
-		{"RedisNeverAnswers", "redis://" + silent + "/0", "redis"},
-		{"RedissNeverAnswers", "rediss://" + silent + "/0", "redis"},
-		{"PGNeverAnswers", "postgres://u:" + sentinel + "@" + silent + "/db?sslmode=disable", "pg"},
-		{"RedisRefused", "redis://127.0.0.1:1/0", "redis"},
-		{"RedisWrongPassword", "redis://nobody:" + sentinel + "@" + redisURL.Host + "/0", "redis"},
+		{"RedissToPlaintext", "rediss://" + redisURL.Host + "/0", "redis", "no answer within 1s"},
+		{"RedisNeverAnswers", "redis://" + silent + "/0", "redis", "no answer within 1s"},
+		{"RedissNeverAnswers", "rediss://" + silent + "/0", "redis", "no answer within 1s"},
+		{"PGNeverAnswers", "postgres://u:" + sentinel + "@" + silent + "/db?sslmode=disable", "pg", "no answer within 1s"},
+		{"RedisRefused", "redis://127.0.0.1:1/0", "redis", "connection refused"},
+		{"RedisWrongPassword", "redis://nobody:" + sentinel + "@" + redisURL.Host + "/0", "redis", "WRONGPASS"},
 	}
 	for _, tc := range cases {
 		for _, strategy := range []string{"lease", "schedule"} {
@@ -93,6 +93,9 @@ func TestOutageIsNotBusy(t *testing.T) {
 					"CRON_SCHEDULE=@hourly", "DISLOCK_TIMEOUT_SECONDS=1", "DISLOCK_BUSY_EXIT_CODE=9")
 				p := run(t, env, urlVar, "touch", marker)
 				expectOutage(t, p, marker, tc.backend)
+				if !strings.Contains(p.stderr.String(), tc.cause) {
+					t.Fatalf("the error does not say %q: %s", tc.cause, p.stderr.String())
+				}
 			})
 		}
 	}
@@ -118,6 +121,9 @@ func TestOutageIsNotBusy(t *testing.T) {
 				"DISLOCK_TIMEOUT_SECONDS=1", "DISLOCK_BUSY_EXIT_CODE=9")
 			p := run(t, env, urlVar, "touch", marker)
 			expectOutage(t, p, marker, "pg")
+			if !strings.Contains(p.stderr.String(), "no answer within 1s") {
+				t.Fatalf("the error does not say the store did not answer: %s", p.stderr.String())
+			}
 		}
 	})
 }
