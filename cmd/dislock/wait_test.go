@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // --wait / LOCK_WAIT_SECONDS, like flock -w: a run waits for a held lease,
@@ -52,4 +55,48 @@ func TestWait(t *testing.T) {
 			t.Fatalf("the error does not name LOCK_WAIT_SECONDS: %s", bad.output())
 		}
 	})
+}
+
+// Runs that wait get the lease in the order they began to wait (the
+// store's queue): with two waiters in line, the first in line runs first.
+func TestWaitInLine(t *testing.T) {
+	t.Parallel()
+	f := redisFixture(t)
+	opt, err := redis.ParseURL(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(opt)
+	defer client.Close()
+	key := f.newKey(t)
+	queue := "dislock:{" + leasePrefix + key + "}:q"
+	inLine := func(n int64) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if got, _ := client.ZCard(context.Background(), queue).Result(); got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("fewer than %d waiters in line", n)
+			}
+		}
+	}
+	dir := t.TempDir()
+	started, release, order := filepath.Join(dir, "started"), filepath.Join(dir, "release"), filepath.Join(dir, "order")
+	env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease")
+	holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; while [ ! -e "+release+" ]; do sleep 0.05; done")
+	waitFile(t, started, 20*time.Second)
+	first := start(t, env, "--wait", "30s", urlVar, "sh", "-c", "echo first >> "+order)
+	inLine(1)
+	second := start(t, env, "--wait", "30s", urlVar, "sh", "-c", "echo second >> "+order)
+	inLine(2)
+	os.WriteFile(release, []byte("x\n"), 0o644)
+	for _, p := range []*proc{holder, first, second} {
+		if code := p.wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("exit %d: %s", code, p.output())
+		}
+	}
+	if b, _ := os.ReadFile(order); string(b) != "first\nsecond\n" {
+		t.Fatalf("the waiters ran in the order %q, want first then second", b)
+	}
 }
