@@ -14,8 +14,8 @@ const redacted = "xxxxx"
 // Patterns of credentials in driver messages: the password of a URL's
 // userinfo, and key=value passwords of DSNs and URL queries.
 var (
-	userinfoPassword = regexp.MustCompile(`(://[^/@\s:]*:)[^@\s]*@`)
-	keyValuePassword = regexp.MustCompile(`(?i)((?:password|passwd|pwd|sentinel_password)\s*[=:]\s*)('[^']*'|"[^"]*"|[^\s&,;]+)`)
+	userinfoPassword = regexp.MustCompile(`(://[^/@\s:\[\]]*:)[^@\s\[\]]*@`)
+	keyValuePassword = regexp.MustCompile(`(?i)(\b(?:password|passwd|pwd|sentinel_password)\s*=\s*)('[^']*'|"[^"]*"|[^\s&,;]+)`)
 )
 
 // redactor removes the backend URL and its credentials from text. It is
@@ -37,17 +37,23 @@ func newRedactor(urlName, rawURL string) *redactor {
 			r.secrets = append(r.secrets, s)
 		}
 	}
-	add(rawURL)
+	// The URL itself, unless it is no more than its scheme ("zk://"), which
+	// is no secret and appears in the messages that explain the URLs. A
+	// user name is no secret either: only passwords are redacted on their
+	// own.
+	if i := strings.Index(rawURL, "://"); i < 0 || len(rawURL)-i-3 >= 3 {
+		add(rawURL)
+	}
 	addUser := func(user *url.Userinfo) {
 		if user == nil {
 			return
 		}
-		if p, ok := user.Password(); ok {
+		if p, ok := user.Password(); ok && p != "" {
 			add(p)
 			add(url.QueryEscape(p))
 			add(url.PathEscape(p))
+			add(user.String())
 		}
-		add(user.String())
 	}
 	if u, err := url.Parse(rawURL); err == nil {
 		addUser(u.User)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,7 +23,7 @@ const zkSessionTimeout = defaultTTL * 3 / 2
 // chroot, when given, holds the locks' root znode (/chroot/dislock). A user
 // and password authenticate the session (digest) and close the nodes it
 // creates to everyone else.
-func openZK(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+func openZK(ctx context.Context, urlEnv, rawURL, table string, copts []core.ClientOption, log *slog.Logger) (locker, func() error, error) {
 	if table != "" {
 		log.Debug("LOCK_TABLE is ignored by the ZooKeeper backend")
 	}
@@ -42,10 +43,23 @@ func openZK(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger)
 		return nil, nil, err
 	}
 	log.Debug("ZooKeeper session", "session_timeout", b.SessionTimeout(), "max_ttl", b.MaxTTL())
-	l, err := core.New(b)
+	l, err := core.New(b, copts...)
 	if err != nil {
 		b.Close()
 		return nil, nil, err
 	}
 	return l, l.Close, nil
+}
+
+// zkAsked is the session timeout a zk:// URL asks for.
+func zkAsked(rawURL string) time.Duration {
+	_, query, _ := strings.Cut(rawURL, "?")
+	for _, kv := range strings.Split(query, "&") {
+		if v, ok := strings.CutPrefix(kv, "session_timeout="); ok {
+			if secs, err := strconv.ParseFloat(v, 64); err == nil {
+				return time.Duration(secs * float64(time.Second))
+			}
+		}
+	}
+	return zkSessionTimeout
 }
