@@ -61,6 +61,7 @@ type faultBackend struct {
 	busies     atomic.Int64 // acquires answered busy
 	renews     atomic.Int64 // Renew calls that reached the store
 	leaves     atomic.Int64 // Leave calls that reached the store
+	leavesDone atomic.Int64 // Leave calls that returned
 
 	mu      sync.Mutex
 	tokens  map[string]string // key -> owner token of the last acquire sent
@@ -331,6 +332,7 @@ func (p queuePart) Leave(ctx context.Context, key, waiter string) error {
 		return err
 	}
 	f.leaves.Add(1)
+	defer f.leavesDone.Add(1)
 	return f.Backend.(core.Queuer).Leave(ctx, key, waiter)
 }
 
