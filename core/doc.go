@@ -123,7 +123,8 @@
 // store's queue run in the background too: the caller waits for them only
 // while its ctx lasts (plus the slack). Close waits for all of it (for a
 // store call left running, up to 10s before it closes the backend, and as
-// long again after).
+// long again after), so a Close right after an outage can take about two
+// release timeouts: the undo's release in flight, then its last attempt.
 //
 // # Errors
 //
