@@ -14,6 +14,9 @@ import (
 // happens to ctx afterwards. Values of ctx (a trace context, say) are kept for
 // the session's background work.
 //
+// TryAcquire and Acquire return within DeadlineSlack of ctx's end, whatever
+// the store does, and make no round trip when ctx is already done.
+//
 // Locks are not reentrant: a key this process already holds reads as busy to
 // a second acquisition.
 type Locker interface {
