@@ -44,6 +44,7 @@ type cli struct {
 	level          *slog.LevelVar
 	red            *redactor
 	log            *slog.Logger
+	admin          core.Admin // the run's backend, once its locks are taken: names a holder found at release
 }
 
 func newCLI(stdout, stderr io.Writer, getenv func(string) (string, bool)) *cli {
