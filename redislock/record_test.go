@@ -255,7 +255,8 @@ func TestStaleReleaseRestores(t *testing.T) {
 // TestReleaseLeavesForeignValue: a lock key that holds a value that is no
 // lock record (another program's, under a clashing prefix) is read, never
 // written, by a release, with the lease's token known (the common release)
-// or not (another process's Release), and without keep or with it.
+// or not (another process's Release), without keep or with it, and by a
+// permit's release (a semaphore's set lives at the same key).
 func TestReleaseLeavesForeignValue(t *testing.T) {
 	const rule = "a release leaves a foreign value at the lock key as it was, TTL included, and answers lease lost"
 	c := sharedRedis(t)
@@ -265,10 +266,11 @@ func TestReleaseLeavesForeignValue(t *testing.T) {
 	k := redislock.LockKey(prefix, "k")
 	defer c.Del(ctx, k)
 	for i, tc := range []struct {
-		name string
-		b    *redislock.Backend
-		keep time.Duration
-	}{{"token known", b, 0}, {"token unknown", other, 0}, {"min hold", b, time.Minute}} {
+		name  string
+		b     *redislock.Backend
+		keep  time.Duration
+		limit int
+	}{{"token known", b, 0, 0}, {"token unknown", other, 0, 0}, {"min hold", b, time.Minute, 0}, {"permit", b, 0, 3}} {
 		if _, err := b.TryAcquire(ctx, acquireReq("k", i)); err != nil {
 			t.Fatal(err)
 		}
@@ -276,7 +278,7 @@ func TestReleaseLeavesForeignValue(t *testing.T) {
 		if err := c.Set(ctx, k, foreign, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
-		err := tc.b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(i), Keep: tc.keep})
+		err := tc.b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: ownerToken(i), Keep: tc.keep, Limit: tc.limit})
 		if !errors.Is(err, core.ErrLeaseLost) || !errors.Is(err, core.ErrLeaseGone) {
 			t.Errorf("rule %q: %s: Release = %v", rule, tc.name, err)
 		}
