@@ -79,8 +79,11 @@ type Session interface {
 	// over by another owner before any renewal noticed: the work done under
 	// the lock may not have been exclusive. The session then ends as lost
 	// (Err, and Context's cause, match ErrLeaseLost) and nothing of another
-	// owner's is touched. A slot session sends nothing (the key is kept
-	// until the slot ends), so its Release cannot tell and returns nil.
+	// owner's is touched. Either way the session ends (Done closes, Context
+	// is cancelled) once the store has answered, before Release returns;
+	// renewals stop when Release is called. A slot session sends nothing
+	// (the key is kept until the slot ends), so its Release cannot tell and
+	// returns nil.
 	//
 	// On a session that already ended, Release returns nil: a second
 	// Release, or one after a loss that Err and Context already report.
