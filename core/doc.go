@@ -30,7 +30,7 @@
 // is freed before its TTL only when the holder calls Release on the lost
 // session, which means "my work has stopped"; otherwise the store drops it
 // when the TTL, counted from the last acquire or renewal it may have applied,
-// runs out. Do releases once fn has returned; the gocron and asynq
+// runs out. Do and TryDo release once fn has returned; the gocron and asynq
 // integrations once the job or handler has returned; the dislock CLI once
 // the command's whole process group has exited; an Election once OnRevoked
 // has returned. Close releases every session, including lost ones not yet

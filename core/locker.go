@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -152,11 +153,38 @@ func Bind(ctx context.Context, s Session) (context.Context, context.CancelFunc) 
 // store no longer had the lease (force-released, expired, taken over) — and
 // with the release's error when it failed. It returns nil only when fn
 // returned nil and the lease was held, and released, to the end.
+//
+// To run fn only if the lock is free, and skip it otherwise, use TryDo.
 func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context) error, opts ...Option) (err error) {
 	s, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
 		return err
 	}
+	return runHeld(ctx, s, fn)
+}
+
+// TryDo is Do without the wait: "run if free, else skip". It makes one
+// attempt (TryAcquire). When the store answers that the key is held
+// elsewhere, fn does not run and TryDo returns ran == false with a nil
+// error. Any other failure to acquire (an invalid option, a store that
+// errs or does not answer before ctx's deadline) is returned as the error,
+// with ran == false: an outage is never a silent skip. Once the lock is
+// held, fn runs with a context that is cancelled if the lease is lost,
+// the lock is released, and ran is true; the error is then what Do would
+// return.
+func TryDo(ctx context.Context, l Locker, key string, fn func(ctx context.Context) error, opts ...Option) (ran bool, err error) {
+	s, err := l.TryAcquire(ctx, key, opts...)
+	if err != nil {
+		if errors.Is(err, ErrNotAcquired) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, runHeld(ctx, s, fn)
+}
+
+// runHeld runs fn under the held session s and releases it (see Do).
+func runHeld(ctx context.Context, s Session, fn func(ctx context.Context) error) error {
 	runCtx, cancel := Bind(ctx, s)
 	defer cancel()
 	ferr := fn(runCtx)

@@ -892,7 +892,7 @@ func TestKeyModes(t *testing.T) {
 		{dlotel.KeyOmitted, "", []attribute.Key{dlotel.AttrKey, dlotel.AttrKeySHA256}},
 	} {
 		t.Run(fmt.Sprint(c.mode), func(t *testing.T) {
-			f := newFixture(t, dlotel.WithKey(c.mode))
+			f := newFixture(t, dlotel.WithKeyMode(c.mode))
 			fb := &failing{Backend: f.store.Backend()}
 			l := f.lockerOn(t, fb)
 			fb.acquire.Store(true)
@@ -922,8 +922,14 @@ func TestKeyModes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := dlotel.New(dlotel.WithKey(dlotel.KeyMode(42))); err == nil {
-		t.Error("New accepted an unknown KeyMode")
+	// The deprecated WithKey still works; each names itself when wrong.
+	for name, opt := range map[string]func(dlotel.KeyMode) dlotel.Option{"WithKeyMode": dlotel.WithKeyMode, "WithKey": dlotel.WithKey} {
+		if _, err := dlotel.New(opt(dlotel.KeyMode(42))); err == nil || !strings.Contains(err.Error(), "otel: "+name+":") {
+			t.Errorf("%s(42): %v, want an error naming %s", name, err, name)
+		}
+		if _, err := dlotel.New(opt(dlotel.KeyHashed)); err != nil {
+			t.Errorf("%s(KeyHashed): %v", name, err)
+		}
 	}
 }
 

@@ -258,7 +258,7 @@ Runs command under a distributed lock, for crontabs: on every machine, at most
 one instance per schedule slot (strategy schedule) and/or at a time (strategy
 lease). URL_ENV names the environment variable that holds the backend URL:
 postgres://, postgresql://, redis://, rediss://, redis+sentinel://h1:p1,h2:p2/db?master_name=NAME,
-redis+cluster://h1:p1,h2:p2, zk://h1:p1,h2:p2[/chroot][?session_timeout=SECONDS],
+redis+cluster://h1:p1,h2:p2, zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout=SECONDS],
 etcd://[user:password@]h1:p1,h2:p2 (etcds:// for TLS). The URL is never
 printed, not even when it is passed in place of the variable's name.
 

@@ -38,15 +38,19 @@ func newRedactor(urlName, rawURL string) *redactor {
 		}
 	}
 	add(rawURL)
-	if u, err := url.Parse(rawURL); err == nil {
-		if u.User != nil {
-			if p, ok := u.User.Password(); ok {
-				add(p)
-				add(url.QueryEscape(p))
-				add(url.PathEscape(p))
-			}
-			add(u.User.String())
+	addUser := func(user *url.Userinfo) {
+		if user == nil {
+			return
 		}
+		if p, ok := user.Password(); ok {
+			add(p)
+			add(url.QueryEscape(p))
+			add(url.PathEscape(p))
+		}
+		add(user.String())
+	}
+	if u, err := url.Parse(rawURL); err == nil {
+		addUser(u.User)
 		for k, vs := range u.Query() {
 			if strings.Contains(strings.ToLower(k), "pass") {
 				for _, v := range vs {
@@ -59,6 +63,11 @@ func newRedactor(urlName, rawURL string) *redactor {
 		// Unparsable URL: treat everything before the last '@' as secret.
 		if j := strings.LastIndex(rawURL, "@"); j > i {
 			add(rawURL[i+3 : j])
+			// A host list (zk://, etcd://) is no URL host, but its
+			// userinfo is a URL's: its password, decoded, is secret too.
+			if u, err := url.Parse("x://" + rawURL[i+3:j] + "@h"); err == nil {
+				addUser(u.User)
+			}
 		}
 	}
 	slices.SortFunc(r.secrets, func(a, b string) int { return len(b) - len(a) })

@@ -97,11 +97,52 @@ func TestZooKeeper(t *testing.T) {
 		}
 	})
 	t.Run("Limit", func(t *testing.T) { limitProcess(t, f) })
+	t.Run("Auth", func(t *testing.T) {
+		// Credentials in the URL: digest authentication, and nodes closed
+		// to sessions without them. The password is never printed.
+		open := f.url + "-auth" // a chroot of its own
+		authURL := strings.Replace(open, "zk://", "zk://dislock:"+sentinel+"@", 1)
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=5", "CRONJOB_LOCK_LOG_LEVEL=DEBUG")
+		ok := run(t, append(env, urlVar+"="+authURL), urlVar, "sh", "-c", "echo ran")
+		expectCode(t, ok, 0)
+		noSentinel(t, ok)
+		if !strings.Contains(ok.stdout.String(), "ran") {
+			t.Fatalf("the command did not run with credentials: %s", ok.output())
+		}
+		st := run(t, append(f.baseEnv(), urlVar+"="+authURL), "status", "--url-env", urlVar, leasePrefix+key)
+		expectCode(t, st, 0)
+		noSentinel(t, st)
+		// Without the credentials the run fails (exit 1), and the
+		// command does not run.
+		anon := run(t, append(env, urlVar+"="+open), urlVar, "sh", "-c", "echo ran")
+		expectCode(t, anon, exitFailure)
+		if strings.Contains(anon.stdout.String(), "ran") {
+			t.Fatalf("the command ran without the credentials: %s", anon.output())
+		}
+	})
 	t.Run("BadURL", func(t *testing.T) {
-		for _, u := range []string{"zk://", "zk:///chroot", "zk://user:" + sentinel + "@h:2181", "zk://h:2181?nope=1", "zk://h:2181?session_timeout=x"} {
+		for _, u := range []string{"zk://", "zk:///chroot", "zk://user:" + sentinel + "@", "zk://user:" + sentinel + "@h:2181?nope=1", "zk://" + sentinel + "@h:2181", "zk://h:2181?nope=1", "zk://h:2181?session_timeout=x"} {
 			p := run(t, f.baseEnv("LOCK_KEY=k", urlVar+"="+u), urlVar, "true")
 			expectCode(t, p, exitUsage)
 			noSentinel(t, p)
 		}
 	})
+}
+
+// The redaction covers a ZooKeeper URL's digest credentials, whatever the
+// host list and chroot around them.
+func TestRedactZK(t *testing.T) {
+	for u, pw := range map[string]string{
+		"zk://jobs:" + sentinel + "@h1:2181,h2:2181,h3:2181/app?session_timeout=30": sentinel,
+		"zk://jobs:" + sentinel + "@h1:2181":                                        sentinel,
+		"zk://jobs:" + sentinel + "%40x@[::1]:2181,h2:2181/c":                       sentinel + "@x",
+	} {
+		r := newRedactor(urlVar, u)
+		for _, in := range []string{"dial " + u + " failed", "auth jobs:" + pw + " rejected", "digest " + pw} {
+			if out := r.String(in); strings.Contains(out, sentinel) {
+				t.Errorf("%q -> %q still contains the password", in, out)
+			}
+		}
+	}
 }
