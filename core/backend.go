@@ -11,8 +11,9 @@ import (
 //
 // Every operation is one round trip and idempotent per owner token: an
 // acquire that finds the lock already held with its own token succeeds; a
-// release that finds the key gone or taken by someone else succeeds. All
-// expiry arithmetic is done on the store's clock.
+// release that finds the key gone or taken by someone else has nothing left
+// to do, and says so (Gone). All expiry arithmetic is done on the store's
+// clock.
 //
 // Backends are safe for concurrent use.
 type Backend interface {
@@ -31,6 +32,19 @@ type Backend interface {
 	// Release deletes req.Key if req.OwnerToken holds it and tells waiters
 	// (Watcher). With req.Keep > 0 it instead sets the expiry to the store's
 	// now + Keep and leaves the lock held (min hold).
+	//
+	// When the store holds no live lease of req.OwnerToken on req.Key — the
+	// key is gone, expired, force-released or another owner's — Release
+	// changes nothing that is not this owner token's and returns an error
+	// matching ErrLeaseGone (Gone(key, reason)). That answer is final, not a
+	// failure to retry: the engine reports it to the holder as a lost lease
+	// and treats it as done when it undoes a claim. Any other error is a
+	// failure whose outcome may be unknown; the engine may send the release
+	// again; a Gone answer to such a retry is taken as done, not as a loss.
+	// (A driver that retries on its own a release whose reply was lost sees
+	// Gone for a release it applied: the holder then hears of a loss that
+	// did not happen, a false alarm, never a missed one.) A backend that
+	// cannot tell returns nil.
 	Release(ctx context.Context, req ReleaseRequest) error
 	// Now returns the clock of the store node that holds key (slot ends are
 	// computed on it).

@@ -460,12 +460,17 @@ func (c *Client) forget(s *session) {
 
 // releaseDetached releases key by owner token on a context that ignores the
 // caller's cancellation but keeps its values, bounded by the release timeout.
+// A store that holds nothing of ownerToken's (Gone) has nothing to undo:
+// that is done, not an error.
 func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string, limit int) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 	defer cancel()
 	err := c.b.Release(rctx, ReleaseRequest{Key: key, OwnerToken: ownerToken, Limit: limit})
-	if err == nil {
+	switch {
+	case err == nil:
 		c.notify(key)
+	case errors.Is(err, ErrLeaseGone):
+		return nil
 	}
 	return err
 }
@@ -515,7 +520,9 @@ func (c *Client) Close() error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := s.release(context.Background(), ErrClosed); err != nil {
+			// A session found lost says so itself (Err, Context): only
+			// a failure to release is Close's.
+			if err := s.release(context.Background(), ErrClosed); err != nil && !errors.Is(err, ErrLeaseLost) {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
@@ -600,6 +607,20 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func errJoin(errs ...error) error { return errors.Join(errs...) }
+// errJoin is errors.Join, except that a lone error comes back as itself.
+func errJoin(errs ...error) error {
+	var only error
+	n := 0
+	for _, e := range errs {
+		if e != nil {
+			only = e
+			n++
+		}
+	}
+	if n > 1 {
+		return errors.Join(errs...)
+	}
+	return only
+}
 
 func isReleased(err error) bool { return errors.Is(err, ErrReleased) || errors.Is(err, ErrClosed) }

@@ -17,7 +17,10 @@
 // the session ends with ErrLeaseLost — Done closes and Context is cancelled —
 // before the store can grant the key to anyone else (that takes the full
 // TTL). A renewal the store refuses ends the session at once, with an error
-// that also matches ErrLeaseGone. Loss is never silent.
+// that also matches ErrLeaseGone. A Release that finds the lease gone from the
+// store before any renewal did (force-released, expired, taken over) returns
+// that error too, and the session ends as lost, not released; Do returns it.
+// Loss is never silent, except to a slot session, whose Release sends nothing.
 //
 // # The margin belongs to the holder
 //
@@ -129,9 +132,10 @@
 // # Errors
 //
 // Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost — with
-// ErrLeaseGone when the store refused a renewal —, ErrReleased, ErrClosed,
-// ErrInvalidKey, ErrInvalidOption, ErrUnsupported, ErrLimitMismatch); backend
-// failures wrap the driver's error.
+// ErrLeaseGone when the store refused a renewal or found nothing to
+// release —, ErrReleased, ErrClosed, ErrInvalidKey, ErrInvalidOption,
+// ErrUnsupported, ErrLimitMismatch); backend failures wrap the driver's
+// error.
 //
 // ErrNotAcquired means the store answered "held by someone else", and
 // nothing else, so that skipping work on it never hides an outage. A

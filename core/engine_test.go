@@ -590,3 +590,29 @@ func TestAcquireReplyAfterDeadline(t *testing.T) {
 		}
 	})
 }
+
+// TestDoReportsLossFoundAtRelease: a lease that the store dropped while fn
+// ran, with no renewal in between to notice, is reported by Do's release:
+// alone when fn succeeded, joined to fn's error when it failed.
+func TestDoReportsLossFoundAtRelease(t *testing.T) {
+	_, cs, _ := newPair(t, core.WithDefaults(core.TTL(time.Minute)))
+	for _, want := range []error{nil, errors.New("work failed")} {
+		err := core.Do(context.Background(), cs[0], "d", func(ctx context.Context) error {
+			if _, err := cs[1].ForceRelease(ctx, "d"); err != nil {
+				return err
+			}
+			s, err := cs[1].TryAcquire(ctx, "d")
+			if err != nil {
+				return err
+			}
+			defer s.Release(context.Background())
+			return want
+		})
+		if !errors.Is(err, core.ErrLeaseLost) || !errors.Is(err, core.ErrLeaseGone) {
+			t.Errorf("fn returned %v: Do = %v, want the loss", want, err)
+		}
+		if want != nil && !errors.Is(err, want) {
+			t.Errorf("Do = %v, want fn's error %v too", err, want)
+		}
+	}
+}

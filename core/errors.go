@@ -25,10 +25,11 @@ var (
 	// deadline passed without a successful renewal.
 	ErrLeaseLost = &sentinel{"dislock: lease lost", "lease_lost"}
 	// ErrLeaseGone is matched, besides ErrLeaseLost, by a loss the store
-	// itself reported (see Gone): it refused a renewal because another owner
-	// holds the key or the key is gone, so the key may already be someone
-	// else's. A loss by the local renew deadline does not match it: the store
-	// then keeps the key until its TTL runs out.
+	// itself reported (see Gone): it refused a renewal, or found nothing to
+	// release, because another owner holds the key or the key is gone, so
+	// the key may already be someone else's. A loss by the local renew
+	// deadline does not match it: the store then keeps the key until its
+	// TTL runs out.
 	ErrLeaseGone = &sentinel{"dislock: lease gone from the store", "lease_gone"}
 	// ErrReleased: the session was released by its owner (the context cause
 	// after Release).
@@ -281,8 +282,8 @@ func roundWait(d time.Duration) time.Duration {
 func Busy(key string, holder *Info) error { return &NotAcquiredError{Key: key, Holder: holder} }
 
 // Gone builds the error a Backend reports for a lease it may no longer
-// renew or release because another owner holds the key or the key is gone.
-// It matches ErrLeaseLost and ErrLeaseGone.
+// renew or release because another owner holds the key or the key is gone
+// (expired, deleted). It matches ErrLeaseLost and ErrLeaseGone.
 func Gone(key, reason string) error { return &goneError{key: key, reason: reason} }
 
 // goneError is the store's refusal of a lease.

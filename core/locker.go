@@ -77,12 +77,26 @@ type Session interface {
 	// owner on the server, and works with a cancelled ctx: the round trip runs
 	// on a detached, bounded context.
 	//
-	// On a session lost at its renew deadline, Release says the holder's work
-	// has stopped: the store may still hold the key for the rest of the TTL,
-	// and Release frees it for the next holder. Call it only once the work
-	// has stopped. It returns the store's error if the key could not be
-	// freed (it then expires at its TTL). After the store refused a renewal
-	// (ErrLeaseGone) there is nothing to free and it returns nil.
+	// On a session still held, Release returns nil when the store held the
+	// lease to the end, and an error matching ErrLeaseLost and ErrLeaseGone
+	// when the store no longer had it — force-released, expired or taken
+	// over by another owner before any renewal noticed: the work done under
+	// the lock may not have been exclusive. The session then ends as lost
+	// (Err, and Context's cause, match ErrLeaseLost) and nothing of another
+	// owner's is touched. Either way the session ends (Done closes, Context
+	// is cancelled) once the store has answered, before Release returns;
+	// renewals stop when Release is called. A slot session sends nothing
+	// (the key is kept until the slot ends), so its Release cannot tell and
+	// returns nil.
+	//
+	// On a session that already ended, Release returns nil: a second
+	// Release, or one after a loss that Err and Context already report.
+	// On a session lost at its renew deadline, Release says the holder's
+	// work has stopped: the store may still hold the key for the rest of
+	// the TTL, and Release frees it for the next holder. Call it only once
+	// the work has stopped. It returns the store's error if the key could
+	// not be freed (it then expires at its TTL); a later Release tries
+	// again.
 	Release(ctx context.Context) error
 	// Check asks the store, in one round trip, whether it still holds this
 	// session's lease: nil when it does (the lease is then renewed and
@@ -137,8 +151,11 @@ func Bind(ctx context.Context, s Session) (context.Context, context.CancelFunc) 
 
 // Do acquires key (waiting, as Acquire does), runs fn with a context that is
 // cancelled if the lease is lost, and releases the lock. It returns fn's
-// error, or an error matching ErrLeaseLost when the lease was lost while fn
-// ran, even if fn returned nil.
+// error joined with an error matching ErrLeaseLost when the lease was lost
+// while fn ran — noticed by a renewal, or by the release itself, when the
+// store no longer had the lease (force-released, expired, taken over) — and
+// with the release's error when it failed. It returns nil only when fn
+// returned nil and the lease was held, and released, to the end.
 //
 // To run fn only if the lock is free, and skip it otherwise, use TryDo.
 func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context) error, opts ...Option) (err error) {
@@ -176,14 +193,10 @@ func runHeld(ctx context.Context, s Session, fn func(ctx context.Context) error)
 	ferr := fn(runCtx)
 	lost := s.Err()
 	rerr := s.Release(ctx)
-	switch {
-	case lost != nil && !isReleased(lost):
-		if ferr != nil {
-			return errJoin(lost, ferr)
-		}
-		return lost
-	case ferr != nil:
-		return ferr
+	if lost != nil && !isReleased(lost) {
+		// A session lost while fn ran: its Release owes nothing more to
+		// say (nil), or that the key could not be freed early.
+		return errJoin(lost, ferr, rerr)
 	}
-	return rerr
+	return errJoin(ferr, rerr)
 }

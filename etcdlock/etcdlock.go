@@ -784,7 +784,8 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // Release implements core.Backend. Without Keep it deletes the key if it is
 // still bound to the session's lease at the session's create revision, so
 // it can never delete a newer holder's key, and keeps the lease as a spare;
-// a key already gone is success. A claim whose outcome is unknown is undone
+// a key already gone, or another's, is answered core.Gone (nothing was
+// released). A claim whose outcome is unknown is undone
 // by revoking its lease. With Keep it moves the key, owner-checked, to a
 // new lease of Keep (rounded up to whole seconds) and revokes the old one:
 // three round trips.
@@ -815,7 +816,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			}
 		}
 		if !found {
-			return nil // gone, or someone else's
+			return core.Gone(req.Key, "held by another owner or gone")
 		}
 	}
 	k := h.ekey
@@ -847,12 +848,12 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		if !own {
 			// A lease read from the key may by now serve another key of
 			// the process that holds it: never revoke it from here.
-			return nil
+			return releasedIf(req.Key, resp.Succeeded)
 		}
 		if !resp.Succeeded || !b.putSpare(h.seconds, spare{id: h.lease, refreshed: h.refreshed}) {
 			_ = b.revoke(ctx, h.lease) // no key of ours on it; it would expire anyway
 		}
-		return nil
+		return releasedIf(req.Key, resp.Succeeded)
 	}
 	seconds, err := leaseSeconds("MinHold", req.Keep)
 	if err != nil {
@@ -881,6 +882,15 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		return err
 	}
 	b.forget(req.OwnerToken)
+	return releasedIf(req.Key, resp.Succeeded)
+}
+
+// releasedIf is a release's answer: nil when the key was still the lease's
+// (deleted, or moved to the min hold's lease), else core.Gone.
+func releasedIf(key string, ours bool) error {
+	if !ours {
+		return core.Gone(key, "held by another owner, expired or deleted")
+	}
 	return nil
 }
 

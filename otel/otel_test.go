@@ -1217,3 +1217,43 @@ func TestSessionEndCountedOnce(t *testing.T) {
 		t.Errorf("session.duration count %d, want 2 (one per session)", n)
 	}
 }
+
+// A Release that finds the lease gone from the store (taken over before
+// any renewal noticed) is a loss: a dislock.lease_lost span (refused), a
+// release span with outcome lost and an error status, and the session
+// counted as lost, once.
+func TestReleaseFindsLeaseGone(t *testing.T) {
+	f := newFixture(t)
+	l := f.locker(t, core.TTL(time.Minute))
+	s, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.store.Steal("k")
+	if err := s.Release(context.Background()); !errors.Is(err, core.ErrLeaseLost) {
+		t.Fatalf("Release = %v, want ErrLeaseLost", err)
+	}
+	rel := f.span(t, dlotel.SpanRelease)
+	if rel.Status().Code != codes.Error {
+		t.Errorf("release status %v", rel.Status())
+	}
+	wantAttrs(t, rel, map[attribute.Key]any{dlotel.AttrOutcome: "lost", dlotel.AttrErrorType: "lease_lost", dlotel.AttrKey: "k"})
+	lost := f.span(t, dlotel.SpanLeaseLost)
+	wantAttrs(t, lost, map[attribute.Key]any{dlotel.AttrLostReason: "refused", dlotel.AttrErrorType: "lease_lost"})
+	rm := f.collect(t)
+	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
+		t.Errorf("active sessions %d after the Release", v)
+	}
+	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
+		t.Errorf("session.duration{outcome=lost} count %d, want 1", n)
+	}
+	if n := histCount(rm, dlotel.MetricSessionDuration, nil); n != 1 {
+		t.Errorf("session.duration count %d, want 1", n)
+	}
+	if n := sumValue(rm, dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "refused"}); n != 1 {
+		t.Errorf("lease.lost{refused} = %d, want 1", n)
+	}
+	if u := f.unended(); len(u) != 0 {
+		t.Errorf("spans never ended: %v", u)
+	}
+}

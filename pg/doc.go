@@ -35,7 +35,9 @@
 //     unnest(…), checked against each session's random owner token; a
 //     session missing from the result is lost at once.
 //   - Release is an owner-checked DELETE (or, under MinHold and slot mode,
-//     an owner-checked update of the expiry). When waiters are queued on the
+//     an owner-checked update of the expiry); a lease that was no longer
+//     live (expired, deleted, another owner's) is answered as lost
+//     (core.ErrLeaseGone). When waiters are queued on the
 //     row (see Waiting in line), the same statement puts back a free row
 //     that keeps their queue and calls pg_notify for the first of them;
 //     with nobody queued it notifies nobody. Each Locker keeps one LISTEN

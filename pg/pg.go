@@ -307,19 +307,33 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // Release implements core.Backend: an owner-checked delete that, when
 // waiters are queued, keeps their queue on a free row and notifies the first
 // of them in the same statement (on the legacy table: notifies every
-// release); or with Keep > 0 an owner-checked update of the expiry.
+// release); or with Keep > 0 an owner-checked update of the expiry. When no
+// live lease of the owner token was found (an expired one is deleted all
+// the same) it answers core.Gone.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Limit > 1 {
 		return b.releasePermit(ctx, req) // semaphore.go
 	}
 	if req.Keep > 0 {
-		if _, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep)); err != nil {
+		tag, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep))
+		if err != nil {
 			return poolerHint(err)
 		}
-		return nil
+		return released(req.Key, tag.RowsAffected() > 0)
 	}
-	if _, err := b.pool.Exec(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()); err != nil {
+	var live bool
+	var n int64
+	if err := b.pool.QueryRow(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()).Scan(&live, &n); err != nil {
 		return poolerHint(err)
+	}
+	return released(req.Key, live)
+}
+
+// released is a release's answer: nil when a live lease of the owner token
+// was released (or kept), else core.Gone.
+func released(key string, live bool) error {
+	if !live {
+		return core.Gone(key, "held by another owner, expired or deleted")
 	}
 	return nil
 }

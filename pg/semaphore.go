@@ -414,7 +414,8 @@ RETURNING set_config('%[5]s', %[6]s::text, true)`, t, p, isHdr, ac, semSetting, 
 	// limit too. The ended header stays, with its last token: a claim
 	// whose clock was read before it waited for the header's lock still
 	// gets a token above every earlier one (greatest(clock, last + 1)),
-	// which a deleted header could not promise.
+	// which a deleted header could not promise. Its row says whether the
+	// permit deleted was live.
 	s.release = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[2]s WHERE key = $1::text AND holder = $2::text RETURNING expire_at > now() AS live
 ), rest AS (
@@ -425,12 +426,15 @@ RETURNING set_config('%[5]s', %[6]s::text, true)`, t, p, isHdr, ac, semSetting, 
 	DELETE FROM %[2]s WHERE key = $1::text AND holder <> $2::text AND expire_at <= now() AND %[4]s AND (SELECT until FROM rest) IS NULL
 ), hu AS (
 	UPDATE %[1]s SET expire_at = (SELECT until FROM rest) WHERE key = $1::text AND %[3]s AND %[4]s AND expire_at > (SELECT until FROM rest)
+), n AS (
+	SELECT pg_notify($3::text, %[5]s) FROM d WHERE live AND $3::text <> ''
 )
-SELECT pg_notify($3::text, %[5]s) FROM d WHERE live AND $3::text <> ''`, t, p, isHdr, locked, releasePayload)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, t, p, isHdr, locked, releasePayload)
 
 	// keep ($1 key, $2 owner token, $3 µs), after releaseLock, sets a live
 	// permit's expiry to now + $3 (min hold, slot mode) and keeps the
-	// header's expiry at or after it.
+	// header's expiry at or after it; it updates a row only when the
+	// permit was live.
 	s.keep = fmt.Sprintf(`WITH k AS (
 	UPDATE %[2]s SET expire_at = now() + $3::bigint * interval '1 microsecond'
 	WHERE key = $1::text AND holder = $2::text AND expire_at > now() AND %[3]s
@@ -599,7 +603,8 @@ func (b *Backend) readPermitAcquire(br pgx.BatchResults, req core.AcquireRequest
 }
 
 // releasePermit is Release for req.Limit > 1: the header lock and the
-// delete (or, with Keep, the update) in one batch.
+// delete (or, with Keep, the update) in one batch. A permit that was not
+// live is answered core.Gone.
 func (b *Backend) releasePermit(ctx context.Context, req core.ReleaseRequest) error {
 	if b.sem.reason != nil {
 		return nil // no permit can have been claimed
@@ -614,10 +619,31 @@ func (b *Backend) releasePermit(ctx context.Context, req core.ReleaseRequest) er
 	} else {
 		batch.Queue(b.sem.stmt.release, req.Key, req.OwnerToken, b.notifyChannel())
 	}
-	if err := b.pool.SendBatch(ctx, batch).Close(); err != nil {
+	br := b.pool.SendBatch(ctx, batch)
+	live, err := permitReleased(br, req.Keep > 0)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return b.semErr(err)
 	}
-	return nil
+	return released(req.Key, live)
+}
+
+// permitReleased reads releasePermit's batch: whether a live permit was
+// released (or, with keep, kept).
+func permitReleased(br pgx.BatchResults, keep bool) (bool, error) {
+	if _, err := br.Exec(); err != nil { // the header lock
+		return false, err
+	}
+	if keep {
+		tag, err := br.Exec()
+		return tag.RowsAffected() > 0, err
+	}
+	var live bool
+	var n int64
+	err := br.QueryRow().Scan(&live, &n)
+	return live, err
 }
 
 // hasPermits reports whether a renewal includes permits.

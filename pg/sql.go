@@ -239,11 +239,14 @@ FROM %[1]s WHERE starts_with(key, $1::text) AND expire_at > now() ORDER BY key`,
 		// payload is the key alone), so that waiters in every process
 		// wake. The notification is sent when the statement's transaction
 		// commits; the key is at most 1024 bytes, under pg_notify's 8000.
-		// An empty channel (WithoutNotify) sends none.
+		// An empty channel (WithoutNotify) sends none. Its row says
+		// whether the row deleted was a live lease (see releaseStmt).
 		s.release = fmt.Sprintf(`WITH d AS (
-	DELETE FROM %[1]s WHERE key = $1::text AND %[2]s = $2::text%[3]s RETURNING key
+	DELETE FROM %[1]s WHERE key = $1::text AND %[2]s = $2::text%[3]s RETURNING key, expire_at > now() AS live
+), n AS (
+	SELECT pg_notify($3::text, key) FROM d WHERE $3::text <> ''
 )
-SELECT pg_notify($3::text, key) FROM d WHERE $3::text <> ''`, table, holder, asyncClause)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table, holder, asyncClause)
 
 		s.forceRelease = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[1]s WHERE key = $1::text%[2]s RETURNING key, expire_at > now() AS live
@@ -272,10 +275,15 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table, 
 	RETURNING key, %[4]s AS head
 )`, table, qWithout("waiters", "''"), from, qHead("waiters"))
 	}
+	// Its row says whether the row deleted was a live lease: an expired
+	// one of this owner token is deleted all the same, but was not held
+	// to the end.
 	s.release = fmt.Sprintf(`WITH d AS (
-	DELETE FROM %[1]s WHERE key = $1::text AND holder = $2::text%[2]s RETURNING key, waiters
-), %[3]s
-SELECT pg_notify($3::text, %[4]s) FROM i WHERE $3::text <> '' AND head IS NOT NULL`,
+	DELETE FROM %[1]s WHERE key = $1::text AND holder = $2::text%[2]s RETURNING key, waiters, expire_at > now() AS live
+), %[3]s, n AS (
+	SELECT pg_notify($3::text, %[4]s) FROM i WHERE $3::text <> '' AND head IS NOT NULL
+)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`,
 		table, asyncClause, refill("d"), turnPayload("key", "head"))
 
 	// ForceRelease frees the key whoever holds it, keeping the queue, and

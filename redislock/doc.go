@@ -37,7 +37,7 @@
 // run with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
 // failover or SCRIPT FLUSH), inside pipelines too:
 //
-//   - acquire claims a free key with GET, TIME and SET (6 server commands
+//   - acquire claims a free key with GET, TIME and SET (7 server commands
 //     for an uncontended acquire + release, EVALSHA included), or answers
 //     with the holder (owner, fencing token, acquired-at, remaining TTL).
 //     A busy answer marks the record once, so that its release tells the
@@ -48,11 +48,12 @@
 //     all of its sessions in one round trip per node (one script call for
 //     up to 256 leases on one server, one per hash slot on Cluster, in one
 //     pipeline per node).
-//   - release writes the tombstone with one SET ... XX GET and checks what
-//     it replaced: a record that was not this lease's is put back in the
-//     same script. It PUBLISHes on "<prefix>:released" only when the record
-//     was marked by a waiter. For a minimum hold it shortens the TTL
-//     instead.
+//   - release reads the record (GET) and writes the tombstone (SET) only
+//     when the record is this lease's: another owner's record, a tombstone
+//     or a value that is no lock record at all is left as it was, and the
+//     release answers lease lost (core.ErrLeaseGone). It PUBLISHes on
+//     "<prefix>:released" only when the record was marked by a waiter. For
+//     a minimum hold it shortens the TTL instead.
 //
 // Slot locks (core.ForSlot) expire with PXAT at the slot's end, computed
 // from the server's TIME.

@@ -34,7 +34,12 @@
 // claim again, while it reads the holder. A claim's name is unique per
 // session, so a release, a renewal or a stale retry can only ever touch the
 // node of its own session, never the next holder's; an acquire whose reply
-// was lost is found and undone by its owner token.
+// was lost is found and undone by its owner token. A release that finds its
+// claim gone (force-released, or deleted after its TTL by a later claimer)
+// answers lost (core.ErrLeaseGone). A claim whose TTL ran out but which no
+// one has deleted yet is still deleted by its release without a word:
+// ZooKeeper cannot compare a node's age with the server's clock in the
+// delete itself, and the check would cost a round trip.
 //
 // # Semaphores
 //

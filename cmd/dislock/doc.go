@@ -72,7 +72,10 @@
 // when it exits get SIGTERM, then SIGKILL after the grace period, before the
 // release. If processes of the group survive SIGKILL (uninterruptible
 // sleep), dislock exits 1 without releasing, and the locks expire after their
-// TTL.
+// TTL. A release that finds the lease gone from the store (broken by
+// release --force, or taken over, after the last renewal) is logged at
+// WARNING with the key and the holder the store has now: the command may
+// not have run alone. The command's exit code is kept.
 //
 // If dislock itself is killed outright (SIGKILL, the OOM killer), it can
 // terminate nothing. On Linux the command is started with SIGKILL as its

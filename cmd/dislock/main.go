@@ -49,6 +49,7 @@ type cli struct {
 	log            *slog.Logger
 	locker         locker         // the run's backend, once open
 	jobSigs        chan os.Signal // the job-control signals dislock catches
+	admin          core.Admin     // the run's backend, once its locks are taken: names a holder found at release
 }
 
 func newCLI(stdout, stderr io.Writer, getenv func(string) (string, bool)) *cli {

@@ -401,12 +401,38 @@ func (c *cli) releaseAll(lease, sched core.Session) {
 		if s == nil {
 			continue
 		}
-		if err := s.Release(context.Background()); err != nil {
+		err := s.Release(context.Background())
+		switch {
+		case errors.Is(err, core.ErrLeaseLost):
+			// No renewal noticed it: the command may not have run alone.
+			c.log.Warn("lease lost: the store no longer held the lease when it was released; the command may not have run alone",
+				append([]any{"key", s.Key(), "token", s.Token()}, c.holderAttrs(s.Key())...)...)
+		case err != nil:
 			c.log.Warn("release failed; the lock expires on its own", "key", s.Key(), "err", err)
-		} else {
+		default:
 			c.log.Debug("released", "key", s.Key())
 		}
 	}
+}
+
+// inspectTimeout bounds the look-up of a holder for a log line.
+const inspectTimeout = 5 * time.Second
+
+// holderAttrs names key's holder as the store has it now, for a log line.
+func (c *cli) holderAttrs(key string) []any {
+	if c.locker == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), inspectTimeout)
+	defer cancel()
+	info, ok, err := c.locker.Inspect(ctx, key)
+	switch {
+	case err != nil:
+		return []any{"holder", "unknown", "inspect_err", err}
+	case !ok:
+		return []any{"holder", "none"}
+	}
+	return []any{"holder", info.Owner, "holder_token", info.Token}
 }
 
 // runChild runs the command in its own process group and waits for it and

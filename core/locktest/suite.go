@@ -53,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 		{"ReleaseIsIdempotent", testReleaseIdempotent},
 		{"ReleaseWorksWithCancelledContext", testReleaseCancelledCtx},
 		{"StaleSessionCannotRenewOrRelease", testStaleSession},
+		{"ReleaseReportsLeaseGone", testReleaseReportsGone},
 		{"RenewalsKeepLockPastTTL", testRenewalsKeep},
 		{"CrashedHolderFreesWithinTTL", testCrashFrees},
 		{"LossSignalledWhenStolen", testLossStolen},
@@ -466,8 +467,8 @@ func testStaleSession(t *testing.T, e *env) {
 	if len(res) != 1 || !errors.Is(res[0], core.ErrLeaseLost) {
 		t.Fatalf("rule %q: stale Renew = %v, want ErrLeaseLost", rule, res)
 	}
-	if err := a.fault.Backend.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: stale}); err != nil {
-		t.Fatalf("rule %q: stale Release must succeed as a no-op, got %v", rule, err)
+	if err := a.fault.Backend.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: stale}); !errors.Is(err, core.ErrLeaseGone) {
+		t.Fatalf("rule %q: stale Release = %v, want a no-op that says so (ErrLeaseGone)", rule, err)
 	}
 	mustBusy(t, rule, e.proc(t), k)
 	if s2.Err() != nil {

@@ -462,13 +462,14 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) (results 
 }
 
 // Release implements core.Backend. It tells the first waiter in line, if
-// any, that its turn has come.
+// any, that its turn has come. A lease that is no longer live (expired,
+// force-released, taken over) is reported Gone.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	return b.call(ctx, func(st *Stats) { st.Releases++ }, func() error {
 		s := b.s
 		r, j := s.holder(req.Key, req.OwnerToken)
 		if j < 0 {
-			return nil
+			return core.Gone(req.Key, "held by another owner or gone")
 		}
 		if req.Keep > 0 {
 			r.held[j].expireAt = s.now().Add(req.Keep)

@@ -641,6 +641,8 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		defer cancel()
 		// A failed release is reported to the Locker's Observer; the lock
 		// then expires after its TTL. It does not change the task's outcome.
+		// A release that finds the lease gone from the store ends the
+		// session as lost: the check below sees it.
 		_ = s.Release(rctx)
 	}
 	defer release()
@@ -653,10 +655,12 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	runCtx, cancel := core.Bind(ctx, s)
 	defer cancel()
 	err = next.ProcessTask(runCtx, t)
+	release()
 	if cause := s.Err(); cause != nil && !errors.Is(cause, core.ErrReleased) {
-		// The lock was lost (or its Locker closed) while the handler ran:
-		// the work may have overlapped another holder's, so the task fails
-		// and asynq retries it.
+		// The lock was lost (or its Locker closed) while the handler ran,
+		// noticed by a renewal or by the release: the work may have
+		// overlapped another holder's, so the task fails and asynq retries
+		// it.
 		if err == nil {
 			return fmt.Errorf("asynqlock: task %q: %w", t.Type(), cause)
 		}

@@ -160,8 +160,10 @@
 // its fencing token with the resource you protect) and is cancelled when the
 // lease is lost, with context.Cause equal to an error matching
 // core.ErrLeaseLost. If the lease was lost (or the Locker closed) while the
-// handler ran, the middleware returns an error matching core.ErrLeaseLost
-// even when the handler returned nil, so asynq retries the task.
+// handler ran — noticed by a renewal, or by the release after the handler,
+// which finds the lease gone from the store (force-released, expired, taken
+// over) — the middleware returns an error matching core.ErrLeaseLost even
+// when the handler returned nil, so asynq retries the task.
 //
 // The lock is released when the handler returns, also when it panics (asynq
 // recovers panics outside the middleware chain), on a context detached from

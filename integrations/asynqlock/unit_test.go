@@ -516,3 +516,19 @@ func TestMiddleware_HandOffWait(t *testing.T) {
 		<-w.acquiring
 	}
 }
+
+// A lease taken over while the handler ran, with no renewal in between to
+// notice (TTL 1m), is found by the release after the handler: the task
+// fails as after a loss seen by a renewal, so asynq retries it.
+func TestMiddleware_LossFoundAtRelease(t *testing.T) {
+	store, l, _ := lockers(t)
+	mw := mustNew(t, l, asynqlock.LockOptions(core.TTL(time.Minute)))
+	err := mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		s, _ := core.SessionFromContext(ctx)
+		store.Steal(s.Key())
+		return nil
+	})).ProcessTask(context.Background(), asynq.NewTask("t", nil))
+	if !errors.Is(err, core.ErrLeaseLost) || !asynqlock.IsFailure(err) {
+		t.Errorf("err = %v, want a failure matching ErrLeaseLost", err)
+	}
+}

@@ -290,7 +290,9 @@ func MinHold(d time.Duration) Option {
 
 // OnError is called with the lock key and the error when a lock attempt
 // fails for another reason than a busy lock, when a release fails, and when
-// a lease-mode lock was lost while its job ran. gocron drops these errors
+// a lease-mode lock was lost while its job ran (noticed by a renewal, or by
+// the release, which then finds the lease gone from the store: an error
+// matching core.ErrLeaseLost). gocron drops these errors
 // (it ignores Unlock's result). fn is called synchronously and must be
 // safe for concurrent use. Release failures and losses also reach the
 // core.Locker's Observer.
