@@ -153,11 +153,19 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	stop := context.AfterFunc(c.closing, cancel)
 	defer stop()
 	// ended builds the error of an acquisition that ctx or Close cut short.
+	// failure is the store's last word when that was a failure, not busy:
+	// only a busy last word matches ErrNotAcquired.
 	ended := func(failure error) error {
 		if c.closing.Err() != nil {
 			return ErrClosed
 		}
-		return notAcquiredWithin(ctx, key, busy, busyAt, time.Since(start), failure)
+		if failure == nil && busy != nil {
+			return notAcquiredWithin(ctx, key, busy, busyAt, time.Since(start))
+		}
+		return acquireFailed(ctx, key, attempts > 0, busy, busyAt, time.Since(start), failure)
+	}
+	if ctx.Err() != nil {
+		return nil, ended(nil) // ctx is over: not worth a round trip
 	}
 	if cfg.jitter > 0 {
 		if sleepCtx(opCtx, mrand.N(cfg.jitter+1)) != nil {
@@ -180,7 +188,10 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		}
 	}
 	var timer *time.Timer
-	var failure error // the last attempt's store failure, while waiting
+	// failure is the store's last word when it was a failure rather than
+	// busy (nil after a busy answer): it decides what a wait that ctx ends
+	// reports.
+	var failure error
 	for {
 		attempts++
 		queued = cfg.waiter
@@ -191,9 +202,16 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		var b *NotAcquiredError
 		if errors.As(err, &b) {
 			busy, busyAt = b, time.Now()
+			failure = nil
 		}
-		if opCtx.Err() != nil && b == nil {
-			return nil, ended(err)
+		if b == nil && opCtx.Err() != nil {
+			// Cut short by ctx or Close: the attempt got no word from the
+			// store, so the last word decides; when there was none, this
+			// attempt's failure is the report.
+			if busy == nil && failure == nil {
+				failure = err
+			}
+			return nil, ended(failure)
 		}
 		if mode == ModeTry || (b == nil && !retryable(err)) {
 			return nil, err
@@ -201,7 +219,6 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		// Busy, or the store failed (a restart, a cut connection): wait
 		// and try again until ctx ends. The claim of a failed attempt was
 		// undone by attempt.
-		failure = nil
 		if b == nil {
 			failure = err
 		}

@@ -111,8 +111,23 @@
 // the store's clock; MinHold(d) keeps a released lock until d after it was
 // taken. Either stops a fast job from running on every node.
 //
+// # Errors
+//
 // Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost — with
 // ErrLeaseGone when the store refused a renewal —, ErrReleased, ErrClosed,
-// ErrInvalidKey, ErrInvalidOption, ErrUnsupported, ErrLimitMismatch); backend failures wrap the
-// driver's error.
+// ErrInvalidKey, ErrInvalidOption, ErrUnsupported, ErrLimitMismatch); backend
+// failures wrap the driver's error.
+//
+// ErrNotAcquired means the store answered "held by someone else", and
+// nothing else, so that skipping work on it never hides an outage. A
+// TryAcquire matches it only on a busy answer. An Acquire that ctx ends
+// matches it (and ctx's error) only when the store's last answer was busy;
+// an attempt that ctx cuts short is no answer, so a wait that saw the key
+// busy and then timed out mid-attempt is still busy. Every other way an
+// acquisition ends without the lock is a failure that does not match it:
+// the store failed (the driver's error), the store had not answered when
+// ctx ended (ctx's error and the driver's: a store that hangs), or ctx was
+// over before the first attempt (ctx's error; no round trip is made). When
+// a wait saw busy answers and then failed, the message says both. Close
+// ends acquisitions with ErrClosed.
 package core

@@ -22,10 +22,13 @@ func Example() {
 
 	s, err := locker.TryAcquire(ctx, "reports/daily", core.TTL(30*time.Second))
 	if errors.Is(err, core.ErrNotAcquired) {
+		// The store answered: another process holds the lock.
 		fmt.Println("another process is running the report")
 		return
 	}
 	if err != nil {
+		// The store failed or did not answer in time: an outage, never a
+		// reason to skip quietly.
 		panic(err)
 	}
 	defer s.Release(ctx)

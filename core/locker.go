@@ -16,18 +16,25 @@ import (
 // Locks are not reentrant: a key this process already holds reads as busy to
 // a second acquisition.
 type Locker interface {
-	// TryAcquire makes one attempt. A lock held elsewhere yields an error
-	// matching ErrNotAcquired (a *NotAcquiredError with the holder's Info when
-	// known); invalid keys and options yield ErrInvalidKey / ErrInvalidOption;
-	// a claim whose reply arrives after the renew deadline is undone and
-	// reported as ErrLeaseLost; anything else is a backend failure wrapping
-	// the driver's error (the claim, if the store applied it, is undone).
+	// TryAcquire makes one attempt. A lock the store answers is held
+	// elsewhere yields an error matching ErrNotAcquired (a
+	// *NotAcquiredError with the holder's Info when known); invalid keys
+	// and options yield ErrInvalidKey / ErrInvalidOption; a claim whose
+	// reply arrives after the renew deadline is undone and reported as
+	// ErrLeaseLost; anything else is a failure that never matches
+	// ErrNotAcquired: the driver's error, or, when ctx ended before the
+	// store answered, an error matching ctx's error and the driver's (the
+	// claim, if the store applied it, is undone).
 	TryAcquire(ctx context.Context, key string, opts ...Option) (Session, error)
-	// Acquire waits until the lock is held or ctx ends; in the latter case the
-	// error is a *NotAcquiredError that matches ErrNotAcquired and ctx.Err(),
-	// names the last holder seen and the last store failure, and nothing is
-	// left held. Store failures while waiting (a restart, a cut connection)
-	// are retried with the same backoff; a bad key or option, ErrUnsupported,
+	// Acquire waits until the lock is held or ctx ends, and then nothing is
+	// left held. When ctx ends, the store's last answer decides the error:
+	// if it was busy, a *NotAcquiredError that matches ErrNotAcquired and
+	// ctx's error and names the holder; if it was a failure, or there was
+	// no answer yet, an error that matches ctx's error and the last
+	// failure, never ErrNotAcquired (its message says when the key had
+	// been busy before). An attempt that ctx cuts short is no answer.
+	// Store failures while waiting (a restart, a cut connection) are
+	// retried with the same backoff; a bad key or option, ErrUnsupported,
 	// ErrClosed and ErrLimitMismatch end the wait at once.
 	Acquire(ctx context.Context, key string, opts ...Option) (Session, error)
 	// Close releases every session this Locker holds, stops its goroutines

@@ -38,10 +38,13 @@ type faultBackend struct {
 	// claimed receives the key of each claim so stalled.
 	stallClaim atomic.Bool
 	claimed    chan string
-	closed     atomic.Bool  // Close was called: every call fails
-	attempts   atomic.Int64 // TryAcquire calls
-	watching   atomic.Bool  // a Watch or WatchTurns subscription is in place
-	readyAt    atomic.Int64 // when the latest subscription came up (UnixNano)
+	// hangClaim makes an acquire hang, before it reaches the store, until
+	// its ctx ends, and report the ctx's error: a store that does not answer.
+	hangClaim atomic.Bool
+	closed    atomic.Bool  // Close was called: every call fails
+	attempts  atomic.Int64 // TryAcquire calls
+	watching  atomic.Bool  // a Watch or WatchTurns subscription is in place
+	readyAt   atomic.Int64 // when the latest subscription came up (UnixNano)
 	// waiterTTL, when positive, replaces the WaiterTTL of every acquire
 	// sent with a Waiter: a wait whose place in line would outlive any
 	// bound of a test unless it leaves the queue.
@@ -165,6 +168,10 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 		return core.Lease{}, err
 	}
 	f.attempts.Add(1)
+	if f.hangClaim.Load() {
+		<-ctx.Done()
+		return core.Lease{}, ctx.Err()
+	}
 	f.mu.Lock()
 	f.tokens[req.Key] = req.OwnerToken
 	f.limits[req.OwnerToken] = limitOf(req.Limit)

@@ -46,6 +46,7 @@ func Run(t *testing.T, h Harness) {
 		{"BusyIsNotAcquiredAndFast", testBusyFast},
 		{"NotReentrant", testNotReentrant},
 		{"AcquireHonoursContext", testAcquireCtx},
+		{"OutageIsNeverBusy", testOutageNotBusy},
 		{"WaiterWakesAfterRelease", testWaiterWakes},
 		{"WaiterWakesByNotification", testWaiterNotified},
 		{"ReleaseIsIdempotent", testReleaseIdempotent},
@@ -254,6 +255,54 @@ func testAcquireCtx(t *testing.T, e *env) {
 	// (a TryAcquire never overtakes a queued waiter).
 	s2 := mustAcquire(t, c, k)
 	s2.Release(context.Background())
+}
+
+// notBusy fails t unless err is a failure matching every error in want,
+// not ErrNotAcquired, and no *core.NotAcquiredError.
+func notBusy(t *testing.T, rule, what string, err error, want ...error) {
+	t.Helper()
+	var na *core.NotAcquiredError
+	if err == nil || errors.Is(err, core.ErrNotAcquired) || errors.As(err, &na) {
+		t.Fatalf("rule %q: %s = %v, want a failure that does not match ErrNotAcquired", rule, what, err)
+	}
+	for _, w := range want {
+		if !errors.Is(err, w) {
+			t.Errorf("rule %q: %s = %v, want it to match %v", rule, what, err, w)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("rule %q: %s: the message spans lines: %q", rule, what, err)
+	}
+}
+
+func testOutageNotBusy(t *testing.T, e *env) {
+	const rule = "an outage is never busy: a store that fails or does not answer yields its failure (the store's error, ctx's deadline), never ErrNotAcquired"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k) // a store that answered would say busy
+	defer s.Release(context.Background())
+	wait := e.ttl / 2
+
+	b.fault.down.Store(true)
+	_, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k)
+	notBusy(t, rule, "TryAcquire on a store that fails", err, errDown)
+	_, err = b.l.Acquire(ctxT(t, wait), k)
+	notBusy(t, rule, "Acquire on a store that fails", err, errDown, context.DeadlineExceeded)
+	b.fault.down.Store(false)
+
+	b.fault.hangClaim.Store(true)
+	for name, acquire := range map[string]func(context.Context, string, ...core.Option) (core.Session, error){
+		"TryAcquire": b.l.TryAcquire, "Acquire": b.l.Acquire,
+	} {
+		start := time.Now()
+		_, err = acquire(ctxT(t, wait), k)
+		notBusy(t, rule, name+" on a store that hangs", err, context.DeadlineExceeded)
+		if el := time.Since(start); el > wait+time.Second {
+			t.Errorf("rule %q: %s on a store that hangs returned %v after its deadline", rule, name, el-wait)
+		}
+	}
+	b.fault.hangClaim.Store(false)
+	mustBusy(t, rule, b, k) // the store answers again, and says busy
 }
 
 func testWaiterWakes(t *testing.T, e *env) {
