@@ -308,10 +308,12 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	return results, nil
 }
 
-// Release implements core.Backend: an owner-checked delete that, when
-// waiters are queued, keeps their queue on a free row and notifies the first
-// of them in the same statement (on the legacy table: notifies every
-// release); or with Keep > 0 an owner-checked update of the expiry.
+// Release implements core.Backend: an owner-checked update that ends the
+// row, keeping the key's last token and, when waiters are queued, their
+// queue, and notifies the first of them in the same statement (on the legacy
+// table, which has no tokens: a delete that notifies every release); or with
+// Keep > 0 an owner-checked update of the expiry. A prune of old ended rows
+// follows it when one is due (see pruneAfter).
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Limit > 1 {
 		return b.releasePermit(ctx, req) // semaphore.go
@@ -455,8 +457,8 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	return b.listPermits(ctx, prefix, list) // semaphores: one Info per permit (semaphore.go)
 }
 
-// ForceRelease implements core.Admin: deletes key whoever holds it and
-// notifies waiters. The holder learns of it at its next renewal.
+// ForceRelease implements core.Admin: ends key's row whoever holds it
+// (keeping its token; the legacy table's is deleted) and notifies waiters. The holder learns of it at its next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if handled, released, err := b.forceReleasePermits(ctx, key); handled || err != nil { // semaphore.go
 		return released, err

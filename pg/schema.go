@@ -224,9 +224,8 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 				return 0, schemaErr(t, "column %s is %s, want bigint; fix: %s", w.name, c.typ, fix)
 			}
 			if c.always {
-				// A claim sets the token to the default evaluated for
-				// its proposed row (INSERT … ON CONFLICT DO UPDATE SET
-				// token = excluded.token), which an ALWAYS identity
+				// A claim writes the token itself (the clock, or the
+				// row's last token + 1), which an ALWAYS identity
 				// refuses.
 				return 0, schemaErr(t, "column %s is GENERATED ALWAYS AS IDENTITY; fix: ALTER TABLE %s ALTER COLUMN %s DROP IDENTITY IF EXISTS, ALTER COLUMN %s SET DEFAULT %s", w.name, t, w.name, w.name, tokenDefault)
 			}

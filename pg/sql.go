@@ -161,7 +161,10 @@ func buildStatements(table string, legacy, async bool) statements {
 	// that won the key meanwhile). Rows are never deleted while such a
 	// claim can still be running (a release ends its row and keeps its
 	// token; see prune), so a claim inserts a row only for a key whose last
-	// token is older than its own clock reading. Losing the race for a free row answers busy, holder
+	// token is older than its own clock reading. The legacy table has no
+	// tokens, and its releases delete the row.
+	//
+	// Losing the race for a free row answers busy, holder
 	// unknown; ON CONFLICT has locked the row the winner wrote, a lock-only
 	// transaction, which the WHERE's ELSE branch commits without waiting for
 	// the flush (a CASE evaluates only the branch it takes, so a takeover
