@@ -284,6 +284,34 @@ func waitLockWait(t *testing.T, admin *pgxpool.Pool, table string) {
 	}
 }
 
+// claimBehindLock leaves an expired row of req's key (a holder that
+// crashed), locks it in a transaction of its own, sends req, and once req
+// waits for the lock runs meanwhile in that transaction and commits it. It
+// returns req's outcome.
+func claimBehindLock(t *testing.T, admin *pgxpool.Pool, b *pg.Backend, table string, req core.AcquireRequest, meanwhile func(pgx.Tx)) (core.Lease, error) {
+	t.Helper()
+	first := req
+	first.OwnerToken, first.TTL, first.ExpireAt = testenv.Name("tok"), time.Minute, time.Time{}
+	expiredRow(t, admin, b, table, first)
+	tx := lockRow(t, admin, table, req.Key)
+	type result struct {
+		l   core.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := b.TryAcquire(context.Background(), req)
+		done <- result{l, err}
+	}()
+	waitLockWait(t, admin, table)
+	meanwhile(tx)
+	if err := tx.Commit(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	return r.l, r.err
+}
+
 // Rule: a claim's token is decided under the row's lock. A claim reads the
 // clock, then waits for a row that another transaction has locked; that
 // transaction gives the row a token from a later clock reading and commits;
@@ -294,33 +322,18 @@ func TestTokenDecidedUnderRowLock(t *testing.T) {
 	b := newBackend(t, table)
 	for _, limit := range []int{1, 2} {
 		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
-			k := testenv.Name("k")
-			expiredRow(t, admin, b, table, permitReq(k, limit, time.Minute))
-			tx := lockRow(t, admin, table, k)
-			type result struct {
-				tok uint64
-				err error
-			}
-			done := make(chan result, 1)
-			req := permitReq(k, limit, time.Minute)
-			go func() {
-				l, err := b.TryAcquire(context.Background(), req)
-				done <- result{l.Token, err}
-			}()
-			waitLockWait(t, admin, table)
+			req := permitReq(testenv.Name("k"), limit, time.Minute)
 			var won int64
-			if err := tx.QueryRow(ctxT(t), `UPDATE `+pgx.Identifier{table}.Sanitize()+` SET token = `+tokenExpr+` WHERE key = $1 RETURNING token`, k).Scan(&won); err != nil {
-				t.Fatal(err)
+			l, err := claimBehindLock(t, admin, b, table, req, func(tx pgx.Tx) {
+				if err := tx.QueryRow(ctxT(t), `UPDATE `+pgx.Identifier{table}.Sanitize()+` SET token = `+tokenExpr+` WHERE key = $1 RETURNING token`, req.Key).Scan(&won); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if err != nil {
+				t.Fatalf("the waiting claim: %v", err)
 			}
-			if err := tx.Commit(ctxT(t)); err != nil {
-				t.Fatal(err)
-			}
-			r := <-done
-			if r.err != nil {
-				t.Fatalf("the waiting claim: %v", r.err)
-			}
-			if r.tok <= uint64(won) {
-				t.Errorf("the waiting claim got token %d, below or at %d, given while it waited", r.tok, won)
+			if l.Token <= uint64(won) {
+				t.Errorf("the waiting claim got token %d, below or at %d, given while it waited", l.Token, won)
 			}
 			if err := b.Release(ctxT(t), relReq(req)); err != nil {
 				t.Fatal(err)
@@ -337,24 +350,14 @@ func TestSlotClaimWaitsPastSlotEnd(t *testing.T) {
 	b := newBackend(t, table)
 	for _, limit := range []int{1, 2} {
 		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
-			k := testenv.Name("k")
-			expiredRow(t, admin, b, table, permitReq(k, limit, time.Minute))
-			tx := lockRow(t, admin, table, k)
-			req := permitReq(k, limit, 0)
+			req := permitReq(testenv.Name("k"), limit, 0)
 			req.ExpireAt = time.Now().Add(300 * time.Millisecond)
-			done := make(chan error, 1)
-			go func() {
-				_, err := b.TryAcquire(context.Background(), req)
-				done <- err
-			}()
-			waitLockWait(t, admin, table)
-			// The slot ends while the claim waits (the server's clock
-			// is this machine's).
-			time.Sleep(time.Until(req.ExpireAt) + 100*time.Millisecond)
-			if err := tx.Commit(ctxT(t)); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-done; !errors.Is(err, core.ErrNotAcquired) {
+			_, err := claimBehindLock(t, admin, b, table, req, func(pgx.Tx) {
+				// The slot ends while the claim waits (the server's
+				// clock is this machine's).
+				time.Sleep(time.Until(req.ExpireAt) + 100*time.Millisecond)
+			})
+			if !errors.Is(err, core.ErrNotAcquired) {
 				_ = b.Release(ctxT(t), relReq(req))
 				t.Fatalf("a claim whose slot ended while it waited = %v, want ErrNotAcquired", err)
 			}
