@@ -27,7 +27,7 @@
 // is freed before its TTL only when the holder calls Release on the lost
 // session, which means "my work has stopped"; otherwise the store drops it
 // when the TTL, counted from the last acquire or renewal it may have applied,
-// runs out. Do releases once fn has returned; the gocron and asynq
+// runs out. Do and TryDo release once fn has returned; the gocron and asynq
 // integrations once the job or handler has returned; the dislock CLI once
 // the command's whole process group has exited; an Election once OnRevoked
 // has returned. Close releases every session, including lost ones not yet
@@ -63,9 +63,10 @@
 // one renewer goroutine for all of its sessions, which batches every renewal
 // due within half a renew interval into one Backend.Renew call, plus one
 // Watcher goroutine while anyone waits in Acquire. Close ends waits in
-// Acquire, cuts acquisitions in flight short and waits for them and for the
-// undo of their claims, releases every session, stops both goroutines and
-// waits for them, and only then closes the Backend.
+// Acquire, cuts acquisitions in flight short and waits for them, for the
+// store calls they left running and for the undo of their claims, releases
+// every session, stops both goroutines and waits for them, and only then
+// closes the Backend.
 //
 // # Waiting in line
 //
@@ -110,6 +111,20 @@
 // holds the key until the end of the slot the start belongs to, computed on
 // the store's clock; MinHold(d) keeps a released lock until d after it was
 // taken. Either stops a fast job from running on every node.
+//
+// # Deadlines
+//
+// TryAcquire and Acquire return within DeadlineSlack (100ms) of the end of
+// their ctx, whatever the store does. A ctx that is already done costs no
+// round trip. A store call that has not returned by then — a driver that
+// ignores ctx, a server that never answers — is left to finish in the
+// background, and a claim it makes after its caller left is undone by owner
+// token. The undo of a claim left in doubt and a waiter's leaving the
+// store's queue run in the background too: the caller waits for them only
+// while its ctx lasts (plus the slack). Close waits for all of it (for a
+// store call left running, up to 10s before it closes the backend, and as
+// long again after), so a Close right after an outage can take about two
+// release timeouts: the undo's release in flight, then its last attempt.
 //
 // # Errors
 //

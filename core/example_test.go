@@ -55,6 +55,33 @@ func ExampleDo() {
 	// err: <nil>
 }
 
+// TryDo runs the function only if the lock is free, and skips it when
+// another process holds it. A store that fails is an error, never a skip.
+func ExampleTryDo() {
+	store := memlock.NewStore() // one store, two Lockers that see each other
+	a, _ := store.Locker()
+	b, _ := store.Locker()
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+
+	report := func(ctx context.Context) error {
+		fmt.Println("running the report")
+		return nil
+	}
+	held, _ := a.TryAcquire(ctx, "reports/daily")
+	ran, err := core.TryDo(ctx, b, "reports/daily", report)
+	fmt.Println("while held elsewhere: ran", ran, "err", err)
+	held.Release(ctx)
+
+	ran, err = core.TryDo(ctx, b, "reports/daily", report)
+	fmt.Println("once free: ran", ran, "err", err)
+	// Output:
+	// while held elsewhere: ran false err <nil>
+	// running the report
+	// once free: ran true err <nil>
+}
+
 // A second process finds the lock busy; the error says who holds it.
 func ExampleLocker_TryAcquire() {
 	store := memlock.NewStore()
