@@ -55,13 +55,14 @@ func schemaSQL(table string, legacy, unlogged bool) string {
 //
 //	waiters jsonb  -- NULL: nobody waits; else [{"w": waiter id, "d": deadline µs}, …], first in line first
 //
-// A row whose key is free but whose waiters are queued stays in the table
-// with an empty holder and expire_at '-infinity' (Inspect, List and the
-// renewals see only rows with expire_at > now()); the next claim takes it
-// over, and Leave of its last waiter deletes it. If every waiter of such a
-// row dies and the key is never used again, the row stays: it is harmless,
-// and DELETE FROM <table> WHERE expire_at = '-infinity' clears such rows
-// (a waiter still alive takes its place again at its next try). Migrate adds the column to an
+// A released key's row stays in the table, ended: an empty holder and
+// expire_at '-infinity' (Inspect, List and the renewals see only rows with
+// expire_at > now()), with its queue when waiters are queued and with the
+// key's last token; the next claim takes it over. Backends prune ended rows
+// with nobody live in line once their token is older than any claim can be
+// (see prune in sql.go and the package doc's Ended rows); deleting them by
+// hand could let a claim still on its way get a token below the key's last
+// one. Migrate adds the column to an
 // existing table (addWaitersSQL: no rewrite, nullable without a default);
 // NewBackend reports a table without it as ErrSchema naming that statement.
 // The legacy table gets no column: it has no queue.
@@ -69,14 +70,18 @@ func addWaitersSQL(table string) string {
 	return "ALTER TABLE " + table + " ADD COLUMN IF NOT EXISTS waiters jsonb"
 }
 
-// tokenDefault is the default of the token column of the tables Migrate
-// creates: a claim's fencing token is the database server's clock in
-// microseconds when the claim is written. Unlike a sequence, a crash cannot
-// set it back: an unlogged table's identity sequence is unlogged too and
+// tokenDefault is the database server's clock in microseconds: the default
+// of the token column of the tables Migrate creates, and the clock every
+// claim's fencing token is taken from. Unlike a sequence, a crash cannot set
+// it back: an unlogged table's identity sequence is unlogged too and
 // restarts at 1 after a crash, and under WithAsyncCommit a crash can undo a
 // logged sequence's last advance, so tokens handed out before the crash
-// would be handed out again. Two claims of one key are always at least a
-// commit and a round trip apart, so they never share a microsecond.
+// would be handed out again. A claim reads it before it may wait for the
+// key's row, so a reading alone can be older than the token of a claim that
+// won the key meanwhile, or share its microsecond: a takeover reads it again
+// under the row's lock and takes greatest(clock, last token + 1), and rows
+// keep the last token until no claim that read an older clock can still
+// commit (see buildStatements and prune).
 const tokenDefault = `(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 
 // Migrate creates the lock table, and the permits table semaphores use (see
@@ -244,9 +249,8 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 				return 0, schemaErr(t, "column %s is %s, want bigint; fix: %s", w.name, c.typ, fix)
 			}
 			if c.always {
-				// A claim sets the token to the default evaluated for
-				// its proposed row (INSERT … ON CONFLICT DO UPDATE SET
-				// token = excluded.token), which an ALWAYS identity
+				// A claim writes the token itself (the clock, or the
+				// row's last token + 1), which an ALWAYS identity
 				// refuses.
 				return 0, schemaErr(t, "column %s is GENERATED ALWAYS AS IDENTITY; fix: ALTER TABLE %s ALTER COLUMN %s DROP IDENTITY IF EXISTS, ALTER COLUMN %s SET DEFAULT %s", w.name, t, w.name, w.name, tokenDefault)
 			}

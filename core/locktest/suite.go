@@ -62,6 +62,7 @@ func Run(t *testing.T, h Harness) {
 		{"LostLeaseKeptUntilReleased", testLostKeptUntilReleased},
 		{"LostLeaseKeptUntilTTL", testLostKeptUntilTTL},
 		{"TokensStrictlyIncrease", testTokens},
+		{"TokensIncreaseUnderRace", testTokensRace},
 		{"AmbiguousAcquireIsReconciled", testReconcile},
 		{"FailedUndoIsRetried", testUndoRetried},
 		{"SlotAllowsOneStartPerSlot", testSlot},
