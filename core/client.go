@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -94,6 +95,14 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 
 // Backend returns the backend the client runs on.
 func (c *Client) Backend() Backend { return c.b }
+
+// Logger returns the logger set by WithLogger, or slog.Default().
+func (c *Client) Logger() *slog.Logger {
+	if c.cfg.logger != nil {
+		return c.cfg.logger
+	}
+	return slog.Default()
+}
 
 // TryAcquire implements Locker.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (Session, error) {

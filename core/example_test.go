@@ -92,12 +92,13 @@ func ExampleForSlot() {
 	// b starts: false
 }
 
-// Campaign elects one leader among many processes; IsLeader costs nothing.
-func ExampleCampaign() {
+// CampaignContext elects one leader among many processes; IsLeader costs
+// nothing.
+func ExampleCampaignContext() {
 	locker, _ := memlock.New()
 	defer locker.Close()
 	elected := make(chan struct{})
-	e, err := core.Campaign(locker, "scheduler-leader",
+	e, err := core.CampaignContext(context.Background(), locker, "scheduler-leader",
 		core.OnElected(func(core.Session) { close(elected) }))
 	if err != nil {
 		panic(err)
