@@ -109,6 +109,48 @@ func ExampleCampaignContext() {
 	// Output: leader: true
 }
 
+// Observe follows who leads: the current leader first, then each new one.
+// Two processes campaign; when the leader closes its election, the other
+// takes over and the observer hears of it at once.
+func ExampleElection_Observe() {
+	ctx := context.Background()
+	store := memlock.NewStore()
+	a, _ := store.Locker()
+	defer a.Close()
+	b, _ := store.Locker()
+	defer b.Close()
+
+	first, err := core.CampaignContext(ctx, a, "scheduler-leader", core.WithLockOptions(core.WithOwner("node-a")))
+	if err != nil {
+		panic(err)
+	}
+	second, err := core.CampaignContext(ctx, b, "scheduler-leader", core.WithLockOptions(core.WithOwner("node-b")))
+	if err != nil {
+		panic(err)
+	}
+	defer second.Close()
+
+	leaders, err := second.Observe(ctx)
+	if err != nil {
+		panic(err) // core.ErrUnsupported: the Locker has no Admin
+	}
+	// next skips the moments nobody leads (a zero Info).
+	next := func() string {
+		for l := range leaders {
+			if l.Owner != "" {
+				return l.Owner
+			}
+		}
+		return "(closed)"
+	}
+	fmt.Println("leader:", next())
+	first.Close() // resigns: node-b takes over
+	fmt.Println("leader:", next())
+	// Output:
+	// leader: node-a
+	// leader: node-b
+}
+
 // Limit makes a key a semaphore: up to n sessions hold it at once, each
 // with its own lease, renewal, loss signal and fencing token. Here at most
 // two exports run at a time, across every process using the store.
