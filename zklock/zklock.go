@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path"
 	"strings"
 	"sync"
@@ -235,11 +236,9 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 		b.timeoutMs.Store(ms)
 		once.Do(func() { close(got) })
 	}})
-	dialer := zk.WithLogInfo(true) // the timeout is only logged at info level
-	if o.dialer != nil {
-		dialer = zk.WithDialer(o.dialer)
-	}
-	conn, _, err := zk.Connect(servers, o.sessionTimeout, zk.WithLogInfo(true), logger, dialer)
+	tries := newFirstRound(o.dialer)
+	conn, _, err := zk.Connect(servers, o.sessionTimeout, zk.WithLogInfo(true), logger,
+		zk.WithDialer(tries.dial), zk.WithHostProvider(tries))
 	if err != nil {
 		return nil, o, fmt.Errorf("zklock: connect: %w", err)
 	}
@@ -248,9 +247,86 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 	case <-got:
 	case <-ctx.Done():
 		conn.Close()
-		return nil, o, fmt.Errorf("zklock: no ZooKeeper session established: %w", ctx.Err())
+		return nil, o, fmt.Errorf("zklock: no ZooKeeper session established: %w%s", ctx.Err(), tries.failures())
+	case <-tries.over:
+		select {
+		case <-got: // established just as the round ended
+			return b, o, nil
+		default:
+		}
+		conn.Close()
+		if f := tries.failures(); f != "" {
+			return nil, o, fmt.Errorf("zklock: no ZooKeeper server reachable%s", f)
+		}
+		return nil, o, errors.New("zklock: no ZooKeeper session established: every server was tried once")
 	}
 	return b, o, nil
+}
+
+// firstRound watches the client's first round over the servers: it closes
+// over when every server has been tried once without a session (the
+// client would then pause and start again), and keeps the dial errors, so
+// that New fails at once, naming the cause, when no server takes
+// connections (a refused connection, an unknown host) instead of waiting
+// for ctx.
+type firstRound struct {
+	zk.HostProvider
+	dialer zk.Dialer
+	over   chan struct{}
+	once   sync.Once
+	mu     sync.Mutex
+	errs   map[string]error // the last dial error per server
+	order  []string
+}
+
+func newFirstRound(d zk.Dialer) *firstRound {
+	if d == nil {
+		d = func(network, address string, timeout time.Duration) (net.Conn, error) {
+			return net.DialTimeout(network, address, timeout)
+		}
+	}
+	return &firstRound{HostProvider: zk.NewDNSHostProvider(), dialer: d,
+		over: make(chan struct{}), errs: make(map[string]error)}
+}
+
+// Next implements zk.HostProvider.
+func (r *firstRound) Next() (string, bool) {
+	server, retryStart := r.HostProvider.Next()
+	if retryStart {
+		r.once.Do(func() { close(r.over) })
+	}
+	return server, retryStart
+}
+
+func (r *firstRound) dial(network, address string, timeout time.Duration) (net.Conn, error) {
+	c, err := r.dialer(network, address, timeout)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		delete(r.errs, address)
+		return c, nil
+	}
+	if _, seen := r.errs[address]; !seen {
+		r.order = append(r.order, address)
+	}
+	r.errs[address] = err
+	return c, err
+}
+
+// failures returns ": " and the dial errors seen, or "" when there were none.
+func (r *firstRound) failures() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var msgs []string
+	for _, a := range r.order {
+		if err, ok := r.errs[a]; ok {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if len(msgs) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(msgs, "; ")
 }
 
 func validRoot(root string) error {
