@@ -312,8 +312,11 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 			return nil, err // the store claimed nothing
 		}
 		// The claim may have been applied before the failure: undo it by
-		// owner token so that nothing stays held until its TTL.
-		c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
+		// owner token so that nothing stays held until its TTL, unless the
+		// backend knows nothing was claimed.
+		if !isUnclaimed(err) {
+			c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
+		}
 		return nil, fmt.Errorf("dislock: %s: acquire %q: %w", c.name, key, err)
 	}
 	s := &session{

@@ -357,3 +357,41 @@ func TestIsLeaderAfterReadyAllocatesNothing(t *testing.T) {
 		t.Fatalf("Ready+IsLeader allocate %v times per call", n)
 	}
 }
+
+// failingBackend fails every claim with err, claiming nothing.
+type failingBackend struct {
+	*memlock.Backend
+	err error
+}
+
+func (b failingBackend) TryAcquire(context.Context, core.AcquireRequest) (core.Lease, error) {
+	return core.Lease{}, b.err
+}
+
+// Rule: a claim the backend reports as Unclaimed is not undone (no release
+// round trip against a store that refused the connection); any other
+// failure is.
+func TestUnclaimedFailureIsNotUndone(t *testing.T) {
+	refused := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	for _, c := range []struct {
+		err      error
+		releases int
+	}{{core.Unclaimed(refused), 0}, {refused, 1}} {
+		b := memlock.NewStore().Backend()
+		l, err := core.New(failingBackend{b, c.err})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = l.TryAcquire(context.Background(), "k")
+		if !errors.Is(err, refused) || err.Error() != `dislock: memory: acquire "k": `+refused.Error() {
+			t.Fatalf("TryAcquire = %v, want the refusal, unchanged", err)
+		}
+		l.Close()
+		if got := b.Stats().Releases; got != c.releases {
+			t.Errorf("%v: %d releases, want %d", c.err, got, c.releases)
+		}
+	}
+	if core.Unclaimed(nil) != nil {
+		t.Error("Unclaimed(nil) != nil")
+	}
+}
