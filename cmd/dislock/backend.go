@@ -153,17 +153,26 @@ func openRedis(urlEnv, rawURL, s string) (locker, func() error, error) {
 		if o.MasterName == "" {
 			return nil, nil, badURL(urlEnv, "the Redis Sentinel URL needs master_name=NAME")
 		}
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1 // a refused connection fails fast (dialer_retries=N in the URL to change it)
+		}
 		client = redis.NewFailoverClient(o)
 	case strings.HasSuffix(s, "cluster"):
 		o, err := redis.ParseClusterURL(commaHosts(u))
 		if err != nil {
 			return nil, nil, badURL(urlEnv, "the Redis Cluster URL cannot be parsed")
 		}
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1
+		}
 		client = redis.NewClusterClient(o)
 	default:
 		o, err := redis.ParseURL(u)
 		if err != nil {
 			return nil, nil, badURL(urlEnv, "the Redis URL cannot be parsed")
+		}
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1
 		}
 		client = redis.NewClient(o)
 	}
