@@ -190,8 +190,10 @@ func (l *timeoutLogger) Printf(format string, args ...any) {
 
 // NewBackend dials ZooKeeper and returns a Backend on its own session, once
 // the session is established (bounded by ctx). connect is
-// "host:port[,host:port...]". Close closes the session, which deletes the
-// session's claim nodes at once.
+// "host:port[,host:port...]". When every server has been tried once without
+// a session (each refused the connection, say) it fails at once, naming
+// the dial errors, rather than wait for ctx. Close closes the session,
+// which deletes the session's claim nodes at once.
 func NewBackend(ctx context.Context, connect string, opts ...Option) (*Backend, error) {
 	b, _, err := dial(ctx, connect, opts)
 	return b, err
