@@ -49,3 +49,34 @@ func TestNewFailsFastOnConnectionRefused(t *testing.T) {
 		}
 	}
 }
+
+// A server that takes the connection but gives no session (an ensemble
+// without quorum) is waited for until ctx ends, as before.
+func TestNewWaitsForASessionFromAServerThatAnswers(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, silent, until the listener closes
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	l, err := zklock.New(ctx, ln.Addr().String(), zklock.WithSessionTimeout(time.Second))
+	if err == nil {
+		l.Close()
+		t.Fatal("New got a session from a silent server")
+	}
+	if took := time.Since(start); took < time.Second || !strings.Contains(err.Error(), "no ZooKeeper session established") {
+		t.Fatalf("New = %v after %v, want to wait for ctx", err, took)
+	}
+}

@@ -190,9 +190,9 @@ func (l *timeoutLogger) Printf(format string, args ...any) {
 
 // NewBackend dials ZooKeeper and returns a Backend on its own session, once
 // the session is established (bounded by ctx). connect is
-// "host:port[,host:port...]". When every server has been tried once without
-// a session (each refused the connection, say) it fails at once, naming
-// the dial errors, rather than wait for ctx. Close closes the session,
+// "host:port[,host:port...]". When every server has refused the connection
+// (or could not be dialled) once, it fails at once, naming the dial
+// errors, rather than wait for ctx. Close closes the session,
 // which deletes the session's claim nodes at once.
 func NewBackend(ctx context.Context, connect string, opts ...Option) (*Backend, error) {
 	b, _, err := dial(ctx, connect, opts)
@@ -257,20 +257,18 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 		default:
 		}
 		conn.Close()
-		if f := tries.failures(); f != "" {
-			return nil, o, fmt.Errorf("zklock: no ZooKeeper server reachable%s", f)
-		}
-		return nil, o, errors.New("zklock: no ZooKeeper session established: every server was tried once")
+		return nil, o, fmt.Errorf("zklock: no ZooKeeper server reachable%s", tries.failures())
 	}
 	return b, o, nil
 }
 
 // firstRound watches the client's first round over the servers: it closes
-// over when every server has been tried once without a session (the
-// client would then pause and start again), and keeps the dial errors, so
-// that New fails at once, naming the cause, when no server takes
-// connections (a refused connection, an unknown host) instead of waiting
-// for ctx.
+// over when every server has refused the connection (or could not be
+// dialled: an unknown host) once, where the client would pause and start
+// again, and keeps the dial errors, so that New fails at once, naming the
+// cause, instead of waiting for ctx. A server that takes the connection
+// but gives no session (an ensemble without quorum) is waited for, until
+// ctx ends, as before.
 type firstRound struct {
 	zk.HostProvider
 	dialer zk.Dialer
@@ -279,6 +277,7 @@ type firstRound struct {
 	mu     sync.Mutex
 	errs   map[string]error // the last dial error per server
 	order  []string
+	dialed bool // a server took the connection (the session may still fail)
 }
 
 func newFirstRound(d zk.Dialer) *firstRound {
@@ -294,7 +293,10 @@ func newFirstRound(d zk.Dialer) *firstRound {
 // Next implements zk.HostProvider.
 func (r *firstRound) Next() (string, bool) {
 	server, retryStart := r.HostProvider.Next()
-	if retryStart {
+	r.mu.Lock()
+	refused := !r.dialed
+	r.mu.Unlock()
+	if retryStart && refused {
 		r.once.Do(func() { close(r.over) })
 	}
 	return server, retryStart
@@ -305,6 +307,7 @@ func (r *firstRound) dial(network, address string, timeout time.Duration) (net.C
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err == nil {
+		r.dialed = true
 		delete(r.errs, address)
 		return c, nil
 	}
