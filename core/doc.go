@@ -27,7 +27,7 @@
 // is freed before its TTL only when the holder calls Release on the lost
 // session, which means "my work has stopped"; otherwise the store drops it
 // when the TTL, counted from the last acquire or renewal it may have applied,
-// runs out. Do releases once fn has returned; the gocron and asynq
+// runs out. Do and TryDo release once fn has returned; the gocron and asynq
 // integrations once the job or handler has returned; the dislock CLI once
 // the command's whole process group has exited; an Election once OnRevoked
 // has returned. Close releases every session, including lost ones not yet
@@ -63,9 +63,10 @@
 // one renewer goroutine for all of its sessions, which batches every renewal
 // due within half a renew interval into one Backend.Renew call, plus one
 // Watcher goroutine while anyone waits in Acquire. Close ends waits in
-// Acquire, cuts acquisitions in flight short and waits for them and for the
-// undo of their claims, releases every session, stops both goroutines and
-// waits for them, and only then closes the Backend.
+// Acquire, cuts acquisitions in flight short and waits for them, for the
+// store calls they left running and for the undo of their claims, releases
+// every session, stops both goroutines and waits for them, and only then
+// closes the Backend.
 //
 // # Waiting in line
 //
@@ -138,8 +139,37 @@
 //
 // Campaign, without a ctx, is kept for existing callers and deprecated.
 //
+// # Deadlines
+//
+// TryAcquire and Acquire return within DeadlineSlack (100ms) of the end of
+// their ctx, whatever the store does. A ctx that is already done costs no
+// round trip. A store call that has not returned by then — a driver that
+// ignores ctx, a server that never answers — is left to finish in the
+// background, and a claim it makes after its caller left is undone by owner
+// token. The undo of a claim left in doubt and a waiter's leaving the
+// store's queue run in the background too: the caller waits for them only
+// while its ctx lasts (plus the slack). Close waits for all of it (for a
+// store call left running, up to 10s before it closes the backend, and as
+// long again after), so a Close right after an outage can take about two
+// release timeouts: the undo's release in flight, then its last attempt.
+//
+// # Errors
+//
 // Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost — with
 // ErrLeaseGone when the store refused a renewal —, ErrReleased, ErrClosed,
 // ErrElectionClosed, ErrInvalidKey, ErrInvalidOption, ErrUnsupported,
 // ErrLimitMismatch); backend failures wrap the driver's error.
+//
+// ErrNotAcquired means the store answered "held by someone else", and
+// nothing else, so that skipping work on it never hides an outage. A
+// TryAcquire matches it only on a busy answer. An Acquire that ctx ends
+// matches it (and ctx's error) only when the store's last answer was busy;
+// an attempt that ctx cuts short is no answer, so a wait that saw the key
+// busy and then timed out mid-attempt is still busy. Every other way an
+// acquisition ends without the lock is a failure that does not match it:
+// the store failed (the driver's error), the store had not answered when
+// ctx ended (ctx's error and the driver's: a store that hangs), or ctx was
+// over before the first attempt (ctx's error; no round trip is made). When
+// a wait saw busy answers and then failed, the message says both. Close
+// ends acquisitions with ErrClosed.
 package core

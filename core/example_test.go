@@ -22,10 +22,13 @@ func Example() {
 
 	s, err := locker.TryAcquire(ctx, "reports/daily", core.TTL(30*time.Second))
 	if errors.Is(err, core.ErrNotAcquired) {
+		// The store answered: another process holds the lock.
 		fmt.Println("another process is running the report")
 		return
 	}
 	if err != nil {
+		// The store failed or did not answer in time: an outage, never a
+		// reason to skip quietly.
 		panic(err)
 	}
 	defer s.Release(ctx)
@@ -50,6 +53,33 @@ func ExampleDo() {
 	// Output:
 	// migrating under token 1
 	// err: <nil>
+}
+
+// TryDo runs the function only if the lock is free, and skips it when
+// another process holds it. A store that fails is an error, never a skip.
+func ExampleTryDo() {
+	store := memlock.NewStore() // one store, two Lockers that see each other
+	a, _ := store.Locker()
+	b, _ := store.Locker()
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+
+	report := func(ctx context.Context) error {
+		fmt.Println("running the report")
+		return nil
+	}
+	held, _ := a.TryAcquire(ctx, "reports/daily")
+	ran, err := core.TryDo(ctx, b, "reports/daily", report)
+	fmt.Println("while held elsewhere: ran", ran, "err", err)
+	held.Release(ctx)
+
+	ran, err = core.TryDo(ctx, b, "reports/daily", report)
+	fmt.Println("once free: ran", ran, "err", err)
+	// Output:
+	// while held elsewhere: ran false err <nil>
+	// running the report
+	// once free: ran true err <nil>
 }
 
 // A second process finds the lock busy; the error says who holds it.

@@ -161,6 +161,10 @@ func ForSlot(sched Schedule) Option {
 			c.errs = append(c.errs, invalidOption("ForSlot", "nil schedule"))
 			return
 		}
+		if e, ok := sched.(every); ok && e <= 0 {
+			c.errs = append(c.errs, invalidOption("ForSlot", "Every: period must be positive, got %v", time.Duration(e)))
+			return
+		}
 		c.schedule = sched
 	}
 }

@@ -162,7 +162,7 @@
 //     holds it: a crashed holder frees its locks after up to the rounded
 //     TTL plus half a second (etcd checks for expired leases twice a
 //     second), not after the TTL. A TTL, slot or minimum hold longer than
-//     etcd's longest lease (MaxLeaseTTL seconds) is rejected with
+//     etcd's longest lease (MaxLeaseTTL) is rejected with
 //     core.ErrInvalidOption naming the option.
 //   - Now is the local clock. Slot locks (core.ForSlot) therefore assume
 //     that the clocks of the hosts that start the same job agree within

@@ -27,10 +27,10 @@ import (
 // DefaultPrefix is the etcd key prefix used unless WithPrefix says otherwise.
 const DefaultPrefix = "dislock/"
 
-// MaxLeaseTTL is the longest lease etcd grants, in seconds (the server's
-// lease.MaxLeaseTTL). Longer TTLs, slots and minimum holds are rejected
-// with core.ErrInvalidOption.
-const MaxLeaseTTL = 9_000_000_000
+// MaxLeaseTTL is the longest lease etcd grants (the server's
+// lease.MaxLeaseTTL, 9,000,000,000 seconds). Longer TTLs, slots and minimum
+// holds are rejected with core.ErrInvalidOption.
+const MaxLeaseTTL = 9_000_000_000 * time.Second
 
 // defaultMaxTxnOps is the most operations one renewal transaction carries:
 // etcd's default --max-txn-ops.
@@ -291,10 +291,10 @@ func leaseSeconds(option string, d time.Duration) (int64, error) {
 	if d <= 0 {
 		return 1, nil
 	}
-	s := int64(math.Ceil(d.Seconds()))
-	if s > MaxLeaseTTL {
-		return 0, invalidOption(option, "%v exceeds etcd's longest lease (%d s)", d, int64(MaxLeaseTTL))
+	if d > MaxLeaseTTL {
+		return 0, invalidOption(option, "%v exceeds etcd's longest lease (%d s)", d, int64(MaxLeaseTTL/time.Second))
 	}
+	s := int64(math.Ceil(d.Seconds()))
 	return s, nil
 }
 

@@ -134,7 +134,7 @@ func New(opts ...Option) (*Observer, error) {
 		}
 	}
 	if cfg.keyMode < KeyRaw || cfg.keyMode > KeyOmitted {
-		return nil, errors.New("dislock/otel: WithKey: unknown KeyMode " + strconv.Itoa(int(cfg.keyMode)))
+		return nil, errors.New("dislock/otel: " + cfg.keyOpt + ": unknown KeyMode " + strconv.Itoa(int(cfg.keyMode)))
 	}
 	for _, kv := range cfg.attrs {
 		if !kv.Valid() {
@@ -396,7 +396,7 @@ func modeOf(m core.Mode) string {
 	return string(m)
 }
 
-// keyAttr returns the span attribute for key per WithKey.
+// keyAttr returns the span attribute for key per WithKeyMode.
 func (o *Observer) keyAttr(key string) (attribute.KeyValue, bool) {
 	switch o.keyMode {
 	case KeyRaw:

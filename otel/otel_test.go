@@ -389,6 +389,50 @@ func TestWaitTimeout(t *testing.T) {
 	}
 }
 
+// An outage is an error, never busy or timeout: a TryAcquire whose store
+// does not answer by the deadline, and a wait on a store that fails,
+// end with outcome error and an error.type that says why.
+func TestOutageIsAnError(t *testing.T) {
+	f := newFixture(t)
+	a := f.locker(t)
+	slow := f.store.Backend()
+	b := f.lockerOn(t, slow)
+	s, err := a.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(context.Background())
+	slow.SetLatency(300 * time.Millisecond) // the undo of the claim cut short is as slow
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.TryAcquire(ctx, "k"); err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("TryAcquire on a slow store: %v", err)
+	}
+	slow.SetLatency(0)
+	slow.SetDown(true)
+	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.Acquire(ctx, "k", core.Backoff(5*time.Millisecond, 10*time.Millisecond)); err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Acquire on a down store: %v", err)
+	}
+	slow.SetDown(false)
+	spans := f.spans(dlotel.SpanAcquire)
+	if len(spans) != 3 {
+		t.Fatalf("%d acquire spans, want 3", len(spans))
+	}
+	for i, mode := range []string{"try", "wait"} {
+		sp := spans[i+1]
+		wantAttrs(t, sp, map[attribute.Key]any{dlotel.AttrOutcome: "error", dlotel.AttrMode: mode, dlotel.AttrErrorType: "deadline_exceeded"})
+		if sp.Status().Code != codes.Error {
+			t.Errorf("%s acquire on a failing store has status %v, want Error", mode, sp.Status())
+		}
+	}
+	rm := f.collect(t)
+	if n := histCount(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "deadline_exceeded"}); n != 2 {
+		t.Errorf("acquire.duration{error, deadline_exceeded} count %d, want 2", n)
+	}
+}
+
 // A wait that ends by a release notification, and one that ends by polling
 // (a backend without notifications), say so.
 func TestWaitWake(t *testing.T) {
@@ -892,7 +936,7 @@ func TestKeyModes(t *testing.T) {
 		{dlotel.KeyOmitted, "", []attribute.Key{dlotel.AttrKey, dlotel.AttrKeySHA256}},
 	} {
 		t.Run(fmt.Sprint(c.mode), func(t *testing.T) {
-			f := newFixture(t, dlotel.WithKey(c.mode))
+			f := newFixture(t, dlotel.WithKeyMode(c.mode))
 			fb := &failing{Backend: f.store.Backend()}
 			l := f.lockerOn(t, fb)
 			fb.acquire.Store(true)
@@ -922,8 +966,14 @@ func TestKeyModes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := dlotel.New(dlotel.WithKey(dlotel.KeyMode(42))); err == nil {
-		t.Error("New accepted an unknown KeyMode")
+	// The deprecated WithKey still works; each names itself when wrong.
+	for name, opt := range map[string]func(dlotel.KeyMode) dlotel.Option{"WithKeyMode": dlotel.WithKeyMode, "WithKey": dlotel.WithKey} {
+		if _, err := dlotel.New(opt(dlotel.KeyMode(42))); err == nil || !strings.Contains(err.Error(), "otel: "+name+":") {
+			t.Errorf("%s(42): %v, want an error naming %s", name, err, name)
+		}
+		if _, err := dlotel.New(opt(dlotel.KeyHashed)); err != nil {
+			t.Errorf("%s(KeyHashed): %v", name, err)
+		}
 	}
 }
 

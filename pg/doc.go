@@ -9,7 +9,9 @@
 // OpenBackend make a pool of their own from a connection string, which the
 // Locker's (or the Backend's) Close closes: pg.Open(ctx, url,
 // pg.WithAutoMigrate()) is a Locker, like New. Without WithAutoMigrate the
-// lock table must exist already (Migrate, SchemaSQL). No connection string
+// lock table must exist already: create it with the package-level
+// pg.Migrate(ctx, pool, opts...) (in a migration step of its own, say), or
+// with the SQL from SchemaSQL in your own migrations. No connection string
 // or config is ever formatted into an error.
 //
 // # How it works
@@ -130,7 +132,8 @@
 //
 // # Schema and privileges
 //
-// Migrate (or WithAutoMigrate) runs, for the default table:
+// Migrate (pg.Migrate(ctx, pool, opts...), or Backend.Migrate, or
+// WithAutoMigrate) runs, for the default table:
 //
 //	CREATE TABLE IF NOT EXISTS "dislock_locks" (
 //		key         text PRIMARY KEY,

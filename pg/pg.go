@@ -73,7 +73,7 @@ func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backe
 // New returns a Locker on pool: core.New over NewBackend, with the options
 // given by WithClientOptions. The pool stays the caller's. The lock table
 // must exist: on a new database add WithAutoMigrate, or create it first
-// (Migrate, SchemaSQL).
+// (pg.Migrate, SchemaSQL).
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client, error) {
 	b, err := NewBackend(ctx, pool, opts...)
 	if err != nil {
@@ -86,7 +86,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client,
 // returns a Locker on it: core.New over OpenBackend, with the options given
 // by WithClientOptions. Client.Close closes the pool. Neither the connection
 // string nor its password appears in an error it returns. On a new
-// database add WithAutoMigrate, or create the table first (Migrate,
+// database add WithAutoMigrate, or create the table first (pg.Migrate,
 // SchemaSQL).
 func Open(ctx context.Context, connString string, opts ...Option) (*core.Client, error) {
 	b, err := OpenBackend(ctx, connString, opts...)

@@ -386,7 +386,10 @@ func TestOpenKeepsSecrets(t *testing.T) {
 		"postgres://user:" + secret + "@127.0.0.1:1/db?connect_timeout=1",
 		"postgres://user:" + secret + "@127.0.0.1:bad/db",
 		"host=127.0.0.1 port=1 password=" + secret + " connect_timeout=1",
-		"password=" + secret + " sslmode=nonsense",
+		// A TCP target, so that the bad sslmode is a parse error: on the
+		// default Unix socket pgx ignores sslmode, and a lock table in the
+		// OS user's database would let the Open succeed.
+		"host=127.0.0.1 port=1 password=" + secret + " sslmode=nonsense",
 	} {
 		b, err := pg.Open(ctx, dsn)
 		if err == nil {

@@ -533,18 +533,15 @@ func TestListenProbeSlowIsNotDeaf(t *testing.T) {
 		t.Skip("DISLOCK_TEST_PG goes through a transaction pooler: its LISTEN is deaf, not slow")
 	}
 	cc := directConfig(t)
+	// Wrapped after TLS (when the URL's sslmode leads to it), so that the
+	// LISTEN is seen in the clear; every attempt the URL's fallbacks make
+	// is wrapped, and the last is the connection kept.
 	var slow *slowConn
-	d := &net.Dialer{Timeout: 5 * time.Second}
-	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		nc, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
+	cc.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, nc net.Conn) (net.Conn, error) {
 		slow = &slowConn{Conn: nc, delay: 2500 * time.Millisecond}
 		slow.reads.Store(-1)
 		return slow, nil
 	}
-	cc.Fallbacks = nil // one connection attempt: the one wrapped
 	var logs syncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	b := newBackend(t, table, pg.WithListenConfig(cc),

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ErrSchema is matched (errors.Is) by the errors NewBackend returns when the
@@ -79,37 +80,61 @@ func addWaitersSQL(table string) string {
 const tokenDefault = `(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 
 // Migrate creates the lock table, and the permits table semaphores use (see
-// PermitsSchemaSQL), when they do not exist. Concurrent calls
-// from many processes are safe: they serialise on a transaction-scoped
-// advisory lock. It needs the CREATE privilege on the schema.
+// PermitsSchemaSQL), on pool when they do not exist, and adds the waiters
+// column to a table of an earlier version. It is what WithAutoMigrate runs,
+// for a program that creates the schema in a step of its own (a migration
+// job, a deploy hook) and then uses New or Open without WithAutoMigrate.
+// The options that shape the table apply: WithTable, WithUnlogged,
+// WithLegacyTable; the others are ignored. The pool stays the caller's.
+// Concurrent calls from many processes are safe: they serialise on a
+// transaction-scoped advisory lock. It needs the CREATE privilege on the
+// schema.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
+	if pool == nil {
+		return invalidOption("pool", "nil")
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return err
+	}
+	table := cfg.table.Sanitize()
+	return migrate(ctx, pool, cfg, table, newSemaphores(cfg, table))
+}
+
+// Migrate runs the package-level Migrate for b's table and options, on b's
+// pool.
 func (b *Backend) Migrate(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+	return migrate(ctx, b.pool, b.cfg, b.table, b.sem)
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, cfg config, table string, sem *semaphores) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('dislock: migrate'))`); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged)); err != nil {
+		if _, err := tx.Exec(ctx, schemaSQL(table, cfg.legacy, cfg.unlogged)); err != nil {
 			return err
 		}
-		if !b.cfg.legacy {
+		if !cfg.legacy {
 			// A table of an earlier version: add the queue's column
 			// (schema change above). Only when it is missing, so that a
 			// role without the ALTER privilege can still migrate a
 			// current table.
 			var has bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-	WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`, b.table).Scan(&has); err != nil {
+	WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`, table).Scan(&has); err != nil {
 				return err
 			}
 			if !has {
-				if _, err := tx.Exec(ctx, addWaitersSQL(b.table)); err != nil {
+				if _, err := tx.Exec(ctx, addWaitersSQL(table)); err != nil {
 					return err
 				}
 			}
 		}
-		return b.sem.migrate(ctx, tx, b.cfg.unlogged) // the permits table (semaphore.go)
+		return sem.migrate(ctx, tx, cfg.unlogged) // the permits table (semaphore.go)
 	})
 	if err != nil {
-		return fmt.Errorf("pg: migrate table %s: %w", b.table, poolerHint(err))
+		return fmt.Errorf("pg: migrate table %s: %w", table, poolerHint(err))
 	}
 	return nil
 }
@@ -143,7 +168,7 @@ func (b *Backend) checkSchema(ctx context.Context) (uint32, error) {
 		WHERE i.indrelid = c.oid AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'key')
 FROM pg_class c WHERE c.oid = to_regclass($1::text)`, t).Scan(&oid, &kind, &canSelect, &canInsert, &canUpd, &canDel, &uniqueKey)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, schemaErr(t, "does not exist (or is not visible to this role); fix: call Migrate, use WithAutoMigrate, or run the SQL from SchemaSQL")
+		return 0, schemaErr(t, "does not exist (or is not visible to this role); fix: call pg.Migrate(ctx, pool) (with the same WithTable), use WithAutoMigrate, or run the SQL from SchemaSQL")
 	}
 	if err != nil {
 		return 0, fmt.Errorf("pg: check table %s: %w", t, poolerHint(err))
@@ -192,7 +217,7 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 		{"key", "text"}, {"owner", "text"}, {"holder", "text"}, {"token", "bigint"},
 		{"acquired_at", "timestamptz"}, {"expire_at", "timestamptz"}, {"waiters", "jsonb"},
 	}
-	fix := "run Migrate on a new table, or use WithLegacyTable for a key_value(key, value, expire_at) table"
+	fix := "run pg.Migrate on a new table, or use WithLegacyTable for a key_value(key, value, expire_at) table"
 	if b.cfg.legacy {
 		want = []struct{ name, kind string }{{"key", "text"}, {"value", "text"}, {"expire_at", "timestamptz"}}
 		fix = "the legacy table is key_value(key text primary key, value text not null, expire_at timestamptz not null)"
@@ -200,7 +225,7 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 	for _, w := range want {
 		c, ok := cols[w.name]
 		if !ok && w.name == "waiters" {
-			return 0, schemaErr(t, "column waiters (the waiter queue, added in this version) is missing; fix: %s; (or call Migrate, or use WithAutoMigrate, which add it)", addWaitersSQL(t))
+			return 0, schemaErr(t, "column waiters (the waiter queue, added in this version) is missing; fix: %s; (or call pg.Migrate, or use WithAutoMigrate, which add it)", addWaitersSQL(t))
 		}
 		if !ok {
 			return 0, schemaErr(t, "column %s is missing; fix: %s", w.name, fix)

@@ -209,7 +209,7 @@ func (s *semaphores) check(ctx context.Context, q interface {
 
 // missing is the error of a permit claim without a permits table.
 func (s *semaphores) missing() error {
-	return fmt.Errorf("%w: %w: table %s does not exist (or is not visible to this role): semaphores (core.Limit > 1) keep their permits there; fix: call Migrate, use WithAutoMigrate, or run the SQL from PermitsSchemaSQL",
+	return fmt.Errorf("%w: %w: table %s does not exist (or is not visible to this role): semaphores (core.Limit > 1) keep their permits there; fix: call pg.Migrate(ctx, pool) (with the same WithTable), use WithAutoMigrate, or run the SQL from PermitsSchemaSQL",
 		ErrSchema, core.ErrUnsupported, s.table)
 }
 

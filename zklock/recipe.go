@@ -15,8 +15,6 @@ import (
 // renewChunk is the most leases one renew multi carries.
 const renewChunk = 256
 
-var acl = zk.WorldACL(zk.PermAll)
-
 // TryAcquire implements core.Backend with the ZooKeeper lock recipe: one
 // multi creates an ephemeral sequential claim node under the key's node and
 // touches the key node, whose returned stat carries the claim's zxid (the
@@ -150,7 +148,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	var merr error
 	err := b.call(ctx, func() {
 		_, merr = b.conn.Multi(
-			&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: acl, Flags: zk.FlagPersistent},
+			&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: b.acl, Flags: zk.FlagPersistent},
 			&zk.DeleteRequest{Path: c.path, Version: -1},
 		)
 	}, nil)
@@ -193,7 +191,7 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 	for attempt := 0; ; attempt++ {
 		cerr := b.call(ctx, func() {
 			res, err = b.conn.Multi(
-				&zk.CreateRequest{Path: parent + "/" + claimName(tok, req.Limit), Data: data, Acl: acl, Flags: zk.FlagEphemeralSequential},
+				&zk.CreateRequest{Path: parent + "/" + claimName(tok, req.Limit), Data: data, Acl: b.acl, Flags: zk.FlagEphemeralSequential},
 				&zk.SetDataRequest{Path: parent, Data: nil, Version: -1},
 			)
 		}, func() {
@@ -584,7 +582,7 @@ func (b *Backend) keep(ctx context.Context, key, p string, until int64, token ui
 	var err error
 	if cerr := b.call(ctx, func() {
 		_, err = b.conn.Multi(
-			&zk.CreateRequest{Path: hold, Data: holdData(token, owner), Acl: acl, Flags: zk.FlagPersistent},
+			&zk.CreateRequest{Path: hold, Data: holdData(token, owner), Acl: b.acl, Flags: zk.FlagPersistent},
 			&zk.DeleteRequest{Path: p, Version: -1},
 		)
 	}, nil); cerr != nil {

@@ -11,13 +11,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 )
 
 // openEtcd opens a Locker on etcd://[user:password@]host:port[,host:port…]
 // (etcds:// for TLS). The etcd client's own logging is off: failures reach
 // the user through the calls that failed.
-func openEtcd(urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+func openEtcd(urlEnv, rawURL, table string, copts []core.ClientOption, log *slog.Logger) (locker, func() error, error) {
 	if table != "" {
 		log.Debug("LOCK_TABLE is ignored by the etcd backend")
 	}
@@ -34,7 +35,7 @@ func openEtcd(urlEnv, rawURL, table string, log *slog.Logger) (locker, func() er
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := etcdlock.New(cli)
+	l, err := etcdlock.New(cli, etcdlock.WithClientOptions(copts...))
 	if err != nil {
 		cli.Close()
 		return nil, nil, err

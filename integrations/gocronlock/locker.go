@@ -35,6 +35,7 @@ type Locker struct {
 	schedules map[string]core.Schedule
 	attached  gocron.Scheduler
 	derived   map[string]derived // schedules taken from attached, by job name
+	loc       *time.Location     // attached's location, once seen in a run's time
 	limits    map[string]int     // limits registered with Limit, by job name
 	warned    map[string]bool    // jobs reported with ErrNoSchedule
 }
@@ -114,7 +115,10 @@ func (k *Locker) Limit(job string, n int) error {
 // other kinds (daily, weekly, monthly, random durations, one-time), jobs
 // whose name several jobs with different schedules share, and jobs not
 // found fall back to the Slot and MinHold options, or else to a plain lease
-// reported with ErrNoSchedule. Give each job a unique name.
+// reported with ErrNoSchedule. Give each job a unique name. A run waits at
+// most a second for s to list its jobs (s does not answer while it stops
+// them), then takes the schedule its job had at an earlier run. Cron slots
+// are computed in s's location, which s shows in the times of its runs.
 func (k *Locker) Attach(s gocron.Scheduler) error {
 	if s == nil {
 		return invalid("Attach", "nil scheduler")
@@ -122,22 +126,41 @@ func (k *Locker) Attach(s gocron.Scheduler) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.attached = s
+	k.loc = nil
 	clear(k.derived)
 	return nil
 }
 
+// lookupTimeout bounds a run's look-up of its job in the attached
+// scheduler, as gocron bounds its own requests of a job. The scheduler's
+// loop does not answer while it stops its jobs (StopJobs, Shutdown), and a
+// run waiting on it would hold up that stop.
+const lookupTimeout = time.Second
+
 // fromScheduler returns the schedule of job in the attached scheduler, or
 // nil and why there is none. It costs one request to the scheduler's loop
-// per run, and more only when the job's schedule changed.
-func (k *Locker) fromScheduler(job string) (core.Schedule, string) {
+// per run, and more only when the job's schedule changed. A scheduler that
+// does not answer within lookupTimeout (or before ctx ends) leaves the run
+// with the schedule derived last for job, if any.
+func (k *Locker) fromScheduler(ctx context.Context, job string) (core.Schedule, string) {
 	k.mu.RLock()
 	s := k.attached
 	k.mu.RUnlock()
 	if s == nil {
 		return nil, ""
 	}
+	jobs, ok := schedulerJobs(ctx, s)
+	if !ok {
+		k.mu.RLock()
+		d, cached := k.derived[job]
+		k.mu.RUnlock()
+		if cached {
+			return d.sched, d.why
+		}
+		return nil, fmt.Sprintf("the attached scheduler did not list its jobs within %v", lookupTimeout)
+	}
 	var found []gocron.Job
-	for _, j := range s.Jobs() {
+	for _, j := range jobs {
 		if j.Name() == job {
 			found = append(found, j)
 		}
@@ -158,11 +181,16 @@ func (k *Locker) fromScheduler(job string) (core.Schedule, string) {
 		return d.sched, d.why
 	}
 	d = derived{desc: desc}
+	keep := true
 	switch v := found[0].Schedule().(type) {
 	case gocron.CronJobSchedule:
-		loc := time.Local
-		if next, err := found[0].NextRun(); err == nil && !next.IsZero() {
-			loc = next.Location() // gocron computes runs in its location
+		// gocron computes runs in the scheduler's location, which it shows
+		// only in the times of its runs: learn it from the job's next run,
+		// or an earlier one of any job. Until it is known, a crontab
+		// without its own TZ= is read in time.Local for this run only.
+		loc := k.schedulerLocation(found[0])
+		if loc == nil {
+			loc, keep = time.Local, hasTZ(v.Crontab)
 		}
 		sched, err := Cron(v.Crontab, cronFields(v.Crontab) == 6, loc)
 		if err != nil {
@@ -179,10 +207,49 @@ func (k *Locker) fromScheduler(job string) (core.Schedule, string) {
 	default:
 		d.why = fmt.Sprintf("a job of type %T has no slot schedule here; register one with Schedule", v)
 	}
-	k.mu.Lock()
-	k.derived[job] = d
-	k.mu.Unlock()
+	if keep {
+		k.mu.Lock()
+		k.derived[job] = d
+		k.mu.Unlock()
+	}
 	return d.sched, d.why
+}
+
+// schedulerJobs returns s.Jobs(), or false when s has not answered within
+// lookupTimeout or before ctx ended. The call it gave up on ends when the
+// scheduler's loop answers, or at its Shutdown.
+func schedulerJobs(ctx context.Context, s gocron.Scheduler) ([]gocron.Job, bool) {
+	got := make(chan []gocron.Job, 1)
+	go func() { got <- s.Jobs() }()
+	t := time.NewTimer(lookupTimeout)
+	defer t.Stop()
+	select {
+	case jobs := <-got:
+		return jobs, true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil, false
+}
+
+// schedulerLocation returns the attached scheduler's location as seen in
+// j's next run, or as learned earlier; nil while it is unknown.
+func (k *Locker) schedulerLocation(j gocron.Job) *time.Location {
+	if next, err := j.NextRun(); err == nil && !next.IsZero() {
+		k.mu.Lock()
+		k.loc = next.Location()
+		k.mu.Unlock()
+		return next.Location()
+	}
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.loc
+}
+
+// hasTZ reports whether crontab names its own location.
+func hasTZ(crontab string) bool {
+	f := strings.Fields(crontab)
+	return len(f) > 0 && (strings.HasPrefix(f[0], "TZ=") || strings.HasPrefix(f[0], "CRON_TZ="))
 }
 
 // describe identifies a gocron JobSchedule by its type and fields.
@@ -191,7 +258,7 @@ func describe(js gocron.JobSchedule) string { return fmt.Sprintf("%T%+v", js, js
 // cronFields counts the fields of a crontab, without its TZ= prefix.
 func cronFields(crontab string) int {
 	f := strings.Fields(crontab)
-	if len(f) > 0 && (strings.HasPrefix(f[0], "TZ=") || strings.HasPrefix(f[0], "CRON_TZ=")) {
+	if hasTZ(crontab) {
 		f = f[1:]
 	}
 	return len(f)
@@ -251,7 +318,7 @@ func (k *Locker) Lock(ctx context.Context, job string) (gocron.Lock, error) {
 	}
 	if sched == nil {
 		var why string
-		sched, why = k.fromScheduler(job)
+		sched, why = k.fromScheduler(ctx, job)
 		if sched == nil && k.cfg.slot == nil && k.cfg.minHold <= 0 {
 			k.warnNoSchedule(job, key, why)
 		}
@@ -281,9 +348,10 @@ func (c *config) try(ctx context.Context, l core.Locker, key string, sched core.
 	defer cancel()
 	s, err = l.TryAcquire(tctx, key, opts...)
 	if err != nil {
-		// A busy lock is the normal outcome on all schedulers but one; a
-		// failure, or an attempt cut short by TryTimeout, is worth a report.
-		if !errors.Is(err, core.ErrNotAcquired) || ctx.Err() == nil && tctx.Err() != nil {
+		// A busy lock is the normal outcome on all schedulers but one, and
+		// a shutdown (gocron cancelled ctx) needs no report; a failure,
+		// including an attempt cut short by TryTimeout, is worth one.
+		if !errors.Is(err, core.ErrNotAcquired) && ctx.Err() == nil {
 			c.report(key, err)
 		}
 		return nil, false, err

@@ -2,8 +2,6 @@ package gocronlock
 
 import (
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -29,22 +27,23 @@ func Cron(crontab string, withSeconds bool, loc *time.Location) (core.Schedule, 
 	if loc == nil {
 		loc = time.Local
 	}
-	spec := crontab
-	if !strings.HasPrefix(spec, "TZ=") && !strings.HasPrefix(spec, "CRON_TZ=") {
-		spec = fmt.Sprintf("CRON_TZ=%s %s", loc.String(), crontab)
-	}
 	var (
 		sched cron.Schedule
 		err   error
 	)
 	if withSeconds {
 		p := cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-		sched, err = p.Parse(spec)
+		sched, err = p.Parse(crontab)
 	} else {
-		sched, err = cron.ParseStandard(spec)
+		sched, err = cron.ParseStandard(crontab)
 	}
 	if err != nil {
 		return nil, invalid("Cron", "%q: %v", crontab, err)
+	}
+	// loc itself, not its name: a location without a tz database name
+	// (time.FixedZone) is one too.
+	if spec, ok := sched.(*cron.SpecSchedule); ok && !hasTZ(crontab) {
+		spec.Location = loc
 	}
 	if sched.Next(time.Now()).IsZero() {
 		return nil, invalid("Cron", "%q never fires", crontab)
