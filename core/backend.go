@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -52,6 +53,31 @@ type Backend interface {
 	// Close frees what the backend itself opened (never the caller's client
 	// or pool). Client.Close calls it; it must be safe to call more than once.
 	Close() error
+}
+
+// Unclaimed wraps err, the failure of a Backend's TryAcquire, to say that
+// the backend knows the store claimed nothing for this request: it never
+// reached the store (the connection was refused), or it failed at a step
+// before the claim was sent. The engine then owes the claim no undo and
+// returns the failure at once; without it, a failed claim is undone by
+// owner token, which costs another round trip against a store that is
+// likely down. Unclaimed(nil) is nil. The message is err's.
+func Unclaimed(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unclaimedError{err}
+}
+
+type unclaimedError struct{ err error }
+
+func (e *unclaimedError) Error() string { return e.err.Error() }
+func (e *unclaimedError) Unwrap() error { return e.err }
+
+// isUnclaimed reports whether err says that nothing was claimed.
+func isUnclaimed(err error) bool {
+	var u *unclaimedError
+	return errors.As(err, &u)
 }
 
 // Watcher is implemented by backends that can tell waiters a lock was

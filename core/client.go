@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -97,6 +98,14 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 
 // Backend returns the backend the client runs on.
 func (c *Client) Backend() Backend { return c.b }
+
+// Logger returns the logger set by WithLogger, or slog.Default().
+func (c *Client) Logger() *slog.Logger {
+	if c.cfg.logger != nil {
+		return c.cfg.logger
+	}
+	return slog.Default()
+}
 
 // TryAcquire implements Locker.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (Session, error) {
@@ -333,7 +342,7 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 	lease, err := storeCall(c, bud, func() (Lease, error) { return c.b.TryAcquire(ctx, req) },
 		func(_ Lease, err error) {
 			// The caller has left: whatever the store did is undone.
-			if !claimedNothing(err) {
+			if !claimedNothing(err) && !isUnclaimed(err) {
 				c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
 			}
 		})
@@ -341,9 +350,10 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 		if claimedNothing(err) {
 			return nil, err
 		}
-		if !errors.As(err, new(errNoReply)) {
-			// The claim may have been applied before the failure. (A
-			// call left running undoes its claim when it returns.)
+		if !errors.As(err, new(errNoReply)) && !isUnclaimed(err) {
+			// The claim may have been applied before the failure, unless
+			// the backend knows it was not. (A call left running undoes
+			// its claim when it returns.)
 			undo()
 		}
 		return nil, fmt.Errorf("dislock: %s: acquire %q: %w", c.name, key, err)

@@ -115,6 +115,33 @@
 // the store's clock; MinHold(d) keeps a released lock until d after it was
 // taken. Either stops a fast job from running on every node.
 //
+// # Elections
+//
+// CampaignContext campaigns for leadership of a key in the background:
+// whoever holds the key's lock leads, IsLeader answers from memory (no I/O,
+// no allocation), Resign hands over, Close resigns and stops. An election
+// says what stops it:
+//
+//   - CampaignContext waits, bounded by its ctx, for the first attempt's
+//     answer, so that IsLeader then says what the store decided (Ready
+//     closes at that answer). It returns an error, and campaigns no further,
+//     for what no retry can mend: a bad key or option, an option the
+//     backend rejects (a TTL longer than a ZooKeeper session allows),
+//     ErrLimitMismatch, ErrUnsupported, a closed Locker. A busy key or a
+//     store failure is not an error: the campaign goes on.
+//   - OnError hears of every attempt that failed for another reason than a
+//     busy key, including a store that fails while this process stands by
+//     (within one lock TTL); by default these are logged at WARN through the
+//     Client's logger (WithLogger, default slog.Default()).
+//   - OnRevoked gets the cause of every end of leadership: ErrLeaseLost,
+//     ErrReleased after Resign, ErrElectionClosed after the Election's own
+//     Close, ErrClosed when the Locker was closed.
+//   - Observe reports who leads as it changes (the Admin's view, looked up
+//     at this process's own changes and once per retry interval); Leader
+//     looks it up once.
+//
+// Campaign, without a ctx, is kept for existing callers and deprecated.
+//
 // # Deadlines
 //
 // TryAcquire and Acquire return within DeadlineSlack (100ms) of the end of
@@ -133,9 +160,9 @@
 //
 // Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost — with
 // ErrLeaseGone when the store refused a renewal or found nothing to
-// release —, ErrReleased, ErrClosed, ErrInvalidKey, ErrInvalidOption,
-// ErrUnsupported, ErrLimitMismatch); backend failures wrap the driver's
-// error.
+// release —, ErrReleased, ErrClosed, ErrElectionClosed, ErrInvalidKey,
+// ErrInvalidOption, ErrUnsupported, ErrLimitMismatch); backend failures wrap
+// the driver's error.
 //
 // ErrNotAcquired means the store answered "held by someone else", and
 // nothing else, so that skipping work on it never hides an outage. A

@@ -353,7 +353,7 @@ func TestElection(t *testing.T) {
 		var elected, revoked atomic.Int32
 		var es [2]*core.Election
 		for i := range es {
-			e, err := core.Campaign(cs[i], "leader", core.WithRetry(time.Second),
+			e, err := core.CampaignContext(context.Background(), cs[i], "leader", core.WithRetry(time.Second),
 				core.OnElected(func(core.Session) { elected.Add(1) }),
 				core.OnRevoked(func(error) { revoked.Add(1) }))
 			if err != nil {

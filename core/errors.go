@@ -36,6 +36,9 @@ var (
 	ErrReleased = &sentinel{"dislock: session released", "released"}
 	// ErrClosed: the Locker was closed.
 	ErrClosed = &sentinel{"dislock: locker closed", "closed"}
+	// ErrElectionClosed: the Election was closed (the cause OnRevoked gets
+	// after Election.Close; the Locker may still be open).
+	ErrElectionClosed = &sentinel{"dislock: election closed", "election_closed"}
 	// ErrInvalidKey: the key is empty, longer than MaxKeyLen, not valid UTF-8
 	// or contains a NUL byte.
 	ErrInvalidKey = &sentinel{"dislock: invalid key", "invalid_key"}

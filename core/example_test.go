@@ -122,12 +122,13 @@ func ExampleForSlot() {
 	// b starts: false
 }
 
-// Campaign elects one leader among many processes; IsLeader costs nothing.
-func ExampleCampaign() {
+// CampaignContext elects one leader among many processes; IsLeader costs
+// nothing.
+func ExampleCampaignContext() {
 	locker, _ := memlock.New()
 	defer locker.Close()
 	elected := make(chan struct{})
-	e, err := core.Campaign(locker, "scheduler-leader",
+	e, err := core.CampaignContext(context.Background(), locker, "scheduler-leader",
 		core.OnElected(func(core.Session) { close(elected) }))
 	if err != nil {
 		panic(err)
@@ -136,6 +137,48 @@ func ExampleCampaign() {
 	<-elected
 	fmt.Println("leader:", e.IsLeader())
 	// Output: leader: true
+}
+
+// Observe follows who leads: the current leader first, then each new one.
+// Two processes campaign; when the leader closes its election, the other
+// takes over and the observer hears of it at once.
+func ExampleElection_Observe() {
+	ctx := context.Background()
+	store := memlock.NewStore()
+	a, _ := store.Locker()
+	defer a.Close()
+	b, _ := store.Locker()
+	defer b.Close()
+
+	first, err := core.CampaignContext(ctx, a, "scheduler-leader", core.WithLockOptions(core.WithOwner("node-a")))
+	if err != nil {
+		panic(err)
+	}
+	second, err := core.CampaignContext(ctx, b, "scheduler-leader", core.WithLockOptions(core.WithOwner("node-b")))
+	if err != nil {
+		panic(err)
+	}
+	defer second.Close()
+
+	leaders, err := second.Observe(ctx)
+	if err != nil {
+		panic(err) // core.ErrUnsupported: the Locker has no Admin
+	}
+	// next skips the moments nobody leads (a zero Info).
+	next := func() string {
+		for l := range leaders {
+			if l.Owner != "" {
+				return l.Owner
+			}
+		}
+		return "(closed)"
+	}
+	fmt.Println("leader:", next())
+	first.Close() // resigns: node-b takes over
+	fmt.Println("leader:", next())
+	// Output:
+	// leader: node-a
+	// leader: node-b
 }
 
 // Limit makes a key a semaphore: up to n sessions hold it at once, each

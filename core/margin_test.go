@@ -188,7 +188,7 @@ func TestStaleResignIsDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 		var revoked atomic.Int32
-		e, err := core.Campaign(cs[0], "leader", core.WithRetry(time.Second),
+		e, err := core.CampaignContext(context.Background(), cs[0], "leader", core.WithRetry(time.Second),
 			core.OnRevoked(func(error) { revoked.Add(1) }))
 		if err != nil {
 			t.Fatal(err)
@@ -210,7 +210,7 @@ func TestResignRacingLossDoesNotCarryOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
 		var elected atomic.Int32
-		e, err := core.Campaign(cs[0], "leader", core.WithRetry(time.Second),
+		e, err := core.CampaignContext(context.Background(), cs[0], "leader", core.WithRetry(time.Second),
 			core.OnElected(func(core.Session) { elected.Add(1) }))
 		if err != nil {
 			t.Fatal(err)

@@ -18,6 +18,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dislock/dislock/core"
 )
@@ -457,9 +459,30 @@ func (c *claim) start(ctx context.Context) error {
 	h, err := b.grant(ctx, req.OwnerToken, h, c.seconds)
 	c.h = h
 	if err != nil {
-		return fmt.Errorf("lease grant: %w", err)
+		return c.grantFailed(err)
 	}
 	return nil
+}
+
+// grantFailed is the error of a claim whose lease grant failed, before
+// the claim's transaction was sent. When the grant itself never left (no
+// connection to any endpoint: refused, unknown host), the store has
+// neither the lease nor the key, and the engine owes no undo.
+func (c *claim) grantFailed(err error) error {
+	err = fmt.Errorf("lease grant: %w", err)
+	if notSent(err) {
+		c.b.forget(c.req.OwnerToken)
+		return core.Unclaimed(err)
+	}
+	return err
+}
+
+// notSent reports whether err is gRPC's answer to a call that it could not
+// send because no connection could be made: Unavailable, with the dial
+// error as its description.
+func notSent(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "Error while dialing")
 }
 
 // commit sends the transaction txn builds, together with a keepalive of a
@@ -495,7 +518,7 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 				h := c.h
 				h.lease, h.rev, h.refreshed = newLeaseID(), 0, time.Time{}
 				if c.h, err = c.b.grant(ctx, c.req.OwnerToken, h, c.seconds); err != nil {
-					return nil, fmt.Errorf("lease grant: %w", err)
+					return nil, c.grantFailed(err)
 				}
 				continue
 			}

@@ -14,6 +14,24 @@
 // stays the caller's; closing the Locker does not close it. Redis 6.2 or
 // later (or Valkey) is required.
 //
+// # Connection failures
+//
+// A server that wants a password the client did not send fails every call
+// with an error that says "authentication required" (the server's own
+// reply to a script call, "ERR Protocol error: unauthenticated multibulk
+// length", names nothing of the kind); a wrong password with the server's
+// WRONGPASS. Neither ever reads as busy, and no message holds a password.
+//
+// How long a refused connection takes to fail is the client's retry
+// policy, which this package does not change: go-redis retries a command
+// MaxRetries times (default 3), each time dialling up to DialerRetries
+// times (default 5, 100 ms apart), so one call fails after about 1.7 s, and
+// a failed acquisition costs two (the claim, and its undo by owner token,
+// since go-redis may have sent the claim before the connection was lost).
+// Set DialerRetries to 1 (the dislock CLI does; in a URL,
+// dialer_retries=1) for a refusal in well under a second, and MaxRetries
+// to -1 for one attempt per call.
+//
 // # How locks are stored
 //
 // Lock key k is one string, "<prefix>:{k'}", with a PEXPIRE TTL:

@@ -416,7 +416,7 @@ func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
 	}
 	t, err := c.Time(ctx).Result()
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, authErr(err)
 	}
 	return t, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path"
 	"strings"
 	"sync"
@@ -266,8 +267,10 @@ func (l *timeoutLogger) Printf(format string, args ...any) {
 // NewBackend dials ZooKeeper and returns a Backend on its own session, once
 // the session is established (bounded by ctx). connect is a connect string,
 // "host:port[,host:port...][/chroot]", or a zk:// URL (see ParseURL), whose
-// options come before opts. Close closes the session, which deletes the
-// session's claim nodes at once.
+// options come before opts. When every server has refused the connection
+// (or could not be dialled) once, it fails at once, naming the dial
+// errors, rather than wait for ctx. Close closes the session, which deletes
+// the session's claim nodes at once.
 func NewBackend(ctx context.Context, connect string, opts ...Option) (*Backend, error) {
 	b, _, err := dial(ctx, connect, opts)
 	return b, err
@@ -319,11 +322,9 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 		b.timeoutMs.Store(ms)
 		once.Do(func() { close(got) })
 	}})
-	dialer := zk.WithLogInfo(true) // the timeout is only logged at info level
-	if o.dialer != nil {
-		dialer = zk.WithDialer(o.dialer)
-	}
-	conn, _, err := zk.Connect(servers, o.sessionTimeout, zk.WithLogInfo(true), logger, dialer)
+	tries := newFirstRound(o.dialer)
+	conn, _, err := zk.Connect(servers, o.sessionTimeout, zk.WithLogInfo(true), logger,
+		zk.WithDialer(tries.dial), zk.WithHostProvider(tries))
 	if err != nil {
 		return nil, o, fmt.Errorf("zklock: connect: %w", err)
 	}
@@ -332,7 +333,14 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 	case <-got:
 	case <-ctx.Done():
 		conn.Close()
-		return nil, o, fmt.Errorf("zklock: no ZooKeeper session established: %w", ctx.Err())
+		return nil, o, fmt.Errorf("zklock: no ZooKeeper session established: %w%s", ctx.Err(), tries.failures())
+	case <-tries.over:
+		select {
+		case <-got: // established just as the round ended
+		default:
+			conn.Close()
+			return nil, o, fmt.Errorf("zklock: no ZooKeeper server reachable%s", tries.failures())
+		}
 	}
 	// go-zookeeper keeps the credentials and sends them again, first thing,
 	// whenever it reconnects or opens a new session.
@@ -347,6 +355,78 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 		}
 	}
 	return b, o, nil
+}
+
+// firstRound watches the client's first round over the servers: it closes
+// over when every server has refused the connection (or could not be
+// dialled: an unknown host) once, where the client would pause and start
+// again, and keeps the dial errors, so that New fails at once, naming the
+// cause, instead of waiting for ctx. A server that takes the connection
+// but gives no session (an ensemble without quorum) is waited for, until
+// ctx ends, as before.
+type firstRound struct {
+	zk.HostProvider
+	dialer zk.Dialer
+	over   chan struct{}
+	once   sync.Once
+	mu     sync.Mutex
+	errs   map[string]error // the last dial error per server
+	order  []string
+	dialed bool // a server took the connection (the session may still fail)
+}
+
+func newFirstRound(d zk.Dialer) *firstRound {
+	if d == nil {
+		d = func(network, address string, timeout time.Duration) (net.Conn, error) {
+			return net.DialTimeout(network, address, timeout)
+		}
+	}
+	return &firstRound{HostProvider: zk.NewDNSHostProvider(), dialer: d,
+		over: make(chan struct{}), errs: make(map[string]error)}
+}
+
+// Next implements zk.HostProvider.
+func (r *firstRound) Next() (string, bool) {
+	server, retryStart := r.HostProvider.Next()
+	r.mu.Lock()
+	refused := !r.dialed
+	r.mu.Unlock()
+	if retryStart && refused {
+		r.once.Do(func() { close(r.over) })
+	}
+	return server, retryStart
+}
+
+func (r *firstRound) dial(network, address string, timeout time.Duration) (net.Conn, error) {
+	c, err := r.dialer(network, address, timeout)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		r.dialed = true
+		delete(r.errs, address)
+		return c, nil
+	}
+	if _, seen := r.errs[address]; !seen {
+		r.order = append(r.order, address)
+	}
+	r.errs[address] = err
+	return c, err
+}
+
+// failures returns ": " and the dial errors seen, or "" when there were none.
+func (r *firstRound) failures() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var msgs []string
+	for _, a := range r.order {
+		if err, ok := r.errs[a]; ok {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if len(msgs) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(msgs, "; ")
 }
 
 func validRoot(root string) error {

@@ -165,6 +165,9 @@ func openRedis(urlEnv, rawURL, s string, copts []core.ClientOption) (locker, fun
 			return nil, nil, badURL(urlEnv, "the Redis Sentinel URL needs master_name=NAME")
 		}
 		o.ContextTimeoutEnabled = true
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1 // a refused connection fails fast (dialer_retries=N in the URL to change it)
+		}
 		client = redis.NewFailoverClient(o)
 	case strings.HasSuffix(s, "cluster"):
 		o, err := redis.ParseClusterURL(commaHosts(u))
@@ -172,6 +175,9 @@ func openRedis(urlEnv, rawURL, s string, copts []core.ClientOption) (locker, fun
 			return nil, nil, badURL(urlEnv, "the Redis Cluster URL cannot be parsed: %s", parseReason(err))
 		}
 		o.ContextTimeoutEnabled = true
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1
+		}
 		client = redis.NewClusterClient(o)
 	default:
 		o, err := redis.ParseURL(u)
@@ -181,6 +187,9 @@ func openRedis(urlEnv, rawURL, s string, copts []core.ClientOption) (locker, fun
 		// Every call is bounded by its ctx (DISLOCK_TIMEOUT_SECONDS, the
 		// renew deadline), not only by the socket timeouts and retries.
 		o.ContextTimeoutEnabled = true
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1
+		}
 		client = redis.NewClient(o)
 	}
 	c, err := redislock.New(client, redislock.WithClientOptions(copts...))

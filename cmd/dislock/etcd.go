@@ -2,8 +2,11 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -25,6 +28,9 @@ func openEtcd(urlEnv, rawURL, table string, copts []core.ClientOption, log *slog
 		return nil, nil, badURL(urlEnv, "%s", strings.TrimPrefix(err.Error(), "etcdlock: invalid etcd URL: "))
 	}
 	cfg.Logger = zap.NewNop()
+	if err := reachable(cfg.Endpoints, cfg.DialTimeout); err != nil {
+		return nil, nil, err
+	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -38,4 +44,22 @@ func openEtcd(urlEnv, rawURL, table string, copts []core.ClientOption, log *slog
 		err := l.Close()
 		return errors.Join(err, cli.Close())
 	}, nil
+}
+
+// reachable fails, naming the dial errors, when no endpoint takes a TCP
+// connection. clientv3.New with a user name authenticates with a call that
+// waits for a connection until the dial timeout and then only says
+// "context deadline exceeded"; a refused connection is thus told at once.
+func reachable(endpoints []string, timeout time.Duration) error {
+	var errs []string
+	for _, ep := range endpoints {
+		_, hostPort, _ := strings.Cut(ep, "://")
+		c, err := net.DialTimeout("tcp", hostPort, timeout)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		errs = append(errs, err.Error())
+	}
+	return fmt.Errorf("etcd: no endpoint reachable: %s", strings.Join(errs, "; "))
 }

@@ -296,8 +296,13 @@ func MinHold(d time.Duration) Option {
 // (it ignores Unlock's result). fn is called synchronously and must be
 // safe for concurrent use. Release failures and losses also reach the
 // core.Locker's Observer.
+//
+// For NewElector it is called, from the campaign goroutine, with the leader
+// key and the error of every campaign attempt that failed for another
+// reason than a busy key (core.OnError); without it the failures are
+// logged through the core.Locker's logger (core.WithLogger).
 func OnError(fn func(key string, err error)) Option {
-	return func(c *config) { c.use("OnError", forLocker|forTask); c.onError = fn }
+	return func(c *config) { c.use("OnError", forAll); c.onError = fn }
 }
 
 // OnElected is called, from the campaign goroutine, when this scheduler
@@ -309,8 +314,8 @@ func OnElected(fn func(core.Session)) Option {
 
 // OnRevoked is called, from the campaign goroutine, when this scheduler
 // stops being leader, with the cause: an error matching core.ErrLeaseLost,
-// core.ErrReleased after Resign, or core.ErrClosed after Close. Keep it
-// short.
+// core.ErrReleased after Resign, core.ErrElectionClosed after the Elector's
+// Close, or core.ErrClosed when the core.Locker was closed. Keep it short.
 func OnRevoked(fn func(error)) Option {
 	return func(c *config) { c.use("OnRevoked", forElector); c.onRevoked = fn }
 }
