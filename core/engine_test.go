@@ -116,10 +116,11 @@ func TestErrorType(t *testing.T) {
 		nil:                                 "",
 		core.ErrLeaseLost:                   "lease_lost",
 		fmt.Errorf("x: %w", core.ErrClosed): "closed",
-		core.Busy("k", nil):                 "not_acquired",
+		fmt.Errorf("x: %w", core.ErrElectionClosed):                "election_closed",
+		core.Busy("k", nil):                                        "not_acquired",
 		errors.Join(core.ErrNotAcquired, context.DeadlineExceeded): "not_acquired",
-		context.Canceled:     "canceled",
-		errors.New("driver"): "backend",
+		context.Canceled:                                           "canceled",
+		errors.New("driver"):                                       "backend",
 	} {
 		if got := core.ErrorType(err); got != want {
 			t.Errorf("ErrorType(%v) = %q, want %q", err, got, want)

@@ -99,7 +99,7 @@ func ErrorType(err error) string {
 	if err == nil {
 		return ""
 	}
-	for _, s := range []*sentinel{ErrNotAcquired, ErrLeaseLost, ErrReleased, ErrClosed, ErrInvalidKey, ErrInvalidOption, ErrUnsupported, ErrLimitMismatch} {
+	for _, s := range []*sentinel{ErrNotAcquired, ErrLeaseLost, ErrReleased, ErrClosed, ErrElectionClosed, ErrInvalidKey, ErrInvalidOption, ErrUnsupported, ErrLimitMismatch} {
 		if errors.Is(err, s) {
 			return s.typ
 		}
