@@ -90,8 +90,12 @@ func TestZooKeeper(t *testing.T) {
 		if !strings.Contains(ok.stdout.String(), "ran") {
 			t.Fatalf("the command did not run with credentials: %s", ok.output())
 		}
+		// The run has ended: status, with the credentials, finds the lock free.
 		st := run(t, append(f.baseEnv(), urlVar+"="+authURL), "status", "--url-env", urlVar, leasePrefix+key)
-		expectCode(t, st, 0)
+		expectCode(t, st, exitFree)
+		if !strings.Contains(st.stdout.String(), "free") {
+			t.Fatalf("status: %s", st.output())
+		}
 		noSentinel(t, st)
 		// Without the credentials the run fails (exit 1), and the
 		// command does not run.
