@@ -32,7 +32,6 @@ type config struct {
 	owner                             string
 	jitter, minHold                   time.Duration
 	schedule                          Schedule
-	slotSet                           bool
 	tolerance                         time.Duration
 	backoffMin, backoffMax            time.Duration
 	limit                             int
@@ -86,18 +85,16 @@ func RenewDeadline(d time.Duration) Option {
 // WithOwner sets the human-readable owner stored with the lock (default
 // host:pid). It is metadata only; ownership is checked with a random token.
 func WithOwner(owner string) Option {
-	return func(c *config) {
-		switch {
-		case owner == "":
-			c.errs = append(c.errs, invalidOption("Owner", "empty"))
-		case len(owner) > maxOwnerLen:
-			c.errs = append(c.errs, invalidOption("Owner", "%d bytes, the limit is %d", len(owner), maxOwnerLen))
-		case !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0:
-			c.errs = append(c.errs, invalidOption("Owner", "must be valid UTF-8 without NUL"))
-		default:
-			c.owner = owner
-		}
+	var err error
+	switch {
+	case owner == "":
+		err = invalidOption("Owner", "empty")
+	case len(owner) > maxOwnerLen:
+		err = invalidOption("Owner", "%d bytes, the limit is %d", len(owner), maxOwnerLen)
+	case !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0:
+		err = invalidOption("Owner", "must be valid UTF-8 without NUL")
 	}
+	return checked(err, func(c *config) { c.owner = owner })
 }
 
 // Jitter sleeps a uniformly random time in [0, max] before the first
@@ -123,18 +120,14 @@ func MinHold(d time.Duration) Option {
 // early belong to the coming slot. A slot acquisition costs two round trips:
 // the store's clock, then the claim.
 func ForSlot(sched Schedule) Option {
-	return func(c *config) {
-		c.slotSet = true
-		if sched == nil {
-			c.errs = append(c.errs, invalidOption("ForSlot", "nil schedule"))
-			return
-		}
-		if e, ok := sched.(every); ok && e <= 0 {
-			c.errs = append(c.errs, invalidOption("ForSlot", "Every: period must be positive, got %v", time.Duration(e)))
-			return
-		}
-		c.schedule = sched
+	var err error
+	switch e, ok := sched.(every); {
+	case sched == nil:
+		err = invalidOption("ForSlot", "nil schedule")
+	case ok && e <= 0:
+		err = invalidOption("ForSlot", "Every: period must be positive, got %v", time.Duration(e))
 	}
+	return checked(err, func(c *config) { c.schedule = sched })
 }
 
 // SlotTolerance sets how early a start may fire and still belong to the
