@@ -32,7 +32,6 @@ type config struct {
 	owner                             string
 	jitter, minHold                   time.Duration
 	schedule                          Schedule
-	slotSet                           bool
 	tolerance                         time.Duration
 	backoffMin, backoffMax            time.Duration
 	limit                             int
@@ -52,37 +51,23 @@ const MaxLimit = 10000
 // MaxLimit; a backend without semaphores (not a SemaphoreBackend) answers
 // n > 1 with ErrUnsupported.
 func Limit(n int) Option {
-	return func(c *config) {
-		if n < 1 || n > MaxLimit {
-			c.errs = append(c.errs, invalidOption("Limit", "must be between 1 and %d, got %d", MaxLimit, n))
-			return
-		}
-		c.limit = n
+	var err error
+	if n < 1 || n > MaxLimit {
+		err = invalidOption("Limit", "must be between 1 and %d, got %d", MaxLimit, n)
 	}
+	return checked(err, func(c *config) { c.limit = n })
 }
 
 // TTL sets the lease's time to live on the server (default 30s). Unless set
 // explicitly, the renew interval is TTL/3 and the renew deadline 2/3 TTL.
 func TTL(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.errs = append(c.errs, invalidOption("TTL", "must be positive, got %v", d))
-			return
-		}
-		c.ttl = d
-	}
+	return checked(positive("TTL", d), func(c *config) { c.ttl = d })
 }
 
 // RenewInterval sets how often a held lease is renewed (default TTL/3). It
 // must be shorter than the renew deadline.
 func RenewInterval(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.errs = append(c.errs, invalidOption("RenewInterval", "must be positive, got %v", d))
-			return
-		}
-		c.renewInterval = d
-	}
+	return checked(positive("RenewInterval", d), func(c *config) { c.renewInterval = d })
 }
 
 // RenewDeadline sets how long after the send time of the last successful
@@ -94,43 +79,29 @@ func RenewInterval(d time.Duration) Option {
 // margin: the engine never frees it, and only the holder's Release on the
 // lost session frees it early.
 func RenewDeadline(d time.Duration) Option {
-	return func(c *config) {
-		if d <= 0 {
-			c.errs = append(c.errs, invalidOption("RenewDeadline", "must be positive, got %v", d))
-			return
-		}
-		c.renewDeadline = d
-	}
+	return checked(positive("RenewDeadline", d), func(c *config) { c.renewDeadline = d })
 }
 
 // WithOwner sets the human-readable owner stored with the lock (default
 // host:pid). It is metadata only; ownership is checked with a random token.
 func WithOwner(owner string) Option {
-	return func(c *config) {
-		switch {
-		case owner == "":
-			c.errs = append(c.errs, invalidOption("Owner", "empty"))
-		case len(owner) > maxOwnerLen:
-			c.errs = append(c.errs, invalidOption("Owner", "%d bytes, the limit is %d", len(owner), maxOwnerLen))
-		case !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0:
-			c.errs = append(c.errs, invalidOption("Owner", "must be valid UTF-8 without NUL"))
-		default:
-			c.owner = owner
-		}
+	var err error
+	switch {
+	case owner == "":
+		err = invalidOption("Owner", "empty")
+	case len(owner) > maxOwnerLen:
+		err = invalidOption("Owner", "%d bytes, the limit is %d", len(owner), maxOwnerLen)
+	case !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0:
+		err = invalidOption("Owner", "must be valid UTF-8 without NUL")
 	}
+	return checked(err, func(c *config) { c.owner = owner })
 }
 
 // Jitter sleeps a uniformly random time in [0, max] before the first
 // attempt, so that schedulers firing at the same instant do not all hit the
 // store at once.
 func Jitter(max time.Duration) Option {
-	return func(c *config) {
-		if max < 0 {
-			c.errs = append(c.errs, invalidOption("Jitter", "must not be negative, got %v", max))
-			return
-		}
-		c.jitter = max
-	}
+	return checked(notNegative("Jitter", max), func(c *config) { c.jitter = max })
 }
 
 // MinHold keeps the lock at least d after acquisition: a Release before then
@@ -138,13 +109,7 @@ func Jitter(max time.Duration) Option {
 // stops a fast job from running once on every node whose ticker fires a little
 // later than the first one's.
 func MinHold(d time.Duration) Option {
-	return func(c *config) {
-		if d < 0 {
-			c.errs = append(c.errs, invalidOption("MinHold", "must not be negative, got %v", d))
-			return
-		}
-		c.minHold = d
-	}
+	return checked(notNegative("MinHold", d), func(c *config) { c.minHold = d })
 }
 
 // ForSlot switches to slot mode: at most one acquisition per slot of sched.
@@ -155,30 +120,20 @@ func MinHold(d time.Duration) Option {
 // early belong to the coming slot. A slot acquisition costs two round trips:
 // the store's clock, then the claim.
 func ForSlot(sched Schedule) Option {
-	return func(c *config) {
-		c.slotSet = true
-		if sched == nil {
-			c.errs = append(c.errs, invalidOption("ForSlot", "nil schedule"))
-			return
-		}
-		if e, ok := sched.(every); ok && e <= 0 {
-			c.errs = append(c.errs, invalidOption("ForSlot", "Every: period must be positive, got %v", time.Duration(e)))
-			return
-		}
-		c.schedule = sched
+	var err error
+	switch e, ok := sched.(every); {
+	case sched == nil:
+		err = invalidOption("ForSlot", "nil schedule")
+	case ok && e <= 0:
+		err = invalidOption("ForSlot", "Every: period must be positive, got %v", time.Duration(e))
 	}
+	return checked(err, func(c *config) { c.schedule = sched })
 }
 
 // SlotTolerance sets how early a start may fire and still belong to the
 // coming slot (default 1s). Keep it below the shortest slot.
 func SlotTolerance(d time.Duration) Option {
-	return func(c *config) {
-		if d < 0 {
-			c.errs = append(c.errs, invalidOption("SlotTolerance", "must not be negative, got %v", d))
-			return
-		}
-		c.tolerance = d
-	}
+	return checked(notNegative("SlotTolerance", d), func(c *config) { c.tolerance = d })
 }
 
 // Backoff bounds the polling interval of Acquire when the backend does not
@@ -186,13 +141,11 @@ func SlotTolerance(d time.Duration) Option {
 // n-th wait is drawn uniformly from [min, min(max, min·2^n)], and never
 // sleeps past the holder's known expiry.
 func Backoff(min, max time.Duration) Option {
-	return func(c *config) {
-		if min <= 0 || max < min {
-			c.errs = append(c.errs, invalidOption("Backoff", "need 0 < min <= max, got min %v max %v", min, max))
-			return
-		}
-		c.backoffMin, c.backoffMax = min, max
+	var err error
+	if min <= 0 || max < min {
+		err = invalidOption("Backoff", "need 0 < min <= max, got min %v max %v", min, max)
 	}
+	return checked(err, func(c *config) { c.backoffMin, c.backoffMax = min, max })
 }
 
 // ValidateOptions reports the first invalid option, or invalid relation
@@ -288,23 +241,55 @@ func WithObserver(o Observer) ClientOption {
 // unless it has its own OnError. Default slog.Default(); pass
 // slog.New(slog.DiscardHandler) to silence it. Nil is rejected.
 func WithLogger(l *slog.Logger) ClientOption {
-	return func(c *clientConfig) {
-		if l == nil {
-			c.errs = append(c.errs, invalidOption("Logger", "nil"))
-			return
-		}
-		c.logger = l
+	var err error
+	if l == nil {
+		err = invalidOption("Logger", "nil")
 	}
+	return checked(err, func(c *clientConfig) { c.logger = l })
 }
 
 // WithReleaseTimeout bounds releases, which run on a context detached from
 // the caller's cancellation (default 5s).
 func WithReleaseTimeout(d time.Duration) ClientOption {
-	return func(c *clientConfig) {
-		if d <= 0 {
-			c.errs = append(c.errs, invalidOption("ReleaseTimeout", "must be positive, got %v", d))
-			return
-		}
-		c.releaseTimeout = d
+	return checked(positive("ReleaseTimeout", d), func(c *clientConfig) { c.releaseTimeout = d })
+}
+
+// Option constructors check their value when they are called and return
+// either the setter or an option that records the error, for the
+// acquisition (or New) to report: checked, with the value checks positive
+// and notNegative.
+//
+// Each package with options (core, the backends, the integrations) keeps its
+// own copy of these few lines instead of sharing one. Its options have their
+// own config type and its errors their own prefix ("zklock.WithRoot: ..."):
+// a shared helper would need both as parameters, would have to be exported
+// API of core (which users would see and not need), and would read worse
+// than the copy.
+func checked[C errRecorder](err error, set func(C)) func(C) {
+	if err != nil {
+		return func(c C) { c.recordErr(err) }
 	}
+	return set
+}
+
+// errRecorder is a config that collects the errors of invalid options.
+type errRecorder interface{ recordErr(error) }
+
+func (c *config) recordErr(err error)       { c.errs = append(c.errs, err) }
+func (c *clientConfig) recordErr(err error) { c.errs = append(c.errs, err) }
+
+// positive is nil for v > 0, and otherwise option name's error.
+func positive[T int | time.Duration](name string, v T) error {
+	if v > 0 {
+		return nil
+	}
+	return invalidOption(name, "must be positive, got %v", v)
+}
+
+// notNegative is nil for v >= 0, and otherwise option name's error.
+func notNegative[T int | time.Duration](name string, v T) error {
+	if v >= 0 {
+		return nil
+	}
+	return invalidOption(name, "must not be negative, got %v", v)
 }

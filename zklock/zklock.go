@@ -49,31 +49,37 @@ func invalidOption(name, format string, args ...any) error {
 	return fmt.Errorf("%w: zklock.%s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
 }
 
+// checked is an Option that applies set, or records err when the value
+// given was invalid. Like core, zklock keeps its own copy of this form (see
+// core's checked for why).
+func checked(err error, set Option) Option {
+	if err != nil {
+		return func(o *options) { o.errs = append(o.errs, err) }
+	}
+	return set
+}
+
 // WithRoot sets the znode under which locks live (default "/dislock").
 // Lockers that should see each other's locks use the same root. It must be
 // an absolute path other than "/" and may not end in "/".
 func WithRoot(root string) Option {
-	return func(o *options) {
-		if root == "" || root[0] != '/' || root == "/" || strings.HasSuffix(root, "/") || path.Clean(root) != root ||
-			strings.ContainsRune(root, 0) {
-			o.errs = append(o.errs, invalidOption("WithRoot", "%q is not an absolute znode path", root))
-			return
-		}
-		o.root = root
+	var err error
+	if root == "" || root[0] != '/' || root == "/" || strings.HasSuffix(root, "/") || path.Clean(root) != root ||
+		strings.ContainsRune(root, 0) {
+		err = invalidOption("WithRoot", "%q is not an absolute znode path", root)
 	}
+	return checked(err, func(o *options) { o.root = root })
 }
 
 // WithSessionTimeout sets the session timeout New and NewBackend ask for
 // (default 30 s). The server may grant less; the TTL of every lock must stay
 // within 2/3 of what it grants. NewBackendFromConn ignores it.
 func WithSessionTimeout(d time.Duration) Option {
-	return func(o *options) {
-		if d <= 0 {
-			o.errs = append(o.errs, invalidOption("WithSessionTimeout", "must be positive, got %v", d))
-			return
-		}
-		o.sessionTimeout = d
+	var err error
+	if d <= 0 {
+		err = invalidOption("WithSessionTimeout", "must be positive, got %v", d)
 	}
+	return checked(err, func(o *options) { o.sessionTimeout = d })
 }
 
 // WithDialer sets how New and NewBackend open TCP connections to servers
@@ -106,18 +112,17 @@ func WithClientOptions(opts ...core.ClientOption) Option {
 // NewBackendFromConn refuses it: add credentials to your own connection
 // with its AddAuth.
 func WithAuth(scheme string, auth []byte) Option {
-	return func(o *options) {
-		switch {
-		case scheme == "" || strings.ContainsAny(scheme, "\x00:"):
-			o.errs = append(o.errs, invalidOption("WithAuth", "scheme %q is not a ZooKeeper authentication scheme", scheme))
-		case len(auth) == 0:
-			o.errs = append(o.errs, invalidOption("WithAuth", "empty credentials for scheme %q", scheme))
-		case scheme == "digest" && !strings.Contains(string(auth), ":"):
-			o.errs = append(o.errs, invalidOption("WithAuth", `digest credentials must be "user:password"`))
-		default:
-			o.auth = append(o.auth, authCred{scheme: scheme, auth: append([]byte(nil), auth...)})
-		}
+	var err error
+	switch {
+	case scheme == "" || strings.ContainsAny(scheme, "\x00:"):
+		err = invalidOption("WithAuth", "scheme %q is not a ZooKeeper authentication scheme", scheme)
+	case len(auth) == 0:
+		err = invalidOption("WithAuth", "empty credentials for scheme %q", scheme)
+	case scheme == "digest" && !strings.Contains(string(auth), ":"):
+		err = invalidOption("WithAuth", `digest credentials must be "user:password"`)
 	}
+	cred := authCred{scheme: scheme, auth: append([]byte(nil), auth...)}
+	return checked(err, func(o *options) { o.auth = append(o.auth, cred) })
 }
 
 // CreatorAllACL is ZooKeeper's CREATOR_ALL_ACL (zk.AuthACL(zk.PermAll)):
@@ -136,19 +141,17 @@ func CreatorAllACL() []zk.ACL { return zk.AuthACL(zk.PermAll) }
 // exist already (a root made by an earlier, unauthenticated run, say) keep
 // theirs: move to a new root, or set them with zk.Conn.SetACL.
 func WithACL(acl []zk.ACL) Option {
-	return func(o *options) {
-		if len(acl) == 0 {
-			o.errs = append(o.errs, invalidOption("WithACL", "empty ACL"))
-			return
-		}
-		for _, a := range acl {
-			if a.Scheme == "" || a.Perms&^zk.PermAll != 0 || a.Perms == 0 {
-				o.errs = append(o.errs, invalidOption("WithACL", "entry with scheme %q and perms %#x is not valid", a.Scheme, a.Perms))
-				return
-			}
-		}
-		o.acl = append([]zk.ACL(nil), acl...)
+	var err error
+	if len(acl) == 0 {
+		err = invalidOption("WithACL", "empty ACL")
 	}
+	for _, a := range acl {
+		if err == nil && (a.Scheme == "" || a.Perms&^zk.PermAll != 0 || a.Perms == 0) {
+			err = invalidOption("WithACL", "entry with scheme %q and perms %#x is not valid", a.Scheme, a.Perms)
+		}
+	}
+	acl = append([]zk.ACL(nil), acl...)
+	return checked(err, func(o *options) { o.acl = acl })
 }
 
 // Backend is the ZooKeeper store for core's lease engine. It implements

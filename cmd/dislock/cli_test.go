@@ -675,43 +675,67 @@ func TestChildEnvAndBothLocks(t *testing.T) {
 // Operators see and break locks with status, list and release --force; the
 // holder then loses its lease.
 func TestAdmin(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, f *fixture) {
-		dir := t.TempDir()
-		started := filepath.Join(dir, "started")
-		key := f.newKey(t)
-		lockKey := leasePrefix + key
-		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=10", "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
-		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
-		waitFile(t, started, 20*time.Second)
-		admin := f.baseEnv()
+	forEachBackend(t, func(t *testing.T, f *fixture) { testAdmin(t, f, "10") })
+}
 
-		st := run(t, admin, "status", "--url-env", urlVar, lockKey)
-		expectCode(t, st, 0)
-		if !strings.Contains(st.stdout.String(), "held") {
-			t.Fatalf("status: %s", st.output())
-		}
-		ls := run(t, admin, "list", "--url-env", urlVar, leasePrefix)
-		if !strings.Contains(ls.stdout.String(), lockKey) {
-			t.Fatalf("list: %s", ls.output())
-		}
-		rel := run(t, admin, "release", "--url-env", urlVar, lockKey)
-		expectCode(t, rel, exitUsage)
-		if !strings.Contains(rel.stderr.String(), "--force") {
-			t.Errorf("release without --force: %s", rel.output())
-		}
-		rel = run(t, admin, "release", "--url-env", urlVar, lockKey, "--force")
-		expectCode(t, rel, 0)
-		if !strings.Contains(rel.stdout.String(), "released") {
-			t.Fatalf("release: %s", rel.output())
-		}
-		if code := holder.wait(t, 20*time.Second); code != exitLeaseLost {
-			t.Fatalf("holder: exit %d: %s", code, holder.output())
-		}
-		st = run(t, admin, "status", "--url-env", urlVar, lockKey)
-		if !strings.Contains(st.stdout.String(), "free") {
-			t.Fatalf("status after release: %s", st.output())
-		}
-	})
+// testAdmin holds a lease lock of ttl seconds on f and has status, list and
+// release --force see and break it; release asks for --force.
+func testAdmin(t *testing.T, f *fixture, ttl string) {
+	started := filepath.Join(t.TempDir(), "started")
+	key := f.newKey(t)
+	lockKey := leasePrefix + key
+	env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS="+ttl, "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
+	holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
+	waitFile(t, started, 20*time.Second)
+	admin := f.baseEnv()
+
+	st := run(t, admin, "status", "--url-env", urlVar, lockKey)
+	expectCode(t, st, 0)
+	if !strings.Contains(st.stdout.String(), "held") {
+		t.Fatalf("status: %s", st.output())
+	}
+	ls := run(t, admin, "list", "--url-env", urlVar, leasePrefix)
+	if !strings.Contains(ls.stdout.String(), lockKey) {
+		t.Fatalf("list: %s", ls.output())
+	}
+	rel := run(t, admin, "release", "--url-env", urlVar, lockKey)
+	expectCode(t, rel, exitUsage)
+	if !strings.Contains(rel.stderr.String(), "--force") {
+		t.Errorf("release without --force: %s", rel.output())
+	}
+	rel = run(t, admin, "release", "--url-env", urlVar, lockKey, "--force")
+	expectCode(t, rel, 0)
+	if !strings.Contains(rel.stdout.String(), "released") {
+		t.Fatalf("release: %s", rel.output())
+	}
+	if code := holder.wait(t, 20*time.Second); code != exitLeaseLost {
+		t.Fatalf("holder: exit %d: %s", code, holder.output())
+	}
+	st = run(t, admin, "status", "--url-env", urlVar, lockKey)
+	if !strings.Contains(st.stdout.String(), "free") {
+		t.Fatalf("status after release: %s", st.output())
+	}
+}
+
+// testRunAndBusy runs a command under a lease lock on f while another holds
+// it (it does not run) and after the holder ended (it runs).
+func testRunAndBusy(t *testing.T, f *fixture) {
+	started := filepath.Join(t.TempDir(), "started")
+	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=5")
+	holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
+	waitFile(t, started, 20*time.Second)
+	busy := run(t, env, urlVar, "sh", "-c", "echo ran")
+	expectCode(t, busy, 0)
+	if strings.Contains(busy.stdout.String(), "ran") {
+		t.Fatalf("the command ran while the lock was held: %s", busy.output())
+	}
+	holder.cmd.Process.Signal(os.Interrupt)
+	holder.wait(t, 20*time.Second)
+	ok := run(t, env, urlVar, "sh", "-c", "echo ran")
+	expectCode(t, ok, 0)
+	if !strings.Contains(ok.stdout.String(), "ran") {
+		t.Fatalf("the command did not run after the holder ended: %s", ok.output())
+	}
 }
 
 // Every bad setting is exit 2 with a message naming it, before any
@@ -865,11 +889,26 @@ type cutProxy struct {
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
+	p := &cutProxy{}
+	p.ln = forward(t, target, func(c, s net.Conn) {
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		go func() { io.Copy(s, c); s.Close() }()
+		go func() { io.Copy(c, s); c.Close() }()
+	})
+	t.Cleanup(p.cut)
+	return p
+}
+
+// forward listens on a loopback port and, for every connection to it, dials
+// target and hands both connections to serve (the client's first), until
+// the listener is closed.
+func forward(t *testing.T, target string, serve func(client, server net.Conn)) net.Listener {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &cutProxy{ln: ln}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -881,15 +920,10 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 				c.Close()
 				continue
 			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			go func() { io.Copy(s, c); s.Close() }()
-			go func() { io.Copy(c, s); c.Close() }()
+			serve(c, s)
 		}
 	}()
-	t.Cleanup(p.cut)
-	return p
+	return ln
 }
 
 func (p *cutProxy) cut() {

@@ -144,20 +144,17 @@ func TestStatusListFormat(t *testing.T) {
 	})
 }
 
-// A LOCK_TABLE that does not exist is exit 2 with the statement that creates
-// it, and nothing is created; DISLOCK_CREATE_TABLE=1 (or --create-table)
-// lets the run create it; status, list and release never create a table;
-// the default table is created by the first run.
-func TestLockTableNotCreated(t *testing.T) {
+// schemaFixture is PostgreSQL with a schema of its own (named prefix...),
+// first on the search path, to hold the test's default table; conn is a
+// connection for the test's own checks, and schema the schema's name.
+func schemaFixture(t *testing.T, prefix string) (f *fixture, conn *pgx.Conn, schema string) {
 	u := testenv.PG(t)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A schema of its own, first on the search path, holds this test's
-	// default table.
-	schema := testenv.Name("dislock_cli_schema_")
+	schema = testenv.Name(prefix)
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +166,16 @@ func TestLockTableNotCreated(t *testing.T) {
 	if strings.Contains(u, "?") {
 		sep = "&"
 	}
-	f := &fixture{url: u + sep + "search_path=" + schema}
+	return &fixture{url: u + sep + "search_path=" + schema}, conn, schema
+}
+
+// A LOCK_TABLE that does not exist is exit 2 with the statement that creates
+// it, and nothing is created; DISLOCK_CREATE_TABLE=1 (or --create-table)
+// lets the run create it; status, list and release never create a table;
+// the default table is created by the first run.
+func TestLockTableNotCreated(t *testing.T) {
+	ctx := context.Background()
+	f, conn, schema := schemaFixture(t, "dislock_cli_schema_")
 	tableExists := func(name string) bool {
 		var ok bool
 		if err := conn.QueryRow(ctx, "SELECT to_regclass($1::text) IS NOT NULL", pgx.Identifier{schema, name}.Sanitize()).Scan(&ok); err != nil {
@@ -241,25 +247,8 @@ func TestLockTableNotCreated(t *testing.T) {
 // DISLOCK_CREATE_TABLE=1 — and is otherwise exit 2 naming the statement that
 // adds the column; nothing is altered then.
 func TestLockTableUpgraded(t *testing.T) {
-	u := testenv.PG(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := testenv.Name("dislock_cli_upgrade_")
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		conn.Close(context.Background())
-	})
-	sep := "?"
-	if strings.Contains(u, "?") {
-		sep = "&"
-	}
-	f := &fixture{url: u + sep + "search_path=" + schema}
+	f, conn, schema := schemaFixture(t, "dislock_cli_upgrade_")
 	oldTable := func(name string) {
 		t.Helper()
 		ddl, err := pg.SchemaSQL(schema+"."+name, false, false)

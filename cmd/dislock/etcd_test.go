@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,26 +24,7 @@ func etcdURL(t *testing.T) string {
 // status, list and release --force on it.
 func TestEtcd(t *testing.T) {
 	f := &fixture{name: "etcd", url: etcdURL(t)}
-	t.Run("RunAndBusy", func(t *testing.T) {
-		dir := t.TempDir()
-		started := filepath.Join(dir, "started")
-		key := f.newKey(t)
-		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=5")
-		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
-		waitFile(t, started, 20*time.Second)
-		busy := run(t, env, urlVar, "sh", "-c", "echo ran")
-		expectCode(t, busy, 0)
-		if strings.Contains(busy.stdout.String(), "ran") {
-			t.Fatalf("the command ran while the lock was held: %s", busy.output())
-		}
-		holder.cmd.Process.Signal(os.Interrupt)
-		holder.wait(t, 20*time.Second)
-		ok := run(t, env, urlVar, "sh", "-c", "echo ran")
-		expectCode(t, ok, 0)
-		if !strings.Contains(ok.stdout.String(), "ran") {
-			t.Fatalf("the command did not run after the holder ended: %s", ok.output())
-		}
-	})
+	t.Run("RunAndBusy", func(t *testing.T) { testRunAndBusy(t, f) })
 	t.Run("ScheduleSlot", func(t *testing.T) {
 		// One run per slot: a second start in the same hourly slot finds it
 		// taken, even though the first run has ended.
@@ -60,37 +40,7 @@ func TestEtcd(t *testing.T) {
 			t.Fatalf("a second start in the same slot ran: %s", second.output())
 		}
 	})
-	t.Run("Admin", func(t *testing.T) {
-		dir := t.TempDir()
-		started := filepath.Join(dir, "started")
-		key := f.newKey(t)
-		lockKey := leasePrefix + key
-		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=3", "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
-		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
-		waitFile(t, started, 20*time.Second)
-		admin := f.baseEnv()
-		st := run(t, admin, "status", "--url-env", urlVar, lockKey)
-		expectCode(t, st, 0)
-		if !strings.Contains(st.stdout.String(), "held") {
-			t.Fatalf("status: %s", st.output())
-		}
-		ls := run(t, admin, "list", "--url-env", urlVar, leasePrefix)
-		if !strings.Contains(ls.stdout.String(), lockKey) {
-			t.Fatalf("list: %s", ls.output())
-		}
-		rel := run(t, admin, "release", "--url-env", urlVar, lockKey, "--force")
-		expectCode(t, rel, 0)
-		if !strings.Contains(rel.stdout.String(), "released") {
-			t.Fatalf("release: %s", rel.output())
-		}
-		if code := holder.wait(t, 20*time.Second); code != exitLeaseLost {
-			t.Fatalf("holder: exit %d: %s", code, holder.output())
-		}
-		st = run(t, admin, "status", "--url-env", urlVar, lockKey)
-		if !strings.Contains(st.stdout.String(), "free") {
-			t.Fatalf("status after release: %s", st.output())
-		}
-	})
+	t.Run("Admin", func(t *testing.T) { testAdmin(t, f, "3") })
 	t.Run("Credentials", func(t *testing.T) {
 		// A private server with authentication on: the password in the URL
 		// is used, and never shows, whether it is right or wrong.

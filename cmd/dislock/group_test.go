@@ -31,41 +31,26 @@ type stallConn struct {
 }
 
 func newStallProxy(t *testing.T, target string) *stallProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallProxy{ln: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			sc := &stallConn{client: c, server: s}
-			p.mu.Lock()
-			if p.closed {
-				p.mu.Unlock()
-				c.Close()
-				s.Close()
-				return
-			}
-			p.conns = append(p.conns, sc)
+	p := &stallProxy{}
+	p.ln = forward(t, target, func(c, s net.Conn) {
+		sc := &stallConn{client: c, server: s}
+		p.mu.Lock()
+		if p.closed {
 			p.mu.Unlock()
-			go func() {
-				io.Copy(s, c)
-				// The client hung up: nothing waits for its replies.
-				p.open(sc)
-				s.Close()
-			}()
-			go func() { p.replies(sc); c.Close() }()
+			c.Close()
+			s.Close()
+			return
 		}
-	}()
+		p.conns = append(p.conns, sc)
+		p.mu.Unlock()
+		go func() {
+			io.Copy(s, c)
+			// The client hung up: nothing waits for its replies.
+			p.open(sc)
+			s.Close()
+		}()
+		go func() { p.replies(sc); c.Close() }()
+	})
 	t.Cleanup(p.close)
 	return p
 }

@@ -38,26 +38,7 @@ func zkURL(t *testing.T) string {
 // subcommands status, list and release --force on it.
 func TestZooKeeper(t *testing.T) {
 	f := &fixture{name: "zookeeper", url: zkURL(t)}
-	t.Run("RunAndBusy", func(t *testing.T) {
-		dir := t.TempDir()
-		started := filepath.Join(dir, "started")
-		key := f.newKey(t)
-		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=5")
-		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
-		waitFile(t, started, 20*time.Second)
-		busy := run(t, env, urlVar, "sh", "-c", "echo ran")
-		expectCode(t, busy, 0)
-		if strings.Contains(busy.stdout.String(), "ran") {
-			t.Fatalf("the command ran while the lock was held: %s", busy.output())
-		}
-		holder.cmd.Process.Signal(os.Interrupt)
-		holder.wait(t, 20*time.Second)
-		ok := run(t, env, urlVar, "sh", "-c", "echo ran")
-		expectCode(t, ok, 0)
-		if !strings.Contains(ok.stdout.String(), "ran") {
-			t.Fatalf("the command did not run after the holder ended: %s", ok.output())
-		}
-	})
+	t.Run("RunAndBusy", func(t *testing.T) { testRunAndBusy(t, f) })
 	// On a stock server the default TTL (60 s) does not fit the session
 	// (40 s at most): the run takes what the granted session allows. A TTL
 	// asked for that does not fit is exit 2 naming the setting and the
@@ -94,37 +75,7 @@ func TestZooKeeper(t *testing.T) {
 			t.Fatalf("the refused run used up the slot: %s", ok.output())
 		}
 	})
-	t.Run("Admin", func(t *testing.T) {
-		dir := t.TempDir()
-		started := filepath.Join(dir, "started")
-		key := f.newKey(t)
-		lockKey := leasePrefix + key
-		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=10", "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
-		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
-		waitFile(t, started, 20*time.Second)
-		admin := f.baseEnv()
-		st := run(t, admin, "status", "--url-env", urlVar, lockKey)
-		expectCode(t, st, 0)
-		if !strings.Contains(st.stdout.String(), "held") {
-			t.Fatalf("status: %s", st.output())
-		}
-		ls := run(t, admin, "list", "--url-env", urlVar, leasePrefix)
-		if !strings.Contains(ls.stdout.String(), lockKey) {
-			t.Fatalf("list: %s", ls.output())
-		}
-		rel := run(t, admin, "release", "--url-env", urlVar, lockKey, "--force")
-		expectCode(t, rel, 0)
-		if !strings.Contains(rel.stdout.String(), "released") {
-			t.Fatalf("release: %s", rel.output())
-		}
-		if code := holder.wait(t, 20*time.Second); code != exitLeaseLost {
-			t.Fatalf("holder: exit %d: %s", code, holder.output())
-		}
-		st = run(t, admin, "status", "--url-env", urlVar, lockKey)
-		if !strings.Contains(st.stdout.String(), "free") {
-			t.Fatalf("status after release: %s", st.output())
-		}
-	})
+	t.Run("Admin", func(t *testing.T) { testAdmin(t, f, "10") })
 	t.Run("Limit", func(t *testing.T) { limitProcess(t, f) })
 	t.Run("Auth", func(t *testing.T) {
 		// Credentials in the URL: digest authentication, and nodes closed
@@ -139,8 +90,12 @@ func TestZooKeeper(t *testing.T) {
 		if !strings.Contains(ok.stdout.String(), "ran") {
 			t.Fatalf("the command did not run with credentials: %s", ok.output())
 		}
+		// The run has ended: status, with the credentials, finds the lock free.
 		st := run(t, append(f.baseEnv(), urlVar+"="+authURL), "status", "--url-env", urlVar, leasePrefix+key)
-		expectCode(t, st, 0)
+		expectCode(t, st, exitFree)
+		if !strings.Contains(st.stdout.String(), "free") {
+			t.Fatalf("status: %s", st.output())
+		}
 		noSentinel(t, st)
 		// Without the credentials the run fails (exit 1), and the
 		// command does not run.

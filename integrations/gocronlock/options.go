@@ -66,6 +66,37 @@ func invalid(name, format string, args ...any) error {
 
 func (c *config) use(name string, s scope) { c.used = append(c.used, usedOption{name, s}) }
 
+// option is an Option named name, for the constructors in scope s, that
+// applies set, or records err when the value given was invalid: core's
+// checked (see there for why each package keeps its own copy), with the
+// option's use recorded first.
+func option(name string, s scope, err error, set func(*config)) Option {
+	return func(c *config) {
+		c.use(name, s)
+		if err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		set(c)
+	}
+}
+
+// positive is nil for d > 0, and otherwise option name's error.
+func positive(name string, d time.Duration) error {
+	if d > 0 {
+		return nil
+	}
+	return invalid(name, "must be positive, got %v", d)
+}
+
+// notNegative is nil for d >= 0, and otherwise option name's error.
+func notNegative(name string, d time.Duration) error {
+	if d >= 0 {
+		return nil
+	}
+	return invalid(name, "must not be negative, got %v", d)
+}
+
 // resolveConfig applies opts for the constructor s and checks them.
 func resolveConfig(s scope, opts []Option) (config, error) {
 	c := config{
@@ -132,14 +163,7 @@ func (c *config) coreOptions(limit int) []core.Option {
 // under another limit is skipped with an error matching
 // core.ErrLimitMismatch, which OnError sees.
 func Limit(n int) Option {
-	return func(c *config) {
-		c.use("Limit", forLocker|forTask)
-		if err := checkLimit("Limit", n); err != nil {
-			c.errs = append(c.errs, err)
-			return
-		}
-		c.limit = n
-	}
+	return option("Limit", forLocker|forTask, checkLimit("Limit", n), func(c *config) { c.limit = n })
 }
 
 // checkLimit validates a limit given by option opt.
@@ -176,14 +200,7 @@ func Prefix(p string) Option {
 // unless configured otherwise). A leader that dies is replaced about one TTL
 // later.
 func TTL(d time.Duration) Option {
-	return func(c *config) {
-		c.use("TTL", forAll)
-		if d <= 0 {
-			c.errs = append(c.errs, invalid("TTL", "must be positive, got %v", d))
-			return
-		}
-		c.ttl = d
-	}
+	return option("TTL", forAll, positive("TTL", d), func(c *config) { c.ttl = d })
 }
 
 // Jitter waits a uniformly random time in [0, max] before each attempt
@@ -192,14 +209,7 @@ func TTL(d time.Duration) Option {
 // others default to no jitter. Under a slot lock keep it well below the
 // slot tolerance.
 func Jitter(max time.Duration) Option {
-	return func(c *config) {
-		c.use("Jitter", forAll)
-		if max < 0 {
-			c.errs = append(c.errs, invalid("Jitter", "must not be negative, got %v", max))
-			return
-		}
-		c.jitter, c.jitterSet = max, true
-	}
+	return option("Jitter", forAll, notNegative("Jitter", max), func(c *config) { c.jitter, c.jitterSet = max, true })
 }
 
 // LockOptions adds core options to every acquisition (owner, renew
@@ -215,28 +225,14 @@ func LockOptions(opts ...core.Option) Option {
 // releases the claim that may have reached the store (bounded by its own
 // release timeout), and the run is then skipped.
 func TryTimeout(d time.Duration) Option {
-	return func(c *config) {
-		c.use("TryTimeout", forLocker|forTask)
-		if d <= 0 {
-			c.errs = append(c.errs, invalid("TryTimeout", "must be positive, got %v", d))
-			return
-		}
-		c.tryTimeout = d
-	}
+	return option("TryTimeout", forLocker|forTask, positive("TryTimeout", d), func(c *config) { c.tryTimeout = d })
 }
 
 // ReleaseTimeout bounds the release after a run (default
 // DefaultReleaseTimeout). The release runs on a context detached from the
 // job's, which gocron has already cancelled at shutdown.
 func ReleaseTimeout(d time.Duration) Option {
-	return func(c *config) {
-		c.use("ReleaseTimeout", forLocker|forTask)
-		if d <= 0 {
-			c.errs = append(c.errs, invalid("ReleaseTimeout", "must be positive, got %v", d))
-			return
-		}
-		c.releaseTimeout = d
-	}
+	return option("ReleaseTimeout", forLocker|forTask, positive("ReleaseTimeout", d), func(c *config) { c.releaseTimeout = d })
 }
 
 // Slot locks each run to one slot of sched (core.ForSlot): at most one run
@@ -245,14 +241,11 @@ func ReleaseTimeout(d time.Duration) Option {
 // little later. For a Locker it is the default for jobs without a schedule
 // registered with Locker.Schedule; for Wrap it is the task's schedule.
 func Slot(sched core.Schedule) Option {
-	return func(c *config) {
-		c.use("Slot", forLocker|forTask)
-		if sched == nil {
-			c.errs = append(c.errs, invalid("Slot", "nil schedule"))
-			return
-		}
-		c.slot = sched
+	var err error
+	if sched == nil {
+		err = invalid("Slot", "nil schedule")
 	}
+	return option("Slot", forLocker|forTask, err, func(c *config) { c.slot = sched })
 }
 
 // SlotTolerance sets how early a start may fire and still belong to the
@@ -261,14 +254,7 @@ func Slot(sched core.Schedule) Option {
 // tolerance before the next (core.SlotEnd), so that early starts of the next
 // tick find it free. It sets core.SlotTolerance for the job's slot locks.
 func SlotTolerance(d time.Duration) Option {
-	return func(c *config) {
-		c.use("SlotTolerance", forLocker|forTask)
-		if d < 0 {
-			c.errs = append(c.errs, invalid("SlotTolerance", "must not be negative, got %v", d))
-			return
-		}
-		c.tolerance, c.toleranceSet = d, true
-	}
+	return option("SlotTolerance", forLocker|forTask, notNegative("SlotTolerance", d), func(c *config) { c.tolerance, c.toleranceSet = d, true })
 }
 
 // MinHold keeps a lease-mode lock at least d after it was taken
@@ -278,14 +264,7 @@ func SlotTolerance(d time.Duration) Option {
 // For a Locker it applies to jobs without a slot schedule. Slot locks are
 // more precise; see Slot.
 func MinHold(d time.Duration) Option {
-	return func(c *config) {
-		c.use("MinHold", forLocker|forTask)
-		if d < 0 {
-			c.errs = append(c.errs, invalid("MinHold", "must not be negative, got %v", d))
-			return
-		}
-		c.minHold = d
-	}
+	return option("MinHold", forLocker|forTask, notNegative("MinHold", d), func(c *config) { c.minHold = d })
 }
 
 // OnError is called with the lock key and the error when a lock attempt
@@ -324,12 +303,5 @@ func OnRevoked(fn func(error)) Option {
 // resignation (default DefaultElectorRetry, jittered ±50%). Standbys wait
 // for the leader lock and are woken by its release.
 func Retry(d time.Duration) Option {
-	return func(c *config) {
-		c.use("Retry", forElector)
-		if d <= 0 {
-			c.errs = append(c.errs, invalid("Retry", "must be positive, got %v", d))
-			return
-		}
-		c.retry = d
-	}
+	return option("Retry", forElector, positive("Retry", d), func(c *config) { c.retry = d })
 }
