@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -430,15 +431,20 @@ func expectWokenBy(t *testing.T, rule, what string, log *acquireLog, res <-chan 
 }
 
 // testSemMismatch checks rule "a claim with another limit than the key's
-// holders (a mutex counts as 1) fails with ErrLimitMismatch, both ways,
-// from the holder's own process too, and claims nothing".
+// holders (a mutex counts as 1) fails with ErrLimitMismatch naming both
+// limits, both ways, from the holder's own process too, and claims
+// nothing".
 func testSemMismatch(t *testing.T, e *env) {
-	const rule = "a claim with another limit than the key's holders (a mutex counts as 1) fails with ErrLimitMismatch, both ways, from the holder's own process too, and claims nothing"
+	const rule = "a claim with another limit than the key's holders (a mutex counts as 1) fails with ErrLimitMismatch naming both limits, both ways, from the holder's own process too, and claims nothing"
 	ps := semProcs(t, e, 2)
 	a, b := ps[0], ps[1]
 	k := e.key(t)
-	mismatch := func(what string, key string, opts ...core.Option) {
+	mismatch := func(what string, key string, have, want int) {
 		t.Helper()
+		opts := []core.Option{core.Limit(want)}
+		// What core.LimitMismatch says, after its sentinel's prefix.
+		says := core.LimitMismatch(key, have, want).Error()
+		says = says[strings.Index(says, "key "):]
 		for _, p := range []*proc{b, a} { // a holds the key: its backend asks the store too
 			s, err := p.l.TryAcquire(ctxT(t, 10*time.Second), key, opts...)
 			if err == nil {
@@ -446,6 +452,9 @@ func testSemMismatch(t *testing.T, e *env) {
 			}
 			if !errors.Is(err, core.ErrLimitMismatch) || errors.Is(err, core.ErrNotAcquired) {
 				t.Fatalf("rule %q: %s: TryAcquire = %v, want ErrLimitMismatch (not busy)", rule, what, err)
+			}
+			if !strings.Contains(err.Error(), says) {
+				t.Errorf("rule %q: %s: the error %q does not say %q", rule, what, err, says)
 			}
 		}
 		// A wait ends with the mismatch in its error, whether it ends at
@@ -463,7 +472,7 @@ func testSemMismatch(t *testing.T, e *env) {
 
 	// A mutex holder; a semaphore claim.
 	m := mustAcquire(t, a, k+"/mutex")
-	mismatch("semaphore of 3 on a mutex", k+"/mutex", core.Limit(3))
+	mismatch("semaphore of 3 on a mutex", k+"/mutex", 1, 3)
 	if hs, err := a.c.Holders(ctxT(t, 10*time.Second), k+"/mutex"); err != nil || len(hs) != 1 || hs[0].Limit != 0 {
 		t.Fatalf("rule %q: holders of the mutex after the mismatch: %+v %v", rule, hs, err)
 	}
@@ -474,8 +483,8 @@ func testSemMismatch(t *testing.T, e *env) {
 	// A semaphore of 3; a mutex claim and a claim of 4.
 	p := mustAcquire(t, a, k+"/sem", core.Limit(3))
 	defer p.Release(context.Background())
-	mismatch("mutex on a semaphore of 3", k+"/sem")
-	mismatch("semaphore of 4 on a semaphore of 3", k+"/sem", core.Limit(4))
+	mismatch("mutex on a semaphore of 3", k+"/sem", 3, 1)
+	mismatch("semaphore of 4 on a semaphore of 3", k+"/sem", 3, 4)
 	hs, err := a.c.Holders(ctxT(t, 10*time.Second), k+"/sem")
 	if err != nil || len(hs) != 1 || hs[0].Limit != 3 {
 		t.Fatalf("rule %q: holders of the semaphore after the mismatches: %+v %v", rule, hs, err)
