@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/redislock"
 )
@@ -499,29 +500,12 @@ func BenchmarkSemaphoreHold1000(b *testing.B) {
 	c.AddHook(hook)
 	l := newLocker(b, c, "bench", core.TTL(ttl), core.Limit(100))
 	ctx := context.Background()
-	sessions := make([]core.Session, 1000)
-	for i := range sessions {
-		s, err := l.TryAcquire(ctx, fmt.Sprint("semhold/", i%10))
-		if err != nil {
-			b.Fatal(err)
-		}
-		sessions[i] = s
-	}
-	time.Sleep(interval) // let acquisitions settle into one renewal batch
-	before, trips := commandCalls(b, admin), hook.n.Load()
-	start := time.Now()
-	b.ResetTimer()
-	for range b.N {
-		time.Sleep(interval)
-	}
-	b.StopTimer()
-	intervals := time.Since(start).Seconds() / interval.Seconds()
+	var before map[string]int64
+	var trips int64
+	intervals := benchtest.Hold(b, 1000, interval, func(i int) (core.Session, error) {
+		return l.TryAcquire(ctx, fmt.Sprint("semhold/", i%10))
+	}, func() { before, trips = commandCalls(b, admin), hook.n.Load() })
 	after, trips2 := commandCalls(b, admin), hook.n.Load()
-	for _, s := range sessions {
-		if s.Err() != nil {
-			b.Fatalf("permit lost: %v", s.Err())
-		}
-	}
 	b.ReportMetric(float64(scriptCalls(before, after))/intervals, "scripts/interval")
 	b.ReportMetric(float64(trips2-trips)/intervals, "roundtrips/interval")
 }
