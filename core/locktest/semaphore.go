@@ -350,9 +350,10 @@ func testSemCrash(t *testing.T, e *env) {
 }
 
 // testSemNotified checks rule "with release notifications a waiter on a
-// full semaphore wakes on a permit's release, not on its poll timer".
+// full semaphore wakes on a permit's release, and on a ForceRelease of the
+// key, not on its poll timer".
 func testSemNotified(t *testing.T, e *env) {
-	const rule = "with release notifications a waiter on a full semaphore wakes on a permit's release, not on its poll timer"
+	const rule = "with release notifications a waiter on a full semaphore wakes on a permit's release, and on a ForceRelease of the key, not on its poll timer"
 	if e.h.NoWatch {
 		t.Skip("backend has no release notifications (NoWatch)")
 	}
@@ -365,10 +366,20 @@ func testSemNotified(t *testing.T, e *env) {
 	s1 := mustAcquire(t, a1, k, core.Limit(2), core.TTL(checkTTL))
 	defer s1.Release(context.Background())
 	s2 := mustAcquire(t, a2, k, core.Limit(2), core.TTL(checkTTL))
-	waitNotified(t, rule, b, log, func() { s2.Release(context.Background()) },
-		func(ctx context.Context) (core.Session, error) {
-			return b.l.Acquire(ctx, k, core.Limit(2), core.Backoff(20*time.Second, 20*time.Second))
-		})
+	acquire := func(ctx context.Context) (core.Session, error) {
+		return b.l.Acquire(ctx, k, core.Limit(2), core.Backoff(20*time.Second, 20*time.Second))
+	}
+	waitNotified(t, rule, b, log, func() { s2.Release(context.Background()) }, acquire)
+	adm, ok := a2.l.(core.Admin)
+	if e.h.NoAdmin || !ok {
+		return
+	}
+	mustAcquire(t, a2, k, core.Limit(2), core.TTL(checkTTL)) // full again
+	waitNotified(t, rule, b, log, func() {
+		if _, err := adm.ForceRelease(ctxT(t, 10*time.Second), k); err != nil {
+			t.Fatalf("rule %q: ForceRelease = %v", rule, err)
+		}
+	}, acquire)
 }
 
 // subscribe makes b's release subscription come up: a first wait on a
