@@ -714,32 +714,44 @@ func testSemRenewBatched(t *testing.T, e *env) {
 }
 
 // testSemMinHold checks rule "with MinHold a permit released before the
-// hold ends stays held as a permit until then: it is listed, counts against
-// the limit and makes a mutex claim a limit mismatch".
+// hold ends stays held as a permit until then, longer or shorter than its
+// TTL: it is listed, counts against the limit and makes a mutex claim a
+// limit mismatch".
 func testSemMinHold(t *testing.T, e *env) {
-	const rule = "with MinHold a permit released before the hold ends stays held as a permit until then: it is listed, counts against the limit and makes a mutex claim a limit mismatch"
+	const rule = "with MinHold a permit released before the hold ends stays held as a permit until then, longer or shorter than its TTL: it is listed, counts against the limit and makes a mutex claim a limit mismatch"
 	ps := semProcs(t, e, 2)
 	a, b := ps[0], ps[1]
 	k := e.key(t)
-	hold := 3 * e.ttl / 2 // past the permit's TTL
-	start := time.Now()
-	s := mustAcquire(t, a, k, core.Limit(2), core.MinHold(hold))
+	// A hold far past the TTL: the store keeps the released permit for it.
+	const long = time.Minute
+	s := mustAcquire(t, a, k+"/long", core.Limit(2), core.MinHold(long))
 	if err := s.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	hs, err := b.c.Holders(ctxT(t, 10*time.Second), k)
-	if err != nil || len(hs) != 1 || hs[0].Limit != 2 || (!e.h.NoFencing && hs[0].Token != s.Token()) {
-		t.Fatalf("rule %q: holders during the hold: %+v %v, want the released permit", rule, hs, err)
+	hs, err := b.c.Holders(ctxT(t, 10*time.Second), k+"/long")
+	if err != nil || len(hs) != 1 || hs[0].Limit != 2 || (!e.h.NoFencing && hs[0].Token != s.Token()) || hs[0].Remaining < long-10*time.Second {
+		t.Fatalf("rule %q: holders during a hold of %v: %+v %v, want the released permit with its hold left", rule, long, hs, err)
 	}
-	if _, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k); !errors.Is(err, core.ErrLimitMismatch) {
+	if _, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k+"/long"); !errors.Is(err, core.ErrLimitMismatch) {
 		t.Fatalf("rule %q: a mutex claim during the hold = %v, want ErrLimitMismatch", rule, err)
 	}
-	s2 := mustAcquire(t, b, k, core.Limit(2))
+	s2 := mustAcquire(t, b, k+"/long", core.Limit(2))
 	defer s2.Release(context.Background())
-	if _, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
+	if _, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k+"/long", core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("rule %q: a third permit of 2 during the hold = %v, want busy", rule, err)
 	}
-	s3, err := b.l.Acquire(ctxT(t, 5*hold+5*time.Second), k, core.Limit(2), core.Backoff(10*time.Millisecond, e.ttl/4))
+	// A hold shorter than the TTL: the permit frees when the hold ends.
+	hold := e.ttl / 2
+	start := time.Now()
+	s = mustAcquire(t, a, k+"/short", core.Limit(2), core.MinHold(hold))
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, b, k+"/short", core.Limit(2))
+	if _, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k+"/short", core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: a third permit of 2 during the hold = %v, want busy", rule, err)
+	}
+	s3, err := b.l.Acquire(ctxT(t, 5*e.ttl+5*time.Second), k+"/short", core.Limit(2), core.Backoff(10*time.Millisecond, e.ttl/8))
 	if err != nil {
 		t.Fatalf("rule %q: %v", rule, err)
 	}
