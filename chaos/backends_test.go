@@ -6,6 +6,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -84,20 +85,49 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		}
 		return l, func() error { err := l.Close(); pool.Close(); return err }, nil
 	}
-	env.deleteKeys = func(ctx context.Context, keys []string) error {
-		if env.limit <= 1 {
-			_, err := direct.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys)
+	env.deleteKeys = func(ctx context.Context, keys []string) ([]removal, error) {
+		// The rows' tokens as the deletion returns them, in one commit.
+		sent := time.Now()
+		removed := map[string][]uint64{}
+		collect := func(rows pgx.Rows) error {
+			var k string
+			var tok int64
+			_, err := pgx.ForEachRow(rows, []any{&k, &tok}, func() error {
+				removed[k] = append(removed[k], uint64(tok))
+				return nil
+			})
 			return err
 		}
-		// A semaphore: its header row, then (in a fresh snapshot, once
-		// claims that held the header's row lock committed) its permits.
-		return pgx.BeginFunc(ctx, direct, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys); err != nil {
-				return err
+		var err error
+		if env.limit <= 1 {
+			rows, qerr := direct.Query(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1) RETURNING key, token`, keys)
+			if err = qerr; err == nil {
+				err = collect(rows)
 			}
-			_, err := tx.Exec(ctx, `DELETE FROM `+pgTable+`_permits WHERE key = ANY($1)`, keys)
-			return err
-		})
+		} else {
+			// A semaphore: its header row, then (in a fresh snapshot, once
+			// claims that held the header's row lock committed) its
+			// permits, whose tokens are the permits' own.
+			err = pgx.BeginFunc(ctx, direct, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `DELETE FROM `+pgTable+` WHERE key = ANY($1)`, keys); err != nil {
+					return err
+				}
+				rows, err := tx.Query(ctx, `DELETE FROM `+pgTable+`_permits WHERE key = ANY($1) RETURNING key, token`, keys)
+				if err != nil {
+					return err
+				}
+				return collect(rows)
+			})
+		}
+		if err != nil {
+			return nil, err
+		}
+		done := time.Now()
+		out := make([]removal, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, removal{key: k, sent: sent, done: done, tokens: removed[k]})
+		}
+		return out, nil
 	}
 	probeCfg := proxiedPGConfig(t, u, px, app).ConnConfig
 	env.probe = func(ctx context.Context) error {
@@ -178,6 +208,30 @@ func (rt *redisTarget) proxiedOptions(t testing.TB, px *Proxy) *redis.Options {
 	return opts
 }
 
+// redisDeleteLock deletes a lock (KEYS[1]: a mutex's string or a
+// semaphore's permit set) and a semaphore's permit hash (KEYS[2]) in one
+// script, and returns the fencing tokens of the claims in force it removed:
+// a held mutex record ("<flags>|<token>|<acquired_us>|…"; a free record,
+// "<flags>|<token>", is no claim) or the permits whose expiry, on the
+// server's clock, has not passed.
+var redisDeleteLock = redis.NewScript(`
+local out = {}
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'string' then
+  local tok = string.match(redis.call('GET', KEYS[1]), '^[^|]*|([^|]*)|[^|]*|')
+  if tok then table.insert(out, tok) end
+elseif t == 'zset' then
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  for _, ot in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ms, '+inf')) do
+    local p = redis.call('HGET', KEYS[2], 'p:' .. ot)
+    if p then table.insert(out, string.match(p, '^(%S+)')) end
+  end
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return out
+`)
+
 func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
 	rt := newRedisTarget(t)
 	px, err := h.Add("redis", rt.addr)
@@ -193,16 +247,28 @@ func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backend
 	env := &backendEnv{name: "redis", proxy: px, admin: admin, keyPrefix: prefix,
 		newLocker: redisLockers(func() *redis.Client { return redis.NewClient(rt.proxiedOptions(t, px)) }, rprefix)}
 	closeReg := withRegister(t, env, keys)
-	env.deleteKeys = func(ctx context.Context, keys []string) error {
+	env.deleteKeys = func(ctx context.Context, keys []string) ([]removal, error) {
+		var out []removal
 		for _, k := range keys {
 			// The lock (a semaphore's permit set) and a semaphore's permit
 			// hash; the fencing counter stays.
 			lock := rprefix + ":{" + k + "}"
-			if err := direct.Del(ctx, lock, lock+":sem").Err(); err != nil {
-				return err
+			sent := time.Now()
+			toks, err := redisDeleteLock.Run(ctx, direct, []string{lock, lock + ":sem"}).StringSlice()
+			if err != nil {
+				return out, err
 			}
+			rm := removal{key: k, sent: sent, done: time.Now()}
+			for _, s := range toks {
+				tok, err := strconv.ParseUint(s, 10, 64)
+				if err != nil {
+					return out, fmt.Errorf("delete %s: token %q: %w", k, s, err)
+				}
+				rm.tokens = append(rm.tokens, tok)
+			}
+			out = append(out, rm)
 		}
-		return nil
+		return out, nil
 	}
 	probe := redis.NewClient(rt.proxiedOptions(t, px))
 	env.probe = func(ctx context.Context) error { return probe.Ping(ctx).Err() }
@@ -220,7 +286,11 @@ func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backend
 	}}}
 	if rt.srv != nil {
 		env.faults = append(env.faults, faultDef{name: "redis-restart-empty", stateLoss: true, run: func(ctx context.Context, rng *mrand.Rand) error {
+			sent := time.Now()
 			rt.srv.kill()
+			if env.lost != nil {
+				env.lost("redis-restart-empty", removal{sent: sent, done: time.Now(), all: true})
+			}
 			sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
 			return rt.srv.start()
 		}})

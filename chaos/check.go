@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -11,8 +12,8 @@ import (
 type Config struct {
 	// RenewDeadline is the sessions' renew deadline. After a state-loss fault
 	// (a lock removed behind its holder's back) the old holder may keep
-	// acting until its next renewal is refused, and never past the fault's
-	// start plus RenewDeadline plus Slack.
+	// acting until its next renewal is refused, and never past the moment
+	// of the removal plus RenewDeadline plus Slack.
 	RenewDeadline time.Duration
 	// Slack is the round-trip and clock allowance added to that bound. It
 	// never widens the window of any other fault, which is zero.
@@ -129,6 +130,10 @@ type Report struct {
 	Seed       uint64      `json:"seed"`
 	Holds      []Hold      `json:"holds"`
 	Violations []Violation `json:"violations"`
+	// Excused are the overlaps (and the lost updates within them) that a
+	// state-loss fault allowed, each with the fault and the reason: not
+	// violations, but what the faults cost.
+	Excused []Violation `json:"excused,omitempty"`
 	// MaxHolds is, per key, the most holds the store had granted at once
 	// (holds a state-loss fault excuses not counted): a run whose semaphore
 	// never had more than one holder tested little.
@@ -168,6 +173,9 @@ type fault struct {
 	name       string
 	start, end time.Duration
 	stateLoss  bool
+	// lost holds the fault's StateLost events by key: for those keys the
+	// fault excuses exactly the holds whose claims they removed.
+	lost map[string][]Event
 }
 
 // Check is a pure function over a history. The rules, per key:
@@ -185,10 +193,16 @@ type fault struct {
 //     frees the key at the loss signal, while the work is still stopping,
 //     breaks it. Only a state-loss fault F (lock deleted, store restarted
 //     without persistence) lets B in while A cannot know: such an overlap is
-//     allowed when F started between A's acquire-start and B's acquire-ok and
-//     A had to stop (loss, deadline or release) by F.start + RenewDeadline +
-//     Slack (A's renewals after F are refused, so its deadline cannot move
-//     past that). Histories without work-stopped events end a hold at the
+//     allowed when F was under way at some time between A's acquire-start
+//     and B's acquire-ok, and A had to stop (loss, deadline or release)
+//     within RenewDeadline + Slack of the removal (A's renewals after it are
+//     refused, so its deadline cannot move past that). Where F's StateLost
+//     events say what it removed from the key, that is exact: a deletion
+//     that removed A's claim and not B's, before B's grant in the store's
+//     order, answered no earlier than RenewDeadline + Slack before A had to
+//     stop. Otherwise the removal is placed at the end of F or at B's
+//     acquire-ok, whichever came first. Allowed overlaps go to
+//     Report.Excused. Histories without work-stopped events end a hold at the
 //     earliest of its release start, loss signal and final local deadline.
 //     This is RuleOverlap, for keys whose limit (Config.Limit, Limits) is 0
 //     or 1.
@@ -284,6 +298,27 @@ func Check(h History, cfg Config) Report {
 		case FaultStart:
 			open[e.Fault] = len(faults)
 			faults = append(faults, fault{name: e.Fault, start: e.At, end: -1, stateLoss: e.StateLoss})
+		case StateLost:
+			i, ok := open[e.Fault]
+			if !ok { // recorded after its fault's end: the latest fault of that name
+				i = -1
+				for j, f := range faults {
+					if f.name == e.Fault && f.start <= e.At {
+						i = j
+					}
+				}
+			}
+			if i >= 0 {
+				f := &faults[i]
+				if f.lost == nil {
+					f.lost = map[string][]Event{}
+				}
+				k := e.Key
+				if e.All {
+					k = "" // every key
+				}
+				f.lost[k] = append(f.lost[k], e)
+			}
 		case FaultEnd:
 			if i, ok := open[e.Fault]; ok {
 				faults[i].end = e.At
@@ -340,13 +375,50 @@ func Check(h History, cfg Config) Report {
 	}
 
 	// excused reports whether the overlap of a (earlier acquire-ok) and b is
-	// one a state-loss fault allows: a had to stop no later than its
-	// renewals after the fault were refused (how long its work then took to
-	// stop is the StopSlack rule's business).
+	// one a state-loss fault F allows, and why. F must have been under way at
+	// some time between A's acquire-start and B's acquire-ok: a deletion may
+	// take A's claim right after the store granted it, while A's answer is
+	// still on its way. Where the history records what F removed (StateLost
+	// events for the key, or for every key), the excuse is exact:
+	//   - a deletion removed A's claim and not B's, B's grant came after it
+	//     (B's token is above the deletion's store position, where the store
+	//     has one, and B's acquire-ok is after the deletion was sent), and A
+	//     had to stop within RenewDeadline + Slack of the deletion's answer;
+	//   - or the store lost everything (All: killed between Sent and At),
+	//     with At no earlier than A's acquire-start and Sent no later than
+	//     B's acquire-ok, and A had to stop within RenewDeadline + Slack of
+	//     At.
+	// Otherwise the time rule: A had to stop within RenewDeadline + Slack of
+	// the end of F or of B's acquire-ok, whichever came first (by then the
+	// removal had happened, and A's renewals after it are refused). How long
+	// A's work then took to stop is the StopSlack rule's business.
 	excused := func(a, b *Hold) (bool, string) {
+		bound := cfg.RenewDeadline + cfg.Slack
 		for _, f := range faults {
-			if f.stateLoss && f.start >= a.Start && f.start <= b.OK && a.signalled() <= f.start+cfg.RenewDeadline+cfg.Slack {
-				return true, f.name
+			if !f.stateLoss || f.start > b.OK || (f.end >= 0 && f.end < a.Start) {
+				continue
+			}
+			if ls := slices.Concat(f.lost[a.Key], f.lost[""]); len(ls) > 0 {
+				for _, l := range ls {
+					if l.All && a.Start <= l.At && l.Sent <= b.OK && a.signalled() <= l.At+bound {
+						return true, fmt.Sprintf("%s lost every claim granted before %.3fs (the store stopped between %.3fs and then), A's among them, and B's grant came after",
+							f.name, l.At.Seconds(), l.Sent.Seconds())
+					}
+					if !l.All && a.Token != 0 && slices.Contains(l.Tokens, a.Token) && !slices.Contains(l.Tokens, b.Token) &&
+						(l.Pos == 0 || b.Token > l.Pos) && l.Sent <= b.OK && a.signalled() <= l.At+bound {
+						return true, fmt.Sprintf("%s removed A's claim (token %d) in a deletion sent at %.3fs and answered at %.3fs%s, before B's grant",
+							f.name, a.Token, l.Sent.Seconds(), l.At.Seconds(), posText(l.Pos))
+					}
+				}
+				continue
+			}
+			end := b.OK
+			if f.end >= 0 && f.end < end {
+				end = f.end
+			}
+			if a.signalled() <= end+bound {
+				return true, fmt.Sprintf("%s [%.3fs, %.3fs] was under way between A's acquire-start and B's acquire-ok, and A had to stop by %.3fs (within %v of %.3fs)",
+					f.name, f.start.Seconds(), f.end.Seconds(), a.signalled().Seconds(), bound, end.Seconds())
 			}
 		}
 		return false, ""
@@ -377,11 +449,16 @@ func Check(h History, cfg Config) Report {
 		for i, a := range list {
 			for _, b := range list[i+1:] {
 				if n == 1 && a.End > b.OK && b.End > b.OK {
-					if ok, _ := excused(a, b); !ok {
-						ca, cb := *a, *b
-						rep.Violations = append(rep.Violations, Violation{Rule: RuleOverlap, Key: k, A: &ca, B: &cb,
-							Detail: fmt.Sprintf("A held the key until %.3fs but B acquired it at %.3fs: %v of overlap, none allowed (faults active: %s)",
-								a.End.Seconds(), b.OK.Seconds(), (a.End - b.OK).Round(time.Microsecond), faultsBetween(a.OK, b.OK))})
+					ca, cb := *a, *b
+					v := Violation{Rule: RuleOverlap, Key: k, A: &ca, B: &cb}
+					overlap := fmt.Sprintf("A held the key until %.3fs but B acquired it at %.3fs: %v of overlap",
+						a.End.Seconds(), b.OK.Seconds(), (a.End - b.OK).Round(time.Microsecond))
+					if ok, why := excused(a, b); ok {
+						v.Detail = overlap + ", allowed: " + why
+						rep.Excused = append(rep.Excused, v)
+					} else {
+						v.Detail = fmt.Sprintf("%s, none allowed (faults active: %s)", overlap, faultsBetween(a.Start, b.OK))
+						rep.Violations = append(rep.Violations, v)
 					}
 				}
 				if a.Token != 0 && a.Token == b.Token {
@@ -469,14 +546,13 @@ func Check(h History, cfg Config) Report {
 				continue
 			}
 			a, b := holds[o.Hold], holds[e.Hold]
+			why := ""
 			if a != nil && b != nil {
 				first, second := a, b
 				if second.OK < first.OK {
 					first, second = second, first
 				}
-				if ok, _ := excused(first, second); ok {
-					continue
-				}
+				_, why = excused(first, second)
 			}
 			v := Violation{Rule: RuleLostUpdate, Key: e.Key, Events: []Event{r, o, e},
 				Detail: fmt.Sprintf("hold %d read %d, hold %d wrote %d, then hold %d wrote %d: one increment is lost",
@@ -488,6 +564,11 @@ func Check(h History, cfg Config) Report {
 			if a != nil {
 				c := *a
 				v.B = &c
+			}
+			if why != "" {
+				v.Detail += ", allowed: " + why
+				rep.Excused = append(rep.Excused, v)
+				continue
 			}
 			rep.Violations = append(rep.Violations, v)
 		}
@@ -538,4 +619,11 @@ func Check(h History, cfg Config) Report {
 		}
 	}
 	return rep
+}
+
+func posText(pos uint64) string {
+	if pos == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" at store position %d", pos)
 }

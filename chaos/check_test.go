@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -259,7 +260,7 @@ func TestHistoryJSONRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(back.Events) != len(h.Events) || back.Seed != h.Seed || back.Events[1] != h.Events[1] {
+	if len(back.Events) != len(h.Events) || back.Seed != h.Seed || !reflect.DeepEqual(back.Events[1], h.Events[1]) {
 		t.Fatalf("round trip changed the history: %+v", back)
 	}
 }
@@ -448,4 +449,70 @@ func TestCheckSemaphoreSkipsExclusiveResources(t *testing.T) {
 
 	b.add(Event{At: ms(600), Kind: CounterWrite, Contender: "c1", Key: "k", Hold: 1, Value: 6})
 	wantRules(t, Check(b.history(), sem(2)), RuleActedOutside)
+}
+
+// A state-loss fault that was already under way when A started acquiring
+// may still take A's claim after the store granted it: the excuse covers a
+// fault active at any time between A's acquire-start and B's acquire-ok,
+// and bounds A by the fault's end (or B's grant, if earlier) plus
+// RenewDeadline and Slack. A fault over before A started excuses nothing.
+func TestCheckStateLossUnderWay(t *testing.T) {
+	mk := func(faultEnd, aDeadline int) History {
+		b := &hb{}
+		b.add(Event{At: ms(0), Kind: FaultStart, Fault: "delete", StateLoss: true})
+		b.add(Event{At: ms(faultEnd), Kind: FaultEnd, Fault: "delete"})
+		b.hold(1, "c1", "k", 10, 50, 80, aDeadline, 0)
+		b.hold(2, "c2", "k", 11, 60, 110, 1110, 400)
+		return b.history()
+	}
+	r := Check(mk(100, 1140), cfg) // within 100ms + 1s + 50ms
+	wantRules(t, r)
+	if len(r.Excused) != 1 || r.Excused[0].Rule != RuleOverlap {
+		t.Errorf("want the overlap among the excused:\n%s", Report{Violations: r.Excused})
+	}
+	wantRules(t, Check(mk(100, 1160), cfg), RuleOverlap) // past the bound
+	wantRules(t, Check(mk(40, 1080), cfg), RuleOverlap)  // over before A asked
+
+	// With the deletion's record the excuse is exact: only a deletion that
+	// removed A's claim and not B's, before B's grant in the store's order.
+	exact := func(tokens []uint64, pos uint64) History {
+		h := mk(100, 1140)
+		h.Events = append(h.Events, Event{At: ms(95), Sent: ms(85), Kind: StateLost, Fault: "delete", Key: "k", Tokens: tokens, Pos: pos})
+		return (&hb{h: h}).history()
+	}
+	wantRules(t, Check(exact([]uint64{10}, 0), cfg))
+	wantRules(t, Check(exact([]uint64{10}, 10), cfg))
+	wantRules(t, Check(exact(nil, 0), cfg), RuleOverlap)              // A's claim was not removed
+	wantRules(t, Check(exact([]uint64{10, 11}, 0), cfg), RuleOverlap) // B's was too: granted before it
+	wantRules(t, Check(exact([]uint64{10}, 11), cfg), RuleOverlap)    // B's grant came before it
+}
+
+// A restart without persistence loses every claim granted before the
+// server stopped: recorded (StateLost with All), it excuses only the holds
+// that asked before then and stopped within RenewDeadline + Slack of it, not
+// one the restarted, empty store granted while the fault's window was
+// still open.
+func TestCheckRestartLosesEverything(t *testing.T) {
+	mk := func(aStart, aOK, aDeadline int, record bool) History {
+		b := &hb{}
+		b.add(Event{At: ms(0), Kind: FaultStart, Fault: "restart", StateLoss: true})
+		if record {
+			b.add(Event{At: ms(10), Sent: ms(1), Kind: StateLost, Fault: "restart", All: true})
+		}
+		b.add(Event{At: ms(600), Kind: FaultEnd, Fault: "restart"})
+		b.hold(1, "c1", "k", 10, aStart, aOK, aDeadline, 0)
+		b.hold(2, "c2", "k", 11, 630, 700, 1700, 900)
+		return b.history()
+	}
+	// Granted by the old server just before it stopped: excused either way.
+	wantRules(t, Check(mk(2, 8, 1002, false), cfg))
+	wantRules(t, Check(mk(2, 8, 1002, true), cfg))
+	// Granted by the restarted server: the time rule alone lets it pass
+	// (the window was open, 1.62s is within 1.05s of its end), the record
+	// shows that B was granted while the new server had A's claim.
+	wantRules(t, Check(mk(50, 610, 1610, false), cfg))
+	wantRules(t, Check(mk(50, 610, 1610, true), cfg), RuleOverlap)
+	// Asked before the stop but granted after it (its deadline is past the
+	// stop + RenewDeadline + Slack): not excused.
+	wantRules(t, Check(mk(2, 610, 1610, true), cfg), RuleOverlap)
 }

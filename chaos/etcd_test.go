@@ -233,17 +233,29 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 		}
 		return l, func() error { err := l.Close(); return errors.Join(err, cli.Close()) }, nil
 	}
-	env.deleteKeys = func(ctx context.Context, keys []string) error {
+	env.deleteKeys = func(ctx context.Context, keys []string) ([]removal, error) {
+		var out []removal
 		for _, k := range keys {
-			if _, err := adminCli.Delete(ctx, eprefix+k); err != nil {
-				return err
+			// The lock and a semaphore's permits (<prefix><key> NUL <owner
+			// token>) in one transaction, so at one revision: every grant
+			// after it gets a larger create revision, its fencing token.
+			sent := time.Now()
+			resp, err := adminCli.Txn(ctx).Then(
+				clientv3.OpDelete(eprefix+k, clientv3.WithPrevKV()),
+				clientv3.OpDelete(eprefix+k+"\x00", clientv3.WithPrefix(), clientv3.WithPrevKV()),
+			).Commit()
+			if err != nil {
+				return out, err
 			}
-			// A semaphore's permits: <prefix><key> NUL <owner token>.
-			if _, err := adminCli.Delete(ctx, eprefix+k+"\x00", clientv3.WithPrefix()); err != nil {
-				return err
+			rm := removal{key: k, sent: sent, done: time.Now(), pos: uint64(resp.Header.Revision)}
+			for _, op := range resp.Responses {
+				for _, kv := range op.GetResponseDeleteRange().GetPrevKvs() {
+					rm.tokens = append(rm.tokens, uint64(kv.CreateRevision))
+				}
 			}
+			out = append(out, rm)
 		}
-		return nil
+		return out, nil
 	}
 	probe, err := proxied()
 	if err != nil {

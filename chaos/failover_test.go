@@ -152,8 +152,7 @@ func runSteps(t *testing.T, cfg runConfig, env *backendEnv, keys []string, rec *
 	hist := rec.History()
 	ccfg := Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack}
 	rep := Check(hist, ccfg)
-	var allowed []Violation
-	rep.Violations, allowed = allowFaultWindows(hist, rep, ccfg)
+	allowed := rep.Excused
 	if len(allowed) > 0 {
 		longest := time.Duration(0)
 		for _, v := range allowed {
@@ -186,57 +185,6 @@ func runSteps(t *testing.T, cfg runConfig, env *backendEnv, keys []string, rec *
 	}
 	checkNoSecret(t, env.name+" run", logs.String(), historyText(hist))
 	return rep, allowed
-}
-
-// allowFaultWindows moves out of rep the overlaps (and the lost updates
-// within them) that a state-loss fault with a duration allows. Check
-// places such a fault's loss at its start; a failover loses state at some
-// moment while it is under way: an acquisition the old master acknowledged
-// after the replica was promoted never reaches the new master, which grants
-// the key again. Such an overlap of A (the earlier acquire-ok) and B is
-// allowed when the fault was under way between A's acquire-start and B's
-// acquire-ok, and A had to stop within the renew deadline (plus slack) of
-// the fault's end (by then every client talks to the new master, which
-// refuses A's renewals) or of B's acquisition, whichever came first.
-func allowFaultWindows(hist History, rep Report, cfg Config) (kept, allowed []Violation) {
-	type window struct{ start, end time.Duration }
-	var ws []window
-	open := map[string]int{}
-	for _, e := range hist.Events {
-		switch {
-		case e.Kind == FaultStart && e.StateLoss:
-			open[e.Fault] = len(ws)
-			ws = append(ws, window{start: e.At, end: -1})
-		case e.Kind == FaultEnd:
-			if i, ok := open[e.Fault]; ok {
-				ws[i].end = e.At
-				delete(open, e.Fault)
-			}
-		}
-	}
-	excused := func(a, b *Hold) bool {
-		if b.OK < a.OK {
-			a, b = b, a
-		}
-		for _, w := range ws {
-			end := w.end
-			if end < 0 {
-				end = 1 << 62
-			}
-			if w.start <= b.OK && end >= a.Start && a.signalled() <= min(end, b.OK)+cfg.RenewDeadline+cfg.Slack {
-				return true
-			}
-		}
-		return false
-	}
-	for _, v := range rep.Violations {
-		if (v.Rule == RuleOverlap || v.Rule == RuleLostUpdate) && v.A != nil && v.B != nil && excused(v.A, v.B) {
-			allowed = append(allowed, v)
-			continue
-		}
-		kept = append(kept, v)
-	}
-	return kept, allowed
 }
 
 // tokenRegressions counts the violations of the token rules in rep.

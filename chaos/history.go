@@ -56,6 +56,19 @@ const (
 	// renewal.
 	FaultStart Kind = "fault-start"
 	FaultEnd   Kind = "fault-end"
+	// StateLost: during the state-loss fault Fault, one deletion of Key's
+	// lock records, sent at Sent and answered at At. Tokens are the fencing
+	// tokens of every claim it removed, as the store reported them (etcd:
+	// the deleted keys' create revisions; ZooKeeper: the deleted nodes'
+	// czxids; PostgreSQL: the deleted rows' tokens). Pos, when not 0, is the
+	// deletion's place in the store's own order in the tokens' units, for a
+	// store whose every grant after the deletion gets a token above it
+	// (etcd: the delete's revision). A fault with such events for a key
+	// excuses exactly the holds whose claims they removed; without them the
+	// checker falls back to the fault's time window. All (no Key, no
+	// Tokens) records a store that lost every claim granted before At (a
+	// restart without persistence: the server killed between Sent and At).
+	StateLost Kind = "state-lost"
 	// Healed: all faults are over and the store answers again.
 	Healed Kind = "healed"
 	// HeldAfterRun: Key was still held after every Locker closed and the
@@ -80,6 +93,9 @@ type Event struct {
 	Accepted  bool          `json:"accepted,omitempty"`
 	Fault     string        `json:"fault,omitempty"`
 	StateLoss bool          `json:"state_loss,omitempty"`
+	Tokens    []uint64      `json:"tokens,omitempty"`
+	Pos       uint64        `json:"pos,omitempty"`
+	All       bool          `json:"all,omitempty"`
 	Err       string        `json:"err,omitempty"`
 }
 
@@ -107,6 +123,16 @@ func (e Event) String() string {
 		s += fmt.Sprintf(" read=%d wrote=%d", e.Read, e.Value)
 	case FencedWrite:
 		s += fmt.Sprintf(" sent=%.3fs accepted=%v seq=%d", e.Sent.Seconds(), e.Accepted, e.Value)
+	}
+	if e.Kind == StateLost {
+		removed := fmt.Sprint(e.Tokens)
+		if e.All {
+			removed = "everything"
+		}
+		s += fmt.Sprintf(" sent=%.3fs removed=%s", e.Sent.Seconds(), removed)
+		if e.Pos != 0 {
+			s += fmt.Sprintf(" pos=%d", e.Pos)
+		}
 	}
 	if e.Fault != "" {
 		s += " fault=" + e.Fault

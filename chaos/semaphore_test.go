@@ -89,11 +89,11 @@ func memSetup(t *testing.T, _ *Harness, _ []string, prefix string) *backendEnv {
 		mu.Unlock()
 		return l, l.Close, nil
 	}
-	env.deleteKeys = func(_ context.Context, keys []string) error {
+	env.deleteKeys = func(_ context.Context, keys []string) ([]removal, error) {
 		for _, k := range keys {
 			store.Delete(k)
 		}
-		return nil
+		return nil, nil // memlock does not say what it removed
 	}
 	env.probe = func(context.Context) error { return nil }
 	ttl := shortTiming.ttl

@@ -106,8 +106,10 @@ type backendEnv struct {
 	newLocker func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error)
 	// admin inspects locks directly, not through the proxy.
 	admin core.Admin
-	// deleteKeys removes locks behind their holders' backs.
-	deleteKeys func(ctx context.Context, keys []string) error
+	// deleteKeys removes locks behind their holders' backs and reports, per
+	// key, what the store says it removed (nil: the store reports nothing,
+	// and the checker judges the fault by its time window alone).
+	deleteKeys func(ctx context.Context, keys []string) ([]removal, error)
 	// probe makes one round trip through the proxy.
 	probe func(ctx context.Context) error
 	// faults specific to this backend (server side).
@@ -119,7 +121,24 @@ type backendEnv struct {
 	// limit is the run's runConfig.limit (set by runChaos after setup), for
 	// deleteKeys: a semaphore's records may differ from a lock's.
 	limit int
+	// lost records what a state-loss fault removed (set by runChaos after
+	// setup), for faults of the backend's own.
+	lost  func(fault string, rm removal)
 	close func()
+}
+
+// removal is what one deletion of a key's lock records removed, as the
+// store reported it: the fencing tokens of the claims it removed, and, for
+// a store whose every later grant gets a larger token (etcd), the
+// deletion's position in the store's order (recorded as a StateLost event).
+type removal struct {
+	key        string
+	sent, done time.Time
+	tokens     []uint64
+	pos        uint64
+	// all: the store lost every claim (a restart without persistence,
+	// the server killed between sent and done); key and tokens are empty.
+	all bool
 }
 
 // sink collects every error string and log line a run produces, for the
@@ -453,6 +472,10 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	defer cancel()
 	r := &run{t: t, cfg: cfg, env: env, rec: NewRecorder(cfg.seed), errs: logs, keys: keys,
 		counters: map[string]*atomic.Int64{}, ctx: ctx}
+	env.lost = func(fault string, rm removal) {
+		r.rec.Add(Event{At: r.rec.Since(rm.done), Sent: r.rec.Since(rm.sent), Kind: StateLost, Key: rm.key,
+			Fault: fault, Tokens: rm.tokens, Pos: rm.pos, All: rm.all})
+	}
 	for _, k := range keys {
 		r.counters[k] = new(atomic.Int64)
 	}
@@ -513,7 +536,11 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	faults = append(faults, faultDef{name: "delete-locks", stateLoss: true, run: func(ctx context.Context, _ *mrand.Rand) error {
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		return env.deleteKeys(dctx, keys)
+		rms, err := env.deleteKeys(dctx, keys)
+		for _, rm := range rms {
+			env.lost("delete-locks", rm)
+		}
+		return err
 	}})
 	end := time.Now().Add(cfg.faultPhase)
 	counts := map[string]int{}
@@ -612,6 +639,23 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 		}
 	}
 	t.Logf("%s: %d events, %d holds, %d losses signalled, most holds of a key at once %v", env.name, len(hist.Events), acquired, lost, rep.MaxHolds)
+	removals, removed := 0, 0
+	for _, e := range hist.Events {
+		if e.Kind == StateLost {
+			removals++
+			removed += len(e.Tokens)
+		}
+	}
+	if removals > 0 {
+		t.Logf("%s: state-loss faults recorded what they removed: %d records, %d claims", env.name, removals, removed)
+	}
+	if len(rep.Excused) > 0 {
+		var b strings.Builder
+		for _, v := range rep.Excused[:min(3, len(rep.Excused))] {
+			fmt.Fprintf(&b, "\n  %s on key %q: %s", v.Rule, v.Key, v.Detail)
+		}
+		t.Logf("%s: %d overlaps and lost updates allowed by a state-loss fault, such as:%s", env.name, len(rep.Excused), b.String())
+	}
 	if !rep.OK() {
 		path, err := hist.Dump(*flagOut, env.name)
 		if err != nil {

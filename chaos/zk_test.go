@@ -71,23 +71,37 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		return l, l.Close, nil
 	}
 	layout := admin.Backend().(*zklock.Backend)
-	env.deleteKeys = func(ctx context.Context, keys []string) error {
+	env.deleteKeys = func(ctx context.Context, keys []string) ([]removal, error) {
+		var out []removal
 		for _, k := range keys {
+			// Each child's czxid (a claim's fencing token) before it is
+			// deleted; a sequential node's name is never reused under its
+			// parent, so a delete that succeeds removed that node.
+			rm := removal{key: k, sent: time.Now()}
 			parent := layout.KeyPath(k)
 			names, _, err := direct.Children(parent)
-			if errors.Is(err, zk.ErrNoNode) {
-				continue
-			}
-			if err != nil {
-				return err
+			if err != nil && !errors.Is(err, zk.ErrNoNode) {
+				return out, err
 			}
 			for _, n := range names {
-				if err := direct.Delete(parent+"/"+n, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-					return err
+				ok, st, err := direct.Exists(parent + "/" + n)
+				if err != nil {
+					return out, err
+				}
+				if !ok {
+					continue
+				}
+				err = direct.Delete(parent+"/"+n, -1)
+				if err == nil {
+					rm.tokens = append(rm.tokens, uint64(st.Czxid))
+				} else if !errors.Is(err, zk.ErrNoNode) {
+					return out, err
 				}
 			}
+			rm.done = time.Now()
+			out = append(out, rm)
 		}
-		return nil
+		return out, nil
 	}
 	probeB, err := zklock.NewBackend(ctx, px.Addr(), zklock.WithRoot(root), zklock.WithLogger(zkLogger{}))
 	if err != nil {

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -11,8 +12,9 @@ import (
 //
 // Every operation is one round trip and idempotent per owner token: an
 // acquire that finds the lock already held with its own token succeeds; a
-// release that finds the key gone or taken by someone else succeeds. All
-// expiry arithmetic is done on the store's clock.
+// release that finds the key gone or taken by someone else has nothing left
+// to do, and says so (Gone). All expiry arithmetic is done on the store's
+// clock.
 //
 // Backends are safe for concurrent use.
 type Backend interface {
@@ -31,6 +33,19 @@ type Backend interface {
 	// Release deletes req.Key if req.OwnerToken holds it and tells waiters
 	// (Watcher). With req.Keep > 0 it instead sets the expiry to the store's
 	// now + Keep and leaves the lock held (min hold).
+	//
+	// When the store holds no live lease of req.OwnerToken on req.Key — the
+	// key is gone, expired, force-released or another owner's — Release
+	// changes nothing that is not this owner token's and returns an error
+	// matching ErrLeaseGone (Gone(key, reason)). That answer is final, not a
+	// failure to retry: the engine reports it to the holder as a lost lease
+	// and treats it as done when it undoes a claim. Any other error is a
+	// failure whose outcome may be unknown; the engine may send the release
+	// again; a Gone answer to such a retry is taken as done, not as a loss.
+	// (A driver that retries on its own a release whose reply was lost sees
+	// Gone for a release it applied: the holder then hears of a loss that
+	// did not happen, a false alarm, never a missed one.) A backend that
+	// cannot tell returns nil.
 	Release(ctx context.Context, req ReleaseRequest) error
 	// Now returns the clock of the store node that holds key (slot ends are
 	// computed on it).
@@ -38,6 +53,31 @@ type Backend interface {
 	// Close frees what the backend itself opened (never the caller's client
 	// or pool). Client.Close calls it; it must be safe to call more than once.
 	Close() error
+}
+
+// Unclaimed wraps err, the failure of a Backend's TryAcquire, to say that
+// the backend knows the store claimed nothing for this request: it never
+// reached the store (the connection was refused), or it failed at a step
+// before the claim was sent. The engine then owes the claim no undo and
+// returns the failure at once; without it, a failed claim is undone by
+// owner token, which costs another round trip against a store that is
+// likely down. Unclaimed(nil) is nil. The message is err's.
+func Unclaimed(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unclaimedError{err}
+}
+
+type unclaimedError struct{ err error }
+
+func (e *unclaimedError) Error() string { return e.err.Error() }
+func (e *unclaimedError) Unwrap() error { return e.err }
+
+// isUnclaimed reports whether err says that nothing was claimed.
+func isUnclaimed(err error) bool {
+	var u *unclaimedError
+	return errors.As(err, &u)
 }
 
 // Watcher is implemented by backends that can tell waiters a lock was

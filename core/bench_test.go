@@ -81,7 +81,7 @@ func BenchmarkIsLeader(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	e, err := core.Campaign(l, "leader")
+	e, err := core.CampaignContext(context.Background(), l, "leader")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func BenchmarkIsLeader(b *testing.B) {
 func TestIsLeaderAllocatesNothing(t *testing.T) {
 	l, _ := memlock.New()
 	defer l.Close()
-	e, err := core.Campaign(l, "leader")
+	e, err := core.CampaignContext(context.Background(), l, "leader")
 	if err != nil {
 		t.Fatal(err)
 	}

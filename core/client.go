@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -30,7 +31,7 @@ type Client struct {
 
 	closing     context.Context // cancelled when Close starts: ends waits and cuts claims short
 	stopAcquire context.CancelFunc
-	acquiring   sync.WaitGroup // acquisitions in flight, with their undo
+	acquiring   sync.WaitGroup // acquisitions in flight (the store calls they leave running are counted in calls)
 
 	mu         sync.Mutex
 	closed     bool
@@ -40,6 +41,9 @@ type Client struct {
 	undos      []*pendingUndo        // ambiguous claims whose undo is still owed (undo.go)
 	undoing    bool                  // the undo goroutine runs
 	undoWake   chan struct{}
+	calls      int                    // store calls that may outlive their acquisition (calls.go)
+	callsIdle  chan struct{}          // closed when calls drops to 0
+	callsCut   bool                   // Close no longer waits for such calls: their late results are dropped
 	groupSeq   uint64                 // last renewal group handed out (renewer goroutine only)
 	waiters    map[string][]*waiter   // per key, oldest first
 	echoes     map[string][]time.Time // own releases whose notification is due back
@@ -95,6 +99,14 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 // Backend returns the backend the client runs on.
 func (c *Client) Backend() Backend { return c.b }
 
+// Logger returns the logger set by WithLogger, or slog.Default().
+func (c *Client) Logger() *slog.Logger {
+	if c.cfg.logger != nil {
+		return c.cfg.logger
+	}
+	return slog.Default()
+}
+
 // TryAcquire implements Locker.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (Session, error) {
 	return c.acquire(ctx, key, opts, ModeTry)
@@ -148,16 +160,30 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		}()
 	}
 	// Store calls run on opCtx: the caller's ctx, also cut short by Close.
+	// None keeps the caller past bud: DeadlineSlack after opCtx ends.
 	opCtx, cancel := context.WithCancel(obsCtx)
 	defer cancel()
 	stop := context.AfterFunc(c.closing, cancel)
 	defer stop()
+	bud := &budget{ctx: opCtx}
 	// ended builds the error of an acquisition that ctx or Close cut short.
+	// failure is the store's last word when that was a failure, not busy:
+	// only a busy last word matches ErrNotAcquired.
 	ended := func(failure error) error {
 		if c.closing.Err() != nil {
 			return ErrClosed
 		}
-		return notAcquiredWithin(ctx, key, busy, busyAt, time.Since(start), failure)
+		waited := time.Since(start)
+		if dl, ok := ctx.Deadline(); ok && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			waited = min(waited, dl.Sub(start)) // the caller's budget, not the slack
+		}
+		if failure == nil && busy != nil {
+			return notAcquiredWithin(ctx, key, busy, busyAt, waited)
+		}
+		return acquireFailed(ctx, key, attempts > 0, busy, busyAt, waited, failure)
+	}
+	if ctx.Err() != nil {
+		return nil, ended(nil) // ctx is over: not worth a round trip
 	}
 	if cfg.jitter > 0 {
 		if sleepCtx(opCtx, mrand.N(cfg.jitter+1)) != nil {
@@ -172,7 +198,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		defer func() {
 			c.removeWaiter(key, w, s != nil)
 			if s == nil && queued != "" {
-				c.leave(ctx, key, queued)
+				c.leave(bud, ctx, key, queued)
 			}
 		}()
 		if w.id != "" {
@@ -180,20 +206,30 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		}
 	}
 	var timer *time.Timer
-	var failure error // the last attempt's store failure, while waiting
+	// failure is the store's last word when it was a failure rather than
+	// busy (nil after a busy answer): it decides what a wait that ctx ends
+	// reports.
+	var failure error
 	for {
 		attempts++
 		queued = cfg.waiter
-		ss, err := c.attempt(opCtx, ctx, key, cfg)
+		ss, err := c.attempt(bud, ctx, key, cfg)
 		if err == nil {
 			return ss, nil
 		}
 		var b *NotAcquiredError
 		if errors.As(err, &b) {
 			busy, busyAt = b, time.Now()
+			failure = nil
 		}
-		if opCtx.Err() != nil && b == nil {
-			return nil, ended(err)
+		if b == nil && opCtx.Err() != nil {
+			// Cut short by ctx or Close: the attempt got no word from the
+			// store, so the last word decides; when there was none, this
+			// attempt's failure is the report.
+			if busy == nil && failure == nil {
+				failure = err
+			}
+			return nil, ended(failure)
 		}
 		if mode == ModeTry || (b == nil && !retryable(err)) {
 			return nil, err
@@ -201,7 +237,6 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		// Busy, or the store failed (a restart, a cut connection): wait
 		// and try again until ctx ends. The claim of a failed attempt was
 		// undone by attempt.
-		failure = nil
 		if b == nil {
 			failure = err
 		}
@@ -237,12 +272,15 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 }
 
 // leave takes a wait that ended without the lock out of the store's queue,
-// on a context detached from the caller's, bounded by the release timeout.
-// It is best effort: a place left behind expires within the queue TTL.
-func (c *Client) leave(ctx context.Context, key, waiter string) {
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
-	defer cancel()
-	_ = c.queuer.Leave(lctx, key, waiter)
+// on a context detached from the caller's, bounded by the release timeout;
+// the caller waits for it within bud only. It is best effort: a place left
+// behind expires within the queue TTL.
+func (c *Client) leave(bud *budget, ctx context.Context, key, waiter string) {
+	_, _ = storeCall(c, bud, func() (struct{}, error) {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+		defer cancel()
+		return struct{}{}, c.queuer.Leave(lctx, key, waiter)
+	}, nil)
 }
 
 // retryable reports whether Acquire keeps waiting after err: anything but
@@ -269,10 +307,11 @@ func backoffWait(min, max time.Duration, n int) time.Duration {
 	return min + mrand.N(hi-min+1)
 }
 
-// attempt makes one claim of key. Store calls run under opCtx (the caller's
-// ctx as the observer returned it); the session keeps the values of userCtx.
-func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config) (*session, error) {
-	ctx := opCtx
+// attempt makes one claim of key. Store calls run under bud.ctx (the
+// caller's ctx as the observer returned it, cut short by Close) and keep
+// the caller within bud; the session keeps the values of userCtx.
+func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg config) (*session, error) {
+	ctx := bud.ctx
 	req := AcquireRequest{Key: key, Owner: cfg.owner, OwnerToken: rand.Text(), TTL: cfg.ttl}
 	if cfg.limit > 1 {
 		req.Limit = cfg.limit
@@ -282,7 +321,7 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 	}
 	var serverNow time.Time
 	if cfg.schedule != nil {
-		now, err := c.b.Now(ctx, key)
+		now, err := storeCall(c, bud, func() (time.Time, error) { return c.b.Now(ctx, key) }, nil)
 		if err != nil {
 			return nil, fmt.Errorf("dislock: %s: read store clock: %w", c.name, err)
 		}
@@ -297,21 +336,33 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 	if cfg.schedule != nil {
 		life = req.ExpireAt.Sub(serverNow)
 	}
-	lease, err := c.b.TryAcquire(ctx, req)
+	// undo releases the claim by owner token, so that nothing stays held
+	// until its TTL; the caller waits for it within bud only.
+	undo := func() { bud.wait(c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)) }
+	lease, err := storeCall(c, bud, func() (Lease, error) { return c.b.TryAcquire(ctx, req) },
+		func(_ Lease, err error) {
+			// The caller has left: whatever the store did is undone.
+			if !claimedNothing(err) && !isUnclaimed(err) {
+				c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
+			}
+		})
 	if err != nil {
-		if errors.Is(err, ErrNotAcquired) || errors.Is(err, ErrLimitMismatch) {
-			return nil, err // the store claimed nothing
+		if claimedNothing(err) {
+			return nil, err
 		}
-		// The claim may have been applied before the failure: undo it by
-		// owner token so that nothing stays held until its TTL.
-		c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
+		if !errors.As(err, new(errNoReply)) && !isUnclaimed(err) {
+			// The claim may have been applied before the failure, unless
+			// the backend knows it was not. (A call left running undoes
+			// its claim when it returns.)
+			undo()
+		}
 		return nil, fmt.Errorf("dislock: %s: acquire %q: %w", c.name, key, err)
 	}
 	s := &session{
 		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token, limit: req.Limit,
 		slot: cfg.schedule != nil, ttl: cfg.ttl, interval: cfg.renewInterval,
 		renewDeadline: cfg.renewDeadline, minHold: cfg.minHold,
-		acquiredAt: sent, obsCtx: context.WithoutCancel(opCtx),
+		acquiredAt: sent, obsCtx: context.WithoutCancel(ctx),
 		done: make(chan struct{}),
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(userCtx))
@@ -328,15 +379,21 @@ func (c *Client) attempt(opCtx, userCtx context.Context, key string, cfg config)
 	if took := time.Since(sent); took >= s.deadline.Sub(sent) {
 		// The reply came so late that the lease may already be over: do
 		// not hand out a session that is dead on arrival.
-		c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
+		undo()
 		return nil, fmt.Errorf("dislock: %s: acquire %q: the reply took %v, past the renew deadline: %w",
 			c.name, key, took.Round(time.Millisecond), ErrLeaseLost)
 	}
 	if !c.register(s) {
-		c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
+		undo()
 		return nil, ErrClosed
 	}
 	return s, nil
+}
+
+// claimedNothing reports whether an acquire that returned err surely left
+// nothing in the store: it answered busy or refused the limit.
+func claimedNothing(err error) bool {
+	return errors.Is(err, ErrNotAcquired) || errors.Is(err, ErrLimitMismatch)
 }
 
 // register adds s to the renewer; false when the client is closed.
@@ -413,19 +470,25 @@ func (c *Client) forget(s *session) {
 
 // releaseDetached releases key by owner token on a context that ignores the
 // caller's cancellation but keeps its values, bounded by the release timeout.
+// A store that holds nothing of ownerToken's (Gone) has nothing to undo:
+// that is done, not an error.
 func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string, limit int) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 	defer cancel()
 	err := c.b.Release(rctx, ReleaseRequest{Key: key, OwnerToken: ownerToken, Limit: limit})
-	if err == nil {
+	switch {
+	case err == nil:
 		c.notify(key)
+	case errors.Is(err, ErrLeaseGone):
+		return nil
 	}
 	return err
 }
 
 // Close implements Locker. It ends waits in Acquire (ErrClosed), cuts
-// acquisitions in flight short and waits for them and for the undo of their
-// claims (for a ClaimBounder backend, until the claim bound has passed),
+// acquisitions in flight short and waits for them, for the store calls they
+// left running (up to 10s) and for the undo of their claims (for a
+// ClaimBounder backend, until the claim bound has passed),
 // releases every session — also lost ones whose holder has not
 // released them yet — stops the renewer and the watcher, waits for them, and
 // then closes the Backend (which frees only what the backend opened itself,
@@ -440,6 +503,11 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	c.stopAcquire()
 	c.acquiring.Wait()
+	// Store calls that acquisitions left running (calls.go), with their
+	// undo: a call that does not return by closeUndoWait is cut loose, and
+	// what it claims after that expires at its TTL.
+	c.waitCalls(closeUndoWait)
+	c.cutCalls()
 
 	c.mu.Lock()
 	list := make([]*session, 0, len(c.sessions)+len(c.owed))
@@ -462,7 +530,9 @@ func (c *Client) Close() error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := s.release(context.Background(), ErrClosed); err != nil {
+			// A session found lost says so itself (Err, Context): only
+			// a failure to release is Close's.
+			if err := s.release(context.Background(), ErrClosed); err != nil && !errors.Is(err, ErrLeaseLost) {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
@@ -475,6 +545,7 @@ func (c *Client) Close() error {
 	if err := c.b.Close(); err != nil {
 		errs = append(errs, err)
 	}
+	c.waitCalls(closeUndoWait) // a call cut loose returns once its backend is closed
 	return errors.Join(errs...)
 }
 
@@ -546,6 +617,20 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func errJoin(errs ...error) error { return errors.Join(errs...) }
+// errJoin is errors.Join, except that a lone error comes back as itself.
+func errJoin(errs ...error) error {
+	var only error
+	n := 0
+	for _, e := range errs {
+		if e != nil {
+			only = e
+			n++
+		}
+	}
+	if n > 1 {
+		return errors.Join(errs...)
+	}
+	return only
+}
 
 func isReleased(err error) bool { return errors.Is(err, ErrReleased) || errors.Is(err, ErrClosed) }

@@ -17,7 +17,10 @@
 // the session ends with ErrLeaseLost — Done closes and Context is cancelled —
 // before the store can grant the key to anyone else (that takes the full
 // TTL). A renewal the store refuses ends the session at once, with an error
-// that also matches ErrLeaseGone. Loss is never silent.
+// that also matches ErrLeaseGone. A Release that finds the lease gone from the
+// store before any renewal did (force-released, expired, taken over) returns
+// that error too, and the session ends as lost, not released; Do returns it.
+// Loss is never silent, except to a slot session, whose Release sends nothing.
 //
 // # The margin belongs to the holder
 //
@@ -27,7 +30,7 @@
 // is freed before its TTL only when the holder calls Release on the lost
 // session, which means "my work has stopped"; otherwise the store drops it
 // when the TTL, counted from the last acquire or renewal it may have applied,
-// runs out. Do releases once fn has returned; the gocron and asynq
+// runs out. Do and TryDo release once fn has returned; the gocron and asynq
 // integrations once the job or handler has returned; the dislock CLI once
 // the command's whole process group has exited; an Election once OnRevoked
 // has returned. Close releases every session, including lost ones not yet
@@ -63,9 +66,10 @@
 // one renewer goroutine for all of its sessions, which batches every renewal
 // due within half a renew interval into one Backend.Renew call, plus one
 // Watcher goroutine while anyone waits in Acquire. Close ends waits in
-// Acquire, cuts acquisitions in flight short and waits for them and for the
-// undo of their claims, releases every session, stops both goroutines and
-// waits for them, and only then closes the Backend.
+// Acquire, cuts acquisitions in flight short and waits for them, for the
+// store calls they left running and for the undo of their claims, releases
+// every session, stops both goroutines and waits for them, and only then
+// closes the Backend.
 //
 // # Waiting in line
 //
@@ -111,8 +115,65 @@
 // the store's clock; MinHold(d) keeps a released lock until d after it was
 // taken. Either stops a fast job from running on every node.
 //
+// # Elections
+//
+// CampaignContext campaigns for leadership of a key in the background:
+// whoever holds the key's lock leads, IsLeader answers from memory (no I/O,
+// no allocation), Resign hands over, Close resigns and stops. An election
+// says what stops it:
+//
+//   - CampaignContext waits, bounded by its ctx, for the first attempt's
+//     answer, so that IsLeader then says what the store decided (Ready
+//     closes at that answer). It returns an error, and campaigns no further,
+//     for what no retry can mend: a bad key or option, an option the
+//     backend rejects (a TTL longer than a ZooKeeper session allows),
+//     ErrLimitMismatch, ErrUnsupported, a closed Locker. A busy key or a
+//     store failure is not an error: the campaign goes on.
+//   - OnError hears of every attempt that failed for another reason than a
+//     busy key, including a store that fails while this process stands by
+//     (within one lock TTL); by default these are logged at WARN through the
+//     Client's logger (WithLogger, default slog.Default()).
+//   - OnRevoked gets the cause of every end of leadership: ErrLeaseLost,
+//     ErrReleased after Resign, ErrElectionClosed after the Election's own
+//     Close, ErrClosed when the Locker was closed.
+//   - Observe reports who leads as it changes (the Admin's view, looked up
+//     at this process's own changes and once per retry interval); Leader
+//     looks it up once.
+//
+// Campaign, without a ctx, is kept for existing callers and deprecated.
+//
+// # Deadlines
+//
+// TryAcquire and Acquire return within DeadlineSlack (100ms) of the end of
+// their ctx, whatever the store does. A ctx that is already done costs no
+// round trip. A store call that has not returned by then — a driver that
+// ignores ctx, a server that never answers — is left to finish in the
+// background, and a claim it makes after its caller left is undone by owner
+// token. The undo of a claim left in doubt and a waiter's leaving the
+// store's queue run in the background too: the caller waits for them only
+// while its ctx lasts (plus the slack). Close waits for all of it (for a
+// store call left running, up to 10s before it closes the backend, and as
+// long again after), so a Close right after an outage can take about two
+// release timeouts: the undo's release in flight, then its last attempt.
+//
+// # Errors
+//
 // Errors are errors.Is-able sentinels (ErrNotAcquired, ErrLeaseLost — with
-// ErrLeaseGone when the store refused a renewal —, ErrReleased, ErrClosed,
-// ErrInvalidKey, ErrInvalidOption, ErrUnsupported, ErrLimitMismatch); backend failures wrap the
-// driver's error.
+// ErrLeaseGone when the store refused a renewal or found nothing to
+// release —, ErrReleased, ErrClosed, ErrElectionClosed, ErrInvalidKey,
+// ErrInvalidOption, ErrUnsupported, ErrLimitMismatch); backend failures wrap
+// the driver's error.
+//
+// ErrNotAcquired means the store answered "held by someone else", and
+// nothing else, so that skipping work on it never hides an outage. A
+// TryAcquire matches it only on a busy answer. An Acquire that ctx ends
+// matches it (and ctx's error) only when the store's last answer was busy;
+// an attempt that ctx cuts short is no answer, so a wait that saw the key
+// busy and then timed out mid-attempt is still busy. Every other way an
+// acquisition ends without the lock is a failure that does not match it:
+// the store failed (the driver's error), the store had not answered when
+// ctx ended (ctx's error and the driver's: a store that hangs), or ctx was
+// over before the first attempt (ctx's error; no round trip is made). When
+// a wait saw busy answers and then failed, the message says both. Close
+// ends acquisitions with ErrClosed.
 package core

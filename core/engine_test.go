@@ -116,10 +116,11 @@ func TestErrorType(t *testing.T) {
 		nil:                                 "",
 		core.ErrLeaseLost:                   "lease_lost",
 		fmt.Errorf("x: %w", core.ErrClosed): "closed",
-		core.Busy("k", nil):                 "not_acquired",
+		fmt.Errorf("x: %w", core.ErrElectionClosed):                "election_closed",
+		core.Busy("k", nil):                                        "not_acquired",
 		errors.Join(core.ErrNotAcquired, context.DeadlineExceeded): "not_acquired",
-		context.Canceled:     "canceled",
-		errors.New("driver"): "backend",
+		context.Canceled:                                           "canceled",
+		errors.New("driver"):                                       "backend",
 	} {
 		if got := core.ErrorType(err); got != want {
 			t.Errorf("ErrorType(%v) = %q, want %q", err, got, want)
@@ -353,7 +354,7 @@ func TestElection(t *testing.T) {
 		var elected, revoked atomic.Int32
 		var es [2]*core.Election
 		for i := range es {
-			e, err := core.Campaign(cs[i], "leader", core.WithRetry(time.Second),
+			e, err := core.CampaignContext(context.Background(), cs[i], "leader", core.WithRetry(time.Second),
 				core.OnElected(func(core.Session) { elected.Add(1) }),
 				core.OnRevoked(func(error) { revoked.Add(1) }))
 			if err != nil {
@@ -589,4 +590,30 @@ func TestAcquireReplyAfterDeadline(t *testing.T) {
 			t.Fatal("the late claim was left held")
 		}
 	})
+}
+
+// TestDoReportsLossFoundAtRelease: a lease that the store dropped while fn
+// ran, with no renewal in between to notice, is reported by Do's release:
+// alone when fn succeeded, joined to fn's error when it failed.
+func TestDoReportsLossFoundAtRelease(t *testing.T) {
+	_, cs, _ := newPair(t, core.WithDefaults(core.TTL(time.Minute)))
+	for _, want := range []error{nil, errors.New("work failed")} {
+		err := core.Do(context.Background(), cs[0], "d", func(ctx context.Context) error {
+			if _, err := cs[1].ForceRelease(ctx, "d"); err != nil {
+				return err
+			}
+			s, err := cs[1].TryAcquire(ctx, "d")
+			if err != nil {
+				return err
+			}
+			defer s.Release(context.Background())
+			return want
+		})
+		if !errors.Is(err, core.ErrLeaseLost) || !errors.Is(err, core.ErrLeaseGone) {
+			t.Errorf("fn returned %v: Do = %v, want the loss", want, err)
+		}
+		if want != nil && !errors.Is(err, want) {
+			t.Errorf("Do = %v, want fn's error %v too", err, want)
+		}
+	}
 }

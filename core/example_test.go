@@ -22,10 +22,13 @@ func Example() {
 
 	s, err := locker.TryAcquire(ctx, "reports/daily", core.TTL(30*time.Second))
 	if errors.Is(err, core.ErrNotAcquired) {
+		// The store answered: another process holds the lock.
 		fmt.Println("another process is running the report")
 		return
 	}
 	if err != nil {
+		// The store failed or did not answer in time: an outage, never a
+		// reason to skip quietly.
 		panic(err)
 	}
 	defer s.Release(ctx)
@@ -50,6 +53,33 @@ func ExampleDo() {
 	// Output:
 	// migrating under token 1
 	// err: <nil>
+}
+
+// TryDo runs the function only if the lock is free, and skips it when
+// another process holds it. A store that fails is an error, never a skip.
+func ExampleTryDo() {
+	store := memlock.NewStore() // one store, two Lockers that see each other
+	a, _ := store.Locker()
+	b, _ := store.Locker()
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+
+	report := func(ctx context.Context) error {
+		fmt.Println("running the report")
+		return nil
+	}
+	held, _ := a.TryAcquire(ctx, "reports/daily")
+	ran, err := core.TryDo(ctx, b, "reports/daily", report)
+	fmt.Println("while held elsewhere: ran", ran, "err", err)
+	held.Release(ctx)
+
+	ran, err = core.TryDo(ctx, b, "reports/daily", report)
+	fmt.Println("once free: ran", ran, "err", err)
+	// Output:
+	// while held elsewhere: ran false err <nil>
+	// running the report
+	// once free: ran true err <nil>
 }
 
 // A second process finds the lock busy; the error says who holds it.
@@ -92,12 +122,13 @@ func ExampleForSlot() {
 	// b starts: false
 }
 
-// Campaign elects one leader among many processes; IsLeader costs nothing.
-func ExampleCampaign() {
+// CampaignContext elects one leader among many processes; IsLeader costs
+// nothing.
+func ExampleCampaignContext() {
 	locker, _ := memlock.New()
 	defer locker.Close()
 	elected := make(chan struct{})
-	e, err := core.Campaign(locker, "scheduler-leader",
+	e, err := core.CampaignContext(context.Background(), locker, "scheduler-leader",
 		core.OnElected(func(core.Session) { close(elected) }))
 	if err != nil {
 		panic(err)
@@ -106,6 +137,48 @@ func ExampleCampaign() {
 	<-elected
 	fmt.Println("leader:", e.IsLeader())
 	// Output: leader: true
+}
+
+// Observe follows who leads: the current leader first, then each new one.
+// Two processes campaign; when the leader closes its election, the other
+// takes over and the observer hears of it at once.
+func ExampleElection_Observe() {
+	ctx := context.Background()
+	store := memlock.NewStore()
+	a, _ := store.Locker()
+	defer a.Close()
+	b, _ := store.Locker()
+	defer b.Close()
+
+	first, err := core.CampaignContext(ctx, a, "scheduler-leader", core.WithLockOptions(core.WithOwner("node-a")))
+	if err != nil {
+		panic(err)
+	}
+	second, err := core.CampaignContext(ctx, b, "scheduler-leader", core.WithLockOptions(core.WithOwner("node-b")))
+	if err != nil {
+		panic(err)
+	}
+	defer second.Close()
+
+	leaders, err := second.Observe(ctx)
+	if err != nil {
+		panic(err) // core.ErrUnsupported: the Locker has no Admin
+	}
+	// next skips the moments nobody leads (a zero Info).
+	next := func() string {
+		for l := range leaders {
+			if l.Owner != "" {
+				return l.Owner
+			}
+		}
+		return "(closed)"
+	}
+	fmt.Println("leader:", next())
+	first.Close() // resigns: node-b takes over
+	fmt.Println("leader:", next())
+	// Output:
+	// leader: node-a
+	// leader: node-b
 }
 
 // Limit makes a key a semaphore: up to n sessions hold it at once, each

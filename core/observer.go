@@ -69,7 +69,7 @@ type AcquireEndEvent struct {
 	Session  Session // nil unless acquired
 	Attempts int     // store attempts made
 	Wait     time.Duration
-	Err      error // nil when acquired; matches ErrNotAcquired when busy
+	Err      error // nil when acquired; matches ErrNotAcquired only when the store's last answer was busy
 	// Holder is the holder named by the last busy answer, as of that
 	// answer; nil when no attempt was busy or the store did not say.
 	Holder *Info

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -160,6 +161,10 @@ func ForSlot(sched Schedule) Option {
 			c.errs = append(c.errs, invalidOption("ForSlot", "nil schedule"))
 			return
 		}
+		if e, ok := sched.(every); ok && e <= 0 {
+			c.errs = append(c.errs, invalidOption("ForSlot", "Every: period must be positive, got %v", time.Duration(e)))
+			return
+		}
 		c.schedule = sched
 	}
 }
@@ -262,6 +267,7 @@ type ClientOption func(*clientConfig)
 type clientConfig struct {
 	defaults       []Option
 	observer       Observer
+	logger         *slog.Logger
 	releaseTimeout time.Duration
 	errs           []error
 }
@@ -275,6 +281,20 @@ func WithDefaults(opts ...Option) ClientOption {
 // WithObserver adds an Observer; several compose in order. Nil is ignored.
 func WithObserver(o Observer) ClientOption {
 	return func(c *clientConfig) { c.observer = Observers(c.observer, o) }
+}
+
+// WithLogger sets the logger through which the Client and what runs on it
+// report what no caller waits for: an Election's failed campaign attempts,
+// unless it has its own OnError. Default slog.Default(); pass
+// slog.New(slog.DiscardHandler) to silence it. Nil is rejected.
+func WithLogger(l *slog.Logger) ClientOption {
+	return func(c *clientConfig) {
+		if l == nil {
+			c.errs = append(c.errs, invalidOption("Logger", "nil"))
+			return
+		}
+		c.logger = l
+	}
 }
 
 // WithReleaseTimeout bounds releases, which run on a context detached from

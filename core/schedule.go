@@ -20,7 +20,8 @@ func (f ScheduleFunc) Next(t time.Time) time.Time { return f(t) }
 
 // Every returns a Schedule whose slots are d long and aligned to the Unix
 // epoch: with d = time.Minute, slots start at every whole minute on every
-// machine. d must be positive.
+// machine. d must be positive: ForSlot(Every(d)) with d <= 0 fails with
+// ErrInvalidOption ("period must be positive").
 func Every(d time.Duration) Schedule { return every(d) }
 
 type every time.Duration

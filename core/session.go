@@ -32,6 +32,7 @@ type session struct {
 	group      uint64 // renewal group after a failed call (0: the shared batch); see finishBatch
 	err        error
 	unreleased bool // ended locally, server release still owed
+	releasing  bool // Release was called while held: its store call is this session's last
 }
 
 var _ Session = (*session)(nil)
@@ -114,22 +115,35 @@ func (s *session) lose(reason error, owesRelease bool) {
 // Release implements Session.
 func (s *session) Release(ctx context.Context) error { return s.release(ctx, ErrReleased) }
 
+// release gives the lease up and ends the session with cause (ErrReleased,
+// or ErrClosed from Close). A session still held is taken off the renewer
+// and ended only once the store has answered, so that a store that finds
+// nothing of this lease's (Gone: force-released, expired, taken over) ends
+// it as lost instead, and the caller hears of it. A session that already
+// ended owes at most the store's release of a key it may still hold (lost
+// at its renew deadline, or an earlier release that failed); a Gone answer
+// then means that there is nothing left to free.
 func (s *session) release(ctx context.Context, cause error) error {
-	s.end(cause, true, nil)
 	s.mu.Lock()
-	owe := s.unreleased
+	held := s.err == nil && !s.releasing
+	owe := held || s.unreleased
+	s.releasing = s.releasing || held
 	s.unreleased = false
 	s.mu.Unlock()
 	if !owe {
 		return nil
 	}
 	c := s.c
-	c.forget(s)
+	if held {
+		c.unregister(s, false) // no renewal from now on
+	} else {
+		c.forget(s)
+	}
 	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken, Limit: s.limit}
-	held := time.Since(s.acquiredAt)
+	heldFor := time.Since(s.acquiredAt)
 	kept := s.slot
-	if !s.slot && s.minHold > held {
-		req.Keep = s.minHold - held
+	if !s.slot && s.minHold > heldFor {
+		req.Keep = s.minHold - heldFor
 		kept = true
 	}
 	octx := s.obsCtx
@@ -147,27 +161,48 @@ func (s *session) release(ctx context.Context, cause error) error {
 		cancel()
 		if err != nil {
 			c.dropEcho(s.key, echo)
-		}
-		if err != nil {
-			err = fmt.Errorf("dislock: %s: release %q: %w", c.name, s.key, err)
-			s.mu.Lock()
-			s.unreleased = true // a later Release may retry
-			s.mu.Unlock()
-			c.owe(s)
 		} else if !kept {
 			c.notify(s.key)
 		}
 	}
+	switch {
+	case err == nil:
+		s.end(cause, false, nil)
+		c.forget(s) // in case the renewer ended it meanwhile, owing a release
+	case errors.Is(err, ErrLeaseGone):
+		if held {
+			// The store had nothing of this lease's any more: the session
+			// was not exclusive to the end. (If a renewal found that out
+			// meanwhile, the session already says so.)
+			s.lose(err, false)
+			err = s.Err()
+		} else {
+			err = nil // the loss was reported when the session ended
+		}
+	default:
+		err = fmt.Errorf("dislock: %s: release %q: %w", c.name, s.key, err)
+		s.end(cause, true, nil)
+		s.mu.Lock()
+		s.unreleased = true // a later Release may retry
+		s.mu.Unlock()
+		c.owe(s)
+	}
 	if c.obs != nil {
-		c.obs.ReleaseEnd(octx, ReleaseEndEvent{Backend: c.name, Key: s.key, Token: s.token, Held: held, Kept: kept, Err: err})
+		c.obs.ReleaseEnd(octx, ReleaseEndEvent{Backend: c.name, Key: s.key, Token: s.token, Held: heldFor, Kept: kept, Err: err})
 	}
 	return err
 }
 
 // Check implements Session: one renewal of this lease alone, sent now.
 func (s *session) Check(ctx context.Context) error {
-	if err := s.Err(); err != nil {
+	s.mu.Lock()
+	err, releasing := s.err, s.releasing
+	s.mu.Unlock()
+	if err != nil {
 		return err
+	}
+	if releasing { // its holder gave it up: no renewal may follow the release
+		return ErrReleased
 	}
 	if s.slot {
 		// A slot lease is not renewed; the store keeps it until the slot

@@ -48,16 +48,18 @@ type pendingUndo struct {
 // undo releases an ambiguous claim of key by owner token, so that nothing
 // stays held until its TTL. The claim was sent at sent and, if the store
 // applied it, lives there for life (from when it was applied) unless
-// renewed. A first release is sent at once. When it fails — the network is
-// still down, say — it is retried in the background with backoff until the
-// claim would have expired anyway; when the backend is a ClaimBounder, one
-// more release follows once the claim can no longer take effect. One
+// renewed. A first release is sent at once, in the background: the
+// returned channel is closed when it has returned, and an acquisition
+// waits for it only within its budget. When it fails — the network is
+// still down, say — it is retried in the background with backoff until
+// the claim would have expired anyway; when the backend is a ClaimBounder,
+// one more release follows once the claim can no longer take effect. One
 // goroutine per Client serves every pending undo, and a round of retries
 // stops at its first failure, so an outage costs about one release per
-// backoff step, however many claims are pending. Close makes one last
-// attempt for each — sent once the claim bound has passed, if one is owed —
-// and waits for them.
-func (c *Client) undo(ctx context.Context, key, ownerToken string, limit int, sent time.Time, life time.Duration) {
+// backoff step, however many claims are pending. Close waits for the first
+// releases, makes one last attempt for each pending undo — sent once the
+// claim bound has passed, if one is owed — and waits for them.
+func (c *Client) undo(ctx context.Context, key, ownerToken string, limit int, sent time.Time, life time.Duration) <-chan struct{} {
 	ctx = context.WithoutCancel(ctx)
 	var bound time.Duration
 	if cb, ok := c.b.(ClaimBounder); ok {
@@ -67,13 +69,35 @@ func (c *Client) undo(ctx context.Context, key, ownerToken string, limit int, se
 	if bound > 0 {
 		u.after = sent.Add(bound)
 	}
-	err := c.releaseDetached(ctx, key, ownerToken, limit)
-	now := time.Now()
-	if !u.owed(err, now) {
+	done := make(chan struct{})
+	if !c.startCall() {
+		close(done) // Close has closed, or is closing, the backend
+		return done
+	}
+	go func() {
+		defer c.endCall()
+		defer close(done)
+		err := c.releaseDetached(ctx, key, ownerToken, limit)
+		now := time.Now()
+		if !u.owed(err, now) {
+			return
+		}
+		u.schedule(err, now)
+		c.pend(u)
+	}()
+	return done
+}
+
+// pend hands u to the undo goroutine, starting it if need be. It runs on a
+// counted store call (startCall): unless Close gave up waiting for such
+// calls (the undo is then dropped, and the claim expires at its TTL),
+// Close has not begun to wait for the goroutine yet.
+func (c *Client) pend(u *pendingUndo) {
+	c.mu.Lock()
+	if c.callsCut {
+		c.mu.Unlock()
 		return
 	}
-	u.schedule(err, now)
-	c.mu.Lock()
 	c.undos = append(c.undos, u)
 	start := !c.undoing
 	c.undoing = true

@@ -64,9 +64,10 @@
 //     costs one attempt, and the retry goes to another member.
 //   - Release is one transaction that deletes the key if it is still bound
 //     to the session's lease at the session's create_revision; the lease
-//     becomes a spare. A retried release finds the key gone and does
-//     nothing, and the comparison on both lease and revision means it can
-//     never delete a newer holder's key.
+//     becomes a spare. A release that finds the key gone or another's
+//     changes nothing and answers lost (core.ErrLeaseGone; the engine takes
+//     it as done on a retry), and the comparison on both lease and revision
+//     means it can never delete a newer holder's key.
 //   - An acquire whose outcome is unknown (its reply was lost) is undone by
 //     revoking its lease instead: that deletes the key if the claim was
 //     applied, and makes the claim fail if it is still on its way. The
@@ -162,7 +163,7 @@
 //     holds it: a crashed holder frees its locks after up to the rounded
 //     TTL plus half a second (etcd checks for expired leases twice a
 //     second), not after the TTL. A TTL, slot or minimum hold longer than
-//     etcd's longest lease (MaxLeaseTTL seconds) is rejected with
+//     etcd's longest lease (MaxLeaseTTL) is rejected with
 //     core.ErrInvalidOption naming the option.
 //   - Now is the local clock. Slot locks (core.ForSlot) therefore assume
 //     that the clocks of the hosts that start the same job agree within

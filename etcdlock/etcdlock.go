@@ -18,6 +18,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dislock/dislock/core"
 )
@@ -25,10 +27,10 @@ import (
 // DefaultPrefix is the etcd key prefix used unless WithPrefix says otherwise.
 const DefaultPrefix = "dislock/"
 
-// MaxLeaseTTL is the longest lease etcd grants, in seconds (the server's
-// lease.MaxLeaseTTL). Longer TTLs, slots and minimum holds are rejected
-// with core.ErrInvalidOption.
-const MaxLeaseTTL = 9_000_000_000
+// MaxLeaseTTL is the longest lease etcd grants (the server's
+// lease.MaxLeaseTTL, 9,000,000,000 seconds). Longer TTLs, slots and minimum
+// holds are rejected with core.ErrInvalidOption.
+const MaxLeaseTTL = 9_000_000_000 * time.Second
 
 // defaultMaxTxnOps is the most operations one renewal transaction carries:
 // etcd's default --max-txn-ops.
@@ -289,10 +291,10 @@ func leaseSeconds(option string, d time.Duration) (int64, error) {
 	if d <= 0 {
 		return 1, nil
 	}
-	s := int64(math.Ceil(d.Seconds()))
-	if s > MaxLeaseTTL {
-		return 0, invalidOption(option, "%v exceeds etcd's longest lease (%d s)", d, int64(MaxLeaseTTL))
+	if d > MaxLeaseTTL {
+		return 0, invalidOption(option, "%v exceeds etcd's longest lease (%d s)", d, int64(MaxLeaseTTL/time.Second))
 	}
+	s := int64(math.Ceil(d.Seconds()))
 	return s, nil
 }
 
@@ -457,9 +459,30 @@ func (c *claim) start(ctx context.Context) error {
 	h, err := b.grant(ctx, req.OwnerToken, h, c.seconds)
 	c.h = h
 	if err != nil {
-		return fmt.Errorf("lease grant: %w", err)
+		return c.grantFailed(err)
 	}
 	return nil
+}
+
+// grantFailed is the error of a claim whose lease grant failed, before
+// the claim's transaction was sent. When the grant itself never left (no
+// connection to any endpoint: refused, unknown host), the store has
+// neither the lease nor the key, and the engine owes no undo.
+func (c *claim) grantFailed(err error) error {
+	err = fmt.Errorf("lease grant: %w", err)
+	if notSent(err) {
+		c.b.forget(c.req.OwnerToken)
+		return core.Unclaimed(err)
+	}
+	return err
+}
+
+// notSent reports whether err is gRPC's answer to a call that it could not
+// send because no connection could be made: Unavailable, with the dial
+// error as its description.
+func notSent(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "Error while dialing")
 }
 
 // commit sends the transaction txn builds, together with a keepalive of a
@@ -495,7 +518,7 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 				h := c.h
 				h.lease, h.rev, h.refreshed = newLeaseID(), 0, time.Time{}
 				if c.h, err = c.b.grant(ctx, c.req.OwnerToken, h, c.seconds); err != nil {
-					return nil, fmt.Errorf("lease grant: %w", err)
+					return nil, c.grantFailed(err)
 				}
 				continue
 			}
@@ -784,7 +807,8 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // Release implements core.Backend. Without Keep it deletes the key if it is
 // still bound to the session's lease at the session's create revision, so
 // it can never delete a newer holder's key, and keeps the lease as a spare;
-// a key already gone is success. A claim whose outcome is unknown is undone
+// a key already gone, or another's, is answered core.Gone (nothing was
+// released). A claim whose outcome is unknown is undone
 // by revoking its lease. With Keep it moves the key, owner-checked, to a
 // new lease of Keep (rounded up to whole seconds) and revokes the old one:
 // three round trips.
@@ -815,7 +839,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			}
 		}
 		if !found {
-			return nil // gone, or someone else's
+			return core.Gone(req.Key, "held by another owner or gone")
 		}
 	}
 	k := h.ekey
@@ -847,12 +871,12 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		if !own {
 			// A lease read from the key may by now serve another key of
 			// the process that holds it: never revoke it from here.
-			return nil
+			return releasedIf(req.Key, resp.Succeeded)
 		}
 		if !resp.Succeeded || !b.putSpare(h.seconds, spare{id: h.lease, refreshed: h.refreshed}) {
 			_ = b.revoke(ctx, h.lease) // no key of ours on it; it would expire anyway
 		}
-		return nil
+		return releasedIf(req.Key, resp.Succeeded)
 	}
 	seconds, err := leaseSeconds("MinHold", req.Keep)
 	if err != nil {
@@ -881,6 +905,15 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		return err
 	}
 	b.forget(req.OwnerToken)
+	return releasedIf(req.Key, resp.Succeeded)
+}
+
+// releasedIf is a release's answer: nil when the key was still the lease's
+// (deleted, or moved to the min hold's lease), else core.Gone.
+func releasedIf(key string, ours bool) error {
+	if !ours {
+		return core.Gone(key, "held by another owner, expired or deleted")
+	}
 	return nil
 }
 

@@ -71,12 +71,16 @@ func TestOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// MaxLeaseTTL is a duration: etcd's 9e9 seconds, not 9 s.
+	if etcdlock.MaxLeaseTTL != 9_000_000_000*time.Second {
+		t.Errorf("MaxLeaseTTL = %v, want 9e9 s", time.Duration(etcdlock.MaxLeaseTTL))
+	}
 	// A TTL etcd would refuse is rejected before anything is sent.
-	_, err = b.TryAcquire(context.Background(), core.AcquireRequest{Key: "k", OwnerToken: "t", TTL: (etcdlock.MaxLeaseTTL + 1) * time.Second})
+	_, err = b.TryAcquire(context.Background(), core.AcquireRequest{Key: "k", OwnerToken: "t", TTL: etcdlock.MaxLeaseTTL + time.Second})
 	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "TTL") {
 		t.Errorf("TTL above etcd's longest lease: %v", err)
 	}
-	_, err = b.TryAcquire(context.Background(), core.AcquireRequest{Key: "k", OwnerToken: "t", ExpireAt: time.Now().Add((etcdlock.MaxLeaseTTL + 1) * time.Second)})
+	_, err = b.TryAcquire(context.Background(), core.AcquireRequest{Key: "k", OwnerToken: "t", ExpireAt: time.Now().Add(etcdlock.MaxLeaseTTL + time.Second)})
 	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "ForSlot") {
 		t.Errorf("slot above etcd's longest lease: %v", err)
 	}

@@ -54,6 +54,7 @@ type config struct {
 	tp         trace.TracerProvider
 	mp         metric.MeterProvider
 	keyMode    KeyMode
+	keyOpt     string // the option that set keyMode, for its error
 	renewSpans bool
 	attrs      []attribute.KeyValue
 	attrsFn    func(key string) []attribute.KeyValue
@@ -80,11 +81,19 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	})
 }
 
-// WithKey sets how the lock key appears on spans (default KeyRaw). When the
-// key is hashed or omitted it is also removed from error messages recorded
-// on spans.
+// WithKeyMode sets how the lock key appears on spans (default KeyRaw). When
+// the key is hashed or omitted it is also removed from error messages
+// recorded on spans.
+func WithKeyMode(m KeyMode) Option {
+	return optionFunc(func(c *config) { c.keyMode, c.keyOpt = m, "WithKeyMode" })
+}
+
+// WithKey is WithKeyMode.
+//
+// Deprecated: use WithKeyMode. The name said too little, and
+// asynqlock.WithKey (now asynqlock.Key) took a key function.
 func WithKey(m KeyMode) Option {
-	return optionFunc(func(c *config) { c.keyMode = m })
+	return optionFunc(func(c *config) { c.keyMode, c.keyOpt = m, "WithKey" })
 }
 
 // WithRenewSpans turns the span of each renewal call on or off (default

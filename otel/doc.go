@@ -48,7 +48,7 @@
 //	                    together in one round trip. It is the root of a new
 //	                    trace, linked to the dislock.acquire span of every
 //	                    session it renews (the link carries the session's key,
-//	                    per WithKey, and token), and the parent of a driver's
+//	                    per WithKeyMode, and token), and the parent of a driver's
 //	                    spans for the call. With WithRenewSpans(false) only
 //	                    calls that fail get one (backdated to the call's start);
 //	                    a driver's spans of the other calls then have no parent.
@@ -69,9 +69,9 @@
 //	                                                     (acquire, release, lost)
 //	dislock.slot          bool    the lock is for a schedule slot (ForSlot)
 //	                                                     (acquire, release, lost)
-//	dislock.key           string  the lock key, with WithKey(KeyRaw), the default
+//	dislock.key           string  the lock key, with WithKeyMode(KeyRaw), the default
 //	                                                     (acquire, release, lost)
-//	dislock.key.sha256    string  hex SHA-256 of the key, with WithKey(KeyHashed)
+//	dislock.key.sha256    string  hex SHA-256 of the key, with WithKeyMode(KeyHashed)
 //	dislock.token         string  the fencing token, in decimal (acquire when
 //	                              acquired, release, lease_lost); absent when 0
 //	dislock.outcome       string  acquire: "acquired", "busy", "timeout", "error";
@@ -159,7 +159,7 @@
 //
 // No DSN, password, owner token (the random value that guards renewals
 // and releases) or payload becomes an attribute: only the backend's name,
-// the key (per WithKey), fencing tokens, the holder's owner name (its
+// the key (per WithKeyMode), fencing tokens, the holder's owner name (its
 // metadata, default host:pid), counts and durations do. Error messages are
 // recorded in the status of failed spans, sanitized first: the userinfo of
 // any URL ("postgres://user:pass@host" becomes "postgres://REDACTED@host")

@@ -72,7 +72,7 @@ const (
 	OutcomeTimeout  = "timeout"  // acquire: ctx ended while waiting (Acquire)
 	OutcomeError    = "error"    // acquire, renew, release: a failure
 	OutcomeRenewed  = "renewed"  // renew
-	OutcomeLost     = "lost"     // renew: a lease refused by the store; session.duration: lease lost
+	OutcomeLost     = "lost"     // renew: a lease refused by the store; release: the store no longer had the lease; session.duration: lease lost
 	OutcomeReleased = "released" // release: freed; session.duration: ended by Release or Close
 	OutcomeKept     = "kept"     // release: left to expire (MinHold, slot)
 )
@@ -134,7 +134,7 @@ func New(opts ...Option) (*Observer, error) {
 		}
 	}
 	if cfg.keyMode < KeyRaw || cfg.keyMode > KeyOmitted {
-		return nil, errors.New("dislock/otel: WithKey: unknown KeyMode " + strconv.Itoa(int(cfg.keyMode)))
+		return nil, errors.New("dislock/otel: " + cfg.keyOpt + ": unknown KeyMode " + strconv.Itoa(int(cfg.keyMode)))
 	}
 	for _, kv := range cfg.attrs {
 		if !kv.Valid() {
@@ -396,7 +396,7 @@ func modeOf(m core.Mode) string {
 	return string(m)
 }
 
-// keyAttr returns the span attribute for key per WithKey.
+// keyAttr returns the span attribute for key per WithKeyMode.
 func (o *Observer) keyAttr(key string) (attribute.KeyValue, bool) {
 	switch o.keyMode {
 	case KeyRaw:
@@ -688,9 +688,10 @@ func (o *Observer) ReleaseStart(ctx context.Context, e core.ReleaseStartEvent) c
 	return op
 }
 
-// ReleaseEnd implements core.Observer: it ends the release span; the first
-// release of a session takes it out of dislock.session.active and records
-// dislock.session.duration.
+// ReleaseEnd implements core.Observer: it ends the release span (outcome
+// lost, with an error status, when the store no longer had the lease: Lost
+// has then reported the loss); the first release of a session takes it out
+// of dislock.session.active and records dislock.session.duration.
 func (o *Observer) ReleaseEnd(ctx context.Context, e core.ReleaseEndEvent) {
 	op := o.opFrom(ctx)
 	if op == nil { // ReleaseStart did not run on this context's chain
@@ -700,6 +701,8 @@ func (o *Observer) ReleaseEnd(ctx context.Context, e core.ReleaseEndEvent) {
 	if span := op.span; span.IsRecording() {
 		outcome := OutcomeReleased
 		switch {
+		case errors.Is(e.Err, core.ErrLeaseLost):
+			outcome = OutcomeLost
 		case e.Err != nil:
 			outcome = OutcomeError
 		case e.Kept:

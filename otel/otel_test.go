@@ -389,6 +389,50 @@ func TestWaitTimeout(t *testing.T) {
 	}
 }
 
+// An outage is an error, never busy or timeout: a TryAcquire whose store
+// does not answer by the deadline, and a wait on a store that fails,
+// end with outcome error and an error.type that says why.
+func TestOutageIsAnError(t *testing.T) {
+	f := newFixture(t)
+	a := f.locker(t)
+	slow := f.store.Backend()
+	b := f.lockerOn(t, slow)
+	s, err := a.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(context.Background())
+	slow.SetLatency(300 * time.Millisecond) // the undo of the claim cut short is as slow
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.TryAcquire(ctx, "k"); err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("TryAcquire on a slow store: %v", err)
+	}
+	slow.SetLatency(0)
+	slow.SetDown(true)
+	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.Acquire(ctx, "k", core.Backoff(5*time.Millisecond, 10*time.Millisecond)); err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Acquire on a down store: %v", err)
+	}
+	slow.SetDown(false)
+	spans := f.spans(dlotel.SpanAcquire)
+	if len(spans) != 3 {
+		t.Fatalf("%d acquire spans, want 3", len(spans))
+	}
+	for i, mode := range []string{"try", "wait"} {
+		sp := spans[i+1]
+		wantAttrs(t, sp, map[attribute.Key]any{dlotel.AttrOutcome: "error", dlotel.AttrMode: mode, dlotel.AttrErrorType: "deadline_exceeded"})
+		if sp.Status().Code != codes.Error {
+			t.Errorf("%s acquire on a failing store has status %v, want Error", mode, sp.Status())
+		}
+	}
+	rm := f.collect(t)
+	if n := histCount(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "deadline_exceeded"}); n != 2 {
+		t.Errorf("acquire.duration{error, deadline_exceeded} count %d, want 2", n)
+	}
+}
+
 // A wait that ends by a release notification, and one that ends by polling
 // (a backend without notifications), say so.
 func TestWaitWake(t *testing.T) {
@@ -892,7 +936,7 @@ func TestKeyModes(t *testing.T) {
 		{dlotel.KeyOmitted, "", []attribute.Key{dlotel.AttrKey, dlotel.AttrKeySHA256}},
 	} {
 		t.Run(fmt.Sprint(c.mode), func(t *testing.T) {
-			f := newFixture(t, dlotel.WithKey(c.mode))
+			f := newFixture(t, dlotel.WithKeyMode(c.mode))
 			fb := &failing{Backend: f.store.Backend()}
 			l := f.lockerOn(t, fb)
 			fb.acquire.Store(true)
@@ -922,8 +966,14 @@ func TestKeyModes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := dlotel.New(dlotel.WithKey(dlotel.KeyMode(42))); err == nil {
-		t.Error("New accepted an unknown KeyMode")
+	// The deprecated WithKey still works; each names itself when wrong.
+	for name, opt := range map[string]func(dlotel.KeyMode) dlotel.Option{"WithKeyMode": dlotel.WithKeyMode, "WithKey": dlotel.WithKey} {
+		if _, err := dlotel.New(opt(dlotel.KeyMode(42))); err == nil || !strings.Contains(err.Error(), "otel: "+name+":") {
+			t.Errorf("%s(42): %v, want an error naming %s", name, err, name)
+		}
+		if _, err := dlotel.New(opt(dlotel.KeyHashed)); err != nil {
+			t.Errorf("%s(KeyHashed): %v", name, err)
+		}
 	}
 }
 
@@ -1165,5 +1215,45 @@ func TestSessionEndCountedOnce(t *testing.T) {
 	}
 	if n := histCount(rm, dlotel.MetricSessionDuration, nil); n != 2 {
 		t.Errorf("session.duration count %d, want 2 (one per session)", n)
+	}
+}
+
+// A Release that finds the lease gone from the store (taken over before
+// any renewal noticed) is a loss: a dislock.lease_lost span (refused), a
+// release span with outcome lost and an error status, and the session
+// counted as lost, once.
+func TestReleaseFindsLeaseGone(t *testing.T) {
+	f := newFixture(t)
+	l := f.locker(t, core.TTL(time.Minute))
+	s, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.store.Steal("k")
+	if err := s.Release(context.Background()); !errors.Is(err, core.ErrLeaseLost) {
+		t.Fatalf("Release = %v, want ErrLeaseLost", err)
+	}
+	rel := f.span(t, dlotel.SpanRelease)
+	if rel.Status().Code != codes.Error {
+		t.Errorf("release status %v", rel.Status())
+	}
+	wantAttrs(t, rel, map[attribute.Key]any{dlotel.AttrOutcome: "lost", dlotel.AttrErrorType: "lease_lost", dlotel.AttrKey: "k"})
+	lost := f.span(t, dlotel.SpanLeaseLost)
+	wantAttrs(t, lost, map[attribute.Key]any{dlotel.AttrLostReason: "refused", dlotel.AttrErrorType: "lease_lost"})
+	rm := f.collect(t)
+	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
+		t.Errorf("active sessions %d after the Release", v)
+	}
+	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
+		t.Errorf("session.duration{outcome=lost} count %d, want 1", n)
+	}
+	if n := histCount(rm, dlotel.MetricSessionDuration, nil); n != 1 {
+		t.Errorf("session.duration count %d, want 1", n)
+	}
+	if n := sumValue(rm, dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "refused"}); n != 1 {
+		t.Errorf("lease.lost{refused} = %d, want 1", n)
+	}
+	if u := f.unended(); len(u) != 0 {
+		t.Errorf("spans never ended: %v", u)
 	}
 }

@@ -9,7 +9,9 @@
 // OpenBackend make a pool of their own from a connection string, which the
 // Locker's (or the Backend's) Close closes: pg.Open(ctx, url,
 // pg.WithAutoMigrate()) is a Locker, like New. Without WithAutoMigrate the
-// lock table must exist already (Migrate, SchemaSQL). No connection string
+// lock table must exist already: create it with the package-level
+// pg.Migrate(ctx, pool, opts...) (in a migration step of its own, say), or
+// with the SQL from SchemaSQL in your own migrations. No connection string
 // or config is ever formatted into an error.
 //
 // # How it works
@@ -23,20 +25,26 @@
 //     row version. A busy key is answered by that read: a failed try takes
 //     no row lock and writes nothing (a waiting Acquire's first busy try
 //     takes its place in line; see Waiting in line). Acquiring with the same owner
-//     token again is a success (idempotent). The fencing token is the
-//     database server's clock in microseconds at the claim; all expiry times
-//     come from the database's now().
+//     token again is a success (idempotent). The fencing token is decided
+//     under the row's lock: greatest(the database server's clock in
+//     microseconds, read then, the row's last token + 1). All expiry times
+//     come from the database's now(); a slot's end is checked again on the
+//     server's clock under the row's lock, so a claim that waited for the
+//     row past its slot's end is refused.
 //     It is sent in one batch after a set_config of statement_timeout for
 //     that transaction only (see WithClaimTimeout): still one round trip
 //     and one transaction, in every QueryExecMode.
 //   - Renewal of every due session of a Locker is one UPDATE … FROM
 //     unnest(…), checked against each session's random owner token; a
 //     session missing from the result is lost at once.
-//   - Release is an owner-checked DELETE (or, under MinHold and slot mode,
-//     an owner-checked update of the expiry). When waiters are queued on the
-//     row (see Waiting in line), the same statement puts back a free row
-//     that keeps their queue and calls pg_notify for the first of them;
-//     with nobody queued it notifies nobody. Each Locker keeps one LISTEN
+//   - Release is an owner-checked UPDATE that ends the row (or, under
+//     MinHold and slot mode, sets its expiry): the row stays, free, with
+//     the key's last token, for claims still on their way (see Ended rows).
+//     A lease that was no longer live (expired, ended, another owner's) is
+//     answered as lost (core.ErrLeaseGone). When waiters are queued on the
+//     row (see Waiting in line), the same statement keeps their queue and
+//     calls pg_notify for the first of them; with nobody queued it notifies
+//     nobody. Each Locker keeps one LISTEN
 //     connection, separate from the pool, so a waiter in another process
 //     wakes at once when its turn comes; if LISTEN fails the Locker polls
 //     and retries the subscription.
@@ -68,6 +76,29 @@
 // its place only when less than half of its TTL is left, so they are reads
 // too.
 //
+// # Ended rows
+//
+// A claim reads the server's clock before it may wait for the key's row
+// (held by a claim or release of another transaction), so a token read from
+// that clock can be older than one another claim got meanwhile. The token is
+// therefore decided under the row's lock, from the row's last token, and
+// rows are not deleted while such a claim can still be running: Release,
+// ForceRelease and a Leave that empties a free key's queue leave an ended
+// row (an empty holder, expire_at -infinity) that keeps the key's last token.
+//
+// Ended rows, and rows whose holder let them expire, are deleted once their
+// token is older than any claim can be on the server: a claim's statement
+// is cut off by its statement_timeout, at most the longest claim timeout
+// WithClaimTimeout accepts (24h), whichever timeout the process that
+// deletes them uses; one second more is the margin. Each Backend does it in
+// a statement of its own after its first release and then after a release
+// at most once a minute (deleting up to 10,000 rows each time, sooner again
+// when there were more): no other acquire or release pays for it. So a
+// workload with a fresh key per task (task IDs) keeps about a day of keys in
+// the table, not all of them. Rows with live waiters stay, as do the
+// permits of live semaphores; the expired permits of a semaphore whose
+// header was deleted go with it.
+//
 // The legacy table (WithLegacyTable) has no queue: a free key goes to
 // whoever comes first, and every release notifies with the bare key, as
 // before. Processes of earlier versions sharing a table ignore the queue:
@@ -81,9 +112,13 @@
 // learns of its loss (Session.Done, ErrLeaseLost) at the renew deadline,
 // before the row expires on the server. Fencing tokens strictly increase per
 // key, in every durability mode and across crashes: a token is the server's
-// clock_timestamp() in microseconds when the claim is written, so no crash
-// can set it back, given a server clock that never steps back past earlier
-// tokens (keep it slewed, not stepped). Expiry is compared on the database's
+// clock_timestamp() in microseconds, read under the row's lock, or the
+// row's last token + 1 when that is larger, so no crash can set it back,
+// given a server clock that never steps back past earlier tokens (keep it
+// slewed, not stepped; a step back is covered while the key's row lasts,
+// see Ended rows). Processes of earlier versions sharing the table delete
+// rows on release, and take their tokens from the clock read before they
+// wait for a row: upgrade them all before counting on this. Expiry is compared on the database's
 // clock only, so client clocks and TimeZone settings do not matter; the
 // expire_at column must be timestamptz, which NewBackend checks.
 //
@@ -130,7 +165,8 @@
 //
 // # Schema and privileges
 //
-// Migrate (or WithAutoMigrate) runs, for the default table:
+// Migrate (pg.Migrate(ctx, pool, opts...), or Backend.Migrate, or
+// WithAutoMigrate) runs, for the default table:
 //
 //	CREATE TABLE IF NOT EXISTS "dislock_locks" (
 //		key         text PRIMARY KEY,

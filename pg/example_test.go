@@ -43,3 +43,23 @@ func Example() {
 	// holder whose lease has passed on.
 	fmt.Println("running with fencing token", s.Token())
 }
+
+// Create the lock table in a step of its own (a migration job, a deploy
+// hook), then open Lockers without WithAutoMigrate: their role then needs
+// no CREATE privilege.
+func ExampleMigrate() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pg.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	locker, err := pg.New(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/dislock/dislock/core"
@@ -25,6 +26,9 @@ type Backend struct {
 	stmt    statements
 	listen  listenState // see pooler.go
 	sem     *semaphores // see semaphore.go
+
+	pruneMu   sync.Mutex
+	pruneNext time.Time // the first release after this prunes (see prune)
 }
 
 var (
@@ -73,7 +77,7 @@ func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backe
 // New returns a Locker on pool: core.New over NewBackend, with the options
 // given by WithClientOptions. The pool stays the caller's. The lock table
 // must exist: on a new database add WithAutoMigrate, or create it first
-// (Migrate, SchemaSQL).
+// (pg.Migrate, SchemaSQL).
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client, error) {
 	b, err := NewBackend(ctx, pool, opts...)
 	if err != nil {
@@ -86,7 +90,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client,
 // returns a Locker on it: core.New over OpenBackend, with the options given
 // by WithClientOptions. Client.Close closes the pool. Neither the connection
 // string nor its password appears in an error it returns. On a new
-// database add WithAutoMigrate, or create the table first (Migrate,
+// database add WithAutoMigrate, or create the table first (pg.Migrate,
 // SchemaSQL).
 func Open(ctx context.Context, connString string, opts ...Option) (*core.Client, error) {
 	b, err := OpenBackend(ctx, connString, opts...)
@@ -304,24 +308,100 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	return results, nil
 }
 
-// Release implements core.Backend: an owner-checked delete that, when
-// waiters are queued, keeps their queue on a free row and notifies the first
-// of them in the same statement (on the legacy table: notifies every
-// release); or with Keep > 0 an owner-checked update of the expiry.
+// Release implements core.Backend: an owner-checked update that ends the
+// row, keeping the key's last token and, when waiters are queued, their
+// queue, and notifies the first of them in the same statement (on the legacy
+// table, which has no tokens: a delete that notifies every release); or with
+// Keep > 0 an owner-checked update of the expiry. When no live lease of the
+// owner token was found (an expired one is ended all the same) it answers
+// core.Gone. A prune of old ended rows follows it when one is due (see
+// pruneAfter).
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Limit > 1 {
 		return b.releasePermit(ctx, req) // semaphore.go
 	}
 	if req.Keep > 0 {
-		if _, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep)); err != nil {
+		tag, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep))
+		if err != nil {
 			return poolerHint(err)
 		}
-		return nil
+		return released(req.Key, tag.RowsAffected() > 0)
 	}
-	if _, err := b.pool.Exec(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()); err != nil {
+	var live bool
+	var n int64
+	if err := b.pool.QueryRow(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()).Scan(&live, &n); err != nil {
 		return poolerHint(err)
 	}
+	b.prune(ctx)
+	return released(req.Key, live)
+}
+
+// released is a release's answer: nil when a live lease of the owner token
+// was released (or kept), else core.Gone.
+func released(key string, live bool) error {
+	if !live {
+		return core.Gone(key, "held by another owner, expired or deleted")
+	}
 	return nil
+}
+
+// Pruning of ended rows. A release ends its row rather than deleting it, so
+// that the key's last token stays for the claims still on their way (see
+// buildStatements); a key used once (a task ID) would leave its row forever.
+// So a Backend deletes the ended rows whose token is older than pruneAfter,
+// at most pruneBatch of them, in a statement of its own after its first
+// release and then after a release at most every pruneEvery (at once again
+// when the batch was full). The releases in between, and every acquire, pay
+// nothing.
+const (
+	// pruneAfter is longer than any claim can run on the server: a claim's
+	// statement is cut off by its statement_timeout, at most the longest
+	// claim timeout WithClaimTimeout accepts, whatever the timeout of the
+	// process that prunes. claimSlack is the margin.
+	pruneAfter = maxClaimTimeout + claimSlack
+	pruneEvery = time.Minute
+	pruneBatch = 10000
+)
+
+// prune deletes ended rows when a prune is due (see pruneAfter). Its error
+// is dropped: the release it follows succeeded, and the next prune retries.
+func (b *Backend) prune(ctx context.Context) {
+	if b.stmt.prune == "" {
+		return
+	}
+	now := time.Now()
+	b.pruneMu.Lock()
+	due := !now.Before(b.pruneNext)
+	if due {
+		b.pruneNext = now.Add(pruneEvery)
+	}
+	b.pruneMu.Unlock()
+	if !due {
+		return
+	}
+	n, err := b.pruneRows(ctx, pruneAfter)
+	if err == nil && n >= pruneBatch {
+		b.pruneMu.Lock()
+		b.pruneNext = time.Time{}
+		b.pruneMu.Unlock()
+	}
+}
+
+// pruneRows deletes up to pruneBatch ended rows whose token is older than
+// horizon, and the expired permits of semaphores whose header is gone, and
+// returns how many rows of the lock table it deleted.
+func (b *Backend) pruneRows(ctx context.Context, horizon time.Duration) (int64, error) {
+	var n int64
+	if err := b.pool.QueryRow(ctx, b.stmt.prune, micro(horizon), pruneBatch).Scan(&n); err != nil {
+		return 0, poolerHint(err)
+	}
+	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
+		return n, err
+	}
+	if _, err := b.pool.Exec(ctx, b.sem.stmt.prune); err != nil {
+		return n, b.semErr(err)
+	}
+	return n, nil
 }
 
 // notifyChannel is the channel releases notify, or "" under WithoutNotify.
@@ -391,8 +471,8 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	return b.listPermits(ctx, prefix, list) // semaphores: one Info per permit (semaphore.go)
 }
 
-// ForceRelease implements core.Admin: deletes key whoever holds it and
-// notifies waiters. The holder learns of it at its next renewal.
+// ForceRelease implements core.Admin: ends key's row whoever holds it
+// (keeping its token; the legacy table's is deleted) and notifies waiters. The holder learns of it at its next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if handled, released, err := b.forceReleasePermits(ctx, key); handled || err != nil { // semaphore.go
 		return released, err

@@ -197,11 +197,9 @@ func TestQueueFIFO(t *testing.T) {
 	}
 	tryAs(t, b3, k, "t3", "w3", 0)
 	release(t, b3, k, "t3")
-	// Nobody left in line: the row is gone and nothing is notified.
-	var n int
-	if err := admin.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE key = $1`, k).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("rows of a free key with nobody queued: %d (%v)", n, err)
-	}
+	// Nobody left in line: the row is ended (it keeps the key's token) and
+	// nothing is notified.
+	expectEnded(t, admin, table, k)
 	noTurn(t, holder, turns, k)
 }
 
@@ -247,7 +245,8 @@ func TestQueueExpiredWaiterSkipped(t *testing.T) {
 
 // Rule: Leave takes a waiter out of line; when it was first on a free key,
 // the next live waiter is notified; leaving a queue one is not in is no
-// error; the last waiter leaving a free key deletes its row.
+// error; the last waiter leaving a free key leaves an ended row (the key's
+// token stays).
 func TestQueueLeave(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
@@ -284,10 +283,7 @@ func TestQueueLeave(t *testing.T) {
 	if err := b.Leave(ctx, k, "w3"); err != nil {
 		t.Fatal(err)
 	}
-	var n int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE key = $1`, k).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("rows of a free key whose last waiter left: %d (%v)", n, err)
-	}
+	expectEnded(t, admin, table, k)
 	tryAs(t, b, k, "x", "", 0)
 }
 
@@ -555,4 +551,15 @@ func TestSchemaTokenAlwaysIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	tryAs(t, b, "k", "h", "", 0)
+}
+
+// expectEnded fails unless key's row is ended: free, with no holder and
+// nobody queued.
+func expectEnded(t *testing.T, admin *pgxpool.Pool, table, key string) {
+	t.Helper()
+	var n int
+	if err := admin.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+`
+	WHERE key = $1 AND holder = '' AND expire_at = '-infinity' AND waiters IS NULL`, key).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("ended rows of the free key %q with nobody queued: %d (%v), want 1", key, n, err)
+	}
 }

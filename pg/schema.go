@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ErrSchema is matched (errors.Is) by the errors NewBackend returns when the
@@ -54,13 +55,14 @@ func schemaSQL(table string, legacy, unlogged bool) string {
 //
 //	waiters jsonb  -- NULL: nobody waits; else [{"w": waiter id, "d": deadline µs}, …], first in line first
 //
-// A row whose key is free but whose waiters are queued stays in the table
-// with an empty holder and expire_at '-infinity' (Inspect, List and the
-// renewals see only rows with expire_at > now()); the next claim takes it
-// over, and Leave of its last waiter deletes it. If every waiter of such a
-// row dies and the key is never used again, the row stays: it is harmless,
-// and DELETE FROM <table> WHERE expire_at = '-infinity' clears such rows
-// (a waiter still alive takes its place again at its next try). Migrate adds the column to an
+// A released key's row stays in the table, ended: an empty holder and
+// expire_at '-infinity' (Inspect, List and the renewals see only rows with
+// expire_at > now()), with its queue when waiters are queued and with the
+// key's last token; the next claim takes it over. Backends prune ended rows
+// with nobody live in line once their token is older than any claim can be
+// (see prune in sql.go and the package doc's Ended rows); deleting them by
+// hand could let a claim still on its way get a token below the key's last
+// one. Migrate adds the column to an
 // existing table (addWaitersSQL: no rewrite, nullable without a default);
 // NewBackend reports a table without it as ErrSchema naming that statement.
 // The legacy table gets no column: it has no queue.
@@ -68,48 +70,76 @@ func addWaitersSQL(table string) string {
 	return "ALTER TABLE " + table + " ADD COLUMN IF NOT EXISTS waiters jsonb"
 }
 
-// tokenDefault is the default of the token column of the tables Migrate
-// creates: a claim's fencing token is the database server's clock in
-// microseconds when the claim is written. Unlike a sequence, a crash cannot
-// set it back: an unlogged table's identity sequence is unlogged too and
+// tokenDefault is the database server's clock in microseconds: the default
+// of the token column of the tables Migrate creates, and the clock every
+// claim's fencing token is taken from. Unlike a sequence, a crash cannot set
+// it back: an unlogged table's identity sequence is unlogged too and
 // restarts at 1 after a crash, and under WithAsyncCommit a crash can undo a
 // logged sequence's last advance, so tokens handed out before the crash
-// would be handed out again. Two claims of one key are always at least a
-// commit and a round trip apart, so they never share a microsecond.
+// would be handed out again. A claim reads it before it may wait for the
+// key's row, so a reading alone can be older than the token of a claim that
+// won the key meanwhile, or share its microsecond: a takeover reads it again
+// under the row's lock and takes greatest(clock, last token + 1), and rows
+// keep the last token until no claim that read an older clock can still
+// commit (see buildStatements and prune).
 const tokenDefault = `(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 
 // Migrate creates the lock table, and the permits table semaphores use (see
-// PermitsSchemaSQL), when they do not exist. Concurrent calls
-// from many processes are safe: they serialise on a transaction-scoped
-// advisory lock. It needs the CREATE privilege on the schema.
+// PermitsSchemaSQL), on pool when they do not exist, and adds the waiters
+// column to a table of an earlier version. It is what WithAutoMigrate runs,
+// for a program that creates the schema in a step of its own (a migration
+// job, a deploy hook) and then uses New or Open without WithAutoMigrate.
+// The options that shape the table apply: WithTable, WithUnlogged,
+// WithLegacyTable; the others are ignored. The pool stays the caller's.
+// Concurrent calls from many processes are safe: they serialise on a
+// transaction-scoped advisory lock. It needs the CREATE privilege on the
+// schema.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
+	if pool == nil {
+		return invalidOption("pool", "nil")
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return err
+	}
+	table := cfg.table.Sanitize()
+	return migrate(ctx, pool, cfg, table, newSemaphores(cfg, table))
+}
+
+// Migrate runs the package-level Migrate for b's table and options, on b's
+// pool.
 func (b *Backend) Migrate(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+	return migrate(ctx, b.pool, b.cfg, b.table, b.sem)
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, cfg config, table string, sem *semaphores) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('dislock: migrate'))`); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, schemaSQL(b.table, b.cfg.legacy, b.cfg.unlogged)); err != nil {
+		if _, err := tx.Exec(ctx, schemaSQL(table, cfg.legacy, cfg.unlogged)); err != nil {
 			return err
 		}
-		if !b.cfg.legacy {
+		if !cfg.legacy {
 			// A table of an earlier version: add the queue's column
 			// (schema change above). Only when it is missing, so that a
 			// role without the ALTER privilege can still migrate a
 			// current table.
 			var has bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-	WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`, b.table).Scan(&has); err != nil {
+	WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdropped)`, table).Scan(&has); err != nil {
 				return err
 			}
 			if !has {
-				if _, err := tx.Exec(ctx, addWaitersSQL(b.table)); err != nil {
+				if _, err := tx.Exec(ctx, addWaitersSQL(table)); err != nil {
 					return err
 				}
 			}
 		}
-		return b.sem.migrate(ctx, tx, b.cfg.unlogged) // the permits table (semaphore.go)
+		return sem.migrate(ctx, tx, cfg.unlogged) // the permits table (semaphore.go)
 	})
 	if err != nil {
-		return fmt.Errorf("pg: migrate table %s: %w", b.table, poolerHint(err))
+		return fmt.Errorf("pg: migrate table %s: %w", table, poolerHint(err))
 	}
 	return nil
 }
@@ -143,7 +173,7 @@ func (b *Backend) checkSchema(ctx context.Context) (uint32, error) {
 		WHERE i.indrelid = c.oid AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'key')
 FROM pg_class c WHERE c.oid = to_regclass($1::text)`, t).Scan(&oid, &kind, &canSelect, &canInsert, &canUpd, &canDel, &uniqueKey)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, schemaErr(t, "does not exist (or is not visible to this role); fix: call Migrate, use WithAutoMigrate, or run the SQL from SchemaSQL")
+		return 0, schemaErr(t, "does not exist (or is not visible to this role); fix: call pg.Migrate(ctx, pool) (with the same WithTable), use WithAutoMigrate, or run the SQL from SchemaSQL")
 	}
 	if err != nil {
 		return 0, fmt.Errorf("pg: check table %s: %w", t, poolerHint(err))
@@ -192,7 +222,7 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 		{"key", "text"}, {"owner", "text"}, {"holder", "text"}, {"token", "bigint"},
 		{"acquired_at", "timestamptz"}, {"expire_at", "timestamptz"}, {"waiters", "jsonb"},
 	}
-	fix := "run Migrate on a new table, or use WithLegacyTable for a key_value(key, value, expire_at) table"
+	fix := "run pg.Migrate on a new table, or use WithLegacyTable for a key_value(key, value, expire_at) table"
 	if b.cfg.legacy {
 		want = []struct{ name, kind string }{{"key", "text"}, {"value", "text"}, {"expire_at", "timestamptz"}}
 		fix = "the legacy table is key_value(key text primary key, value text not null, expire_at timestamptz not null)"
@@ -200,7 +230,7 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 	for _, w := range want {
 		c, ok := cols[w.name]
 		if !ok && w.name == "waiters" {
-			return 0, schemaErr(t, "column waiters (the waiter queue, added in this version) is missing; fix: %s; (or call Migrate, or use WithAutoMigrate, which add it)", addWaitersSQL(t))
+			return 0, schemaErr(t, "column waiters (the waiter queue, added in this version) is missing; fix: %s; (or call pg.Migrate, or use WithAutoMigrate, which add it)", addWaitersSQL(t))
 		}
 		if !ok {
 			return 0, schemaErr(t, "column %s is missing; fix: %s", w.name, fix)
@@ -219,9 +249,8 @@ FROM pg_attribute WHERE attrelid = $1::oid AND attnum > 0 AND NOT attisdropped`,
 				return 0, schemaErr(t, "column %s is %s, want bigint; fix: %s", w.name, c.typ, fix)
 			}
 			if c.always {
-				// A claim sets the token to the default evaluated for
-				// its proposed row (INSERT … ON CONFLICT DO UPDATE SET
-				// token = excluded.token), which an ALWAYS identity
+				// A claim writes the token itself (the clock, or the
+				// row's last token + 1), which an ALWAYS identity
 				// refuses.
 				return 0, schemaErr(t, "column %s is GENERATED ALWAYS AS IDENTITY; fix: ALTER TABLE %s ALTER COLUMN %s DROP IDENTITY IF EXISTS, ALTER COLUMN %s SET DEFAULT %s", w.name, t, w.name, w.name, tokenDefault)
 			}

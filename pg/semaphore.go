@@ -209,7 +209,7 @@ func (s *semaphores) check(ctx context.Context, q interface {
 
 // missing is the error of a permit claim without a permits table.
 func (s *semaphores) missing() error {
-	return fmt.Errorf("%w: %w: table %s does not exist (or is not visible to this role): semaphores (core.Limit > 1) keep their permits there; fix: call Migrate, use WithAutoMigrate, or run the SQL from PermitsSchemaSQL",
+	return fmt.Errorf("%w: %w: table %s does not exist (or is not visible to this role): semaphores (core.Limit > 1) keep their permits there; fix: call pg.Migrate(ctx, pool) (with the same WithTable), use WithAutoMigrate, or run the SQL from PermitsSchemaSQL",
 		ErrSchema, core.ErrUnsupported, s.table)
 }
 
@@ -271,6 +271,7 @@ type semStatements struct {
 	renewLock, renew     string
 	forceLock, force     string
 	holders, list        string
+	prune                string
 }
 
 func buildSemStatements(t, p string, legacy, async bool) semStatements {
@@ -298,7 +299,9 @@ func buildSemStatements(t, p string, legacy, async bool) semStatements {
 	// acquireLock ($1 key, $2 mark, $3 limit, $4 owner token, $5 TTL µs,
 	// $6 slot end) locks the key's header row, creating it when the key
 	// has no row, or taking over an expired row of any kind, and bumps its
-	// token: greatest(server clock µs, last token + 1). It is skipped
+	// token: greatest(server clock µs, last token + 1), both read under the
+	// row's lock (the proposed row's clock, read before the wait for the
+	// lock, would be older than a token given meanwhile). It is skipped
 	// (no lock, no write) when its own read shows the key full, held as a
 	// mutex or with another limit, the slot over, or the permit already
 	// held with this owner token; and it locks without writing when the
@@ -326,7 +329,7 @@ SELECT $1::text, $2::text, %[2]s, %[3]s, now(), %[4]s
 %[5]s
 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner,
 	holder = CASE WHEN l.expire_at > now() THEN l.holder ELSE excluded.holder END,
-	token = greatest(excluded.token, l.token + 1),
+	token = greatest(%[3]s, l.token + 1),
 	acquired_at = CASE WHEN l.expire_at > now() THEN l.acquired_at ELSE excluded.acquired_at END,
 	expire_at = greatest(l.expire_at, excluded.expire_at)
 WHERE l.expire_at <= now() OR starts_with(l.holder, excluded.owner || ':')
@@ -346,7 +349,8 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 	// acquire ($1 key, $2 mark, $3 limit, $4 owner token, $5 TTL µs, $6
 	// slot end, $7 owner) claims a permit when acquireLock locked the
 	// header: it drops the key's expired permits and inserts one when
-	// fewer than the limit are left. When it holds the lock but grants
+	// fewer than the limit are left and the slot (on the server's clock,
+	// under the lock) is not over. When it holds the lock but grants
 	// nothing (its first read was out of date), it sets the header's expiry
 	// back to the live permits'. Its answer rows, by kind: 0 granted, 1
 	// already held with this owner token, 2 the key's row when it is held
@@ -375,7 +379,7 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 ), ins AS (
 	INSERT INTO %[2]s (key, holder, owner, token, acquired_at, expire_at)
 	SELECT $1::text, $4::text, $7::text, t.token, now(), %[3]s FROM tok t
-	WHERE t.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mine)
+	WHERE t.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mine) AND ($6::timestamptz IS NULL OR $6::timestamptz > clock_timestamp())
 		AND (SELECT count(*) FROM %[2]s WHERE key = $1::text) - (SELECT count(*) FROM reap)%[9]s < $3::int
 	RETURNING token, acquired_at, expire_at
 ), fix AS (
@@ -414,7 +418,8 @@ RETURNING set_config('%[5]s', %[6]s::text, true)`, t, p, isHdr, ac, semSetting, 
 	// limit too. The ended header stays, with its last token: a claim
 	// whose clock was read before it waited for the header's lock still
 	// gets a token above every earlier one (greatest(clock, last + 1)),
-	// which a deleted header could not promise.
+	// which a deleted header could not promise. Its row says whether the
+	// permit deleted was live.
 	s.release = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[2]s WHERE key = $1::text AND holder = $2::text RETURNING expire_at > now() AS live
 ), rest AS (
@@ -425,12 +430,15 @@ RETURNING set_config('%[5]s', %[6]s::text, true)`, t, p, isHdr, ac, semSetting, 
 	DELETE FROM %[2]s WHERE key = $1::text AND holder <> $2::text AND expire_at <= now() AND %[4]s AND (SELECT until FROM rest) IS NULL
 ), hu AS (
 	UPDATE %[1]s SET expire_at = (SELECT until FROM rest) WHERE key = $1::text AND %[3]s AND %[4]s AND expire_at > (SELECT until FROM rest)
+), n AS (
+	SELECT pg_notify($3::text, %[5]s) FROM d WHERE live AND $3::text <> ''
 )
-SELECT pg_notify($3::text, %[5]s) FROM d WHERE live AND $3::text <> ''`, t, p, isHdr, locked, releasePayload)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, t, p, isHdr, locked, releasePayload)
 
 	// keep ($1 key, $2 owner token, $3 µs), after releaseLock, sets a live
 	// permit's expiry to now + $3 (min hold, slot mode) and keeps the
-	// header's expiry at or after it.
+	// header's expiry at or after it; it updates a row only when the
+	// permit was live.
 	s.keep = fmt.Sprintf(`WITH k AS (
 	UPDATE %[2]s SET expire_at = now() + $3::bigint * interval '1 microsecond'
 	WHERE key = $1::text AND holder = $2::text AND expire_at > now() AND %[3]s
@@ -473,6 +481,11 @@ RETURNING set_config('%[3]s', %[4]s::text, true)`, t, isHdr, semSetting, tok)
 	SELECT pg_notify($2::text, $1::text) WHERE %[4]s AND $2::text <> '' AND EXISTS (SELECT 1 FROM d WHERE live)
 )
 SELECT %[4]s, EXISTS (SELECT 1 FROM d WHERE live), (SELECT count(*) FROM n)`, t, p, isHdr, locked)
+
+	// prune deletes the expired permits of keys whose header is gone (see
+	// Backend.prune): a semaphore whose holders all crashed.
+	s.prune = fmt.Sprintf(`DELETE FROM %[2]s p WHERE p.expire_at <= now() AND NOT EXISTS (SELECT 1 FROM %[1]s h WHERE h.key = p.key)%[3]s`,
+		t, p, asyncClause)
 
 	// holders ($1 key) and list ($1 prefix): the live permits of live
 	// headers, oldest first, with the header's limit.
@@ -599,7 +612,8 @@ func (b *Backend) readPermitAcquire(br pgx.BatchResults, req core.AcquireRequest
 }
 
 // releasePermit is Release for req.Limit > 1: the header lock and the
-// delete (or, with Keep, the update) in one batch.
+// delete (or, with Keep, the update) in one batch. A permit that was not
+// live is answered core.Gone.
 func (b *Backend) releasePermit(ctx context.Context, req core.ReleaseRequest) error {
 	if b.sem.reason != nil {
 		return nil // no permit can have been claimed
@@ -614,10 +628,32 @@ func (b *Backend) releasePermit(ctx context.Context, req core.ReleaseRequest) er
 	} else {
 		batch.Queue(b.sem.stmt.release, req.Key, req.OwnerToken, b.notifyChannel())
 	}
-	if err := b.pool.SendBatch(ctx, batch).Close(); err != nil {
+	br := b.pool.SendBatch(ctx, batch)
+	live, err := permitReleased(br, req.Keep > 0)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return b.semErr(err)
 	}
-	return nil
+	b.prune(ctx)
+	return released(req.Key, live)
+}
+
+// permitReleased reads releasePermit's batch: whether a live permit was
+// released (or, with keep, kept).
+func permitReleased(br pgx.BatchResults, keep bool) (bool, error) {
+	if _, err := br.Exec(); err != nil { // the header lock
+		return false, err
+	}
+	if keep {
+		tag, err := br.Exec()
+		return tag.RowsAffected() > 0, err
+	}
+	var live bool
+	var n int64
+	err := br.QueryRow().Scan(&live, &n)
+	return live, err
 }
 
 // hasPermits reports whether a renewal includes permits.

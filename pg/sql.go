@@ -13,6 +13,7 @@ type statements struct {
 	bound, acquire, renew, release, keep, now string
 	inspect, list, forceRelease               string
 	leave                                     string // "" on the legacy table (no queue)
+	prune                                     string // "" on the legacy table (no tokens)
 	queue                                     bool   // the table has the waiters column
 }
 
@@ -36,8 +37,15 @@ const asyncClause = ` AND set_config('synchronous_commit', 'off', true) IS NOT N
 const micros = `::bigint * interval '1 microsecond'`
 
 // slotOpen refuses a claim whose absolute expiry (slot mode) is already
-// past: that slot is over, and its holder let it expire.
-const slotOpen = `($5::timestamptz IS NULL OR $5::timestamptz > now())`
+// past: that slot is over, and its holder let it expire. It is checked twice:
+// on the statement's start (now(), so that a claim of a slot that is over
+// writes nothing), and under the row's lock on the server's clock
+// (slotOpenLocked), since a claim can wait for the row's lock past the end of
+// its slot.
+const (
+	slotOpen       = `($5::timestamptz IS NULL OR $5::timestamptz > now())`
+	slotOpenLocked = `($5::timestamptz IS NULL OR $5::timestamptz > clock_timestamp())`
+)
 
 // remaining is the time left on a row, in microseconds, on the server clock.
 const remaining = `(extract(epoch FROM expire_at - now()) * 1000000)::bigint`
@@ -120,8 +128,8 @@ func buildStatements(table string, legacy, async bool) statements {
 	// token (in value).
 	owner, holder, lholder, token, acquiredAt := "owner", "holder", "l.holder", "token", "acquired_at"
 	expire := "coalesce($5::timestamptz, now() + $4" + micros + ")"
-	insertCols := "key, owner, holder, acquired_at, expire_at"
-	insertVals := "$1::text, $2::text, $3::text, now(), " + expire
+	insertCols := "key, owner, holder, token, acquired_at, expire_at"
+	insertVals := "$1::text, $2::text, $3::text, " + tokenDefault + ", now(), " + expire
 	if legacy {
 		// value is "<owner token> <owner>": the token guards renew and
 		// release, the rest is the human-readable owner. Rows written by
@@ -143,10 +151,20 @@ func buildStatements(table string, legacy, async bool) statements {
 	// row that is free or expired there is taken over (C below) by one of
 	// several concurrent takers, the others finding it held; with the
 	// queue, a row this caller may not take gets its place in line (E). A
-	// claim for a slot that is already over (slotOpen) writes nothing. The
-	// fencing token is the column's default, evaluated for the proposed
-	// row (excluded.token: the server clock in microseconds in tables
-	// Migrate creates). Losing the race for a free row answers busy, holder
+	// claim for a slot that is already over (slotOpen) writes nothing, and
+	// one whose slot ended while it waited for the row's lock takes nothing.
+	//
+	// The fencing token is decided under the row's lock: a takeover sets it
+	// to greatest(server clock in µs, the row's last token + 1), the clock
+	// read once the lock is held (a proposed row's clock, read before the
+	// statement waited for the row, can be older than the token of a claim
+	// that won the key meanwhile). Rows are never deleted while such a
+	// claim can still be running (a release ends its row and keeps its
+	// token; see prune), so a claim inserts a row only for a key whose last
+	// token is older than its own clock reading. The legacy table has no
+	// tokens, and its releases delete the row.
+	//
+	// Losing the race for a free row answers busy, holder
 	// unknown; ON CONFLICT has locked the row the winner wrote, a lock-only
 	// transaction, which the WHERE's ELSE branch commits without waiting for
 	// the flush (a CASE evaluates only the branch it takes, so a takeover
@@ -165,10 +183,10 @@ func buildStatements(table string, legacy, async bool) statements {
 	// half of $7 is left of it, so a waiter's repeated busy tries are reads,
 	// and that write commits without waiting for the flush (a place in line
 	// is soft state, see above).
-	take := "l.expire_at <= now()"
+	take := "l.expire_at <= now() AND " + slotOpenLocked
 	gate := "c.expire_at IS NULL OR c.expire_at <= now()"
 	cols := insertCols
-	sets := "owner = excluded.owner, holder = excluded.holder, token = excluded.token, acquired_at = excluded.acquired_at, expire_at = excluded.expire_at"
+	sets := "owner = excluded.owner, holder = excluded.holder, token = greatest(" + tokenDefault + ", l.token + 1), acquired_at = excluded.acquired_at, expire_at = excluded.expire_at"
 	won := "l.holder = $3::text"
 	if legacy {
 		sets = "value = excluded.value, expire_at = excluded.expire_at"
@@ -239,11 +257,14 @@ FROM %[1]s WHERE starts_with(key, $1::text) AND expire_at > now() ORDER BY key`,
 		// payload is the key alone), so that waiters in every process
 		// wake. The notification is sent when the statement's transaction
 		// commits; the key is at most 1024 bytes, under pg_notify's 8000.
-		// An empty channel (WithoutNotify) sends none.
+		// An empty channel (WithoutNotify) sends none. Its row says
+		// whether the row deleted was a live lease (see releaseStmt).
 		s.release = fmt.Sprintf(`WITH d AS (
-	DELETE FROM %[1]s WHERE key = $1::text AND %[2]s = $2::text%[3]s RETURNING key
+	DELETE FROM %[1]s WHERE key = $1::text AND %[2]s = $2::text%[3]s RETURNING key, expire_at > now() AS live
+), n AS (
+	SELECT pg_notify($3::text, key) FROM d WHERE $3::text <> ''
 )
-SELECT pg_notify($3::text, key) FROM d WHERE $3::text <> ''`, table, holder, asyncClause)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table, holder, asyncClause)
 
 		s.forceRelease = fmt.Sprintf(`WITH d AS (
 	DELETE FROM %[1]s WHERE key = $1::text%[2]s RETURNING key, expire_at > now() AS live
@@ -254,60 +275,74 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table, 
 		return s
 	}
 
-	// With the queue, a release deletes the row; when live waiters are
-	// queued it puts back a free row (holder '', expired) that keeps them,
-	// and notifies the first of them, and only then: a release with nobody
-	// queued sends no notification, so it takes no database-wide notify
-	// lock through its commit. The DELETE locks the row and returns its
-	// latest version, so a waiter that queued concurrently is kept. A
-	// waiter whose enq meets the deleted row finds nothing to update and is
-	// answered busy; its next try queues it.
-	refill := func(from string) string {
-		return fmt.Sprintf(`q AS (
-	SELECT key, %[2]s AS waiters FROM %[3]s WHERE waiters IS NOT NULL
-), i AS (
-	INSERT INTO %[1]s (key, owner, holder, acquired_at, expire_at, waiters)
-	SELECT key, '', '', now(), '-infinity', waiters FROM q WHERE waiters IS NOT NULL
-	ON CONFLICT (key) DO NOTHING
-	RETURNING key, %[4]s AS head
-)`, table, qWithout("waiters", "''"), from, qHead("waiters"))
+	// With the queue, a release ends the row: it keeps the key's last token
+	// (see prune) with an empty holder and expire_at '-infinity', drops the
+	// expired places from the queue, and notifies the first live waiter,
+	// and only then: a release with nobody queued sends no notification,
+	// so it takes no database-wide notify lock through its commit. The
+	// UPDATE locks the row and writes its latest version, so a waiter that
+	// queued concurrently is kept.
+	end := func(l string) string {
+		return `owner = '', holder = '', expire_at = '-infinity', waiters = ` + qWithout(l+".waiters", "''")
 	}
-	s.release = fmt.Sprintf(`WITH d AS (
-	DELETE FROM %[1]s WHERE key = $1::text AND holder = $2::text%[2]s RETURNING key, waiters
-), %[3]s
-SELECT pg_notify($3::text, %[4]s) FROM i WHERE $3::text <> '' AND head IS NOT NULL`,
-		table, asyncClause, refill("d"), turnPayload("key", "head"))
-
-	// ForceRelease frees the key whoever holds it, keeping the queue, and
-	// tells its first live waiter.
-	s.forceRelease = fmt.Sprintf(`WITH d AS (
-	DELETE FROM %[1]s WHERE key = $1::text%[4]s RETURNING key, waiters, expire_at > now() AS live
-), %[2]s, n AS (
-	SELECT pg_notify($2::text, %[3]s) FROM i WHERE $2::text <> '' AND head IS NOT NULL
+	// Its row says whether the row ended was a live lease: an expired
+	// one of this owner token is ended all the same, but was not held to
+	// the end. (o reads, and locks, the row's latest version.)
+	s.release = fmt.Sprintf(`WITH o AS (
+	SELECT key, expire_at > now() AS live FROM %[1]s WHERE key = $1::text AND holder = $2::text FOR UPDATE
+), d AS (
+	UPDATE %[1]s AS l SET %[2]s FROM o
+	WHERE l.key = o.key AND l.holder = $2::text%[3]s RETURNING l.key, o.live, %[4]s AS head
+), n AS (
+	SELECT pg_notify($3::text, %[5]s) FROM d WHERE $3::text <> '' AND head IS NOT NULL
 )
 SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`,
-		table, refill("d"), turnPayload("key", "head"), asyncClause)
+		table, end("l"), asyncClause, qHead("l.waiters"), turnPayload("key", "head"))
+
+	// ForceRelease ends the row whoever holds it, keeping the queue and the
+	// token, and tells its first live waiter. (o reads, and locks, the
+	// row's latest version: whether it was live.)
+	s.forceRelease = fmt.Sprintf(`WITH o AS (
+	SELECT key, expire_at > now() AS live FROM %[1]s WHERE key = $1::text FOR UPDATE
+), d AS (
+	UPDATE %[1]s AS l SET %[2]s FROM o
+	WHERE l.key = o.key%[3]s RETURNING l.key, o.live, %[4]s AS head
+), n AS (
+	SELECT pg_notify($2::text, %[5]s) FROM d WHERE $2::text <> '' AND head IS NOT NULL
+)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`,
+		table, end("l"), asyncClause, qHead("l.waiters"), turnPayload("key", "head"))
 
 	// Leave takes $2 out of the queue of $1. When $2 was first in line and
-	// the key is free, the next live waiter is told; a free row whose queue
-	// empties is deleted. (Its two writes exclude each other on any row
-	// version.)
+	// the key is free, the next live waiter is told. The row stays when its
+	// queue empties, with its token (see prune).
 	s.leave = fmt.Sprintf(`WITH cur AS (
-	SELECT %[2]s AS head, expire_at <= now() AS free FROM %[1]s WHERE key = $1::text
-), del AS (
-	DELETE FROM %[1]s AS l
-	WHERE l.key = $1::text AND l.waiters IS NOT NULL AND l.expire_at <= now()
-		AND %[3]s IS NULL%[5]s
-	RETURNING 1
+	SELECT %[2]s AS head FROM %[1]s WHERE key = $1::text
 ), upd AS (
 	UPDATE %[1]s AS l SET waiters = %[3]s
 	WHERE l.key = $1::text AND l.waiters IS NOT NULL
-		AND NOT (l.expire_at <= now() AND %[3]s IS NULL)
 		AND EXISTS (SELECT 1 FROM jsonb_array_elements(l.waiters) AS x(e) WHERE e->>'w' = $2::text)%[5]s
 	RETURNING l.key, l.expire_at <= now() AS free, %[4]s AS head
 )
 SELECT pg_notify($3::text, %[6]s) FROM upd
 WHERE $3::text <> '' AND free AND head IS NOT NULL AND (SELECT head FROM cur) = $2::text`,
 		table, qHead("waiters"), qWithout("l.waiters", "$2::text"), qHead("waiters"), asyncClause, turnPayload("key", "head"))
+
+	// prune ($1 the horizon in µs, $2 the most rows to delete) deletes
+	// ended rows (free or expired, nobody live in line) whose token is
+	// older than the horizon. A claim that read the clock before such a
+	// row's token was read has been cut off by its statement_timeout by
+	// then (the horizon is longer than any claim timeout; see pruneAfter),
+	// so every claim that can still insert the key reads a newer clock.
+	// SKIP LOCKED: a row that a claim is taking over right now is left for
+	// the next prune, and the prune waits for no one.
+	s.prune = fmt.Sprintf(`WITH d AS (
+	DELETE FROM %[1]s WHERE key IN (
+		SELECT key FROM %[1]s
+		WHERE expire_at <= now() AND token < %[2]s - $1::bigint AND %[3]s IS NULL
+		LIMIT $2::int FOR UPDATE SKIP LOCKED)%[4]s
+	RETURNING key
+)
+SELECT count(*) FROM d`, table, nowMicros, qHead("waiters"), asyncClause)
 	return s
 }

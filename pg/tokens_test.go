@@ -2,10 +2,14 @@ package pg_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/testenv"
@@ -99,5 +103,352 @@ func TestTokensSwitchFromIdentity(t *testing.T) {
 	}
 	if tok := cycle(t, l2, "k"); tok <= after {
 		t.Errorf("after a reset the token went from %d to %d", after, tok)
+	}
+}
+
+// tokenExpr is the server's clock in µs, as the token column's default.
+const tokenExpr = `(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
+
+// try claims req straight on b and returns its token, failing the test
+// unless it was granted.
+func try(t *testing.T, b *pg.Backend, req core.AcquireRequest) uint64 {
+	t.Helper()
+	l, err := b.TryAcquire(ctxT(t), req)
+	if err != nil {
+		t.Fatalf("TryAcquire(%s): %v", req.Key, err)
+	}
+	return l.Token
+}
+
+// setToken sets the token of key's row in the lock table to the server's
+// clock plus ahead and returns it.
+func setToken(t *testing.T, admin *pgxpool.Pool, table, key string, ahead time.Duration) uint64 {
+	t.Helper()
+	var tok int64
+	if err := admin.QueryRow(ctxT(t), `UPDATE `+pgx.Identifier{table}.Sanitize()+` SET token = `+tokenExpr+` + $2::bigint
+	WHERE key = $1 RETURNING token`, key, ahead.Microseconds()).Scan(&tok); err != nil {
+		t.Fatalf("set the token of %s: %v", key, err)
+	}
+	return uint64(tok)
+}
+
+// Rule: a key's last token is never thrown away while a claim could still
+// be running, and every claim's token is above it: greatest(clock, last + 1).
+// Each case puts the row's token ahead of the server's clock (as a claim
+// that won the key while another claim's clock reading waited for the row
+// would), ends the row by one path, and claims again.
+func TestTokensAboveLastOnEveryPath(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	b := newBackend(t, table)
+	ctx := ctxT(t)
+	mutex := func(key string) core.AcquireRequest { return acq(key, testenv.Name("tok"), "", 0) }
+	rel := func(req core.AcquireRequest) {
+		t.Helper()
+		if err := b.Release(ctx, relReq(req)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queue := func(req core.AcquireRequest, waiter string) {
+		t.Helper()
+		req.Waiter, req.WaiterTTL = waiter, time.Minute
+		if _, err := b.TryAcquire(ctx, req); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("the waiter's try = %v, want busy", err)
+		}
+	}
+	leave := func(key, waiter string) {
+		t.Helper()
+		if err := b.Leave(ctx, key, waiter); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		end  func(key string) // claims key, sets its token ahead, ends it
+		next func(key string) core.AcquireRequest
+	}{
+		{"mutex released", func(k string) {
+			r := mutex(k)
+			try(t, b, r)
+			setToken(t, admin, table, k, time.Hour)
+			rel(r)
+		}, mutex},
+		{"mutex force-released", func(k string) {
+			try(t, b, mutex(k))
+			setToken(t, admin, table, k, time.Hour)
+			if _, err := b.ForceRelease(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+		}, mutex},
+		{"mutex whose last waiter left", func(k string) {
+			r := mutex(k)
+			try(t, b, r)
+			queue(mutex(k), "w")
+			setToken(t, admin, table, k, time.Hour)
+			rel(r)
+			leave(k, "w")
+		}, mutex},
+		{"semaphore header, then a mutex", func(k string) {
+			p := permitReq(k, 2, time.Minute)
+			try(t, b, p)
+			setToken(t, admin, table, k, time.Hour)
+			rel(p)
+		}, mutex},
+		{"semaphore header whose last waiter left, then a permit", func(k string) {
+			p1, p2 := permitReq(k, 2, time.Minute), permitReq(k, 2, time.Minute)
+			try(t, b, p1)
+			try(t, b, p2)
+			queue(permitReq(k, 2, time.Minute), "w")
+			setToken(t, admin, table, k, time.Hour)
+			rel(p1)
+			rel(p2)
+			leave(k, "w")
+		}, func(k string) core.AcquireRequest { return permitReq(k, 2, time.Minute) }},
+		{"semaphore header whose last waiter left, then a mutex", func(k string) {
+			p := permitReq(k, 2, time.Minute)
+			try(t, b, p)
+			try(t, b, permitReq(k, 2, time.Minute))
+			queue(permitReq(k, 2, time.Minute), "w")
+			setToken(t, admin, table, k, time.Hour)
+			rel(p)
+			if _, err := b.ForceRelease(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			leave(k, "w")
+		}, mutex},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := testenv.Name("k")
+			c.end(k)
+			var last int64
+			if err := admin.QueryRow(ctx, `SELECT coalesce(max(token), 0) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE key = $1`, k).Scan(&last); err != nil {
+				t.Fatal(err)
+			}
+			if last == 0 {
+				t.Fatalf("the key's row, and its last token, are gone")
+			}
+			next := c.next(k)
+			if tok := try(t, b, next); tok <= uint64(last) {
+				t.Errorf("token %d after %d", tok, last)
+			}
+			rel(next)
+		})
+	}
+}
+
+// expiredRow claims req and lets the claim expire (as a holder that
+// crashed): key's row stays, free.
+func expiredRow(t *testing.T, admin *pgxpool.Pool, b *pg.Backend, table string, req core.AcquireRequest) {
+	t.Helper()
+	try(t, b, req)
+	for _, tb := range []string{table, table + "_permits"} {
+		if _, err := admin.Exec(ctxT(t), `UPDATE `+pgx.Identifier{tb}.Sanitize()+` SET expire_at = now() - interval '1 second' WHERE key = $1`, req.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// lockRow locks key's row in table in a transaction of its own and returns
+// the transaction: a claim of key then waits for it.
+func lockRow(t *testing.T, admin *pgxpool.Pool, table, key string) pgx.Tx {
+	t.Helper()
+	tx, err := admin.Begin(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var n int
+	if err := tx.QueryRow(ctxT(t), `SELECT count(*) FROM (SELECT 1 FROM `+pgx.Identifier{table}.Sanitize()+` WHERE key = $1 FOR UPDATE) r`, key).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("lock the row of %s: %d rows (%v)", key, n, err)
+	}
+	return tx
+}
+
+// waitLockWait waits until a statement on table waits for a row lock.
+func waitLockWait(t *testing.T, admin *pgxpool.Pool, table string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := admin.QueryRow(ctxT(t), `SELECT count(*) FROM pg_stat_activity
+	WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no claim waits for the row's lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// claimBehindLock leaves an expired row of req's key (a holder that
+// crashed), locks it in a transaction of its own, sends req, and once req
+// waits for the lock runs meanwhile in that transaction and commits it. It
+// returns req's outcome.
+func claimBehindLock(t *testing.T, admin *pgxpool.Pool, b *pg.Backend, table string, req core.AcquireRequest, meanwhile func(pgx.Tx)) (core.Lease, error) {
+	t.Helper()
+	first := req
+	first.OwnerToken, first.TTL, first.ExpireAt = testenv.Name("tok"), time.Minute, time.Time{}
+	expiredRow(t, admin, b, table, first)
+	tx := lockRow(t, admin, table, req.Key)
+	type result struct {
+		l   core.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := b.TryAcquire(context.Background(), req)
+		done <- result{l, err}
+	}()
+	waitLockWait(t, admin, table)
+	meanwhile(tx)
+	if err := tx.Commit(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	return r.l, r.err
+}
+
+// Rule: a claim's token is decided under the row's lock. A claim reads the
+// clock, then waits for a row that another transaction has locked; that
+// transaction gives the row a token from a later clock reading and commits;
+// the waiting claim then takes the row over with a greater token.
+func TestTokenDecidedUnderRowLock(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	b := newBackend(t, table)
+	for _, limit := range []int{1, 2} {
+		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
+			req := permitReq(testenv.Name("k"), limit, time.Minute)
+			var won int64
+			l, err := claimBehindLock(t, admin, b, table, req, func(tx pgx.Tx) {
+				if err := tx.QueryRow(ctxT(t), `UPDATE `+pgx.Identifier{table}.Sanitize()+` SET token = `+tokenExpr+` WHERE key = $1 RETURNING token`, req.Key).Scan(&won); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if err != nil {
+				t.Fatalf("the waiting claim: %v", err)
+			}
+			if l.Token <= uint64(won) {
+				t.Errorf("the waiting claim got token %d, below or at %d, given while it waited", l.Token, won)
+			}
+			if err := b.Release(ctxT(t), relReq(req)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// Rule: a slot claim is granted only while its slot lasts, on the server's
+// clock, even when it waited for the row's lock past the slot's end.
+func TestSlotClaimWaitsPastSlotEnd(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	b := newBackend(t, table)
+	for _, limit := range []int{1, 2} {
+		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
+			req := permitReq(testenv.Name("k"), limit, 0)
+			req.ExpireAt = time.Now().Add(300 * time.Millisecond)
+			_, err := claimBehindLock(t, admin, b, table, req, func(pgx.Tx) {
+				// The slot ends while the claim waits (the server's
+				// clock is this machine's).
+				time.Sleep(time.Until(req.ExpireAt) + 100*time.Millisecond)
+			})
+			if !errors.Is(err, core.ErrNotAcquired) {
+				_ = b.Release(ctxT(t), relReq(req))
+				t.Fatalf("a claim whose slot ended while it waited = %v, want ErrNotAcquired", err)
+			}
+		})
+	}
+}
+
+// Rule: ended rows do not pile up. A Backend's first release, and then a
+// release at most every minute, deletes the ended rows (free or expired,
+// nobody live in line) whose token is older than any claim can be, and the
+// expired permits of semaphores whose header went with them; it keeps
+// every other row.
+func TestPruneEndedRows(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	ident := pgx.Identifier{table}.Sanitize()
+	b := newBackend(t, table)
+	ctx := ctxT(t)
+	const old = 25 * time.Hour // older than the longest claim timeout
+	mk := func(key string, held bool) core.AcquireRequest {
+		t.Helper()
+		r := acq(key, testenv.Name("tok"), "", 0)
+		try(t, b, r)
+		if !held {
+			if err := b.Release(ctx, relReq(r)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return r
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("old-ended", false)
+	setToken(t, admin, table, "old-ended", -old)
+	mk("new-ended", false)
+	mk("old-live", true)
+	setToken(t, admin, table, "old-live", -old)
+	mk("old-expired", true)
+	setToken(t, admin, table, "old-expired", -old)
+	exec(`UPDATE `+ident+` SET expire_at = now() - interval '1 second' WHERE key = $1`, "old-expired")
+	h := mk("old-waiter", true)
+	if _, err := b.TryAcquire(ctx, acq("old-waiter", "w", "w", time.Minute)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("the waiter's try = %v, want busy", err)
+	}
+	if err := b.Release(ctx, relReq(h)); err != nil {
+		t.Fatal(err)
+	}
+	setToken(t, admin, table, "old-waiter", -old)
+	// A semaphore whose holder crashed: its header and permit expired.
+	try(t, b, permitReq("old-sem", 2, time.Minute))
+	setToken(t, admin, table, "old-sem", -old)
+	exec(`UPDATE `+ident+` SET expire_at = now() - interval '1 second' WHERE key = $1`, "old-sem")
+	exec(`UPDATE `+pgx.Identifier{table + "_permits"}.Sanitize()+` SET expire_at = now() - interval '1 second' WHERE key = $1`, "old-sem")
+
+	keys := func() string {
+		t.Helper()
+		rows, err := admin.Query(ctx, `SELECT key FROM `+ident+` WHERE key <> 'trigger'
+	UNION ALL SELECT 'permit:' || key FROM `+pgx.Identifier{table + "_permits"}.Sanitize()+` ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(ks, ",")
+	}
+	if got, want := keys(), "new-ended,old-ended,old-expired,old-live,old-sem,old-waiter,permit:old-sem"; got != want {
+		t.Fatalf("rows before the prune: %s, want %s", got, want)
+	}
+	fresh := newBackend(t, table)
+	trigger := acq("trigger", "t", "", 0)
+	try(t, fresh, trigger)
+	if err := fresh.Release(ctx, relReq(trigger)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := keys(), "new-ended,old-live,old-waiter"; got != want {
+		t.Fatalf("rows after the first release's prune: %s, want %s", got, want)
+	}
+	// The next release within the minute prunes nothing.
+	mk("old-ended", false)
+	setToken(t, admin, table, "old-ended", -old)
+	try(t, fresh, trigger)
+	if err := fresh.Release(ctx, relReq(trigger)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := keys(), "new-ended,old-ended,old-live,old-waiter"; got != want {
+		t.Fatalf("rows after a second release: %s, want %s", got, want)
 	}
 }

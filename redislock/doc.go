@@ -14,6 +14,24 @@
 // stays the caller's; closing the Locker does not close it. Redis 6.2 or
 // later (or Valkey) is required.
 //
+// # Connection failures
+//
+// A server that wants a password the client did not send fails every call
+// with an error that says "authentication required" (the server's own
+// reply to a script call, "ERR Protocol error: unauthenticated multibulk
+// length", names nothing of the kind); a wrong password with the server's
+// WRONGPASS. Neither ever reads as busy, and no message holds a password.
+//
+// How long a refused connection takes to fail is the client's retry
+// policy, which this package does not change: go-redis retries a command
+// MaxRetries times (default 3), each time dialling up to DialerRetries
+// times (default 5, 100 ms apart), so one call fails after about 1.7 s, and
+// a failed acquisition costs two (the claim, and its undo by owner token,
+// since go-redis may have sent the claim before the connection was lost).
+// Set DialerRetries to 1 (the dislock CLI does; in a URL,
+// dialer_retries=1) for a refusal in well under a second, and MaxRetries
+// to -1 for one attempt per call.
+//
 // # How locks are stored
 //
 // Lock key k is one string, "<prefix>:{k'}", with a PEXPIRE TTL:
@@ -37,7 +55,7 @@
 // run with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
 // failover or SCRIPT FLUSH), inside pipelines too:
 //
-//   - acquire claims a free key with GET, TIME and SET (6 server commands
+//   - acquire claims a free key with GET, TIME and SET (7 server commands
 //     for an uncontended acquire + release, EVALSHA included), or answers
 //     with the holder (owner, fencing token, acquired-at, remaining TTL).
 //     A busy answer marks the record once, so that its release tells the
@@ -48,11 +66,12 @@
 //     all of its sessions in one round trip per node (one script call for
 //     up to 256 leases on one server, one per hash slot on Cluster, in one
 //     pipeline per node).
-//   - release writes the tombstone with one SET ... XX GET and checks what
-//     it replaced: a record that was not this lease's is put back in the
-//     same script. It PUBLISHes on "<prefix>:released" only when the record
-//     was marked by a waiter. For a minimum hold it shortens the TTL
-//     instead.
+//   - release reads the record (GET) and writes the tombstone (SET) only
+//     when the record is this lease's: another owner's record, a tombstone
+//     or a value that is no lock record at all is left as it was, and the
+//     release answers lease lost (core.ErrLeaseGone). It PUBLISHes on
+//     "<prefix>:released" only when the record was marked by a waiter. For
+//     a minimum hold it shortens the TTL instead.
 //
 // Slot locks (core.ForSlot) expire with PXAT at the slot's end, computed
 // from the server's TIME.

@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -34,4 +35,58 @@ func TestErrorPrefixOnce(t *testing.T) {
 			t.Errorf("error %q: want one dislock: redis: prefix and no other layer naming the backend", msg)
 		}
 	}
+}
+
+// Rule: a server that wants a password the client did not send is named
+// as such: "authentication required", not the server's "ERR Protocol
+// error: unauthenticated multibulk length" (what it answers a script call
+// from a client that has not authenticated), and never busy; the password
+// itself appears in no message.
+func TestAuthenticationRequiredIsNamed(t *testing.T) {
+	t.Parallel()
+	const password = "s3cret-pw"
+	p := startPrivateRedis(t, "--requirepass", password)
+	for _, c := range []struct {
+		name string
+		opts redis.Options
+		want string
+	}{
+		{"no password", redis.Options{}, "authentication required"},
+		{"no password, RESP2", redis.Options{Protocol: 2}, "authentication required"},
+		{"wrong password", redis.Options{Password: "not-" + password}, "WRONGPASS"},
+	} {
+		c.opts.Addr = p.Addr()
+		rdb := redis.NewClient(&c.opts)
+		l, err := redislock.New(rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		for _, opts := range [][]core.Option{nil, {core.ForSlot(core.Every(time.Hour))}, {core.Limit(2)}} {
+			_, err = l.TryAcquire(ctx, "auth", opts...)
+			if err == nil || !strings.Contains(err.Error(), c.want) || errors.Is(err, core.ErrNotAcquired) || strings.Contains(err.Error(), password) {
+				t.Errorf("%s %v: TryAcquire = %v, want %q", c.name, opts, err, c.want)
+			}
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("%s: %v to fail, want at once", c.name, took)
+		}
+		cancel()
+		l.Close()
+		rdb.Close()
+	}
+	// With the password it works.
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), Password: password})
+	defer rdb.Close()
+	l, err := redislock.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	s, err := l.TryAcquire(context.Background(), "auth")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Release(context.Background())
 }

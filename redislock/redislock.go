@@ -383,12 +383,21 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			token = strconv.FormatUint(t, 10)
 		}
 	}
-	err := releaseScript.run(ctx, b.client, b.keys(req.Key),
-		req.OwnerToken, keep, b.channel, req.Key, token).Err()
+	n, err := releaseScript.run(ctx, b.client, b.keys(req.Key),
+		req.OwnerToken, keep, b.channel, req.Key, token).Int()
 	if isWrongType(err) {
 		// The key holds a semaphore: the token may be one of its permits
 		// (a Release without Limit).
 		return b.semRelease(ctx, req)
+	}
+	return releaseResult(req.Key, n, err)
+}
+
+// releaseResult is a release script's reply (1 freed, 2 kept, 0 nothing of
+// this owner token's) as Release's answer.
+func releaseResult(key string, n int, err error) error {
+	if err == nil && n == 0 {
+		return core.Gone(key, "held by another owner or gone")
 	}
 	return err
 }
@@ -407,7 +416,7 @@ func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
 	}
 	t, err := c.Time(ctx).Result()
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, authErr(err)
 	}
 	return t, nil
 }

@@ -10,43 +10,39 @@
 -- ARGV[5]  the lease's fencing token when the caller knows it, or ""
 --
 -- Reply: 1 freed, 2 kept, 0 not held by this owner token (already
--- released, expired or taken over: nothing to do).
+-- released, expired, taken over, or a value that is no lock record:
+-- nothing was changed; the backend answers core.Gone).
 --
 -- Freeing writes the tombstone (record.lua) over the lease, keeping its
--- TTL. With the token known that is one command, SET ... XX GET, whose
--- answer is checked afterwards: a record that was not this lease's is put
--- back at once (the script is atomic, so nobody sees the tombstone). The
--- release channel hears of it only when the record says someone waits.
+-- TTL. The record is read first and written only when it is this lease's:
+-- a value that is not (another owner's record, a tombstone, or something
+-- that is no dislock record at all) is never touched. With the token known
+-- the common release is checked without taking the record apart: GET, then
+-- SET. The release channel hears of it only when the record says someone
+-- waits.
 local keep = tonumber(ARGV[2])
-local v, r
-if keep > 0 or ARGV[5] == '' then
-  v = redis.call('GET', KEYS[1])
-  r = rec_parse(v)
-  if not r or not r.held or r.otoken ~= ARGV[1] then
-    return 0
-  end
-  if keep > 0 then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return 2
-  end
-  redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL')
-else
-  v = redis.call('SET', KEYS[1], '0|' .. ARGV[5], 'KEEPTTL', 'XX', 'GET')
-  -- The common release, checked without taking the record apart: this
-  -- lease's, and nobody waits.
+local v = redis.call('GET', KEYS[1])
+if keep == 0 and ARGV[5] ~= '' then
+  -- The common release: this lease's, and nobody waits.
   local n = #ARGV[5]
   if v and string.byte(v, 1) == 48 and string.byte(v, 3 + n) == 124
       and string.sub(v, 3, 2 + n) == ARGV[5] and rec_held_by(v, ARGV[1]) then
+    redis.call('SET', KEYS[1], '0|' .. ARGV[5], 'KEEPTTL')
     return 1
   end
-  r = rec_parse(v)
-  if not r then
-    return 0
-  end
-  if not r.held or r.otoken ~= ARGV[1] or r.token ~= ARGV[5] then
-    redis.call('SET', KEYS[1], v, 'KEEPTTL')
-    return 0
-  end
+end
+-- Only a value that names this owner token is parsed: anything else is
+-- not this lease's, whatever it is.
+if not rec_held_by(v, ARGV[1]) then
+  return 0
+end
+local r = rec_parse(v)
+if not r.held or r.otoken ~= ARGV[1] or (ARGV[5] ~= '' and r.token ~= ARGV[5]) then
+  return 0
+end
+if keep > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 2
 end
 
 if rec_has(r.flags, REC_QUEUED) then
@@ -57,6 +53,7 @@ if rec_has(r.flags, REC_QUEUED) then
     return 1
   end
 end
+redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL')
 if rec_has(r.flags, REC_NOTIFY) then
   redis.call('PUBLISH', ARGV[3], ARGV[4])
 end

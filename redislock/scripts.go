@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -87,6 +88,40 @@ func (s *script) run(ctx context.Context, c redis.Scripter, keys []string, args 
 	if isNoScript(cmd.Err()) {
 		cmd = c.Eval(ctx, s.src, keys, args...)
 	}
+	return authCmd(cmd)
+}
+
+// authRequired is a reply saying that the server wants a password the
+// client did not send: NOAUTH, or the "Protocol error: unauthenticated
+// multibulk length" a server with a password answers, before closing the
+// connection, to a command with more arguments than it reads from a client
+// that has not authenticated (every script call of dislock's).
+type authRequired struct{ err error }
+
+func (e authRequired) Error() string {
+	return "authentication required: the server has a password and the client sent none (" + e.err.Error() + ")"
+}
+
+func (e authRequired) Unwrap() error { return e.err }
+
+// authErr returns err, marked as authRequired when it says so.
+func authErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if redis.HasErrorPrefix(err, "NOAUTH") || strings.Contains(err.Error(), "Protocol error: unauthenticated") {
+		return authRequired{err}
+	}
+	return err
+}
+
+// authCmd marks cmd's error as authRequired when it says so.
+func authCmd(cmd *redis.Cmd) *redis.Cmd {
+	if err := cmd.Err(); err != nil {
+		if a := authErr(err); a != err {
+			cmd.SetErr(a)
+		}
+	}
 	return cmd
 }
 
@@ -124,6 +159,8 @@ func runBatch(ctx context.Context, c redis.UniversalClient, calls []*call) {
 	for _, k := range calls {
 		if isNoScript(k.cmd.Err()) {
 			retry = append(retry, k)
+		} else {
+			authCmd(k.cmd)
 		}
 	}
 	if len(retry) == 0 {
@@ -134,4 +171,7 @@ func runBatch(ctx context.Context, c redis.UniversalClient, calls []*call) {
 		k.cmd = pipe.Eval(ctx, k.s.src, k.keys, k.args...)
 	}
 	_, _ = pipe.Exec(ctx)
+	for _, k := range retry {
+		authCmd(k.cmd)
+	}
 }

@@ -157,8 +157,9 @@ func (b *Backend) semRelease(ctx context.Context, req core.ReleaseRequest) error
 	if req.Keep > 0 {
 		keep = max(req.Keep.Milliseconds(), 1)
 	}
-	return semReleaseScript.run(ctx, b.client, b.semKeys(req.Key),
-		req.OwnerToken, keep, b.channel, req.Key).Err()
+	n, err := semReleaseScript.run(ctx, b.client, b.semKeys(req.Key),
+		req.OwnerToken, keep, b.channel, req.Key).Int()
+	return releaseResult(req.Key, n, err)
 }
 
 // Holders implements core.SemaphoreBackend: every live permit of key's

@@ -90,8 +90,8 @@ func TestSemaphoreExpiry(t *testing.T) {
 	if !errors.Is(res[0], core.ErrLeaseGone) || res[1] != nil {
 		t.Fatalf("renew expired, live: %v", res)
 	}
-	if err := b.Release(ctx, core.ReleaseRequest{Key: "exp", OwnerToken: "short", Limit: 2}); err != nil {
-		t.Fatal(err)
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "exp", OwnerToken: "short", Limit: 2}); !errors.Is(err, core.ErrLeaseGone) {
+		t.Fatalf("release of an expired permit = %v, want ErrLeaseGone", err)
 	}
 	hs, err := b.Holders(ctx, "exp")
 	if err != nil || len(hs) != 2 || hs[0].Token != long.Token {
@@ -177,7 +177,8 @@ func TestSemaphoreAdmin(t *testing.T) {
 
 // Rule: a mutex lease whose key now holds a semaphore (it was forced free
 // and claimed as one) is reported gone by Renew without failing the other
-// leases of the batch; its Release is a no-op; and a Release without Limit
+// leases of the batch; its Release changes nothing and says so (Gone); and
+// a Release without Limit
 // (core's undo of a claim in doubt) frees a permit by its owner token.
 func TestSemaphoreMutexLeaseOnSemaphoreKey(t *testing.T) {
 	cs, prefix := semClients(t, 1)
@@ -206,8 +207,8 @@ func TestSemaphoreMutexLeaseOnSemaphoreKey(t *testing.T) {
 	if res[0] != nil || !errors.Is(res[1], core.ErrLeaseGone) || res[2] != nil || res[3] != nil {
 		t.Fatalf("renew: %v", res)
 	}
-	if err := b.Release(ctx, core.ReleaseRequest{Key: "mx/b", OwnerToken: "m-mx/b"}); err != nil {
-		t.Fatalf("release of a mutex lease on a semaphore key: %v", err)
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "mx/b", OwnerToken: "m-mx/b"}); !errors.Is(err, core.ErrLeaseGone) {
+		t.Fatalf("release of a mutex lease on a semaphore key = %v, want ErrLeaseGone", err)
 	}
 	if hs, _ := b.Holders(ctx, "mx/b"); len(hs) != 1 {
 		t.Fatalf("holders %+v", hs)

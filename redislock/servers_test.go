@@ -161,7 +161,7 @@ func waitPing(t testing.TB, addr string) {
 			fmt.Fprintf(c, "PING\r\n")
 			line, _ := bufio.NewReader(c).ReadString('\n')
 			c.Close()
-			if strings.HasPrefix(line, "+PONG") {
+			if strings.HasPrefix(line, "+PONG") || strings.HasPrefix(line, "-NOAUTH") { // -NOAUTH: up, with a password
 				return
 			}
 		}

@@ -14,11 +14,18 @@ import (
 	"github.com/dislock/dislock/zklock"
 )
 
-// harness runs locktest against connect. Steal and Delete act on the nodes
-// with a plain client, as an operator or another process would.
-func harness(t *testing.T, connect string) locktest.Harness {
+// harness runs locktest against connect, with opts given to every
+// Backend. Steal and Delete act on the nodes with a plain client, as an
+// operator or another process would, authenticated with adminAuth
+// ("scheme", "credentials" pairs) when the nodes are protected.
+func harness(t *testing.T, connect string, adminAuth []string, opts ...zklock.Option) locktest.Harness {
 	root := testRoot()
 	admin := rawConn(t, connect)
+	for i := 0; i+1 < len(adminAuth); i += 2 {
+		if err := admin.AddAuth(adminAuth[i], []byte(adminAuth[i+1])); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var layout *zklock.Backend // for the key layout only
 	claims := func(key string) (string, []string, error) {
 		parent := layout.KeyPath(key)
@@ -48,7 +55,7 @@ func harness(t *testing.T, connect string) locktest.Harness {
 			// Some cases ask for 60 s leases: the session must allow them
 			// (TTL ≤ 2/3 of the session timeout). The private servers allow
 			// sessions of up to 120 s; a DISLOCK_TEST_ZK server must too.
-			b := newBackend(t, connect, root, zklock.WithSessionTimeout(conformanceSession))
+			b := newBackend(t, connect, root, append([]zklock.Option{zklock.WithSessionTimeout(conformanceSession)}, opts...)...)
 			if layout == nil {
 				layout = b
 			}
@@ -69,19 +76,28 @@ func harness(t *testing.T, connect string) locktest.Harness {
 		KeyPrefix: "zklock:",
 		TTL:       time.Second,
 	}
-	layout = newBackend(t, connect, root)
+	layout = newBackend(t, connect, root, opts...)
 	return h
 }
 
 const conformanceSession = 95 * time.Second
 
 func TestConformance(t *testing.T) {
-	locktest.Run(t, harness(t, singleConnect(t)))
+	locktest.Run(t, harness(t, singleConnect(t), nil))
 }
 
 func TestConformanceEnsemble(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node ensemble")
 	}
-	locktest.Run(t, harness(t, ensemble(t, 3).Connect()))
+	locktest.Run(t, harness(t, ensemble(t, 3).Connect(), nil))
+}
+
+// TestConformanceAuth runs the suite with digest authentication and the
+// default CreatorAll ACL it brings: the nodes are closed to everyone else,
+// and the engine's rules hold as on open nodes.
+func TestConformanceAuth(t *testing.T) {
+	t.Parallel()
+	cred, _ := digest()
+	locktest.Run(t, harness(t, singleConnect(t), []string{"digest", cred}, zklock.WithAuth("digest", []byte(cred))))
 }

@@ -5,6 +5,12 @@
 //	...
 //	s, err := l.TryAcquire(ctx, "nightly-report")
 //
+// New and NewBackend take a connect string, "host:port[,host:port…][/chroot]",
+// or the zk:// URL the README and the dislock CLI use,
+// "zk://[user:password@]host:port[,host:port…][/chroot][?session_timeout=SECONDS]"
+// (ParseURL reads it into a connect string and options). ParseServers
+// splits a connect string and refuses a URL.
+//
 // New and NewBackend dial their own connection, because go-zookeeper does
 // not otherwise reveal the session timeout the server granted (it is taken
 // from the client's "authenticated" log line). NewBackendFromConn and
@@ -28,7 +34,12 @@
 // claim again, while it reads the holder. A claim's name is unique per
 // session, so a release, a renewal or a stale retry can only ever touch the
 // node of its own session, never the next holder's; an acquire whose reply
-// was lost is found and undone by its owner token.
+// was lost is found and undone by its owner token. A release that finds its
+// claim gone (force-released, or deleted after its TTL by a later claimer)
+// answers lost (core.ErrLeaseGone). A claim whose TTL ran out but which no
+// one has deleted yet is still deleted by its release without a word:
+// ZooKeeper cannot compare a node's age with the server's clock in the
+// delete itself, and the check would cost a round trip.
 //
 // # Semaphores
 //
@@ -154,6 +165,42 @@
 //   - Inspect's Remaining and a busy answer's holder are read at one instant
 //     and may be stale at once. Inspect, List and ForceRelease each write
 //     <root>/clock once to read the server clock.
-//   - ZooKeeper ACLs are open (world:anyone); use a chroot or WithRoot per
-//     tenant and the server's own authorization if that matters.
+//   - Without WithAuth or WithACL the nodes are open (world:anyone): see
+//     Authentication and ACLs below.
+//   - go-zookeeper v1.0.4 has a data race of its own: after a reconnect in
+//     the same session it reads Conn.lastZxid to send the session's watches
+//     again while its receive loop writes it (upstream PR #35). A busy
+//     acquisition leaves a watch, so a program built with -race may report
+//     it after a connection drop; it is harmless in practice and not
+//     dislock's. dislock's chaos suite, which reconnects such sessions all
+//     the time, runs on a copy of the client with the fix (chaos/README.md).
+//
+// # Authentication and ACLs
+//
+// By default the session is unauthenticated and every node the backend
+// creates is world:anyone with every right: anyone who can reach the
+// ensemble can read, break or delete the locks. For an ensemble shared with
+// others:
+//
+//	l, err := zklock.New(ctx, "zk1:2181,zk2:2181", zklock.WithAuth("digest", []byte("jobs:s3cret")))
+//	l, err := zklock.New(ctx, "zk://jobs:s3cret@zk1:2181,zk2:2181") // the same
+//
+// WithAuth authenticates the session (zk.Conn.AddAuth; go-zookeeper sends
+// the credentials again on every reconnect and new session, before any
+// other request), and makes CreatorAllACL the default ACL: every node the
+// backend creates (the root and its missing ancestors, locks, clock, each
+// key's container, claims and holds) gives every right to the identity it
+// was created by and none to anyone else. A session without those
+// credentials then gets zk.ErrNoAuth for reading the locks, for taking
+// them, and for deleting or changing any node. WithACL sets another ACL
+// (zk.DigestACL for a named user, several entries for several identities);
+// every identity the Lockers of a root use needs READ, WRITE, CREATE and
+// DELETE. ZooKeeper sets a node's ACL only when it creates it: a root that
+// an earlier, unauthenticated run created keeps world:anyone (and so does
+// anything under it that exists already), so start protected Lockers on a
+// new root, or change the ACLs with zk.Conn.SetACL. Credentials never
+// appear in errors or log lines.
+//
+// Digest credentials travel in clear text unless the connection is secured
+// (ZooKeeper's TLS client port, through WithDialer).
 package zklock

@@ -15,8 +15,6 @@ import (
 // renewChunk is the most leases one renew multi carries.
 const renewChunk = 256
 
-var acl = zk.WorldACL(zk.PermAll)
-
 // TryAcquire implements core.Backend with the ZooKeeper lock recipe: one
 // multi creates an ephemeral sequential claim node under the key's node and
 // touches the key node, whose returned stat carries the claim's zxid (the
@@ -150,7 +148,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	var merr error
 	err := b.call(ctx, func() {
 		_, merr = b.conn.Multi(
-			&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: acl, Flags: zk.FlagPersistent},
+			&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: b.acl, Flags: zk.FlagPersistent},
 			&zk.DeleteRequest{Path: c.path, Version: -1},
 		)
 	}, nil)
@@ -193,7 +191,7 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 	for attempt := 0; ; attempt++ {
 		cerr := b.call(ctx, func() {
 			res, err = b.conn.Multi(
-				&zk.CreateRequest{Path: parent + "/" + claimName(tok, req.Limit), Data: data, Acl: acl, Flags: zk.FlagEphemeralSequential},
+				&zk.CreateRequest{Path: parent + "/" + claimName(tok, req.Limit), Data: data, Acl: b.acl, Flags: zk.FlagEphemeralSequential},
 				&zk.SetDataRequest{Path: parent, Data: nil, Version: -1},
 			)
 		}, func() {
@@ -540,7 +538,9 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // Release implements core.Backend. It deletes the claim by its unique path,
 // so a stale release never touches another holder's node. With Keep > 0 one
 // multi replaces the claim by a hold that lasts until the claim's
-// acquisition (server time) plus the time held plus Keep.
+// acquisition (server time) plus the time held plus Keep. A claim that is
+// gone already (force-released, or deleted as expired by a later claimer)
+// is answered core.Gone.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	// Until the release is done, the lock reads as busy here without a
 	// request.
@@ -566,16 +566,29 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		until := cc.acqMs + (time.Since(cc.acqLocal) + req.Keep).Milliseconds()
 		err = b.keep(ctx, req.Key, cc.path, until, cc.token, cc.owner, encodeName(req.OwnerToken), cc.limit)
 	default:
-		err = b.del(ctx, cc.path, -1)
+		err = b.delClaim(ctx, req.Key, cc.path)
 		if err == nil {
 			b.echo(req.Key, cc.path)
 		}
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, core.ErrLeaseGone) {
 		return err
 	}
 	b.forget(req.OwnerToken)
-	return nil
+	return err
+}
+
+// delClaim deletes the claim of key at p; core.Gone when it is gone
+// already.
+func (b *Backend) delClaim(ctx context.Context, key, p string) error {
+	var err error
+	if cerr := b.call(ctx, func() { err = b.conn.Delete(p, -1) }, nil); cerr != nil {
+		return cerr
+	}
+	if errors.Is(err, zk.ErrNoNode) {
+		return core.Gone(key, "claim deleted")
+	}
+	return err
 }
 
 // keep replaces the claim at p by a hold until the server time until.
@@ -584,16 +597,20 @@ func (b *Backend) keep(ctx context.Context, key, p string, until int64, token ui
 	var err error
 	if cerr := b.call(ctx, func() {
 		_, err = b.conn.Multi(
-			&zk.CreateRequest{Path: hold, Data: holdData(token, owner), Acl: acl, Flags: zk.FlagPersistent},
+			&zk.CreateRequest{Path: hold, Data: holdData(token, owner), Acl: b.acl, Flags: zk.FlagPersistent},
 			&zk.DeleteRequest{Path: p, Version: -1},
 		)
 	}, nil); cerr != nil {
 		return cerr
 	}
-	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrNodeExists) {
-		// NoNode: the claim is gone (lost, or an earlier try applied);
+	switch {
+	case err == nil || errors.Is(err, zk.ErrNodeExists):
 		// NodeExists: an earlier try applied.
 		return nil
+	case errors.Is(err, zk.ErrNoNode):
+		// The hold could be created (no earlier try applied), but the
+		// claim is gone.
+		return core.Gone(key, "claim deleted")
 	}
 	return err
 }
@@ -619,12 +636,13 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 		return cerr
 	}
 	if errors.Is(err, zk.ErrNoNode) {
-		return nil
+		return core.Gone(req.Key, "held by another owner or gone")
 	}
 	if err != nil {
 		return err
 	}
 	var errs []error
+	found := false // a claim or hold of this owner token was released or kept
 	for _, n := range names {
 		c, ok := parseChild(n)
 		if !ok || c.token != tok {
@@ -652,17 +670,26 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 				errs = append(errs, err)
 				continue
 			}
-			errs = append(errs, b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), uint64(st.Czxid), owner, tok, c.limit))
+			if err := b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), uint64(st.Czxid), owner, tok, c.limit); !errors.Is(err, core.ErrLeaseGone) {
+				errs = append(errs, err)
+				found = found || err == nil
+			}
 			continue
 		}
-		err := b.del(ctx, p, -1)
+		err := b.delClaim(ctx, req.Key, p)
 		if err == nil && !c.hold {
 			b.echo(req.Key, p)
 		}
-		errs = append(errs, err)
+		if !errors.Is(err, core.ErrLeaseGone) {
+			errs = append(errs, err)
+			found = found || err == nil
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	if !found {
+		return core.Gone(req.Key, "held by another owner or gone")
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path"
 	"strings"
 	"sync"
@@ -33,7 +34,15 @@ type options struct {
 	dialer         zk.Dialer
 	logger         zk.Logger
 	clientOpts     []core.ClientOption
+	auth           []authCred
+	acl            []zk.ACL
 	errs           []error
+}
+
+// authCred is one WithAuth: never formatted into an error or a log line.
+type authCred struct {
+	scheme string
+	auth   []byte
 }
 
 func invalidOption(name, format string, args ...any) error {
@@ -85,12 +94,70 @@ func WithClientOptions(opts ...core.ClientOption) Option {
 	return func(o *options) { o.clientOpts = append(o.clientOpts, opts...) }
 }
 
+// WithAuth adds credentials to the session New and NewBackend dial
+// (zk.Conn.AddAuth): scheme "digest" with auth "user:password" is
+// ZooKeeper's user and password authentication. The credentials are sent
+// once the session is established, before New or NewBackend returns (a
+// server that refuses them fails the call), and go-zookeeper sends them
+// again on every reconnect and new session before any other request.
+// Give it more than once for several identities. With WithAuth and no
+// WithACL, the nodes the backend creates get CreatorAllACL instead of
+// world:anyone. The credentials never appear in errors or log lines.
+// NewBackendFromConn refuses it: add credentials to your own connection
+// with its AddAuth.
+func WithAuth(scheme string, auth []byte) Option {
+	return func(o *options) {
+		switch {
+		case scheme == "" || strings.ContainsAny(scheme, "\x00:"):
+			o.errs = append(o.errs, invalidOption("WithAuth", "scheme %q is not a ZooKeeper authentication scheme", scheme))
+		case len(auth) == 0:
+			o.errs = append(o.errs, invalidOption("WithAuth", "empty credentials for scheme %q", scheme))
+		case scheme == "digest" && !strings.Contains(string(auth), ":"):
+			o.errs = append(o.errs, invalidOption("WithAuth", `digest credentials must be "user:password"`))
+		default:
+			o.auth = append(o.auth, authCred{scheme: scheme, auth: append([]byte(nil), auth...)})
+		}
+	}
+}
+
+// CreatorAllACL is ZooKeeper's CREATOR_ALL_ACL (zk.AuthACL(zk.PermAll)):
+// every right for the identities the creating session authenticated as
+// (WithAuth), none for anyone else. It is the default ACL under WithAuth.
+func CreatorAllACL() []zk.ACL { return zk.AuthACL(zk.PermAll) }
+
+// WithACL sets the ACL of every node the backend creates: the root and its
+// missing ancestors, the locks and clock nodes, each key's container, claim
+// and hold nodes. The default is zk.WorldACL(zk.PermAll) (world:anyone,
+// every right), or CreatorAllACL under WithAuth; zk.DigestACL names a user
+// explicitly. Every identity the Lockers of a root run as needs READ,
+// WRITE, CREATE and DELETE on these nodes. ZooKeeper checks a node's ACL
+// for reading, writing and creating children, and its parent's for
+// deleting it; ACLs are set only when a node is created, so nodes that
+// exist already (a root made by an earlier, unauthenticated run, say) keep
+// theirs: move to a new root, or set them with zk.Conn.SetACL.
+func WithACL(acl []zk.ACL) Option {
+	return func(o *options) {
+		if len(acl) == 0 {
+			o.errs = append(o.errs, invalidOption("WithACL", "empty ACL"))
+			return
+		}
+		for _, a := range acl {
+			if a.Scheme == "" || a.Perms&^zk.PermAll != 0 || a.Perms == 0 {
+				o.errs = append(o.errs, invalidOption("WithACL", "entry with scheme %q and perms %#x is not valid", a.Scheme, a.Perms))
+				return
+			}
+		}
+		o.acl = append([]zk.ACL(nil), acl...)
+	}
+}
+
 // Backend is the ZooKeeper store for core's lease engine. It implements
 // core.Backend, core.Watcher, core.Admin and core.SemaphoreBackend, and is
 // safe for concurrent use.
 type Backend struct {
 	conn    *zk.Conn
 	ownConn bool
+	acl     []zk.ACL // of every node the backend creates
 	root    string
 	locks   string // root + "/locks"
 	clock   string // root + "/clock"
@@ -139,13 +206,23 @@ func resolve(opts []Option) (options, error) {
 	if len(o.errs) > 0 {
 		return o, o.errs[0]
 	}
+	if o.acl == nil {
+		o.acl = zk.WorldACL(zk.PermAll)
+		if len(o.auth) > 0 {
+			o.acl = CreatorAllACL()
+		}
+	}
 	return o, nil
 }
 
 // ParseServers splits a connect string "host:port[,host:port...][/chroot]"
 // into the server list and the chroot ("" when absent). go-zookeeper has no
 // chroot of its own: use the chroot as WithRoot's argument.
+// A URL (zk://…) is ParseURL's to read: ParseServers refuses it.
 func ParseServers(connect string) (servers []string, chroot string, err error) {
+	if strings.Contains(connect, "://") {
+		return nil, "", invalidOption("New", "the connect string is host:port[,host:port][/chroot], not a URL: New and NewBackend take a zk:// URL, and ParseURL reads one")
+	}
 	s := connect
 	if i := strings.IndexByte(s, '/'); i >= 0 {
 		s, chroot = s[:i], s[i:]
@@ -188,9 +265,12 @@ func (l *timeoutLogger) Printf(format string, args ...any) {
 }
 
 // NewBackend dials ZooKeeper and returns a Backend on its own session, once
-// the session is established (bounded by ctx). connect is
-// "host:port[,host:port...]". Close closes the session, which deletes the
-// session's claim nodes at once.
+// the session is established (bounded by ctx). connect is a connect string,
+// "host:port[,host:port...][/chroot]", or a zk:// URL (see ParseURL), whose
+// options come before opts. When every server has refused the connection
+// (or could not be dialled) once, it fails at once, naming the dial
+// errors, rather than wait for ctx. Close closes the session, which deletes
+// the session's claim nodes at once.
 func NewBackend(ctx context.Context, connect string, opts ...Option) (*Backend, error) {
 	b, _, err := dial(ctx, connect, opts)
 	return b, err
@@ -213,6 +293,13 @@ func New(ctx context.Context, connect string, opts ...Option) (*core.Client, err
 }
 
 func dial(ctx context.Context, connect string, opts []Option) (*Backend, options, error) {
+	if strings.Contains(connect, "://") {
+		c, urlOpts, err := ParseURL(connect)
+		if err != nil {
+			return nil, options{}, fmt.Errorf("%w: %w", core.ErrInvalidOption, err)
+		}
+		connect, opts = c, append(urlOpts, opts...)
+	}
 	o, err := resolve(opts)
 	if err != nil {
 		return nil, o, err
@@ -228,18 +315,16 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 		}
 		o.root = root
 	}
-	b := newBackend(o.root)
+	b := newBackend(o.root, o.acl)
 	got := make(chan struct{})
 	var once sync.Once
 	logger := zk.WithLogger(&timeoutLogger{next: o.logger, got: func(ms int64) {
 		b.timeoutMs.Store(ms)
 		once.Do(func() { close(got) })
 	}})
-	dialer := zk.WithLogInfo(true) // the timeout is only logged at info level
-	if o.dialer != nil {
-		dialer = zk.WithDialer(o.dialer)
-	}
-	conn, _, err := zk.Connect(servers, o.sessionTimeout, zk.WithLogInfo(true), logger, dialer)
+	tries := newFirstRound(o.dialer)
+	conn, _, err := zk.Connect(servers, o.sessionTimeout, zk.WithLogInfo(true), logger,
+		zk.WithDialer(tries.dial), zk.WithHostProvider(tries))
 	if err != nil {
 		return nil, o, fmt.Errorf("zklock: connect: %w", err)
 	}
@@ -248,9 +333,100 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 	case <-got:
 	case <-ctx.Done():
 		conn.Close()
-		return nil, o, fmt.Errorf("zklock: no ZooKeeper session established: %w", ctx.Err())
+		return nil, o, fmt.Errorf("zklock: no ZooKeeper session established: %w%s", ctx.Err(), tries.failures())
+	case <-tries.over:
+		select {
+		case <-got: // established just as the round ended
+		default:
+			conn.Close()
+			return nil, o, fmt.Errorf("zklock: no ZooKeeper server reachable%s", tries.failures())
+		}
+	}
+	// go-zookeeper keeps the credentials and sends them again, first thing,
+	// whenever it reconnects or opens a new session.
+	for _, c := range o.auth {
+		var err error
+		if cerr := b.call(ctx, func() { err = conn.AddAuth(c.scheme, c.auth) }, nil); cerr != nil {
+			err = cerr
+		}
+		if err != nil {
+			b.Close()
+			return nil, o, fmt.Errorf("zklock: authentication (scheme %q): %w", c.scheme, err)
+		}
 	}
 	return b, o, nil
+}
+
+// firstRound watches the client's first round over the servers: it closes
+// over when every server has refused the connection (or could not be
+// dialled: an unknown host) once, where the client would pause and start
+// again, and keeps the dial errors, so that New fails at once, naming the
+// cause, instead of waiting for ctx. A server that takes the connection
+// but gives no session (an ensemble without quorum) is waited for, until
+// ctx ends, as before.
+type firstRound struct {
+	zk.HostProvider
+	dialer zk.Dialer
+	over   chan struct{}
+	once   sync.Once
+	mu     sync.Mutex
+	errs   map[string]error // the last dial error per server
+	order  []string
+	dialed bool // a server took the connection (the session may still fail)
+}
+
+func newFirstRound(d zk.Dialer) *firstRound {
+	if d == nil {
+		d = func(network, address string, timeout time.Duration) (net.Conn, error) {
+			return net.DialTimeout(network, address, timeout)
+		}
+	}
+	return &firstRound{HostProvider: zk.NewDNSHostProvider(), dialer: d,
+		over: make(chan struct{}), errs: make(map[string]error)}
+}
+
+// Next implements zk.HostProvider.
+func (r *firstRound) Next() (string, bool) {
+	server, retryStart := r.HostProvider.Next()
+	r.mu.Lock()
+	refused := !r.dialed
+	r.mu.Unlock()
+	if retryStart && refused {
+		r.once.Do(func() { close(r.over) })
+	}
+	return server, retryStart
+}
+
+func (r *firstRound) dial(network, address string, timeout time.Duration) (net.Conn, error) {
+	c, err := r.dialer(network, address, timeout)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		r.dialed = true
+		delete(r.errs, address)
+		return c, nil
+	}
+	if _, seen := r.errs[address]; !seen {
+		r.order = append(r.order, address)
+	}
+	r.errs[address] = err
+	return c, err
+}
+
+// failures returns ": " and the dial errors seen, or "" when there were none.
+func (r *firstRound) failures() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var msgs []string
+	for _, a := range r.order {
+		if err, ok := r.errs[a]; ok {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if len(msgs) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(msgs, "; ")
 }
 
 func validRoot(root string) error {
@@ -282,7 +458,10 @@ func NewBackendFromConn(conn *zk.Conn, sessionTimeout time.Duration, opts ...Opt
 	if sessionTimeout <= 0 {
 		return nil, invalidOption("NewBackendFromConn", "session timeout must be positive, got %v", sessionTimeout)
 	}
-	b := newBackend(o.root)
+	if len(o.auth) > 0 {
+		return nil, invalidOption("WithAuth", "NewBackendFromConn uses the caller's connection: add the credentials to it with zk.Conn.AddAuth")
+	}
+	b := newBackend(o.root, o.acl)
 	b.conn = conn
 	b.timeoutMs.Store(sessionTimeout.Milliseconds())
 	return b, nil
@@ -304,8 +483,9 @@ func NewFromConn(conn *zk.Conn, sessionTimeout time.Duration, opts ...Option) (*
 	return c, nil
 }
 
-func newBackend(root string) *Backend {
+func newBackend(root string, acl []zk.ACL) *Backend {
 	return &Backend{
+		acl:     acl,
 		root:    root,
 		locks:   root + "/locks",
 		clock:   root + "/clock",
@@ -420,7 +600,7 @@ func (b *Backend) KeyPath(key string) string { return b.keyPath(key) }
 // persistent nodes above it.
 func (b *Backend) ensureParent(ctx context.Context, parent string) error {
 	var err error
-	if cerr := b.call(ctx, func() { _, err = b.conn.CreateContainer(parent, nil, zk.FlagContainer, zk.WorldACL(zk.PermAll)) }, nil); cerr != nil {
+	if cerr := b.call(ctx, func() { _, err = b.conn.CreateContainer(parent, nil, zk.FlagContainer, b.acl) }, nil); cerr != nil {
 		return cerr
 	}
 	if err == nil || errors.Is(err, zk.ErrNodeExists) {
@@ -432,7 +612,7 @@ func (b *Backend) ensureParent(ctx context.Context, parent string) error {
 	if err := b.ensurePath(ctx, b.locks); err != nil {
 		return err
 	}
-	if cerr := b.call(ctx, func() { _, err = b.conn.CreateContainer(parent, nil, zk.FlagContainer, zk.WorldACL(zk.PermAll)) }, nil); cerr != nil {
+	if cerr := b.call(ctx, func() { _, err = b.conn.CreateContainer(parent, nil, zk.FlagContainer, b.acl) }, nil); cerr != nil {
 		return cerr
 	}
 	if err == nil || errors.Is(err, zk.ErrNodeExists) {
@@ -448,7 +628,7 @@ func (b *Backend) ensurePath(ctx context.Context, p string) error {
 	for _, part := range parts {
 		cur += "/" + part
 		var err error
-		if cerr := b.call(ctx, func() { _, err = b.conn.Create(cur, nil, zk.FlagPersistent, zk.WorldACL(zk.PermAll)) }, nil); cerr != nil {
+		if cerr := b.call(ctx, func() { _, err = b.conn.Create(cur, nil, zk.FlagPersistent, b.acl) }, nil); cerr != nil {
 			return cerr
 		}
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) {

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -62,10 +65,11 @@ const (
 // that the run takes a semaphore (LOCK_LIMIT above 1). The returned close
 // function closes the Locker, then the connections. Errors never contain the
 // URL; configuration errors are *usageError.
-func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse, permits bool, log *slog.Logger) (locker, func() error, error) {
+func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse, permits bool, releaseTimeout time.Duration, log *slog.Logger) (locker, func() error, error) {
+	copts := []core.ClientOption{core.WithReleaseTimeout(releaseTimeout)}
 	switch s := scheme(rawURL); s {
 	case "postgres", "postgresql":
-		return openPG(ctx, urlEnv, rawURL, table, use, permits, log)
+		return openPG(ctx, urlEnv, rawURL, table, use, permits, copts, log)
 	case "redis", "rediss",
 		"redis+sentinel", "rediss+sentinel", "redis-sentinel", "rediss-sentinel",
 		"redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster":
@@ -75,11 +79,11 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse,
 		// go-redis logs connection problems on its own: send them through
 		// the redacting logger.
 		redis.SetLogger(redisLogger{log})
-		return openRedis(urlEnv, rawURL, s)
+		return openRedis(urlEnv, rawURL, s, copts)
 	case "zk":
-		return openZK(ctx, urlEnv, rawURL, table, log)
+		return openZK(ctx, urlEnv, rawURL, table, copts, log)
 	case "etcd", "etcds":
-		return openEtcd(urlEnv, rawURL, table, log)
+		return openEtcd(urlEnv, rawURL, table, copts, log)
 	case "":
 		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster://, zk://, etcd:// or etcds://)")
 	default:
@@ -96,11 +100,14 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse,
 // --create-table says so: a mistyped LOCK_TABLE must not split the locks
 // between two tables. A run that takes a semaphore (permits) and may create
 // its table also creates what the semaphores need beside an existing table.
-func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, permits bool, log *slog.Logger) (locker, func() error, error) {
+func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, permits bool, copts []core.ClientOption, log *slog.Logger) (locker, func() error, error) {
 	pcfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
-		// The parser's message quotes the connection string.
-		return nil, nil, badURL(urlEnv, "the PostgreSQL connection string cannot be parsed")
+		return nil, nil, badURL(urlEnv, "the PostgreSQL URL cannot be parsed: %s", parseReason(err))
+	}
+	if noHost(rawURL) && !strings.Contains(rawURL, "host=") {
+		// pgx would fall back to localhost or a local socket.
+		return nil, nil, badURL(urlEnv, "the PostgreSQL URL names no host (postgres://[user[:password]@]host[:port]/db)")
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -120,7 +127,7 @@ func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, per
 		}
 		return nil, nil, err
 	}
-	c, err := core.New(b)
+	c, err := core.New(b, copts...)
 	if err != nil {
 		b.Close()
 		pool.Close()
@@ -136,10 +143,14 @@ func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, per
 // openRedis builds a client for a single server (redis://, rediss://),
 // Sentinel (redis+sentinel://host:port,…/db?master_name=NAME) or Cluster
 // (redis+cluster://host:port?addr=host2:port2…).
-func openRedis(urlEnv, rawURL, s string) (locker, func() error, error) {
+func openRedis(urlEnv, rawURL, s string, copts []core.ClientOption) (locker, func() error, error) {
 	base := "redis"
 	if strings.HasPrefix(s, "rediss") {
 		base = "rediss"
+	}
+	if noHost(rawURL) {
+		// go-redis would fall back to localhost:6379.
+		return nil, nil, badURL(urlEnv, "the Redis URL names no host (%s://[user:password@]host[:port][/db])", s)
 	}
 	u := base + rawURL[len(s):]
 	var client redis.UniversalClient
@@ -148,26 +159,40 @@ func openRedis(urlEnv, rawURL, s string) (locker, func() error, error) {
 		u = commaHosts(u)
 		o, err := redis.ParseFailoverURL(u)
 		if err != nil {
-			return nil, nil, badURL(urlEnv, "the Redis Sentinel URL cannot be parsed (it needs master_name=NAME)")
+			return nil, nil, badURL(urlEnv, "the Redis Sentinel URL cannot be parsed (it needs master_name=NAME): %s", parseReason(err))
 		}
 		if o.MasterName == "" {
 			return nil, nil, badURL(urlEnv, "the Redis Sentinel URL needs master_name=NAME")
+		}
+		o.ContextTimeoutEnabled = true
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1 // a refused connection fails fast (dialer_retries=N in the URL to change it)
 		}
 		client = redis.NewFailoverClient(o)
 	case strings.HasSuffix(s, "cluster"):
 		o, err := redis.ParseClusterURL(commaHosts(u))
 		if err != nil {
-			return nil, nil, badURL(urlEnv, "the Redis Cluster URL cannot be parsed")
+			return nil, nil, badURL(urlEnv, "the Redis Cluster URL cannot be parsed: %s", parseReason(err))
+		}
+		o.ContextTimeoutEnabled = true
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1
 		}
 		client = redis.NewClusterClient(o)
 	default:
 		o, err := redis.ParseURL(u)
 		if err != nil {
-			return nil, nil, badURL(urlEnv, "the Redis URL cannot be parsed")
+			return nil, nil, badURL(urlEnv, "the Redis URL cannot be parsed: %s", parseReason(err))
+		}
+		// Every call is bounded by its ctx (DISLOCK_TIMEOUT_SECONDS, the
+		// renew deadline), not only by the socket timeouts and retries.
+		o.ContextTimeoutEnabled = true
+		if o.DialerRetries == 0 {
+			o.DialerRetries = 1
 		}
 		client = redis.NewClient(o)
 	}
-	c, err := redislock.New(client)
+	c, err := redislock.New(client, redislock.WithClientOptions(copts...))
 	if err != nil {
 		client.Close()
 		return nil, nil, err
@@ -176,6 +201,43 @@ func openRedis(urlEnv, rawURL, s string) (locker, func() error, error) {
 		err := c.Close()
 		return errors.Join(err, client.Close())
 	}, nil
+}
+
+// noHost reports whether rawURL (scheme://…) names no host: nothing, or only
+// user information, between "://" and the path.
+func noHost(rawURL string) bool {
+	rest := rawURL[strings.Index(rawURL, "://")+3:]
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		rest = rest[:i]
+	}
+	if i := strings.LastIndex(rest, "@"); i >= 0 {
+		rest = rest[i+1:]
+	}
+	return rest == "" || strings.HasPrefix(rest, ":")
+}
+
+// parseReason is why a URL parser refused a URL, without the URL it quotes.
+func parseReason(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	s := err.Error()
+	// pgconn: "cannot parse `<connection string>`: reason".
+	if i := strings.LastIndex(s, "`: "); i >= 0 {
+		s = s[i+3:]
+	}
+	return strings.TrimPrefix(s, "redis: ")
+}
+
+// errNoTable is the error of an operator subcommand on a database where the
+// default lock table does not exist yet: no lock has been taken there.
+var errNoTable = errors.New("the lock table does not exist")
+
+// maxTTLer is a backend whose sessions bound the TTL (ZooKeeper).
+type maxTTLer interface {
+	MaxTTL() time.Duration
+	SessionTimeout() time.Duration
 }
 
 // commaHosts rewrites scheme://user@h1:p1,h2:p2/… into the addr= query
@@ -214,8 +276,14 @@ func commaHosts(u string) string {
 type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	driverSaid.Store(strings.TrimPrefix(msg, "redis: "))
+	l.log.DebugContext(ctx, "redis: "+msg)
 }
+
+// driverSaid is the driver's last log line (go-redis says why it could not
+// dial only there): an error cut short by a timeout names it as its cause.
+var driverSaid atomic.Value // string
 
 // openTable returns a Backend on the table name (opts name it when named is
 // set). A table in the 3-column layout is used as such; a missing one is
@@ -234,6 +302,8 @@ func openTable(ctx context.Context, pool *pgxpool.Pool, name string, named bool,
 	}
 	if !exists {
 		switch {
+		case use == tableAdmin && !named:
+			return nil, errNoTable
 		case use == tableAdmin:
 			return nil, usagef("the lock table %s does not exist (no run has used it yet, or %s names another table); status, list and release create nothing",
 				pgx.Identifier(parts).Sanitize(), specTable.name())

@@ -35,7 +35,7 @@ func TestStartChildSurvivesThreadExit(t *testing.T) {
 				runtime.UnlockOSThread()
 				return
 			}
-			waited, err := startChild(cmd)
+			waited, err := startChild(cmd, false)
 			res <- result{waited: waited, err: err}
 		}()
 		if r = <-res; !r.mainThread {

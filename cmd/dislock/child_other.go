@@ -15,7 +15,7 @@ import (
 // running while its lease expires, and another instance may start. Run
 // dislock under a supervisor that kills the whole process tree, or keep the
 // command's own work fenced with DISLOCK_TOKEN.
-func startChild(cmd *exec.Cmd) (<-chan struct{}, error) {
+func startChild(cmd *exec.Cmd, fg bool) (<-chan struct{}, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -27,3 +27,18 @@ func startChild(cmd *exec.Cmd) (<-chan struct{}, error) {
 	}()
 	return waited, nil
 }
+
+// becomeSubreaper does nothing: there are no subreapers here, and a process
+// that leaves the command's group (setsid) is not found.
+func becomeSubreaper() {}
+
+// strays finds nothing here.
+func strays(pgid int) []int { return nil }
+
+// foregroundTerminal reports false here: the command stays in the
+// background of a terminal, and a command that reads the terminal is
+// stopped by SIGTTIN (crontab jobs have no terminal).
+func foregroundTerminal() bool { return false }
+
+// reclaimTerminal does nothing here.
+func reclaimTerminal() {}

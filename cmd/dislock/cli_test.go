@@ -257,6 +257,13 @@ func start(t *testing.T, env []string, args ...string) *proc {
 	p.cmd = exec.Command(binary, args...)
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	startProc(t, p)
+	return p
+}
+
+// startProc starts the process p.cmd describes and collects its exit.
+func startProc(t *testing.T, p *proc) {
+	t.Helper()
 	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -278,7 +285,6 @@ func start(t *testing.T, env []string, args ...string) *proc {
 			<-p.done
 		}
 	})
-	return p
 }
 
 // wait waits for the process to exit and returns its exit code.
@@ -605,7 +611,7 @@ func TestSignals(t *testing.T) {
 					t.Errorf("the group outlived the command: %s", p.stderr.String())
 				}
 				st := run(t, f.baseEnv(), "status", "--url-env", urlVar, leasePrefix+key)
-				expectCode(t, st, 0)
+				expectCode(t, st, exitFree)
 				if !strings.Contains(st.stdout.String(), "free") {
 					t.Fatalf("lock not released: %s", st.output())
 				}
@@ -804,18 +810,16 @@ func TestNoPasswordInOutput(t *testing.T) {
 	})
 }
 
-// An unknown log level means WARNING, with a warning.
+// An unknown log level is a bad setting like any other: exit 2 naming it,
+// and the command does not run.
 func TestUnknownLogLevel(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f *fixture) {
+		marker := filepath.Join(t.TempDir(), "ran")
 		env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "CRONJOB_LOCK_LOG_LEVEL=CHATTY")
-		p := run(t, env, urlVar, "true")
-		expectCode(t, p, 0)
-		errs := p.stderr.String()
-		if !strings.Contains(errs, "CRONJOB_LOCK_LOG_LEVEL") || !strings.Contains(errs, "level=WARN") {
-			t.Errorf("no warning about the level: %s", errs)
-		}
-		if strings.Contains(errs, "level=INFO") {
-			t.Errorf("INFO logged at WARNING: %s", errs)
+		p := run(t, env, urlVar, "touch", marker)
+		expectCode(t, p, exitUsage)
+		if !strings.Contains(p.stderr.String(), "CRONJOB_LOCK_LOG_LEVEL") || exists(marker) {
+			t.Errorf("an unknown level: %s", p.output())
 		}
 	})
 }

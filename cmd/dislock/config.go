@@ -20,6 +20,7 @@ import (
 
 // Key prefixes, as in the original tool.
 const (
+	keyPrefix      = "cronjob-lock:"
 	schedulePrefix = "cronjob-lock:schedule:"
 	leasePrefix    = "cronjob-lock:lease:"
 )
@@ -39,6 +40,7 @@ const (
 	exitOK        = 0
 	exitFailure   = 1
 	exitUsage     = 2
+	exitFree      = 3  // status: the lock is free
 	exitLeaseLost = 75 // EX_TEMPFAIL
 )
 
@@ -64,8 +66,11 @@ var (
 	specGrace      = spec{"grace", "DISLOCK_GRACE_SECONDS", "10", "SECONDS", "time between SIGTERM and SIGKILL when the command is terminated after a lease loss (shortened when the lease would expire first, and to at most 1s when the store refused the lease), or when it left processes running"}
 	specBusyExit   = spec{"busy-exit-code", "DISLOCK_BUSY_EXIT_CODE", "0", "CODE", "exit code when the lock is held elsewhere and the command does not start"}
 	specURLEnv     = spec{"url-env", "DISLOCK_URL_ENV", defaultURLEnv, "NAME", "environment variable holding the backend URL (subcommands; the run form names it as its first argument)"}
+	specWait       = spec{"wait", "LOCK_WAIT_SECONDS", "0", "DURATION", "with the lease strategy, wait up to this long (seconds, or 90s, 5m…) for a held lease, in the store's first-come first-served queue, before taking the busy path; 0 does not wait"}
+	specTimeout    = spec{"timeout", "DISLOCK_TIMEOUT_SECONDS", "30", "SECONDS", "give up on a backend that does not answer (connecting, or one call) within this long: exit 1, never the busy path"}
 	specForce      = spec{"force", "", "", "", "release: break the lock whoever holds it"}
-	specAllForHelp = []spec{specKey, specSchedule, specStrategy, specLimit, specTable, specTTL, specInterval, specJitter, specOnLoss, specLogLevel, specGrace, specBusyExit, specURLEnv, specCreate, specForce}
+	specVersion    = spec{"version", "", "", "", "print the version and exit"}
+	specAllForHelp = []spec{specKey, specSchedule, specStrategy, specLimit, specWait, specTable, specTTL, specInterval, specJitter, specOnLoss, specLogLevel, specGrace, specBusyExit, specTimeout, specURLEnv, specCreate, specForce, specVersion}
 )
 
 // name is how messages refer to a setting: the environment variable and the flag.
@@ -99,9 +104,10 @@ const (
 
 // invocation is a parsed command line.
 type invocation struct {
-	sub  string   // subRun or a subcommand
-	args []string // the subcommand's positional arguments
-	help bool
+	sub     string   // subRun or a subcommand
+	args    []string // the subcommand's positional arguments
+	help    bool
+	version bool
 
 	urlEnv string // name of the variable holding the backend URL
 	url    string
@@ -109,8 +115,8 @@ type invocation struct {
 	create bool // create a missing LOCK_TABLE (run form only)
 	force  bool
 
-	level     slog.Level
-	levelWarn string // set when the log level was not understood
+	level   slog.Level
+	timeout time.Duration // bound of connecting and of each store call
 
 	run runConfig // subRun only
 }
@@ -125,8 +131,11 @@ type runConfig struct {
 	useSchedule   bool
 	useLease      bool
 	ttl           time.Duration
+	ttlSet        bool // RUN_LOCK_TTL_SECONDS was given
+	intervalSet   bool // LOCK_LEASE_INTERVAL was given
 	interval      time.Duration
 	renewDeadline time.Duration
+	wait          time.Duration // how long to wait for a held lease; 0: one attempt
 	intervalWarn  string
 	jitter        time.Duration
 	onLossCont    bool
@@ -175,13 +184,14 @@ func newFlagSet() (*flag.FlagSet, *bool) {
 	fs := flag.NewFlagSet("dislock", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	for _, sp := range specAllForHelp {
-		if sp.flag == specForce.flag || sp.flag == specCreate.flag {
+		if sp.flag == specForce.flag || sp.flag == specCreate.flag || sp.flag == specVersion.flag {
 			continue
 		}
 		fs.String(sp.flag, sp.def, sp.help)
 	}
 	force := fs.Bool(specForce.flag, false, specForce.help)
 	fs.Bool(specCreate.flag, false, specCreate.help)
+	fs.Bool(specVersion.flag, false, specVersion.help)
 	return fs, force
 }
 
@@ -214,9 +224,21 @@ func parseArgs(args []string, getenv func(string) (string, bool)) (*invocation, 
 	}
 	set := map[string]string{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = f.Value.String() })
+	if _, ok := set[specVersion.flag]; ok {
+		inv.version = true
+		return inv, nil
+	}
 	st := &settings{flags: set, getenv: getenv}
 	inv.force = *force
-	inv.level, inv.levelWarn = parseLevel(st.get(specLogLevel))
+	if inv.level, err = parseLevel(st.get(specLogLevel)); err != nil {
+		return nil, badSetting(specLogLevel, "%v", err)
+	}
+	if inv.timeout, err = parseSeconds(st.get(specTimeout)); err != nil {
+		return nil, badSetting(specTimeout, "%v", err)
+	}
+	if inv.timeout < 100*time.Millisecond {
+		return nil, badSetting(specTimeout, "must be at least 100ms, got %v", inv.timeout)
+	}
 	inv.table = st.get(specTable)
 	if inv.sub == subRun {
 		if inv.create, err = parseBool(st.get(specCreate)); err != nil {
@@ -252,7 +274,7 @@ func parseArgs(args []string, getenv func(string) (string, bool)) (*invocation, 
 		if len(pos) != 1 {
 			return nil, usagef("usage: dislock %s [flags] KEY (exactly one key, as shown by dislock list)", inv.sub)
 		}
-		if err := core.ValidateKey(pos[0]); err != nil {
+		if err := checkKey(pos[0], 0); err != nil {
 			return nil, usagef("KEY: %v", err)
 		}
 		inv.urlEnv = st.get(specURLEnv)
@@ -279,8 +301,11 @@ func parseArgs(args []string, getenv func(string) (string, bool)) (*invocation, 
 	}
 	u, ok := getenv(inv.urlEnv)
 	u = strings.TrimSpace(u)
-	if !ok || u == "" {
+	if !ok {
 		return nil, usagef("URL_ENV: the environment variable %s that should hold the backend URL is not set", inv.urlEnv)
+	}
+	if u == "" {
+		return nil, usagef("URL_ENV: the environment variable %s that should hold the backend URL is empty", inv.urlEnv)
 	}
 	inv.url = u
 	return inv, nil
@@ -325,9 +350,12 @@ func validEnvName(s string) bool {
 func parseRun(st *settings, r *runConfig) error {
 	r.key = st.get(specKey)
 	if r.key == "" {
+		if _, ok := st.getenv(specKey.env); ok {
+			return badSetting(specKey, "required: the name of the lock (%s is set but empty)", specKey.env)
+		}
 		return badSetting(specKey, "required: the name of the lock")
 	}
-	if err := core.ValidateKey(r.leaseKey()); err != nil {
+	if err := checkKey(r.key, len(schedulePrefix)); err != nil {
 		return badSetting(specKey, "%v", err)
 	}
 
@@ -361,6 +389,9 @@ func parseRun(st *settings, r *runConfig) error {
 	r.scheduleSpec = st.get(specSchedule)
 	if r.useSchedule {
 		if r.scheduleSpec == "" {
+			if _, ok := st.getenv(specSchedule.env); ok {
+				return badSetting(specSchedule, "required by the schedule strategy (%s is set but empty)", specSchedule.env)
+			}
 			return badSetting(specSchedule, "required by the schedule strategy")
 		}
 		sched, tol, err := parseSchedule(r.scheduleSpec)
@@ -376,11 +407,37 @@ func parseRun(st *settings, r *runConfig) error {
 	if r.ttl < minTTL {
 		return badSetting(specTTL, "must be at least %v, got %v", minTTL, r.ttl)
 	}
-	r.renewDeadline = r.ttl * 2 / 3
+	r.ttlSet = st.has(specTTL)
 	if st.has(specInterval) {
+		r.intervalSet = true
 		if r.interval, err = parseSeconds(st.get(specInterval)); err != nil {
 			return badSetting(specInterval, "%v", err)
 		}
+	}
+	if err := r.setTTL(r.ttl); err != nil {
+		return err
+	}
+
+	if r.wait, err = parseSeconds(st.get(specWait)); err != nil {
+		return badSetting(specWait, "%v", err)
+	}
+	if r.wait < 0 {
+		return badSetting(specWait, "must not be negative, got %v", r.wait)
+	}
+	if r.wait > 0 && !r.useLease {
+		return badSetting(specWait, "%v waits for a held lease, which takes the lease strategy: set %s to lease or schedule,lease (it is %q); a schedule slot that has run is not waited for",
+			r.wait, specStrategy.name(), strategy)
+	}
+	return r.parseRest(st)
+}
+
+// setTTL sets the lease's TTL and what follows from it: the renew deadline
+// and, unless LOCK_LEASE_INTERVAL was given, the renewal interval.
+func (r *runConfig) setTTL(ttl time.Duration) error {
+	r.ttl = ttl
+	r.intervalWarn = ""
+	r.renewDeadline = r.ttl * 2 / 3
+	if r.intervalSet {
 		switch {
 		case r.interval < 10*time.Millisecond:
 			return badSetting(specInterval, "must be at least 10ms, got %v", r.interval)
@@ -399,10 +456,15 @@ func parseRun(st *settings, r *runConfig) error {
 			r.interval = r.ttl / 3
 		}
 	}
-
 	if err := core.ValidateOptions(core.TTL(r.ttl), core.RenewInterval(r.interval), core.RenewDeadline(r.renewDeadline)); err != nil {
 		return badSetting(specInterval, "with %s %v: %v", specTTL.env, r.ttl, err)
 	}
+	return nil
+}
+
+// parseRest checks the settings of the run form that follow the lease's.
+func (r *runConfig) parseRest(st *settings) error {
+	var err error
 
 	if r.jitter, err = parseSeconds(st.get(specJitter)); err != nil {
 		return badSetting(specJitter, "%v", err)
@@ -490,6 +552,7 @@ func parseSchedule(specText string) (core.Schedule, time.Duration, error) {
 		}
 		return core.Every(d), min(core.DefaultSlotTolerance, d/4), nil
 	}
+	specText = sundaySeven(specText)
 	if err := cronspec.Check(specText, false); err != nil {
 		var fc *cronspec.FieldCountError
 		if errors.As(err, &fc) {
@@ -501,21 +564,102 @@ func parseSchedule(specText string) (core.Schedule, time.Duration, error) {
 	if err != nil {
 		return nil, 0, err
 	}
+	if s.Next(time.Now()).IsZero() {
+		// robfig/cron looks five years ahead: a date that never comes
+		// (0 0 30 2 *) has no slot, and a run could never claim one.
+		return nil, 0, errors.New("never fires: no date matches it (in the next five years)")
+	}
 	return core.ScheduleFunc(func(t time.Time) time.Time { return s.Next(t.In(time.Local)) }), core.DefaultSlotTolerance, nil
 }
 
-// parseLevel maps CRONJOB_LOCK_LOG_LEVEL to a slog level; an unknown value
-// gives WARNING and a warning to log.
-func parseLevel(s string) (slog.Level, string) {
+// parseLevel maps CRONJOB_LOCK_LOG_LEVEL to a slog level.
+func parseLevel(s string) (slog.Level, error) {
 	switch strings.ToUpper(strings.TrimSpace(s)) {
 	case "DEBUG":
-		return slog.LevelDebug, ""
+		return slog.LevelDebug, nil
 	case "INFO":
-		return slog.LevelInfo, ""
+		return slog.LevelInfo, nil
 	case "WARNING", "WARN", "":
-		return slog.LevelWarn, ""
+		return slog.LevelWarn, nil
 	case "ERROR", "CRITICAL", "FATAL":
-		return slog.LevelError, ""
+		return slog.LevelError, nil
 	}
-	return slog.LevelWarn, fmt.Sprintf("%s: unknown level %q, using WARNING", specLogLevel.name(), s)
+	return slog.LevelWarn, fmt.Errorf("%q is not DEBUG, INFO, WARNING or ERROR", s)
+}
+
+// checkKey checks a key as the user typed it; prefix is the length of the
+// longest prefix the CLI puts before it, so that a key that is too long is
+// counted as the user's.
+func checkKey(key string, prefix int) error {
+	for i, r := range key {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("contains a control character (%q at byte %d); a key is one line of printable text", r, i)
+		}
+	}
+	if max := core.MaxKeyLen - prefix; len(key) > max {
+		if prefix > 0 {
+			return fmt.Errorf("%d bytes, at most %d (the locks' keys add the prefix %s)", len(key), max, schedulePrefix)
+		}
+		return fmt.Errorf("%d bytes, at most %d", len(key), max)
+	}
+	if err := core.ValidateKey(key); err != nil {
+		return errors.New(strings.TrimPrefix(strings.TrimPrefix(err.Error(), core.ErrInvalidKey.Error()+": "), "key: "))
+	}
+	return nil
+}
+
+// sundaySeven rewrites the day-of-week field of a 5-field spec so that 7,
+// which crontab accepts for Sunday as 0 is, reads as 0: "7" becomes "0",
+// and a range ending at 7 ends at 6 plus a 0 when the range's step hits 7.
+func sundaySeven(specText string) string {
+	prefix, rest := "", strings.TrimSpace(specText)
+	if strings.HasPrefix(rest, "TZ=") || strings.HasPrefix(rest, "CRON_TZ=") {
+		i := strings.IndexAny(rest, " \t")
+		if i < 0 {
+			return specText
+		}
+		prefix, rest = rest[:i+1], strings.TrimSpace(rest[i:])
+	}
+	f := strings.Fields(rest)
+	if len(f) != 5 || !strings.Contains(f[4], "7") {
+		return specText
+	}
+	var out []string
+	for _, part := range strings.Split(f[4], ",") {
+		rng, stepText, hasStep := strings.Cut(part, "/")
+		step := 1
+		if hasStep {
+			n, err := strconv.Atoi(stepText)
+			if err != nil || n < 1 {
+				return specText // left to the parser's error
+			}
+			step = n
+		}
+		lo, hi, isRange := strings.Cut(rng, "-")
+		switch {
+		case rng == "7":
+			out = append(out, "0")
+		case isRange && hi == "7":
+			a, err := strconv.Atoi(lo)
+			if err != nil || a > 6 {
+				return specText
+			}
+			if a == 0 && step == 1 {
+				out = append(out, "*")
+				continue
+			}
+			r := lo + "-6"
+			if hasStep {
+				r += "/" + stepText
+			}
+			out = append(out, r)
+			if (7-a)%step == 0 && a != 0 {
+				out = append(out, "0")
+			}
+		default:
+			out = append(out, part)
+		}
+	}
+	f[4] = strings.Join(out, ",")
+	return prefix + strings.Join(f, " ")
 }

@@ -181,17 +181,22 @@ func TestLockTableNotCreated(t *testing.T) {
 	marker := filepath.Join(dir, "ran")
 	typo := "dislock_lokcs"
 
-	// Operators create nothing, not even the default table.
-	for _, args := range [][]string{
-		{"status", "--url-env", urlVar, "k"},
-		{"list", "--url-env", urlVar},
-		{"release", "--force", "--url-env", urlVar, "k"},
-		{"list", "--url-env", urlVar, "--table", typo},
+	// Operators create nothing, not even the default table: without it
+	// every lock is free; a named table that does not exist is exit 2.
+	for _, tc := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"status", "--url-env", urlVar, "k"}, exitFree, "k\tfree\n"},
+		{[]string{"list", "--url-env", urlVar}, 0, ""},
+		{[]string{"release", "--force", "--url-env", urlVar, "k"}, 0, "k\tfree\n"},
+		{[]string{"list", "--url-env", urlVar, "--table", typo}, exitUsage, ""},
 	} {
-		p := run(t, f.baseEnv(), args...)
-		expectCode(t, p, exitUsage)
-		if !strings.Contains(p.stderr.String(), "does not exist") {
-			t.Errorf("%v: %s", args, p.stderr.String())
+		p := run(t, f.baseEnv(), tc.args...)
+		expectCode(t, p, tc.code)
+		if p.stdout.String() != tc.out || tc.code == exitUsage && !strings.Contains(p.stderr.String(), "does not exist") {
+			t.Errorf("%v: %s", tc.args, p.output())
 		}
 	}
 	if tableExists("dislock_locks") || tableExists(typo) {

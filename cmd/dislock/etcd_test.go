@@ -125,6 +125,28 @@ func TestEtcd(t *testing.T) {
 		noSentinel(t, st)
 	})
 	t.Run("Limit", func(t *testing.T) { limitProcess(t, f) })
+	// After the server stops, dislock terminates the command at the renew
+	// deadline, and the release and the close that follow are bounded by
+	// the lease's margin: dislock exits before the server's lease could
+	// have run out (TTL after the last renewal, which came at most 0.3 s
+	// before the kill). Before, it took the deadline plus 5 s plus 5 s.
+	t.Run("ExitWithinTheLease", func(t *testing.T) {
+		t.Parallel()
+		c := etcdtest.Start(t, 1)
+		const ttl = 9 * time.Second
+		started := filepath.Join(t.TempDir(), "started")
+		env := f.baseEnv(urlVar+"="+c.URL(), "LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=9", "LOCK_LEASE_INTERVAL=0.3")
+		p := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; exec sleep 300")
+		waitFile(t, started, 20*time.Second)
+		c.Kill(0)
+		killed := time.Now()
+		if code := p.wait(t, 60*time.Second); code != exitLeaseLost {
+			t.Fatalf("exit %d, want 75: %s", code, p.output())
+		}
+		if took := p.ended.Sub(killed); took > ttl {
+			t.Fatalf("dislock exited %v after the server stopped, after the lease (TTL %v) could have expired:\n%s", took, ttl, p.output())
+		}
+	})
 	t.Run("BadURL", func(t *testing.T) {
 		for _, u := range []string{"etcd://", "etcds://", "etcd://u:" + sentinel + "@", "etcd://u:" + sentinel + "@h:2379/path",
 			"etcd://h:2379?x=" + sentinel, "etcd://a:1,,b:2"} {

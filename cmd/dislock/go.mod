@@ -1,17 +1,14 @@
+// The dislock modules are required at a placeholder version: in a clone,
+// go.work (beside this file) uses their directories instead; a release sets
+// the versions it tags, so that
+// go install github.com/dislock/dislock/cmd/dislock@VERSION needs nothing else.
 module github.com/dislock/dislock/cmd/dislock
 
 go 1.26.0
 
-replace (
-	github.com/dislock/dislock => ../../
-	github.com/dislock/dislock/etcdlock => ../../etcdlock
-	github.com/dislock/dislock/etcdlock/etcdtest => ../../etcdlock/etcdtest
-)
-
 require (
 	github.com/dislock/dislock v0.0.0-00010101000000-000000000000
 	github.com/dislock/dislock/etcdlock v0.0.0-00010101000000-000000000000
-	github.com/dislock/dislock/etcdlock/etcdtest v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/robfig/cron/v3 v3.0.1

@@ -14,8 +14,8 @@ const redacted = "xxxxx"
 // Patterns of credentials in driver messages: the password of a URL's
 // userinfo, and key=value passwords of DSNs and URL queries.
 var (
-	userinfoPassword = regexp.MustCompile(`(://[^/@\s:]*:)[^@\s]*@`)
-	keyValuePassword = regexp.MustCompile(`(?i)((?:password|passwd|pwd|sentinel_password)\s*[=:]\s*)('[^']*'|"[^"]*"|[^\s&,;]+)`)
+	userinfoPassword = regexp.MustCompile(`(://[^/@\s:\[\]]*:)[^@\s\[\]]*@`)
+	keyValuePassword = regexp.MustCompile(`(?i)(\b(?:password|passwd|pwd|sentinel_password)\s*=\s*)('[^']*'|"[^"]*"|[^\s&,;]+)`)
 )
 
 // redactor removes the backend URL and its credentials from text. It is
@@ -37,16 +37,26 @@ func newRedactor(urlName, rawURL string) *redactor {
 			r.secrets = append(r.secrets, s)
 		}
 	}
-	add(rawURL)
-	if u, err := url.Parse(rawURL); err == nil {
-		if u.User != nil {
-			if p, ok := u.User.Password(); ok {
-				add(p)
-				add(url.QueryEscape(p))
-				add(url.PathEscape(p))
-			}
-			add(u.User.String())
+	// The URL itself, unless it is no more than its scheme ("zk://"), which
+	// is no secret and appears in the messages that explain the URLs. A
+	// user name is no secret either: only passwords are redacted on their
+	// own.
+	if i := strings.Index(rawURL, "://"); i < 0 || len(rawURL)-i-3 >= 3 {
+		add(rawURL)
+	}
+	addUser := func(user *url.Userinfo) {
+		if user == nil {
+			return
 		}
+		if p, ok := user.Password(); ok && p != "" {
+			add(p)
+			add(url.QueryEscape(p))
+			add(url.PathEscape(p))
+			add(user.String())
+		}
+	}
+	if u, err := url.Parse(rawURL); err == nil {
+		addUser(u.User)
 		for k, vs := range u.Query() {
 			if strings.Contains(strings.ToLower(k), "pass") {
 				for _, v := range vs {
@@ -59,6 +69,11 @@ func newRedactor(urlName, rawURL string) *redactor {
 		// Unparsable URL: treat everything before the last '@' as secret.
 		if j := strings.LastIndex(rawURL, "@"); j > i {
 			add(rawURL[i+3 : j])
+			// A host list (zk://, etcd://) is no URL host, but its
+			// userinfo is a URL's: its password, decoded, is secret too.
+			if u, err := url.Parse("x://" + rawURL[i+3:j] + "@h"); err == nil {
+				addUser(u.User)
+			}
 		}
 	}
 	slices.SortFunc(r.secrets, func(a, b string) int { return len(b) - len(a) })

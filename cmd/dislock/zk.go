@@ -18,47 +18,24 @@ import (
 // fit what the server granted is refused with a message naming both.
 const zkSessionTimeout = defaultTTL * 3 / 2
 
-// openZK opens a Locker on zk://host:port[,host:port...][/chroot]
-// [?session_timeout=SECONDS]. The chroot, when given, holds the locks'
-// root znode (/chroot/dislock).
-func openZK(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger) (locker, func() error, error) {
+// openZK opens a Locker on zk://[user:password@]host:port[,host:port...]
+// [/chroot][?session_timeout=SECONDS], as zklock.ParseURL reads it. The
+// chroot, when given, holds the locks' root znode (/chroot/dislock). A user
+// and password authenticate the session (digest) and close the nodes it
+// creates to everyone else.
+func openZK(ctx context.Context, urlEnv, rawURL, table string, copts []core.ClientOption, log *slog.Logger) (locker, func() error, error) {
 	if table != "" {
 		log.Debug("LOCK_TABLE is ignored by the ZooKeeper backend")
 	}
-	rest := rawURL[len("zk://"):]
-	rest, query, _ := strings.Cut(rest, "?")
-	if strings.Contains(rest, "@") {
-		return nil, nil, badURL(urlEnv, "the ZooKeeper URL may not carry credentials")
-	}
-	if rest == "" || rest[0] == '/' {
-		return nil, nil, badURL(urlEnv, "the ZooKeeper URL names no server (zk://host:port[,host:port][/chroot])")
-	}
-	session := zkSessionTimeout
-	for _, kv := range strings.Split(query, "&") {
-		if kv == "" {
-			continue
-		}
-		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "session_timeout":
-			secs, err := strconv.ParseFloat(v, 64)
-			if err != nil || secs <= 0 || secs > 3600 {
-				return nil, nil, badURL(urlEnv, "session_timeout must be a number of seconds in (0, 3600]")
-			}
-			session = time.Duration(secs * float64(time.Second))
-		default:
-			if len(k) > 32 {
-				k = "?"
-			}
-			return nil, nil, badURL(urlEnv, "unknown ZooKeeper URL parameter %q (known: session_timeout)", k)
-		}
-	}
-	if _, _, err := zklock.ParseServers(rest); err != nil {
-		return nil, nil, badURL(urlEnv, "the ZooKeeper URL names no server (zk://host:port[,host:port][/chroot])")
+	connect, urlOpts, err := zklock.ParseURL(rawURL)
+	if err != nil {
+		// ParseURL's errors never quote the URL.
+		return nil, nil, badURL(urlEnv, "%s", strings.TrimPrefix(err.Error(), "zklock: "))
 	}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	b, err := zklock.NewBackend(dctx, rest, zklock.WithSessionTimeout(session))
+	// The URL's session_timeout, when given, comes after the default.
+	b, err := zklock.NewBackend(dctx, connect, append([]zklock.Option{zklock.WithSessionTimeout(zkSessionTimeout)}, urlOpts...)...)
 	if err != nil {
 		if strings.Contains(err.Error(), "WithRoot") {
 			return nil, nil, badURL(urlEnv, "the ZooKeeper chroot is not a valid znode path")
@@ -66,10 +43,23 @@ func openZK(ctx context.Context, urlEnv, rawURL, table string, log *slog.Logger)
 		return nil, nil, err
 	}
 	log.Debug("ZooKeeper session", "session_timeout", b.SessionTimeout(), "max_ttl", b.MaxTTL())
-	l, err := core.New(b)
+	l, err := core.New(b, copts...)
 	if err != nil {
 		b.Close()
 		return nil, nil, err
 	}
 	return l, l.Close, nil
+}
+
+// zkAsked is the session timeout a zk:// URL asks for.
+func zkAsked(rawURL string) time.Duration {
+	_, query, _ := strings.Cut(rawURL, "?")
+	for _, kv := range strings.Split(query, "&") {
+		if v, ok := strings.CutPrefix(kv, "session_timeout="); ok {
+			if secs, err := strconv.ParseFloat(v, 64); err == nil {
+				return time.Duration(secs * float64(time.Second))
+			}
+		}
+	}
+	return zkSessionTimeout
 }

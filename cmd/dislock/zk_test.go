@@ -11,7 +11,8 @@ import (
 	"github.com/dislock/dislock/internal/zktest"
 )
 
-// zkURL is a zk:// URL on a private ZooKeeper server started for the test
+// zkURL is a zk:// URL on a private ZooKeeper server with a stock install's
+// settings (tickTime 2000, so sessions of at most 40 s) started for the test
 // (stopped by PID when it ends), or DISLOCK_TEST_ZK when set. Under CI a
 // missing ZooKeeper install fails the test.
 func zkURL(t *testing.T) string {
@@ -25,7 +26,7 @@ func zkURL(t *testing.T) string {
 		}
 		t.Skip(err)
 	}
-	e, err := zktest.Start(t.TempDir(), 1, 60*time.Second)
+	e, err := zktest.StartStock(t.TempDir(), 60*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,12 +58,40 @@ func TestZooKeeper(t *testing.T) {
 			t.Fatalf("the command did not run after the holder ended: %s", ok.output())
 		}
 	})
+	// On a stock server the default TTL (60 s) does not fit the session
+	// (40 s at most): the run takes what the granted session allows. A TTL
+	// asked for that does not fit is exit 2 naming the setting and the
+	// session granted of the one asked, and takes no slot.
+	t.Run("DefaultTTLFitsTheSession", func(t *testing.T) {
+		if os.Getenv("DISLOCK_TEST_ZK") != "" {
+			t.Skip("the server's session limits are not known")
+		}
+		marker := filepath.Join(t.TempDir(), "ran")
+		p := run(t, f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=schedule,lease", "CRON_SCHEDULE=@daily"), urlVar, "touch", marker)
+		expectCode(t, p, 0)
+		if !exists(marker) {
+			t.Fatalf("the command did not run: %s", p.output())
+		}
+	})
 	t.Run("TTLTooLongForTheSession", func(t *testing.T) {
-		env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=60")
-		p := run(t, append(env, urlVar+"="+f.url+"?session_timeout=30"), urlVar, "true")
+		if os.Getenv("DISLOCK_TEST_ZK") != "" {
+			t.Skip("the server's session limits are not known")
+		}
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=schedule,lease", "CRON_SCHEDULE=@daily", "RUN_LOCK_TTL_SECONDS=60")
+		p := run(t, env, urlVar, "true")
 		expectCode(t, p, exitUsage)
-		if !strings.Contains(p.stderr.String(), "session timeout") {
-			t.Fatalf("a TTL above 2/3 of the session timeout: %s", p.output())
+		msg := p.stderr.String()
+		for _, want := range []string{"RUN_LOCK_TTL_SECONDS (--ttl)", "granted: 40s (of the 1m30s asked)"} {
+			if !strings.Contains(msg, want) {
+				t.Fatalf("the error does not say %q: %s", want, p.output())
+			}
+		}
+		marker := filepath.Join(t.TempDir(), "ran")
+		ok := run(t, f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=schedule,lease", "CRON_SCHEDULE=@daily", "RUN_LOCK_TTL_SECONDS=20"), urlVar, "touch", marker)
+		expectCode(t, ok, 0)
+		if !exists(marker) {
+			t.Fatalf("the refused run used up the slot: %s", ok.output())
 		}
 	})
 	t.Run("Admin", func(t *testing.T) {
@@ -97,11 +126,52 @@ func TestZooKeeper(t *testing.T) {
 		}
 	})
 	t.Run("Limit", func(t *testing.T) { limitProcess(t, f) })
+	t.Run("Auth", func(t *testing.T) {
+		// Credentials in the URL: digest authentication, and nodes closed
+		// to sessions without them. The password is never printed.
+		open := f.url + "-auth" // a chroot of its own
+		authURL := strings.Replace(open, "zk://", "zk://dislock:"+sentinel+"@", 1)
+		key := f.newKey(t)
+		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=5", "CRONJOB_LOCK_LOG_LEVEL=DEBUG")
+		ok := run(t, append(env, urlVar+"="+authURL), urlVar, "sh", "-c", "echo ran")
+		expectCode(t, ok, 0)
+		noSentinel(t, ok)
+		if !strings.Contains(ok.stdout.String(), "ran") {
+			t.Fatalf("the command did not run with credentials: %s", ok.output())
+		}
+		st := run(t, append(f.baseEnv(), urlVar+"="+authURL), "status", "--url-env", urlVar, leasePrefix+key)
+		expectCode(t, st, 0)
+		noSentinel(t, st)
+		// Without the credentials the run fails (exit 1), and the
+		// command does not run.
+		anon := run(t, append(env, urlVar+"="+open), urlVar, "sh", "-c", "echo ran")
+		expectCode(t, anon, exitFailure)
+		if strings.Contains(anon.stdout.String(), "ran") {
+			t.Fatalf("the command ran without the credentials: %s", anon.output())
+		}
+	})
 	t.Run("BadURL", func(t *testing.T) {
-		for _, u := range []string{"zk://", "zk:///chroot", "zk://user:" + sentinel + "@h:2181", "zk://h:2181?nope=1", "zk://h:2181?session_timeout=x"} {
+		for _, u := range []string{"zk://", "zk:///chroot", "zk://user:" + sentinel + "@", "zk://user:" + sentinel + "@h:2181?nope=1", "zk://" + sentinel + "@h:2181", "zk://h:2181?nope=1", "zk://h:2181?session_timeout=x"} {
 			p := run(t, f.baseEnv("LOCK_KEY=k", urlVar+"="+u), urlVar, "true")
 			expectCode(t, p, exitUsage)
 			noSentinel(t, p)
 		}
 	})
+}
+
+// The redaction covers a ZooKeeper URL's digest credentials, whatever the
+// host list and chroot around them.
+func TestRedactZK(t *testing.T) {
+	for u, pw := range map[string]string{
+		"zk://jobs:" + sentinel + "@h1:2181,h2:2181,h3:2181/app?session_timeout=30": sentinel,
+		"zk://jobs:" + sentinel + "@h1:2181":                                        sentinel,
+		"zk://jobs:" + sentinel + "%40x@[::1]:2181,h2:2181/c":                       sentinel + "@x",
+	} {
+		r := newRedactor(urlVar, u)
+		for _, in := range []string{"dial " + u + " failed", "auth jobs:" + pw + " rejected", "digest " + pw} {
+			if out := r.String(in); strings.Contains(out, sentinel) {
+				t.Errorf("%q -> %q still contains the password", in, out)
+			}
+		}
+	}
 }

@@ -38,10 +38,19 @@ type faultBackend struct {
 	// claimed receives the key of each claim so stalled.
 	stallClaim atomic.Bool
 	claimed    chan string
-	closed     atomic.Bool  // Close was called: every call fails
-	attempts   atomic.Int64 // TryAcquire calls
-	watching   atomic.Bool  // a Watch or WatchTurns subscription is in place
-	readyAt    atomic.Int64 // when the latest subscription came up (UnixNano)
+	// hangClaim makes an acquire hang, before it reaches the store, until
+	// its ctx ends, and report the ctx's error: a store that does not answer.
+	hangClaim atomic.Bool
+	// frozen, when set, makes an acquire ignore its ctx: it waits until
+	// the channel is closed and then reaches the store all the same (a
+	// driver call that does not return when its ctx ends). thawed counts
+	// the frozen acquires that have returned since.
+	frozen   atomic.Pointer[chan struct{}]
+	thawed   atomic.Int64
+	closed   atomic.Bool  // Close was called: every call fails
+	attempts atomic.Int64 // TryAcquire calls
+	watching atomic.Bool  // a Watch or WatchTurns subscription is in place
+	readyAt  atomic.Int64 // when the latest subscription came up (UnixNano)
 	// waiterTTL, when positive, replaces the WaiterTTL of every acquire
 	// sent with a Waiter: a wait whose place in line would outlive any
 	// bound of a test unless it leaves the queue.
@@ -53,6 +62,7 @@ type faultBackend struct {
 	renews     atomic.Int64 // Renew calls that reached the store
 	lastRenew  atomic.Int64 // when the latest of them that succeeded was sent (UnixNano)
 	leaves     atomic.Int64 // Leave calls that reached the store
+	leavesDone atomic.Int64 // Leave calls that returned
 
 	mu      sync.Mutex
 	tokens  map[string]string // key -> owner token of the last acquire sent
@@ -166,6 +176,17 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 		return core.Lease{}, err
 	}
 	f.attempts.Add(1)
+	if f.hangClaim.Load() {
+		<-ctx.Done()
+		return core.Lease{}, ctx.Err()
+	}
+	if ch := f.frozen.Load(); ch != nil {
+		<-*ch
+		defer f.thawed.Add(1)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+	}
 	f.mu.Lock()
 	f.tokens[req.Key] = req.OwnerToken
 	f.limits[req.OwnerToken] = limitOf(req.Limit)
@@ -317,6 +338,7 @@ func (p queuePart) Leave(ctx context.Context, key, waiter string) error {
 		return err
 	}
 	f.leaves.Add(1)
+	defer f.leavesDone.Add(1)
 	return f.Backend.(core.Queuer).Leave(ctx, key, waiter)
 }
 

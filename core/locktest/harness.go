@@ -22,7 +22,10 @@
 // crashed permit, wake-ups, limit mismatches, Holders and the Admin calls
 // per permit, batched renewal, min hold), the Queue rules for a core.Queuer (FIFO
 // across processes, dead and cancelled waiters, no barging, one wake per
-// release). The Check rules (Session.Check) run on every backend.
+// release). The Check rules (Session.Check) run on every backend, and so does
+// the token race (TokensIncreaseUnderRace: many processes race for one key,
+// and no holder's token may fail to exceed its predecessors'), whose
+// semaphore half needs a core.SemaphoreBackend.
 package locktest
 
 import (

@@ -46,11 +46,14 @@ func Run(t *testing.T, h Harness) {
 		{"BusyIsNotAcquiredAndFast", testBusyFast},
 		{"NotReentrant", testNotReentrant},
 		{"AcquireHonoursContext", testAcquireCtx},
+		{"OutageIsNeverBusy", testOutageNotBusy},
+		{"DeadlineKeptWhenStoreIgnoresContext", testDeadlineKept},
 		{"WaiterWakesAfterRelease", testWaiterWakes},
 		{"WaiterWakesByNotification", testWaiterNotified},
 		{"ReleaseIsIdempotent", testReleaseIdempotent},
 		{"ReleaseWorksWithCancelledContext", testReleaseCancelledCtx},
 		{"StaleSessionCannotRenewOrRelease", testStaleSession},
+		{"ReleaseReportsLeaseGone", testReleaseReportsGone},
 		{"RenewalsKeepLockPastTTL", testRenewalsKeep},
 		{"CrashedHolderFreesWithinTTL", testCrashFrees},
 		{"LossSignalledWhenStolen", testLossStolen},
@@ -59,6 +62,7 @@ func Run(t *testing.T, h Harness) {
 		{"LostLeaseKeptUntilReleased", testLostKeptUntilReleased},
 		{"LostLeaseKeptUntilTTL", testLostKeptUntilTTL},
 		{"TokensStrictlyIncrease", testTokens},
+		{"TokensIncreaseUnderRace", testTokensRace},
 		{"AmbiguousAcquireIsReconciled", testReconcile},
 		{"FailedUndoIsRetried", testUndoRetried},
 		{"SlotAllowsOneStartPerSlot", testSlot},
@@ -250,10 +254,100 @@ func testAcquireCtx(t *testing.T, e *env) {
 	s.Release(context.Background())
 	c := e.proc(t)
 	// b left nothing behind; on a Queuer that includes its place in line,
-	// which the engine's Leave must have taken out before Acquire returned
-	// (a TryAcquire never overtakes a queued waiter).
+	// which the engine's Leave takes out before Acquire returns, or, when
+	// the store is slow to answer, within core.DeadlineSlack and then in
+	// the background (a TryAcquire never overtakes a queued waiter).
+	if _, q := b.fault.Backend.(core.Queuer); q && !waitFor(t, func() bool { return b.fault.leavesDone.Load() >= 1 }, 10*time.Second) {
+		t.Fatalf("rule %q: the wait that gave up did not leave the store's queue", rule)
+	}
 	s2 := mustAcquire(t, c, k)
 	s2.Release(context.Background())
+}
+
+// notBusy fails t unless err is a failure matching every error in want,
+// not ErrNotAcquired, and no *core.NotAcquiredError.
+func notBusy(t *testing.T, rule, what string, err error, want ...error) {
+	t.Helper()
+	var na *core.NotAcquiredError
+	if err == nil || errors.Is(err, core.ErrNotAcquired) || errors.As(err, &na) {
+		t.Fatalf("rule %q: %s = %v, want a failure that does not match ErrNotAcquired", rule, what, err)
+	}
+	for _, w := range want {
+		if !errors.Is(err, w) {
+			t.Errorf("rule %q: %s = %v, want it to match %v", rule, what, err, w)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("rule %q: %s: the message spans lines: %q", rule, what, err)
+	}
+}
+
+func testOutageNotBusy(t *testing.T, e *env) {
+	const rule = "an outage is never busy: a store that fails or does not answer yields its failure (the store's error, ctx's deadline), never ErrNotAcquired"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k) // a store that answered would say busy
+	defer s.Release(context.Background())
+	wait := e.ttl / 2
+
+	b.fault.down.Store(true)
+	_, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k)
+	notBusy(t, rule, "TryAcquire on a store that fails", err, errDown)
+	_, err = b.l.Acquire(ctxT(t, wait), k)
+	notBusy(t, rule, "Acquire on a store that fails", err, errDown, context.DeadlineExceeded)
+	b.fault.down.Store(false)
+
+	b.fault.hangClaim.Store(true)
+	for name, acquire := range map[string]func(context.Context, string, ...core.Option) (core.Session, error){
+		"TryAcquire": b.l.TryAcquire, "Acquire": b.l.Acquire,
+	} {
+		start := time.Now()
+		_, err = acquire(ctxT(t, wait), k)
+		notBusy(t, rule, name+" on a store that hangs", err, context.DeadlineExceeded)
+		if el := time.Since(start); el > wait+time.Second {
+			t.Errorf("rule %q: %s on a store that hangs returned %v after its deadline", rule, name, el-wait)
+		}
+	}
+	b.fault.hangClaim.Store(false)
+	mustBusy(t, rule, b, k) // the store answers again, and says busy
+}
+
+func testDeadlineKept(t *testing.T, e *env) {
+	const rule = "the caller's deadline is kept: TryAcquire and Acquire return within core.DeadlineSlack of ctx's end even when a store call ignores ctx, and a claim that lands after its caller left is undone"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	wait := e.ttl / 2
+	thaw := make(chan struct{})
+	var once sync.Once
+	thawAll := func() { once.Do(func() { close(thaw) }) }
+	t.Cleanup(thawAll)
+	// Without the rule the calls below would wait for the thaw forever.
+	stop := time.AfterFunc(wait+10*time.Second, thawAll)
+	defer stop.Stop()
+	a.fault.frozen.Store(&thaw)
+	for name, acquire := range map[string]func(context.Context, string, ...core.Option) (core.Session, error){
+		"TryAcquire": a.l.TryAcquire, "Acquire": a.l.Acquire,
+	} {
+		start := time.Now()
+		_, err := acquire(ctxT(t, wait), k, core.TTL(60*time.Second))
+		el := time.Since(start)
+		notBusy(t, rule, name+" on a store call that ignores ctx", err, context.DeadlineExceeded)
+		// The slack, plus room for a busy machine.
+		if el > wait+core.DeadlineSlack+time.Second {
+			t.Errorf("rule %q: %s returned %v after its deadline", rule, name, el-wait)
+		}
+	}
+	a.fault.frozen.Store(nil)
+	thawAll() // the claims reach the store now, after their callers left
+	if !waitFor(t, func() bool { return a.fault.thawed.Load() == 2 }, 15*time.Second) {
+		t.Fatalf("rule %q: the frozen claims did not return after the thaw", rule)
+	}
+	// A claim that landed is undone by the engine (else held for 60s).
+	s, err := b.l.Acquire(ctxT(t, 10*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("rule %q: a claim that landed after its caller left was not undone: %v", rule, err)
+	}
+	s.Release(context.Background())
 }
 
 func testWaiterWakes(t *testing.T, e *env) {
@@ -375,8 +469,8 @@ func testStaleSession(t *testing.T, e *env) {
 	if len(res) != 1 || !errors.Is(res[0], core.ErrLeaseLost) {
 		t.Fatalf("rule %q: stale Renew = %v, want ErrLeaseLost", rule, res)
 	}
-	if err := a.fault.Backend.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: stale}); err != nil {
-		t.Fatalf("rule %q: stale Release must succeed as a no-op, got %v", rule, err)
+	if err := a.fault.Backend.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: stale}); !errors.Is(err, core.ErrLeaseGone) {
+		t.Fatalf("rule %q: stale Release = %v, want a no-op that says so (ErrLeaseGone)", rule, err)
 	}
 	mustBusy(t, rule, e.proc(t), k)
 	if s2.Err() != nil {

@@ -9,6 +9,11 @@
 // after the store applied a call (SetLoseReplies), a stolen or deleted lock
 // (Steal, Delete) and a skewed store clock (SetClockOffset).
 //
+// Each call of New makes a new, private store: two Lockers from two New
+// calls never see each other's locks, so both take the same key at once.
+// For Lockers that contend with each other (the processes of a test), make
+// one Store with NewStore and call its Locker method once per process.
+//
 // It gives no protection across processes.
 package memlock
 
@@ -77,7 +82,9 @@ func NewStore() *Store {
 }
 
 // New returns a Locker on a fresh private store: the quickest way to get a
-// core.Locker in a unit test or a single-process program.
+// core.Locker in a unit test or a single-process program. Every call makes
+// a separate store, so Lockers from two New calls do not exclude each
+// other; share a Store (NewStore, then Store.Locker) for that.
 func New(opts ...core.ClientOption) (*core.Client, error) {
 	return NewStore().Locker(opts...)
 }
@@ -455,13 +462,14 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) (results 
 }
 
 // Release implements core.Backend. It tells the first waiter in line, if
-// any, that its turn has come.
+// any, that its turn has come. A lease that is no longer live (expired,
+// force-released, taken over) is reported Gone.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	return b.call(ctx, func(st *Stats) { st.Releases++ }, func() error {
 		s := b.s
 		r, j := s.holder(req.Key, req.OwnerToken)
 		if j < 0 {
-			return nil
+			return core.Gone(req.Key, "held by another owner or gone")
 		}
 		if req.Keep > 0 {
 			r.held[j].expireAt = s.now().Add(req.Keep)

@@ -97,11 +97,15 @@ func run(ctx context.Context, out io.Writer) error {
 			done <- n
 			return nil
 		})
-		mux := asynq.NewServeMux()
-		mux.Use(asynqlock.Middleware(locker,
-			asynqlock.WithKey(asynqlock.ByHeader("account")),
+		mw, err := asynqlock.New(locker,
+			asynqlock.Key(asynqlock.ByHeader("account")),
 			asynqlock.BusyDelay(0, 500*time.Millisecond),
-		))
+		)
+		if err != nil {
+			return err
+		}
+		mux := asynq.NewServeMux()
+		mux.Use(mw)
 		mux.Handle(taskType, handler)
 		srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 			Concurrency:              2,

@@ -64,7 +64,8 @@ func TestUnderDislock(t *testing.T) {
 }
 
 // TestDemoScript runs demo.sh against PostgreSQL: the second instance does
-// not run and says why, and the listing's label names what it lists.
+// not run and says why, the listing's label names what it lists, and the
+// third instance waits for the lease and runs.
 func TestDemoScript(t *testing.T) {
 	cmd := exec.Command("sh", "demo.sh")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+testenv.PG(t))
@@ -87,10 +88,14 @@ func TestDemoScript(t *testing.T) {
 	if !listed {
 		t.Errorf("no listing:\n%s", out)
 	}
-	// The second instance finds the slot taken (or, started just after a
-	// minute boundary, the lease held) and says so.
-	if strings.Count(string(out), "job: holding") != 1 ||
-		!strings.Contains(string(out), "already run") && !strings.Contains(string(out), "held by another run") {
+	// The second instance finds the lease held (or the slot taken) and says
+	// so; the third waits for the lease and runs: two runs in all.
+	second, third, _ := strings.Cut(string(out), "--- third instance")
+	if strings.Count(second, "job: holding") != 1 ||
+		!strings.Contains(second, "already run") && !strings.Contains(second, "held by another run") {
 		t.Errorf("want one run and a second instance that says why it does not run:\n%s", out)
+	}
+	if strings.Count(third, "job: holding") != 1 || !strings.Contains(third, "third instance exited 0") {
+		t.Errorf("want the third instance to wait for the lease and run:\n%s", out)
 	}
 }

@@ -54,6 +54,7 @@ type config struct {
 	maxWaiting     int
 	handOffWait    time.Duration
 	limit          int
+	limitName      string // the option that set limit, for its errors
 	errs           []error
 }
 
@@ -61,13 +62,21 @@ func invalid(name, format string, args ...any) error {
 	return fmt.Errorf("%w: asynqlock: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
 }
 
-// WithKey sets how a task's lock key is derived (default ByType). The key
+// Key sets how a task's lock key is derived (default ByType). The key
 // function's result is put after the prefix; an empty result means the task
 // runs without a lock.
-func WithKey(fn KeyFunc) Option {
+func Key(fn KeyFunc) Option { return key("Key", fn) }
+
+// WithKey is Key.
+//
+// Deprecated: use Key. The package's options have no With prefix, and
+// otel.WithKey meant something else (now otel.WithKeyMode).
+func WithKey(fn KeyFunc) Option { return key("WithKey", fn) }
+
+func key(name string, fn KeyFunc) Option {
 	return func(c *config) {
 		if fn == nil {
-			c.errs = append(c.errs, invalid("WithKey", "nil key function"))
+			c.errs = append(c.errs, invalid(name, "nil key function"))
 			return
 		}
 		c.key = fn
@@ -80,7 +89,7 @@ func Prefix(p string) Option {
 	return func(c *config) { c.prefix = p }
 }
 
-// WithLimit lets up to n tasks of a key run at once across every server
+// Limit lets up to n tasks of a key run at once across every server
 // that shares the lock store (default 1: one at a time): each running task
 // holds one of the n permits of a semaphore on the key (core.Limit(n)), with
 // its own lease, renewal, loss signal and fencing token. A task that finds
@@ -89,7 +98,8 @@ func Prefix(p string) Option {
 // woken when one is released. n must be between 1 and core.MaxLimit, and
 // the Locker's backend must hold semaphores (a core.SemaphoreBackend:
 // New checks this when l is a *core.Client); it overrides a core.Limit
-// given in LockOptions.
+// given in LockOptions. It is core.Limit and gocronlock.Limit for asynq
+// tasks.
 //
 // Every server must use the same n for a key. While a key's tasks hold it
 // under another limit (a rolling change of n), a task is bounced as busy
@@ -97,13 +107,20 @@ func Prefix(p string) Option {
 // those holders are gone; on its last attempt, where the OnExhausted wait
 // cannot wait for that (Acquire answers a mismatch at once), asynq archives
 // it with that error.
-func WithLimit(n int) Option {
+func Limit(n int) Option { return limit("Limit", n) }
+
+// WithLimit is Limit.
+//
+// Deprecated: use Limit, as in core and gocronlock.
+func WithLimit(n int) Option { return limit("WithLimit", n) }
+
+func limit(name string, n int) Option {
 	return func(c *config) {
 		if n < 1 || n > core.MaxLimit {
-			c.errs = append(c.errs, invalid("WithLimit", "must be between 1 and %d, got %d", core.MaxLimit, n))
+			c.errs = append(c.errs, invalid(name, "must be between 1 and %d, got %d", core.MaxLimit, n))
 			return
 		}
-		c.limit = n
+		c.limit, c.limitName = n, name
 	}
 }
 
@@ -388,8 +405,18 @@ func RetryDelay(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	}
 }
 
-// New returns the middleware, or an error matching core.ErrInvalidOption
-// that names the first invalid option.
+// New returns an asynq middleware that runs at most one task per key
+// (Limit: n tasks) at a time across every server that uses the same lock
+// store, or an error matching core.ErrInvalidOption that names the first
+// invalid option. Use the middleware with ServeMux.Use, or around one
+// handler: mw(h). The middleware and the handlers it returns are safe for
+// concurrent use.
+//
+//	mw, err := asynqlock.New(locker, asynqlock.Key(asynqlock.ByHeader("account")))
+//	if err != nil {
+//		return err
+//	}
+//	mux.Use(mw)
 func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 	c := config{
 		key:            ByType,
@@ -417,8 +444,8 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 	if c.limit > 1 {
 		if cl, ok := l.(*core.Client); ok {
 			if _, ok := cl.Backend().(core.SemaphoreBackend); !ok {
-				return nil, fmt.Errorf("%w: asynqlock: WithLimit: %d permits need a backend with semaphores, and %s has none: %w",
-					core.ErrInvalidOption, c.limit, cl.Backend().Name(), core.ErrUnsupported)
+				return nil, fmt.Errorf("%w: asynqlock: %s: %d permits need a backend with semaphores, and %s has none: %w",
+					core.ErrInvalidOption, c.limitName, c.limit, cl.Backend().Name(), core.ErrUnsupported)
 			}
 		}
 		// Last, so that it wins over a core.Limit in LockOptions.
@@ -432,20 +459,23 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 	}, nil
 }
 
-// Middleware returns an asynq middleware that runs at most one task per key
-// (WithLimit: n tasks) at a time across every server that uses the same lock
-// store. Use it with
-// ServeMux.Use, or around one handler: Middleware(l)(h). The middleware and
-// the handlers it returns are safe for concurrent use.
-//
-// It panics when an option is invalid, as it is called once while wiring a
-// server; New returns the error instead.
-func Middleware(l core.Locker, opts ...Option) asynq.MiddlewareFunc {
+// MustNew is New for wiring at program start: it panics, with New's
+// error, when an option is invalid, like regexp.MustCompile. Prefer New
+// wherever the options come from configuration.
+func MustNew(l core.Locker, opts ...Option) asynq.MiddlewareFunc {
 	mw, err := New(l, opts...)
 	if err != nil {
 		panic(err.Error())
 	}
 	return mw
+}
+
+// Middleware is MustNew: it panics when an option is invalid.
+//
+// Deprecated: use New, which returns the error instead of panicking, or
+// MustNew where a panic at start-up is wanted.
+func Middleware(l core.Locker, opts ...Option) asynq.MiddlewareFunc {
+	return MustNew(l, opts...)
 }
 
 type middleware struct {
@@ -611,6 +641,8 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 		defer cancel()
 		// A failed release is reported to the Locker's Observer; the lock
 		// then expires after its TTL. It does not change the task's outcome.
+		// A release that finds the lease gone from the store ends the
+		// session as lost: the check below sees it.
 		_ = s.Release(rctx)
 	}
 	defer release()
@@ -623,10 +655,12 @@ func (m *middleware) run(ctx context.Context, t *asynq.Task, next asynq.Handler,
 	runCtx, cancel := core.Bind(ctx, s)
 	defer cancel()
 	err = next.ProcessTask(runCtx, t)
+	release()
 	if cause := s.Err(); cause != nil && !errors.Is(cause, core.ErrReleased) {
-		// The lock was lost (or its Locker closed) while the handler ran:
-		// the work may have overlapped another holder's, so the task fails
-		// and asynq retries it.
+		// The lock was lost (or its Locker closed) while the handler ran,
+		// noticed by a renewal or by the release: the work may have
+		// overlapped another holder's, so the task fails and asynq retries
+		// it.
 		if err == nil {
 			return fmt.Errorf("asynqlock: task %q: %w", t.Type(), cause)
 		}

@@ -1,5 +1,5 @@
 // Package asynqlock is an asynq middleware that keeps at most one task per
-// key running at a time (or up to n, with WithLimit), across every asynq
+// key running at a time (or up to n, with Limit), across every asynq
 // server that shares the lock store.
 //
 // asynq's own Unique option does not do this: it deduplicates at enqueue
@@ -11,8 +11,12 @@
 //
 // # Wiring
 //
+//	mw, err := asynqlock.New(locker, asynqlock.Key(asynqlock.ByTypeAndPayload))
+//	if err != nil {
+//		return err // an invalid option, named in the error
+//	}
 //	mux := asynq.NewServeMux()
-//	mux.Use(asynqlock.Middleware(locker, asynqlock.WithKey(asynqlock.ByTypeAndPayload)))
+//	mux.Use(mw)
 //	srv := asynq.NewServer(redisOpt, asynq.Config{
 //		IsFailure:                asynqlock.IsFailure,       // a busy bounce consumes no retry
 //		RetryDelayFunc:           asynqlock.RetryDelay(nil), // and comes back soon
@@ -20,8 +24,10 @@
 //		TaskCheckInterval:        100 * time.Millisecond,    // and are picked up within about 0.1s (default 1s)
 //	})
 //
-// The middleware can also wrap one handler: mux.Handle(pattern,
-// asynqlock.Middleware(locker)(h)).
+// The middleware can also wrap one handler: mux.Handle(pattern, mw(h)).
+// MustNew is New that panics on an invalid option instead, for wiring with
+// fixed options at program start; Middleware, its former name, is
+// deprecated.
 //
 // The two intervals are what makes a bounce cheap in time: asynq puts a
 // retried task in its retry set, with its due time in whole seconds, and
@@ -35,16 +41,16 @@
 //
 // # Keys
 //
-// WithKey selects the key: ByType (default: one task of each type at a
+// Key selects the key: ByType (default: one task of each type at a
 // time), ByTypeAndPayload (type and a payload hash), ByTaskID (one run of a
 // given task at a time), ByHeader(name), or any KeyFunc. Prefix (default
 // "asynqlock:") is put before it. An empty key runs the task without a lock.
 // A KeyFunc error, or a key the Locker rejects, is permanent: the returned
 // error wraps asynq.SkipRetry and asynq archives the task.
 //
-// # Up to n at a time: WithLimit
+// # Up to n at a time: Limit
 //
-// WithLimit(n) lets up to n tasks of a key run at once, across all servers:
+// Limit(n) lets up to n tasks of a key run at once, across all servers:
 // each running task holds one of the n permits of a semaphore on the key
 // (core.Limit), with its own lease, renewal, loss signal and fencing token
 // (tokens increase per key across the permits). A task that finds all n
@@ -53,8 +59,8 @@
 // released; the others are bounced, quick retries included. The store must
 // hold semaphores (a core.SemaphoreBackend: memlock, and the backends whose
 // documentation says so); New reports a store without them, naming
-// WithLimit. Every server must use the same n for a key: a task whose key
-// is held under another limit (a server without WithLimit, or a rolling
+// Limit. Every server must use the same n for a key: a task whose key
+// is held under another limit (a server without Limit, or a rolling
 // change of n) is bounced as busy, with an error that also matches
 // core.ErrLimitMismatch, until those holders are gone (on its last
 // attempt it is archived with that error).
@@ -154,8 +160,10 @@
 // its fencing token with the resource you protect) and is cancelled when the
 // lease is lost, with context.Cause equal to an error matching
 // core.ErrLeaseLost. If the lease was lost (or the Locker closed) while the
-// handler ran, the middleware returns an error matching core.ErrLeaseLost
-// even when the handler returned nil, so asynq retries the task.
+// handler ran — noticed by a renewal, or by the release after the handler,
+// which finds the lease gone from the store (force-released, expired, taken
+// over) — the middleware returns an error matching core.ErrLeaseLost even
+// when the handler returned nil, so asynq retries the task.
 //
 // The lock is released when the handler returns, also when it panics (asynq
 // recovers panics outside the middleware chain), on a context detached from

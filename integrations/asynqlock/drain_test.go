@@ -88,7 +88,7 @@ func newDrainRig(tb testing.TB) *drainRig {
 func (r *drainRig) serveREADME(l core.Locker) {
 	e := r.e
 	mux := asynq.NewServeMux()
-	mux.Use(asynqlock.Middleware(l, asynqlock.WithKey(asynqlock.ByHeader("account"))))
+	mux.Use(asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByHeader("account"))))
 	mux.HandleFunc("job", r.handle)
 	srv := asynq.NewServerFromRedisClient(e.rdb, asynq.Config{
 		Concurrency:              workers,

@@ -38,10 +38,14 @@ func Example() {
 		running, maxSeen int
 	)
 	done := make(chan struct{}, 3)
+	mw, err := asynqlock.New(locker,
+		asynqlock.Key(asynqlock.ByHeader("account")), // one task per account at a time
+	)
+	if err != nil {
+		panic(err) // an invalid option, named in the error
+	}
 	mux := asynq.NewServeMux()
-	mux.Use(asynqlock.Middleware(locker,
-		asynqlock.WithKey(asynqlock.ByHeader("account")), // one task per account at a time
-	))
+	mux.Use(mw)
 	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
 		s, _ := core.SessionFromContext(ctx) // s.Token() fences writes
 		_ = s.Token()
@@ -86,12 +90,12 @@ func Example() {
 	// Output: 3 tasks done, at most 1 at a time
 }
 
-// Four imports for one account, on a server with four workers: WithLimit(2)
+// Four imports for one account, on a server with four workers: Limit(2)
 // runs two of them at a time, never more. asynq runs on an in-process
 // miniredis and the permits live in memory; in production both would be
 // real stores shared by every server, and the limit would hold across all
 // of them.
-func ExampleWithLimit() {
+func ExampleLimit() {
 	m, err := miniredis.Run()
 	if err != nil {
 		panic(err)
@@ -110,11 +114,15 @@ func ExampleWithLimit() {
 		running, maxSeen int
 	)
 	done := make(chan struct{}, 4)
+	mw, err := asynqlock.New(locker,
+		asynqlock.Key(asynqlock.ByHeader("account")),
+		asynqlock.Limit(2), // up to two tasks per account at a time
+	)
+	if err != nil {
+		panic(err)
+	}
 	mux := asynq.NewServeMux()
-	mux.Use(asynqlock.Middleware(locker,
-		asynqlock.WithKey(asynqlock.ByHeader("account")),
-		asynqlock.WithLimit(2), // up to two tasks per account at a time
-	))
+	mux.Use(mw)
 	mux.HandleFunc("import:run", func(ctx context.Context, t *asynq.Task) error {
 		s, _ := core.SessionFromContext(ctx) // each of the two holds a permit with its own fencing token
 		_ = s.Token()

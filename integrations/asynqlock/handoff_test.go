@@ -32,7 +32,7 @@ func TestServers_HandOffWaitFreesSmallServer(t *testing.T) {
 	cfg := wired()
 	cfg.Concurrency = 1
 	cfg.ErrorHandler = busyCounter(busy)
-	e.serve(cfg, asynqlock.Middleware(l, asynqlock.WithKey(asynqlock.ByHeader("account")),
+	e.serve(cfg, asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByHeader("account")),
 		asynqlock.HandOffWait(300*time.Millisecond), asynqlock.BusyDelay(0, 0)),
 		func(_ context.Context, task *asynq.Task) error {
 			ran <- task.Headers()["account"]
@@ -65,7 +65,7 @@ func TestServers_HandOffStopsBeforeDeadline(t *testing.T) {
 	busy := make(chan error, 100)
 	cfg := wired()
 	cfg.ErrorHandler = busyCounter(busy)
-	e.serve(cfg, asynqlock.Middleware(l, asynqlock.HandOffWait(time.Hour), asynqlock.BusyDelay(0, 0)),
+	e.serve(cfg, asynqlock.MustNew(l, asynqlock.HandOffWait(time.Hour), asynqlock.BusyDelay(0, 0)),
 		func(context.Context, *asynq.Task) error {
 			t.Error("handler ran while the key was held")
 			return nil
@@ -96,7 +96,7 @@ func TestServers_ExhaustedHandOffBounded(t *testing.T) {
 	ran := make(chan string, 20)
 	cfg := wired()
 	cfg.Concurrency = 3
-	e.serve(cfg, asynqlock.Middleware(l, asynqlock.WithKey(asynqlock.ByHeader("account")),
+	e.serve(cfg, asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByHeader("account")),
 		asynqlock.HandOffWait(200*time.Millisecond)),
 		func(_ context.Context, task *asynq.Task) error {
 			ran <- task.Headers()["account"]

@@ -19,8 +19,8 @@ import (
 // semaphores.
 type mutexOnly struct{ core.Backend }
 
-// TestWithLimit_NeedsSemaphores: WithLimit(n > 1) on a Locker whose backend
-// has no semaphores fails in New, naming the option; WithLimit(1) is a
+// TestWithLimit_NeedsSemaphores: Limit(n > 1) on a Locker whose backend
+// has no semaphores fails in New, naming the option; Limit(1) is a
 // mutex and works anywhere.
 func TestWithLimit_NeedsSemaphores(t *testing.T) {
 	c, err := core.New(mutexOnly{memlock.NewStore().Backend()})
@@ -28,22 +28,22 @@ func TestWithLimit_NeedsSemaphores(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_, err = asynqlock.New(c, asynqlock.WithLimit(3))
-	if !errors.Is(err, core.ErrInvalidOption) || !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "WithLimit") {
-		t.Errorf("err = %v, want ErrInvalidOption and ErrUnsupported naming WithLimit", err)
+	_, err = asynqlock.New(c, asynqlock.Limit(3))
+	if !errors.Is(err, core.ErrInvalidOption) || !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "Limit") {
+		t.Errorf("err = %v, want ErrInvalidOption and ErrUnsupported naming Limit", err)
 	}
-	if _, err := asynqlock.New(c, asynqlock.WithLimit(1)); err != nil {
-		t.Errorf("WithLimit(1) on a mutex-only backend: %v", err)
+	if _, err := asynqlock.New(c, asynqlock.Limit(1)); err != nil {
+		t.Errorf("Limit(1) on a mutex-only backend: %v", err)
 	}
 }
 
-// TestMiddleware_Limit: under WithLimit(3) three tasks of a key run at once
+// TestMiddleware_Limit: under Limit(3) three tasks of a key run at once
 // (each with its own permit and fencing token) and a fourth is busy; when
 // one of the three ends, the fourth runs.
 func TestMiddleware_Limit(t *testing.T) {
 	_, l, _ := lockers(t)
 	ctx := context.Background()
-	mw := mustNew(t, l, asynqlock.WithLimit(3), asynqlock.OnBusy(asynqlock.RetryLater), asynqlock.BusyDelay(0, 0))
+	mw := mustNew(t, l, asynqlock.Limit(3), asynqlock.OnBusy(asynqlock.RetryLater), asynqlock.BusyDelay(0, 0))
 	task := asynq.NewTask("t", nil)
 	type run struct {
 		token uint64
@@ -75,7 +75,7 @@ func TestMiddleware_Limit(t *testing.T) {
 		case err := <-errs:
 			t.Fatalf("one of the first three tasks ended: %v", err)
 		case <-time.After(10 * time.Second):
-			t.Fatal("three tasks of one key did not run at once under WithLimit(3)")
+			t.Fatal("three tasks of one key did not run at once under Limit(3)")
 		}
 	}
 	if len(tokens) != 3 {
@@ -106,14 +106,14 @@ func TestMiddleware_Limit(t *testing.T) {
 }
 
 // TestMiddleware_LimitMismatch: a key held as a mutex (a server without
-// WithLimit, or during a rolling change of it) is busy for a task under
-// WithLimit(3): a bounce that uses no retry and says why.
+// Limit, or during a rolling change of it) is busy for a task under
+// Limit(3): a bounce that uses no retry and says why.
 func TestMiddleware_LimitMismatch(t *testing.T) {
 	ctx := context.Background()
 	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"t")
 	defer s.Release(ctx)
 	for _, p := range []asynqlock.Policy{asynqlock.RetryLater, asynqlock.HandOff(1)} {
-		mw := mustNew(t, l, asynqlock.WithLimit(3), asynqlock.OnBusy(p), asynqlock.HandOffWait(50*time.Millisecond))
+		mw := mustNew(t, l, asynqlock.Limit(3), asynqlock.OnBusy(p), asynqlock.HandOffWait(50*time.Millisecond))
 		err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 			t.Errorf("%v: the task ran while the key was held as a mutex", p)
 			return nil
@@ -125,7 +125,7 @@ func TestMiddleware_LimitMismatch(t *testing.T) {
 	}
 }
 
-// TestMiddleware_LimitHandOff: under WithLimit(2) and HandOff, a task that
+// TestMiddleware_LimitHandOff: under Limit(2) and HandOff, a task that
 // finds both permits taken waits in line and runs as soon as one is
 // released, without a bounce.
 func TestMiddleware_LimitHandOff(t *testing.T) {
@@ -146,7 +146,7 @@ func TestMiddleware_LimitHandOff(t *testing.T) {
 		}
 	}()
 	w := watchedLocker{Locker: l, acquiring: make(chan string, 1)}
-	mw := mustNew(t, w, asynqlock.WithLimit(2), asynqlock.HandOffWait(time.Minute))
+	mw := mustNew(t, w, asynqlock.Limit(2), asynqlock.HandOffWait(time.Minute))
 	started := make(chan time.Time, 1)
 	done := make(chan error, 1)
 	go func() {
@@ -166,7 +166,7 @@ func TestMiddleware_LimitHandOff(t *testing.T) {
 	}
 }
 
-// limitRig counts the handler runs of one key under WithLimit(n): running
+// limitRig counts the handler runs of one key under Limit(n): running
 // now, the most at once, and whether n ran at once. The first n runs each
 // wait until n run at once (at most waitLong), so that a limit below n
 // shows as a timeout.
@@ -216,7 +216,7 @@ func (r *limitRig) handle(ctx context.Context, _ *asynq.Task) error {
 	return nil
 }
 
-// TestServers_Limit: two servers of 3 workers each, WithLimit(3) and the
+// TestServers_Limit: two servers of 3 workers each, Limit(3) and the
 // default HandOff, 15 tasks of one key: 3 run at once and never more, every
 // task completes, and busy bounces use no retry.
 func TestServers_Limit(t *testing.T) {
@@ -242,7 +242,7 @@ func limitAcrossServers(t *testing.T, e *env, la, lb core.Locker) {
 	for _, l := range []core.Locker{la, lb} {
 		cfg := wired()
 		cfg.Concurrency = 3
-		e.serve(cfg, asynqlock.Middleware(l, asynqlock.WithLimit(n), asynqlock.BusyDelay(0, 0)), r.handle)
+		e.serve(cfg, asynqlock.MustNew(l, asynqlock.Limit(n), asynqlock.BusyDelay(0, 0)), r.handle)
 	}
 	ids := make([]string, tasks)
 	for i := range ids {

@@ -247,7 +247,7 @@ func oneAtATime(t *testing.T, e *env, la, lb core.Locker) {
 	for _, l := range []core.Locker{la, lb} {
 		cfg := wired()
 		cfg.Concurrency = 3
-		e.serve(cfg, asynqlock.Middleware(l, asynqlock.BusyDelay(0, 0)), h)
+		e.serve(cfg, asynqlock.MustNew(l, asynqlock.BusyDelay(0, 0)), h)
 	}
 	ids := make([]string, n)
 	for i := range ids {
@@ -279,7 +279,7 @@ func TestServers_BusyKeepsRetryBudget(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	cfg := wired()
 	cfg.ErrorHandler = busyCounter(busy)
-	e.serve(cfg, asynqlock.Middleware(l, asynqlock.OnBusy(asynqlock.RetryLater), asynqlock.BusyDelay(0, 0)), func(context.Context, *asynq.Task) error {
+	e.serve(cfg, asynqlock.MustNew(l, asynqlock.OnBusy(asynqlock.RetryLater), asynqlock.BusyDelay(0, 0)), func(context.Context, *asynq.Task) error {
 		ran <- struct{}{}
 		return nil
 	})
@@ -304,7 +304,7 @@ func TestServers_ExhaustedWaits(t *testing.T) {
 	ran := make(chan time.Time, 2)
 	cfg := wired()
 	cfg.ErrorHandler = busyCounter(busy)
-	e.serve(cfg, asynqlock.Middleware(l), func(context.Context, *asynq.Task) error {
+	e.serve(cfg, asynqlock.MustNew(l), func(context.Context, *asynq.Task) error {
 		ran <- time.Now()
 		return nil
 	})
@@ -353,7 +353,7 @@ func TestServers_Policies(t *testing.T) {
 			s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
 			defer s.Release(context.Background())
 			ran := make(chan time.Time, 1)
-			e.serve(wired(), asynqlock.Middleware(l, asynqlock.OnBusy(c.p)), func(context.Context, *asynq.Task) error {
+			e.serve(wired(), asynqlock.MustNew(l, asynqlock.OnBusy(c.p)), func(context.Context, *asynq.Task) error {
 				ran <- time.Now()
 				return nil
 			})
@@ -394,7 +394,7 @@ func TestServers_LeaseLoss(t *testing.T) {
 			failures <- err
 		}
 	})
-	e.serve(cfg, asynqlock.Middleware(l, asynqlock.LockOptions(core.TTL(300*time.Millisecond)), asynqlock.BusyDelay(0, 0)),
+	e.serve(cfg, asynqlock.MustNew(l, asynqlock.LockOptions(core.TTL(300*time.Millisecond)), asynqlock.BusyDelay(0, 0)),
 		func(ctx context.Context, _ *asynq.Task) error {
 			if n, _ := asynq.GetRetryCount(ctx); n > 0 {
 				done <- struct{}{}
@@ -441,7 +441,7 @@ func TestServers_PanicReleases(t *testing.T) {
 		}
 	})
 	key := asynqlock.DefaultPrefix + "job"
-	e.serve(cfg, asynqlock.Middleware(l), func(context.Context, *asynq.Task) error {
+	e.serve(cfg, asynqlock.MustNew(l), func(context.Context, *asynq.Task) error {
 		if !store.Held(key) {
 			t.Error("key not held while the handler runs")
 		}
@@ -461,7 +461,7 @@ func TestServers_ByTaskID(t *testing.T) {
 	e := newEnv(t)
 	_, l, _ := lockers(t)
 	keys := make(chan string, 1)
-	e.serve(wired(), asynqlock.Middleware(l, asynqlock.WithKey(asynqlock.ByTaskID)), func(ctx context.Context, _ *asynq.Task) error {
+	e.serve(wired(), asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByTaskID)), func(ctx context.Context, _ *asynq.Task) error {
 		s, _ := core.SessionFromContext(ctx)
 		keys <- s.Key()
 		return nil
@@ -483,7 +483,7 @@ func TestServers_HotKeyLeavesWorkers(t *testing.T) {
 	ran := make(chan string, 20)
 	cfg := wired()
 	cfg.Concurrency = 3
-	e.serve(cfg, asynqlock.Middleware(l, asynqlock.WithKey(asynqlock.ByHeader("account"))), func(_ context.Context, task *asynq.Task) error {
+	e.serve(cfg, asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByHeader("account"))), func(_ context.Context, task *asynq.Task) error {
 		ran <- task.Headers()["account"]
 		return nil
 	})

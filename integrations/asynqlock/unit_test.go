@@ -3,6 +3,7 @@ package asynqlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -123,7 +124,7 @@ func TestNew_InvalidOptions(t *testing.T) {
 		opts []asynqlock.Option
 	}{
 		"Locker":         {nil, nil},
-		"WithKey":        {l, []asynqlock.Option{asynqlock.WithKey(nil)}},
+		"Key":            {l, []asynqlock.Option{asynqlock.Key(nil)}},
 		"Grace":          {l, []asynqlock.Option{asynqlock.Grace(-time.Second)}},
 		"BusyDelay":      {l, []asynqlock.Option{asynqlock.BusyDelay(2*time.Second, time.Second)}},
 		"OnBusy":         {l, []asynqlock.Option{asynqlock.OnBusy(asynqlock.Wait(-1))}},
@@ -142,21 +143,55 @@ func TestNew_InvalidOptions(t *testing.T) {
 		}
 	}
 	for _, n := range []int{0, -1, core.MaxLimit + 1} {
-		if _, err := asynqlock.New(l, asynqlock.WithLimit(n)); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithLimit") {
-			t.Errorf("WithLimit(%d): err = %v, want ErrInvalidOption naming WithLimit", n, err)
+		if _, err := asynqlock.New(l, asynqlock.Limit(n)); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "Limit") {
+			t.Errorf("Limit(%d): err = %v, want ErrInvalidOption naming Limit", n, err)
 		}
 	}
-	defer func() {
-		if recover() == nil {
-			t.Error("Middleware with an invalid option did not panic")
+}
+
+// The option names match core's and gocronlock's (Limit), the deprecated
+// With names still work and name themselves in errors, and only MustNew
+// (and the deprecated Middleware) panic on a bad option.
+func TestOptionNames(t *testing.T) {
+	_, l, _ := lockers(t)
+	for name, opt := range map[string]asynqlock.Option{
+		"Limit":     asynqlock.Limit(0),
+		"WithLimit": asynqlock.WithLimit(0),
+		"Key":       asynqlock.Key(nil),
+		"WithKey":   asynqlock.WithKey(nil),
+	} {
+		_, err := asynqlock.New(l, opt)
+		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "asynqlock: "+name+":") {
+			t.Errorf("%s: err = %v, want ErrInvalidOption naming %s", name, err, name)
 		}
-	}()
-	asynqlock.Middleware(l, asynqlock.Grace(-1))
+	}
+	if _, err := asynqlock.New(l, asynqlock.Limit(2), asynqlock.Key(asynqlock.ByTaskID)); err != nil {
+		t.Errorf("valid Limit and Key: %v", err)
+	}
+	if _, err := asynqlock.New(l, asynqlock.WithLimit(2), asynqlock.WithKey(asynqlock.ByTaskID)); err != nil {
+		t.Errorf("valid WithLimit and WithKey: %v", err)
+	}
+	for name, mk := range map[string]func(core.Locker, ...asynqlock.Option) asynq.MiddlewareFunc{
+		"MustNew":    asynqlock.MustNew,
+		"Middleware": asynqlock.Middleware,
+	} {
+		if mk(l) == nil {
+			t.Errorf("%s with valid options returned nil", name)
+		}
+		func() {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "Grace") {
+					t.Errorf("%s with an invalid option: recovered %v, want a panic naming Grace", name, r)
+				}
+			}()
+			mk(l, asynqlock.Grace(-1))
+		}()
+	}
 }
 
 func TestMiddleware_EmptyKeyRunsUnlocked(t *testing.T) {
 	_, l, _ := lockers(t)
-	mw := mustNew(t, l, asynqlock.WithKey(asynqlock.ByHeader("account")))
+	mw := mustNew(t, l, asynqlock.Key(asynqlock.ByHeader("account")))
 	ran := false
 	err := mw(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		ran = true
@@ -173,13 +208,13 @@ func TestMiddleware_EmptyKeyRunsUnlocked(t *testing.T) {
 func TestMiddleware_KeyErrorIsPermanent(t *testing.T) {
 	_, l, _ := lockers(t)
 	boom := errors.New("boom")
-	mw := mustNew(t, l, asynqlock.WithKey(func(context.Context, *asynq.Task) (string, error) { return "", boom }))
+	mw := mustNew(t, l, asynqlock.Key(func(context.Context, *asynq.Task) (string, error) { return "", boom }))
 	err := mw(noop()).ProcessTask(context.Background(), asynq.NewTask("t", nil))
 	if !errors.Is(err, boom) || !errors.Is(err, asynq.SkipRetry) {
 		t.Fatalf("err = %v, want boom wrapped with SkipRetry", err)
 	}
 	// A key the Locker rejects is permanent too.
-	mw = mustNew(t, l, asynqlock.Prefix(""), asynqlock.WithKey(func(context.Context, *asynq.Task) (string, error) {
+	mw = mustNew(t, l, asynqlock.Prefix(""), asynqlock.Key(func(context.Context, *asynq.Task) (string, error) {
 		return strings.Repeat("k", core.MaxKeyLen+1), nil
 	}))
 	err = mw(noop()).ProcessTask(context.Background(), asynq.NewTask("t", nil))
@@ -244,7 +279,7 @@ func TestMiddleware_WaitRunsAfterHolder(t *testing.T) {
 	}
 	released := make(chan time.Time, 1)
 	mw := mustNew(t, l, asynqlock.OnBusy(asynqlock.Wait(10*time.Second)),
-		asynqlock.WithKey(func(ctx context.Context, t *asynq.Task) (string, error) {
+		asynqlock.Key(func(ctx context.Context, t *asynq.Task) (string, error) {
 			// The middleware is about to wait: let the holder go.
 			time.AfterFunc(20*time.Millisecond, func() { released <- time.Now(); s.Release(ctx) })
 			return asynqlock.ByType(ctx, t)
@@ -492,5 +527,21 @@ func TestMiddleware_HandOffWait(t *testing.T) {
 			t.Fatalf("waiter %d: %d waits, want 1 (the place in line is free again)", i, len(w.acquiring))
 		}
 		<-w.acquiring
+	}
+}
+
+// A lease taken over while the handler ran, with no renewal in between to
+// notice (TTL 1m), is found by the release after the handler: the task
+// fails as after a loss seen by a renewal, so asynq retries it.
+func TestMiddleware_LossFoundAtRelease(t *testing.T) {
+	store, l, _ := lockers(t)
+	mw := mustNew(t, l, asynqlock.LockOptions(core.TTL(time.Minute)))
+	err := mw(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		s, _ := core.SessionFromContext(ctx)
+		store.Steal(s.Key())
+		return nil
+	})).ProcessTask(context.Background(), asynq.NewTask("t", nil))
+	if !errors.Is(err, core.ErrLeaseLost) || !asynqlock.IsFailure(err) {
+		t.Errorf("err = %v, want a failure matching ErrLeaseLost", err)
 	}
 }

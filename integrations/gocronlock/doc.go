@@ -21,6 +21,22 @@
 // They do not mix in one scheduler: with an Elector gocron ignores every
 // Locker. A Task can run under either.
 //
+// # What stops an election
+//
+// NewElector waits (at most core.DefaultCampaignWait) for the campaign's
+// first answer and returns an error for what no retry can mend: a bad
+// option, an option the store rejects (a TTL longer than a ZooKeeper
+// session allows), a key held as a semaphore, a closed core.Locker. Until
+// that first answer IsLeader waits for it too (bounded by its ctx and
+// core.DefaultCampaignWait), so that a job that starts immediately runs on
+// the scheduler the store elected instead of being skipped everywhere;
+// after it IsLeader answers from memory. A busy key or an unreachable store
+// does not fail NewElector: the campaign goes on, and OnError hears of every
+// failed attempt (without OnError they are logged through the
+// core.Locker's logger, core.WithLogger). OnRevoked's cause says why
+// leadership ended, core.ErrElectionClosed after the Elector's own Close.
+// Observe reports who leads as it changes.
+//
 // # Each tick once: slots
 //
 // Schedulers' tickers never fire at exactly the same instant: clocks differ

@@ -3,6 +3,7 @@ package gocronlock
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/go-co-op/gocron/v2"
 
@@ -27,9 +28,14 @@ type Elector struct {
 
 var _ gocron.Elector = (*Elector)(nil)
 
-// NewElector starts campaigning for prefix + key on l. Invalid keys and
-// options are reported at once. Close it when done, after shutting down the
-// scheduler that uses it.
+// NewElector starts campaigning for prefix + key on l and waits, at most
+// core.DefaultCampaignWait, for the first attempt's answer
+// (core.CampaignContext). Invalid keys and options are reported at once,
+// and so are options the store rejects (a TTL longer than a ZooKeeper
+// session allows, say) and other failures no retry can mend; a busy key or
+// an unreachable store are not errors: the campaign goes on, and OnError
+// hears of every failed attempt. Close it when done, after shutting down
+// the scheduler that uses it.
 func NewElector(l core.Locker, key string, opts ...Option) (*Elector, error) {
 	if l == nil {
 		return nil, invalid("Locker", "nil core.Locker")
@@ -48,7 +54,13 @@ func NewElector(l core.Locker, key string, opts ...Option) (*Elector, error) {
 	if cfg.onRevoked != nil {
 		eopts = append(eopts, core.OnRevoked(cfg.onRevoked))
 	}
-	e, err := core.Campaign(l, cfg.prefix+key, eopts...)
+	if fn := cfg.onError; fn != nil {
+		k := cfg.prefix + key
+		eopts = append(eopts, core.OnError(func(err error) { fn(k, err) }))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), core.DefaultCampaignWait)
+	defer cancel()
+	e, err := core.CampaignContext(ctx, l, cfg.prefix+key, eopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -59,11 +71,47 @@ func NewElector(l core.Locker, key string, opts ...Option) (*Elector, error) {
 // ErrNotLeader otherwise. It is an in-memory check (no I/O, no allocation)
 // that turns false the moment the lease's local deadline passes or the lease
 // is lost, before any other scheduler can be elected.
-func (e *Elector) IsLeader(context.Context) error {
+//
+// Until the campaign's first attempt has been answered (NewElector usually
+// returns after it; not when the store is slow), IsLeader waits for that
+// answer, at most until ctx ends or core.DefaultCampaignWait has passed, so
+// that a job that starts immediately runs on the scheduler the store
+// elected instead of being skipped everywhere.
+func (e *Elector) IsLeader(ctx context.Context) error {
+	if e.e.IsLeader() {
+		return nil
+	}
+	select {
+	case <-e.e.Ready():
+		return ErrNotLeader
+	default:
+	}
+	return e.waitFirstAnswer(ctx)
+}
+
+// waitFirstAnswer is IsLeader before the first answer of the campaign.
+func (e *Elector) waitFirstAnswer(ctx context.Context) error {
+	t := time.NewTimer(core.DefaultCampaignWait)
+	defer t.Stop()
+	select {
+	case <-e.e.Ready():
+	case <-ctx.Done():
+	case <-t.C:
+	}
 	if e.e.IsLeader() {
 		return nil
 	}
 	return ErrNotLeader
+}
+
+// Observe reports who leads, as the store sees it, each time it changes
+// (see core.Election.Observe): the current leader first, then each new one,
+// a zero core.Info while nobody leads. It needs a core.Locker that
+// implements core.Admin, as *core.Client does; otherwise the error matches
+// core.ErrUnsupported. The channel is closed when ctx ends or the Elector
+// closes.
+func (e *Elector) Observe(ctx context.Context) (<-chan core.Info, error) {
+	return e.e.Observe(ctx)
 }
 
 // Session returns the leader session (owner, fencing token, a context

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -235,6 +236,19 @@ func TestElectorIsLeaderMemlock(t *testing.T) {
 	if allocs := testing.AllocsPerRun(1000, func() { _ = el.IsLeader(ctx) }); allocs != 0 {
 		t.Errorf("IsLeader allocates %v times per call", allocs)
 	}
+	// A standby answers as cheaply, once its first attempt was answered.
+	standby, err := gocronlock.NewElector(e.locker(t), "solo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Close()
+	if err := standby.IsLeader(ctx); !errors.Is(err, gocronlock.ErrNotLeader) {
+		t.Fatalf("standby IsLeader = %v, want ErrNotLeader", err)
+	}
+	if allocs := testing.AllocsPerRun(1000, func() { _ = standby.IsLeader(ctx) }); allocs != 0 {
+		t.Errorf("a standby's IsLeader allocates %v times per call", allocs)
+	}
+	standby.Close()
 	el.Resign()
 	if err := <-revoked; !errors.Is(err, core.ErrReleased) {
 		t.Errorf("revoked after Resign with %v, want core.ErrReleased", err)
@@ -243,8 +257,8 @@ func TestElectorIsLeaderMemlock(t *testing.T) {
 	if err := el.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-revoked; !errors.Is(err, core.ErrClosed) {
-		t.Errorf("revoked after Close with %v, want core.ErrClosed", err)
+	if err := <-revoked; !errors.Is(err, core.ErrElectionClosed) {
+		t.Errorf("revoked after Close with %v, want core.ErrElectionClosed", err)
 	}
 	if err := el.IsLeader(ctx); !errors.Is(err, gocronlock.ErrNotLeader) || !errors.Is(err, core.ErrNotAcquired) {
 		t.Errorf("IsLeader after Close = %v, want ErrNotLeader matching core.ErrNotAcquired", err)
@@ -272,4 +286,82 @@ func BenchmarkIsLeader(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// Rule: until the campaign's first attempt is answered, IsLeader waits for
+// the answer (bounded by ctx and core.DefaultCampaignWait) instead of
+// answering "not leader" while the store has not spoken.
+func TestElectorIsLeaderWaitsForTheFirstAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := memlock.NewStore().Backend()
+		l, err := core.New(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		b.SetLatency(3 * time.Second) // slower than NewElector waits
+		start := time.Now()
+		el, err := gocronlock.NewElector(l, "slow", gocronlock.Jitter(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer el.Close()
+		if d := time.Since(start); d != core.DefaultCampaignWait {
+			t.Fatalf("NewElector returned after %v, want core.DefaultCampaignWait", d)
+		}
+		// A ctx that ends first bounds the wait.
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if err := el.IsLeader(ctx); !errors.Is(err, gocronlock.ErrNotLeader) || time.Since(start) != core.DefaultCampaignWait+100*time.Millisecond {
+			t.Fatalf("IsLeader with a 100ms ctx = %v after %v", err, time.Since(start))
+		}
+		if err := el.IsLeader(context.Background()); err != nil {
+			t.Fatalf("IsLeader once the first attempt is answered = %v, want leader", err)
+		}
+		if d := time.Since(start); d != 3*time.Second {
+			t.Fatalf("IsLeader answered at %v, want at the first answer (3s)", d)
+		}
+	})
+}
+
+// Rule: NewElector reports at once a failure no retry can mend (here the
+// key is held as a semaphore); OnError hears of every failed campaign
+// attempt, with the leader key.
+func TestElectorReportsFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		other, _ := st.Locker()
+		defer other.Close()
+		if _, err := other.TryAcquire(context.Background(), gocronlock.DefaultPrefix+"sem", core.Limit(2)); err != nil {
+			t.Fatal(err)
+		}
+		l, _ := st.Locker()
+		defer l.Close()
+		if _, err := gocronlock.NewElector(l, "sem"); !errors.Is(err, core.ErrLimitMismatch) {
+			t.Fatalf("NewElector on a semaphore key = %v, want ErrLimitMismatch", err)
+		}
+
+		b := st.Backend()
+		down, _ := core.New(b)
+		defer down.Close()
+		b.SetDown(true)
+		var mu sync.Mutex
+		var keys []string
+		el, err := gocronlock.NewElector(down, "leader", gocronlock.Retry(time.Second),
+			gocronlock.OnError(func(key string, err error) {
+				mu.Lock()
+				keys = append(keys, key)
+				mu.Unlock()
+			}))
+		if err != nil {
+			t.Fatalf("NewElector on an unreachable store = %v, want the campaign to go on", err)
+		}
+		defer el.Close()
+		time.Sleep(3 * time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(keys) < 2 || keys[0] != gocronlock.DefaultPrefix+"leader" {
+			t.Fatalf("OnError got keys %q in 3s of outage, want 2 or more for the leader key", keys)
+		}
+	})
 }

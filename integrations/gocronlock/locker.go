@@ -348,9 +348,10 @@ func (c *config) try(ctx context.Context, l core.Locker, key string, sched core.
 	defer cancel()
 	s, err = l.TryAcquire(tctx, key, opts...)
 	if err != nil {
-		// A busy lock is the normal outcome on all schedulers but one; a
-		// failure, or an attempt cut short by TryTimeout, is worth a report.
-		if !errors.Is(err, core.ErrNotAcquired) || ctx.Err() == nil && tctx.Err() != nil {
+		// A busy lock is the normal outcome on all schedulers but one, and
+		// a shutdown (gocron cancelled ctx) needs no report; a failure,
+		// including an attempt cut short by TryTimeout, is worth one.
+		if !errors.Is(err, core.ErrNotAcquired) && ctx.Err() == nil {
 			c.report(key, err)
 		}
 		return nil, false, err

@@ -290,12 +290,19 @@ func MinHold(d time.Duration) Option {
 
 // OnError is called with the lock key and the error when a lock attempt
 // fails for another reason than a busy lock, when a release fails, and when
-// a lease-mode lock was lost while its job ran. gocron drops these errors
+// a lease-mode lock was lost while its job ran (noticed by a renewal, or by
+// the release, which then finds the lease gone from the store: an error
+// matching core.ErrLeaseLost). gocron drops these errors
 // (it ignores Unlock's result). fn is called synchronously and must be
 // safe for concurrent use. Release failures and losses also reach the
 // core.Locker's Observer.
+//
+// For NewElector it is called, from the campaign goroutine, with the leader
+// key and the error of every campaign attempt that failed for another
+// reason than a busy key (core.OnError); without it the failures are
+// logged through the core.Locker's logger (core.WithLogger).
 func OnError(fn func(key string, err error)) Option {
-	return func(c *config) { c.use("OnError", forLocker|forTask); c.onError = fn }
+	return func(c *config) { c.use("OnError", forAll); c.onError = fn }
 }
 
 // OnElected is called, from the campaign goroutine, when this scheduler
@@ -307,8 +314,8 @@ func OnElected(fn func(core.Session)) Option {
 
 // OnRevoked is called, from the campaign goroutine, when this scheduler
 // stops being leader, with the cause: an error matching core.ErrLeaseLost,
-// core.ErrReleased after Resign, or core.ErrClosed after Close. Keep it
-// short.
+// core.ErrReleased after Resign, core.ErrElectionClosed after the Elector's
+// Close, or core.ErrClosed when the core.Locker was closed. Keep it short.
 func OnRevoked(fn func(error)) Option {
 	return func(c *config) { c.use("OnRevoked", forElector); c.onRevoked = fn }
 }

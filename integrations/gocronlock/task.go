@@ -28,7 +28,9 @@ type TaskFunc func(ctx context.Context, s core.Session) error
 //
 // The run returns fn's error; or, when the session ended (lease lost, slot
 // over) while fn ran, an error matching core.ErrLeaseLost even if fn
-// returned nil; or the release error. Options are validated here.
+// returned nil; or the release error, which matches core.ErrLeaseLost too
+// when the release found the lease gone from the store (joined with fn's
+// error when fn failed). Options are validated here.
 func Wrap(l core.Locker, key string, fn TaskFunc, opts ...Option) (func(ctx context.Context) error, error) {
 	if l == nil {
 		return nil, invalid("Locker", "nil core.Locker")
@@ -65,6 +67,9 @@ func Wrap(l core.Locker, key string, fn TaskFunc, opts ...Option) (func(ctx cont
 			return errors.Join(lost, ferr)
 		case lost != nil:
 			return lost
+		case ferr != nil && errors.Is(rerr, core.ErrLeaseLost):
+			// The release found the lease gone: fn's failure and the loss.
+			return errors.Join(rerr, ferr)
 		case ferr != nil:
 			return ferr
 		}

@@ -166,3 +166,30 @@ func TestTaskBusyMemlock(t *testing.T) {
 		t.Errorf("lock still held after the run")
 	}
 }
+
+// Rule: a lease taken from the run while fn ran, with no renewal in between
+// to notice (TTL 1m), is found by the release: the run returns the loss —
+// joined with fn's error when fn failed — and OnError sees it once.
+func TestTaskLossFoundAtRelease(t *testing.T) {
+	e := newEnv(t, "memlock")
+	admin := e.locker(t)
+	for _, want := range []error{nil, errors.New("job failed")} {
+		var reported []error
+		run, err := gocronlock.Wrap(e.locker(t), "found", func(ctx context.Context, s core.Session) error {
+			if ok, err := admin.ForceRelease(ctx, s.Key()); err != nil || !ok {
+				t.Fatalf("ForceRelease: %v, %v", ok, err)
+			}
+			return want
+		}, gocronlock.TTL(time.Minute), gocronlock.OnError(func(_ string, err error) { reported = append(reported, err) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = run(context.Background())
+		if !errors.Is(err, core.ErrLeaseLost) || (want != nil && !errors.Is(err, want)) {
+			t.Errorf("fn returned %v: run = %v, want the loss (and fn's error)", want, err)
+		}
+		if len(reported) != 1 || !errors.Is(reported[0], core.ErrLeaseLost) {
+			t.Errorf("fn returned %v: OnError got %v, want the loss once", want, reported)
+		}
+	}
+}

@@ -66,22 +66,32 @@ func (n *Node) PID() int {
 type Ensemble struct {
 	Nodes []*Node
 	dir   string
+	stock bool // the session limits of a stock server
 }
 
 // Start starts n servers (n = 1: standalone) under dir and waits until every
 // one of them serves (its srvr output has a Mode line), at most timeout.
 func Start(dir string, n int, timeout time.Duration) (*Ensemble, error) {
+	return start(&Ensemble{dir: dir}, n, timeout)
+}
+
+// StartStock starts a standalone server with the session limits of a stock
+// install (tickTime 2000: sessions of 4 s to 40 s), waiting at most timeout.
+func StartStock(dir string, timeout time.Duration) (*Ensemble, error) {
+	return start(&Ensemble{dir: dir, stock: true}, 1, timeout)
+}
+
+func start(e *Ensemble, n int, timeout time.Duration) (*Ensemble, error) {
 	if err := Installed(); err != nil {
 		return nil, err
 	}
-	e := &Ensemble{dir: dir}
 	ports, err := freePorts(3 * n)
 	if err != nil {
 		return nil, err
 	}
 	for i := range n {
 		e.Nodes = append(e.Nodes, &Node{ID: i + 1, ClientPort: ports[3*i], peerPort: ports[3*i+1], electPort: ports[3*i+2],
-			dir: filepath.Join(dir, "zk"+strconv.Itoa(i+1))})
+			dir: filepath.Join(e.dir, "zk"+strconv.Itoa(i+1))})
 	}
 	for _, node := range e.Nodes {
 		if err := e.writeConfig(node); err != nil {
@@ -105,7 +115,11 @@ func (e *Ensemble) writeConfig(n *Node) error {
 		return err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "tickTime=100\ninitLimit=20\nsyncLimit=10\nminSessionTimeout=200\nmaxSessionTimeout=120000\n")
+	if e.stock {
+		fmt.Fprintf(&b, "tickTime=2000\ninitLimit=10\nsyncLimit=5\n")
+	} else {
+		fmt.Fprintf(&b, "tickTime=100\ninitLimit=20\nsyncLimit=10\nminSessionTimeout=200\nmaxSessionTimeout=120000\n")
+	}
 	fmt.Fprintf(&b, "dataDir=%s\nclientPortAddress=127.0.0.1\nclientPort=%d\n", data, n.ClientPort)
 	fmt.Fprintf(&b, "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,mntr,stat\nforceSync=no\n")
 	if len(e.Nodes) > 1 {

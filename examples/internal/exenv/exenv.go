@@ -1,9 +1,9 @@
 // Package exenv picks the backend the examples run on: PostgreSQL when
 // DATABASE_URL is set, Redis when REDIS_URL is set, etcd when ETCD_URL is
 // set (etcd://host:port[,host:port]), ZooKeeper when ZK_URL is set
-// (zk://host:port[,host:port][/chroot]), and otherwise the in-process memlock
-// backend, so that every example runs with no server. Main and Printer are
-// what the example programs share besides.
+// (zk://[user:password@]host:port[,host:port][/chroot]), and otherwise the
+// in-process memlock backend, so that every example runs with no server.
+// Main and Printer are what the example programs share besides.
 package exenv
 
 import (
@@ -90,13 +90,13 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 		}
 		return lockers, Chosen("etcd", "ETCD_URL"), closeAll, nil
 	case os.Getenv("ZK_URL") != "":
-		connect, ok := strings.CutPrefix(os.Getenv("ZK_URL"), "zk://")
-		if !ok {
-			return nil, "", nil, errors.New("ZK_URL is not a zk://host:port[,host:port][/chroot] URL")
+		connect, zkOpts, err := zklock.ParseURL(os.Getenv("ZK_URL"))
+		if err != nil {
+			return nil, "", nil, errors.New("ZK_URL is not a zk://[user:password@]host:port[,host:port][/chroot] URL")
 		}
 		for range n {
 			// Each Locker dials its own session; Client.Close closes it.
-			c, err := zklock.New(ctx, connect, zklock.WithClientOptions(opts...))
+			c, err := zklock.New(ctx, connect, append(zkOpts, zklock.WithClientOptions(opts...))...)
 			if err != nil {
 				return nil, "", nil, err
 			}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dislock/dislock/internal/testenv"
+)
+
+// silentServer accepts connections and never answers; it returns its
+// address.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// expectOutage checks a run that met an outage: exit 1, its command not
+// run, one line naming the setting of the URL and the backend, within a
+// bound set by DISLOCK_TIMEOUT_SECONDS (1 s here), never the busy path.
+func expectOutage(t *testing.T, p *proc, marker, backend string) {
+	t.Helper()
+	expectCode(t, p, exitFailure)
+	if exists(marker) {
+		t.Fatalf("the command ran: %s", p.output())
+	}
+	lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], urlVar) || !strings.Contains(lines[0], backend) {
+		t.Fatalf("want one line naming %s and %s, got:\n%s", urlVar, backend, p.stderr.String())
+	}
+	if took := p.ended.Sub(p.started); took > 10*time.Second {
+		t.Fatalf("gave up after %v, with DISLOCK_TIMEOUT_SECONDS=1", took)
+	}
+	noSentinel(t, p)
+}
+
+// A store that cannot be reached or used is exit 1 with one line, never
+// the busy path (exit 0, or here the busy exit code 9): a TLS URL to a
+// plaintext server, a server that never answers, a lock table held ACCESS
+// EXCLUSIVE by a migration, a refused connection, a wrong password.
+func TestOutageIsNotBusy(t *testing.T) {
+	redisURL, err := url.Parse(testenv.Redis(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent := silentServer(t)
+	cases := []struct {
+		name, url, backend, cause string
+	}{
+		{"RedissToPlaintext", "rediss://" + redisURL.Host + "/0", "redis", "no answer within 1s"},
+		{"RedisNeverAnswers", "redis://" + silent + "/0", "redis", "no answer within 1s"},
+		{"RedissNeverAnswers", "rediss://" + silent + "/0", "redis", "no answer within 1s"},
+		{"PGNeverAnswers", "postgres://u:" + sentinel + "@" + silent + "/db?sslmode=disable", "pg", "no answer within 1s"},
+		{"RedisRefused", "redis://127.0.0.1:1/0", "redis", "connection refused"},
+		{"RedisWrongPassword", "redis://nobody:" + sentinel + "@" + redisURL.Host + "/0", "redis", "WRONGPASS"},
+	}
+	for _, tc := range cases {
+		for _, strategy := range []string{"lease", "schedule"} {
+			t.Run(tc.name+"/"+strategy, func(t *testing.T) {
+				t.Parallel()
+				marker := filepath.Join(t.TempDir(), "ran")
+				var f *fixture
+				env := f.baseEnv(urlVar+"="+tc.url, "LOCK_KEY="+testenv.Name("outage-"), "LOCK_STRATEGY="+strategy,
+					"CRON_SCHEDULE=@hourly", "DISLOCK_TIMEOUT_SECONDS=1", "DISLOCK_BUSY_EXIT_CODE=9")
+				p := run(t, env, urlVar, "touch", marker)
+				expectOutage(t, p, marker, tc.backend)
+				if !strings.Contains(p.stderr.String(), tc.cause) {
+					t.Fatalf("the error does not say %q: %s", tc.cause, p.stderr.String())
+				}
+			})
+		}
+	}
+	t.Run("PGTableLockedByMigration", func(t *testing.T) {
+		t.Parallel()
+		f := pgFixture(t)
+		conn, err := pgx.Connect(context.Background(), f.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		tx, err := conn.Begin(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		if _, err := tx.Exec(context.Background(), "LOCK TABLE "+pgx.Identifier{f.table()}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		for _, strategy := range []string{"lease", "schedule"} {
+			marker := filepath.Join(t.TempDir(), "ran")
+			env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY="+strategy, "CRON_SCHEDULE=@hourly",
+				"DISLOCK_TIMEOUT_SECONDS=1", "DISLOCK_BUSY_EXIT_CODE=9")
+			p := run(t, env, urlVar, "touch", marker)
+			expectOutage(t, p, marker, "pg")
+			if !strings.Contains(p.stderr.String(), "no answer within 1s") {
+				t.Fatalf("the error does not say the store did not answer: %s", p.stderr.String())
+			}
+		}
+	})
+}

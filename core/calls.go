@@ -1,0 +1,155 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// DeadlineSlack is how long after its ctx ends TryAcquire and Acquire may
+// still keep their caller, whatever the store does: a store call that has
+// not returned by then is left to finish in the background (a claim it
+// makes after the caller left is undone by owner token), and so are the
+// undo of a claim left in doubt and a waiter's leaving the store's queue.
+// Close waits for all of them.
+const DeadlineSlack = 100 * time.Millisecond
+
+// budget is how long an acquisition may keep its caller: until ctx ends,
+// then DeadlineSlack more.
+type budget struct {
+	ctx  context.Context
+	over time.Time // when ctx was seen to end, plus the slack; zero until then
+}
+
+// wait waits for done until the budget is spent, and reports whether done
+// was closed.
+func (b *budget) wait(done <-chan struct{}) bool {
+	if b.over.IsZero() {
+		select {
+		case <-done:
+			return true
+		case <-b.ctx.Done():
+			b.over = time.Now().Add(DeadlineSlack)
+		}
+	}
+	select {
+	case <-done:
+		return true
+	default:
+	}
+	d := time.Until(b.over)
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// startCall counts a store call that may outlive the acquisition that made
+// it; false when Close no longer waits for such calls (it runs then only
+// what it must not drop, or nothing). endCall ends it.
+func (c *Client) startCall() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.callsCut {
+		return false
+	}
+	if c.calls == 0 {
+		c.callsIdle = make(chan struct{})
+	}
+	c.calls++
+	return true
+}
+
+func (c *Client) endCall() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls--
+	if c.calls == 0 {
+		close(c.callsIdle)
+	}
+}
+
+// waitCalls waits up to d for the store calls in flight to end, and
+// reports whether they did.
+func (c *Client) waitCalls(d time.Duration) bool {
+	c.mu.Lock()
+	if c.calls == 0 {
+		c.mu.Unlock()
+		return true
+	}
+	idle := c.callsIdle
+	c.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// cutCalls makes calls that are still in flight drop their late results:
+// Close is about to close the backend.
+func (c *Client) cutCalls() {
+	c.mu.Lock()
+	c.callsCut = true
+	c.mu.Unlock()
+}
+
+// errNoReply is the failure of a store call that had not returned
+// DeadlineSlack after its ctx ended.
+type errNoReply struct{}
+
+func (errNoReply) Error() string {
+	return fmt.Sprintf("no reply %v after the context ended", DeadlineSlack)
+}
+
+// call states
+const (
+	callPending = iota
+	callDelivered
+	callAbandoned
+)
+
+// storeCall runs fn on a goroutine of its own and returns its result, or,
+// when fn has not returned within the budget, an errNoReply: fn then
+// finishes in the background and late gets its result (late may be nil).
+// Close waits for it.
+func storeCall[T any](c *Client, bud *budget, fn func() (T, error), late func(T, error)) (T, error) {
+	var zero T
+	if !c.startCall() {
+		return zero, ErrClosed
+	}
+	var (
+		state atomic.Int32
+		done  = make(chan struct{})
+		v     T
+		err   error
+	)
+	go func() {
+		defer c.endCall()
+		rv, rerr := fn()
+		v, err = rv, rerr
+		if state.CompareAndSwap(callPending, callDelivered) {
+			close(done)
+			return
+		}
+		if late != nil {
+			late(rv, rerr)
+		}
+	}()
+	if bud.wait(done) || !state.CompareAndSwap(callPending, callAbandoned) {
+		<-done
+		return v, err
+	}
+	return zero, errNoReply{}
+}

@@ -1,0 +1,73 @@
+package locktest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
+
+// testReleaseReportsGone checks that a holder whose lease the store no
+// longer has — force-released, then taken by another owner, or simply
+// gone — hears of it from Release when no renewal told it first: its
+// critical section may not have been exclusive. The lease is long, so that
+// no renewal comes between the force-release and the Release.
+func testReleaseReportsGone(t *testing.T, e *env) {
+	if e.h.NoAdmin {
+		t.Skip("backend has no Admin (NoAdmin): nothing can take the key behind the holder's back")
+	}
+	const rule = "a Release that finds the lease gone from the store returns an error matching ErrLeaseLost and ErrLeaseGone, ends the session as lost and frees nothing of another owner's; a second Release returns nil"
+	const ttl = 30 * time.Second // renewals every 10s: none in between
+	cases := []struct {
+		name     string
+		opts     []core.Option
+		takeOver bool // another owner claims the key before the Release
+	}{
+		{"taken over", nil, true},
+		{"gone, min hold", []core.Option{core.MinHold(ttl)}, false},
+		{"permit taken over", []core.Option{core.Limit(semLimit)}, true},
+	}
+	a, b := e.proc(t), e.proc(t)
+	_, sem := a.fault.Backend.(core.SemaphoreBackend)
+	for i, c := range cases {
+		if i == 2 && !sem {
+			t.Logf("%s: skipped, backend has no semaphores", c.name)
+			continue
+		}
+		k := e.key(t) + "/" + string(rune('a'+i))
+		opts := append([]core.Option{core.TTL(ttl)}, c.opts...)
+		s := mustAcquire(t, a, k, opts...)
+		if released, err := a.c.ForceRelease(ctxT(t, 10*time.Second), k); err != nil || !released {
+			t.Fatalf("%s: ForceRelease = %v, %v", c.name, released, err)
+		}
+		var other core.Session
+		if c.takeOver {
+			other = mustAcquire(t, b, k, opts...)
+		}
+		err := s.Release(context.Background())
+		if !errors.Is(err, core.ErrLeaseLost) || !errors.Is(err, core.ErrLeaseGone) {
+			t.Errorf("rule %q: %s: Release = %v", rule, c.name, err)
+		}
+		select {
+		case <-s.Done():
+		default:
+			t.Errorf("rule %q: %s: Done not closed after Release", rule, c.name)
+		}
+		if !errors.Is(s.Err(), core.ErrLeaseLost) || !errors.Is(context.Cause(s.Context()), core.ErrLeaseLost) {
+			t.Errorf("rule %q: %s: Err = %v, context cause = %v, want lost", rule, c.name, s.Err(), context.Cause(s.Context()))
+		}
+		if err := s.Release(context.Background()); err != nil {
+			t.Errorf("rule %q: %s: second Release = %v", rule, c.name, err)
+		}
+		if other != nil {
+			if err := other.Check(ctxT(t, 10*time.Second)); err != nil {
+				t.Errorf("rule %q: %s: the new owner's lease after the old holder's Release: %v", rule, c.name, err)
+			}
+			if err := other.Release(context.Background()); err != nil {
+				t.Errorf("rule %q: %s: the new owner's Release = %v", rule, c.name, err)
+			}
+		}
+	}
+}
