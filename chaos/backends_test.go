@@ -238,32 +238,15 @@ func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backend
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	rprefix := "dislock-" + strings.TrimSuffix(prefix, "-")
 	direct := rt.directClient()
 	admin, err := redislock.New(direct, redislock.WithPrefix(rprefix))
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &backendEnv{name: "redis", proxy: px, admin: admin, keyPrefix: prefix}
-	if u, ok := optionalPG(); ok {
-		pool := directPool(t, u, "dislock-chaos-direct")
-		reg, err := newRegister(ctx, pool, keys)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env.reg = reg
-	}
-	env.newLocker = func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
-		client := redis.NewClient(rt.proxiedOptions(t, px))
-		l, err := redislock.New(client, redislock.WithPrefix(rprefix), redislock.WithSubscribeTimeout(time.Second),
-			redislock.WithClientOptions(opts...))
-		if err != nil {
-			client.Close()
-			return nil, nil, err
-		}
-		return l, func() error { err := l.Close(); return errors.Join(err, client.Close()) }, nil
-	}
+	env := &backendEnv{name: "redis", proxy: px, admin: admin, keyPrefix: prefix,
+		newLocker: redisLockers(func() *redis.Client { return redis.NewClient(rt.proxiedOptions(t, px)) }, rprefix)}
+	closeReg := withRegister(t, env, keys)
 	env.deleteKeys = func(ctx context.Context, keys []string) ([]removal, error) {
 		var out []removal
 		for _, k := range keys {
@@ -316,11 +299,42 @@ func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backend
 		_ = admin.Close()
 		_ = probe.Close()
 		_ = direct.Close()
-		if env.reg != nil {
-			env.reg.pool.Close()
-		}
+		closeReg()
 	}
 	return env
+}
+
+// redisLockers returns a backendEnv.newLocker that builds each Locker on a
+// client of its own from newClient, with the Redis key prefix rprefix.
+func redisLockers[C redis.UniversalClient](newClient func() C, rprefix string) func(context.Context, ...core.ClientOption) (core.Locker, func() error, error) {
+	return func(_ context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
+		client := newClient()
+		l, err := redislock.New(client, redislock.WithPrefix(rprefix), redislock.WithSubscribeTimeout(time.Second),
+			redislock.WithClientOptions(opts...))
+		if err != nil {
+			client.Close()
+			return nil, nil, err
+		}
+		return l, func() error { err := l.Close(); return errors.Join(err, client.Close()) }, nil
+	}
+}
+
+// withRegister gives env the fenced register, on a direct pool of its own,
+// when PostgreSQL answers. The returned function closes the pool.
+func withRegister(t *testing.T, env *backendEnv, keys []string) func() {
+	t.Helper()
+	u, ok := optionalPG()
+	if !ok {
+		return func() {}
+	}
+	pool := directPool(t, u, "dislock-chaos-direct")
+	reg, err := newRegister(context.Background(), pool, keys)
+	if err != nil {
+		pool.Close()
+		t.Fatal(err)
+	}
+	env.reg = reg
+	return pool.Close
 }
 
 // optionalPG returns the PostgreSQL URL when the server answers (the

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,10 +12,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
-
-	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/redislock"
 )
 
 // freeClusterPort returns a free loopback port whose Cluster bus port
@@ -140,124 +135,69 @@ func (ct *clusterTopo) masterOf(ctx context.Context, slot int64) (master string,
 // those of the Sentinel run.
 func TestChaosCluster(t *testing.T) {
 	ct := startClusterTopo(t)
-	ctx := context.Background()
-	// The clients' background goroutines (go-redis reloads the cluster
-	// state in one) must all end once they are closed.
-	ignore := goleak.IgnoreCurrent()
-	defer func() {
-		if err := findLeaks(ignore); err != nil {
-			t.Errorf("goroutines still running after the run: %v", err)
-		}
-	}()
-	prefix := runPrefix("cluster")
-	rprefix := "dislock-" + strings.TrimSuffix(prefix, "-")
-	keys := []string{prefix + "hot-0", prefix + "hot-1"}
-	logs := &sink{}
-	rec := NewRecorder(0)
-	adminCC := redis.NewClusterClient(ct.options())
-	defer adminCC.Close()
-	admin, err := redislock.New(adminCC, redislock.WithPrefix(rprefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	newLocker := func(opts ...core.ClientOption) (core.Locker, func() error, error) {
-		cc := redis.NewClusterClient(ct.options())
-		l, err := redislock.New(cc, redislock.WithPrefix(rprefix), redislock.WithSubscribeTimeout(time.Second),
-			redislock.WithClientOptions(opts...))
-		if err != nil {
-			cc.Close()
-			return nil, nil, err
-		}
-		return l, func() error { err := l.Close(); return errors.Join(err, cc.Close()) }, nil
-	}
-	env := &backendEnv{name: "cluster", admin: admin, keyPrefix: prefix}
-	env.newLocker = func(_ context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
-		return newLocker(opts...)
-	}
-	hot := redisLockKey(rprefix, keys[0])
-	env.probe = func(ctx context.Context) error { return adminCC.Exists(ctx, hot).Err() }
-	if u, ok := optionalPG(); ok {
-		pool := directPool(t, u, "dislock-chaos-direct")
-		defer pool.Close()
-		reg, err := newRegister(ctx, pool, keys)
+	newClient := func() *redis.ClusterClient { return redis.NewClusterClient(ct.options()) }
+	figs := redisFailovers(t, "cluster", "Redis Cluster", newClient, func(ctx context.Context, admin, probe *redis.ClusterClient, hot string, switched map[string]time.Duration) (func(context.Context) error, []stepFault) {
+		slot, err := admin.ClusterKeySlot(ctx, hot).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		env.reg = reg
-	}
-	wl, wclose, err := newLocker(core.WithObserver(&errObserver{errs: logs}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := wclose(); err != nil {
-			t.Errorf("close the witness: %v", err)
-		}
-	}()
-	w := startWitness(rec, wl, prefix, 25*time.Millisecond)
-	defer w.halt()
-
-	slot, err := adminCC.ClusterKeySlot(ctx, hot).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	switched := map[string]time.Duration{}
-	// failover runs do on the hot slot's master and replica, then waits
-	// until the replica serves the slot and the clients' commands reach it.
-	failover := func(name string, stateLoss bool, do func(master, replica string) error) stepFault {
-		return stepFault{name: name, stateLoss: stateLoss, run: func(ctx context.Context) error {
-			master, replicas, err := ct.masterOf(ctx, slot)
-			if err != nil {
-				return err
-			}
-			if len(replicas) == 0 {
-				return fmt.Errorf("the master of slot %d has no replica", slot)
-			}
-			start := time.Now()
-			if err := do(master, replicas[0]); err != nil {
-				return err
-			}
-			if err := waitFor(30*time.Second, "the replica serves the slot", func() (bool, error) {
-				m, _, err := ct.masterOf(ctx, slot)
-				return m == replicas[0], err
-			}); err != nil {
-				return err
-			}
-			switched[name] = time.Since(start)
-			want := ct.node(replicas[0]).port
-			return waitFor(15*time.Second, "the cluster clients follow the new master", func() (bool, error) {
-				if err := adminCC.Exists(ctx, hot).Err(); err != nil {
-					return false, err
-				}
-				c, err := adminCC.MasterForKey(ctx, hot)
+		// failover runs do on the hot slot's master and replica, then waits
+		// until the replica serves the slot and the clients' commands reach
+		// it.
+		failover := func(name string, stateLoss bool, do func(master, replica string) error) stepFault {
+			return stepFault{name: name, stateLoss: stateLoss, run: func(ctx context.Context) error {
+				master, replicas, err := ct.masterOf(ctx, slot)
 				if err != nil {
-					return false, err
+					return err
 				}
-				p, err := servedBy(ctx, c)
-				return p == want, err
-			})
-		}}
-	}
-	faults := []stepFault{
-		failover("cluster-failover", false, func(_, replica string) error {
-			c := redis.NewClient(&redis.Options{Addr: replica, Password: sentinelPW})
-			defer c.Close()
-			return c.ClusterFailover(ctx).Err()
-		}),
-		failover("cluster-kill-master", true, func(master, _ string) error {
-			ct.node(master).kill()
-			return nil
-		}),
-	}
-	cfg := runConfig{contenders: 3, keys: len(keys), timing: shortTiming}
-	rep, allowed := runSteps(t, cfg, env, keys, rec, logs, 2*time.Second, faults)
-	w.halt()
-	figs := w.measure(t, rec.History(), redisLookup(adminCC, rprefix))
+				if len(replicas) == 0 {
+					return fmt.Errorf("the master of slot %d has no replica", slot)
+				}
+				start := time.Now()
+				if err := do(master, replicas[0]); err != nil {
+					return err
+				}
+				if err := waitFor(30*time.Second, "the replica serves the slot", func() (bool, error) {
+					m, _, err := ct.masterOf(ctx, slot)
+					return m == replicas[0], err
+				}); err != nil {
+					return err
+				}
+				switched[name] = time.Since(start)
+				want := ct.node(replicas[0]).port
+				for _, cc := range []*redis.ClusterClient{admin, probe} {
+					if err := waitFor(15*time.Second, "the cluster clients follow the new master", func() (bool, error) {
+						if err := cc.Exists(ctx, hot).Err(); err != nil {
+							return false, err
+						}
+						c, err := cc.MasterForKey(ctx, hot)
+						if err != nil {
+							return false, err
+						}
+						p, err := servedBy(ctx, c)
+						return p == want, err
+					}); err != nil {
+						return err
+					}
+				}
+				return nil
+			}}
+		}
+		return func(ctx context.Context) error { return probe.Exists(ctx, hot).Err() }, []stepFault{
+			failover("cluster-failover", false, func(_, replica string) error {
+				c := redis.NewClient(&redis.Options{Addr: replica, Password: sentinelPW})
+				defer c.Close()
+				return c.ClusterFailover(ctx).Err()
+			}),
+			failover("cluster-kill-master", true, func(master, _ string) error {
+				ct.node(master).kill()
+				return nil
+			}),
+		}
+	})
 	for _, f := range figs {
 		if f.Fault == "cluster-failover" && f.Lost != 0 {
 			t.Errorf("CLUSTER FAILOVER hands over after the replica caught up, yet %d acknowledged locks were lost", f.Lost)
 		}
 	}
-	checkFailoverFigures(t, "Redis Cluster", figs, rep, allowed, switched)
 }

@@ -211,14 +211,7 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 		t.Fatal(err)
 	}
 	env := &backendEnv{name: "etcd", proxy: px, admin: admin, keyPrefix: prefix}
-	if u, ok := optionalPG(); ok {
-		pool := directPool(t, u, "dislock-chaos-direct")
-		reg, err := newRegister(ctx, pool, keys)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env.reg = reg
-	}
+	closeReg := withRegister(t, env, keys)
 	proxied := func() (*clientv3.Client, error) {
 		cfg, err := etcdlock.ParseURL("etcd://root:" + sentinelPW + "@" + px.Addr())
 		if err != nil {
@@ -281,9 +274,7 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 		_ = admin.Close()
 		_ = adminCli.Close()
 		_ = probe.Close()
-		if env.reg != nil {
-			env.reg.pool.Close()
-		}
+		closeReg()
 	}
 	return env
 }

@@ -107,15 +107,7 @@ func pgCrashRun(t *testing.T, srv *pgServer, mode pgMode) {
 		_, err = conn.Exec(ctx, "SELECT 1")
 		return err
 	}
-	if u, ok := optionalPG(); ok { // the fenced register lives elsewhere: it survives the crash
-		pool := directPool(t, u, "dislock-chaos-direct")
-		defer pool.Close()
-		reg, err := newRegister(ctx, pool, keys)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env.reg = reg
-	}
+	defer withRegister(t, env, keys)() // the fenced register lives elsewhere: it survives the crash
 
 	wl, wclose, err := newLocker(ctx, "dislock-chaos-witness", core.WithObserver(&errObserver{errs: logs}))
 	if err != nil {

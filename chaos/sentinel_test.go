@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -151,54 +150,107 @@ func TestChaosSentinel(t *testing.T) {
 }
 
 func sentinelFailovers(t *testing.T, st *sentinelTopo) {
+	newClient := func() *redis.Client { return redis.NewFailoverClient(st.failoverOptions()) }
+	redisFailovers(t, "sentinel", "Redis Sentinel", newClient, func(ctx context.Context, admin, probe *redis.Client, _ string, switched map[string]time.Duration) (func(context.Context) error, []stepFault) {
+		// failover runs do (which makes the master go away) and waits until
+		// the sentinels agree on another master, that master says so, and
+		// the clients' commands reach it.
+		failover := func(name string, do func(old string) error, oldBecomesReplica bool) stepFault {
+			return stepFault{name: name, stateLoss: true, run: func(ctx context.Context) error {
+				old, ok, err := st.masterAddr(ctx)
+				if err != nil || !ok {
+					return fmt.Errorf("no agreed master before the failover: %v", err)
+				}
+				start := time.Now()
+				if err := do(old); err != nil {
+					return err
+				}
+				var now string
+				if err := waitFor(30*time.Second, "the sentinels agree on a new master", func() (bool, error) {
+					a, ok, err := st.masterAddr(ctx)
+					now = a
+					return ok && a != old, err
+				}); err != nil {
+					return err
+				}
+				switched[name] = time.Since(start)
+				if err := waitFor(15*time.Second, "the new master is a master", func() (bool, error) {
+					role, _, err := redisRole(ctx, now)
+					return role == "master", err
+				}); err != nil {
+					return err
+				}
+				newPort := st.node(now).port
+				for _, c := range []*redis.Client{admin, probe} {
+					if err := waitFor(15*time.Second, "the failover clients follow the new master", func() (bool, error) {
+						p, err := servedBy(ctx, c)
+						return p == newPort, err
+					}); err != nil {
+						return err
+					}
+				}
+				if oldBecomesReplica {
+					return waitFor(30*time.Second, "the old master replicates the new one", func() (bool, error) {
+						role, up, err := redisRole(ctx, old)
+						return role == "slave" && up, err
+					})
+				}
+				return nil
+			}}
+		}
+		return func(ctx context.Context) error { return probe.Ping(ctx).Err() }, []stepFault{
+			failover("sentinel-failover", func(string) error {
+				sc := redis.NewSentinelClient(&redis.Options{Addr: st.sentinels[0].addr()})
+				defer sc.Close()
+				return sc.Failover(ctx, sentinelMaster).Err()
+			}, true),
+			failover("sentinel-kill-master", func(old string) error {
+				st.node(old).kill()
+				return nil
+			}, false),
+		}
+	})
+}
+
+// redisFailovers is a failover run on a Redis topology (Sentinel,
+// Cluster) whose clients newClient makes: contenders and a witness lock
+// two hot keys while the faults run, one after another, and the figures
+// that hold whatever a failover lost are checked (checkFailoverFigures).
+// steps returns the run's probe and faults, given an admin client and a
+// probe client (both closed when the run ends), the Redis name of the
+// first hot key, and the map in which each fault records how long the
+// topology took to switch. The figures are returned for checks of the
+// topology's own.
+func redisFailovers[C redis.UniversalClient](t *testing.T, name, topo string, newClient func() C,
+	steps func(ctx context.Context, admin, probe C, hot string, switched map[string]time.Duration) (func(context.Context) error, []stepFault)) []faultFigures {
 	ctx := context.Background()
-	// The clients' background goroutines (go-redis reloads the cluster
-	// state in one) must all end once they are closed.
+	// The clients' background goroutines (go-redis follows the topology in
+	// one) must all end once they are closed.
 	ignore := goleak.IgnoreCurrent()
 	defer func() {
 		if err := findLeaks(ignore); err != nil {
 			t.Errorf("goroutines still running after the run: %v", err)
 		}
 	}()
-	prefix := runPrefix("sentinel")
+	prefix := runPrefix(name)
 	rprefix := "dislock-" + strings.TrimSuffix(prefix, "-")
 	keys := []string{prefix + "hot-0", prefix + "hot-1"}
 	logs := &sink{}
 	rec := NewRecorder(0)
-	adminFC := redis.NewFailoverClient(st.failoverOptions())
-	defer adminFC.Close()
-	admin, err := redislock.New(adminFC, redislock.WithPrefix(rprefix))
+	adminC, probeC := newClient(), newClient()
+	defer adminC.Close()
+	defer probeC.Close()
+	admin, err := redislock.New(adminC, redislock.WithPrefix(rprefix))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	newLocker := func(opts ...core.ClientOption) (core.Locker, func() error, error) {
-		fc := redis.NewFailoverClient(st.failoverOptions())
-		l, err := redislock.New(fc, redislock.WithPrefix(rprefix), redislock.WithSubscribeTimeout(time.Second),
-			redislock.WithClientOptions(opts...))
-		if err != nil {
-			fc.Close()
-			return nil, nil, err
-		}
-		return l, func() error { err := l.Close(); return errors.Join(err, fc.Close()) }, nil
-	}
-	env := &backendEnv{name: "sentinel", admin: admin, keyPrefix: prefix}
-	env.newLocker = func(_ context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
-		return newLocker(opts...)
-	}
-	probeFC := redis.NewFailoverClient(st.failoverOptions())
-	defer probeFC.Close()
-	env.probe = func(ctx context.Context) error { return probeFC.Ping(ctx).Err() }
-	if u, ok := optionalPG(); ok {
-		pool := directPool(t, u, "dislock-chaos-direct")
-		defer pool.Close()
-		reg, err := newRegister(ctx, pool, keys)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env.reg = reg
-	}
-	wl, wclose, err := newLocker(core.WithObserver(&errObserver{errs: logs}))
+	env := &backendEnv{name: name, admin: admin, keyPrefix: prefix, newLocker: redisLockers(newClient, rprefix)}
+	defer withRegister(t, env, keys)()
+	switched := map[string]time.Duration{}
+	probe, faults := steps(ctx, adminC, probeC, redisLockKey(rprefix, keys[0]), switched)
+	env.probe = probe
+	wl, wclose, err := env.newLocker(ctx, core.WithObserver(&errObserver{errs: logs}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,70 +261,12 @@ func sentinelFailovers(t *testing.T, st *sentinelTopo) {
 	}()
 	w := startWitness(rec, wl, prefix, 25*time.Millisecond)
 	defer w.halt()
-
-	switched := map[string]time.Duration{}
-	// failover runs do (which makes the master go away) and waits until the
-	// sentinels agree on another master, that master says so, and the
-	// clients' commands reach it.
-	failover := func(name string, do func(old string) error, oldBecomesReplica bool) stepFault {
-		return stepFault{name: name, stateLoss: true, run: func(ctx context.Context) error {
-			old, ok, err := st.masterAddr(ctx)
-			if err != nil || !ok {
-				return fmt.Errorf("no agreed master before the failover: %v", err)
-			}
-			start := time.Now()
-			if err := do(old); err != nil {
-				return err
-			}
-			var now string
-			if err := waitFor(30*time.Second, "the sentinels agree on a new master", func() (bool, error) {
-				a, ok, err := st.masterAddr(ctx)
-				now = a
-				return ok && a != old, err
-			}); err != nil {
-				return err
-			}
-			switched[name] = time.Since(start)
-			if err := waitFor(15*time.Second, "the new master is a master", func() (bool, error) {
-				role, _, err := redisRole(ctx, now)
-				return role == "master", err
-			}); err != nil {
-				return err
-			}
-			newPort := st.node(now).port
-			for _, c := range []*redis.Client{adminFC, probeFC} {
-				if err := waitFor(15*time.Second, "the failover clients follow the new master", func() (bool, error) {
-					p, err := servedBy(ctx, c)
-					return p == newPort, err
-				}); err != nil {
-					return err
-				}
-			}
-			if oldBecomesReplica {
-				return waitFor(30*time.Second, "the old master replicates the new one", func() (bool, error) {
-					role, up, err := redisRole(ctx, old)
-					return role == "slave" && up, err
-				})
-			}
-			return nil
-		}}
-	}
-	faults := []stepFault{
-		failover("sentinel-failover", func(string) error {
-			sc := redis.NewSentinelClient(&redis.Options{Addr: st.sentinels[0].addr()})
-			defer sc.Close()
-			return sc.Failover(ctx, sentinelMaster).Err()
-		}, true),
-		failover("sentinel-kill-master", func(old string) error {
-			st.node(old).kill()
-			return nil
-		}, false),
-	}
 	cfg := runConfig{contenders: 3, keys: len(keys), timing: shortTiming}
 	rep, allowed := runSteps(t, cfg, env, keys, rec, logs, 2*time.Second, faults)
 	w.halt()
-	figs := w.measure(t, rec.History(), redisLookup(adminFC, rprefix))
-	checkFailoverFigures(t, "Redis Sentinel", figs, rep, allowed, switched)
+	figs := w.measure(t, rec.History(), redisLookup(adminC, rprefix))
+	checkFailoverFigures(t, topo, figs, rep, allowed, switched)
+	return figs
 }
 
 // checkFailoverFigures logs each failover's figures and checks the rules

@@ -181,9 +181,10 @@ type Queuer interface {
 // Limit > 1 act on one permit of the key; each permit has its own owner
 // token, lease and fencing token, and tokens strictly increase per key
 // across all permits. A permit that is not renewed expires at its TTL like
-// a lock. A claim whose Limit differs from the one the key's current
-// holders took it with (a mutex counts as 1) fails with an error matching
-// ErrLimitMismatch (see LimitMismatch) and claims nothing.
+// a lock. A claim on a full semaphore returns Busy with the Info of the
+// permit that expires first. A claim whose Limit differs from the one the
+// key's current holders took it with (a mutex counts as 1) fails with an
+// error matching ErrLimitMismatch (see LimitMismatch) and claims nothing.
 type SemaphoreBackend interface {
 	Backend
 	// Holders lists every holder of key, oldest first: each permit of a

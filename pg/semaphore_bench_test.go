@@ -29,12 +29,7 @@ func BenchmarkPermitAcquireRelease(b *testing.B) {
 				name := fmt.Sprintf("%s/%s/par%d", mode.name, kind, par)
 				b.Run(name, func(b *testing.B) {
 					pool := benchPool(b, 4)
-					table := benchTable(b, pool)
-					l, err := pg.New(context.Background(), pool, append([]pg.Option{pg.WithTable(table)}, mode.opts...)...)
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer l.Close()
+					l := benchLocker(b, pool, benchTable(b, pool), mode.opts...)
 					ctx := context.Background()
 					base := select1(b, pool, par)
 					op := func(w int) error {
@@ -94,51 +89,9 @@ func BenchmarkPermitAcquireRelease(b *testing.B) {
 // (each one batch, one round trip) per renew interval, and committed
 // transactions on the database per interval.
 func BenchmarkHoldPermits1000(b *testing.B) {
-	for b.Loop() {
-		pool := benchPool(b, 8)
-		table := benchTable(b, pool)
-		be, err := pg.NewBackend(context.Background(), pool, pg.WithTable(table))
-		if err != nil {
-			b.Fatal(err)
-		}
-		cb := &countingBackend{Backend: be}
-		l, err := core.New(cb)
-		if err != nil {
-			b.Fatal(err)
-		}
-		const keys, limit, ttl = 250, 4, 3 * time.Second
-		interval := ttl / 3
-		ctx := context.Background()
-		var wg sync.WaitGroup
-		for w := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < keys*limit; i += 8 {
-					if _, err := l.TryAcquire(ctx, fmt.Sprintf("sem-%d", i%keys), core.Limit(limit), core.TTL(ttl)); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		xacts := func() int64 {
-			var x int64
-			if err := pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&x); err != nil {
-				b.Fatal(err)
-			}
-			return x
-		}
-		calls0, items0, x0 := cb.calls.Load(), cb.items.Load(), xacts()
-		const rounds = 3
-		time.Sleep(rounds * interval) // a measuring window, not synchronisation
-		calls, items, x := cb.calls.Load()-calls0, cb.items.Load()-items0, xacts()-x0-1
-		b.ReportMetric(float64(calls)/rounds, "renew_calls/interval")
-		b.ReportMetric(float64(items)/rounds, "permits_renewed/interval")
-		b.ReportMetric(float64(x)/rounds, "db_commits/interval")
-		if err := l.Close(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	const keys, limit = 250, 4
+	benchHold(b, keys*limit, "renew_calls/interval", "permits_renewed/interval", func(ctx context.Context, l core.Locker, i int, ttl time.Duration) error {
+		_, err := l.TryAcquire(ctx, fmt.Sprintf("sem-%d", i%keys), core.Limit(limit), core.TTL(ttl))
+		return err
+	})
 }

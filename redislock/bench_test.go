@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 )
 
 // benchRedis returns the options of the server benchmarks run against.
@@ -49,18 +49,12 @@ func benchClient(b *testing.B, opt *redis.Options) *redis.Client {
 
 // pingLatency is the mean PING round trip, serial.
 func pingLatency(b *testing.B, c *redis.Client) time.Duration {
-	ctx := context.Background()
-	for range 200 { // warm up
-		c.Ping(ctx)
-	}
-	const n = 3000
-	start := time.Now()
-	for range n {
-		if err := c.Ping(ctx).Err(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return time.Since(start) / n
+	return benchtest.Mean(b, 200, 3000, pinger(c))
+}
+
+// pinger is one PING on c.
+func pinger(c *redis.Client) func() error {
+	return func() error { return c.Ping(context.Background()).Err() }
 }
 
 // pingRate is PINGs per second with g goroutines.
@@ -98,28 +92,10 @@ func BenchmarkPing(b *testing.B) {
 }
 
 // interleaved runs op b.N times, each after one PING on c, timing both, so
-// that the ratio holds under the same load (the machine may be shared).
+// that the ratio holds under the same load (benchtest.Interleaved).
 func interleaved(b *testing.B, c *redis.Client, op func() error) {
-	ctx := context.Background()
 	pingLatency(b, c) // warm up
-	var pingT, opT time.Duration
-	b.ResetTimer()
-	for range b.N {
-		t0 := time.Now()
-		if err := c.Ping(ctx).Err(); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		if err := op(); err != nil {
-			b.Fatal(err)
-		}
-		opT += time.Since(t1)
-		pingT += t1.Sub(t0)
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(opT.Nanoseconds())/float64(b.N), "op-ns")
-	b.ReportMetric(float64(pingT.Nanoseconds())/float64(b.N), "ping-ns")
-	b.ReportMetric(float64(opT)/float64(pingT), "x-ping")
+	benchtest.Interleaved(b, "ping", pinger(c), op)
 }
 
 // BenchmarkRawSetNXDel is the floor for a lock library: SET NX PX then DEL.
@@ -316,51 +292,13 @@ func benchHandoff(b *testing.B, procs int) {
 	for i := range lockers {
 		lockers[i] = newLocker(b, benchClient(b, opt), "bench", core.TTL(10*time.Second))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var (
-		mu        sync.Mutex
-		lat       []time.Duration
-		released  atomic.Int64 // UnixNano of the last Release start, 0 = none yet
-		remaining atomic.Int64
-		wg        sync.WaitGroup
-	)
-	remaining.Store(int64(b.N))
 	before := commandCalls(b, admin)
-	b.ResetTimer()
-	for i := range waiters {
-		l := lockers[i%procs]
-		wg.Go(func() {
-			for {
-				s, err := l.Acquire(ctx, "handoff")
-				if err != nil {
-					return
-				}
-				now := time.Now().UnixNano()
-				if r := released.Load(); r != 0 {
-					mu.Lock()
-					lat = append(lat, time.Duration(now-r))
-					mu.Unlock()
-				}
-				time.Sleep(time.Millisecond) // the work
-				last := remaining.Add(-1) <= 0
-				released.Store(time.Now().UnixNano())
-				s.Release(context.Background())
-				if last {
-					cancel()
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
+	lat, _ := benchtest.Handoff(b, waiters, benchtest.Turns(lockers, "handoff"))
 	after := commandCalls(b, admin)
 	if len(lat) == 0 {
 		return
 	}
-	slices.Sort(lat)
-	p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000 }
+	p := func(q float64) float64 { return float64(benchtest.Quantile(lat, q).Microseconds()) / 1000 }
 	b.ReportMetric(p(0.5), "p50-ms")
 	b.ReportMetric(p(0.99), "p99-ms")
 	b.ReportMetric(float64(scriptCalls(before, after))/float64(b.N), "req/acq")
@@ -398,30 +336,13 @@ func BenchmarkHold1000(b *testing.B) {
 	c.AddHook(hook)
 	l := newLocker(b, c, "bench", core.TTL(ttl))
 	ctx := context.Background()
-	sessions := make([]core.Session, n)
-	for i := range sessions {
-		s, err := l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i))
-		if err != nil {
-			b.Fatal(err)
-		}
-		sessions[i] = s
-	}
-	time.Sleep(interval) // let acquisitions settle into one renewal batch
-	before, trips, cpu := commandCalls(b, admin), hook.n.Load(), cpuTime()
-	start := time.Now()
-	b.ResetTimer()
-	for range b.N {
-		time.Sleep(interval)
-	}
-	b.StopTimer()
-	elapsed := time.Since(start)
+	var before map[string]int64
+	var trips int64
+	var cpu time.Duration
+	intervals := benchtest.Hold(b, n, interval, func(i int) (core.Session, error) {
+		return l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i))
+	}, func() { before, trips, cpu = commandCalls(b, admin), hook.n.Load(), cpuTime() })
 	after, trips2, cpu2 := commandCalls(b, admin), hook.n.Load(), cpuTime()
-	intervals := elapsed.Seconds() / interval.Seconds()
-	for _, s := range sessions {
-		if s.Err() != nil {
-			b.Fatalf("session lost: %v", s.Err())
-		}
-	}
 	b.ReportMetric(float64(scriptCalls(before, after))/intervals, "scripts/interval")
 	b.ReportMetric(float64(serverCalls(before, after))/intervals, "server-cmds/interval")
 	b.ReportMetric(float64(trips2-trips)/intervals, "roundtrips/interval")

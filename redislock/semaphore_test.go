@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/redislock"
 )
@@ -31,149 +29,6 @@ func semClients(t *testing.T, n int) ([]redis.UniversalClient, string) {
 
 func acq(key, otoken string, limit int, ttl time.Duration) core.AcquireRequest {
 	return core.AcquireRequest{Key: key, Owner: "owner-" + otoken, OwnerToken: otoken, TTL: ttl, Limit: limit}
-}
-
-// Rule: many goroutines on several Backends racing for a semaphore of N
-// never hold more than N permits at once, every permit has its own token,
-// and a goroutine's successive tokens increase.
-func TestSemaphoreNeverMoreThanN(t *testing.T) {
-	const limit, procs, perProc, rounds = 3, 3, 6, 15
-	cs, prefix := semClients(t, procs)
-	ctx := ctxT(t, 60*time.Second)
-	var held, peak atomic.Int64
-	var mu sync.Mutex
-	tokens := map[uint64]bool{}
-	var wg sync.WaitGroup
-	for p := range procs {
-		l := newLocker(t, cs[p], prefix, core.TTL(5*time.Second), core.Limit(limit))
-		for g := range perProc {
-			wg.Go(func() {
-				var last uint64
-				for r := range rounds {
-					var s core.Session
-					var err error
-					if r%2 == 0 {
-						s, err = l.Acquire(ctx, "race")
-					} else if s, err = l.TryAcquire(ctx, "race"); errors.Is(err, core.ErrNotAcquired) {
-						continue
-					}
-					if err != nil {
-						t.Errorf("proc %d goroutine %d: %v", p, g, err)
-						return
-					}
-					n := held.Add(1)
-					for {
-						m := peak.Load()
-						if n <= m || peak.CompareAndSwap(m, n) {
-							break
-						}
-					}
-					if s.Token() <= last {
-						t.Errorf("token %d after %d", s.Token(), last)
-					}
-					last = s.Token()
-					mu.Lock()
-					if tokens[s.Token()] {
-						t.Errorf("token %d handed out twice", s.Token())
-					}
-					tokens[s.Token()] = true
-					mu.Unlock()
-					time.Sleep(time.Millisecond)
-					held.Add(-1)
-					if err := s.Release(ctx); err != nil {
-						t.Errorf("release: %v", err)
-					}
-				}
-			})
-		}
-	}
-	wg.Wait()
-	if p := peak.Load(); p > limit {
-		t.Fatalf("%d permits held at once, limit %d", p, limit)
-	} else if p < 2 {
-		t.Errorf("at most %d permit held at once: the test did not race", p)
-	}
-}
-
-// Rule: tokens increase across permits and across mutex use of the key,
-// both ways.
-func TestSemaphoreTokensAcrossKinds(t *testing.T) {
-	cs, prefix := semClients(t, 1)
-	b := newBackend(t, cs[0], prefix)
-	ctx := ctxT(t, 10*time.Second)
-	var last uint64
-	step := func(what string, limit int, otoken string) {
-		t.Helper()
-		l, err := b.TryAcquire(ctx, acq("kinds", otoken, limit, 10*time.Second))
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if l.Token <= last {
-			t.Fatalf("%s: token %d after %d", what, l.Token, last)
-		}
-		last = l.Token
-		if err := b.Release(ctx, core.ReleaseRequest{Key: "kinds", OwnerToken: otoken, Limit: limit}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	step("mutex", 0, "m1")
-	step("permit", 4, "p1")
-	step("permit", 4, "p2")
-	step("mutex", 0, "m2")
-	step("permit", 2, "p3")
-}
-
-// Rule: a claim with another limit than the key's holders (a mutex counts
-// as 1) fails with ErrLimitMismatch naming both, and claims nothing.
-func TestSemaphoreLimitMismatch(t *testing.T) {
-	cs, prefix := semClients(t, 2)
-	ctx := ctxT(t, 10*time.Second)
-	a := newLocker(t, cs[0], prefix, core.TTL(10*time.Second))
-	b := newLocker(t, cs[1], prefix, core.TTL(10*time.Second))
-
-	check := func(err error, have, want int) {
-		t.Helper()
-		if !errors.Is(err, core.ErrLimitMismatch) {
-			t.Fatalf("got %v, want ErrLimitMismatch", err)
-		}
-		if wantErr := core.LimitMismatch("k", have, want).Error(); !strings.Contains(err.Error(), wantErr[len("dislock: limit mismatch: "):]) {
-			t.Errorf("error %q does not say %q", err, wantErr)
-		}
-	}
-	m, err := a.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = b.TryAcquire(ctx, "k", core.Limit(3))
-	check(err, 1, 3)
-	if err := m.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	s, err := a.TryAcquire(ctx, "k", core.Limit(3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = b.TryAcquire(ctx, "k")
-	check(err, 3, 1)
-	_, err = b.TryAcquire(ctx, "k", core.Limit(4))
-	check(err, 3, 4)
-	hs, err := a.Holders(ctx, "k")
-	if err != nil || len(hs) != 1 || hs[0].Token != s.Token() {
-		t.Fatalf("holders after refused claims: %+v, %v", hs, err)
-	}
-	if err := s.Check(ctx); err != nil {
-		t.Errorf("the permit after refused claims: %v", err)
-	}
-	// A free key takes any limit again.
-	if err := s.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	s, err = b.TryAcquire(ctx, "k", core.Limit(4))
-	if err != nil {
-		t.Fatalf("limit 4 on a free key: %v", err)
-	}
-	s.Release(ctx)
 }
 
 // Rule: a full semaphore answers Busy with the permit that expires first;
@@ -242,80 +97,6 @@ func TestSemaphoreExpiry(t *testing.T) {
 	if err != nil || len(hs) != 2 || hs[0].Token != long.Token {
 		t.Fatalf("holders %+v %v", hs, err)
 	}
-}
-
-// Rule: a waiting Acquire on a full semaphore wakes when a permit is
-// released (by the release notification, long before any TTL), and when
-// the permits are forced free.
-func TestSemaphoreWaiterWakes(t *testing.T) {
-	cs, prefix := semClients(t, 2)
-	ctx := ctxT(t, 20*time.Second)
-	opts := []core.Option{core.TTL(30 * time.Second), core.Limit(2)}
-	a := newLocker(t, cs[0], prefix, opts...)
-	b := newLocker(t, cs[1], prefix, append(opts, core.Backoff(2*time.Second, 5*time.Second))...)
-	s1, err := a.TryAcquire(ctx, "wake")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := a.TryAcquire(ctx, "wake")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wait := func(release func()) {
-		t.Helper()
-		got := make(chan error, 1)
-		go func() {
-			s, err := b.Acquire(ctx, "wake")
-			if err == nil {
-				s.Release(context.Background())
-			}
-			got <- err
-		}()
-		// Let the waiter make its first attempt and start waiting.
-		deadline := time.Now().Add(5 * time.Second)
-		for subscribers(t, cs[1], prefix) == 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		time.Sleep(100 * time.Millisecond)
-		start := time.Now()
-		release()
-		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := time.Since(start); d > time.Second {
-				t.Errorf("woke %v after the release", d)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the waiter did not wake")
-		}
-	}
-	wait(func() { s1.Release(ctx) })
-	s1, err = a.TryAcquire(ctx, "wake")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wait(func() {
-		if ok, err := a.ForceRelease(ctx, "wake"); !ok || err != nil {
-			t.Errorf("force release: %v %v", ok, err)
-		}
-	})
-	for _, s := range []core.Session{s1, s2} {
-		if err := s.Check(ctx); !errors.Is(err, core.ErrLeaseLost) {
-			t.Errorf("a forced-out permit checks %v", err)
-		}
-	}
-}
-
-// subscribers returns the number of subscribers of the release channel
-// of prefix: a Locker that waits has subscribed.
-func subscribers(t *testing.T, c redis.UniversalClient, prefix string) int64 {
-	n, err := c.PubSubNumSub(context.Background(), prefix+":released").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n[prefix+":released"]
 }
 
 // Rule: Holders lists every permit oldest first with its limit; Inspect
@@ -646,29 +427,12 @@ func BenchmarkSemaphoreHold1000(b *testing.B) {
 	c.AddHook(hook)
 	l := newLocker(b, c, "bench", core.TTL(ttl), core.Limit(100))
 	ctx := context.Background()
-	sessions := make([]core.Session, 1000)
-	for i := range sessions {
-		s, err := l.TryAcquire(ctx, fmt.Sprint("semhold/", i%10))
-		if err != nil {
-			b.Fatal(err)
-		}
-		sessions[i] = s
-	}
-	time.Sleep(interval) // let acquisitions settle into one renewal batch
-	before, trips := commandCalls(b, admin), hook.n.Load()
-	start := time.Now()
-	b.ResetTimer()
-	for range b.N {
-		time.Sleep(interval)
-	}
-	b.StopTimer()
-	intervals := time.Since(start).Seconds() / interval.Seconds()
+	var before map[string]int64
+	var trips int64
+	intervals := benchtest.Hold(b, 1000, interval, func(i int) (core.Session, error) {
+		return l.TryAcquire(ctx, fmt.Sprint("semhold/", i%10))
+	}, func() { before, trips = commandCalls(b, admin), hook.n.Load() })
 	after, trips2 := commandCalls(b, admin), hook.n.Load()
-	for _, s := range sessions {
-		if s.Err() != nil {
-			b.Fatalf("permit lost: %v", s.Err())
-		}
-	}
 	b.ReportMetric(float64(scriptCalls(before, after))/intervals, "scripts/interval")
 	b.ReportMetric(float64(trips2-trips)/intervals, "roundtrips/interval")
 }

@@ -15,8 +15,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +22,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -98,42 +97,23 @@ func benchLocker(b *testing.B, connect, root string, cnt *counter) *core.Client 
 
 // existsRTT is the mean round trip of Exists, serial.
 func existsRTT(b *testing.B, c *zk.Conn) time.Duration {
-	for range 200 {
-		c.Exists("/")
+	return benchtest.Mean(b, 200, 2000, exists(c))
+}
+
+// exists is one Exists on c.
+func exists(c *zk.Conn) func() error {
+	return func() error {
+		_, _, err := c.Exists("/")
+		return err
 	}
-	const n = 2000
-	start := time.Now()
-	for range n {
-		if _, _, err := c.Exists("/"); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return time.Since(start) / n
 }
 
 // interleaved runs op b.N times, each after one Exists on c, timing both,
-// so that the ratio holds under the same load.
+// so that the ratio holds under the same load (benchtest.Interleaved).
 func interleaved(b *testing.B, c *zk.Conn, cnt *counter, op func() error) {
-	existsRTT(b, c)
-	var rttT, opT time.Duration
+	existsRTT(b, c) // warm up
 	n0 := cnt.n.Load()
-	b.ResetTimer()
-	for range b.N {
-		t0 := time.Now()
-		if _, _, err := c.Exists("/"); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		if err := op(); err != nil {
-			b.Fatal(err)
-		}
-		opT += time.Since(t1)
-		rttT += t1.Sub(t0)
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(opT.Nanoseconds())/float64(b.N), "op-ns")
-	b.ReportMetric(float64(rttT.Nanoseconds())/float64(b.N), "rtt-ns")
-	b.ReportMetric(float64(opT)/float64(rttT), "x-rtt")
+	benchtest.Interleaved(b, "rtt", exists(c), op)
 	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(b.N), "req/op")
 }
 
@@ -214,17 +194,7 @@ func BenchmarkHandoff(b *testing.B) {
 			for i := range lockers {
 				lockers[i] = benchLocker(b, connect, root, &cnt)
 			}
-			handoff(b, benchConn(b, connect, nil), &cnt, func(i int) (func(context.Context) error, func() error) {
-				l := lockers[i%procs]
-				var s core.Session
-				return func(ctx context.Context) error {
-						var err error
-						s, err = l.Acquire(ctx, "handoff")
-						return err
-					}, func() error {
-						return s.Release(context.Background())
-					}
-			})
+			handoff(b, benchConn(b, connect, nil), &cnt, benchtest.Turns(lockers, "handoff"))
 		})
 	}
 }
@@ -260,61 +230,18 @@ func BenchmarkZkLockHandoff(b *testing.B) {
 func handoff(b *testing.B, raw *zk.Conn, cnt *counter, mk func(i int) (func(context.Context) error, func() error)) {
 	const waiters = 16
 	rtt := existsRTT(b, raw)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var (
-		mu        sync.Mutex
-		lat       []time.Duration
-		released  atomic.Int64
-		remaining atomic.Int64
-		wg        sync.WaitGroup
-		acquired  atomic.Int64
-	)
-	remaining.Store(int64(b.N))
 	n0 := cnt.n.Load()
-	b.ResetTimer()
-	for i := range waiters {
-		acquire, release := mk(i)
-		wg.Go(func() {
-			for {
-				if err := acquire(ctx); err != nil {
-					return
-				}
-				if ctx.Err() != nil { // zk.Lock cannot be cancelled: give it back
-					release()
-					return
-				}
-				acquired.Add(1)
-				now := time.Now().UnixNano()
-				if r := released.Load(); r != 0 {
-					mu.Lock()
-					lat = append(lat, time.Duration(now-r))
-					mu.Unlock()
-				}
-				time.Sleep(time.Millisecond) // the work
-				last := remaining.Add(-1) <= 0
-				released.Store(time.Now().UnixNano())
-				release()
-				if last {
-					cancel()
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
+	lat, acquired := benchtest.Handoff(b, waiters, mk)
 	rtt = (rtt + existsRTT(b, raw)) / 2 // before and after: the load may change
 	if len(lat) == 0 {
 		return
 	}
-	slices.Sort(lat)
-	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
+	p := func(q float64) time.Duration { return benchtest.Quantile(lat, q) }
 	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(p(0.5))/float64(rtt), "p50-x-rtt")
 	b.ReportMetric(float64(p(0.99))/float64(rtt), "p99-x-rtt")
-	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(acquired.Load()), "req/acq")
+	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(acquired), "req/acq")
 	b.ReportMetric(float64(rtt.Microseconds())/1000, "rtt-ms")
 }
 

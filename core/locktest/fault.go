@@ -60,6 +60,7 @@ type faultBackend struct {
 	queuedBusy atomic.Int64
 	busies     atomic.Int64 // acquires answered busy
 	renews     atomic.Int64 // Renew calls that reached the store
+	lastRenew  atomic.Int64 // when the latest of them that succeeded was sent (UnixNano)
 	leaves     atomic.Int64 // Leave calls that reached the store
 	leavesDone atomic.Int64 // Leave calls that returned
 
@@ -234,7 +235,12 @@ func (f *faultBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]e
 		f.checkLimit("Renew", r.Key, r.OwnerToken, r.Limit)
 	}
 	f.mu.Unlock()
-	return f.Backend.Renew(ctx, reqs)
+	sent := time.Now()
+	results, err := f.Backend.Renew(ctx, reqs)
+	if err == nil {
+		f.lastRenew.Store(sent.UnixNano())
+	}
+	return results, err
 }
 
 func (f *faultBackend) Release(ctx context.Context, req core.ReleaseRequest) error {

@@ -20,7 +20,7 @@
 // are skipped, with the reason, when it does not: the Semaphore rules for a
 // core.SemaphoreBackend (at most n holders, tokens across permits, a
 // crashed permit, wake-ups, limit mismatches, Holders and the Admin calls
-// per permit, batched renewal), the Queue rules for a core.Queuer (FIFO
+// per permit, batched renewal, min hold), the Queue rules for a core.Queuer (FIFO
 // across processes, dead and cancelled waiters, no barging, one wake per
 // release). The Check rules (Session.Check) run on every backend, and so does
 // the token race (TokensIncreaseUnderRace: many processes race for one key,

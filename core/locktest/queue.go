@@ -497,25 +497,11 @@ func testQueueLeavePassesTurn(t *testing.T, e *env) {
 			t.Fatalf("rule %q: the waiter stopped trying", rule)
 		}
 	}
-	left := time.Now()
-	if err := raw.Leave(ctxT(t, 10*time.Second), k, first); err != nil {
-		t.Fatalf("rule %q: Leave = %v", rule, err)
-	}
-	select {
-	case r := <-res:
-		if r.err != nil {
-			t.Fatalf("rule %q: %v", rule, r.err)
+	expectWokenBy(t, rule, "the first waiter's Leave", log, res, func() {
+		if err := raw.Leave(ctxT(t, 10*time.Second), k, first); err != nil {
+			t.Fatalf("rule %q: Leave = %v", rule, err)
 		}
-		r.s.Release(context.Background())
-		if d := r.at.Sub(left); d > 2*time.Second {
-			t.Errorf("rule %q: the next waiter got the key %v after the first left", rule, d)
-		}
-		if end, ok := log.lastAcquired(); !ok || end.Wake != core.WakeNotify {
-			t.Errorf("rule %q: the wait that acquired was woken by %q, want %q", rule, end.Wake, core.WakeNotify)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("rule %q: the next waiter did not get the key within 15s of the first one's Leave", rule)
-	}
+	})
 }
 
 // testQueueOneWake checks rule "on a Queuer one release wakes one waiter

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -81,9 +82,10 @@ func testSemUnsupported(t *testing.T, e *env) {
 }
 
 // testSemNeverMore checks rule "a semaphore of n never has more than n
-// holders, however many processes race for it with TryAcquire and Acquire".
+// holders, as the holders believe and as the store's Holders lists them,
+// however many processes race for it with TryAcquire and Acquire".
 func testSemNeverMore(t *testing.T, e *env) {
-	const rule = "a semaphore of n never has more than n holders, however many processes race for it with TryAcquire and Acquire"
+	const rule = "a semaphore of n never has more than n holders, as the holders believe and as the store's Holders lists them, however many processes race for it with TryAcquire and Acquire"
 	procs := semProcs(t, e, 4)
 	k := e.key(t)
 	const workers, rounds = 8, 12
@@ -148,7 +150,35 @@ func testSemNeverMore(t *testing.T, e *env) {
 			}
 		}()
 	}
+	// What the store lists, while the workers race: a sampler, so that no
+	// permit is held longer for it.
+	done := make(chan struct{})
+	sampled := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-done:
+				sampled <- nil
+				return
+			case <-time.After(5 * time.Millisecond): // a sample every round trip and 5ms
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			hs, err := procs[0].c.Holders(ctx, k)
+			cancel()
+			if err == nil && len(hs) > semLimit {
+				err = fmt.Errorf("rule %q: the store lists %d holders of a semaphore of %d: %+v", rule, len(hs), semLimit, hs)
+			}
+			if err != nil {
+				sampled <- err
+				return
+			}
+		}
+	}()
 	wg.Wait()
+	close(done)
+	if err := <-sampled; err != nil {
+		t.Error(err)
+	}
 	close(errs)
 	for err := range errs {
 		t.Error(err)
@@ -163,11 +193,16 @@ func testSemFull(t *testing.T, e *env) {
 	const rule = "a semaphore of n grants n permits to n processes at once; the next TryAcquire is busy and names the permit that expires first; a released permit is free at once"
 	procs := semProcs(t, e, semLimit+1)
 	k := e.key(t)
-	// A long TTL: no renewal moves an expiry while the rule runs, so the
-	// first permit is the one that expires first.
+	// Long TTLs, so that no renewal moves an expiry while the rule runs;
+	// the second permit's is half the others', so it, not the oldest,
+	// expires first.
 	var held []core.Session
 	for i := range semLimit {
-		s, err := procs[i].l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit), core.TTL(checkTTL), core.WithOwner(fmt.Sprintf("permit-%d", i)))
+		ttl := checkTTL
+		if i == 1 {
+			ttl = checkTTL / 2
+		}
+		s, err := procs[i].l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit), core.TTL(ttl), core.WithOwner(fmt.Sprintf("permit-%d", i)))
 		if err != nil {
 			t.Fatalf("rule %q: permit %d of %d: %v", rule, i+1, semLimit, err)
 		}
@@ -185,14 +220,14 @@ func testSemFull(t *testing.T, e *env) {
 		switch {
 		case h == nil:
 			t.Errorf("rule %q: the busy answer names no holder", rule)
-		case h.Key != k || h.Owner != "permit-0":
-			t.Errorf("rule %q: busy answer names %q of %q, want permit-0 (it expires first)", rule, h.Owner, h.Key)
+		case h.Key != k || h.Owner != "permit-1":
+			t.Errorf("rule %q: busy answer names %q of %q, want permit-1 (it expires first)", rule, h.Owner, h.Key)
 		case h.Limit != semLimit:
 			t.Errorf("rule %q: busy answer has Limit %d, want %d", rule, h.Limit, semLimit)
-		case h.Remaining <= 0 || h.Remaining > checkTTL:
-			t.Errorf("rule %q: busy answer's Remaining %v outside (0, %v]", rule, h.Remaining, checkTTL)
-		case !e.h.NoFencing && h.Token != held[0].Token():
-			t.Errorf("rule %q: busy answer's token %d, permit-0 has %d", rule, h.Token, held[0].Token())
+		case h.Remaining <= 0 || h.Remaining > checkTTL/2:
+			t.Errorf("rule %q: busy answer's Remaining %v outside (0, %v]", rule, h.Remaining, checkTTL/2)
+		case !e.h.NoFencing && h.Token != held[1].Token():
+			t.Errorf("rule %q: busy answer's token %d, permit-1 has %d", rule, h.Token, held[1].Token())
 		}
 	}
 	if err := held[1].Release(context.Background()); err != nil {
@@ -246,43 +281,50 @@ func testSemTokens(t *testing.T, e *env) {
 }
 
 // testSemCrash checks rule "a permit whose holder stops renewing frees
-// within its TTL and a waiter gets it, with a greater token; the other
-// permits stay held".
+// within its TTL, not before, and a waiter gets it, with a greater token;
+// the other permits stay held".
 func testSemCrash(t *testing.T, e *env) {
-	const rule = "a permit whose holder stops renewing frees within its TTL and a waiter gets it, with a greater token; the other permits stay held"
+	const rule = "a permit whose holder stops renewing frees within its TTL, not before, and a waiter gets it, with a greater token; the other permits stay held"
 	ps := semProcs(t, e, 4)
 	a, b, c := ps[0], ps[1], ps[2]
 	k := e.key(t)
+	claimed := time.Now() // the store keeps the permit at least a TTL from this
 	sa := mustAcquire(t, a, k, core.Limit(2), core.WithOwner("crashes"))
 	sb := mustAcquire(t, b, k, core.Limit(2), core.WithOwner("stays"))
 	defer sb.Release(context.Background())
-	got := make(chan core.Session, 1)
-	errc := make(chan error, 1)
+	got := make(chan waitResult, 1)
 	n := c.fault.busies.Load()
 	go func() {
 		s, err := c.l.Acquire(ctxT(t, 10*e.ttl+10*time.Second), k, core.Limit(2), core.WithOwner("waiter"), core.Backoff(10*time.Millisecond, e.ttl/4))
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- s
+		got <- waitResult{s, err, time.Now()}
 	}()
 	if !waitFor(t, func() bool { return c.fault.busies.Load() > n }, 10*time.Second) {
 		t.Fatalf("rule %q: the waiter was never answered busy", rule)
 	}
 	start := time.Now()
 	a.fault.down.Store(true) // a "crashes": no renewal reaches the store
-	var sc core.Session
+	var r waitResult
 	select {
-	case sc = <-got:
-	case err := <-errc:
-		t.Fatalf("rule %q: %v", rule, err)
+	case r = <-got:
 	case <-time.After(10*e.ttl + 10*time.Second):
 		t.Fatalf("rule %q: the waiter never got the permit", rule)
 	}
+	if r.err != nil {
+		t.Fatalf("rule %q: %v", rule, r.err)
+	}
+	sc := r.s
 	defer sc.Release(context.Background())
-	if d := time.Since(start); d > e.ttl+time.Second {
+	if d := r.at.Sub(start); d > e.ttl+time.Second {
 		t.Errorf("rule %q: took %v (TTL %v)", rule, d, e.ttl)
+	}
+	// The last write of the permit reached the store no earlier than its
+	// claim or its last renewal was sent; allow 5ms for the store's expiry
+	// resolution.
+	if last := time.Unix(0, a.fault.lastRenew.Load()); last.After(claimed) {
+		claimed = last
+	}
+	if d := r.at.Sub(claimed); d < e.ttl-5*time.Millisecond {
+		t.Errorf("rule %q: the waiter got the permit %v after its holder's last renewal was sent, before the TTL %v", rule, d, e.ttl)
 	}
 	if !e.h.NoFencing && (sc.Token() <= sa.Token() || sc.Token() <= sb.Token()) {
 		t.Errorf("rule %q: token %d after the permits %d and %d", rule, sc.Token(), sa.Token(), sb.Token())
@@ -308,9 +350,10 @@ func testSemCrash(t *testing.T, e *env) {
 }
 
 // testSemNotified checks rule "with release notifications a waiter on a
-// full semaphore wakes on a permit's release, not on its poll timer".
+// full semaphore wakes on a permit's release, and on a ForceRelease of the
+// key, not on its poll timer".
 func testSemNotified(t *testing.T, e *env) {
-	const rule = "with release notifications a waiter on a full semaphore wakes on a permit's release, not on its poll timer"
+	const rule = "with release notifications a waiter on a full semaphore wakes on a permit's release, and on a ForceRelease of the key, not on its poll timer"
 	if e.h.NoWatch {
 		t.Skip("backend has no release notifications (NoWatch)")
 	}
@@ -323,10 +366,20 @@ func testSemNotified(t *testing.T, e *env) {
 	s1 := mustAcquire(t, a1, k, core.Limit(2), core.TTL(checkTTL))
 	defer s1.Release(context.Background())
 	s2 := mustAcquire(t, a2, k, core.Limit(2), core.TTL(checkTTL))
-	waitNotified(t, rule, b, log, func() { s2.Release(context.Background()) },
-		func(ctx context.Context) (core.Session, error) {
-			return b.l.Acquire(ctx, k, core.Limit(2), core.Backoff(20*time.Second, 20*time.Second))
-		})
+	acquire := func(ctx context.Context) (core.Session, error) {
+		return b.l.Acquire(ctx, k, core.Limit(2), core.Backoff(20*time.Second, 20*time.Second))
+	}
+	waitNotified(t, rule, b, log, func() { s2.Release(context.Background()) }, acquire)
+	adm, ok := a2.l.(core.Admin)
+	if e.h.NoAdmin || !ok {
+		return
+	}
+	mustAcquire(t, a2, k, core.Limit(2), core.TTL(checkTTL)) // full again
+	waitNotified(t, rule, b, log, func() {
+		if _, err := adm.ForceRelease(ctxT(t, 10*time.Second), k); err != nil {
+			t.Fatalf("rule %q: ForceRelease = %v", rule, err)
+		}
+	}, acquire)
 }
 
 // subscribe makes b's release subscription come up: a first wait on a
@@ -345,68 +398,81 @@ func subscribe(t *testing.T, rule string, a, b *proc, key string) {
 
 // waitNotified starts acquire (a wait of b with a long poll backoff), waits
 // until its first attempt is answered busy, calls release right away and
-// checks that the wait acquires promptly, woken by a notification. Right
-// after a busy answer the wait's next poll is far off — 20s of backoff, or
-// on a Queuer the refresh of its place in line a third of the queue TTL
-// later — so only the release's notification explains a prompt wake, and
-// the Observer's Wake must say so.
+// checks that the wait acquires promptly, woken by a notification
+// (expectWokenBy). Right after a busy answer the wait's next poll is far
+// off — 20s of backoff, or on a Queuer the refresh of its place in line a
+// third of the queue TTL later.
 func waitNotified(t *testing.T, rule string, b *proc, log *acquireLog, release func(), acquire func(context.Context) (core.Session, error)) {
 	t.Helper()
-	type result struct {
-		s   core.Session
-		err error
-		at  time.Time
-	}
-	got := make(chan result, 1)
+	got := make(chan waitResult, 1)
 	n := b.fault.busies.Load()
 	go func() {
 		s, err := acquire(ctxT(t, 30*time.Second))
-		got <- result{s, err, time.Now()}
+		got <- waitResult{s, err, time.Now()}
 	}()
 	if !waitFor(t, func() bool { return b.fault.busies.Load() > n }, 10*time.Second) {
 		t.Fatalf("rule %q: the waiter was never answered busy", rule)
 	}
-	released := time.Now()
-	release()
+	expectWokenBy(t, rule, "the release", log, got, release)
+}
+
+// expectWokenBy calls act and checks that the wait whose result comes on
+// res acquires within 2s of it, woken by a notification: the wait's next
+// poll is far off, so only act's notification explains a prompt wake, and
+// the Observer's Wake (log) must say so. The session is released.
+func expectWokenBy(t *testing.T, rule, what string, log *acquireLog, res <-chan waitResult, act func()) {
+	t.Helper()
+	at := time.Now()
+	act()
 	select {
-	case r := <-got:
+	case r := <-res:
 		if r.err != nil {
 			t.Fatalf("rule %q: %v", rule, r.err)
 		}
 		r.s.Release(context.Background())
-		if d := r.at.Sub(released); d > 2*time.Second {
-			t.Errorf("rule %q: woke %v after the release", rule, d)
+		if d := r.at.Sub(at); d > 2*time.Second {
+			t.Errorf("rule %q: the wait acquired %v after %s", rule, d, what)
 		}
 		if end, ok := log.lastAcquired(); !ok || end.Wake != core.WakeNotify {
 			t.Errorf("rule %q: the wait that acquired was woken by %q, want %q", rule, end.Wake, core.WakeNotify)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("rule %q: waiter not woken within 10s (poll wait was 20s)", rule)
+	case <-time.After(15 * time.Second):
+		t.Fatalf("rule %q: the wait did not acquire within 15s of %s (its next poll was further off)", rule, what)
 	}
 }
 
 // testSemMismatch checks rule "a claim with another limit than the key's
-// holders (a mutex counts as 1) fails with ErrLimitMismatch, both ways, and
-// claims nothing".
+// holders (a mutex counts as 1) fails with ErrLimitMismatch naming both
+// limits, both ways, from the holder's own process too, and claims
+// nothing".
 func testSemMismatch(t *testing.T, e *env) {
-	const rule = "a claim with another limit than the key's holders (a mutex counts as 1) fails with ErrLimitMismatch, both ways, and claims nothing"
+	const rule = "a claim with another limit than the key's holders (a mutex counts as 1) fails with ErrLimitMismatch naming both limits, both ways, from the holder's own process too, and claims nothing"
 	ps := semProcs(t, e, 2)
 	a, b := ps[0], ps[1]
 	k := e.key(t)
-	mismatch := func(what string, key string, opts ...core.Option) {
+	mismatch := func(what string, key string, have, want int) {
 		t.Helper()
-		s, err := b.l.TryAcquire(ctxT(t, 10*time.Second), key, opts...)
-		if err == nil {
-			s.Release(context.Background())
-		}
-		if !errors.Is(err, core.ErrLimitMismatch) {
-			t.Fatalf("rule %q: %s: TryAcquire = %v, want ErrLimitMismatch", rule, what, err)
+		opts := []core.Option{core.Limit(want)}
+		// What core.LimitMismatch says, after its sentinel's prefix.
+		says := core.LimitMismatch(key, have, want).Error()
+		says = says[strings.Index(says, "key "):]
+		for _, p := range []*proc{b, a} { // a holds the key: its backend asks the store too
+			s, err := p.l.TryAcquire(ctxT(t, 10*time.Second), key, opts...)
+			if err == nil {
+				s.Release(context.Background())
+			}
+			if !errors.Is(err, core.ErrLimitMismatch) || errors.Is(err, core.ErrNotAcquired) {
+				t.Fatalf("rule %q: %s: TryAcquire = %v, want ErrLimitMismatch (not busy)", rule, what, err)
+			}
+			if !strings.Contains(err.Error(), says) {
+				t.Errorf("rule %q: %s: the error %q does not say %q", rule, what, err, says)
+			}
 		}
 		// A wait ends with the mismatch in its error, whether it ends at
 		// once or when ctx does.
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
-		s, err = b.l.Acquire(ctx, key, opts...)
+		s, err := b.l.Acquire(ctx, key, opts...)
 		if err == nil {
 			s.Release(context.Background())
 		}
@@ -417,7 +483,7 @@ func testSemMismatch(t *testing.T, e *env) {
 
 	// A mutex holder; a semaphore claim.
 	m := mustAcquire(t, a, k+"/mutex")
-	mismatch("semaphore of 3 on a mutex", k+"/mutex", core.Limit(3))
+	mismatch("semaphore of 3 on a mutex", k+"/mutex", 1, 3)
 	if hs, err := a.c.Holders(ctxT(t, 10*time.Second), k+"/mutex"); err != nil || len(hs) != 1 || hs[0].Limit != 0 {
 		t.Fatalf("rule %q: holders of the mutex after the mismatch: %+v %v", rule, hs, err)
 	}
@@ -428,8 +494,8 @@ func testSemMismatch(t *testing.T, e *env) {
 	// A semaphore of 3; a mutex claim and a claim of 4.
 	p := mustAcquire(t, a, k+"/sem", core.Limit(3))
 	defer p.Release(context.Background())
-	mismatch("mutex on a semaphore of 3", k+"/sem")
-	mismatch("semaphore of 4 on a semaphore of 3", k+"/sem", core.Limit(4))
+	mismatch("mutex on a semaphore of 3", k+"/sem", 3, 1)
+	mismatch("semaphore of 4 on a semaphore of 3", k+"/sem", 3, 4)
 	hs, err := a.c.Holders(ctxT(t, 10*time.Second), k+"/sem")
 	if err != nil || len(hs) != 1 || hs[0].Limit != 3 {
 		t.Fatalf("rule %q: holders of the semaphore after the mismatches: %+v %v", rule, hs, err)
@@ -440,9 +506,10 @@ func testSemMismatch(t *testing.T, e *env) {
 
 // testSemHolders checks rule "Holders lists every permit oldest first with
 // Limit set; List shows one entry per permit, Inspect the oldest;
-// ForceRelease frees every permit and each holder learns of it".
+// ForceRelease frees every permit, each holder learns of it, and the key's
+// next token is still greater".
 func testSemHolders(t *testing.T, e *env) {
-	const rule = "Holders lists every permit oldest first with Limit set; List shows one entry per permit, Inspect the oldest; ForceRelease frees every permit and each holder learns of it"
+	const rule = "Holders lists every permit oldest first with Limit set; List shows one entry per permit, Inspect the oldest; ForceRelease frees every permit, each holder learns of it, and the key's next token is still greater"
 	ps := semProcs(t, e, semLimit+1)
 	base := e.key(t)
 	k := base + "/sem"
@@ -471,6 +538,9 @@ func testSemHolders(t *testing.T, e *env) {
 		if !h.AcquiredAt.IsZero() && i > 0 && h.AcquiredAt.After(hs[i-1].AcquiredAt) && h.Owner < hs[i-1].Owner {
 			t.Errorf("rule %q: holders not oldest first: %q before %q", rule, hs[i-1].Owner, h.Owner)
 		}
+		if !e.h.NoFencing && i > 0 && h.Token <= hs[i-1].Token { // the permits were claimed one after another
+			t.Errorf("rule %q: holders not oldest first: token %d after %d", rule, h.Token, hs[i-1].Token)
+		}
 		j := slices.IndexFunc(held, func(s core.Session) bool { return s.Owner() == h.Owner })
 		if j < 0 {
 			t.Errorf("rule %q: holder %q is none of the permits", rule, h.Owner)
@@ -482,6 +552,8 @@ func testSemHolders(t *testing.T, e *env) {
 	defer m.Release(context.Background())
 	if hm, err := c.c.Holders(ctx, base+"/mutex"); err != nil || len(hm) != 1 || hm[0].Owner != "mutex" || hm[0].Limit != 0 {
 		t.Errorf("rule %q: Holders of a mutex = %+v %v, want its one holder with Limit 0", rule, hm, err)
+	} else if !e.h.NoFencing && hm[0].Token != m.Token() {
+		t.Errorf("rule %q: Holders of a mutex has token %d, its session %d", rule, hm[0].Token, m.Token())
 	}
 	if e.h.NoAdmin {
 		return
@@ -515,7 +587,12 @@ func testSemHolders(t *testing.T, e *env) {
 		t.Fatalf("rule %q: Holders after ForceRelease = %+v %v", rule, hs, err)
 	}
 	s := mustAcquire(t, c, k) // free: even a mutex may take it
-	s.Release(context.Background())
+	defer s.Release(context.Background())
+	for _, p := range held {
+		if !e.h.NoFencing && s.Token() <= p.Token() {
+			t.Errorf("rule %q: the mutex after ForceRelease has token %d, a permit before it had %d", rule, s.Token(), p.Token())
+		}
+	}
 }
 
 // testSemCheck checks rule "Check works on a permit: nil while held, and
@@ -540,25 +617,36 @@ func testSemCheck(t *testing.T, e *env) {
 	if err := s1.Check(ctxT(t, 10*time.Second)); err != nil {
 		t.Fatalf("rule %q: Check after another permit's release = %v", rule, err)
 	}
-	switch adm, ok := ps[1].l.(core.Admin); {
+	if drop(t, e, ps[1], k) {
+		checkLost(t, rule, s1)
+	}
+}
+
+// drop removes every lease of key behind its holders' backs, with p's
+// ForceRelease or else the harness's Delete. It reports false, having
+// done nothing, when there is neither.
+func drop(t *testing.T, e *env, p *proc, key string) bool {
+	t.Helper()
+	switch adm, ok := p.l.(core.Admin); {
 	case !e.h.NoAdmin && ok:
-		if _, err := adm.ForceRelease(ctxT(t, 10*time.Second), k); err != nil {
+		if _, err := adm.ForceRelease(ctxT(t, 10*time.Second), key); err != nil {
 			t.Fatal(err)
 		}
 	case e.h.Delete != nil:
-		if err := e.h.Delete(ctxT(t, 10*time.Second), k); err != nil {
+		if err := e.h.Delete(ctxT(t, 10*time.Second), key); err != nil {
 			t.Fatal(err)
 		}
 	default:
-		return
+		return false
 	}
-	checkLost(t, rule, s1)
+	return true
 }
 
 // testSemRenewBatched checks rule "the renewal of many permits, of one key
-// or many, and of locks besides, is one Renew call per interval".
+// or many, and of locks besides, is one Renew call per interval; a lease of
+// the batch that the store dropped is lost, the others renew".
 func testSemRenewBatched(t *testing.T, e *env) {
-	const rule = "the renewal of many permits, of one key or many, and of locks besides, is one Renew call per interval"
+	const rule = "the renewal of many permits, of one key or many, and of locks besides, is one Renew call per interval; a lease of the batch that the store dropped is lost, the others renew"
 	p := semProcs(t, e, 1)[0]
 	k := e.key(t)
 	var held []core.Session
@@ -605,6 +693,71 @@ func testSemRenewBatched(t *testing.T, e *env) {
 		if s.Err() != nil {
 			t.Fatalf("rule %q: lease %d lost: %v", rule, i, s.Err())
 		}
+	}
+	gone := k + "/pair-0"
+	if !drop(t, e, p, gone) {
+		return
+	}
+	for _, s := range held {
+		if s.Key() == gone {
+			expectLost(t, rule, s, e.ttl+2*time.Second) // at the next renewal
+		}
+	}
+	// That renewal renewed the others: they are held, by the store's word.
+	for i, s := range held {
+		if s.Key() != gone {
+			if err := s.Check(ctxT(t, 10*time.Second)); err != nil {
+				t.Fatalf("rule %q: lease %d, renewed in one call with the dropped ones: Check = %v", rule, i, err)
+			}
+		}
+	}
+}
+
+// testSemMinHold checks rule "with MinHold a permit released before the
+// hold ends stays held as a permit until then, longer or shorter than its
+// TTL: it is listed, counts against the limit and makes a mutex claim a
+// limit mismatch".
+func testSemMinHold(t *testing.T, e *env) {
+	const rule = "with MinHold a permit released before the hold ends stays held as a permit until then, longer or shorter than its TTL: it is listed, counts against the limit and makes a mutex claim a limit mismatch"
+	ps := semProcs(t, e, 2)
+	a, b := ps[0], ps[1]
+	k := e.key(t)
+	// A hold far past the TTL: the store keeps the released permit for it.
+	const long = time.Minute
+	s := mustAcquire(t, a, k+"/long", core.Limit(2), core.MinHold(long))
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	hs, err := b.c.Holders(ctxT(t, 10*time.Second), k+"/long")
+	if err != nil || len(hs) != 1 || hs[0].Limit != 2 || (!e.h.NoFencing && hs[0].Token != s.Token()) || hs[0].Remaining < long-10*time.Second {
+		t.Fatalf("rule %q: holders during a hold of %v: %+v %v, want the released permit with its hold left", rule, long, hs, err)
+	}
+	if _, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k+"/long"); !errors.Is(err, core.ErrLimitMismatch) {
+		t.Fatalf("rule %q: a mutex claim during the hold = %v, want ErrLimitMismatch", rule, err)
+	}
+	s2 := mustAcquire(t, b, k+"/long", core.Limit(2))
+	defer s2.Release(context.Background())
+	if _, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k+"/long", core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: a third permit of 2 during the hold = %v, want busy", rule, err)
+	}
+	// A hold shorter than the TTL: the permit frees when the hold ends.
+	hold := e.ttl / 2
+	start := time.Now()
+	s = mustAcquire(t, a, k+"/short", core.Limit(2), core.MinHold(hold))
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, b, k+"/short", core.Limit(2))
+	if _, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k+"/short", core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: a third permit of 2 during the hold = %v, want busy", rule, err)
+	}
+	s3, err := b.l.Acquire(ctxT(t, 5*e.ttl+5*time.Second), k+"/short", core.Limit(2), core.Backoff(10*time.Millisecond, e.ttl/8))
+	if err != nil {
+		t.Fatalf("rule %q: %v", rule, err)
+	}
+	defer s3.Release(context.Background())
+	if d := time.Since(start); d < hold-50*time.Millisecond || d > hold+e.ttl+time.Second {
+		t.Errorf("rule %q: the released permit freed %v after its claim, min hold %v", rule, d, hold)
 	}
 }
 

@@ -94,6 +94,7 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreHoldersListForceRelease", testSemHolders},
 		{"SemaphoreCheckOnPermit", testSemCheck},
 		{"SemaphoreRenewalsBatched", testSemRenewBatched},
+		{"SemaphoreMinHoldKeepsPermitAfterRelease", testSemMinHold},
 		{"SemaphoreAmbiguousAcquireIsReconciled", testSemReconcile},
 		{"QueueWaitNamesItself", testQueueWaiterID},
 		{"QueueFIFOAcrossProcesses", testQueueFIFO},

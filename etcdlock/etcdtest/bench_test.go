@@ -11,8 +11,6 @@ package etcdtest_test
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +23,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
+	"github.com/dislock/dislock/internal/benchtest"
 )
 
 // counter counts the client's requests: unary calls, streams opened and
@@ -95,18 +94,15 @@ func benchLocker(b *testing.B, cli *clientv3.Client, prefix string, opts ...core
 
 // getLatency is the mean round trip of a serial Get.
 func getLatency(b *testing.B, cli *clientv3.Client) time.Duration {
-	ctx := context.Background()
-	for range 200 {
-		cli.Get(ctx, "bench/rtt")
+	return benchtest.Mean(b, 200, 2000, getter(cli))
+}
+
+// getter is one Get on cli.
+func getter(cli *clientv3.Client) func() error {
+	return func() error {
+		_, err := cli.Get(context.Background(), "bench/rtt")
+		return err
 	}
-	const n = 2000
-	start := time.Now()
-	for range n {
-		if _, err := cli.Get(ctx, "bench/rtt"); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return time.Since(start) / n
 }
 
 // putLatency is the mean round trip of a serial Put: a write through Raft,
@@ -148,37 +144,21 @@ func BenchmarkGet(b *testing.B) {
 }
 
 // interleaved runs op b.N times, each after one Get on cli, timing both,
-// so that the ratio holds under the same load. cnt, when set, counts op's
-// requests.
+// so that the ratio holds under the same load (benchtest.Interleaved). cnt,
+// when set, counts op's requests.
 func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() error) {
-	ctx := context.Background()
-	getLatency(b, cli)
-	var getT, opT time.Duration
+	getLatency(b, cli) // warm up
 	var reqs int64
-	b.ResetTimer()
-	for range b.N {
-		t0 := time.Now()
-		if _, err := cli.Get(ctx, "bench/rtt"); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		var n0 int64
-		if cnt != nil {
-			n0 = cnt.unary.Load() + cnt.streams.Load()
-		}
-		if err := op(); err != nil {
-			b.Fatal(err)
-		}
-		opT += time.Since(t1)
-		getT += t1.Sub(t0)
-		if cnt != nil {
+	counted := op
+	if cnt != nil {
+		counted = func() error {
+			n0 := cnt.unary.Load() + cnt.streams.Load()
+			err := op()
 			reqs += cnt.unary.Load() + cnt.streams.Load() - n0
+			return err
 		}
 	}
-	b.StopTimer()
-	b.ReportMetric(float64(opT.Nanoseconds())/float64(b.N), "op-ns")
-	b.ReportMetric(float64(getT.Nanoseconds())/float64(b.N), "get-ns")
-	b.ReportMetric(float64(opT)/float64(getT), "x-get")
+	benchtest.Interleaved(b, "get", getter(cli), counted)
 	if cnt != nil {
 		b.ReportMetric(float64(reqs)/float64(b.N), "req/op")
 	}
@@ -234,8 +214,7 @@ func handoffStats(b *testing.B, lat []time.Duration, get, put time.Duration) {
 	if len(lat) == 0 {
 		return
 	}
-	slices.Sort(lat)
-	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
+	p := func(q float64) time.Duration { return benchtest.Quantile(lat, q) }
 	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(p(0.5))/float64(get), "p50-x-get")
@@ -261,44 +240,7 @@ func benchHandoff(b *testing.B, procs int) {
 	for i := range lockers {
 		lockers[i] = benchLocker(b, benchClient(b, cfg, nil), prefix, core.WithDefaults(core.TTL(10*time.Second)))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var (
-		mu        sync.Mutex
-		lat       []time.Duration
-		released  atomic.Int64
-		remaining atomic.Int64
-		wg        sync.WaitGroup
-	)
-	remaining.Store(int64(b.N))
-	b.ResetTimer()
-	for i := range waiters {
-		l := lockers[i%procs]
-		wg.Go(func() {
-			for {
-				s, err := l.Acquire(ctx, "handoff")
-				if err != nil {
-					return
-				}
-				now := time.Now().UnixNano()
-				if r := released.Load(); r != 0 {
-					mu.Lock()
-					lat = append(lat, time.Duration(now-r))
-					mu.Unlock()
-				}
-				time.Sleep(time.Millisecond) // the work
-				last := remaining.Add(-1) <= 0
-				released.Store(time.Now().UnixNano())
-				s.Release(context.Background())
-				if last {
-					cancel()
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
+	lat, _ := benchtest.Handoff(b, waiters, benchtest.Turns(lockers, "handoff"))
 	handoffStats(b, lat, get, put)
 }
 
@@ -310,16 +252,6 @@ func BenchmarkConcurrencyMutexHandoff(b *testing.B) {
 	probe := benchClient(b, cfg, nil)
 	get, put := getLatency(b, probe), putLatency(b, probe)
 	prefix := uniquePrefix("bench-mutex-handoff")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var (
-		mu        sync.Mutex
-		lat       []time.Duration
-		released  atomic.Int64
-		remaining atomic.Int64
-		wg        sync.WaitGroup
-	)
-	remaining.Store(int64(b.N))
 	sessions := make([]*concurrency.Session, waiters)
 	for i := range sessions {
 		s, err := concurrency.NewSession(benchClient(b, cfg, nil), concurrency.WithTTL(10))
@@ -329,33 +261,10 @@ func BenchmarkConcurrencyMutexHandoff(b *testing.B) {
 		sessions[i] = s
 		b.Cleanup(func() { s.Close() })
 	}
-	b.ResetTimer()
-	for i := range waiters {
+	lat, _ := benchtest.Handoff(b, waiters, func(i int) (func(context.Context) error, func() error) {
 		m := concurrency.NewMutex(sessions[i], prefix+"handoff")
-		wg.Go(func() {
-			for {
-				if err := m.Lock(ctx); err != nil {
-					return
-				}
-				now := time.Now().UnixNano()
-				if r := released.Load(); r != 0 {
-					mu.Lock()
-					lat = append(lat, time.Duration(now-r))
-					mu.Unlock()
-				}
-				time.Sleep(time.Millisecond)
-				last := remaining.Add(-1) <= 0
-				released.Store(time.Now().UnixNano())
-				m.Unlock(context.Background())
-				if last {
-					cancel()
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
+		return m.Lock, func() error { return m.Unlock(context.Background()) }
+	})
 	handoffStats(b, lat, get, put)
 }
 
@@ -378,28 +287,10 @@ func hold1000(b *testing.B, limit int) {
 	cli := benchClient(b, cfg, cnt)
 	l := benchLocker(b, cli, uniquePrefix("bench-hold"), core.WithDefaults(core.TTL(ttl)))
 	ctx := context.Background()
-	sessions := make([]core.Session, n)
-	for i := range sessions {
-		s, err := l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i/limit), core.Limit(limit))
-		if err != nil {
-			b.Fatal(err)
-		}
-		sessions[i] = s
-	}
-	time.Sleep(interval) // let acquisitions settle into one renewal batch
-	u0, s0, m0 := cnt.unary.Load(), cnt.streams.Load(), cnt.streamMsgs.Load()
-	start := time.Now()
-	b.ResetTimer()
-	for range b.N {
-		time.Sleep(interval)
-	}
-	b.StopTimer()
-	intervals := time.Since(start).Seconds() / interval.Seconds()
-	for _, s := range sessions {
-		if s.Err() != nil {
-			b.Fatalf("session lost: %v", s.Err())
-		}
-	}
+	var u0, s0, m0 int64
+	intervals := benchtest.Hold(b, n, interval, func(i int) (core.Session, error) {
+		return l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i/limit), core.Limit(limit))
+	}, func() { u0, s0, m0 = cnt.unary.Load(), cnt.streams.Load(), cnt.streamMsgs.Load() })
 	b.ReportMetric(float64(cnt.unary.Load()-u0)/intervals, "txns/interval")
 	b.ReportMetric(float64(cnt.streams.Load()-s0)/intervals, "streams/interval")
 	b.ReportMetric(float64(cnt.streamMsgs.Load()-m0)/intervals, "keepalives/interval")

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
 	"time"
@@ -37,29 +36,21 @@ const (
 	account  = "42"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	err := run(ctx, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
-}
+func main() { exenv.Main("asynq example", run) }
 
 // run enqueues the tasks, runs two workers until every task is done (or ctx
 // ends), and prints what happens to out.
 func run(ctx context.Context, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	p := &printer{w: out}
+	p := &exenv.Printer{W: out}
 
 	newClient, where, closeRedis, err := connect()
 	if err != nil {
 		return err
 	}
 	defer closeRedis()
-	p.printf("asynq and locks on %s\n", where)
+	p.Printf("asynq and locks on %s\n", where)
 	rdb := newClient()
 	defer rdb.Close()
 	queue := "dislock-example-" + strings.ToLower(rand.Text()[:8])
@@ -94,13 +85,13 @@ func run(ctx context.Context, out io.Writer) error {
 				running--
 				mu.Unlock()
 			}()
-			p.printf("%s: runs task %s for account %s (fencing token %d)\n", name, t.Payload(), account, s.Token())
+			p.Printf("%s: runs task %s for account %s (fencing token %d)\n", name, t.Payload(), account, s.Token())
 			select { // the work
 			case <-time.After(300 * time.Millisecond):
 			case <-ctx.Done():
 				return context.Cause(ctx)
 			}
-			p.printf("%s: done task %s\n", name, t.Payload())
+			p.Printf("%s: done task %s\n", name, t.Payload())
 			var n int
 			fmt.Sscan(string(t.Payload()), &n)
 			done <- n
@@ -127,10 +118,10 @@ func run(ctx context.Context, out io.Writer) error {
 			ShutdownTimeout:          2 * time.Second,
 			ErrorHandler: asynq.ErrorHandlerFunc(func(_ context.Context, t *asynq.Task, err error) {
 				if errors.Is(err, core.ErrNotAcquired) {
-					p.printf("%s: task %s is busy (account %s held elsewhere): retry later, no retry used\n", name, t.Payload(), account)
+					p.Printf("%s: task %s is busy (account %s held elsewhere): retry later, no retry used\n", name, t.Payload(), account)
 					return
 				}
-				p.printf("%s: task %s failed: %v\n", name, t.Payload(), err)
+				p.Printf("%s: task %s failed: %v\n", name, t.Payload(), err)
 			}),
 		})
 		if err := srv.Start(mux); err != nil {
@@ -147,7 +138,7 @@ func run(ctx context.Context, out io.Writer) error {
 			return fmt.Errorf("enqueue: %w", err)
 		}
 	}
-	p.printf("enqueued %d tasks for account %s\n", tasks, account)
+	p.Printf("enqueued %d tasks for account %s\n", tasks, account)
 
 	for n := 0; n < tasks; n++ {
 		select {
@@ -161,7 +152,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if overlap {
 		return errors.New("two tasks of one account ran at the same time")
 	}
-	p.printf("all %d tasks done, one at a time\n", tasks)
+	p.Printf("all %d tasks done, one at a time\n", tasks)
 	return nil
 }
 
@@ -191,16 +182,4 @@ func connect() (newClient func() *redis.Client, where string, closeFn func(), er
 	}
 	newClient = func() *redis.Client { return redis.NewClient(&redis.Options{Addr: m.Addr()}) }
 	return newClient, "an embedded miniredis (set REDIS_URL to use a real Redis)", m.Close, nil
-}
-
-// printer serialises output from the workers' goroutines.
-type printer struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (p *printer) printf(format string, args ...any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, format, args...)
 }

@@ -18,8 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
 	"sync"
 	"time"
@@ -34,27 +32,19 @@ import (
 
 const schedulers = 3
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	err := run(ctx, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "gocron example:", err)
-		os.Exit(1)
-	}
-}
+func main() { exenv.Main("gocron example", run) }
 
 // run shows the elector, then the locker, and prints what happens to out.
 func run(ctx context.Context, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	p := &printer{w: out}
+	p := &exenv.Printer{W: out}
 	lockers, backend, closeAll, err := exenv.Lockers(ctx, schedulers)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	p.printf("backend: %s\n", backend)
+	p.Printf("backend: %s\n", backend)
 	// A fresh prefix per run keeps this run's keys apart from earlier runs'
 	// on a shared server.
 	prefix := gocronlock.Prefix("examples/gocron/" + strings.ToLower(rand.Text()[:8]) + "/")
@@ -68,8 +58,8 @@ func run(ctx context.Context, out io.Writer) error {
 // electorDemo starts three schedulers with a distributed elector: only the
 // leader runs the heartbeat job. Closing the leader's elector hands over to
 // a standby at once.
-func electorDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix gocronlock.Option) error {
-	p.printf("\n== elector: one leader runs every job ==\n")
+func electorDemo(ctx context.Context, p *exenv.Printer, lockers []core.Locker, prefix gocronlock.Option) error {
+	p.Printf("\n== elector: one leader runs every job ==\n")
 	beats := make(chan beat, 16)
 	elected := make(chan int, 8)
 	electors := make([]*gocronlock.Elector, schedulers)
@@ -90,11 +80,11 @@ func electorDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix 
 			gocronlock.TTL(5*time.Second),
 			gocronlock.LockOptions(core.WithOwner(name)),
 			gocronlock.OnElected(func(s core.Session) {
-				p.printf("%s: elected leader (fencing token %d)\n", name, s.Token())
+				p.Printf("%s: elected leader (fencing token %d)\n", name, s.Token())
 				elected <- i
 			}),
 			gocronlock.OnRevoked(func(err error) {
-				p.printf("%s: no longer leader (%v)\n", name, err)
+				p.Printf("%s: no longer leader (%v)\n", name, err)
 			}))
 		if err != nil {
 			return err
@@ -110,7 +100,7 @@ func electorDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix 
 			if s := el.Session(); s != nil {
 				token = s.Token()
 			}
-			p.printf("%s: heartbeat (token %d)\n", name, token)
+			p.Printf("%s: heartbeat (token %d)\n", name, token)
 			select {
 			case beats <- beat{i, time.Now()}:
 			default:
@@ -130,9 +120,9 @@ func electorDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix 
 		return err
 	}
 	if info, ok, err := electors[(leader+1)%schedulers].Leader(ctx); err == nil && ok {
-		p.printf("the store says the leader is %s\n", info.Owner)
+		p.Printf("the store says the leader is %s\n", info.Owner)
 	}
-	p.printf("closing scheduler-%d's elector: it hands over at once\n", leader+1)
+	p.Printf("closing scheduler-%d's elector: it hands over at once\n", leader+1)
 	closing := time.Now()
 	if err := electors[leader].Close(); err != nil {
 		return err
@@ -142,16 +132,16 @@ func electorDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix 
 	if err != nil {
 		return err
 	}
-	p.printf("scheduler-%d took over after %v\n", next+1, time.Since(closing).Round(10*time.Microsecond))
+	p.Printf("scheduler-%d took over after %v\n", next+1, time.Since(closing).Round(10*time.Microsecond))
 	return waitBeats(ctx, beats, next, 3, closed)
 }
 
 // lockerDemo starts three schedulers with a distributed locker and a job
 // that runs every second: each tick runs on one scheduler only, the others
 // find it busy and skip it.
-func lockerDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix gocronlock.Option) error {
+func lockerDemo(ctx context.Context, p *exenv.Printer, lockers []core.Locker, prefix gocronlock.Option) error {
 	const ticks = 3
-	p.printf("\n== locker: each tick runs on one scheduler ==\n")
+	p.Printf("\n== locker: each tick runs on one scheduler ==\n")
 	type tick struct {
 		node int
 		at   time.Time
@@ -173,7 +163,7 @@ func lockerDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix g
 	for i := range schedulers {
 		name := fmt.Sprintf("scheduler-%d", i+1)
 		locker, err := gocronlock.NewLocker(lockers[i], prefix,
-			gocronlock.OnError(func(key string, err error) { p.printf("%s: %s: %v\n", name, key, err) }))
+			gocronlock.OnError(func(key string, err error) { p.Printf("%s: %s: %v\n", name, key, err) }))
 		if err != nil {
 			return err
 		}
@@ -193,7 +183,7 @@ func lockerDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix g
 			mu.Lock()
 			all = append(all, now)
 			mu.Unlock()
-			p.printf("%s: report for %s\n", name, now.Round(time.Second).Format(time.TimeOnly))
+			p.Printf("%s: report for %s\n", name, now.Round(time.Second).Format(time.TimeOnly))
 			select {
 			case runs <- tick{i, now}:
 			default:
@@ -233,7 +223,7 @@ func lockerDemo(ctx context.Context, p *printer, lockers []core.Locker, prefix g
 	for _, n := range seen {
 		once = once && n == 1
 	}
-	p.printf("%d ticks, %d runs, %d busy skips; each tick ran once: %v\n", len(seen), len(all), skipped, once)
+	p.Printf("%d ticks, %d runs, %d busy skips; each tick ran once: %v\n", len(seen), len(all), skipped, once)
 	return nil
 }
 
@@ -271,16 +261,4 @@ func waitBeats(ctx context.Context, ch <-chan beat, node, n int, since time.Time
 		}
 	}
 	return nil
-}
-
-// printer serialises output from the schedulers' goroutines.
-type printer struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (p *printer) printf(format string, args ...any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, format, args...)
 }

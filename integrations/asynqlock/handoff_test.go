@@ -26,11 +26,7 @@ func (e *env) byAccount(acct string, opts ...asynq.Option) *asynq.TaskInfo {
 // completes, never having been counted as failed.
 func TestServers_HandOffWaitFreesSmallServer(t *testing.T) {
 	e := newEnv(t)
-	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), asynqlock.DefaultPrefix+"hot")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
 	busy := make(chan error, 100)
 	ran := make(chan string, 10)
 	cfg := wired()
@@ -51,20 +47,12 @@ func TestServers_HandOffWaitFreesSmallServer(t *testing.T) {
 		t.Fatalf("task of %q ran while its key was held", acct)
 	}
 	recv(t, busy, "a busy bounce of the waiter")
-	info, err := e.insp.GetTaskInfo(e.queue, hot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Retried != 0 || !strings.Contains(info.LastErr, "busy") {
-		t.Errorf("bounced waiter: retried %d (want 0), last error %q (want busy)", info.Retried, info.LastErr)
-	}
+	e.bounced(hot, "the bounced waiter")
 	s.Release(context.Background())
 	if acct := recv(t, ran, "the hot task to run after the release"); acct != "hot" {
 		t.Fatalf("task of %q ran twice", acct)
 	}
-	if info := e.waitState(hot, asynq.TaskStateCompleted); info.Retried != 0 {
-		t.Errorf("completed with retried %d, want 0", info.Retried)
-	}
+	e.completed(hot, 0)
 }
 
 // TestServers_HandOffStopsBeforeDeadline: a waiter whose deadline comes
@@ -72,11 +60,7 @@ func TestServers_HandOffWaitFreesSmallServer(t *testing.T) {
 // that the deadline does not turn the wait into a failure that uses a retry.
 func TestServers_HandOffStopsBeforeDeadline(t *testing.T) {
 	e := newEnv(t)
-	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), asynqlock.DefaultPrefix+"job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
 	defer s.Release(context.Background())
 	busy := make(chan error, 100)
 	cfg := wired()
@@ -87,7 +71,7 @@ func TestServers_HandOffStopsBeforeDeadline(t *testing.T) {
 			return nil
 		})
 	id := e.enqueue("x", asynq.Timeout(2*time.Second), asynq.MaxRetry(3)).ID
-	err = recv(t, busy, "the waiter's bounce")
+	err := recv(t, busy, "the waiter's bounce")
 	var b *asynqlock.BusyError
 	if !errors.As(err, &b) {
 		t.Fatalf("the waiter ended with %v, want a *BusyError", err)
@@ -108,11 +92,7 @@ func TestServers_HandOffStopsBeforeDeadline(t *testing.T) {
 // other keys' tasks run meanwhile. After the release the one in line runs.
 func TestServers_ExhaustedHandOffBounded(t *testing.T) {
 	e := newEnv(t)
-	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), asynqlock.DefaultPrefix+"hot")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
 	ran := make(chan string, 20)
 	cfg := wired()
 	cfg.Concurrency = 3

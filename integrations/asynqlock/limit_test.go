@@ -109,12 +109,8 @@ func TestMiddleware_Limit(t *testing.T) {
 // Limit, or during a rolling change of it) is busy for a task under
 // Limit(3): a bounce that uses no retry and says why.
 func TestMiddleware_LimitMismatch(t *testing.T) {
-	_, holder, l := lockers(t)
 	ctx := context.Background()
-	s, err := holder.TryAcquire(ctx, asynqlock.DefaultPrefix+"t")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"t")
 	defer s.Release(ctx)
 	for _, p := range []asynqlock.Policy{asynqlock.RetryLater, asynqlock.HandOff(1)} {
 		mw := mustNew(t, l, asynqlock.Limit(3), asynqlock.OnBusy(p), asynqlock.HandOffWait(50*time.Millisecond))
@@ -164,21 +160,7 @@ func TestMiddleware_LimitHandOff(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the busy task did not wait in line")
 	}
-	released := time.Now()
-	if err := held[0].Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case at := <-started:
-		if at.Before(released) {
-			t.Error("the waiter ran before a permit was released")
-		}
-		if d := at.Sub(released); d > time.Second {
-			t.Errorf("the waiter ran %v after the release, want it woken by the release", d)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter did not run after a permit was released")
-	}
+	runsOnRelease(t, held[0], started)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -270,9 +252,7 @@ func limitAcrossServers(t *testing.T, e *env, la, lb core.Locker) {
 		recv(t, r.done, "every task to run")
 	}
 	for _, id := range ids {
-		if info := e.waitState(id, asynq.TaskStateCompleted); info.Retried != 0 {
-			t.Errorf("task %s retried %d times, want 0: busy bounces must not count", id, info.Retried)
-		}
+		e.completed(id, 0)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -118,6 +118,28 @@ func (e *env) waitState(id string, want asynq.TaskState) *asynq.TaskInfo {
 	}
 }
 
+// completed waits until task id completes and checks that it used
+// retries retries (busy bounces must not count).
+func (e *env) completed(id string, retries int) {
+	e.t.Helper()
+	if info := e.waitState(id, asynq.TaskStateCompleted); info.Retried != retries {
+		e.t.Errorf("task %s completed with retried %d, want %d: busy bounces must not count", id, info.Retried, retries)
+	}
+}
+
+// bounced checks that task id has been bounced as busy (what says when):
+// no retry used, and its last error is the busy one.
+func (e *env) bounced(id, what string) {
+	e.t.Helper()
+	info, err := e.insp.GetTaskInfo(e.queue, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if info.Retried != 0 || !strings.Contains(info.LastErr, "busy") {
+		e.t.Errorf("%s: retried %d (want 0), last error %q (want busy)", what, info.Retried, info.LastErr)
+	}
+}
+
 // waitGone polls the Inspector until task id no longer exists.
 func (e *env) waitGone(id string) {
 	e.t.Helper()
@@ -235,9 +257,7 @@ func oneAtATime(t *testing.T, e *env, la, lb core.Locker) {
 		recv(t, done, "all tasks to run")
 	}
 	for _, id := range ids {
-		if info := e.waitState(id, asynq.TaskStateCompleted); info.Retried != 0 {
-			t.Errorf("task %s retried %d times, want 0: busy bounces must not count", id, info.Retried)
-		}
+		e.completed(id, 0)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -254,11 +274,7 @@ func oneAtATime(t *testing.T, e *env, la, lb core.Locker) {
 // count growing, and runs once the holder lets go.
 func TestServers_BusyKeepsRetryBudget(t *testing.T) {
 	e := newEnv(t)
-	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), asynqlock.DefaultPrefix+"job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
 	busy := make(chan error, 100)
 	ran := make(chan struct{}, 1)
 	cfg := wired()
@@ -271,18 +287,10 @@ func TestServers_BusyKeepsRetryBudget(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		recv(t, busy, "a busy bounce")
 	}
-	info, err := e.insp.GetTaskInfo(e.queue, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Retried != 0 || !strings.Contains(info.LastErr, "busy") {
-		t.Errorf("after 3 busy bounces: retried %d (want 0), last error %q", info.Retried, info.LastErr)
-	}
+	e.bounced(id, "after 3 busy bounces")
 	s.Release(context.Background())
 	recv(t, ran, "the handler to run")
-	if info := e.waitState(id, asynq.TaskStateCompleted); info.Retried != 0 {
-		t.Errorf("completed with retried %d, want 0", info.Retried)
-	}
+	e.completed(id, 0)
 }
 
 // TestServers_ExhaustedWaits: on a task's last attempt asynq would archive
@@ -291,11 +299,7 @@ func TestServers_BusyKeepsRetryBudget(t *testing.T) {
 // waits for the key (HandOff would bounce it otherwise).
 func TestServers_ExhaustedWaits(t *testing.T) {
 	e := newEnv(t)
-	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), asynqlock.DefaultPrefix+"job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
 	busy := make(chan error, 100)
 	ran := make(chan time.Time, 2)
 	cfg := wired()
@@ -346,11 +350,7 @@ func TestServers_Policies(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.p.String(), func(t *testing.T) {
 			e := newEnv(t)
-			_, holder, l := lockers(t)
-			s, err := holder.TryAcquire(context.Background(), asynqlock.DefaultPrefix+"job")
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
 			defer s.Release(context.Background())
 			ran := make(chan time.Time, 1)
 			e.serve(wired(), asynqlock.MustNew(l, asynqlock.OnBusy(c.p)), func(context.Context, *asynq.Task) error {
@@ -425,9 +425,7 @@ func TestServers_LeaseLoss(t *testing.T) {
 		t.Errorf("task failed with %v, want ErrLeaseLost", err)
 	}
 	recv(t, done, "the retry to run")
-	if info := e.waitState(id, asynq.TaskStateCompleted); info.Retried != 1 {
-		t.Errorf("completed with retried %d, want 1", info.Retried)
-	}
+	e.completed(id, 1)
 }
 
 // TestServers_PanicReleases: a panicking handler (asynq recovers the panic)
@@ -481,11 +479,7 @@ func TestServers_ByTaskID(t *testing.T) {
 // backlog would take all three workers until the holder lets go).
 func TestServers_HotKeyLeavesWorkers(t *testing.T) {
 	e := newEnv(t)
-	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), asynqlock.DefaultPrefix+"hot")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
 	ran := make(chan string, 20)
 	cfg := wired()
 	cfg.Concurrency = 3

@@ -35,6 +35,41 @@ func lockers(t *testing.T) (*memlock.Store, core.Locker, core.Locker) {
 	return store, a, b
 }
 
+// heldElsewhere returns a session on key of one of two Lockers on one
+// in-memory store (lockers), and the other: key is held by another process
+// than l.
+func heldElsewhere(t *testing.T, key string) (core.Session, core.Locker) {
+	t.Helper()
+	_, holder, l := lockers(t)
+	s, err := holder.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, l
+}
+
+// runsOnRelease releases s and checks that the waiting task, whose start
+// time comes on started, runs after the release and within a second of it:
+// woken by it.
+func runsOnRelease(t *testing.T, s core.Session, started <-chan time.Time) {
+	t.Helper()
+	released := time.Now()
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-started:
+		if at.Before(released) {
+			t.Error("the waiter ran before the release")
+		}
+		if d := at.Sub(released); d > time.Second {
+			t.Errorf("the waiter ran %v after the release, want it woken by the release", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter did not run after the release")
+	}
+}
+
 func mustNew(t *testing.T, l core.Locker, opts ...asynqlock.Option) asynq.MiddlewareFunc {
 	t.Helper()
 	mw, err := asynqlock.New(l, opts...)
@@ -195,12 +230,8 @@ func noop() asynq.Handler {
 // TestMiddleware_BusyPolicies checks what each policy returns for a busy key
 // (the asynq outcomes are checked against real servers in server_test.go).
 func TestMiddleware_BusyPolicies(t *testing.T) {
-	_, holder, l := lockers(t)
 	ctx := context.Background()
-	s, err := holder.TryAcquire(ctx, asynqlock.DefaultPrefix+"t")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"t")
 	defer s.Release(ctx)
 	task := asynq.NewTask("t", nil)
 	cases := []struct {
@@ -444,21 +475,7 @@ func TestMiddleware_HandOff(t *testing.T) {
 	if d := bounce(); d == 0 {
 		t.Error("bounce after the key stood still for a second: quick, want BusyDelay")
 	}
-	released := time.Now()
-	if err := s.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case at := <-started:
-		if at.Before(released) {
-			t.Error("the waiter ran before the holder released")
-		}
-		if d := at.Sub(released); d > time.Second {
-			t.Errorf("the waiter ran %v after the release, want it woken by the release", d)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter did not run after the release")
-	}
+	runsOnRelease(t, s, started)
 	if err := <-waiter; err != nil {
 		t.Errorf("waiter: %v", err)
 	}
@@ -489,13 +506,9 @@ func TestMiddleware_HandOff(t *testing.T) {
 // bounced with a *BusyError (no retry used), and its place in line goes to
 // the next busy task.
 func TestMiddleware_HandOffWait(t *testing.T) {
-	_, holder, l := lockers(t)
 	ctx := context.Background()
 	key := asynqlock.DefaultPrefix + "t"
-	s, err := holder.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, l := heldElsewhere(t, key)
 	defer s.Release(ctx)
 	w := watchedLocker{Locker: l, acquiring: make(chan string, 2)}
 	mw := mustNew(t, w, asynqlock.HandOffWait(100*time.Millisecond))

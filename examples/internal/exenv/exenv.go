@@ -1,8 +1,9 @@
 // Package exenv picks the backend the examples run on: PostgreSQL when
 // DATABASE_URL is set, Redis when REDIS_URL is set, etcd when ETCD_URL is
 // set (etcd://host:port[,host:port]), ZooKeeper when ZK_URL is set
-// (zk://[user:password@]host:port[,host:port][/chroot]), and otherwise the in-process memlock
-// backend, so that every example runs with no server.
+// (zk://[user:password@]host:port[,host:port][/chroot]), and otherwise the
+// in-process memlock backend, so that every example runs with no server.
+// Main and Printer are what the example programs share besides.
 package exenv
 
 import (
