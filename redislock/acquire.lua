@@ -59,7 +59,7 @@ if r and r.held then
     flags = rec_with(flags, REC_NOTIFY)
   end
   if flags ~= r.flags then
-    redis.call('SET', KEYS[1], rec_reflag(v, flags), 'KEEPTTL')
+    redis.call('SET', KEYS[1], rec_reflag(v, flags), 'KEEPTTL', 'XX')
   end
   return {0, r.token, r.acq, pttl, t[1], t[2], r.owner}
 end

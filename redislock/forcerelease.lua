@@ -17,10 +17,10 @@ if rec_has(r.flags, REC_QUEUED) then
   head = queue_ops().head(KEYS[2], KEYS[3], (server_time()))
 end
 if head then
-  redis.call('SET', KEYS[1], rec_free(REC_QUEUED, r.token), 'KEEPTTL')
+  redis.call('SET', KEYS[1], rec_free(REC_QUEUED, r.token), 'KEEPTTL', 'XX')
   redis.call('PUBLISH', ARGV[1], queue_ops().turn(ARGV[2], head))
 else
-  redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL')
+  redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL', 'XX')
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end
 return 1

@@ -9,6 +9,12 @@
 --         continues the per-key counter even if the server clock stepped
 --         back
 --
+-- A write that keeps the record's TTL (KEEPTTL) says XX too: the script
+-- read the key just before, so on Redis, whose scripts see no key expire
+-- while they run, it is there; a server whose keys can expire in the middle
+-- of a script (miniredis) would otherwise bring the key back with no TTL,
+-- held for ever.
+--
 -- flags is one digit, the sum of REC_NOTIFY (someone was answered
 -- busy: the release publishes the key) and REC_QUEUED (the key's waiter
 -- queue may hold waiters: the release, and a claim, look at it). A

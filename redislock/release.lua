@@ -27,7 +27,7 @@ if keep == 0 and ARGV[5] ~= '' then
   local n = #ARGV[5]
   if v and string.byte(v, 1) == 48 and string.byte(v, 3 + n) == 124
       and string.sub(v, 3, 2 + n) == ARGV[5] and rec_held_by(v, ARGV[1]) then
-    redis.call('SET', KEYS[1], '0|' .. ARGV[5], 'KEEPTTL')
+    redis.call('SET', KEYS[1], '0|' .. ARGV[5], 'KEEPTTL', 'XX')
     return 1
   end
 end
@@ -48,12 +48,12 @@ end
 if rec_has(r.flags, REC_QUEUED) then
   local head = queue_ops().head(KEYS[2], KEYS[3], (server_time()))
   if head then
-    redis.call('SET', KEYS[1], rec_free(REC_QUEUED, r.token), 'KEEPTTL')
+    redis.call('SET', KEYS[1], rec_free(REC_QUEUED, r.token), 'KEEPTTL', 'XX')
     redis.call('PUBLISH', ARGV[3], queue_ops().turn(ARGV[4], head))
     return 1
   end
 end
-redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL')
+redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL', 'XX')
 if rec_has(r.flags, REC_NOTIFY) then
   redis.call('PUBLISH', ARGV[3], ARGV[4])
 end
