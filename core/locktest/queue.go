@@ -575,3 +575,88 @@ func testQueueOneWake(t *testing.T, e *env) {
 			rule, attempts, waiters, allowed, waited)
 	}
 }
+
+// handoffLag bounds the p90 of a hand-off's lag (from a holder's release to
+// the next waiter's acquisition) in testQueueHandoffPrompt: a few round
+// trips on a loaded machine, and well under the fallback poll of a queued
+// wait (a third of the queue TTL, 666ms), which a lost turn waits for.
+const handoffLag = 300 * time.Millisecond
+
+// testQueueHandoffPrompt checks rule "on a Queuer every waiter is told its
+// turn: waiters that call Acquire at once on a key never used before, from
+// one process or several, each get the key within a few round trips of the
+// release before theirs, never at the fallback poll".
+func testQueueHandoffPrompt(t *testing.T, e *env) {
+	const rule = "on a Queuer every waiter is told its turn: waiters that call Acquire at once on a key never used before, from one process or several, each get the key within a few round trips of the release before theirs, never at the fallback poll"
+	const waiters, rounds = 16, 3
+	ps := queueProcs(t, e, 4)
+	for _, procs := range []struct {
+		name string
+		ps   []*proc
+	}{{"OneLocker", ps[:1]}, {"FourLockers", ps}} {
+		t.Run(procs.name, func(t *testing.T) {
+			ctx := ctxT(t, 60*time.Second)
+			// Bring every subscription up first: a turn sent before a
+			// subscription is in place is caught by the re-check that
+			// follows it, which is not what this rule measures.
+			for _, p := range procs.ps {
+				s, err := p.l.Acquire(ctx, e.key(t)+"-warm", core.TTL(checkTTL))
+				if err != nil {
+					t.Fatalf("warm-up acquire: %v", err)
+				}
+				s.Release(context.Background())
+				if !waitFor(t, p.fault.watching.Load, 10*time.Second) {
+					t.Fatalf("rule %q: the backend's WatchTurns never called ready", rule)
+				}
+			}
+			var lags []time.Duration
+			for r := range rounds {
+				k := fmt.Sprintf("%s-%d", e.key(t), r)
+				type hold struct{ got, released time.Time }
+				holds := make([]hold, waiters)
+				errs := make(chan error, waiters)
+				start := make(chan struct{})
+				var wg sync.WaitGroup
+				for i := range waiters {
+					p := procs.ps[i%len(procs.ps)]
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						s, err := p.l.Acquire(ctx, k, core.TTL(checkTTL))
+						if err != nil {
+							errs <- err
+							return
+						}
+						holds[i].got = time.Now()
+						time.Sleep(time.Millisecond) // the work under the lock
+						holds[i].released = time.Now()
+						if err := s.Release(context.Background()); err != nil {
+							errs <- err
+						}
+					}()
+				}
+				t0 := time.Now()
+				close(start)
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Fatalf("rule %q: %v", rule, err)
+				}
+				slices.SortFunc(holds, func(a, b hold) int { return a.got.Compare(b.got) })
+				prev := t0
+				for _, h := range holds {
+					lags = append(lags, h.got.Sub(prev))
+					prev = h.released
+				}
+			}
+			slices.Sort(lags)
+			p50, p90, worst := lags[len(lags)/2], lags[len(lags)*9/10], lags[len(lags)-1]
+			t.Logf("%d hand-offs: lag p50 %v, p90 %v, max %v", len(lags), p50, p90, worst)
+			if p90 > handoffLag {
+				t.Errorf("rule %q: hand-off lag p90 %v (p50 %v, max %v), want at most %v: waiters missed their turn and waited for the poll",
+					rule, p90, p50, worst, handoffLag)
+			}
+		})
+	}
+}

@@ -99,6 +99,7 @@ func Run(t *testing.T, h Harness) {
 		{"QueueNoBargingOnSemaphore", testQueueSemaphore},
 		{"QueueLeaveOfFirstPassesTurn", testQueueLeavePassesTurn},
 		{"QueueOneWakePerRelease", testQueueOneWake},
+		{"QueueHandoffPrompt", testQueueHandoffPrompt},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, e) })
