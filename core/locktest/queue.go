@@ -660,3 +660,118 @@ func testQueueHandoffPrompt(t *testing.T, e *env) {
 		})
 	}
 }
+
+// semQueue is the raw set-up of the semaphore grant rules: a limit-3
+// semaphore on a fresh key, a holder's three permits, and a turn log.
+type semQueue struct {
+	t            *testing.T
+	rule, key    string
+	holder, wait queueBackend
+	turns        *turnLog
+	ctx          context.Context
+	held         []core.AcquireRequest
+}
+
+const semQueueLimit = 3
+
+func newSemQueue(t *testing.T, e *env, rule string) *semQueue {
+	t.Helper()
+	holder, wait, watch := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
+	if _, ok := holder.(core.SemaphoreBackend); !ok {
+		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
+	}
+	q := &semQueue{t: t, rule: rule, key: e.key(t), holder: holder, wait: wait, ctx: ctxT(t, 30*time.Second)}
+	q.turns = watchTurns(t, rule, watch, q.key)
+	for range semQueueLimit {
+		r := q.req("")
+		q.grant(holder, r, "a holder's permit")
+	}
+	return q
+}
+
+func (q *semQueue) req(waiter string) core.AcquireRequest {
+	r := core.AcquireRequest{Key: q.key, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL, Limit: semQueueLimit}
+	if waiter != "" {
+		r.Waiter, r.WaiterTTL = waiter, checkTTL
+	}
+	return r
+}
+
+func (q *semQueue) grant(b core.Backend, r core.AcquireRequest, what string) {
+	q.t.Helper()
+	if _, err := b.TryAcquire(q.ctx, r); err != nil {
+		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want granted", q.rule, what, err)
+	}
+	q.held = append(q.held, r)
+	q.t.Cleanup(func() {
+		b.Release(context.Background(), core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: semQueueLimit})
+	})
+}
+
+func (q *semQueue) busy(b core.Backend, r core.AcquireRequest, what string) {
+	q.t.Helper()
+	if _, err := b.TryAcquire(q.ctx, r); !errors.Is(err, core.ErrNotAcquired) {
+		if err == nil {
+			b.Release(q.ctx, core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: semQueueLimit})
+		}
+		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want busy", q.rule, what, err)
+	}
+}
+
+// releaseHeld releases the holder's i-th permit.
+func (q *semQueue) releaseHeld(i int) {
+	q.t.Helper()
+	if err := q.holder.Release(q.ctx, core.ReleaseRequest{Key: q.key, OwnerToken: q.held[i].OwnerToken, Limit: semQueueLimit}); err != nil {
+		q.t.Fatalf("rule %q: release: %v", q.rule, err)
+	}
+}
+
+// testQueueSemaphoreGrant checks rule "on a Queuer semaphore a waiter is
+// granted a permit when fewer live waiters are queued before it than
+// permits are free, and answered busy otherwise".
+func testQueueSemaphoreGrant(t *testing.T, e *env) {
+	const rule = "on a Queuer semaphore a waiter is granted a permit when fewer live waiters are queued before it than permits are free, and answered busy otherwise"
+	q := newSemQueue(t, e, rule)
+	w1, w2, w3 := "w1-"+rand.Text(), "w2-"+rand.Text(), "w3-"+rand.Text()
+	q.busy(q.wait, q.req(w1), "the first waiter on a full semaphore")
+	q.busy(q.wait, q.req(w2), "the second waiter on a full semaphore")
+	q.busy(q.wait, q.req(w3), "the third waiter on a full semaphore")
+	q.releaseHeld(0)
+	q.releaseHeld(1) // two permits free, three waiters
+	q.busy(q.wait, q.req(w3), "the third waiter, two waiters before it and two permits free")
+	q.grant(q.wait, q.req(w2), "the second waiter, one waiter before it and two permits free")
+	// w2 is out of line: one permit free, w1 first, w3 behind it.
+	q.busy(q.wait, q.req(w3), "the third waiter, one waiter before it and one permit free")
+	q.busy(q.holder, q.req(""), "a claim without a Waiter while live waiters hold every free permit's turn")
+	q.grant(q.wait, q.req(w1), "the first waiter, nobody before it and one permit free")
+	q.busy(q.wait, q.req(w3), "the last waiter on a full semaphore")
+	if err := q.wait.Leave(q.ctx, q.key, w3); err != nil {
+		t.Errorf("rule %q: Leave = %v", rule, err)
+	}
+}
+
+// testQueueSemaphoreGrantPassesTurn checks rule "on a Queuer semaphore a
+// grant that leaves a permit free tells the next live waiter its turn".
+func testQueueSemaphoreGrantPassesTurn(t *testing.T, e *env) {
+	const rule = "on a Queuer semaphore a grant that leaves a permit free tells the next live waiter its turn"
+	q := newSemQueue(t, e, rule)
+	w1, w2 := "w1-"+rand.Text(), "w2-"+rand.Text()
+	q.busy(q.wait, q.req(w1), "the first waiter on a full semaphore")
+	q.busy(q.wait, q.req(w2), "the second waiter on a full semaphore")
+	q.releaseHeld(0)
+	q.turns.expect(t, rule, "a permit's release with waiters queued", w1)
+	q.releaseHeld(1)
+	q.turns.expect(t, rule, "a second permit's release, the first waiter still in line", w1)
+	q.grant(q.wait, q.req(w1), "the first waiter, two permits free")
+	q.turns.expect(t, rule, "a grant that leaves a permit free", w2)
+	q.grant(q.wait, q.req(w2), "the second waiter, one permit free")
+	// The last grant left no permit free and nobody in line: no turn; the
+	// next turn on the key is the one a release sends for a new waiter.
+	w3 := "w3-" + rand.Text()
+	q.busy(q.wait, q.req(w3), "a waiter on a full semaphore")
+	q.releaseHeld(2)
+	q.turns.expect(t, rule, "the first turn after grants that left no permit free", w3)
+	if err := q.wait.Leave(q.ctx, q.key, w3); err != nil {
+		t.Errorf("rule %q: Leave = %v", rule, err)
+	}
+}

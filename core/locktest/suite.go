@@ -97,6 +97,8 @@ func Run(t *testing.T, h Harness) {
 		{"QueueCancelledWaiterLeaves", testQueueCancelled},
 		{"QueueNoBarging", testQueueNoBarging},
 		{"QueueNoBargingOnSemaphore", testQueueSemaphore},
+		{"QueueSemaphoreGrantsByFreePermits", testQueueSemaphoreGrant},
+		{"QueueSemaphoreGrantPassesTurn", testQueueSemaphoreGrantPassesTurn},
 		{"QueueLeaveOfFirstPassesTurn", testQueueLeavePassesTurn},
 		{"QueueOneWakePerRelease", testQueueOneWake},
 		{"QueueHandoffPrompt", testQueueHandoffPrompt},
