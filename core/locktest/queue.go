@@ -14,7 +14,9 @@ import (
 )
 
 // Rules of store-side waiter queues. They run when the backend is a
-// core.Queuer and are skipped otherwise. A waiting Acquire on a Queuer
+// core.Queuer and are skipped otherwise. Each clause of core.Queuer's
+// contract (the grant rule, places in line, dead waiters, turns) names the
+// rules here that check it. A waiting Acquire on a Queuer
 // sends every attempt with one Waiter id and the engine's queue TTL (2s),
 // and re-attempts at least every third of it to keep its place in line.
 //
