@@ -2,6 +2,13 @@ module github.com/dislock/dislock
 
 go 1.26.0
 
+// go-zookeeper v1.0.4 with its data race on Conn.lastZxid fixed (see
+// third_party/go-zookeeper-zk/PATCHED.md), so that this module's own tests
+// under -race report races of dislock's code only. A replace applies only
+// to the module it is written in: a program that depends on dislock builds
+// with the go-zookeeper it requires, the released v1.0.4 by default.
+replace github.com/go-zookeeper/zk => ./third_party/go-zookeeper-zk
+
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/go-co-op/gocron/v2 v2.21.2

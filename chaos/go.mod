@@ -6,9 +6,9 @@ replace (
 	github.com/dislock/dislock => ../
 	github.com/dislock/dislock/etcdlock => ../etcdlock
 	// go-zookeeper v1.0.4 with its data race on Conn.lastZxid fixed (see
-	// third_party/go-zookeeper-zk/PATCHED.md). This module is never a
+	// ../third_party/go-zookeeper-zk/PATCHED.md), as in the root module. This module is never a
 	// dependency of anyone's build, so the replace reaches no user.
-	github.com/go-zookeeper/zk => ./third_party/go-zookeeper-zk
+	github.com/go-zookeeper/zk => ../third_party/go-zookeeper-zk
 )
 
 require (

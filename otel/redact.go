@@ -1,6 +1,14 @@
 package otel
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dislock/dislock/core"
+)
 
 // secretWords are parameter names whose values redact removes, as in
 // "password=x" (libpq keyword DSNs, URL queries).
@@ -126,4 +134,24 @@ func redactParams(msg string) string {
 	}
 	b.WriteString(msg[last:])
 	return b.String()
+}
+
+// fail marks span failed by err: error.type and status Error with a
+// sanitized message.
+func (o *Observer) fail(span trace.Span, err error, key string) {
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(AttrErrorType.String(core.ErrorType(err)))
+	span.SetStatus(codes.Error, o.sanitize(err.Error(), key))
+}
+
+// sanitize removes credentials from msg and, unless keys are raw, the key.
+func (o *Observer) sanitize(msg, key string) string {
+	msg = redact(msg)
+	if o.keyMode != KeyRaw && key != "" {
+		msg = strings.ReplaceAll(msg, strconv.Quote(key), `"<key>"`)
+		msg = strings.ReplaceAll(msg, key, "<key>")
+	}
+	return msg
 }

@@ -172,8 +172,9 @@
 //     again while its receive loop writes it (upstream PR #35). A busy
 //     acquisition leaves a watch, so a program built with -race may report
 //     it after a connection drop; it is harmless in practice and not
-//     dislock's. dislock's chaos suite, which reconnects such sessions all
-//     the time, runs on a copy of the client with the fix (chaos/README.md).
+//     dislock's. dislock's own tests run on a copy of the client with the
+//     fix (third_party/go-zookeeper-zk, through a replace in dislock's
+//     go.mod, which reaches no build that depends on dislock).
 //
 // # Authentication and ACLs
 //

@@ -71,3 +71,42 @@ func testReleaseReportsGone(t *testing.T, e *env) {
 		}
 	}
 }
+
+func testReleaseIdempotent(t *testing.T, e *env) {
+	const rule = "Release is idempotent and ends the session with ErrReleased"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k)
+	for i := 0; i < 3; i++ {
+		if err := s.Release(context.Background()); err != nil {
+			t.Fatalf("rule %q: Release #%d: %v", rule, i+1, err)
+		}
+	}
+	if !errors.Is(s.Err(), core.ErrReleased) || !errors.Is(context.Cause(s.Context()), core.ErrReleased) {
+		t.Fatalf("rule %q: Err=%v cause=%v", rule, s.Err(), context.Cause(s.Context()))
+	}
+	select {
+	case <-s.Done():
+	default:
+		t.Fatalf("rule %q: Done not closed after Release", rule)
+	}
+	s2 := mustAcquire(t, b, k)
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatalf("rule %q: late Release: %v", rule, err)
+	}
+	mustBusy(t, "a late Release of an old session does not free the new holder's lock", a, k)
+	s2.Release(context.Background())
+}
+
+func testReleaseCancelledCtx(t *testing.T, e *env) {
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Release(ctx); err != nil {
+		t.Fatalf("rule %q: %v", "Release works with a cancelled ctx", err)
+	}
+	s2 := mustAcquire(t, b, k)
+	s2.Release(context.Background())
+}

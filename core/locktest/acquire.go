@@ -1,0 +1,290 @@
+package locktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
+
+func testMutualExclusion(t *testing.T, e *env) {
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k)
+	mustBusy(t, "a held lock cannot be acquired by another process", b, k)
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	s2 := mustAcquire(t, b, k)
+	mustBusy(t, "mutual exclusion holds after a hand-over", a, k)
+	s2.Release(context.Background())
+}
+
+func testBusyFast(t *testing.T, e *env) {
+	const rule = "busy is reported as ErrNotAcquired, with the holder when known, in one attempt"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k, core.WithOwner("holder-a"))
+	defer s.Release(context.Background())
+	start := time.Now()
+	_, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k)
+	if el := time.Since(start); el > e.ttl/2 {
+		t.Errorf("rule %q: busy answer took %v", rule, el)
+	}
+	var na *core.NotAcquiredError
+	if !errors.As(err, &na) || !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: got %v", rule, err)
+	}
+	if na.Holder != nil {
+		if na.Holder.Owner != "holder-a" {
+			t.Errorf("rule %q: holder owner %q, want holder-a", rule, na.Holder.Owner)
+		}
+		if !e.h.NoFencing && na.Holder.Token != s.Token() {
+			t.Errorf("rule %q: holder token %d, want %d", rule, na.Holder.Token, s.Token())
+		}
+		if na.Holder.Remaining <= 0 || na.Holder.Remaining > e.ttl {
+			t.Errorf("rule %q: holder remaining %v outside (0, %v]", rule, na.Holder.Remaining, e.ttl)
+		}
+	}
+	if core.ErrorType(err) != "not_acquired" {
+		t.Errorf("ErrorType = %q, want not_acquired", core.ErrorType(err))
+	}
+}
+
+func testNotReentrant(t *testing.T, e *env) {
+	a := e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k)
+	defer s.Release(context.Background())
+	mustBusy(t, "locks are not reentrant: a key this process holds reads as busy", a, k)
+}
+
+func testAcquireCtx(t *testing.T, e *env) {
+	const rule = "Acquire honours ctx: it returns ErrNotAcquired joined with ctx.Err() and leaves nothing held"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k)
+	ctx, cancel := context.WithTimeout(context.Background(), e.ttl/2)
+	defer cancel()
+	start := time.Now()
+	_, err := b.l.Acquire(ctx, k)
+	if !errors.Is(err, core.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("rule %q: got %v", rule, err)
+	}
+	var na *core.NotAcquiredError
+	if !errors.As(err, &na) {
+		t.Errorf("rule %q: the last busy answer is not in the chain: %v", rule, err)
+	} else if !e.h.NoHolderInfo && (na.Holder == nil || na.Holder.Owner != s.Owner()) {
+		t.Errorf("rule %q: the error does not name the holder %q: %v", rule, s.Owner(), err)
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("rule %q: the message spans lines: %q", rule, err)
+	}
+	if el := time.Since(start); el > e.ttl/2+time.Second {
+		t.Errorf("rule %q: returned %v after the deadline", rule, el-e.ttl/2)
+	}
+	s.Release(context.Background())
+	c := e.proc(t)
+	// b left nothing behind; on a Queuer that includes its place in line,
+	// which the engine's Leave takes out before Acquire returns, or, when
+	// the store is slow to answer, within core.DeadlineSlack and then in
+	// the background (a TryAcquire never overtakes a queued waiter).
+	if _, q := b.fault.Backend.(core.Queuer); q && !waitFor(t, func() bool { return b.fault.leavesDone.Load() >= 1 }, 10*time.Second) {
+		t.Fatalf("rule %q: the wait that gave up did not leave the store's queue", rule)
+	}
+	s2 := mustAcquire(t, c, k)
+	s2.Release(context.Background())
+}
+
+// notBusy fails t unless err is a failure matching every error in want,
+// not ErrNotAcquired, and no *core.NotAcquiredError.
+func notBusy(t *testing.T, rule, what string, err error, want ...error) {
+	t.Helper()
+	var na *core.NotAcquiredError
+	if err == nil || errors.Is(err, core.ErrNotAcquired) || errors.As(err, &na) {
+		t.Fatalf("rule %q: %s = %v, want a failure that does not match ErrNotAcquired", rule, what, err)
+	}
+	for _, w := range want {
+		if !errors.Is(err, w) {
+			t.Errorf("rule %q: %s = %v, want it to match %v", rule, what, err, w)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("rule %q: %s: the message spans lines: %q", rule, what, err)
+	}
+}
+
+func testOutageNotBusy(t *testing.T, e *env) {
+	const rule = "an outage is never busy: a store that fails or does not answer yields its failure (the store's error, ctx's deadline), never ErrNotAcquired"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k) // a store that answered would say busy
+	defer s.Release(context.Background())
+	wait := e.ttl / 2
+
+	b.fault.down.Store(true)
+	_, err := b.l.TryAcquire(ctxT(t, 10*time.Second), k)
+	notBusy(t, rule, "TryAcquire on a store that fails", err, errDown)
+	_, err = b.l.Acquire(ctxT(t, wait), k)
+	notBusy(t, rule, "Acquire on a store that fails", err, errDown, context.DeadlineExceeded)
+	b.fault.down.Store(false)
+
+	b.fault.hangClaim.Store(true)
+	for name, acquire := range map[string]func(context.Context, string, ...core.Option) (core.Session, error){
+		"TryAcquire": b.l.TryAcquire, "Acquire": b.l.Acquire,
+	} {
+		start := time.Now()
+		_, err = acquire(ctxT(t, wait), k)
+		notBusy(t, rule, name+" on a store that hangs", err, context.DeadlineExceeded)
+		if el := time.Since(start); el > wait+time.Second {
+			t.Errorf("rule %q: %s on a store that hangs returned %v after its deadline", rule, name, el-wait)
+		}
+	}
+	b.fault.hangClaim.Store(false)
+	mustBusy(t, rule, b, k) // the store answers again, and says busy
+}
+
+func testDeadlineKept(t *testing.T, e *env) {
+	const rule = "the caller's deadline is kept: TryAcquire and Acquire return within core.DeadlineSlack of ctx's end even when a store call ignores ctx, and a claim that lands after its caller left is undone"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	wait := e.ttl / 2
+	thaw := make(chan struct{})
+	var once sync.Once
+	thawAll := func() { once.Do(func() { close(thaw) }) }
+	t.Cleanup(thawAll)
+	// Without the rule the calls below would wait for the thaw forever.
+	stop := time.AfterFunc(wait+10*time.Second, thawAll)
+	defer stop.Stop()
+	a.fault.frozen.Store(&thaw)
+	for name, acquire := range map[string]func(context.Context, string, ...core.Option) (core.Session, error){
+		"TryAcquire": a.l.TryAcquire, "Acquire": a.l.Acquire,
+	} {
+		start := time.Now()
+		_, err := acquire(ctxT(t, wait), k, core.TTL(60*time.Second))
+		el := time.Since(start)
+		notBusy(t, rule, name+" on a store call that ignores ctx", err, context.DeadlineExceeded)
+		// The slack, plus room for a busy machine.
+		if el > wait+core.DeadlineSlack+time.Second {
+			t.Errorf("rule %q: %s returned %v after its deadline", rule, name, el-wait)
+		}
+	}
+	a.fault.frozen.Store(nil)
+	thawAll() // the claims reach the store now, after their callers left
+	if !waitFor(t, func() bool { return a.fault.thawed.Load() == 2 }, 15*time.Second) {
+		t.Fatalf("rule %q: the frozen claims did not return after the thaw", rule)
+	}
+	// A claim that landed is undone by the engine (else held for 60s).
+	s, err := b.l.Acquire(ctxT(t, 10*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("rule %q: a claim that landed after its caller left was not undone: %v", rule, err)
+	}
+	s.Release(context.Background())
+}
+
+func testWaiterWakes(t *testing.T, e *env) {
+	const rule = "a waiter acquires promptly after the holder releases"
+	a, b := e.proc(t), e.proc(t)
+	k := e.key(t)
+	s := mustAcquire(t, a, k)
+	got := make(chan core.Session, 1)
+	errc := make(chan error, 1)
+	n := b.fault.attempts.Load()
+	go func() {
+		s2, err := b.l.Acquire(ctxT(t, 30*time.Second), k, core.Backoff(10*time.Millisecond, 500*time.Millisecond))
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- s2
+	}()
+	// Let the waiter find the lock busy at least once.
+	if !waitFor(t, func() bool { return b.fault.attempts.Load() > n }, 10*time.Second) {
+		t.Fatalf("rule %q: the waiter made no attempt", rule)
+	}
+	released := time.Now()
+	s.Release(context.Background())
+	select {
+	case s2 := <-got:
+		if d := time.Since(released); d > 2*time.Second {
+			t.Errorf("rule %q: took %v after release", rule, d)
+		}
+		s2.Release(context.Background())
+	case err := <-errc:
+		t.Fatalf("rule %q: Acquire: %v", rule, err)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("rule %q: waiter never acquired", rule)
+	}
+}
+
+func testWaiterNotified(t *testing.T, e *env) {
+	const rule = "with release notifications a waiter wakes on the release, not on its poll timer"
+	if e.h.NoWatch {
+		t.Skip("backend has no release notifications (NoWatch)")
+	}
+	log := &acquireLog{}
+	a, b := e.proc(t), e.proc(t, core.WithObserver(log))
+	k := e.key(t)
+	// A first wait makes b subscribe; wait until the subscription is in place.
+	subscribe(t, rule, a, b, k+"-warm")
+	s := mustAcquire(t, a, k, core.TTL(30*time.Second))
+	// Once its first attempt is answered busy, the waiter sleeps 20s unless
+	// woken (on a Queuer it refreshes its place in line every third of the
+	// queue TTL: the Observer's Wake tells that poll from the notification).
+	waitNotified(t, rule, b, log, func() { s.Release(context.Background()) },
+		func(ctx context.Context) (core.Session, error) {
+			return b.l.Acquire(ctx, k, core.Backoff(20*time.Second, 20*time.Second))
+		})
+}
+
+func testConcurrency(t *testing.T, e *env) {
+	const rule = "many goroutines on many keys never hold one key twice"
+	procs := []*proc{e.proc(t), e.proc(t)}
+	k := e.key(t)
+	const workers, keys, rounds = 8, 3, 15
+	var mu sync.Mutex
+	holders := map[string]int{}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := procs[w%len(procs)]
+			for r := 0; r < rounds; r++ {
+				key := fmt.Sprintf("%s/%d", k, (w+r)%keys)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				s, err := p.l.Acquire(ctx, key, core.Backoff(time.Millisecond, 20*time.Millisecond))
+				cancel()
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				holders[key]++
+				n := holders[key]
+				mu.Unlock()
+				if n != 1 {
+					errs <- fmt.Errorf("rule %q: %d holders of %s", rule, n, key)
+				}
+				mu.Lock()
+				holders[key]--
+				mu.Unlock()
+				if err := s.Release(context.Background()); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,306 @@
+package etcdlock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dislock/dislock/core"
+)
+
+// TryAcquire implements core.Backend and core.SemaphoreBackend: one
+// transaction that puts the key (for Limit > 1: a permit key) bound to the
+// session's lease if the key is free and otherwise reads the holders. The
+// lease is a spare one, refreshed by a keepalive sent with the
+// transaction, or else one granted first.
+func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	if err := core.ValidateKey(req.Key); err != nil {
+		return core.Lease{}, err
+	}
+	if req.Limit > core.MaxLimit {
+		return core.Lease{}, invalidOption("Limit", "must be at most %d, got %d", core.MaxLimit, req.Limit)
+	}
+	ctx = clientv3.WithRequireLeader(ctx)
+	now := time.Now()
+	rec := record{Owner: req.Owner, OwnerToken: req.OwnerToken, Acquired: now.UnixMilli()}
+	if req.Limit > 1 {
+		rec.Limit = req.Limit
+	}
+	var (
+		seconds int64
+		err     error
+	)
+	if !req.ExpireAt.IsZero() {
+		if !req.ExpireAt.After(now) {
+			return core.Lease{}, core.Busy(req.Key, nil) // the slot is over
+		}
+		rec.SlotEnd = req.ExpireAt.UnixMilli()
+		// The lease only collects the key after the slot; the slot's end
+		// is the one in the value.
+		seconds, err = leaseSeconds("ForSlot", req.ExpireAt.Sub(now)+time.Second)
+	} else {
+		seconds, err = leaseSeconds("TTL", req.TTL)
+	}
+	if err != nil {
+		return core.Lease{}, err
+	}
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return core.Lease{}, err
+	}
+	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), spareOK: true}
+	if err := c.start(ctx); err != nil {
+		return core.Lease{}, err
+	}
+	if req.Limit > 1 {
+		return c.permit(ctx, string(value), now)
+	}
+	return c.mutex(ctx, string(value), now)
+}
+
+// claim is one TryAcquire in progress: the lease it binds its key to.
+type claim struct {
+	b       *Backend
+	req     core.AcquireRequest
+	seconds int64
+	slot    bool
+	h       held
+	reused  bool // h.lease is a spare, refreshed with the first transaction
+	kaDone  bool // the spare's refresh succeeded
+	spareOK bool // the lease may serve as a spare if the claim fails
+}
+
+// start takes a spare lease of the claim's TTL or grants one. Slot leases
+// are not reused.
+func (c *claim) start(ctx context.Context) error {
+	b, req := c.b, c.req
+	h := held{key: req.Key, ekey: b.recordKey(req.Key, req.OwnerToken, req.Limit), seconds: c.seconds}
+	if sp, ok := b.takeSpare(c.seconds); ok && !c.slot {
+		h.lease, h.refreshed = sp.id, sp.refreshed
+		b.remember(req.OwnerToken, h) // before the claim is sent: an undo revokes it
+		c.h, c.reused = h, true
+		return nil
+	} else if ok {
+		b.putSpare(c.seconds, sp)
+	}
+	h.lease = newLeaseID()
+	h, err := b.grant(ctx, req.OwnerToken, h, c.seconds)
+	c.h = h
+	if err != nil {
+		return c.grantFailed(err)
+	}
+	return nil
+}
+
+// grantFailed is the error of a claim whose lease grant failed, before
+// the claim's transaction was sent. When the grant itself never left (no
+// connection to any endpoint: refused, unknown host), the store has
+// neither the lease nor the key, and the engine owes no undo.
+func (c *claim) grantFailed(err error) error {
+	err = fmt.Errorf("lease grant: %w", err)
+	if notSent(err) {
+		c.b.forget(c.req.OwnerToken)
+		return core.Unclaimed(err)
+	}
+	return err
+}
+
+// notSent reports whether err is gRPC's answer to a call that it could not
+// send because no connection could be made: Unavailable, with the dial
+// error as its description.
+func notSent(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && strings.Contains(st.Message(), "Error while dialing")
+}
+
+// commit sends the transaction txn builds, together with a keepalive of a
+// reused lease. A reused lease found expired is replaced by a granted one
+// and the transaction sent again.
+func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.TxnResponse, error) {
+	for {
+		var (
+			wg     sync.WaitGroup
+			kaErr  error
+			kaSent time.Time
+		)
+		if c.reused && !c.kaDone {
+			kaSent = time.Now()
+			lease := c.h.lease
+			wg.Go(func() {
+				ttls, err := c.b.ka.keepAlive(ctx, []int64{lease}, false)
+				switch {
+				case err != nil:
+					kaErr = err
+				case ttls[0] <= 0:
+					kaErr = errors.New("lease expired")
+				}
+			})
+		}
+		resp, err := txn().Commit()
+		wg.Wait()
+		if err != nil {
+			if c.reused && isLeaseNotFound(err) {
+				// The spare expired: nothing was written. Claim with a
+				// lease of its own.
+				c.reused = false
+				h := c.h
+				h.lease, h.rev, h.refreshed = newLeaseID(), 0, time.Time{}
+				if c.h, err = c.b.grant(ctx, c.req.OwnerToken, h, c.seconds); err != nil {
+					return nil, c.grantFailed(err)
+				}
+				continue
+			}
+			return nil, err
+		}
+		if c.reused && !c.kaDone {
+			if kaErr == nil {
+				c.h.refreshed = kaSent
+				c.kaDone = true // refreshed after the engine sent the claim: once is enough
+			} else {
+				c.spareOK = false
+				if resp.Succeeded {
+					// The key is bound to a lease whose refresh is not
+					// confirmed: it might expire before this session's
+					// deadline. The engine undoes the claim.
+					return nil, fmt.Errorf("refresh the lease: %w", kaErr)
+				}
+			}
+		}
+		return resp, nil
+	}
+}
+
+// succeed records the claim as held with fencing token rev.
+func (c *claim) succeed(rev int64, now time.Time) core.Lease {
+	c.h.rev = rev
+	c.b.keep(c.req, c.h)
+	return c.b.lease(rev, now, c.req)
+}
+
+// own is a claim that finds its own record, written by an earlier attempt
+// with the same owner token: it holds the key with that record's lease.
+func (c *claim) own(ctx context.Context, kv *mvccpb.KeyValue, now time.Time) core.Lease {
+	if kv.Lease != c.h.lease {
+		_ = c.b.revoke(ctx, c.h.lease)
+	}
+	c.h.lease = kv.Lease
+	return c.succeed(kv.CreateRevision, now)
+}
+
+// giveUp forgets a claim that took nothing and keeps its unused lease for
+// the next claim, or revokes it; wait waits for that revoke.
+func (c *claim) giveUp(ctx context.Context) (wait func()) {
+	c.b.forget(c.req.OwnerToken)
+	var wg sync.WaitGroup
+	if !c.spareOK || c.slot || !c.b.putSpare(c.seconds, spare{id: c.h.lease, refreshed: c.h.refreshed}) {
+		lease := c.h.lease
+		wg.Go(func() { _ = c.b.revoke(ctx, lease) })
+	}
+	return wg.Wait
+}
+
+// mutex claims the lock key: if neither it nor any permit key of the same
+// key exists, put it bound to the claim's lease; otherwise read both.
+func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Lease, error) {
+	b, key := c.b, c.req.Key
+	k := b.etcdKey(key)
+	lo, hi := b.permitRange(key)
+	for attempt := 0; attempt < 3; attempt++ {
+		resp, err := c.commit(ctx, func() clientv3.Txn {
+			return b.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+					clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)). // no permits
+				Then(clientv3.OpPut(k, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))).
+				Else(clientv3.OpGet(k),
+					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+		})
+		if err != nil {
+			return core.Lease{}, err
+		}
+		if resp.Succeeded {
+			// The transaction's only write created the key: its create
+			// revision is the transaction's revision.
+			return c.succeed(resp.Header.Revision, now), nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			// Permits of a semaphore hold the key, or held it: a slot
+			// semaphore whose slot ended leaves its permits to their
+			// leases, which only collect them.
+			live, ended := splitPermits(resp.Responses[1].GetResponseRange().Kvs, time.Now())
+			if len(live) > 0 {
+				c.giveUp(ctx)()
+				return core.Lease{}, core.LimitMismatch(key, live[0].limit(), 1)
+			}
+			if len(ended) > 0 && attempt == 0 {
+				kvs := make([]*mvccpb.KeyValue, len(ended))
+				for i, p := range ended {
+					kvs[i] = p.kv
+				}
+				if _, err := b.deleteIncarnations(ctx, kvs); err != nil {
+					return core.Lease{}, fmt.Errorf("delete an ended slot: %w", err)
+				}
+			}
+			continue
+		}
+		kv := kvs[0]
+		cur, ok := decode(kv.Value)
+		if ok && cur.OwnerToken == c.req.OwnerToken {
+			return c.own(ctx, kv, now), nil // our own claim, by an earlier attempt
+		}
+		if ok && cur.slotOver(time.Now()) && attempt == 0 {
+			// A slot lock whose slot has ended is free; its lease only
+			// keeps it for garbage collection. Delete exactly that
+			// incarnation and claim again.
+			_, err := b.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)).
+				Then(clientv3.OpDelete(k)).
+				Commit()
+			if err != nil {
+				return core.Lease{}, fmt.Errorf("delete an ended slot: %w", err)
+			}
+			continue
+		}
+		// Busy: keep the unused lease for the next claim (or revoke it) and
+		// say who holds the key.
+		wait := c.giveUp(ctx)
+		var info *core.Info
+		if ok {
+			info = b.holderInfo(ctx, key, kv, cur)
+		}
+		wait()
+		return core.Lease{}, core.Busy(key, info)
+	}
+	c.giveUp(ctx)()
+	return core.Lease{}, errors.New("the key changed under every attempt")
+}
+
+// keep records a claim that succeeded. The engine neither renews nor
+// releases slot locks, so those are not kept: an undo finds them by owner
+// token in the key's value.
+func (b *Backend) keep(req core.AcquireRequest, h held) {
+	if req.ExpireAt.IsZero() {
+		b.remember(req.OwnerToken, h)
+	} else {
+		b.forget(req.OwnerToken)
+	}
+}
+
+func (b *Backend) lease(rev int64, now time.Time, req core.AcquireRequest) core.Lease {
+	l := core.Lease{Token: uint64(rev), AcquiredAt: now}
+	if !req.ExpireAt.IsZero() {
+		l.ExpiresAt = req.ExpireAt
+	} else {
+		l.ExpiresAt = now.Add(req.TTL)
+	}
+	return l
+}

@@ -1,0 +1,124 @@
+package etcdlock
+
+import (
+	"context"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Release implements core.Backend. Without Keep it deletes the key if it is
+// still bound to the session's lease at the session's create revision, so
+// it can never delete a newer holder's key, and keeps the lease as a spare;
+// a key already gone, or another's, is answered core.Gone (nothing was
+// released). A claim whose outcome is unknown is undone
+// by revoking its lease. With Keep it moves the key, owner-checked, to a
+// new lease of Keep (rounded up to whole seconds) and revokes the old one:
+// three round trips.
+func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	ctx = clientv3.WithRequireLeader(ctx)
+	h, ok := b.lookup(req.OwnerToken)
+	own := ok && h.key == req.Key // the lease is this backend's own record, never a spare
+	if !own {
+		// Not acquired through this backend: find the lease by reading
+		// the key and checking its owner token. An undo does not say
+		// whether it claimed a lock or a permit: read both.
+		resp, err := b.cli.Txn(ctx).Then(clientv3.OpGet(b.etcdKey(req.Key)),
+			clientv3.OpGet(b.permitKey(req.Key, req.OwnerToken))).Commit()
+		if err != nil {
+			return err
+		}
+		found := false
+		for _, r := range resp.Responses {
+			kvs := r.GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			kv := kvs[0]
+			if rec, ok := decode(kv.Value); ok && rec.OwnerToken == req.OwnerToken {
+				h = held{key: req.Key, ekey: string(kv.Key), lease: kv.Lease, rev: kv.CreateRevision}
+				found = true
+				break
+			}
+		}
+		if !found {
+			return core.Gone(req.Key, "held by another owner or gone")
+		}
+	}
+	k := h.ekey
+	if h.rev == 0 {
+		// The claim's outcome is unknown (its reply was lost, or it may
+		// still be on its way): revoking the lease deletes the key if the
+		// claim was applied, and makes it fail if it arrives later.
+		if err := b.revoke(ctx, h.lease); err != nil {
+			return err
+		}
+		b.forget(req.OwnerToken)
+		return nil
+	}
+	if req.Keep <= 0 {
+		// Delete exactly this incarnation of the key, bound to this
+		// lease, and keep the lease for the next claim.
+		resp, err := b.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.LeaseValue(k), "=", h.lease),
+				clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev)).
+			Then(clientv3.OpDelete(k)).
+			Commit()
+		if err != nil {
+			return err
+		}
+		b.forget(req.OwnerToken)
+		if resp.Succeeded && k != b.etcdKey(req.Key) {
+			b.permitFreed(req.Key, h.rev, resp.Header.Revision)
+		}
+		if !own {
+			// A lease read from the key may by now serve another key of
+			// the process that holds it: never revoke it from here.
+			return releasedIf(req.Key, resp.Succeeded)
+		}
+		if !resp.Succeeded || !b.putSpare(h.seconds, spare{id: h.lease, refreshed: h.refreshed}) {
+			_ = b.revoke(ctx, h.lease) // no key of ours on it; it would expire anyway
+		}
+		return releasedIf(req.Key, resp.Succeeded)
+	}
+	seconds, err := leaseSeconds("MinHold", req.Keep)
+	if err != nil {
+		return err
+	}
+	keep := newLeaseID()
+	if _, err := b.leases().LeaseGrant(ctx, &etcdserverpb.LeaseGrantRequest{ID: keep, TTL: seconds}); err != nil {
+		return fmt.Errorf("lease grant: %w", err)
+	}
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(k), "=", h.lease),
+			clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev)).
+		Then(clientv3.OpPut(k, "", clientv3.WithIgnoreValue(), clientv3.WithLease(clientv3.LeaseID(keep)))).
+		Commit()
+	if err != nil {
+		// The move may have been applied: revoking keep could then free
+		// the key before the min hold ends. Left alone, keep expires by
+		// itself if nothing was moved onto it, and a retry of this
+		// release finds the key on keep no longer bound to h.lease.
+		return err
+	}
+	if !resp.Succeeded {
+		_ = b.revoke(ctx, keep) // not ours any more: nothing to keep
+	}
+	if err := b.revoke(ctx, h.lease); err != nil {
+		return err
+	}
+	b.forget(req.OwnerToken)
+	return releasedIf(req.Key, resp.Succeeded)
+}
+
+// releasedIf is a release's answer: nil when the key was still the lease's
+// (deleted, or moved to the min hold's lease), else core.Gone.
+func releasedIf(key string, ours bool) error {
+	if !ours {
+		return core.Gone(key, "held by another owner, expired or deleted")
+	}
+	return nil
+}
