@@ -580,16 +580,11 @@ func TestOutageUndosStayBounded(t *testing.T) {
 // costing a call of their own.
 func TestRenewalOfSpreadLeasesIsOneCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := memlock.NewStore()
-		bk := st.Backend()
-		c, err := core.New(bk, core.WithDefaults(core.TTL(30*time.Second)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		bk := bs[0]
 		start := time.Now()
 		for i := range 40 {
-			if _, err := c.TryAcquire(context.Background(), fmt.Sprint("k", i)); err != nil {
+			if _, err := cs[0].TryAcquire(context.Background(), fmt.Sprint("k", i)); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(200 * time.Millisecond) // acquisitions spread over 8s of the 10s interval
