@@ -166,7 +166,8 @@ func buildStatements(table string, legacy, async bool) statements {
 	//
 	// Losing the race for a free row answers busy, holder
 	// unknown; ON CONFLICT has locked the row the winner wrote, a lock-only
-	// transaction, which the WHERE's ELSE branch commits without waiting for
+	// transaction (or, with the queue, one that gives a waiter its place in
+	// line there), which the WHERE's ELSE branch commits without waiting for
 	// the flush (a CASE evaluates only the branch it takes, so a takeover
 	// keeps the Backend's durability).
 	//
