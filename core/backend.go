@@ -145,21 +145,36 @@ type ReleaseRequest struct {
 // waiter across all processes, in the order they came, instead of one
 // waiter per process.
 //
-// The contract, on top of Backend's:
-//   - TryAcquire with req.Waiter set grants the key only when it is free (for
-//     a semaphore: a permit is free) and no live waiter was queued before
-//     req.Waiter. Otherwise it puts req.Waiter at the tail of the key's queue,
-//     or keeps its place, until the store's now + req.WaiterTTL, and answers
-//     Busy. A grant takes req.Waiter out of the queue.
-//   - TryAcquire without a Waiter grants a free key only when no live waiter
-//     is queued: a waiter is never overtaken by a caller that did not wait.
+// This is the single statement of the queue's rules; each clause is checked
+// by the core/locktest rule named after it, so a backend that differs fails
+// that rule. On top of Backend's contract:
+//
+//   - The grant rule. TryAcquire grants a claim of a key only when fewer
+//     live waiters are queued before it than the key has free permits (a
+//     mutex has one permit, free when the key is free or expired). A claim
+//     without a Waiter, and one whose Waiter has no live place yet, has
+//     every live waiter before it: a waiter is never overtaken by a caller
+//     that did not wait, nor by one that came later. (QueueNoBarging,
+//     QueueFIFOAcrossProcesses, QueueNoBargingOnSemaphore,
+//     QueueSemaphoreGrantsByFreePermits.)
+//   - A claim with req.Waiter that is not granted answers Busy and leaves
+//     req.Waiter in line: at the tail, or in the place it had, until the
+//     store's now + req.WaiterTTL — whatever the reason, a held key, a full
+//     semaphore, someone else's turn, or a free or new key lost to a
+//     concurrent claim. A grant takes req.Waiter out of line.
+//     (QueueWaitNamesItself, QueueNoBarging, QueueHandoffPrompt.)
 //   - A waiter whose place expired (its process died or stopped trying) is
-//     skipped and dropped by whoever looks at the queue next.
-//   - Release of a key with live waiters, ForceRelease, and Leave of the
-//     first waiter of a claimable key tell the first live waiter through
-//     WatchTurns. A release with nobody queued sends nothing.
-//   - A lease that expires sends nothing: waiters poll at the holder's
-//     expiry, and the first live one gets the key.
+//     not live: it is skipped, and dropped by whoever rewrites the queue
+//     next. (QueueDeadWaiterSkipped.)
+//   - Turns. The first live waiter is told through WatchTurns, by name,
+//     whenever the grant rule may now let it in: a Release of a key with
+//     live waiters, ForceRelease, a Leave of the first waiter of a
+//     claimable key, and a grant that leaves a permit free. Nothing else
+//     sends a turn: a release with nobody queued sends nothing, and a lease
+//     that expires sends nothing (waiters poll at the holder's expiry, and
+//     the first live one gets the key). (QueueNoBarging,
+//     QueueLeaveOfFirstPassesTurn, QueueSemaphoreGrantPassesTurn,
+//     QueueOneWakePerRelease, QueueHandoffPrompt.)
 //
 // A Backend that wraps a Queuer must be a Queuer itself, forwarding
 // WatchTurns and Leave: waiters behind a wrapper that hides them are never
@@ -184,7 +199,9 @@ type Queuer interface {
 // a lock. A claim on a full semaphore returns Busy with the Info of the
 // permit that expires first. A claim whose Limit differs from the one the
 // key's current holders took it with (a mutex counts as 1) fails with an
-// error matching ErrLimitMismatch (see LimitMismatch) and claims nothing.
+// error matching ErrLimitMismatch (see LimitMismatch) and claims nothing. A
+// SemaphoreBackend that is also a Queuer grants permits by the Queuer's
+// grant rule.
 type SemaphoreBackend interface {
 	Backend
 	// Holders lists every holder of key, oldest first: each permit of a

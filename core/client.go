@@ -14,7 +14,8 @@ import (
 // Client is the lease engine over a Backend. It implements Locker and Admin.
 //
 // A Client runs one renewer goroutine for all of its sessions, which batches
-// every renewal due within half a renew interval into one Backend.Renew call,
+// every renewal due within half a renew interval (or within the interval of
+// the leases due, for leases of that interval) into one Backend.Renew call,
 // and, while anyone waits in Acquire, one Watcher goroutine. Close stops both
 // and waits for them.
 type Client struct {

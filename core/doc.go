@@ -64,7 +64,9 @@
 //
 // Lockers, Sessions and Elections are safe for concurrent use. A Client runs
 // one renewer goroutine for all of its sessions, which batches every renewal
-// due within half a renew interval into one Backend.Renew call, plus one
+// due within half a renew interval into one Backend.Renew call (leases of
+// the interval of those due ride along, so that leases taken at different
+// times share one call per interval), plus one
 // Watcher goroutine while anyone waits in Acquire. Close ends waits in
 // Acquire, cuts acquisitions in flight short and waits for them, for the
 // store calls they left running and for the undo of their claims, releases

@@ -574,3 +574,31 @@ func TestOutageUndosStayBounded(t *testing.T) {
 		bs[1].SetDown(false)
 	})
 }
+
+// Leases taken over most of an interval share one renewal call per interval
+// from the first renewal on: the later ones ride along early rather than
+// costing a call of their own.
+func TestRenewalOfSpreadLeasesIsOneCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		bk := bs[0]
+		start := time.Now()
+		for i := range 40 {
+			if _, err := cs[0].TryAcquire(context.Background(), fmt.Sprint("k", i)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond) // acquisitions spread over 8s of the 10s interval
+		}
+		// Up to just before the third interval's renewal: two calls (at
+		// 10s and 20s), not three (10s, then 15.2s for the later leases,
+		// which pulls the earlier ones in, then 25.2s).
+		time.Sleep(start.Add(29*time.Second + 500*time.Millisecond).Sub(time.Now()))
+		st1 := bk.Stats()
+		if st1.Renews != 2 {
+			t.Fatalf("%d renewal calls in the first 29.5s of 40 leases taken over 8s (interval 10s), want 2", st1.Renews)
+		}
+		if st1.RenewedLeases != 80 {
+			t.Fatalf("%d leases renewed by 2 calls, want 80 (every lease each time)", st1.RenewedLeases)
+		}
+	})
+}

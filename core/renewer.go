@@ -17,9 +17,13 @@ type renewBatch struct {
 }
 
 // renewLoop is the Client's one renewer goroutine. It renews every lease
-// whose renewal is due, coalescing those due within half an interval into one
-// Backend.Renew call, and ends sessions whose local deadline passes, whether
-// or not a renewal is in flight.
+// whose renewal is due, coalescing into one Backend.Renew call those due
+// within half their interval, and those due within the shortest interval of
+// the leases due (all of the leases of that interval, whenever they were
+// taken): leases taken over more than half an interval then share one call
+// per interval from their first renewal on, instead of two calls until the
+// window brings them together. It ends sessions whose local deadline
+// passes, whether or not a renewal is in flight.
 //
 // Several calls may be in flight at once, so that one slow key never holds
 // up the renewal of another; a session is in at most one of them. A call's
@@ -40,6 +44,7 @@ func (c *Client) renewLoop() {
 		now := time.Now()
 		var due []*session
 		anyDue := false
+		var trig time.Duration // the shortest interval among the sessions due
 		c.mu.Lock()
 		// Even with nothing due, wake within the shortest renew interval
 		// seen, so that a new lease never needs to wake this goroutine.
@@ -61,6 +66,9 @@ func (c *Client) renewLoop() {
 			if !s.slot && !s.inflight {
 				if !now.Before(s.nextRenew) {
 					anyDue = true
+					if trig == 0 || s.interval < trig {
+						trig = s.interval
+					}
 				}
 				if s.nextRenew.Before(next) {
 					next = s.nextRenew
@@ -75,7 +83,7 @@ func (c *Client) renewLoop() {
 			var groups map[uint64]*renewBatch
 			for s := range c.sessions {
 				s.mu.Lock()
-				if !s.slot && !s.inflight && now.Before(s.deadline) && s.nextRenew.Sub(now) <= s.interval/2 {
+				if !s.slot && !s.inflight && now.Before(s.deadline) && s.nextRenew.Sub(now) <= max(s.interval/2, min(s.interval, trig)) {
 					s.inflight = true
 					s.lastSent = now
 					if s.group == 0 {

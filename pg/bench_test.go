@@ -286,6 +286,61 @@ func benchHandoff(b *testing.B, opts ...pg.Option) {
 	b.ReportMetric(float64(p50)/float64(base), "p50_x_select1")
 }
 
+// Hand-off on a fresh key: 16 goroutines call Acquire at once on a key never
+// used before, each holds it ~1 ms and releases it; a new key every round
+// (b.N rounds). One Locker (16 waiters in one process) and four Lockers
+// (four processes of four waiters; fewer pools than waiters, to stay within
+// the server's connection limit when other tests run beside). The
+// metric is each Acquire's wait, from the round's start; a waiter that was
+// told no turn waits for its fallback poll (a third of the queue TTL).
+func BenchmarkHandoffFreshKey(b *testing.B) {
+	for _, n := range []int{1, 4} {
+		b.Run(fmt.Sprintf("lockers=%d", n), func(b *testing.B) {
+			admin := benchPool(b, 2)
+			table := benchTable(b, admin)
+			var lockers []*core.Client
+			for range n {
+				l, err := pg.New(context.Background(), benchPool(b, int32(8/n)), pg.WithTable(table))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer l.Close()
+				lockers = append(lockers, l)
+			}
+			ctx := context.Background()
+			var waits []time.Duration
+			var mu sync.Mutex
+			b.ResetTimer()
+			for r := range b.N {
+				key := fmt.Sprintf("fresh-%d", r)
+				start := time.Now()
+				var wg sync.WaitGroup
+				for i := range 16 {
+					wg.Go(func() {
+						s, err := lockers[i%n].Acquire(ctx, key)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						mu.Lock()
+						waits = append(waits, time.Since(start))
+						mu.Unlock()
+						time.Sleep(time.Millisecond) // the work under the lock
+						if err := s.Release(ctx); err != nil {
+							b.Error(err)
+						}
+					})
+				}
+				wg.Wait()
+			}
+			b.StopTimer()
+			slices.Sort(waits)
+			b.ReportMetric(float64(waits[len(waits)/2].Microseconds())/1000, "p50_ms")
+			b.ReportMetric(float64(waits[len(waits)*9/10].Microseconds())/1000, "p90_ms")
+		})
+	}
+}
+
 // countingBackend counts Renew calls and renewed items.
 type countingBackend struct {
 	*pg.Backend

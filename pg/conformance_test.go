@@ -20,7 +20,7 @@ func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option)
 		// Behind a transaction pooler, LISTEN cannot work: waiters poll.
 		NoWatch: throughPooler(t),
 		NewBackend: func(tb testing.TB) core.Backend {
-			return suiteBackend(newBackend(tb, table, opts...), throughPooler(t))
+			return newBackend(tb, table, opts...)
 		},
 		Steal: func(ctx context.Context, key string) error {
 			_, err := admin.Exec(ctx, `UPDATE `+ident+` SET owner = 'thief', holder = 'stolen',
@@ -48,9 +48,9 @@ func TestConformanceExecMode(t *testing.T) {
 	table := newTable(t, admin)
 	h := harness(t, admin, table)
 	h.NewBackend = func(tb testing.TB) core.Backend {
-		return suiteBackend(newBackendPool(tb, table, func(c *pgxpool.Config) {
+		return newBackendPool(tb, table, func(c *pgxpool.Config) {
 			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		}, pg.WithoutNotify(), pg.WithoutListen()), true)
+		}, pg.WithoutNotify(), pg.WithoutListen())
 	}
 	h.NoWatch = true
 	locktest.Run(t, h)
@@ -88,17 +88,6 @@ func TestConformanceLegacy(t *testing.T) {
 		return err
 	}
 	locktest.Run(t, h)
-}
-
-// suiteBackend is b as a conformance run sees it: without its core.Queuer
-// methods when the run has no notifications (NoWatch), because the suite's
-// queue rules wait for turns. (TestQueueExecMode covers the queue's
-// statements without them.)
-func suiteBackend(b *pg.Backend, noWatch bool) core.Backend {
-	if noWatch {
-		return noQueue{b}
-	}
-	return b
 }
 
 // noQueue is a Backend without its core.Queuer methods (Watch, Admin and

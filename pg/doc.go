@@ -59,7 +59,8 @@
 // first-out queue kept on the key's row (the waiters column), across all
 // processes, so one release wakes one waiter, the first in line, instead of
 // one per process. A waiting Acquire's busy attempt takes a place at the
-// tail (or keeps its own) in the same statement as the attempt; the place
+// tail (or keeps its own) in the same statement as the attempt, also when
+// the attempt lost a free or new key to a concurrent claim; the place
 // lasts the engine's queue TTL (2s) from the attempt that last refreshed
 // it, and the engine refreshes it while it waits. A free key is granted only
 // to the first live waiter, or to anyone when nobody live is queued, so a
@@ -294,9 +295,9 @@
 // answered busy takes its place there (a full semaphore's repeated busy
 // tries by a waiter whose place is fresh stay reads). A permit's release
 // notifies the first live waiter by name, or with the bare key when nobody
-// is queued. A grant that leaves permits free does not notify the next
-// waiter: it finds the free permit at its next try (at most a third of the
-// queue TTL later). Not on the legacy table, which has no queue.
+// is queued; a grant that leaves a permit free notifies the next live
+// waiter by name, in the grant's transaction. Not on the legacy table, which
+// has no queue.
 //
 // # Durability modes
 //

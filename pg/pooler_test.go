@@ -94,7 +94,7 @@ func TestPgBouncerConformance(t *testing.T) {
 			h := harness(t, admin, table)
 			h.NoWatch = v.noWatch
 			h.NewBackend = func(tb testing.TB) core.Backend {
-				return suiteBackend(bouncerBackend(tb, bn, table, v.edit, v.opts...), v.noWatch)
+				return bouncerBackend(tb, bn, table, v.edit, v.opts...)
 			}
 			locktest.Run(t, h)
 		})

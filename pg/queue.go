@@ -26,8 +26,8 @@ func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 }
 
 // WatchTurns implements core.Queuer: Watch, with the waiter whose turn it
-// is. A release, ForceRelease or Leave notifies only when a live waiter is
-// queued, naming the first; the legacy table's releases, and those of older
+// is. A release, ForceRelease, Leave or a semaphore grant that leaves a
+// permit free notifies only when a live waiter is queued, naming the first; the legacy table's releases, and those of older
 // versions of this package, name none (waiter "").
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	return b.watch(ctx, ready, func(payload string) {

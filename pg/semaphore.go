@@ -356,7 +356,7 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 	// already held with this owner token, 2 the key's row when it is held
 	// as a mutex or with another limit (holder column), 3 the live permit
 	// that expires first.
-	ahead, setQueue, dequeue := "", "", ""
+	ahead, setQueue, dequeue, signal, signalled := "", "", "", "", "0::bigint"
 	if !legacy {
 		// ahead: the live waiters queued before $8 (all of them when $8
 		// has no live place).
@@ -369,6 +369,17 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 			WHEN EXISTS (SELECT 1 FROM ins) THEN ` + qWithout("waiters", "$8::text") + `
 			ELSE ` + qWith("waiters", "$8::text", nowMicros+" + $9::bigint") + ` END`
 		dequeue = ` OR $8::text <> ''`
+		// signal ($10 channel): a grant that leaves a permit free tells
+		// the next live waiter (the queue's first once the claim's own
+		// waiter is out of it) that its turn has come, as a release does;
+		// the answer's granted row counts it, so that it runs.
+		next := qHead(qWithout("h.waiters", "$8::text"))
+		signal = fmt.Sprintf(`, sig AS (
+	SELECT pg_notify($10::text, %[3]s) FROM (SELECT %[4]s AS head FROM %[1]s h WHERE h.key = $1::text) AS n
+	WHERE $10::text <> '' AND n.head IS NOT NULL AND EXISTS (SELECT 1 FROM ins)
+		AND (SELECT count(*) FROM %[2]s WHERE key = $1::text AND expire_at > now()) + 1 < $3::int
+)`, t, p, turnPayload("$1::text", "n.head"), next)
+		signalled = "(SELECT count(*) FROM sig)"
 	}
 	s.acquire = fmt.Sprintf(`WITH tok AS (
 	SELECT nullif(current_setting('%[4]s', true), '')::bigint AS token
@@ -386,15 +397,15 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 	UPDATE %[1]s SET expire_at = CASE WHEN EXISTS (SELECT 1 FROM ins) THEN expire_at
 		ELSE coalesce((SELECT max(expire_at) FROM %[2]s WHERE key = $1::text AND expire_at > now()), now()) END%[10]s
 	WHERE key = $1::text AND (SELECT token FROM tok) IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM ins)%[11]s)
-)
-SELECT 0, $7::text, token, acquired_at, expire_at, 0::bigint FROM ins
+)%[12]s
+SELECT 0, $7::text, token, acquired_at, expire_at, %[13]s FROM ins
 UNION ALL
 SELECT 1, owner, token, acquired_at, expire_at, 0::bigint FROM mine
 UNION ALL
 SELECT 2, %[6]s, %[7]s, %[8]s, expire_at, %[5]s FROM %[1]s WHERE key = $1::text AND expire_at > now() AND NOT starts_with(%[6]s, $2::text || ':')
 UNION ALL
 (SELECT 3, owner, token, acquired_at, expire_at, %[5]s FROM %[2]s WHERE key = $1::text AND expire_at > now() ORDER BY expire_at, token LIMIT 1)`,
-		t, p, exp, semSetting, remaining, hh(""), tok, acq, ahead, setQueue, dequeue)
+		t, p, exp, semSetting, remaining, hh(""), tok, acq, ahead, setQueue, dequeue, signal, signalled)
 
 	// A permit's release names the header's first live waiter (see
 	// WatchTurns), or none (the bare key) when nobody is queued.
@@ -546,7 +557,7 @@ func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest)
 		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner)
 	} else {
 		batch.Queue(b.sem.stmt.acquireLock, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL))
-		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner, req.Waiter, micro(req.WaiterTTL))
+		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner, req.Waiter, micro(req.WaiterTTL), b.notifyChannel())
 	}
 	br := conn.SendBatch(ctx, batch)
 	lease, err := b.readPermitAcquire(br, req)

@@ -166,7 +166,8 @@ func buildStatements(table string, legacy, async bool) statements {
 	//
 	// Losing the race for a free row answers busy, holder
 	// unknown; ON CONFLICT has locked the row the winner wrote, a lock-only
-	// transaction, which the WHERE's ELSE branch commits without waiting for
+	// transaction (or, with the queue, one that gives a waiter its place in
+	// line there), which the WHERE's ELSE branch commits without waiting for
 	// the flush (a CASE evaluates only the branch it takes, so a takeover
 	// keeps the Backend's durability).
 	//
@@ -193,11 +194,13 @@ func buildStatements(table string, legacy, async bool) statements {
 		won = "split_part(l.value, ' ', 1) = $3::text"
 	}
 	enq := ""
+	// lost is the write of a claim that found the row taken: none, but
+	// the lock ON CONFLICT took commits without waiting for the flush.
+	lost := "set_config('synchronous_commit', 'off', true) IS NULL"
 	if queue {
 		turn := func(r string) string { return "coalesce(" + qHead(r+".waiters") + " = $6::text, true)" }
 		take += " AND " + turn("l")
 		gate = "c.expire_at IS NULL OR (c.expire_at <= now() AND " + turn("c") + ")"
-		sets += ", waiters = " + qWithout("l.waiters", "$6::text")
 		// A waiter not holding a live row, whose place is missing, expired
 		// or half gone, on a row it may not take (as cur read it, so that
 		// w and enq never both write).
@@ -207,6 +210,25 @@ func buildStatements(table string, legacy, async bool) statements {
 			return "NOT (" + r + ".holder = $3::text AND " + r + ".expire_at > now()) AND NOT (starts_with(" + r + ".holder, '" + semMark + "') AND " + r + ".expire_at > now()) AND coalesce(" +
 				qDeadline(r+".waiters", "$6::text") + ", 0) < " + nowMicros + " + $7::bigint / 2"
 		}
+		// A claim that read the row as missing or claimable but lost it
+		// to a concurrent claim (the row ON CONFLICT locked is held, or
+		// free but another waiter's turn) queues there, in the same
+		// write: enq cannot, since the statement's snapshot may not even
+		// see the row (a key never used before), and a waiter that is
+		// not queued is told nothing and waits for its poll. claimable
+		// tells the two writes apart in SET: it holds for a takeover and
+		// not for a place in line (a claimable row whose slot is over is
+		// neither, and is not written).
+		claimable := "l.expire_at <= now() AND " + turn("l")
+		pick := func(col, taken string) string {
+			return col + " = CASE WHEN " + claimable + " THEN " + taken + " ELSE l." + col + " END"
+		}
+		sets = strings.Join([]string{pick("owner", "excluded.owner"), pick("holder", "excluded.holder"),
+			pick("token", "greatest("+tokenDefault+", l.token + 1)"), pick("acquired_at", "excluded.acquired_at"),
+			pick("expire_at", "excluded.expire_at"),
+			"waiters = CASE WHEN " + claimable + " THEN " + qWithout("l.waiters", "$6::text") +
+				" ELSE " + qWith("l.waiters", "$6::text", nowMicros+" + $7::bigint") + " END"}, ", ")
+		lost = "CASE WHEN set_config('synchronous_commit', 'off', true) IS NULL THEN false ELSE $6::text <> '' AND NOT (" + claimable + ") AND " + due("l") + " END"
 		enq = fmt.Sprintf(`, enq AS (
 	UPDATE %[1]s AS l SET waiters = %[2]s
 	FROM cur AS c
@@ -225,7 +247,7 @@ func buildStatements(table string, legacy, async bool) statements {
 	FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true
 	WHERE %[5]s AND (%[6]s)%[7]s
 	ON CONFLICT (key) DO UPDATE SET %[8]s
-	WHERE CASE WHEN %[9]s THEN true%[7]s ELSE set_config('synchronous_commit', 'off', true) IS NULL END
+	WHERE CASE WHEN %[9]s THEN true%[7]s ELSE %[15]s END
 	RETURNING %[11]s AS won, %[12]s AS token, coalesce(%[13]s, now()) AS acquired_at, l.expire_at
 )%[10]s
 SELECT coalesce(w.won, false), w.token, w.acquired_at, w.expire_at,
@@ -233,7 +255,7 @@ SELECT coalesce(w.won, false), w.token, w.acquired_at, w.expire_at,
 FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true LEFT JOIN w ON true`,
 		table, curCols, cols, insertVals, slotOpen, gate, ac, sets, take, enq,
 		won, strings.Replace(token, "token", "l.token", 1), strings.Replace(acquiredAt, "acquired_at", "l.acquired_at", 1),
-		"CASE WHEN c.expire_at > now() THEN "+strings.ReplaceAll(remaining, "expire_at", "c.expire_at")+" END")
+		"CASE WHEN c.expire_at > now() THEN "+strings.ReplaceAll(remaining, "expire_at", "c.expire_at")+" END", lost)
 
 	s.renew = fmt.Sprintf(`UPDATE %[1]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond'
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, holder, ttl)

@@ -14,7 +14,9 @@ import (
 )
 
 // Rules of store-side waiter queues. They run when the backend is a
-// core.Queuer and are skipped otherwise. A waiting Acquire on a Queuer
+// core.Queuer and are skipped otherwise. Each clause of core.Queuer's
+// contract (the grant rule, places in line, dead waiters, turns) names the
+// rules here that check it. A waiting Acquire on a Queuer
 // sends every attempt with one Waiter id and the engine's queue TTL (2s),
 // and re-attempts at least every third of it to keep its place in line.
 //
@@ -559,5 +561,227 @@ func testQueueOneWake(t *testing.T, e *env) {
 	if attempts > allowed {
 		t.Errorf("rule %q: %d attempts for %d hand-offs, want at most %d (2 each plus refreshes over the waits %v)",
 			rule, attempts, waiters, allowed, waited)
+	}
+}
+
+// handoffLag bounds the p90 of a hand-off's lag (from a holder's release to
+// the next waiter's acquisition) in testQueueHandoffPrompt: a few round
+// trips on a loaded machine, and well under the fallback poll of a queued
+// wait (a third of the queue TTL, 666ms), which a lost turn waits for.
+const handoffLag = 300 * time.Millisecond
+
+// testQueueHandoffPrompt checks rule "on a Queuer every waiter is told its
+// turn: waiters that call Acquire at once on a key never used before, from
+// one process or several, each get the key within a few round trips of the
+// release before theirs, never at the fallback poll" — of a lock, and of a
+// semaphore's permits.
+func testQueueHandoffPrompt(t *testing.T, e *env) {
+	const rule = "on a Queuer every waiter is told its turn: waiters that call Acquire at once on a key never used before, from one process or several, each get the key within a few round trips of the release before theirs, never at the fallback poll"
+	ps := queueProcs(t, e, 4)
+	_, sem := ps[0].fault.Backend.(core.SemaphoreBackend)
+	for _, c := range []struct {
+		name  string
+		ps    []*proc
+		limit int
+	}{{"OneLocker", ps[:1], 1}, {"FourLockers", ps, 1}, {"SemaphoreOneLocker", ps[:1], 2}, {"SemaphoreFourLockers", ps, 2}} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.limit > 1 && !sem {
+				t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
+			}
+			handoffPrompt(t, e, rule, c.ps, c.limit)
+		})
+	}
+}
+
+// handoffPrompt runs rounds of 16 waiters from ps on fresh keys (permits of
+// a semaphore of limit when limit > 1) and checks the p90 of the hand-off
+// lags: from the release that freed a permit to the acquisition it allowed.
+func handoffPrompt(t *testing.T, e *env, rule string, ps []*proc, limit int) {
+	const waiters, rounds = 16, 3
+	ctx := ctxT(t, 60*time.Second)
+	opts := []core.Option{core.TTL(checkTTL)}
+	if limit > 1 {
+		opts = append(opts, core.Limit(limit))
+	}
+	// Bring every subscription up first: a turn sent before a
+	// subscription is in place is caught by the re-check that follows
+	// it, which is not what this rule measures.
+	for _, p := range ps {
+		s, err := p.l.Acquire(ctx, e.key(t)+"-warm", opts...)
+		if err != nil {
+			t.Fatalf("warm-up acquire: %v", err)
+		}
+		s.Release(context.Background())
+		if !waitFor(t, p.fault.watching.Load, 10*time.Second) {
+			t.Fatalf("rule %q: the backend's WatchTurns never called ready", rule)
+		}
+	}
+	var lags []time.Duration
+	for r := range rounds {
+		k := fmt.Sprintf("%s-%d", e.key(t), r)
+		got := make([]time.Time, waiters)
+		released := make([]time.Time, waiters)
+		errs := make(chan error, waiters)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range waiters {
+			p := ps[i%len(ps)]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				s, err := p.l.Acquire(ctx, k, opts...)
+				if err != nil {
+					errs <- err
+					return
+				}
+				got[i] = time.Now()
+				time.Sleep(time.Millisecond) // the work under the lock
+				released[i] = time.Now()
+				if err := s.Release(context.Background()); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		t0 := time.Now()
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("rule %q: %v", rule, err)
+		}
+		// The first limit acquisitions wait for nobody; the n-th after
+		// them for the n-th release.
+		slices.SortFunc(got, time.Time.Compare)
+		slices.SortFunc(released, time.Time.Compare)
+		for i, g := range got {
+			from := t0
+			if i >= limit {
+				from = released[i-limit]
+			}
+			lags = append(lags, max(g.Sub(from), 0))
+		}
+	}
+	slices.Sort(lags)
+	p50, p90, worst := lags[len(lags)/2], lags[len(lags)*9/10], lags[len(lags)-1]
+	t.Logf("%d hand-offs: lag p50 %v, p90 %v, max %v", len(lags), p50, p90, worst)
+	if p90 > handoffLag {
+		t.Errorf("rule %q: hand-off lag p90 %v (p50 %v, max %v), want at most %v: waiters missed their turn and waited for the poll",
+			rule, p90, p50, worst, handoffLag)
+	}
+}
+
+// semQueue is the raw set-up of the semaphore grant rules: a limit-3
+// semaphore on a fresh key, a holder's three permits, and a turn log.
+type semQueue struct {
+	t            *testing.T
+	rule, key    string
+	holder, wait queueBackend
+	turns        *turnLog
+	ctx          context.Context
+	held         []core.AcquireRequest
+}
+
+const semQueueLimit = 3
+
+func newSemQueue(t *testing.T, e *env, rule string) *semQueue {
+	t.Helper()
+	holder, wait, watch := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
+	if _, ok := holder.(core.SemaphoreBackend); !ok {
+		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
+	}
+	q := &semQueue{t: t, rule: rule, key: e.key(t), holder: holder, wait: wait, ctx: ctxT(t, 30*time.Second)}
+	q.turns = watchTurns(t, rule, watch, q.key)
+	for range semQueueLimit {
+		r := q.req("")
+		q.grant(holder, r, "a holder's permit")
+	}
+	return q
+}
+
+func (q *semQueue) req(waiter string) core.AcquireRequest {
+	r := core.AcquireRequest{Key: q.key, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL, Limit: semQueueLimit}
+	if waiter != "" {
+		r.Waiter, r.WaiterTTL = waiter, checkTTL
+	}
+	return r
+}
+
+func (q *semQueue) grant(b core.Backend, r core.AcquireRequest, what string) {
+	q.t.Helper()
+	if _, err := b.TryAcquire(q.ctx, r); err != nil {
+		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want granted", q.rule, what, err)
+	}
+	q.held = append(q.held, r)
+	q.t.Cleanup(func() {
+		b.Release(context.Background(), core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: semQueueLimit})
+	})
+}
+
+func (q *semQueue) busy(b core.Backend, r core.AcquireRequest, what string) {
+	q.t.Helper()
+	if _, err := b.TryAcquire(q.ctx, r); !errors.Is(err, core.ErrNotAcquired) {
+		if err == nil {
+			b.Release(q.ctx, core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: semQueueLimit})
+		}
+		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want busy", q.rule, what, err)
+	}
+}
+
+// releaseHeld releases the holder's i-th permit.
+func (q *semQueue) releaseHeld(i int) {
+	q.t.Helper()
+	if err := q.holder.Release(q.ctx, core.ReleaseRequest{Key: q.key, OwnerToken: q.held[i].OwnerToken, Limit: semQueueLimit}); err != nil {
+		q.t.Fatalf("rule %q: release: %v", q.rule, err)
+	}
+}
+
+// testQueueSemaphoreGrant checks rule "on a Queuer semaphore a waiter is
+// granted a permit when fewer live waiters are queued before it than
+// permits are free, and answered busy otherwise".
+func testQueueSemaphoreGrant(t *testing.T, e *env) {
+	const rule = "on a Queuer semaphore a waiter is granted a permit when fewer live waiters are queued before it than permits are free, and answered busy otherwise"
+	q := newSemQueue(t, e, rule)
+	w1, w2, w3 := "w1-"+rand.Text(), "w2-"+rand.Text(), "w3-"+rand.Text()
+	q.busy(q.wait, q.req(w1), "the first waiter on a full semaphore")
+	q.busy(q.wait, q.req(w2), "the second waiter on a full semaphore")
+	q.busy(q.wait, q.req(w3), "the third waiter on a full semaphore")
+	q.releaseHeld(0)
+	q.releaseHeld(1) // two permits free, three waiters
+	q.busy(q.wait, q.req(w3), "the third waiter, two waiters before it and two permits free")
+	q.grant(q.wait, q.req(w2), "the second waiter, one waiter before it and two permits free")
+	// w2 is out of line: one permit free, w1 first, w3 behind it.
+	q.busy(q.wait, q.req(w3), "the third waiter, one waiter before it and one permit free")
+	q.busy(q.holder, q.req(""), "a claim without a Waiter while live waiters hold every free permit's turn")
+	q.grant(q.wait, q.req(w1), "the first waiter, nobody before it and one permit free")
+	q.busy(q.wait, q.req(w3), "the last waiter on a full semaphore")
+	if err := q.wait.Leave(q.ctx, q.key, w3); err != nil {
+		t.Errorf("rule %q: Leave = %v", rule, err)
+	}
+}
+
+// testQueueSemaphoreGrantPassesTurn checks rule "on a Queuer semaphore a
+// grant that leaves a permit free tells the next live waiter its turn".
+func testQueueSemaphoreGrantPassesTurn(t *testing.T, e *env) {
+	const rule = "on a Queuer semaphore a grant that leaves a permit free tells the next live waiter its turn"
+	q := newSemQueue(t, e, rule)
+	w1, w2 := "w1-"+rand.Text(), "w2-"+rand.Text()
+	q.busy(q.wait, q.req(w1), "the first waiter on a full semaphore")
+	q.busy(q.wait, q.req(w2), "the second waiter on a full semaphore")
+	q.releaseHeld(0)
+	q.turns.expect(t, rule, "a permit's release with waiters queued", w1)
+	q.releaseHeld(1)
+	q.turns.expect(t, rule, "a second permit's release, the first waiter still in line", w1)
+	q.grant(q.wait, q.req(w1), "the first waiter, two permits free")
+	q.turns.expect(t, rule, "a grant that leaves a permit free", w2)
+	q.grant(q.wait, q.req(w2), "the second waiter, one permit free")
+	// The last grant left no permit free and nobody in line: no turn; the
+	// next turn on the key is the one a release sends for a new waiter.
+	w3 := "w3-" + rand.Text()
+	q.busy(q.wait, q.req(w3), "a waiter on a full semaphore")
+	q.releaseHeld(2)
+	q.turns.expect(t, rule, "the first turn after grants that left no permit free", w3)
+	if err := q.wait.Leave(q.ctx, q.key, w3); err != nil {
+		t.Errorf("rule %q: Leave = %v", rule, err)
 	}
 }

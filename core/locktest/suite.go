@@ -102,8 +102,11 @@ func Run(t *testing.T, h Harness) {
 		{"QueueCancelledWaiterLeaves", testQueueCancelled},
 		{"QueueNoBarging", testQueueNoBarging},
 		{"QueueNoBargingOnSemaphore", testQueueSemaphore},
+		{"QueueSemaphoreGrantsByFreePermits", testQueueSemaphoreGrant},
+		{"QueueSemaphoreGrantPassesTurn", testQueueSemaphoreGrantPassesTurn},
 		{"QueueLeaveOfFirstPassesTurn", testQueueLeavePassesTurn},
 		{"QueueOneWakePerRelease", testQueueOneWake},
+		{"QueueHandoffPrompt", testQueueHandoffPrompt},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
