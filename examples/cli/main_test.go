@@ -6,8 +6,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/internal/zktest"
 )
 
 func TestAlone(t *testing.T) {
@@ -63,12 +66,41 @@ func TestUnderDislock(t *testing.T) {
 	}
 }
 
-// TestDemoScript runs demo.sh against PostgreSQL: the second instance does
-// not run and says why, the listing's label names what it lists, and the
-// third instance waits for the lease and runs.
+// TestDemoScript runs demo.sh on each of the four backends, as its
+// comment promises, ZooKeeper with a stock server's session limits
+// (tickTime 2000): the second instance does not run and says why, the
+// listing's label names what it lists, and the third instance waits for the
+// lease and runs.
 func TestDemoScript(t *testing.T) {
+	for name, url := range map[string]func(t *testing.T) string{
+		"pg":    func(t *testing.T) string { return testenv.PG(t) },
+		"redis": func(t *testing.T) string { return testenv.Redis(t) },
+		"zk": func(t *testing.T) string {
+			if err := zktest.Installed(); err != nil {
+				if v := strings.ToLower(os.Getenv("CI")); v == "true" || v == "1" {
+					t.Fatal(err)
+				}
+				t.Skip(err)
+			}
+			e, err := zktest.StartStock(t.TempDir(), 60*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(e.Stop)
+			return "zk://" + e.Connect()
+		},
+		"etcd": func(t *testing.T) string { return etcdtest.Start(t, 1).URL() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			demoOn(t, url(t))
+		})
+	}
+}
+
+func demoOn(t *testing.T, url string) {
 	cmd := exec.Command("sh", "demo.sh")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+testenv.PG(t))
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("demo.sh: %v\n%s", err, out)
