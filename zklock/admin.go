@@ -78,11 +78,22 @@ func (b *Backend) holderOf(ctx context.Context, key, parent string, names []stri
 	return nil, nil
 }
 
-// children lists parent's children; a missing parent has none.
-func (b *Backend) children(ctx context.Context, parent string) ([]string, error) {
+// children lists parent's children; a missing parent has none. With sync
+// it first brings the server it asks up to date with the leader (a
+// follower may not have applied a claim another session's server has
+// acknowledged yet): the admin calls read what every earlier acknowledged
+// write left, one sync each.
+func (b *Backend) children(ctx context.Context, parent string, sync bool) ([]string, error) {
 	var names []string
 	var err error
-	if cerr := b.call(ctx, func() { names, _, err = b.conn.Children(parent) }, nil); cerr != nil {
+	if cerr := b.call(ctx, func() {
+		if sync {
+			if _, err = b.conn.Sync(parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
+				return
+			}
+		}
+		names, _, err = b.conn.Children(parent)
+	}, nil); cerr != nil {
 		return nil, cerr
 	}
 	if errors.Is(err, zk.ErrNoNode) {
@@ -119,7 +130,7 @@ func (b *Backend) inspect(ctx context.Context, key string) (*core.Info, error) {
 // List implements core.Admin: the held locks whose key starts with prefix,
 // sorted by key, with one Info per permit of a semaphore (oldest first).
 func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) {
-	names, err := b.children(ctx, b.locks)
+	names, err := b.children(ctx, b.locks, true)
 	if err != nil {
 		return nil, fmt.Errorf("zklock: list: %w", err)
 	}
@@ -148,7 +159,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			parent := b.keyPath(k)
-			kids, err := b.children(ctx, parent)
+			kids, err := b.children(ctx, parent, false)
 			if err == nil && len(kids) > 0 {
 				infos[i], err = b.holdersOf(ctx, k, parent, kids, now.UnixMilli())
 			}
@@ -175,7 +186,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	}
 	b.unmarkHeld(key, "")
 	parent := b.keyPath(key)
-	names, err := b.children(ctx, parent)
+	names, err := b.children(ctx, parent, true)
 	if err != nil {
 		return false, fmt.Errorf("zklock: force release: %w", err)
 	}

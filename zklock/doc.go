@@ -163,7 +163,9 @@
 //     failover to a leader whose clock is off by more than that shortens or
 //     stretches leases, holds and slots by the difference.
 //   - Inspect's Remaining and a busy answer's holder are read at one instant
-//     and may be stale at once. Inspect, List and ForceRelease each write
+//     and may be stale at once. Inspect, List, Holders and ForceRelease
+//     each sync the server they ask with the leader first, so that they
+//     see every claim acknowledged before they were called, and write
 //     <root>/clock once to read the server clock.
 //   - Without WithAuth or WithACL the nodes are open (world:anyone): see
 //     Authentication and ACLs below.

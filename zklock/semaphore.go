@@ -172,7 +172,7 @@ func (b *Backend) Holders(ctx context.Context, key string) ([]core.Info, error) 
 
 func (b *Backend) holders(ctx context.Context, key string) ([]core.Info, error) {
 	parent := b.keyPath(key)
-	names, err := b.children(ctx, parent)
+	names, err := b.children(ctx, parent, true)
 	if err != nil || len(names) == 0 {
 		return nil, err
 	}
