@@ -157,7 +157,19 @@ func (s *session) release(ctx context.Context, cause error) error {
 			echo = c.expectEcho(s.key)
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+		var late *time.Timer
+		if held {
+			// The session stays held until the store answers, but not past
+			// its deadline: a release still in flight then ends it as lost,
+			// as the renewer would have.
+			late = time.AfterFunc(time.Until(s.Deadline()), func() {
+				s.lose(errors.New("renew deadline passed while the release was in flight"), false)
+			})
+		}
 		err = c.b.Release(rctx, req)
+		if late != nil {
+			late.Stop()
+		}
 		cancel()
 		if err != nil {
 			c.dropEcho(s.key, echo)
