@@ -147,6 +147,7 @@ type dropConn struct {
 	match   []byte
 	armed   *atomic.Bool
 	dropped *atomic.Int32
+	onDrop  func() // when set, called once the reply is thrown away
 	mu      sync.Mutex
 	drop    bool
 }
@@ -174,6 +175,9 @@ func (c *dropConn) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	c.dropped.Add(1)
+	if c.onDrop != nil {
+		c.onDrop()
+	}
 	c.Conn.Close()
 	return 0, io.EOF
 }
@@ -241,6 +245,56 @@ func TestLostAcquireReply(t *testing.T) {
 			}
 			s2.Release(ctx)
 		})
+	}
+}
+
+// A claim whose reply was lost is not taken for one that never left when
+// the connection is refused afterwards: go-redis's retry of the claim fails
+// to dial, yet the claim was applied, so it is undone (here by Close's last
+// attempt, once the server can be reached again), never left held.
+func TestLostAcquireReplyThenRefused(t *testing.T) {
+	opt, err := redis.ParseURL(testenv.Redis(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var armed, refuse atomic.Bool
+	var dropped atomic.Int32
+	o := *opt
+	o.MaxRetries, o.DialerRetries = 1, 1 // few refused dials: a short test
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		if refuse.Load() {
+			return d.DialContext(ctx, network, "127.0.0.1:1") // connection refused
+		}
+		nc, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &dropConn{Conn: nc, match: []byte(redislock.AcquireSHA), armed: &armed, dropped: &dropped,
+			onDrop: func() { refuse.Store(true) }}, nil
+	}
+	c := redis.NewClient(&o)
+	defer c.Close()
+	prefix := testenv.Name("dislocktest-")
+	l := newLocker(t, c, prefix, core.TTL(30*time.Second))
+	ctx := ctxT(t, 20*time.Second)
+	const key = "lost-reply-refused"
+
+	armed.Store(true)
+	_, err = l.TryAcquire(ctx, key)
+	if dropped.Load() != 1 || err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("TryAcquire = %v (dropped=%d), want a refused retry after the lost reply", err, dropped.Load())
+	}
+	refuse.Store(false)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	info, held, err := newBackend(t, sharedRedis(t), prefix).Inspect(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held {
+		t.Fatalf("the claim whose reply was lost is held until its TTL: %+v", info)
 	}
 }
 
