@@ -182,6 +182,39 @@ func (c *dropConn) Read(p []byte) (int, error) {
 	return 0, io.EOF
 }
 
+// lostReply is a Locker whose client's connections, once armed, drop the
+// reply to the acquire script (dropConn). With refuse, every dial after the
+// drop is refused until refuse is cleared.
+type lostReply struct {
+	armed, refuse atomic.Bool
+	dropped       atomic.Int32
+	prefix        string
+	l             *core.Client
+}
+
+func newLostReply(t *testing.T, o redis.Options, refuse bool) *lostReply {
+	r := &lostReply{prefix: testenv.Name("dislocktest-")}
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if r.refuse.Load() {
+			addr = "127.0.0.1:1" // connection refused
+		}
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		dc := &dropConn{Conn: nc, match: []byte(redislock.AcquireSHA), armed: &r.armed, dropped: &r.dropped}
+		if refuse {
+			dc.onDrop = func() { r.refuse.Store(true) }
+		}
+		return dc, nil
+	}
+	c := redis.NewClient(&o)
+	t.Cleanup(func() { c.Close() })
+	r.l = newLocker(t, c, r.prefix, core.TTL(30*time.Second))
+	return r
+}
+
 func TestLostAcquireReply(t *testing.T) {
 	opt, err := redis.ParseURL(testenv.Redis(t))
 	if err != nil {
@@ -190,29 +223,17 @@ func TestLostAcquireReply(t *testing.T) {
 	for _, retries := range []int{3, -1} {
 		t.Run("MaxRetries="+strconv.Itoa(retries), func(t *testing.T) {
 			const rule = "a lost acquire reply leaves the caller holding the lock or the lock free, never orphaned"
-			var armed atomic.Bool
-			var dropped atomic.Int32
 			o := *opt
 			o.MaxRetries = retries
-			o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-				var d net.Dialer
-				nc, err := d.DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				return &dropConn{Conn: nc, match: []byte(redislock.AcquireSHA), armed: &armed, dropped: &dropped}, nil
-			}
-			c := redis.NewClient(&o)
-			defer c.Close()
-			prefix := testenv.Name("dislocktest-")
-			l := newLocker(t, c, prefix, core.TTL(30*time.Second))
+			r := newLostReply(t, o, false)
+			l := r.l
 			ctx := ctxT(t, 20*time.Second)
 			const key = "lost-reply"
 
-			armed.Store(true)
+			r.armed.Store(true)
 			s, err := l.TryAcquire(ctx, key)
-			if dropped.Load() != 1 {
-				t.Fatalf("no reply was dropped (dropped=%d, err=%v)", dropped.Load(), err)
+			if r.dropped.Load() != 1 {
+				t.Fatalf("no reply was dropped (dropped=%d, err=%v)", r.dropped.Load(), err)
 			}
 			info, held, ierr := l.Inspect(ctx, key)
 			if ierr != nil {
@@ -257,39 +278,22 @@ func TestLostAcquireReplyThenRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var armed, refuse atomic.Bool
-	var dropped atomic.Int32
 	o := *opt
 	o.MaxRetries, o.DialerRetries = 1, 1 // few refused dials: a short test
-	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		if refuse.Load() {
-			return d.DialContext(ctx, network, "127.0.0.1:1") // connection refused
-		}
-		nc, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &dropConn{Conn: nc, match: []byte(redislock.AcquireSHA), armed: &armed, dropped: &dropped,
-			onDrop: func() { refuse.Store(true) }}, nil
-	}
-	c := redis.NewClient(&o)
-	defer c.Close()
-	prefix := testenv.Name("dislocktest-")
-	l := newLocker(t, c, prefix, core.TTL(30*time.Second))
+	r := newLostReply(t, o, true)
 	ctx := ctxT(t, 20*time.Second)
 	const key = "lost-reply-refused"
 
-	armed.Store(true)
-	_, err = l.TryAcquire(ctx, key)
-	if dropped.Load() != 1 || err == nil || !strings.Contains(err.Error(), "connection refused") {
-		t.Fatalf("TryAcquire = %v (dropped=%d), want a refused retry after the lost reply", err, dropped.Load())
+	r.armed.Store(true)
+	_, err = r.l.TryAcquire(ctx, key)
+	if r.dropped.Load() != 1 || err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("TryAcquire = %v (dropped=%d), want a refused retry after the lost reply", err, r.dropped.Load())
 	}
-	refuse.Store(false)
-	if err := l.Close(); err != nil {
+	r.refuse.Store(false)
+	if err := r.l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	info, held, err := newBackend(t, sharedRedis(t), prefix).Inspect(ctx, key)
+	info, held, err := newBackend(t, sharedRedis(t), r.prefix).Inspect(ctx, key)
 	if err != nil {
 		t.Fatal(err)
 	}
