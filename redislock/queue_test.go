@@ -123,138 +123,30 @@ func (e *queueEnv) wantTurn(key, waiter string) {
 	}
 }
 
-func TestQueueFIFO(t *testing.T) {
-	const rule = "waiters get the key in the order they queued; no barging by a caller without a place"
+// TestQueueKeysGone: a key's queue is two Redis keys while anyone is in
+// line, and none once its last waiter is served.
+func TestQueueKeysGone(t *testing.T) {
 	e := newQueueEnv(t)
-	const ttl = 10 * time.Second
-	e.grant(acquireReq("k", 0))
-	for i, w := range []string{"w1", "w2", "w3"} {
-		e.busy(waitReq("k", i+1, w, ttl), true)
-	}
-	e.busy(waitReq("k", 2, "w2", ttl), true) // a refresh keeps w2's place
-	e.release("k", 0)
-	e.wantTurn("k", "w1")
-	e.busy(acquireReq("k", 9), false)         // no barging
-	e.busy(waitReq("k", 3, "w3", ttl), false) // not w3's turn
-	e.busy(waitReq("k", 4, "w4", ttl), false) // w4 queues behind
-	e.grant(waitReq("k", 1, "w1", ttl))
-	e.release("k", 1)
-	e.wantTurn("k", "w2")
-	e.grant(waitReq("k", 2, "w2", ttl))
-	e.release("k", 2)
-	e.wantTurn("k", "w3")
-	e.grant(waitReq("k", 3, "w3", ttl))
-	e.release("k", 3)
-	e.wantTurn("k", "w4")
-	l := e.grant(waitReq("k", 4, "w4", ttl))
-	e.release("k", 4)
-	// Nobody is left: the release published nothing, and the queue is gone.
-	noTurn(t, e.c, e.prefix, e.turns)
 	q, qd := redislock.QueueKeys(e.prefix, "k")
-	if n, err := e.c.Exists(e.ctx, q, qd).Result(); err != nil || n != 0 {
-		t.Fatalf("rule %q: %d queue keys left (%v)", rule, n, err)
-	}
-	// The next claim still counts up.
-	if l2 := e.grant(acquireReq("k", 5)); l2.Token <= l.Token {
-		t.Fatalf("rule %q: token %d after %d", rule, l2.Token, l.Token)
-	}
-	e.release("k", 5)
-	noTurn(t, e.c, e.prefix, e.turns)
-}
-
-// TestQueueExpiredWaiterSkipped: a waiter whose place expired does not
-// block the ones behind it.
-func TestQueueExpiredWaiterSkipped(t *testing.T) {
-	e := newQueueEnv(t)
-	e.grant(acquireReq("k", 0))
-	e.busy(waitReq("k", 1, "dead", 50*time.Millisecond), true)
-	e.busy(waitReq("k", 2, "live", 10*time.Second), true)
-	time.Sleep(100 * time.Millisecond) // let "dead"'s place expire
-	e.release("k", 0)
-	e.wantTurn("k", "live")
-	e.grant(waitReq("k", 2, "live", 10*time.Second))
-	e.release("k", 2)
-	noTurn(t, e.c, e.prefix, e.turns)
-	// A late attempt of the dead waiter queues anew, behind nobody.
-	e.grant(waitReq("k", 1, "dead", time.Second))
-	e.release("k", 1)
-	noTurn(t, e.c, e.prefix, e.turns)
-}
-
-// TestQueueLeave: Leave of the first waiter of a free key passes the turn
-// on; others leave quietly.
-func TestQueueLeave(t *testing.T) {
-	e := newQueueEnv(t)
-	const ttl = 10 * time.Second
-	e.grant(acquireReq("k", 0))
-	for i, w := range []string{"w1", "w2", "w3", "w4"} {
-		e.busy(waitReq("k", i+1, w, ttl), true)
-	}
-	// Leaving while the key is held, or from the middle, tells nobody.
-	if err := e.b.Leave(e.ctx, "k", "w2"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.b.Leave(e.ctx, "k", "w1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.b.Leave(e.ctx, "k", "nobody"); err != nil {
-		t.Fatal(err)
-	}
-	noTurn(t, e.c, e.prefix, e.turns)
-	e.release("k", 0)
-	e.wantTurn("k", "w3")
-	// w3 gives up on its turn: w4 is told.
-	if err := e.b.Leave(e.ctx, "k", "w3"); err != nil {
-		t.Fatal(err)
-	}
-	e.wantTurn("k", "w4")
-	e.grant(waitReq("k", 4, "w4", ttl))
-	e.release("k", 4)
-	noTurn(t, e.c, e.prefix, e.turns)
-}
-
-func TestQueueAfterExpiryAndForceRelease(t *testing.T) {
-	const rule = "the queue holds after the holder's lease expires and after ForceRelease"
-	e := newQueueEnv(t)
-	const ttl = 10 * time.Second
-	short := acquireReq("k", 0)
-	short.TTL = 100 * time.Millisecond
-	first := e.grant(short)
-	e.busy(waitReq("k", 1, "w1", ttl), true)
-	e.busy(waitReq("k", 2, "w2", ttl), true)
-	// The lease expires: nothing is published, the record is gone, and the
-	// queue still decides.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n, err := e.c.Exists(e.ctx, redislock.LockKey(e.prefix, "k")).Result()
+	count := func() int64 {
+		t.Helper()
+		n, err := e.c.Exists(e.ctx, q, qd).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rule %q: lease did not expire", rule)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return n
 	}
-	e.busy(acquireReq("k", 9), false)
-	e.busy(waitReq("k", 2, "w2", ttl), false)
-	l1 := e.grant(waitReq("k", 1, "w1", ttl))
-	if l1.Token <= first.Token {
-		t.Fatalf("rule %q: token %d after %d", rule, l1.Token, first.Token)
+	e.grant(acquireReq("k", 0))
+	e.busy(waitReq("k", 1, "w1", 10*time.Second), true)
+	if n := count(); n != 2 {
+		t.Fatalf("%d queue keys with a waiter in line, want 2", n)
 	}
-	ok, err := e.b.ForceRelease(e.ctx, "k")
-	if err != nil || !ok {
-		t.Fatalf("ForceRelease = %v %v", ok, err)
+	e.release("k", 0)
+	e.grant(waitReq("k", 1, "w1", 10*time.Second))
+	if n := count(); n != 0 {
+		t.Fatalf("%d queue keys left after the last waiter's grant", n)
 	}
-	e.wantTurn("k", "w2")
-	l2 := e.grant(waitReq("k", 2, "w2", ttl))
-	if l2.Token <= l1.Token {
-		t.Fatalf("rule %q: token %d after %d", rule, l2.Token, l1.Token)
-	}
-	e.release("k", 2)
-	noTurn(t, e.c, e.prefix, e.turns)
+	e.release("k", 1)
 }
 
 // TestWatchGetsKeyOfTurn: a plain Watch consumer hears a turn as its key.

@@ -31,150 +31,6 @@ func acq(key, otoken string, limit int, ttl time.Duration) core.AcquireRequest {
 	return core.AcquireRequest{Key: key, Owner: "owner-" + otoken, OwnerToken: otoken, TTL: ttl, Limit: limit}
 }
 
-// Rule: a full semaphore answers Busy with the permit that expires first;
-// a permit that is not renewed frees within its TTL; renewing or releasing
-// it afterwards reports it gone and touches no other permit.
-func TestSemaphoreExpiry(t *testing.T) {
-	cs, prefix := semClients(t, 1)
-	b := newBackend(t, cs[0], prefix)
-	ctx := ctxT(t, 10*time.Second)
-	long, err := b.TryAcquire(ctx, acq("exp", "long", 2, 30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	short, err := b.TryAcquire(ctx, acq("exp", "short", 2, 400*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if short.Token <= long.Token {
-		t.Fatalf("tokens %d then %d", long.Token, short.Token)
-	}
-	start := time.Now()
-	_, err = b.TryAcquire(ctx, acq("exp", "third", 2, time.Second))
-	var na *core.NotAcquiredError
-	if !errors.As(err, &na) || na.Holder == nil {
-		t.Fatalf("full semaphore: %v", err)
-	}
-	if h := na.Holder; h.Token != short.Token || h.Owner != "owner-short" || h.Limit != 2 ||
-		h.Remaining <= 0 || h.Remaining > 400*time.Millisecond {
-		t.Fatalf("busy holder %+v, want the short permit (token %d)", *h, short.Token)
-	}
-	// Retrying the same claim is idempotent: the same permit.
-	again, err := b.TryAcquire(ctx, acq("exp", "long", 2, 30*time.Second))
-	if err != nil || again.Token != long.Token {
-		t.Fatalf("retry of a held permit: %+v %v", again, err)
-	}
-	for {
-		_, err = b.TryAcquire(ctx, acq("exp", "third", 2, time.Second))
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, core.ErrNotAcquired) {
-			t.Fatal(err)
-		}
-		if time.Since(start) > 3*time.Second {
-			t.Fatal("the expired permit was not freed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if took := time.Since(start); took < 300*time.Millisecond {
-		t.Errorf("freed after %v, before its TTL", took)
-	}
-	res, err := b.Renew(ctx, []core.RenewRequest{
-		{Key: "exp", OwnerToken: "short", TTL: time.Second, Limit: 2},
-		{Key: "exp", OwnerToken: "long", TTL: 30 * time.Second, Limit: 2},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !errors.Is(res[0], core.ErrLeaseGone) || res[1] != nil {
-		t.Fatalf("renew expired, live: %v", res)
-	}
-	if err := b.Release(ctx, core.ReleaseRequest{Key: "exp", OwnerToken: "short", Limit: 2}); !errors.Is(err, core.ErrLeaseGone) {
-		t.Fatalf("release of an expired permit = %v, want ErrLeaseGone", err)
-	}
-	hs, err := b.Holders(ctx, "exp")
-	if err != nil || len(hs) != 2 || hs[0].Token != long.Token {
-		t.Fatalf("holders %+v %v", hs, err)
-	}
-}
-
-// Rule: Holders lists every permit oldest first with its limit; Inspect
-// returns the oldest; List returns one Info per permit, among mutexes;
-// ForceRelease frees every permit.
-func TestSemaphoreAdmin(t *testing.T) {
-	cs, prefix := semClients(t, 1)
-	b := newBackend(t, cs[0], prefix)
-	ctx := ctxT(t, 10*time.Second)
-	var toks []uint64
-	for i := range 3 {
-		l, err := b.TryAcquire(ctx, acq("adm/sem", fmt.Sprint("p", i), 5, time.Duration(10-i)*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		toks = append(toks, l.Token)
-	}
-	m, err := b.TryAcquire(ctx, acq("adm/mutex", "m", 0, 10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs, err := b.Holders(ctx, "adm/sem")
-	if err != nil || len(hs) != 3 {
-		t.Fatalf("holders %+v %v", hs, err)
-	}
-	for i, h := range hs {
-		if h.Token != toks[i] || h.Owner != fmt.Sprint("owner-p", i) || h.Limit != 5 || h.Key != "adm/sem" ||
-			h.AcquiredAt.IsZero() || h.Remaining <= 0 || h.ExpiresAt.IsZero() {
-			t.Errorf("holder %d: %+v", i, h)
-		}
-	}
-	hm, err := b.Holders(ctx, "adm/mutex")
-	if err != nil || len(hm) != 1 || hm[0].Token != m.Token || hm[0].Limit != 0 {
-		t.Fatalf("holders of a mutex: %+v %v", hm, err)
-	}
-	if hf, err := b.Holders(ctx, "adm/free"); err != nil || len(hf) != 0 {
-		t.Fatalf("holders of a free key: %+v %v", hf, err)
-	}
-	info, ok, err := b.Inspect(ctx, "adm/sem")
-	if err != nil || !ok || info.Token != toks[0] || info.Limit != 5 {
-		t.Fatalf("inspect: %+v %v %v", info, ok, err)
-	}
-	list, err := b.List(ctx, "adm/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, i := range list {
-		got = append(got, fmt.Sprint(i.Key, "#", i.Token))
-	}
-	want := []string{fmt.Sprint("adm/mutex#", m.Token)}
-	for _, tok := range toks {
-		want = append(want, fmt.Sprint("adm/sem#", tok))
-	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("list %v, want %v", got, want)
-	}
-	ok, err = b.ForceRelease(ctx, "adm/sem")
-	if err != nil || !ok {
-		t.Fatalf("force release: %v %v", ok, err)
-	}
-	if hs, err := b.Holders(ctx, "adm/sem"); err != nil || len(hs) != 0 {
-		t.Fatalf("holders after force release: %+v %v", hs, err)
-	}
-	if _, ok, err := b.Inspect(ctx, "adm/sem"); ok || err != nil {
-		t.Fatalf("inspect after force release: %v %v", ok, err)
-	}
-	res, err := b.Renew(ctx, []core.RenewRequest{{Key: "adm/sem", OwnerToken: "p0", TTL: time.Second, Limit: 5}})
-	if err != nil || !errors.Is(res[0], core.ErrLeaseGone) {
-		t.Fatalf("renew of a forced-out permit: %v %v", res, err)
-	}
-	// The key is free for any kind now, with a larger token.
-	l, err := b.TryAcquire(ctx, acq("adm/sem", "new", 2, time.Second))
-	if err != nil || l.Token <= toks[2] {
-		t.Fatalf("claim after force release: %+v %v", l, err)
-	}
-}
-
 // Rule: a mutex lease whose key now holds a semaphore (it was forced free
 // and claimed as one) is reported gone by Renew without failing the other
 // leases of the batch; its Release changes nothing and says so (Gone); and
@@ -289,45 +145,6 @@ func TestSemaphoreRenew1000OneRoundTrip(t *testing.T) {
 	hs, _ = b.Holders(ctx, "one")
 	if len(hs) != 500 || hs[0].Remaining > 300*time.Millisecond {
 		t.Fatalf("kept permit: %d %+v", len(hs), hs[0])
-	}
-}
-
-// Rule: the semaphore scripts run on miniredis too (unit tests without a
-// server).
-func TestSemaphoreMiniredis(t *testing.T) {
-	m := newMiniredis(t)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { c.Close() })
-	l := newLocker(t, c, "mini", core.TTL(5*time.Second), core.Limit(2))
-	ctx := ctxT(t, 10*time.Second)
-	s1, err := l.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := l.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s2.Token() <= s1.Token() {
-		t.Fatalf("tokens %d, %d", s1.Token(), s2.Token())
-	}
-	if _, err := l.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrNotAcquired) {
-		t.Fatalf("third permit: %v", err)
-	}
-	if _, err := l.TryAcquire(ctx, "k", core.Limit(1)); !errors.Is(err, core.ErrLimitMismatch) {
-		t.Fatalf("mutex on a semaphore: %v", err)
-	}
-	if err := s1.Check(ctx); err != nil {
-		t.Fatal(err)
-	}
-	hs, err := l.Holders(ctx, "k")
-	if err != nil || len(hs) != 2 || hs[0].Token != s1.Token() {
-		t.Fatalf("holders %+v %v", hs, err)
-	}
-	s1.Release(ctx)
-	s3, err := l.TryAcquire(ctx, "k")
-	if err != nil || s3.Token() <= s2.Token() {
-		t.Fatalf("after release: %v", err)
 	}
 }
 
@@ -463,80 +280,28 @@ func TestSemaphoreExpiredPermitsThenMutex(t *testing.T) {
 	}
 }
 
-// Rule: the waiters of a semaphore wait in the key's queue: a freed permit
-// is the first live waiter's turn, nobody without a place (or further back)
-// takes a permit that waiters ahead of it may claim, a grant that leaves a
-// permit free tells the next waiter, Leave of the first waiter passes the
-// turn on, ForceRelease tells the first waiter, and a release with nobody
-// in line publishes only when someone was answered busy.
-func TestSemaphoreQueue(t *testing.T) {
+// Rule: a permit's release with nobody in line publishes only when a claim
+// was answered busy since the key was last free (such callers poll and are
+// told by the bare key); the turns of waiters in line are the locktest
+// Queue rules'.
+func TestSemaphoreReleasePublishesForBusy(t *testing.T) {
 	e := newQueueEnv(t)
 	const ttl = 10 * time.Second
-	sem := func(otoken, waiter string) core.AcquireRequest {
-		r := acq("q", otoken, 2, ttl)
-		r.Waiter, r.WaiterTTL = waiter, ttl
-		return r
-	}
 	rel := func(otoken string) {
 		t.Helper()
 		if err := e.b.Release(e.ctx, core.ReleaseRequest{Key: "q", OwnerToken: otoken, Limit: 2}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e.grant(sem("p1", ""))
-	e.grant(sem("p2", ""))
-	e.busy(sem("w1", "w1"), true)
-	e.busy(sem("w2", "w2"), true)
+	e.grant(acq("q", "p1", 2, ttl))
 	rel("p1")
-	e.wantTurn("q", "w1")
-	e.busy(sem("c", ""), false)    // a permit is free, but w1 is ahead
-	e.busy(sem("w2", "w2"), false) // and ahead of w2
-	e.grant(sem("w1", "w1"))
-	noTurn(t, e.c, e.prefix, e.turns) // no permit left free
-	rel("p2")
-	e.wantTurn("q", "w2")
-	e.grant(sem("w2", "w2"))
-
-	rel("w1")
 	noTurn(t, e.c, e.prefix, e.turns) // nobody in line, nobody answered busy
-	e.grant(sem("c2", ""))
-	e.busy(sem("c3", ""), true)
-	rel("c2")
-	e.wantTurn("q", "") // c3 was answered busy without a place
-
-	// Two permits free at once: the first grant tells the next waiter.
-	e.grant(sem("c4", ""))
-	e.busy(sem("w3", "w3"), true)
-	e.busy(sem("w4", "w4"), true)
-	rel("c4")
-	e.wantTurn("q", "w3")
-	rel("w2")
-	e.wantTurn("q", "w3") // still first in line
-	e.grant(sem("w3", "w3"))
-	e.wantTurn("q", "w4") // a permit is still free
-	e.grant(sem("w4", "w4"))
-
-	// Leave of the first waiter when a permit is free.
-	e.busy(sem("w5", "w5"), true)
-	e.busy(sem("w6", "w6"), true)
-	rel("w3")
-	e.wantTurn("q", "w5")
-	if err := e.b.Leave(e.ctx, "q", "w5"); err != nil {
-		t.Fatal(err)
-	}
-	e.wantTurn("q", "w6")
-	e.grant(sem("w6", "w6"))
-
-	// ForceRelease tells the first live waiter.
-	e.busy(sem("w7", "w7"), true)
-	if ok, err := e.b.ForceRelease(e.ctx, "q"); !ok || err != nil {
-		t.Fatalf("force release: %v %v", ok, err)
-	}
-	e.wantTurn("q", "w7")
-	if hs, err := e.b.Holders(e.ctx, "q"); err != nil || len(hs) != 0 {
-		t.Fatalf("holders after force release: %+v %v", hs, err)
-	}
-	e.grant(sem("w7", "w7"))
+	e.grant(acq("q", "p1", 2, ttl))
+	e.grant(acq("q", "p2", 2, ttl))
+	e.busy(acq("q", "p3", 2, ttl), true)
+	rel("p1")
+	e.wantTurn("q", "") // p3 was answered busy without a place
+	rel("p2")
 }
 
 // Example_semaphore lets at most two holders of a key run at once: a third
