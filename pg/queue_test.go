@@ -335,8 +335,7 @@ func TestQueueTurnPayload(t *testing.T) {
 func TestQueueExecMode(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
-	exec := func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec }
-	b := newBackendPool(t, table, exec)
+	b := newBackendPool(t, table, queryMode(pgx.QueryExecModeExec))
 	turns := watchTurns(t, newBackend(t, table))
 	ctx := ctxT(t)
 	k := "exec"

@@ -223,7 +223,7 @@ func TestPermitExecModes(t *testing.T) {
 			if throughPooler(t) && mode.mode != pgx.QueryExecModeExec && mode.mode != pgx.QueryExecModeSimpleProtocol {
 				t.Skip("prepared statements through a transaction pooler")
 			}
-			b := newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode.mode }, mode.opts...)
+			b := newBackendPool(t, table, queryMode(mode.mode), mode.opts...)
 			l := newClient(t, b)
 			ctx := ctxT(t)
 			key := "k-" + mode.name

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
@@ -278,77 +277,6 @@ func TestSemaphoreExpiredPermitsThenMutex(t *testing.T) {
 	if m.Token <= short.Token {
 		t.Fatalf("mutex token %d after permit token %d", m.Token, short.Token)
 	}
-}
-
-// Rule: a permit's release with nobody in line publishes only when a claim
-// was answered busy since the key was last free (such callers poll and are
-// told by the bare key); the turns of waiters in line are the locktest
-// Queue rules'.
-func TestSemaphoreReleasePublishesForBusy(t *testing.T) {
-	e := newQueueEnv(t)
-	const ttl = 10 * time.Second
-	rel := func(otoken string) {
-		t.Helper()
-		if err := e.b.Release(e.ctx, core.ReleaseRequest{Key: "q", OwnerToken: otoken, Limit: 2}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e.grant(acq("q", "p1", 2, ttl))
-	rel("p1")
-	noTurn(t, e.c, e.prefix, e.turns) // nobody in line, nobody answered busy
-	e.grant(acq("q", "p1", 2, ttl))
-	e.grant(acq("q", "p2", 2, ttl))
-	e.busy(acq("q", "p3", 2, ttl), true)
-	rel("p1")
-	e.wantTurn("q", "") // p3 was answered busy without a place
-	rel("p2")
-}
-
-// Example_semaphore lets at most two holders of a key run at once: a third
-// claim is turned away until a permit is released.
-func Example_semaphore() {
-	m := miniredis.NewMiniRedis()
-	m.ClockTTL(true)
-	if err := m.Start(); err != nil {
-		panic(err)
-	}
-	defer m.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer rdb.Close()
-	locker, err := redislock.New(rdb, redislock.WithPrefix("myapp"))
-	if err != nil {
-		panic(err)
-	}
-	defer locker.Close()
-
-	ctx := context.Background()
-	a, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
-	if err != nil {
-		panic(err)
-	}
-	b, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
-	if err != nil {
-		panic(err)
-	}
-	_, err = locker.TryAcquire(ctx, "exports", core.Limit(2))
-	fmt.Println("third permit busy:", errors.Is(err, core.ErrNotAcquired))
-	holders, err := locker.Holders(ctx, "exports")
-	if err != nil {
-		panic(err)
-	}
-	fmt.Println("holders:", len(holders), "of", holders[0].Limit, "- tokens increase:", b.Token() > a.Token())
-
-	a.Release(ctx)
-	c, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
-	fmt.Println("after a release:", err == nil)
-	if err == nil {
-		c.Release(ctx)
-	}
-	b.Release(ctx)
-	// Output:
-	// third permit busy: true
-	// holders: 2 of 2 - tokens increase: true
-	// after a release: true
 }
 
 // Rule: a permit claim of a key with no record counts on from the fencing
