@@ -81,14 +81,7 @@ func TestMiddleware_Limit(t *testing.T) {
 	if len(tokens) != 3 {
 		t.Errorf("fencing tokens %v, want three distinct ones", tokens)
 	}
-	err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		t.Error("a fourth task ran while three held the permits")
-		return nil
-	})).ProcessTask(ctx, task)
-	var b *asynqlock.BusyError
-	if !errors.As(err, &b) || asynqlock.IsFailure(err) {
-		t.Fatalf("fourth task: err = %v, want a *BusyError", err)
-	}
+	wantBusy(t, ctx, mw, task, "a fourth task, while three held the permits,")
 	close(runs[0].stop)
 	if err := <-errs; err != nil {
 		t.Fatal(err)
@@ -218,25 +211,14 @@ func (r *limitRig) handle(ctx context.Context, _ *asynq.Task) error {
 
 // TestServers_Limit: two servers of 3 workers each, Limit(3) and the
 // default HandOff, 15 tasks of one key: 3 run at once and never more, every
-// task completes, and busy bounces use no retry.
-func TestServers_Limit(t *testing.T) {
-	e := newEnv(t)
-	_, la, lb := lockers(t)
-	limitAcrossServers(t, e, la, lb)
-}
-
-// TestServers_Limit_Redislock: the same with the permits in the same Redis
-// (redislock), each server with its own Redis client.
-func TestServers_Limit_Redislock(t *testing.T) {
-	e := newEnv(t)
-	la, lb := redislockers(t)
-	if _, ok := la.(*core.Client).Backend().(core.SemaphoreBackend); !ok {
-		t.Skip("redislock has no semaphores yet")
-	}
-	limitAcrossServers(t, e, la, lb)
-}
+// task completes, and busy bounces use no retry; with the permits in
+// memory, and in the same Redis (redislock).
+func TestServers_Limit(t *testing.T) { onBothStores(t, limitAcrossServers) }
 
 func limitAcrossServers(t *testing.T, e *env, la, lb core.Locker) {
+	if _, ok := la.(*core.Client).Backend().(core.SemaphoreBackend); !ok {
+		t.Skip("the store has no semaphores")
+	}
 	const n, tasks = 3, 15
 	r := newLimitRig(n, tasks)
 	for _, l := range []core.Locker{la, lb} {

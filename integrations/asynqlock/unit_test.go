@@ -9,75 +9,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"go.uber.org/goleak"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/asynqlock"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// lockers returns two Lockers on one in-memory store, acting as two
-// processes.
-func lockers(t *testing.T) (*memlock.Store, core.Locker, core.Locker) {
-	t.Helper()
-	store := memlock.NewStore()
-	a, err := store.Locker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := store.Locker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return store, a, b
-}
-
-// heldElsewhere returns a session on key of one of two Lockers on one
-// in-memory store (lockers), and the other: key is held by another process
-// than l.
-func heldElsewhere(t *testing.T, key string) (core.Session, core.Locker) {
-	t.Helper()
-	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, l
-}
-
-// runsOnRelease releases s and checks that the waiting task, whose start
-// time comes on started, runs after the release and within a second of it:
-// woken by it.
-func runsOnRelease(t *testing.T, s core.Session, started <-chan time.Time) {
-	t.Helper()
-	released := time.Now()
-	if err := s.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case at := <-started:
-		if at.Before(released) {
-			t.Error("the waiter ran before the release")
-		}
-		if d := at.Sub(released); d > time.Second {
-			t.Errorf("the waiter ran %v after the release, want it woken by the release", d)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter did not run after the release")
-	}
-}
-
-func mustNew(t *testing.T, l core.Locker, opts ...asynqlock.Option) asynq.MiddlewareFunc {
-	t.Helper()
-	mw, err := asynqlock.New(l, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mw
-}
 
 func TestKeyFuncs(t *testing.T) {
 	ctx := context.Background()
@@ -448,14 +383,7 @@ func TestMiddleware_HandOff(t *testing.T) {
 	}
 	bounce := func() time.Duration {
 		t.Helper()
-		err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-			t.Error("handler ran while the key was busy")
-			return nil
-		})).ProcessTask(ctx, task)
-		var b *asynqlock.BusyError
-		if !errors.As(err, &b) || asynqlock.IsFailure(err) {
-			t.Fatalf("second task: err = %v, want a *BusyError", err)
-		}
+		b := wantBusy(t, ctx, mw, task, "a second task")
 		if len(w.acquiring) != 0 {
 			t.Fatal("a second task waited: the line holds one per key")
 		}
