@@ -60,11 +60,7 @@ func (l *electionLog) counts() (elected, revoked, failures int) {
 func TestCampaignReturnsWhatTheBackendRejects(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memlock.NewStore()
-		c, err := core.New(maxTTLBackend{st.Backend(), 26 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := newClient(t, maxTTLBackend{st.Backend(), 26 * time.Second})
 		var log electionLog
 		start := time.Now()
 		e, err := core.CampaignContext(context.Background(), c, "leader",
