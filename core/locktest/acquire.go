@@ -13,8 +13,7 @@ import (
 )
 
 func testMutualExclusion(t *testing.T, e *env) {
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k)
 	mustBusy(t, "a held lock cannot be acquired by another process", b, k)
 	if err := s.Release(context.Background()); err != nil {
@@ -27,8 +26,7 @@ func testMutualExclusion(t *testing.T, e *env) {
 
 func testBusyFast(t *testing.T, e *env) {
 	const rule = "busy is reported as ErrNotAcquired, with the holder when known, in one attempt"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k, core.WithOwner("holder-a"))
 	defer s.Release(context.Background())
 	start := time.Now()
@@ -66,8 +64,7 @@ func testNotReentrant(t *testing.T, e *env) {
 
 func testAcquireCtx(t *testing.T, e *env) {
 	const rule = "Acquire honours ctx: it returns ErrNotAcquired joined with ctx.Err() and leaves nothing held"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k)
 	ctx, cancel := context.WithTimeout(context.Background(), e.ttl/2)
 	defer cancel()
@@ -121,8 +118,7 @@ func notBusy(t *testing.T, rule, what string, err error, want ...error) {
 
 func testOutageNotBusy(t *testing.T, e *env) {
 	const rule = "an outage is never busy: a store that fails or does not answer yields its failure (the store's error, ctx's deadline), never ErrNotAcquired"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k) // a store that answered would say busy
 	defer s.Release(context.Background())
 	wait := e.ttl / 2
@@ -151,8 +147,7 @@ func testOutageNotBusy(t *testing.T, e *env) {
 
 func testDeadlineKept(t *testing.T, e *env) {
 	const rule = "the caller's deadline is kept: TryAcquire and Acquire return within core.DeadlineSlack of ctx's end even when a store call ignores ctx, and a claim that lands after its caller left is undone"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	wait := e.ttl / 2
 	thaw := make(chan struct{})
 	var once sync.Once
@@ -189,8 +184,7 @@ func testDeadlineKept(t *testing.T, e *env) {
 
 func testWaiterWakes(t *testing.T, e *env) {
 	const rule = "a waiter acquires promptly after the holder releases"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k)
 	got := make(chan core.Session, 1)
 	errc := make(chan error, 1)
