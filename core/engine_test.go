@@ -379,32 +379,6 @@ func TestElection(t *testing.T) {
 	})
 }
 
-func TestBindAndDo(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		st, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		s := hold(t, cs[0], "k")
-		ctx, cancel := core.Bind(context.Background(), s)
-		defer cancel()
-		st.Steal("k")
-		<-ctx.Done()
-		if !errors.Is(context.Cause(ctx), core.ErrLeaseLost) {
-			t.Fatalf("Bind cause %v", context.Cause(ctx))
-		}
-		if got, _ := core.SessionFromContext(ctx); got != s {
-			t.Fatal("Bind lost the session")
-		}
-		// Do reports a loss even when fn returns nil.
-		err := core.Do(context.Background(), cs[1], "d", func(ctx context.Context) error {
-			st.Steal("d")
-			<-ctx.Done()
-			return nil
-		})
-		if !errors.Is(err, core.ErrLeaseLost) {
-			t.Fatalf("Do = %v", err)
-		}
-	})
-}
-
 func TestCloseStopsEverything(t *testing.T) {
 	st := memlock.NewStore()
 	c, err := st.Locker()
@@ -550,30 +524,4 @@ func TestAcquireReplyAfterDeadline(t *testing.T) {
 			t.Fatal("the late claim was left held")
 		}
 	})
-}
-
-// TestDoReportsLossFoundAtRelease: a lease that the store dropped while fn
-// ran, with no renewal in between to notice, is reported by Do's release:
-// alone when fn succeeded, joined to fn's error when it failed.
-func TestDoReportsLossFoundAtRelease(t *testing.T) {
-	_, cs, _ := newPair(t, core.WithDefaults(core.TTL(time.Minute)))
-	for _, want := range []error{nil, errors.New("work failed")} {
-		err := core.Do(context.Background(), cs[0], "d", func(ctx context.Context) error {
-			if _, err := cs[1].ForceRelease(ctx, "d"); err != nil {
-				return err
-			}
-			s, err := cs[1].TryAcquire(ctx, "d")
-			if err != nil {
-				return err
-			}
-			defer s.Release(context.Background())
-			return want
-		})
-		if !errors.Is(err, core.ErrLeaseLost) || !errors.Is(err, core.ErrLeaseGone) {
-			t.Errorf("fn returned %v: Do = %v, want the loss", want, err)
-		}
-		if want != nil && !errors.Is(err, want) {
-			t.Errorf("Do = %v, want fn's error %v too", err, want)
-		}
-	}
 }

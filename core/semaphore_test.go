@@ -129,11 +129,9 @@ func TestCheck(t *testing.T) {
 // which claims nothing, costs no undo Release.
 func TestAcquireLimitMismatchEndsAtOnce(t *testing.T) {
 	st := memlock.NewStore()
-	a, _ := st.Locker()
-	defer a.Close()
+	a := newClient(t, st.Backend())
 	rb := st.Backend()
-	b, _ := core.New(rb)
-	defer b.Close()
+	b := newClient(t, rb)
 	s := hold(t, a, "k")
 	defer s.Release(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -38,10 +38,10 @@ func Run(t *testing.T, h Harness) {
 		e.ttl = 600 * time.Millisecond
 	}
 	// The rules live in files by topic: acquire.go (exclusion, busy,
-	// contexts, waiters), release.go (Release and Close), lease.go
-	// (renewal, expiry and loss), tokens.go (fencing, also under a race,
-	// and ambiguous claims), slot.go, input.go (keys and options),
-	// session.go, admin.go, check.go, semaphore.go and queue.go.
+	// contexts, waiters, keys and options), release.go (Release and
+	// Close), lease.go (renewal, expiry and loss), tokens.go (fencing, also
+	// under a race, and ambiguous claims), slot.go, session.go, admin.go,
+	// check.go, semaphore.go and queue.go.
 	cases := []struct {
 		name string
 		fn   func(*testing.T, *env)
