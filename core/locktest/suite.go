@@ -142,6 +142,20 @@ func (e *env) pair(t *testing.T) (a, b *proc, k string) {
 	return e.proc(t), e.proc(t), e.key(t)
 }
 
+// procsWith returns n processes (proc), or skips the rule with lacks when
+// the backend is not an I: a rule of an optional interface.
+func procsWith[I any](t *testing.T, e *env, n int, lacks string, opts ...core.ClientOption) []*proc {
+	t.Helper()
+	ps := []*proc{e.proc(t, opts...)}
+	if _, ok := ps[0].fault.Backend.(I); !ok {
+		t.Skip(lacks)
+	}
+	for len(ps) < n {
+		ps = append(ps, e.proc(t, opts...))
+	}
+	return ps
+}
+
 // proc builds a process with its own backend connection; it is closed when
 // the test ends.
 func (e *env) proc(t *testing.T, opts ...core.ClientOption) *proc {
