@@ -351,6 +351,27 @@ func (w watchedLocker) Acquire(ctx context.Context, key string, opts ...core.Opt
 	return w.Locker.Acquire(ctx, key, opts...)
 }
 
+// waitInLine runs task through mw (on w) in a goroutine and returns once it
+// waits for the lock (what names it). The task's handler sends the time it
+// starts on started; what ProcessTask returned comes on done.
+func waitInLine(t *testing.T, ctx context.Context, mw asynq.MiddlewareFunc, w watchedLocker, task *asynq.Task, what string) (started <-chan time.Time, done <-chan error) {
+	t.Helper()
+	start := make(chan time.Time, 1)
+	end := make(chan error, 1)
+	go func() {
+		end <- mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+			start <- time.Now()
+			return nil
+		})).ProcessTask(ctx, task)
+	}()
+	select {
+	case <-w.acquiring:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not wait in line", what)
+	}
+	return start, end
+}
+
 // TestMiddleware_HandOff: with the key held elsewhere, the first busy task
 // waits for the lock and runs as soon as the holder releases; a busy task
 // that finds the place in line taken is bounced, quickly (no retry delay)
@@ -368,19 +389,7 @@ func TestMiddleware_HandOff(t *testing.T) {
 	// 8 a second, in bursts of 2.
 	mw := mustNew(t, w, asynqlock.QuickRetries(8), asynqlock.BusyDelay(10*time.Millisecond, 20*time.Millisecond))
 	task := asynq.NewTask("t", nil)
-	started := make(chan time.Time, 1)
-	waiter := make(chan error, 1)
-	go func() {
-		waiter <- mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-			started <- time.Now()
-			return nil
-		})).ProcessTask(ctx, task)
-	}()
-	select {
-	case <-w.acquiring:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first busy task did not wait")
-	}
+	started, waiter := waitInLine(t, ctx, mw, w, task, "the first busy task")
 	bounce := func() time.Duration {
 		t.Helper()
 		b := wantBusy(t, ctx, mw, task, "a second task")
