@@ -273,20 +273,30 @@ func TestServers_ByTaskID(t *testing.T) {
 	e.waitState(id, asynq.TaskStateCompleted)
 }
 
+// serveHotKey holds key "hot" elsewhere and serves the env's queue on
+// three workers behind a middleware keyed by ByHeader("account") (with
+// opts), whose handler sends each task's account on ran.
+func (e *env) serveHotKey(t *testing.T, opts ...asynqlock.Option) (s core.Session, ran <-chan string) {
+	t.Helper()
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
+	accounts := make(chan string, 20)
+	cfg := wired()
+	cfg.Concurrency = 3
+	opts = append([]asynqlock.Option{asynqlock.Key(asynqlock.ByHeader("account"))}, opts...)
+	e.serve(cfg, asynqlock.MustNew(l, opts...), func(_ context.Context, task *asynq.Task) error {
+		accounts <- task.Headers()["account"]
+		return nil
+	})
+	return s, accounts
+}
+
 // TestServers_HotKeyLeavesWorkers: while a key is held elsewhere and has a
 // backlog, HandOff lets one of its tasks wait and bounces the others, so
 // that the server's other workers run other keys' tasks (under Wait(0) the
 // backlog would take all three workers until the holder lets go).
 func TestServers_HotKeyLeavesWorkers(t *testing.T) {
 	e := newEnv(t)
-	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
-	ran := make(chan string, 20)
-	cfg := wired()
-	cfg.Concurrency = 3
-	e.serve(cfg, asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByHeader("account"))), func(_ context.Context, task *asynq.Task) error {
-		ran <- task.Headers()["account"]
-		return nil
-	})
+	s, ran := e.serveHotKey(t)
 	enqueue := func(acct string) {
 		e.enqueueTask(asynq.NewTaskWithHeaders("job", []byte(acct), map[string]string{"account": acct}), asynq.Timeout(waitLong))
 	}
@@ -383,16 +393,7 @@ func TestServers_HandOffStopsBeforeDeadline(t *testing.T) {
 // other keys' tasks run meanwhile. After the release the one in line runs.
 func TestServers_ExhaustedHandOffBounded(t *testing.T) {
 	e := newEnv(t)
-	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
-	ran := make(chan string, 20)
-	cfg := wired()
-	cfg.Concurrency = 3
-	e.serve(cfg, asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByHeader("account")),
-		asynqlock.HandOffWait(200*time.Millisecond)),
-		func(_ context.Context, task *asynq.Task) error {
-			ran <- task.Headers()["account"]
-			return nil
-		})
+	s, ran := e.serveHotKey(t, asynqlock.HandOffWait(200*time.Millisecond))
 	const hot, other = 8, 4
 	var ids []string
 	for range hot {
