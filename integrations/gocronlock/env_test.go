@@ -302,6 +302,18 @@ func (s memStore) open() *core.Client {
 	return l
 }
 
+// logged opens a Locker on the store (open) and returns it with a
+// gocronlock Locker on it whose OnError reports go to log.
+func (s memStore) logged(log *errorLog) (*core.Client, *gocronlock.Locker) {
+	s.t.Helper()
+	c := s.open()
+	l, err := gocronlock.NewLocker(c, log.option())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c, l
+}
+
 // errorLog collects what a Locker or Elector reports to OnError.
 type errorLog struct {
 	mu   sync.Mutex

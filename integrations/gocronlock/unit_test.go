@@ -222,12 +222,8 @@ func TestLockerFailuresReported(t *testing.T) {
 // their runs take slot locks kept after Unlock, with no registration.
 func TestLockerScheduleFromScheduler(t *testing.T) {
 	store := newMemStore(t)
-	a := store.open()
 	var log errorLog
-	l, err := gocronlock.NewLocker(a, log.option())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, l := store.logged(&log)
 	ctx := context.Background()
 	lockUnlock := func(job string) {
 		t.Helper()
@@ -372,12 +368,8 @@ func lockWithin(t *testing.T, l *gocronlock.Locker, job string, limit time.Durat
 func TestAttachLookupBounded(t *testing.T) {
 	t.Parallel()
 	store := newMemStore(t)
-	a := store.open()
 	var log errorLog
-	l, err := gocronlock.NewLocker(a, log.option())
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, l := store.logged(&log)
 	job := &cronJob{name: "hourly", crontab: "TZ=UTC 0 * * * *"}
 	s := &stallScheduler{jobs: []gocron.Job{job}, release: make(chan struct{})}
 	defer close(s.release)
