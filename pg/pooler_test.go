@@ -196,7 +196,7 @@ func TestPgBouncerListenFallback(t *testing.T) {
 	bn := startBouncer(t)
 	admin := bouncerPool(t, bn, bouncerExec)
 	table := newTable(t, admin)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
 	conns := &listenConns{}
@@ -287,7 +287,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 	bn := startBouncer(t)
 	admin := bouncerPool(t, bn, bouncerExec)
 	table := newTable(t, admin)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
 	be := bouncerBackend(t, bn, table, bouncerExec, pg.WithListenConfig(directConfig(t)),
@@ -509,7 +509,7 @@ func TestListenProbeSlowIsNotDeaf(t *testing.T) {
 		slow.reads.Store(-1)
 		return slow, nil
 	}
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	b := newBackend(t, table, pg.WithListenConfig(cc),
 		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))

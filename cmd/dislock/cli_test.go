@@ -223,28 +223,10 @@ func (f *fixture) baseEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// syncBuffer is a bytes.Buffer safe for a process to write while a test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // proc is a running dislock.
 type proc struct {
 	cmd            *exec.Cmd
-	stdout, stderr syncBuffer
+	stdout, stderr testenv.SyncBuffer
 	done           chan struct{}
 	code           int
 	started        time.Time

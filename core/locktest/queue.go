@@ -35,14 +35,7 @@ const queueRefresh = 600 * time.Millisecond
 func queueProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
 	skipQueueWithoutWatch(t, e)
-	ps := []*proc{e.proc(t, opts...)}
-	if _, ok := ps[0].fault.Backend.(core.Queuer); !ok {
-		t.Skip("backend keeps no waiter queue (not a core.Queuer)")
-	}
-	for len(ps) < n {
-		ps = append(ps, e.proc(t, opts...))
-	}
-	return ps
+	return procsWith[core.Queuer](t, e, n, "backend keeps no waiter queue (not a core.Queuer)", opts...)
 }
 
 // skipQueueWithoutWatch skips a queue rule on a harness without release

@@ -24,14 +24,7 @@ const semLimit = 3
 // semaphores.
 func semProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
-	ps := []*proc{e.proc(t, opts...)}
-	if _, ok := ps[0].fault.Backend.(core.SemaphoreBackend); !ok {
-		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
-	}
-	for len(ps) < n {
-		ps = append(ps, e.proc(t, opts...))
-	}
-	return ps
+	return procsWith[core.SemaphoreBackend](t, e, n, "backend has no semaphores (not a core.SemaphoreBackend)", opts...)
 }
 
 // acquireLog is an Observer that keeps the end of every acquisition.

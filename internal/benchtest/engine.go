@@ -1,0 +1,27 @@
+package benchtest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/dislock/dislock/core"
+)
+
+// TryAcquireRelease times one TryAcquire and Release of key on l per
+// iteration, reporting allocations: the engine's cost per acquisition on a
+// store without I/O, with whatever options l was built with.
+func TryAcquireRelease(b *testing.B, l core.Locker, key string) {
+	b.Helper()
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		s, err := l.TryAcquire(ctx, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

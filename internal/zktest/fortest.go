@@ -1,0 +1,33 @@
+package zktest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/internal/testenv"
+)
+
+// ForTest starts a private server for t, in its temporary directory, and
+// stops it when t ends: one standalone server with this package's short
+// tickTime, or with stock a stock server's (tickTime 2000). Where no server
+// is installed it fails the test under CI (testenv.CI) and skips it
+// elsewhere.
+func ForTest(t testing.TB, stock bool) *Ensemble {
+	t.Helper()
+	if err := Installed(); err != nil {
+		if testenv.CI() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	start := func(dir string, timeout time.Duration) (*Ensemble, error) { return Start(dir, 1, timeout) }
+	if stock {
+		start = StartStock
+	}
+	e, err := start(t.TempDir(), 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Stop)
+	return e
+}
