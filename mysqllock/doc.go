@@ -44,7 +44,7 @@
 //     for the row past its slot's end is refused.
 //   - Fencing tokens are decided under the row's lock: greatest(the
 //     server's clock in microseconds, read then, the row's last token + 1).
-//     A release ends the row (holder '', expiry 0) rather than deleting it,
+//     A release ends the row (holder ”, expiry 0) rather than deleting it,
 //     so the key's last token stays; ended rows are pruned a day after
 //     their last claim, and a claim that finds no row reads the clock after
 //     that, so tokens increase per key across releases, expiries, permits,
