@@ -64,7 +64,7 @@ func dropAtCleanup(t testing.TB, admin *sql.DB, name string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, p := range []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune"} {
+		for _, p := range mysqllock.ProcNames {
 			if _, err := admin.ExecContext(ctx, "DROP PROCEDURE IF EXISTS `"+name+"_"+p+"`"); err != nil {
 				t.Errorf("drop procedure: %v", err)
 			}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/prune"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -27,8 +28,7 @@ type Backend struct {
 
 	acquire, release, renew *sql.Stmt
 
-	pruneMu   sync.Mutex
-	pruneNext time.Time
+	pruneDue  prune.Schedule // see prune
 	closeOnce sync.Once
 }
 
@@ -88,7 +88,11 @@ func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, erro
 // exist: on a new database add WithAutoMigrate, or create it first
 // (mysqllock.Migrate, SchemaSQL).
 func New(ctx context.Context, db *sql.DB, opts ...Option) (*core.Client, error) {
-	b, err := NewBackend(ctx, db, opts...)
+	return client(NewBackend(ctx, db, opts...))
+}
+
+// client is core.New over b, with the options of WithClientOptions.
+func client(b *Backend, err error) (*core.Client, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -108,16 +112,7 @@ func New(ctx context.Context, db *sql.DB, opts ...Option) (*core.Client, error) 
 // user:password@tcp(host:port)/dbname?param=value. Neither the DSN nor its
 // password appears in an error it returns.
 func Open(ctx context.Context, dsn string, opts ...Option) (*core.Client, error) {
-	b, err := OpenBackend(ctx, dsn, opts...)
-	if err != nil {
-		return nil, err
-	}
-	c, err := core.New(b, b.cfg.clientOpts...)
-	if err != nil {
-		b.Close()
-		return nil, err
-	}
-	return c, nil
+	return client(OpenBackend(ctx, dsn, opts...))
 }
 
 // OpenBackend is Open's Backend: its Close closes the pool it made.
@@ -356,21 +351,11 @@ const (
 )
 
 func (b *Backend) prune(ctx context.Context) {
-	now := time.Now()
-	b.pruneMu.Lock()
-	due := !now.Before(b.pruneNext)
-	if due {
-		b.pruneNext = now.Add(pruneEvery)
-	}
-	b.pruneMu.Unlock()
-	if !due {
+	if !b.pruneDue.Due(pruneEvery) {
 		return
 	}
-	n, err := b.pruneRows(ctx, pruneAfter)
-	if err == nil && n >= pruneBatch {
-		b.pruneMu.Lock()
-		b.pruneNext = time.Time{}
-		b.pruneMu.Unlock()
+	if n, err := b.pruneRows(ctx, pruneAfter); err == nil && n >= pruneBatch {
+		b.pruneDue.Again()
 	}
 }
 

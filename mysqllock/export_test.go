@@ -1,0 +1,4 @@
+package mysqllock
+
+// ProcNames are the suffixes of the procedures Migrate installs.
+var ProcNames = procNames
