@@ -42,7 +42,6 @@ var procBodies = map[string]string{
 	// 1 when it wrote one (the caller then wakes the watchers after its
 	// commit: wake), else 0.
 	"turn": `(IN p_key VARBINARY(1024), IN p_now BIGINT, OUT o_told INT)
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 BEGIN
 	DECLARE v_w VARBINARY(255) DEFAULT NULL;
 	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_w = NULL;
@@ -62,7 +61,6 @@ END`,
 	// needs CONNECTION_ADMIN or SUPER) is skipped: that watcher's wait
 	// ends by itself and it reads the turns then.
 	"wake": `(IN p_told INT)
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 BEGIN
 	DECLARE v_id BIGINT;
 	DECLARE v_done INT DEFAULT 0;
@@ -87,7 +85,6 @@ END`,
 	// written only when less than half of p_wttl is left of it, so
 	// repeated busy tries write nothing.
 	"place": `(IN p_key VARBINARY(1024), IN p_waiter VARBINARY(255), IN p_wttl BIGINT, IN p_now BIGINT)
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 BEGIN
 	DECLARE v_d BIGINT DEFAULT NULL;
 	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_d = NULL;
@@ -111,7 +108,6 @@ END`,
 	// acquired, expires, owner, µs left), for 'limit' the holders' limit.
 	"acquire": `(IN p_key VARBINARY(1024), IN p_owner BLOB, IN p_holder VARBINARY(255), IN p_ttl BIGINT, IN p_expire BIGINT,
 	IN p_limit INT, IN p_waiter VARBINARY(255), IN p_wttl BIGINT, IN p_left BIGINT)
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 proc: BEGIN
 	DECLARE v_start, v_now, v_tok, v_exp, v_seq BIGINT;
 	DECLARE v_found, v_dup, v_tries, v_live, v_mine, v_ahead, v_wake BIGINT DEFAULT 0;
@@ -303,14 +299,11 @@ END`,
 	// The first live waiter is told. Its one row: whether a live lease of
 	// p_holder was found.
 	"release": `(IN p_key VARBINARY(1024), IN p_holder VARBINARY(255), IN p_keep BIGINT, IN p_limit INT)
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 BEGIN
 	DECLARE v_now, r_exp BIGINT;
 	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
 	DECLARE r_lim INT;
-	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-	START TRANSACTION;
+	{begin}
 	BEGIN
 		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 		SET v_found = 1;
@@ -351,13 +344,10 @@ END`,
 	// live with their owner token. Its one row: the JSON array of the
 	// (1-based) positions of the items renewed.
 	"renew": `(IN p_items LONGTEXT)
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 BEGIN
 	DECLARE v_now BIGINT;
 	DECLARE v_ok LONGTEXT;
-	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-	START TRANSACTION;
+	{begin}
 	SET v_now = {now};
 	UPDATE {T} AS l JOIN {items} ON l.` + "`key`" + ` = CAST(r.k AS BINARY) AND l.holder = CAST(r.h AS BINARY)
 		SET l.expire_at = v_now + r.t WHERE r.n <= 1 AND l.expire_at > v_now;
@@ -376,15 +366,12 @@ END`,
 	// leave takes p_waiter out of p_key's line; when it was first and the
 	// key can be claimed, the next live waiter is told.
 	"leave": `(IN p_key VARBINARY(1024), IN p_waiter VARBINARY(255))
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 proc: BEGIN
 	DECLARE v_now, r_exp BIGINT;
 	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
 	DECLARE r_lim INT;
 	DECLARE v_head VARBINARY(255);
-	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-	START TRANSACTION;
+	{begin}
 	BEGIN
 		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 		SET v_found = 1;
@@ -416,14 +403,11 @@ END`,
 	// semaphore), keeping the token, and tells the first live waiter. Its
 	// one row: whether a live lease was ended.
 	"force": `(IN p_key VARBINARY(1024))
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 BEGIN
 	DECLARE v_now, r_exp BIGINT;
 	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
 	DECLARE r_lim INT;
-	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-	START TRANSACTION;
+	{begin}
 	BEGIN
 		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 		SET v_found = 1;
@@ -452,7 +436,6 @@ END`,
 	// expired permits and places, and turns older than a minute. Its row:
 	// how many lock rows it deleted.
 	"prune": `(IN p_horizon BIGINT, IN p_batch INT)
-SQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'
 BEGIN
 	DECLARE v_now, v_n BIGINT;
 	SET v_now = {now};
@@ -483,9 +466,24 @@ const firstToExpire = `SELECT 'busy', x.token, x.acquired_at, x.expire_at, x.own
 const itemsTable = `JSON_TABLE(p_items, '$[*]' COLUMNS (i FOR ORDINALITY, k VARCHAR(1024) CHARACTER SET utf8mb4 PATH '$.k',
 	h VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.h', t BIGINT PATH '$.t', n INT PATH '$.l')) AS r`
 
+// characteristics go between each procedure's parameters and its body.
+// INVOKER: the caller's privileges apply, not those of whoever migrated.
+const characteristics = "\nSQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'"
+
+// beginTx starts the procedure's transaction, rolled back on any error.
+const beginTx = `DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	START TRANSACTION;`
+
 // procSQL returns the CREATE PROCEDURE statement of procedure name.
 func (n names) procSQL(name string) string {
-	body := strings.ReplaceAll(procBodies[name], "{firstToExpire}", firstToExpire)
+	body := procBodies[name]
+	i := strings.Index(body, "\nBEGIN")
+	if j := strings.Index(body, "\nproc: BEGIN"); i < 0 || j >= 0 && j < i {
+		i = j
+	}
+	body = body[:i] + characteristics + body[i:]
+	body = strings.NewReplacer("{firstToExpire}", firstToExpire, "{begin}", beginTx).Replace(body)
 	r := strings.NewReplacer("{p}turn", n.proc("turn"), "{p}wake", n.proc("wake"), "{p}place", n.proc("place"),
 		"{T}", n.table, "{P}", n.permits, "{W}", n.waiters, "{N}", n.turns, "{mark}", n.mark, "{version}", procVersion, "{now}", nowSQL, "{items}", itemsTable)
 	return "CREATE PROCEDURE " + n.proc(name) + r.Replace(body)
