@@ -14,8 +14,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 )
 
 // Default server URLs.
@@ -58,11 +56,16 @@ func MySQL(t testing.TB) string {
 		if u.Port() == "" {
 			host = net.JoinHostPort(u.Hostname(), "3306")
 		}
-	} else if cfg, err := mysql.ParseDSN(raw); err == nil {
-		if cfg.Net != "tcp" {
-			return raw // a Unix socket: the test's own connection says
+	} else if _, rest, ok := strings.Cut(raw, "tcp("); ok && strings.Contains(rest, ")") {
+		// A go-sql-driver DSN, user:password@tcp(host:port)/db (parsed
+		// here without the driver, which the modules that use this
+		// package need not require).
+		host, _, _ = strings.Cut(rest, ")")
+		if _, _, err := net.SplitHostPort(host); err != nil {
+			host = net.JoinHostPort(host, "3306")
 		}
-		host = cfg.Addr
+	} else if strings.Contains(raw, "unix(") {
+		return raw // a Unix socket: the test's own connection says
 	} else {
 		t.Fatal("DISLOCK_TEST_MYSQL is neither a mysql:// URL nor a go-sql-driver DSN")
 	}
