@@ -3,6 +3,7 @@ package mysqllock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 
 	"github.com/dislock/dislock/core"
@@ -39,11 +40,15 @@ func TestConformance(t *testing.T) {
 	locktest.Run(t, harness(admin, table))
 }
 
-// TestConformanceWithoutListen runs the suite with waiters that poll.
-func TestConformanceWithoutListen(t *testing.T) {
+// Rule: under WithoutListen a Backend has no watcher (the engine's waiters
+// poll; the suite's rules for polling waiters run on every backend): it
+// holds no connection for one.
+func TestWithoutListenHasNoWatcher(t *testing.T) {
 	admin := newDB(t)
 	table := newTable(t, admin)
-	h := harness(admin, table, mysqllock.WithoutListen())
-	h.NoWatch = true
-	locktest.Run(t, h)
+	b := newBackend(t, table, mysqllock.WithoutListen())
+	err := b.WatchTurns(ctxT(t), func() { t.Error("ready called") }, func(string, string) {})
+	if !errors.Is(err, core.ErrUnsupported) {
+		t.Fatalf("WatchTurns under WithoutListen = %v, want core.ErrUnsupported", err)
+	}
 }

@@ -42,7 +42,9 @@ var (
 )
 
 // NewBackend returns a Backend on db, which stays the caller's: Close does
-// not close it. It checks the lock table and its procedures now (creating
+// not close it. While anyone waits in Acquire, the Backend's watcher holds
+// two of db's connections (see WatchTurns): leave room for them in
+// db.SetMaxOpenConns, or use WithoutListen. It checks the lock table and its procedures now (creating
 // them first under WithAutoMigrate), so a missing table or procedure is
 // reported here with an error matching ErrSchema that names the fix.
 func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, error) {

@@ -185,11 +185,7 @@ proc: BEGIN
 				END IF;
 				SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = 'dislock: claim not applied: lost the race for a new row five times';
 			END IF;
-			IF p_limit > 1 AND p_limit - 1 > 0 THEN
-				CALL {p}turn(p_key, v_now, v_wake);
-			END IF;
 			COMMIT;
-			CALL {p}wake(v_wake);
 			SELECT 'won', v_now, v_now, v_exp, NULL, NULL, 0;
 			LEAVE proc;
 		END IF;
