@@ -23,8 +23,9 @@
 //
 // # How it works
 //
-// Locks are rows of one table (default dislock_locks) with three companion
-// tables (<table>_permits, <table>_waiters, <table>_turns) and nine stored
+// Locks are rows of one table (default dislock_locks) with four companion
+// tables (<table>_permits, <table>_waiters, <table>_turns,
+// <table>_watchers) and nine stored
 // procedures (<table>_acquire, …) that Migrate installs. MySQL has no
 // RETURNING, so each operation that decides something is one CALL of a
 // procedure: one round trip (COM_STMT_EXECUTE of a statement that
@@ -86,9 +87,9 @@
 // A watcher (one per Locker while anyone waits) holds two pool
 // connections: one holds a named lock (GET_LOCK), the other waits for it
 // with a timeout between reads of the turns, so a KILL QUERY ends the wait
-// at once; the wait's statement carries a marker, and a release kills only
-// the connections running it right now (read from the process list), so no
-// other statement is ever interrupted. KILL QUERY needs no privilege for
+// at once. The waiting connection holds a named lock of its own, listed in
+// <table>_watchers: a release kills the connection IS_USED_LOCK names, so
+// never a connection that merely took over a dead watcher's id. KILL QUERY needs no privilege for
 // the user's own connections; when it fails (processes connecting as
 // different users without CONNECTION_ADMIN), the wait ends by itself every
 // 2s and the engine's own polling still runs. A hand-off takes a few

@@ -69,7 +69,7 @@ func dropAtCleanup(t testing.TB, admin *sql.DB, name string) {
 				t.Errorf("drop procedure: %v", err)
 			}
 		}
-		if _, err := admin.ExecContext(ctx, "DROP TABLE IF EXISTS `"+name+"`, `"+name+"_permits`, `"+name+"_waiters`, `"+name+"_turns`"); err != nil {
+		if _, err := admin.ExecContext(ctx, "DROP TABLE IF EXISTS `"+name+"`, `"+name+"_permits`, `"+name+"_waiters`, `"+name+"_turns`, `"+name+"_watchers`"); err != nil {
 			t.Errorf("drop %s: %v", name, err)
 		}
 	})

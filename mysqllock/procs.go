@@ -22,8 +22,8 @@ import "strings"
 // lock is granted, never before the wait for it.
 //
 // Placeholders: {T} the lock table, {P} its permits, {W} its waiters, {N}
-// its turns (all quoted), {p}name a procedure of the same table, {mark}
-// the watchers' marker, {version} the procedures' version (their comment).
+// its turns, {R} its watchers (all quoted), {p}name a procedure of the same
+// table, {version} the procedures' version (their comment).
 
 // nowSQL is the server's clock in microseconds since the epoch.
 const nowSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
@@ -54,27 +54,32 @@ BEGIN
 END`,
 
 	// wake interrupts, when p_told, the wait of every watcher of the
-	// table (KILL QUERY of its lock wait): the connections running the
-	// watcher's statement of this table right now (the marker in its
-	// text), never a connection merely reusing a watcher's id, nor one on
-	// another server. A kill that fails (another user's connection, which
-	// needs CONNECTION_ADMIN or SUPER) is skipped: that watcher's wait
-	// ends by itself and it reads the turns then.
+	// table (KILL QUERY): each registers in the watchers table a named
+	// lock that its waiting connection holds, so IS_USED_LOCK names that
+	// connection while it lives, and nothing once it is gone (a crash, a
+	// server restart; on another server of a cluster, nothing either): no
+	// other connection is ever killed. A kill that fails (another user's
+	// connection, which needs CONNECTION_ADMIN or SUPER) is skipped: that
+	// watcher's wait ends by itself and it reads the turns then.
 	"wake": `(IN p_told INT)
 BEGIN
+	DECLARE v_name VARBINARY(64);
 	DECLARE v_id BIGINT;
 	DECLARE v_done INT DEFAULT 0;
-	DECLARE c CURSOR FOR SELECT ID FROM information_schema.PROCESSLIST WHERE LOCATE('{mark}', INFO) > 0 AND ID <> CONNECTION_ID();
+	DECLARE c CURSOR FOR SELECT name FROM {R};
 	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
 	DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
 	IF p_told = 1 THEN
 		OPEN c;
 		watchers: LOOP
-			FETCH c INTO v_id;
+			FETCH c INTO v_name;
 			IF v_done = 1 THEN
 				LEAVE watchers;
 			END IF;
-			KILL QUERY v_id;
+			SET v_id = IS_USED_LOCK(v_name);
+			IF v_id IS NOT NULL AND v_id <> CONNECTION_ID() THEN
+				KILL QUERY v_id;
+			END IF;
 		END LOOP;
 		CLOSE c;
 	END IF;
@@ -429,7 +434,8 @@ END`,
 
 	// prune deletes, at most p_batch of each: ended rows whose token is
 	// older than p_horizon µs with nobody live in line and no live permit,
-	// expired permits and places, and turns older than a minute. Its row:
+	// expired permits and places, turns older than a minute and the
+	// watchers whose connection is gone. Its row:
 	// how many lock rows it deleted.
 	"prune": `(IN p_horizon BIGINT, IN p_batch INT)
 BEGIN
@@ -447,6 +453,8 @@ BEGIN
 	DELETE FROM {W} WHERE deadline <= v_now LIMIT p_batch;
 	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 	DELETE FROM {N} WHERE at < v_now - 60000000 LIMIT p_batch;
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	DELETE FROM {R} WHERE IS_USED_LOCK(name) IS NULL;
 	SELECT v_n;
 END`,
 }
@@ -481,6 +489,6 @@ func (n names) procSQL(name string) string {
 	body = body[:i] + characteristics + body[i:]
 	body = strings.NewReplacer("{firstToExpire}", firstToExpire, "{begin}", beginTx).Replace(body)
 	r := strings.NewReplacer("{p}turn", n.proc("turn"), "{p}wake", n.proc("wake"), "{p}place", n.proc("place"),
-		"{T}", n.table, "{P}", n.permits, "{W}", n.waiters, "{N}", n.turns, "{mark}", n.mark, "{version}", procVersion, "{now}", nowSQL, "{items}", itemsTable)
+		"{T}", n.table, "{P}", n.permits, "{W}", n.waiters, "{N}", n.turns, "{R}", n.watchers, "{version}", procVersion, "{now}", nowSQL, "{items}", itemsTable)
 	return "CREATE PROCEDURE " + n.proc(name) + r.Replace(body)
 }

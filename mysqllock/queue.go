@@ -38,13 +38,16 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 
 // WatchTurns implements core.Queuer. It takes two connections of the pool
 // for as long as it runs: one waits, in a lock wait (see holdWaitLock)
-// between reads of the table's log of turns, for a lock the other holds. A release (ForceRelease, Leave, a grant that leaves
+// between reads of the table's log of turns, for a lock the other holds;
+// the waiting one holds a named lock of its own, registered in the
+// table's watchers table. A release (ForceRelease, Leave, a grant that leaves
 // a permit free) that tells a waiter its turn writes it to the log and,
 // after its commit and in the same CALL, ends the wait of every watcher of
 // the table with KILL QUERY (which needs no privilege for the user's own
 // connections): each reads the new turns and waits again. When the kill
 // is refused (a watcher connected as another user) or falls between two
-// of the watcher's statements, the wait ends by itself within
+// of the watcher's statements (or ends one of its reads, which it then
+// sends again), the wait ends by itself within
 // defaultWatchPoll, or at once when the log already holds a turn it has not
 // read. Under WithoutListen it returns core.ErrUnsupported at once.
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
@@ -61,6 +64,21 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		return fmt.Errorf("mysqllock: watch: %w", err)
 	}
 	defer releaseWaitLock(hold, name)
+	// The waiting connection holds a lock of its own, registered for the
+	// releases to find it by (see wake in procs.go).
+	self, err := lockOwnName(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("mysqllock: watch: %w", err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		b.db.ExecContext(ctx, "DELETE FROM "+b.n.watchers+" WHERE name = ?", self)
+		releaseNamed(conn, self)
+	}()
+	if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO "+b.n.watchers+" (name) VALUES ('"+self+"')"); err != nil {
+		return fmt.Errorf("mysqllock: watch: %w", err)
+	}
 	var last int64
 	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(id), 0) FROM "+b.n.turns).Scan(&last); err != nil {
 		return fmt.Errorf("mysqllock: watch: %w", err)
@@ -83,10 +101,9 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		if err == nil {
 			// The ids are the server's, formatted into the statement (no
 			// user data): one round trip, no prepare.
-			var mark string
 			var slept sql.NullInt64
-			err = conn.QueryRowContext(ctx, "SELECT '"+b.n.mark+"', IF(EXISTS (SELECT 1 FROM "+b.n.turns+" WHERE id > "+
-				strconv.FormatInt(last, 10)+"), 0, GET_LOCK('"+name+"', "+strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)+"))").Scan(&mark, &slept)
+			err = conn.QueryRowContext(ctx, "SELECT IF(EXISTS (SELECT 1 FROM "+b.n.turns+" WHERE id > "+
+				strconv.FormatInt(last, 10)+"), 0, GET_LOCK('"+name+"', "+strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)+"))").Scan(&slept)
 			if err == nil && slept.Valid && slept.Int64 == 1 {
 				// The lock's holding connection is gone.
 				conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')")
@@ -108,39 +125,55 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 // that only ends by its timeout or by KILL QUERY. (SLEEP would do, but
 // MariaDB's sleepers share one mutex, on which concurrent kills of several
 // sleepers stall each other for up to two seconds; a lock wait has a mutex
-// of its own per connection.) The name is unique on the server: it holds
-// the holding connection's id.
+// of its own per connection.)
 func (b *Backend) holdWaitLock(ctx context.Context) (*sql.Conn, string, error) {
 	hold, err := b.db.Conn(ctx)
 	if err != nil {
 		return nil, "", err
 	}
-	var id int64
-	if err := hold.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+	name, err := lockOwnName(ctx, hold)
+	if err != nil {
 		hold.Close()
-		return nil, "", err
-	}
-	name := "dislock-wait:" + strconv.FormatInt(id, 10)
-	var got sql.NullInt64
-	if err := hold.QueryRowContext(ctx, "SELECT GET_LOCK('"+name+"', 0)").Scan(&got); err != nil || got.Int64 != 1 {
-		releaseWaitLock(hold, name)
-		if err == nil {
-			err = errors.New("the wait lock " + name + " is held elsewhere")
-		}
 		return nil, "", err
 	}
 	return hold, name, nil
 }
 
+// lockOwnName takes, on conn, a named lock that holds the connection's id,
+// so unique on the server while the connection lives, and returns its name.
+func lockOwnName(ctx context.Context, conn *sql.Conn) (string, error) {
+	var id int64
+	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		return "", err
+	}
+	name := "dislock-watch:" + strconv.FormatInt(id, 10)
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('"+name+"', 0)").Scan(&got); err != nil || got.Int64 != 1 {
+		releaseNamed(conn, name)
+		if err == nil {
+			err = errors.New("the named lock " + name + " is held elsewhere")
+		}
+		return "", err
+	}
+	return name, nil
+}
+
 // releaseWaitLock releases the wait lock and returns its connection to the
 // pool, or drops the connection when the release failed.
 func releaseWaitLock(hold *sql.Conn, name string) {
+	releaseNamed(hold, name)
+	hold.Close()
+}
+
+// releaseNamed releases a named lock of conn; when that fails, conn is
+// marked bad, so that the pool drops it (and the server the lock) instead
+// of handing out a connection that holds it.
+func releaseNamed(conn *sql.Conn, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := hold.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')"); err != nil {
-		hold.Raw(func(any) error { return driver.ErrBadConn })
+	if _, err := conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')"); err != nil {
+		conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
-	hold.Close()
 }
 
 // turnLookback is how many ids before the last one read each read of the

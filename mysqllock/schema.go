@@ -18,7 +18,7 @@ var ErrSchema = errors.New("mysqllock: lock table unusable")
 type names struct {
 	schema, base                   string // unquoted, as configured
 	table, permits, waiters, turns string // quoted
-	mark                           string // in the watchers' statement (see wake)
+	watchers                       string // quoted
 }
 
 func quote(s string) string { return "`" + s + "`" }
@@ -30,14 +30,10 @@ func newNames(schema, table string) names {
 		}
 		return quote(schema) + "." + quote(t)
 	}
-	full := table
-	if schema != "" {
-		full = schema + "." + table
-	}
 	return names{
 		schema: schema, base: table,
 		table: q(table), permits: q(table + "_permits"), waiters: q(table + "_waiters"), turns: q(table + "_turns"),
-		mark: "dislock-watch:" + full + ":",
+		watchers: q(table + "_watchers"),
 	}
 }
 
@@ -61,6 +57,8 @@ func (n names) proc(name string) string {
 //     (seq) and the place's deadline.
 //   - <table>_turns is the log of the turns told, which every watcher of
 //     the table reads (see Backend.WatchTurns), kept for a minute.
+//   - <table>_watchers names the locks (GET_LOCK) the table's watchers
+//     hold on their waiting connections, for the releases to find them.
 func tablesSQL(n names) []string {
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + n.table + ` (
@@ -97,11 +95,15 @@ func tablesSQL(n names) []string {
 	at      BIGINT          NOT NULL,
 	PRIMARY KEY (id)
 ) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + n.watchers + ` (
+	name VARBINARY(64) NOT NULL,
+	PRIMARY KEY (name)
+) ENGINE=InnoDB`,
 	}
 }
 
 // SchemaSQL returns the statements Migrate runs for table (a name as given
-// to WithTable), in order, one statement each: the four tables, then the
+// to WithTable), in order, one statement each: the five tables, then the
 // procedures (each dropped first, so that running them again upgrades).
 // For those who create schemas through their own migrations; a tool that
 // splits scripts on ';' must take each string whole. It needs the CREATE,
@@ -227,13 +229,14 @@ func (b *Backend) checkSchema(ctx context.Context) error {
 		return schemaErr(b.n.table, "no database selected; fix: name one in the DSN (…/dbname) or in WithTable(\"dbname.table\")")
 	}
 	want := map[string][]string{
-		b.n.base:              {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim"},
-		b.n.base + "_permits": {"key", "holder", "owner", "token", "acquired_at", "expire_at"},
-		b.n.base + "_waiters": {"key", "waiter", "seq", "deadline"},
-		b.n.base + "_turns":   {"id", "key", "waiter", "at"},
+		b.n.base:               {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim"},
+		b.n.base + "_permits":  {"key", "holder", "owner", "token", "acquired_at", "expire_at"},
+		b.n.base + "_waiters":  {"key", "waiter", "seq", "deadline"},
+		b.n.base + "_turns":    {"id", "key", "waiter", "at"},
+		b.n.base + "_watchers": {"name"},
 	}
 	rows, err := b.db.QueryContext(ctx, `SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS
-WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?, ?)`, db.String, b.n.base, b.n.base+"_permits", b.n.base+"_waiters", b.n.base+"_turns")
+WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?, ?, ?)`, db.String, b.n.base, b.n.base+"_permits", b.n.base+"_waiters", b.n.base+"_turns", b.n.base+"_watchers")
 	if err != nil {
 		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
 	}
@@ -254,7 +257,7 @@ WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?, ?)`, db.String, b.n.base, b.n
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
 	}
-	for _, t := range []string{b.n.base, b.n.base + "_permits", b.n.base + "_waiters", b.n.base + "_turns"} {
+	for _, t := range []string{b.n.base, b.n.base + "_permits", b.n.base + "_waiters", b.n.base + "_turns", b.n.base + "_watchers"} {
 		cols := have[strings.ToLower(t)]
 		if cols == nil {
 			return schemaErr(b.n.table, "table %s does not exist (or is not visible to this user); %s", quote(t), fixHint)
