@@ -87,6 +87,7 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreUnsupportedWithoutBackend", testSemUnsupported},
 		{"SemaphoreNeverMoreThanLimit", testSemNeverMore},
 		{"SemaphoreFullIsBusyWithHolder", testSemFull},
+		{"SemaphoreRacingTriesAllGranted", testSemTriesAllGranted},
 		{"SemaphoreTokensStrictlyIncrease", testSemTokens},
 		{"SemaphoreCrashedPermitFreesWithinTTL", testSemCrash},
 		{"SemaphoreWaiterWakesByNotification", testSemNotified},
