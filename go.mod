@@ -12,6 +12,7 @@ replace github.com/go-zookeeper/zk => ./third_party/go-zookeeper-zk
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/go-co-op/gocron/v2 v2.21.2
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/google/uuid v1.6.0
 	github.com/hibiken/asynq v0.26.0
@@ -29,6 +30,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect

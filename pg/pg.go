@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/prune"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,8 +27,7 @@ type Backend struct {
 	listen  listenState // see pooler.go
 	sem     *semaphores // see semaphore.go
 
-	pruneMu   sync.Mutex
-	pruneNext time.Time // the first release after this prunes (see prune)
+	pruneDue prune.Schedule // see prune
 }
 
 var (
@@ -369,21 +368,11 @@ func (b *Backend) prune(ctx context.Context) {
 	if b.stmt.prune == "" {
 		return
 	}
-	now := time.Now()
-	b.pruneMu.Lock()
-	due := !now.Before(b.pruneNext)
-	if due {
-		b.pruneNext = now.Add(pruneEvery)
-	}
-	b.pruneMu.Unlock()
-	if !due {
+	if !b.pruneDue.Due(pruneEvery) {
 		return
 	}
-	n, err := b.pruneRows(ctx, pruneAfter)
-	if err == nil && n >= pruneBatch {
-		b.pruneMu.Lock()
-		b.pruneNext = time.Time{}
-		b.pruneMu.Unlock()
+	if n, err := b.pruneRows(ctx, pruneAfter); err == nil && n >= pruneBatch {
+		b.pruneDue.Again()
 	}
 }
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Makes sure the PostgreSQL and Redis servers the tests use answer:
+# Makes sure the PostgreSQL, Redis and MariaDB servers the tests use answer:
 # starts them when they do not, and installs them with apt-get when they are
-# missing and this runs as root. Reads DISLOCK_TEST_PG / DISLOCK_TEST_REDIS.
+# missing and this runs as root. Reads DISLOCK_TEST_PG / DISLOCK_TEST_REDIS /
+# DISLOCK_TEST_MYSQL (set empty: MySQL is not tested, nor started).
 set -euo pipefail
 
 PG_URL=${DISLOCK_TEST_PG:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
 REDIS_URL=${DISLOCK_TEST_REDIS:-redis://127.0.0.1:6379/0}
+MYSQL_URL=${DISLOCK_TEST_MYSQL-mysql://root@127.0.0.1:3306/test}
 
 log() { printf 'services: %s\n' "$*" >&2; }
 
@@ -76,6 +78,58 @@ ensure_pg() {
   fi
 }
 
+# host, port and database of a mysql:// URL or a go-sql-driver DSN
+# (user:password@tcp(host:port)/db), without printing credentials; empty
+# for a Unix socket DSN.
+mysql_part() { # url part(host|port|db)
+  local u=$1 hp db
+  if [[ $u == mysql://* || $u == mariadb://* ]]; then
+    u=${u#*://}; hp=${u%%/*}; hp=${hp##*@}; db=${u#*/}; [[ $u == */* ]] || db=""
+  elif [[ $u == *"tcp("* ]]; then
+    hp=${u##*tcp(}; hp=${hp%%)*}; db=${u##*)/}
+  else
+    return 0
+  fi
+  db=${db%%\?*}
+  case $2 in
+    host) echo "${hp%%:*}" ;;
+    port) [[ $hp == *:* ]] && echo "${hp##*:}" || echo 3306 ;;
+    db) echo "${db:-test}" ;;
+  esac
+}
+
+ensure_mysql() {
+  if [ -z "$MYSQL_URL" ]; then log "DISLOCK_TEST_MYSQL is set empty: MySQL is not tested"; return 0; fi
+  local host port db; host=$(mysql_part "$MYSQL_URL" host); port=$(mysql_part "$MYSQL_URL" port); db=$(mysql_part "$MYSQL_URL" db)
+  if [ -z "$host" ]; then return 0; fi # a Unix socket: the tests say when it does not answer
+  ENV_HINT=DISLOCK_TEST_MYSQL
+  if ! reachable "$host" "$port"; then
+    case $host in 127.*|localhost) ;; *) log "MySQL at $host:$port is not reachable and is not local; start it"; return 1 ;; esac
+    [ -x /usr/sbin/mariadbd ] || [ -x /usr/sbin/mysqld ] || apt_install mariadb-server
+    local bin=/usr/sbin/mariadbd; [ -x $bin ] || bin=/usr/sbin/mysqld
+    log "starting $(basename $bin) on port $port"
+    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+    if [ ! -d /var/lib/mysql/mysql ] && command -v mariadb-install-db >/dev/null; then
+      mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+    fi
+    start-stop-daemon --start --oknodo --background --exec "$bin" -- --user=mysql --bind-address=127.0.0.1 --port="$port"
+    wait_for "$host" "$port" MariaDB
+  fi
+  # A fresh Debian install lets root in only through the Unix socket: let the
+  # tests' root in over TCP from 127.0.0.1 without a password, and create
+  # the test database.
+  local cli; cli=$(command -v mariadb || command -v mysql || true)
+  if [ "$(id -u)" = 0 ] && [ -n "$cli" ] && [ "$port" = 3306 ] && [[ $host == 127.* || $host == localhost ]]; then
+    if [[ $MYSQL_URL == mysql://root@* || $MYSQL_URL == mariadb://root@* || $MYSQL_URL == root@tcp* ]] &&
+      ! "$cli" -uroot -h127.0.0.1 -P"$port" -e 'select 1' >/dev/null 2>&1; then
+      log "allowing root over TCP from 127.0.0.1 without a password"
+      "$cli" -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY ''; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION" || true
+    fi
+    "$cli" -e "CREATE DATABASE IF NOT EXISTS \`$db\`" 2>/dev/null ||
+      "$cli" -uroot -h127.0.0.1 -P"$port" -e "CREATE DATABASE IF NOT EXISTS \`$db\`" >/dev/null 2>&1 || true
+  fi
+}
+
 ensure_tools() {
   # The Redis Cluster tests start private redis-server processes and need redis-cli.
   if ! command -v redis-cli >/dev/null || ! command -v redis-server >/dev/null; then
@@ -89,5 +143,6 @@ ensure_tools() {
 
 ensure_redis
 ensure_pg
+ensure_mysql
 ensure_tools
-log "PostgreSQL and Redis answer"
+log "PostgreSQL, Redis and MariaDB answer"

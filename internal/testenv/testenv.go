@@ -1,7 +1,7 @@
 // Package testenv finds the servers dislock's tests run against.
 //
-// Tests read DISLOCK_TEST_PG and DISLOCK_TEST_REDIS (URLs) with local
-// defaults. When a server does not answer, a test fails under CI (CI=true)
+// Tests read DISLOCK_TEST_PG, DISLOCK_TEST_REDIS and DISLOCK_TEST_MYSQL
+// (URLs; for MySQL also a go-sql-driver DSN) with local defaults. When a server does not answer, a test fails under CI (CI=true)
 // and is skipped elsewhere, with a message saying how to start it.
 package testenv
 
@@ -20,6 +20,7 @@ import (
 const (
 	DefaultPG    = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultRedis = "redis://127.0.0.1:6379/0"
+	DefaultMySQL = "mysql://root@127.0.0.1:3306/test"
 )
 
 // PG returns the PostgreSQL URL for tests, failing (CI) or skipping the test
@@ -34,6 +35,42 @@ func PG(t testing.TB) string {
 func Redis(t testing.TB) string {
 	t.Helper()
 	return need(t, "DISLOCK_TEST_REDIS", DefaultRedis, "6379")
+}
+
+// MySQL returns the MySQL / MariaDB URL or DSN for tests (DISLOCK_TEST_MYSQL,
+// DefaultMySQL when unset), failing (CI) or skipping the test when the
+// server does not accept connections. The test is skipped, also under CI,
+// when the variable is set to the empty string: MySQL is then not tested.
+func MySQL(t testing.TB) string {
+	t.Helper()
+	raw, set := os.LookupEnv("DISLOCK_TEST_MYSQL")
+	if set && raw == "" {
+		t.Skip("DISLOCK_TEST_MYSQL is set empty: MySQL is not tested")
+	}
+	if !set {
+		raw = DefaultMySQL
+	}
+	var host string
+	if u, err := url.Parse(raw); err == nil && (u.Scheme == "mysql" || u.Scheme == "mariadb") {
+		host = u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "3306")
+		}
+	} else if _, rest, ok := strings.Cut(raw, "tcp("); ok && strings.Contains(rest, ")") {
+		// A go-sql-driver DSN, user:password@tcp(host:port)/db (parsed
+		// here without the driver, which the modules that use this
+		// package need not require).
+		host, _, _ = strings.Cut(rest, ")")
+		if _, _, err := net.SplitHostPort(host); err != nil {
+			host = net.JoinHostPort(host, "3306")
+		}
+	} else if strings.Contains(raw, "unix(") {
+		return raw // a Unix socket: the test's own connection says
+	} else {
+		t.Fatal("DISLOCK_TEST_MYSQL is neither a mysql:// URL nor a go-sql-driver DSN")
+	}
+	dial(t, "DISLOCK_TEST_MYSQL", host)
+	return raw
 }
 
 // CI reports whether the tests run under CI (CI=true).
@@ -56,6 +93,12 @@ func need(t testing.TB, env, def, port string) string {
 	if u.Port() == "" {
 		host = net.JoinHostPort(u.Hostname(), port)
 	}
+	dial(t, env, host)
+	return raw
+}
+
+func dial(t testing.TB, env, host string) {
+	t.Helper()
 	conn, err := net.DialTimeout("tcp", host, 3*time.Second)
 	if err != nil {
 		msg := fmt.Sprintf("%s: server at %s not reachable (%v); run scripts/test.sh, which starts it", env, host, err)
@@ -65,7 +108,6 @@ func need(t testing.TB, env, def, port string) string {
 		t.Skip(msg)
 	}
 	conn.Close()
-	return raw
 }
 
 // Name returns a unique name for a test's keys or tables: prefix, then a

@@ -1,0 +1,110 @@
+// Package mysqllock is the MySQL and MariaDB backend of dislock, on
+// database/sql with github.com/go-sql-driver/mysql.
+//
+//	db, _ := sql.Open("mysql", "user:password@tcp(db:3306)/app")
+//	locker, err := mysqllock.New(ctx, db, mysqllock.WithAutoMigrate()) // a *core.Client: core.Locker and core.Admin
+//	s, err := locker.TryAcquire(ctx, "nightly-report")                 // errors.Is(err, core.ErrNotAcquired) when busy
+//
+// New and NewBackend use the caller's pool and never close it; Open and
+// OpenBackend make a pool of their own from a mysql://user:password@host:
+// port/dbname URL or a go-sql-driver DSN, which the Locker's (or the
+// Backend's) Close closes. Without WithAutoMigrate the schema must exist
+// already: create it with mysqllock.Migrate(ctx, db, opts...) or with the
+// statements of SchemaSQL. No DSN is ever formatted into an error.
+//
+// # Servers
+//
+// The SQL is written for MySQL 8.0.14 or newer and MariaDB 10.6 or newer
+// (JSON_TABLE, JSON_ARRAYAGG, stored procedures, KILL QUERY of the user's
+// own connections); it uses nothing that only one of them has. It is
+// tested on MariaDB 10.11 only: MySQL 8 was not available to the tests.
+// InnoDB tables; the binary log, when on, in ROW or MIXED format (the
+// procedures' transactions run at READ COMMITTED).
+//
+// # How it works
+//
+// Locks are rows of one table (default dislock_locks) with four companion
+// tables (<table>_permits, <table>_waiters, <table>_turns,
+// <table>_watchers) and nine stored
+// procedures (<table>_acquire, …) that Migrate installs. MySQL has no
+// RETURNING, so each operation that decides something is one CALL of a
+// procedure: one round trip (COM_STMT_EXECUTE of a statement that
+// database/sql prepares once per pool connection), one transaction, every
+// decision taken under the key's row lock on the server's clock
+// (UTC_TIMESTAMP(6), in microseconds, read after the row lock is granted).
+// A multi-statement batch would need multiStatements=true in the caller's
+// DSN and cannot be prepared; the procedures run with any DSN.
+//
+//   - Acquire locks the key's row (SELECT … FOR UPDATE) and claims it when
+//     it is missing, free or expired (and, with waiters queued, it is the
+//     caller's turn). A key held by someone else, asked by a caller that
+//     does not wait (or whose place in line needs no refresh), is answered
+//     from a plain read, without a row lock or a write. Acquiring with the
+//     same owner token again is a success (idempotent). A slot's end is
+//     checked on the server's clock under the lock, so a claim that waited
+//     for the row past its slot's end is refused.
+//   - Fencing tokens are decided under the row's lock: greatest(the
+//     server's clock in microseconds, read then, the row's last token + 1).
+//     A release ends the row (holder ”, expiry 0) rather than deleting it,
+//     so the key's last token stays; ended rows are pruned a day after
+//     their last claim, and a claim that finds no row reads the clock after
+//     that, so tokens increase per key across releases, expiries, permits,
+//     crashes and server restarts, as long as the server's clock is not
+//     stepped back.
+//   - Renewal of every due session of a Locker is one CALL whose argument
+//     is a JSON array of the leases (JSON_TABLE), mutexes and permits alike;
+//     a session missing from its answer is lost at once.
+//   - Release is an owner-checked CALL that ends the row (or, under MinHold
+//     and slot mode, sets its expiry); a lease that was no longer live is
+//     answered as lost (core.ErrLeaseGone).
+//   - The claim timeout (WithClaimTimeout) is checked by the procedure on
+//     the server once it holds the row's lock: a claim held up past it is
+//     rolled back, so the engine knows when an ambiguous claim can no
+//     longer take effect (core.ClaimBounder).
+//   - Commits are durable as the server is configured
+//     (innodb_flush_log_at_trx_commit = 1 by default): MySQL has no
+//     per-transaction setting.
+//
+// # Semaphores
+//
+// core.Limit(n) keys have a header row in the lock table (lim = n, the
+// key's last token) and a row per permit in <table>_permits, claimed under
+// the header's row lock: one CALL. A mutex claim of a key with live
+// permits, or a claim with another limit, fails with core.ErrLimitMismatch.
+//
+// # Waiting in line
+//
+// Backend is a core.Queuer: the waiters of a key wait in a first-in,
+// first-out line in <table>_waiters, across all processes. A waiting
+// Acquire's busy attempt takes a place at the tail (or keeps its own) in
+// the same CALL; a free key is granted only to the first live waiter, or to
+// anyone when nobody live waits. A release, ForceRelease, a Leave of the
+// first waiter of a free key, or a grant that leaves a permit free writes
+// the turn of the next live waiter to <table>_turns and, after its commit,
+// in the same CALL, ends the wait of every watcher of the table with KILL
+// QUERY.
+//
+// A watcher (one per Locker while anyone waits) holds two pool
+// connections: one holds a named lock (GET_LOCK), the other waits for it
+// with a timeout between reads of the turns, so a KILL QUERY ends the wait
+// at once. The waiting connection holds a named lock of its own, listed in
+// <table>_watchers: a release kills the connection IS_USED_LOCK names, so
+// never a connection that merely took over a dead watcher's id. KILL QUERY needs no privilege for
+// the user's own connections; when it fails (processes connecting as
+// different users without CONNECTION_ADMIN), the wait ends by itself every
+// 2s and the engine's own polling still runs. A hand-off takes a few
+// round trips: tens of milliseconds on a loaded test machine (the
+// conformance suite's QueueHandoffPrompt logs p50 10–55ms, p90 33–140ms).
+// WithoutListen turns the watchers off: waiters poll.
+//
+// # Not guaranteed
+//
+// Replication is asynchronous: a lock acquired on a primary that fails
+// before its replicas received it can be granted again by the promoted
+// replica, and a replica's clock decides expiries after a failover.
+// Galera Cluster and MySQL Group Replication are not tested (certification
+// conflicts surface as failed claims the engine undoes, and wake-ups reach
+// only watchers on the node of the release). Behind a proxy (ProxySQL,
+// MaxScale), prepared statements and the watchers' long waits must reach
+// one server.
+package mysqllock

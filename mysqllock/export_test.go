@@ -1,0 +1,12 @@
+package mysqllock
+
+import "time"
+
+// ProcNames are the suffixes of the procedures Migrate installs.
+var ProcNames = procNames
+
+// WithWatchPoll sets how long a watcher's wait lasts when nothing
+// interrupts it.
+func WithWatchPoll(d time.Duration) Option {
+	return func(c *config) { c.watchPoll = d }
+}

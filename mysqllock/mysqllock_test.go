@@ -1,0 +1,171 @@
+package mysqllock_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/mysqllock"
+)
+
+// Rule: Open never puts the DSN or its password in an error, whether the
+// DSN cannot be parsed or the server cannot be reached.
+func TestOpenKeepsSecrets(t *testing.T) {
+	const secret = "s3cr3t-sentinel-pw"
+	ctx := ctxT(t)
+	for _, dsn := range []string{
+		"mysql://user:" + secret + "@127.0.0.1:1/db?timeout=1s",
+		"mysql://user:" + secret + "@127.0.0.1:bad/db",
+		"mysql://user:" + secret + "@127.0.0.1:1/db?nosuchparam=%zz",
+		"user:" + secret + "@tcp(127.0.0.1:1)/db?timeout=1s",
+		"user:" + secret + "@tcp(127.0.0.1:1/db",
+		"user:" + secret + "@tcp(127.0.0.1:1)/db?parseTime=notabool",
+	} {
+		l, err := mysqllock.Open(ctx, dsn)
+		if err == nil {
+			_ = l.Close()
+			t.Fatalf("Open succeeded on a bad target")
+		}
+		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "127.0.0.1:bad") {
+			t.Errorf("error leaks the DSN: %v", err)
+		}
+	}
+}
+
+// Rule: Open returns a Locker that owns its pool (goleak in TestMain
+// catches one left open) and takes a mysql:// URL or a go-sql-driver DSN; a
+// missing schema is ErrSchema naming the fix; WithAutoMigrate creates it;
+// the statements of SchemaSQL make a schema NewBackend accepts.
+func TestOpenAndSchemaSQL(t *testing.T) {
+	admin := newDB(t)
+	table := newTable(t, admin)
+	ctx := ctxT(t)
+	cfg, err := mysqllock.ParseDSN(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dsn := range []string{testDSN(t), cfg.FormatDSN()} {
+		l, err := mysqllock.Open(ctx, dsn, mysqllock.WithTable(table), mysqllock.WithClientOptions(core.WithDefaults(core.WithOwner("opened"))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := l.TryAcquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Owner() != "opened" {
+			t.Errorf("owner %q: WithClientOptions not applied", s.Owner())
+		}
+		_ = s.Release(ctx)
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	fresh := testenv.Name("dislock_open_")
+	dropAtCleanup(t, admin, fresh)
+	_, err = mysqllock.Open(ctx, testDSN(t), mysqllock.WithTable(fresh))
+	if !errors.Is(err, mysqllock.ErrSchema) || !strings.Contains(err.Error(), "mysqllock.Migrate") {
+		t.Fatalf("Open on a missing table: %v, want ErrSchema naming the fix", err)
+	}
+	l, err := mysqllock.Open(ctx, testDSN(t), mysqllock.WithTable(fresh), mysqllock.WithAutoMigrate())
+	if err != nil {
+		t.Fatalf("Open with WithAutoMigrate on a missing table: %v", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	own := testenv.Name("dislock_schema_")
+	dropAtCleanup(t, admin, own)
+	stmts, err := mysqllock.SchemaSQL(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stmts {
+		if _, err := admin.ExecContext(ctx, s); err != nil {
+			t.Fatalf("SchemaSQL statement: %v", err)
+		}
+	}
+	b, err := mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own))
+	if err != nil {
+		t.Fatalf("NewBackend on the schema of SchemaSQL: %v", err)
+	}
+	_ = b.Close()
+	// A procedure of another version is reported, naming the fix.
+	if _, err := admin.ExecContext(ctx, "ALTER PROCEDURE `"+own+"_acquire` COMMENT 'dislock mysqllock 0'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); !errors.Is(err, mysqllock.ErrSchema) || !strings.Contains(err.Error(), "another version") {
+		t.Fatalf("NewBackend with an old procedure: %v, want ErrSchema", err)
+	}
+	if b, err = mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own), mysqllock.WithAutoMigrate()); err != nil {
+		t.Fatalf("WithAutoMigrate over an old procedure: %v", err)
+	}
+	_ = b.Close()
+}
+
+// Rule: bad options fail naming the option.
+func TestOptionsNameTheField(t *testing.T) {
+	ctx := ctxT(t)
+	admin := newDB(t)
+	for name, opt := range map[string]mysqllock.Option{
+		"WithTable":        mysqllock.WithTable("bad-name"),
+		"WithClaimTimeout": mysqllock.WithClaimTimeout(time.Millisecond),
+	} {
+		_, err := mysqllock.NewBackend(ctx, admin, opt)
+		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v, want ErrInvalidOption naming it", name, err)
+		}
+	}
+}
+
+// Rule: a claim held up on the server past its claim timeout (here by a
+// transaction that holds the key's row lock) is rolled back there, never
+// applied after its caller gave up: the key is free once the blocker ends.
+func TestClaimTimeoutRefusedOnServer(t *testing.T) {
+	admin := newDB(t)
+	table := newTable(t, admin)
+	ctx := ctxT(t)
+	b := newBackend(t, table, mysqllock.WithClaimTimeout(200*time.Millisecond))
+	req := core.AcquireRequest{Key: "blocked", Owner: "o", OwnerToken: "first", TTL: time.Minute}
+	if _, err := b.TryAcquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "blocked", OwnerToken: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM `"+table+"` WHERE `key` = 'blocked' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	req.OwnerToken = "second"
+	start := time.Now()
+	_, err = b.TryAcquire(ctx, req)
+	if err == nil || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("TryAcquire behind a row lock = %v, want a failure", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("TryAcquire took %v with a 200ms claim timeout", d)
+	}
+	// The duration under test, not a synchronisation: the server-side claim
+	// must be still blocked when its claim timeout passes.
+	time.Sleep(300 * time.Millisecond)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	// The procedure, now past its timeout, rolls back: nothing claimed.
+	deadline := time.Now().Add(b.ClaimBound())
+	for time.Now().Before(deadline) {
+		if info, ok, err := b.Inspect(ctx, "blocked"); err != nil || ok {
+			t.Fatalf("Inspect = %+v, %v, %v: the timed-out claim took effect", info, ok, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,494 @@
+package mysqllock
+
+import "strings"
+
+// The stored procedures Migrate installs next to the lock table. Each
+// operation is one CALL: one round trip, one transaction, every decision
+// taken on the server's clock under the key's row lock. MySQL has no
+// RETURNING, and a multi-statement batch would need multiStatements=true
+// on the caller's DSN (and then cannot be a prepared statement); a CALL
+// runs in any DSN and is prepared once per connection.
+//
+// Written for MySQL 8.0 (8.0.14 or newer: JSON_TABLE, JSON_ARRAYAGG) and
+// MariaDB 10.6 or newer; nothing in them is MariaDB-only. Every
+// transaction runs at READ COMMITTED, so that the waiter and permit rows
+// of a key, read under the key's row lock, are read as last committed and
+// no gap lock ties one key's writes to another's (the binary log must then
+// be in ROW or MIXED format, the default of both servers).
+//
+// Times are BIGINT microseconds since the Unix epoch, from
+// UTC_TIMESTAMP(6), which both servers evaluate afresh for each statement
+// of a procedure: the clock a claim decides with is read after its row
+// lock is granted, never before the wait for it.
+//
+// Placeholders: {T} the lock table, {P} its permits, {W} its waiters, {N}
+// its turns, {R} its watchers (all quoted), {p}name a procedure of the same
+// table, {version} the procedures' version (their comment).
+
+// nowSQL is the server's clock in microseconds since the epoch.
+const nowSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+
+// procVersion is each procedure's COMMENT: NewBackend checks it, so that a
+// table migrated by another version of this package is reported with the
+// fix (run Migrate) instead of misbehaving.
+const procVersion = "dislock mysqllock 1"
+
+// procNames are the suffixes of the procedures, in install order.
+var procNames = []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune"}
+
+var procBodies = map[string]string{
+	// turn tells the first live waiter of p_key it may claim now: a row in
+	// the turns table, which every watcher of the table reads. It returns
+	// 1 when it wrote one (the caller then wakes the watchers after its
+	// commit: wake), else 0.
+	"turn": `(IN p_key VARBINARY(1024), IN p_now BIGINT, OUT o_told INT)
+BEGIN
+	DECLARE v_w VARBINARY(255) DEFAULT NULL;
+	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_w = NULL;
+	SET o_told = 0;
+	SELECT waiter INTO v_w FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > p_now ORDER BY seq LIMIT 1;
+	IF v_w IS NOT NULL THEN
+		INSERT INTO {N} (` + "`key`" + `, waiter, at) VALUES (p_key, v_w, p_now);
+		SET o_told = 1;
+	END IF;
+END`,
+
+	// wake interrupts, when p_told, the wait of every watcher of the
+	// table (KILL QUERY): each registers in the watchers table a named
+	// lock that its waiting connection holds, so IS_USED_LOCK names that
+	// connection while it lives, and nothing once it is gone (a crash, a
+	// server restart; on another server of a cluster, nothing either): no
+	// other connection is ever killed. A kill that fails (another user's
+	// connection, which needs CONNECTION_ADMIN or SUPER) is skipped: that
+	// watcher's wait ends by itself and it reads the turns then.
+	"wake": `(IN p_told INT)
+BEGIN
+	DECLARE v_name VARBINARY(64);
+	DECLARE v_id BIGINT;
+	DECLARE v_done INT DEFAULT 0;
+	DECLARE c CURSOR FOR SELECT name FROM {R};
+	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+	DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
+	IF p_told = 1 THEN
+		OPEN c;
+		watchers: LOOP
+			FETCH c INTO v_name;
+			IF v_done = 1 THEN
+				LEAVE watchers;
+			END IF;
+			SET v_id = IS_USED_LOCK(v_name);
+			IF v_id IS NOT NULL AND v_id <> CONNECTION_ID() THEN
+				KILL QUERY v_id;
+			END IF;
+		END LOOP;
+		CLOSE c;
+	END IF;
+END`,
+
+	// place gives p_waiter its place in p_key's line, or keeps the one it
+	// has: at the tail when it has no live one; a live place's deadline is
+	// written only when less than half of p_wttl is left of it, so
+	// repeated busy tries write nothing.
+	"place": `(IN p_key VARBINARY(1024), IN p_waiter VARBINARY(255), IN p_wttl BIGINT, IN p_now BIGINT)
+BEGIN
+	DECLARE v_d BIGINT DEFAULT NULL;
+	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_d = NULL;
+	IF p_waiter <> '' THEN
+		SELECT deadline INTO v_d FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter;
+		IF v_d IS NOT NULL AND v_d > p_now THEN
+			IF v_d - p_now < p_wttl DIV 2 THEN
+				UPDATE {W} SET deadline = p_now + p_wttl WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter;
+			END IF;
+		ELSE
+			DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline <= p_now;
+			INSERT INTO {W} (` + "`key`" + `, waiter, seq, deadline)
+				SELECT p_key, p_waiter, COALESCE(MAX(seq), 0) + 1, p_now + p_wttl FROM {W} WHERE ` + "`key`" + ` = p_key;
+		END IF;
+	END IF;
+END`,
+
+	// acquire claims p_key for p_holder (see Backend.TryAcquire). Its one
+	// row: status ('won', 'busy' or 'limit'), then for 'won' the lease
+	// (token, acquired, expires), for 'busy' the holder when known (token,
+	// acquired, expires, owner, µs left), for 'limit' the holders' limit.
+	"acquire": `(IN p_key VARBINARY(1024), IN p_owner BLOB, IN p_holder VARBINARY(255), IN p_ttl BIGINT, IN p_expire BIGINT,
+	IN p_limit INT, IN p_waiter VARBINARY(255), IN p_wttl BIGINT, IN p_left BIGINT)
+proc: BEGIN
+	DECLARE v_start, v_now, v_tok, v_exp, v_seq BIGINT;
+	DECLARE v_found, v_dup, v_tries, v_live, v_mine, v_ahead, v_wake BIGINT DEFAULT 0;
+	DECLARE v_head VARBINARY(255);
+	DECLARE r_owner BLOB;
+	DECLARE r_holder VARBINARY(255);
+	DECLARE r_token, r_acq, r_exp BIGINT;
+	DECLARE r_lim INT;
+	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+	SET v_start = {now};
+	-- A key held by someone else (a live mutex, a full semaphore), asked by
+	-- a caller that does not wait or whose place in line needs no refresh,
+	-- is answered from reads: no row lock, no write.
+	IF p_waiter = '' OR EXISTS (SELECT 1 FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter AND deadline - {now} >= p_wttl DIV 2) THEN
+		BEGIN
+			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+			SET v_found = 1;
+			SELECT owner, holder, token, acquired_at, expire_at, lim INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim
+				FROM {T} WHERE ` + "`key`" + ` = p_key;
+		END;
+		SET v_now = {now};
+		IF v_found = 1 AND p_limit <= 1 AND r_lim <= 1 AND r_exp > v_now AND r_holder <> p_holder THEN
+			SELECT 'busy', r_token, r_acq, r_exp, r_owner, r_exp - v_now, 0;
+			LEAVE proc;
+		END IF;
+		IF v_found = 1 AND p_limit > 1 AND r_lim = p_limit THEN
+			SELECT COUNT(*), COALESCE(SUM(holder = p_holder), 0) INTO v_live, v_mine FROM {P}
+				WHERE ` + "`key`" + ` = p_key AND expire_at > v_now;
+			IF v_live >= p_limit AND v_mine = 0 THEN
+				{firstToExpire}
+				LEAVE proc;
+			END IF;
+		END IF;
+	END IF;
+	attempt: LOOP
+		SET v_tries = v_tries + 1, v_found = 1, v_dup = 0, v_wake = 0;
+		SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+		START TRANSACTION;
+		BEGIN
+			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+			SELECT owner, holder, token, acquired_at, expire_at, lim INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim
+				FROM {T} WHERE ` + "`key`" + ` = p_key FOR UPDATE;
+		END;
+		-- The clock of every decision below: read once the row's lock is held.
+		SET v_now = {now};
+		IF v_now - v_start > p_left THEN
+			SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'dislock: claim not applied: its claim timeout passed while it waited for the row lock (WithClaimTimeout)';
+		END IF;
+		SET v_exp = IF(p_expire > 0, p_expire, v_now + p_ttl);
+		IF p_expire > 0 AND p_expire <= v_now THEN
+			-- The slot is over: its holder let it expire. Nothing is written.
+			COMMIT;
+			SELECT 'busy', NULL, NULL, NULL, NULL, NULL, 0;
+			LEAVE proc;
+		END IF;
+		IF v_found = 0 THEN
+			-- A new key (or one pruned long ago: its last token is older
+			-- than this clock reading).
+			BEGIN
+				DECLARE CONTINUE HANDLER FOR 1062, 1213 SET v_dup = 1;
+				INSERT INTO {T} (` + "`key`" + `, owner, holder, token, acquired_at, expire_at, lim)
+					VALUES (p_key, IF(p_limit > 1, '', p_owner), IF(p_limit > 1, '', p_holder), v_now, v_now,
+						IF(p_limit > 1, 0, v_exp), IF(p_limit > 1, p_limit, 0));
+				IF v_dup = 0 AND p_limit > 1 THEN
+					REPLACE INTO {P} (` + "`key`" + `, holder, owner, token, acquired_at, expire_at)
+						VALUES (p_key, p_holder, p_owner, v_now, v_now, v_exp);
+				END IF;
+			END;
+			IF v_dup = 1 THEN
+				-- A concurrent claim inserted the key first: try again on
+				-- its row (the rollback undid nothing of ours but the try).
+				ROLLBACK;
+				IF v_tries < 5 THEN
+					ITERATE attempt;
+				END IF;
+				SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = 'dislock: claim not applied: lost the race for a new row five times';
+			END IF;
+			COMMIT;
+			SELECT 'won', v_now, v_now, v_exp, NULL, NULL, 0;
+			LEAVE proc;
+		END IF;
+		LEAVE attempt;
+	END LOOP;
+	IF p_limit <= 1 THEN
+		IF r_lim > 1 THEN
+			SELECT COUNT(*) INTO v_live FROM {P} WHERE ` + "`key`" + ` = p_key AND expire_at > v_now;
+			IF v_live > 0 THEN
+				COMMIT;
+				SELECT 'limit', NULL, NULL, NULL, NULL, NULL, r_lim;
+				LEAVE proc;
+			END IF;
+			SET r_exp = 0;
+		END IF;
+		IF r_exp > v_now THEN
+			IF r_holder = p_holder THEN
+				COMMIT;
+				SELECT 'won', r_token, r_acq, r_exp, NULL, NULL, 0;
+				LEAVE proc;
+			END IF;
+			CALL {p}place(p_key, p_waiter, p_wttl, v_now);
+			COMMIT;
+			SELECT 'busy', r_token, r_acq, r_exp, r_owner, r_exp - v_now, 0;
+			LEAVE proc;
+		END IF;
+		-- Free or expired: the first live waiter's, or anyone's when
+		-- nobody live waits.
+		BEGIN
+			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_head = NULL;
+			SELECT waiter INTO v_head FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now ORDER BY seq LIMIT 1;
+		END;
+		IF v_head IS NULL OR v_head = p_waiter THEN
+			-- The fencing token, decided under the row's lock.
+			SET v_tok = GREATEST(v_now, r_token + 1);
+			UPDATE {T} SET owner = p_owner, holder = p_holder, token = v_tok, acquired_at = v_now, expire_at = v_exp, lim = 0
+				WHERE ` + "`key`" + ` = p_key;
+			IF v_head IS NOT NULL THEN
+				DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND (waiter = p_waiter OR deadline <= v_now);
+			END IF;
+			COMMIT;
+			SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
+			LEAVE proc;
+		END IF;
+		CALL {p}place(p_key, p_waiter, p_wttl, v_now);
+		COMMIT;
+		SELECT 'busy', NULL, NULL, NULL, NULL, NULL, 0;
+		LEAVE proc;
+	END IF;
+	-- A permit of a semaphore of p_limit.
+	IF r_lim <= 1 AND r_exp > v_now THEN
+		COMMIT;
+		SELECT 'limit', NULL, NULL, NULL, NULL, NULL, 1;
+		LEAVE proc;
+	END IF;
+	SELECT COUNT(*) INTO v_live FROM {P} WHERE ` + "`key`" + ` = p_key AND expire_at > v_now;
+	IF v_live > 0 AND r_lim <> p_limit THEN
+		COMMIT;
+		SELECT 'limit', NULL, NULL, NULL, NULL, NULL, r_lim;
+		LEAVE proc;
+	END IF;
+	BEGIN
+		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+		SET v_found = 1;
+		SELECT token, acquired_at, expire_at INTO r_token, r_acq, r_exp FROM {P}
+			WHERE ` + "`key`" + ` = p_key AND holder = p_holder AND expire_at > v_now;
+		IF v_found = 1 THEN
+			COMMIT;
+			SELECT 'won', r_token, r_acq, r_exp, NULL, NULL, 0;
+			LEAVE proc;
+		END IF;
+		SET v_seq = NULL;
+		SELECT seq INTO v_seq FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter AND deadline > v_now;
+	END;
+	SELECT COUNT(*) INTO v_ahead FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now AND (v_seq IS NULL OR seq < v_seq);
+	IF v_ahead < p_limit - v_live THEN
+		SELECT token INTO v_tok FROM {T} WHERE ` + "`key`" + ` = p_key;
+		SET v_tok = GREATEST(v_now, v_tok + 1);
+		UPDATE {T} SET owner = '', holder = '', token = v_tok, acquired_at = v_now, expire_at = 0, lim = p_limit
+			WHERE ` + "`key`" + ` = p_key;
+		REPLACE INTO {P} (` + "`key`" + `, holder, owner, token, acquired_at, expire_at)
+			VALUES (p_key, p_holder, p_owner, v_tok, v_now, v_exp);
+		DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND (waiter = p_waiter OR deadline <= v_now);
+		IF p_limit - v_live - 1 > 0 THEN
+			-- A permit is still free: the next in line may take it.
+			CALL {p}turn(p_key, v_now, v_wake);
+		END IF;
+		COMMIT;
+		CALL {p}wake(v_wake);
+		SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
+		LEAVE proc;
+	END IF;
+	CALL {p}place(p_key, p_waiter, p_wttl, v_now);
+	COMMIT;
+	IF v_live > 0 THEN
+		-- Full: the permit that expires first.
+		{firstToExpire}
+	ELSE
+		SELECT 'busy', NULL, NULL, NULL, NULL, NULL, 0;
+	END IF;
+END`,
+
+	// release gives up p_holder's lease of p_key (a permit when p_limit >
+	// 1); with p_keep > 0 it keeps it until now + p_keep instead (min
+	// hold). A mutex's row is ended, not deleted: it keeps the key's last
+	// token; a permit's row is deleted (the key's header keeps the token).
+	// The first live waiter is told. Its one row: whether a live lease of
+	// p_holder was found.
+	"release": `(IN p_key VARBINARY(1024), IN p_holder VARBINARY(255), IN p_keep BIGINT, IN p_limit INT)
+BEGIN
+	DECLARE v_now, r_exp BIGINT;
+	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
+	DECLARE r_lim INT;
+	{begin}
+	BEGIN
+		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+		SET v_found = 1;
+		IF p_limit > 1 THEN
+			SELECT lim INTO r_lim FROM {T} WHERE ` + "`key`" + ` = p_key FOR UPDATE;
+			IF v_found = 1 THEN
+				SELECT expire_at INTO r_exp FROM {P} WHERE ` + "`key`" + ` = p_key AND holder = p_holder;
+			END IF;
+		ELSE
+			SELECT expire_at INTO r_exp FROM {T} WHERE ` + "`key`" + ` = p_key AND holder = p_holder FOR UPDATE;
+		END IF;
+	END;
+	SET v_now = {now};
+	IF v_found = 1 THEN
+		SET v_live = r_exp > v_now;
+		IF p_keep > 0 THEN
+			IF v_live = 1 AND p_limit > 1 THEN
+				UPDATE {P} SET expire_at = v_now + p_keep WHERE ` + "`key`" + ` = p_key AND holder = p_holder;
+			ELSEIF v_live = 1 THEN
+				UPDATE {T} SET expire_at = v_now + p_keep WHERE ` + "`key`" + ` = p_key;
+			END IF;
+		ELSE
+			IF p_limit > 1 THEN
+				DELETE FROM {P} WHERE ` + "`key`" + ` = p_key AND holder = p_holder;
+			ELSE
+				UPDATE {T} SET owner = '', holder = '', expire_at = 0 WHERE ` + "`key`" + ` = p_key;
+			END IF;
+			CALL {p}turn(p_key, v_now, v_wake);
+		END IF;
+	END IF;
+	COMMIT;
+	CALL {p}wake(v_wake);
+	SELECT v_live;
+END`,
+
+	// renew extends the leases listed in p_items, a JSON array of {"k":
+	// key, "h": owner token, "t": TTL µs, "l": limit}, that are still
+	// live with their owner token. Its one row: the JSON array of the
+	// (1-based) positions of the items renewed.
+	"renew": `(IN p_items LONGTEXT)
+BEGIN
+	DECLARE v_now BIGINT;
+	DECLARE v_ok LONGTEXT;
+	{begin}
+	SET v_now = {now};
+	UPDATE {T} AS l JOIN {items} ON l.` + "`key`" + ` = CAST(r.k AS BINARY) AND l.holder = CAST(r.h AS BINARY)
+		SET l.expire_at = v_now + r.t WHERE r.n <= 1 AND l.expire_at > v_now;
+	UPDATE {P} AS l JOIN {items} ON l.` + "`key`" + ` = CAST(r.k AS BINARY) AND l.holder = CAST(r.h AS BINARY)
+		SET l.expire_at = v_now + r.t WHERE r.n > 1 AND l.expire_at > v_now;
+	SELECT JSON_ARRAYAGG(i) INTO v_ok FROM (
+		SELECT r.i FROM {items} JOIN {T} AS l ON l.` + "`key`" + ` = CAST(r.k AS BINARY) AND l.holder = CAST(r.h AS BINARY)
+			WHERE r.n <= 1 AND l.expire_at > v_now
+		UNION ALL
+		SELECT r.i FROM {items} JOIN {P} AS l ON l.` + "`key`" + ` = CAST(r.k AS BINARY) AND l.holder = CAST(r.h AS BINARY)
+			WHERE r.n > 1 AND l.expire_at > v_now) AS ok;
+	COMMIT;
+	SELECT v_ok;
+END`,
+
+	// leave takes p_waiter out of p_key's line; when it was first and the
+	// key can be claimed, the next live waiter is told.
+	"leave": `(IN p_key VARBINARY(1024), IN p_waiter VARBINARY(255))
+proc: BEGIN
+	DECLARE v_now, r_exp BIGINT;
+	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
+	DECLARE r_lim INT;
+	DECLARE v_head VARBINARY(255);
+	{begin}
+	BEGIN
+		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+		SET v_found = 1;
+		SELECT expire_at, lim INTO r_exp, r_lim FROM {T} WHERE ` + "`key`" + ` = p_key FOR UPDATE;
+		IF v_found = 0 THEN
+			COMMIT;
+			LEAVE proc;
+		END IF;
+		SET v_now = {now};
+		SET v_head = NULL;
+		SELECT waiter INTO v_head FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now ORDER BY seq LIMIT 1;
+	END;
+	DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter;
+	IF v_head = p_waiter THEN
+		IF r_lim > 1 THEN
+			SELECT COUNT(*) INTO v_live FROM {P} WHERE ` + "`key`" + ` = p_key AND expire_at > v_now;
+			IF v_live < r_lim THEN
+				CALL {p}turn(p_key, v_now, v_wake);
+			END IF;
+		ELSEIF r_exp <= v_now THEN
+			CALL {p}turn(p_key, v_now, v_wake);
+		END IF;
+	END IF;
+	COMMIT;
+	CALL {p}wake(v_wake);
+END`,
+
+	// force ends p_key's lease whoever holds it (every permit of a
+	// semaphore), keeping the token, and tells the first live waiter. Its
+	// one row: whether a live lease was ended.
+	"force": `(IN p_key VARBINARY(1024))
+BEGIN
+	DECLARE v_now, r_exp BIGINT;
+	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
+	DECLARE r_lim INT;
+	{begin}
+	BEGIN
+		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+		SET v_found = 1;
+		SELECT expire_at, lim INTO r_exp, r_lim FROM {T} WHERE ` + "`key`" + ` = p_key FOR UPDATE;
+	END;
+	SET v_now = {now};
+	IF v_found = 1 THEN
+		IF r_lim > 1 THEN
+			SELECT COUNT(*) > 0 INTO v_live FROM {P} WHERE ` + "`key`" + ` = p_key AND expire_at > v_now;
+			DELETE FROM {P} WHERE ` + "`key`" + ` = p_key;
+		ELSE
+			SET v_live = r_exp > v_now;
+			UPDATE {T} SET owner = '', holder = '', expire_at = 0 WHERE ` + "`key`" + ` = p_key;
+		END IF;
+		IF v_live = 1 THEN
+			CALL {p}turn(p_key, v_now, v_wake);
+		END IF;
+	END IF;
+	COMMIT;
+	CALL {p}wake(v_wake);
+	SELECT v_live;
+END`,
+
+	// prune deletes, at most p_batch of each: ended rows whose token is
+	// older than p_horizon µs with nobody live in line and no live permit,
+	// expired permits and places, turns older than a minute and the
+	// watchers whose connection is gone. Its row:
+	// how many lock rows it deleted.
+	"prune": `(IN p_horizon BIGINT, IN p_batch INT)
+BEGIN
+	DECLARE v_now, v_n BIGINT;
+	SET v_now = {now};
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	DELETE FROM {T} WHERE expire_at <= v_now AND token < v_now - p_horizon
+		AND NOT EXISTS (SELECT 1 FROM {W} AS w WHERE w.` + "`key`" + ` = {T}.` + "`key`" + ` AND w.deadline > v_now)
+		AND NOT EXISTS (SELECT 1 FROM {P} AS p WHERE p.` + "`key`" + ` = {T}.` + "`key`" + ` AND p.expire_at > v_now)
+		LIMIT p_batch;
+	SET v_n = ROW_COUNT();
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	DELETE FROM {P} WHERE expire_at <= v_now LIMIT p_batch;
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	DELETE FROM {W} WHERE deadline <= v_now LIMIT p_batch;
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	DELETE FROM {N} WHERE at < v_now - 60000000 LIMIT p_batch;
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	DELETE FROM {R} WHERE IS_USED_LOCK(name) IS NULL;
+	SELECT v_n;
+END`,
+}
+
+// firstToExpire is the busy answer of a full semaphore: the permit that
+// expires first, in one row even when the permits ended since they were
+// counted (the holder is then unknown).
+const firstToExpire = `SELECT 'busy', x.token, x.acquired_at, x.expire_at, x.owner, x.expire_at - v_now, p_limit
+	FROM (SELECT 1) AS one LEFT JOIN (SELECT token, acquired_at, expire_at, owner FROM {P}
+		WHERE ` + "`key`" + ` = p_key AND expire_at > v_now ORDER BY expire_at, token LIMIT 1) AS x ON TRUE;`
+
+// itemsTable is the JSON_TABLE of renew's items, as table r.
+const itemsTable = `JSON_TABLE(p_items, '$[*]' COLUMNS (i FOR ORDINALITY, k VARCHAR(1024) CHARACTER SET utf8mb4 PATH '$.k',
+	h VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.h', t BIGINT PATH '$.t', n INT PATH '$.l')) AS r`
+
+// characteristics go between each procedure's parameters and its body.
+// INVOKER: the caller's privileges apply, not those of whoever migrated.
+const characteristics = "\nSQL SECURITY INVOKER MODIFIES SQL DATA COMMENT '{version}'"
+
+// beginTx starts the procedure's transaction, rolled back on any error.
+const beginTx = `DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	START TRANSACTION;`
+
+// procSQL returns the CREATE PROCEDURE statement of procedure name.
+func (n names) procSQL(name string) string {
+	body := procBodies[name]
+	i := strings.Index(body, "\nBEGIN")
+	if j := strings.Index(body, "\nproc: BEGIN"); i < 0 || j >= 0 && j < i {
+		i = j
+	}
+	body = body[:i] + characteristics + body[i:]
+	body = strings.NewReplacer("{firstToExpire}", firstToExpire, "{begin}", beginTx).Replace(body)
+	r := strings.NewReplacer("{p}turn", n.proc("turn"), "{p}wake", n.proc("wake"), "{p}place", n.proc("place"),
+		"{T}", n.table, "{P}", n.permits, "{W}", n.waiters, "{N}", n.turns, "{R}", n.watchers, "{version}", procVersion, "{now}", nowSQL, "{items}", itemsTable)
+	return "CREATE PROCEDURE " + n.proc(name) + r.Replace(body)
+}

@@ -1,0 +1,209 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/go-sql-driver/mysql"
+)
+
+// defaultWatchPoll is how long the watcher's wait lasts when no release
+// interrupts it: the longest a turn can take to be seen when the releasing
+// side could not wake the watcher (see wake in procs.go).
+const defaultWatchPoll = 2 * time.Second
+
+// Leave implements core.Queuer: one CALL takes waiter out of key's line;
+// when waiter was first in line and the key can be claimed, the next live
+// waiter is told in the same call.
+func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
+	if waiter == "" {
+		return nil
+	}
+	if _, err := b.db.ExecContext(ctx, "CALL "+b.n.proc("leave")+"(?, ?)", []byte(key), []byte(waiter)); err != nil {
+		return fmt.Errorf("mysqllock: leave: %w", err)
+	}
+	return nil
+}
+
+// Watch implements core.Watcher: WatchTurns without the waiter's name.
+func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
+	return b.WatchTurns(ctx, ready, func(key, _ string) { fn(key) })
+}
+
+// WatchTurns implements core.Queuer. It takes two connections of the pool
+// for as long as it runs: one waits, in a lock wait (see holdWaitLock)
+// between reads of the table's log of turns, for a lock the other holds;
+// the waiting one holds a named lock of its own, registered in the
+// table's watchers table. A release (ForceRelease, Leave, a grant that leaves
+// a permit free) that tells a waiter its turn writes it to the log and,
+// after its commit and in the same CALL, ends the wait of every watcher of
+// the table with KILL QUERY (which needs no privilege for the user's own
+// connections): each reads the new turns and waits again. When the kill
+// is refused (a watcher connected as another user) or falls between two
+// of the watcher's statements (or ends one of its reads, which it then
+// sends again), the wait ends by itself within
+// defaultWatchPoll, or at once when the log already holds a turn it has not
+// read. Under WithoutListen it returns core.ErrUnsupported at once.
+func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
+	if b.cfg.noListen {
+		return core.ErrUnsupported
+	}
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("mysqllock: watch: %w", err)
+	}
+	defer conn.Close()
+	hold, name, err := b.holdWaitLock(ctx)
+	if err != nil {
+		return fmt.Errorf("mysqllock: watch: %w", err)
+	}
+	defer releaseWaitLock(hold, name)
+	// The waiting connection holds a lock of its own, registered for the
+	// releases to find it by (see wake in procs.go).
+	self, err := lockOwnName(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("mysqllock: watch: %w", err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		b.db.ExecContext(ctx, "DELETE FROM "+b.n.watchers+" WHERE name = ?", self)
+		releaseNamed(conn, self)
+	}()
+	if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO "+b.n.watchers+" (name) VALUES ('"+self+"')"); err != nil {
+		return fmt.Errorf("mysqllock: watch: %w", err)
+	}
+	var last int64
+	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(id), 0) FROM "+b.n.turns).Scan(&last); err != nil {
+		return fmt.Errorf("mysqllock: watch: %w", err)
+	}
+	ready()
+	// Turns commit in an order their ids (AUTO_INCREMENT, taken at the
+	// insert) need not follow: each read looks back turnLookback ids and
+	// skips those it has seen.
+	seen := map[int64]bool{}
+	for {
+		low := max(last-turnLookback, 0)
+		lows := strconv.FormatInt(low, 10)
+		var err error
+		last, err = b.readTurns(ctx, conn, "SELECT id, `key`, waiter FROM "+b.n.turns+" WHERE id > "+lows+" ORDER BY id", last, seen, fn)
+		for id := range seen {
+			if id <= low {
+				delete(seen, id)
+			}
+		}
+		if err == nil {
+			// The ids are the server's, formatted into the statement (no
+			// user data): one round trip, no prepare.
+			var slept sql.NullInt64
+			err = conn.QueryRowContext(ctx, "SELECT IF(EXISTS (SELECT 1 FROM "+b.n.turns+" WHERE id > "+
+				strconv.FormatInt(last, 10)+"), 0, GET_LOCK('"+name+"', "+strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)+"))").Scan(&slept)
+			if err == nil && slept.Valid && slept.Int64 == 1 {
+				// The lock's holding connection is gone.
+				conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')")
+				return errors.New("mysqllock: watch: the connection holding the watcher's wait lock was lost")
+			}
+		}
+		switch {
+		case err == nil, interrupted(err):
+		case ctx.Err() != nil:
+			return ctx.Err()
+		default:
+			return fmt.Errorf("mysqllock: watch: %w", err)
+		}
+	}
+}
+
+// holdWaitLock takes a second connection of the pool and holds on it the
+// named lock the watcher's wait blocks on (GET_LOCK with a timeout): a wait
+// that only ends by its timeout or by KILL QUERY. (SLEEP would do, but
+// MariaDB's sleepers share one mutex, on which concurrent kills of several
+// sleepers stall each other for up to two seconds; a lock wait has a mutex
+// of its own per connection.)
+func (b *Backend) holdWaitLock(ctx context.Context) (*sql.Conn, string, error) {
+	hold, err := b.db.Conn(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	name, err := lockOwnName(ctx, hold)
+	if err != nil {
+		hold.Close()
+		return nil, "", err
+	}
+	return hold, name, nil
+}
+
+// lockOwnName takes, on conn, a named lock that holds the connection's id,
+// so unique on the server while the connection lives, and returns its name.
+func lockOwnName(ctx context.Context, conn *sql.Conn) (string, error) {
+	var id int64
+	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		return "", err
+	}
+	name := "dislock-watch:" + strconv.FormatInt(id, 10)
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('"+name+"', 0)").Scan(&got); err != nil || got.Int64 != 1 {
+		releaseNamed(conn, name)
+		if err == nil {
+			err = errors.New("the named lock " + name + " is held elsewhere")
+		}
+		return "", err
+	}
+	return name, nil
+}
+
+// releaseWaitLock releases the wait lock and returns its connection to the
+// pool, or drops the connection when the release failed.
+func releaseWaitLock(hold *sql.Conn, name string) {
+	releaseNamed(hold, name)
+	hold.Close()
+}
+
+// releaseNamed releases a named lock of conn; when that fails, conn is
+// marked bad, so that the pool drops it (and the server the lock) instead
+// of handing out a connection that holds it.
+func releaseNamed(conn *sql.Conn, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')"); err != nil {
+		conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+}
+
+// turnLookback is how many ids before the last one read each read of the
+// turns looks at again, for the turns that committed after a later one.
+const turnLookback = 256
+
+func (b *Backend) readTurns(ctx context.Context, conn *sql.Conn, read string, last int64, seen map[int64]bool, fn func(key, waiter string)) (int64, error) {
+	rows, err := conn.QueryContext(ctx, read)
+	if err != nil {
+		return last, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var key, waiter []byte
+		if err := rows.Scan(&id, &key, &waiter); err != nil {
+			return last, err
+		}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		last = max(last, id)
+		fn(string(key), string(waiter))
+	}
+	return last, rows.Err()
+}
+
+// interrupted reports a statement ended by KILL QUERY (ER_QUERY_INTERRUPTED).
+func interrupted(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1317
+}

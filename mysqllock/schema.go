@@ -1,0 +1,284 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrSchema is matched (errors.Is) by the errors NewBackend returns when the
+// lock table, one of its companion tables or one of its procedures is
+// missing, has the wrong shape or is of another version. The message names
+// the table and the fix; it never holds the DSN.
+var ErrSchema = errors.New("mysqllock: lock table unusable")
+
+// names are the quoted names of a lock table's objects.
+type names struct {
+	schema, base                   string // unquoted, as configured
+	table, permits, waiters, turns string // quoted
+	watchers                       string // quoted
+}
+
+func quote(s string) string { return "`" + s + "`" }
+
+func newNames(schema, table string) names {
+	q := func(t string) string {
+		if schema == "" {
+			return quote(t)
+		}
+		return quote(schema) + "." + quote(t)
+	}
+	return names{
+		schema: schema, base: table,
+		table: q(table), permits: q(table + "_permits"), waiters: q(table + "_waiters"), turns: q(table + "_turns"),
+		watchers: q(table + "_watchers"),
+	}
+}
+
+// proc returns the quoted name of the table's procedure name.
+func (n names) proc(name string) string {
+	if n.schema == "" {
+		return quote(n.base + "_" + name)
+	}
+	return quote(n.schema) + "." + quote(n.base+"_"+name)
+}
+
+// Layout. Times are microseconds since the Unix epoch on the server's clock;
+// keys, owner tokens and waiter ids are compared byte for byte.
+//
+//   - The lock table has one row per key. A mutex's holder is in it
+//     (holder ” and expire_at 0 once released: the row stays, ended, with
+//     the key's last fencing token, until pruned a day later). A
+//     semaphore's row is its header: lim > 1, holder ”, the key's last
+//     token; its permits are rows of <table>_permits.
+//   - <table>_waiters holds the line of each key: each waiter's place
+//     (seq) and the place's deadline.
+//   - <table>_turns is the log of the turns told, which every watcher of
+//     the table reads (see Backend.WatchTurns), kept for a minute.
+//   - <table>_watchers names the locks (GET_LOCK) the table's watchers
+//     hold on their waiting connections, for the releases to find them.
+func tablesSQL(n names) []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + n.table + ` (
+	` + "`key`" + `       VARBINARY(1024) NOT NULL,
+	owner       BLOB            NOT NULL,
+	holder      VARBINARY(255)  NOT NULL,
+	token       BIGINT          NOT NULL,
+	acquired_at BIGINT          NOT NULL,
+	expire_at   BIGINT          NOT NULL,
+	lim         INT             NOT NULL DEFAULT 0,
+	PRIMARY KEY (` + "`key`" + `)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + n.permits + ` (
+	` + "`key`" + `       VARBINARY(1024) NOT NULL,
+	holder      VARBINARY(255)  NOT NULL,
+	owner       BLOB            NOT NULL,
+	token       BIGINT          NOT NULL,
+	acquired_at BIGINT          NOT NULL,
+	expire_at   BIGINT          NOT NULL,
+	PRIMARY KEY (` + "`key`" + `, holder)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + n.waiters + ` (
+	` + "`key`" + `    VARBINARY(1024) NOT NULL,
+	waiter   VARBINARY(255)  NOT NULL,
+	seq      BIGINT          NOT NULL,
+	deadline BIGINT          NOT NULL,
+	PRIMARY KEY (` + "`key`" + `, waiter),
+	KEY by_seq (` + "`key`" + `, seq)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + n.turns + ` (
+	id      BIGINT          NOT NULL AUTO_INCREMENT,
+	` + "`key`" + `   VARBINARY(1024) NOT NULL,
+	waiter  VARBINARY(255)  NOT NULL,
+	at      BIGINT          NOT NULL,
+	PRIMARY KEY (id)
+) ENGINE=InnoDB`,
+		`CREATE TABLE IF NOT EXISTS ` + n.watchers + ` (
+	name VARBINARY(64) NOT NULL,
+	PRIMARY KEY (name)
+) ENGINE=InnoDB`,
+	}
+}
+
+// SchemaSQL returns the statements Migrate runs for table (a name as given
+// to WithTable), in order, one statement each: the five tables, then the
+// procedures (each dropped first, so that running them again upgrades).
+// For those who create schemas through their own migrations; a tool that
+// splits scripts on ';' must take each string whole. It needs the CREATE,
+// CREATE ROUTINE and ALTER ROUTINE privileges; using the locks needs
+// SELECT, INSERT, UPDATE, DELETE on the tables and EXECUTE.
+func SchemaSQL(table string) ([]string, error) {
+	cfg, err := newConfig([]Option{WithTable(table)})
+	if err != nil {
+		return nil, err
+	}
+	n := newNames(cfg.schema, cfg.table)
+	out := tablesSQL(n)
+	for _, p := range procNames {
+		out = append(out, "DROP PROCEDURE IF EXISTS "+n.proc(p), n.procSQL(p))
+	}
+	return out, nil
+}
+
+// Migrate creates the lock table, its companion tables and its procedures
+// on db when they are missing, and replaces procedures of another version.
+// It is what WithAutoMigrate runs, for a program that creates the schema in
+// a step of its own (a migration job, a deploy hook) and then uses New or
+// Open without WithAutoMigrate. Of the options only WithTable applies. db
+// stays the caller's. Concurrent calls from many processes are safe: they
+// serialise on a named lock (GET_LOCK) held for the call.
+func Migrate(ctx context.Context, db *sql.DB, opts ...Option) error {
+	if db == nil {
+		return invalidOption("db", "nil")
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return err
+	}
+	return migrate(ctx, db, newNames(cfg.schema, cfg.table))
+}
+
+// Migrate runs the package-level Migrate for b's table on b's pool.
+func (b *Backend) Migrate(ctx context.Context) error { return migrate(ctx, b.db, b.n) }
+
+func migrate(ctx context.Context, db *sql.DB, n names) error {
+	err := func() error {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK('dislock: migrate', 30)`).Scan(&got); err != nil {
+			return err
+		}
+		if got.Int64 != 1 {
+			return errors.New("another Migrate held the named lock 'dislock: migrate' for 30s")
+		}
+		defer conn.ExecContext(context.WithoutCancel(ctx), `DO RELEASE_LOCK('dislock: migrate')`)
+		for _, s := range tablesSQL(n) {
+			if _, err := conn.ExecContext(ctx, s); err != nil {
+				return err
+			}
+		}
+		have, err := procVersions(ctx, conn, n)
+		if err != nil {
+			return err
+		}
+		for _, p := range procNames {
+			if have[p] == procVersion {
+				continue
+			}
+			if _, err := conn.ExecContext(ctx, "DROP PROCEDURE IF EXISTS "+n.proc(p)); err != nil {
+				return err
+			}
+			if _, err := conn.ExecContext(ctx, n.procSQL(p)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		return fmt.Errorf("mysqllock: migrate table %s: %w", n.table, err)
+	}
+	return nil
+}
+
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// procVersions returns the comment (version) of each of the table's
+// procedures that exists, by suffix.
+func procVersions(ctx context.Context, q querier, n names) (map[string]string, error) {
+	rows, err := q.QueryContext(ctx, `SELECT ROUTINE_NAME, ROUTINE_COMMENT FROM information_schema.ROUTINES
+WHERE ROUTINE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME LIKE ?`,
+		n.schema, strings.NewReplacer(`\`, `\\`, `_`, `\_`, `%`, `\%`).Replace(n.base)+`\_%`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	have := map[string]string{}
+	for rows.Next() {
+		var name, comment string
+		if err := rows.Scan(&name, &comment); err != nil {
+			return nil, err
+		}
+		have[strings.TrimPrefix(name, n.base+"_")] = comment
+	}
+	return have, rows.Err()
+}
+
+func schemaErr(table, format string, args ...any) error {
+	return fmt.Errorf("%w: table %s: %s", ErrSchema, table, fmt.Sprintf(format, args...))
+}
+
+// fixHint is the fix of a missing or outdated object.
+const fixHint = "fix: call mysqllock.Migrate(ctx, db) (with the same WithTable), use WithAutoMigrate, or run the statements of mysqllock.SchemaSQL"
+
+// checkSchema verifies that the tables have the columns the procedures use
+// and that every procedure is of this version.
+func (b *Backend) checkSchema(ctx context.Context) error {
+	var db sql.NullString
+	if err := b.db.QueryRowContext(ctx, `SELECT COALESCE(NULLIF(?, ''), DATABASE())`, b.n.schema).Scan(&db); err != nil {
+		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
+	}
+	if !db.Valid {
+		return schemaErr(b.n.table, "no database selected; fix: name one in the DSN (…/dbname) or in WithTable(\"dbname.table\")")
+	}
+	want := map[string][]string{
+		b.n.base:               {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim"},
+		b.n.base + "_permits":  {"key", "holder", "owner", "token", "acquired_at", "expire_at"},
+		b.n.base + "_waiters":  {"key", "waiter", "seq", "deadline"},
+		b.n.base + "_turns":    {"id", "key", "waiter", "at"},
+		b.n.base + "_watchers": {"name"},
+	}
+	rows, err := b.db.QueryContext(ctx, `SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?, ?, ?)`, db.String, b.n.base, b.n.base+"_permits", b.n.base+"_waiters", b.n.base+"_turns", b.n.base+"_watchers")
+	if err != nil {
+		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
+	}
+	have := map[string]map[string]bool{}
+	for rows.Next() {
+		var t, c string
+		if err := rows.Scan(&t, &c); err != nil {
+			rows.Close()
+			return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
+		}
+		t = strings.ToLower(t)
+		if have[t] == nil {
+			have[t] = map[string]bool{}
+		}
+		have[t][strings.ToLower(c)] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
+	}
+	for _, t := range []string{b.n.base, b.n.base + "_permits", b.n.base + "_waiters", b.n.base + "_turns", b.n.base + "_watchers"} {
+		cols := have[strings.ToLower(t)]
+		if cols == nil {
+			return schemaErr(b.n.table, "table %s does not exist (or is not visible to this user); %s", quote(t), fixHint)
+		}
+		for _, c := range want[t] {
+			if !cols[c] {
+				return schemaErr(b.n.table, "table %s has no column %s: it was not made by mysqllock.Migrate; fix: name another table with WithTable, or drop it and migrate", quote(t), c)
+			}
+		}
+	}
+	procs, err := procVersions(ctx, b.db, b.n)
+	if err != nil {
+		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
+	}
+	for _, p := range procNames {
+		switch v, ok := procs[p]; {
+		case !ok:
+			return schemaErr(b.n.table, "procedure %s does not exist (or this user may not see it); %s", b.n.proc(p), fixHint)
+		case v != procVersion:
+			return schemaErr(b.n.table, "procedure %s is of another version (%q, want %q); %s", b.n.proc(p), v, procVersion, fixHint)
+		}
+	}
+	return nil
+}
