@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,7 +33,9 @@ func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *
 func counted(b *testing.B, s string) (*store, func() int64) {
 	if s == "redis" {
 		h := &commandCount{}
-		return redisStore(b, h), h.cmds.Load
+		st := redisStore(b, h)
+		st.sent = h.sent
+		return st, h.cmds.Load
 	}
 	t := &statementCount{}
 	return pgStore(b, benchPG(b), t), t.n.Load
@@ -81,6 +84,7 @@ func BenchmarkUncontended(b *testing.B) {
 		var rttTime, opTime time.Duration
 		var opReqs int64
 		var opCPU, srvCPU time.Duration
+		var prof cmdProfile
 		b.ResetTimer()
 		for done := 0; done < b.N; {
 			n := min(chunk, b.N-done)
@@ -88,6 +92,11 @@ func BenchmarkUncontended(b *testing.B) {
 			rttTime += meanRTT(ctx, b, st.rt, n) * time.Duration(n)
 			b.StartTimer()
 			var srv0 time.Duration
+			var stats0 map[string]cmdStat
+			var sent0 map[string]int64
+			if st.commands != nil {
+				stats0, sent0 = must(st.commands(ctx)), st.sent()
+			}
 			if st.serverCPU != nil {
 				srv0 = must(st.serverCPU(ctx))
 			}
@@ -100,6 +109,9 @@ func BenchmarkUncontended(b *testing.B) {
 			if st.serverCPU != nil {
 				srvCPU += must(st.serverCPU(ctx)) - srv0
 			}
+			if st.commands != nil {
+				prof.add(stats0, must(st.commands(ctx)), sent0, st.sent())
+			}
 			opReqs += reqs() - reqs0
 			done += n
 		}
@@ -111,7 +123,65 @@ func BenchmarkUncontended(b *testing.B) {
 		if st.serverCPU != nil {
 			b.ReportMetric(float64(srvCPU.Microseconds())/float64(b.N), "srv-cpu-µs/op")
 		}
+		if st.commands != nil {
+			prof.report(b)
+		}
 	})
+}
+
+// cmdProfile sums the deltas of INFO commandstats over the measured chunks
+// of a benchmark.
+type cmdProfile struct {
+	stats map[string]cmdStat // server: calls and µs by command
+	sent  map[string]int64   // client: commands sent by name
+}
+
+func (p *cmdProfile) add(stats0, stats1 map[string]cmdStat, sent0, sent1 map[string]int64) {
+	if p.stats == nil {
+		p.stats, p.sent = map[string]cmdStat{}, map[string]int64{}
+	}
+	for k, v := range stats1 {
+		d := p.stats[k]
+		d.calls += v.calls - stats0[k].calls
+		d.usec += v.usec - stats0[k].usec
+		p.stats[k] = d
+	}
+	for k, v := range sent1 {
+		p.sent[k] += v - sent0[k]
+	}
+}
+
+// report reports srv-cmds/op, every command the server executed per
+// operation (a script's inner commands included), and srv-cmd-µs/op, the
+// server's time in the commands the client sent (a script's time includes
+// its inner commands; commandstats counts execution only, not reading and
+// writing the connection, which INFO cpu's srv-cpu-µs/op includes). The
+// profile, command by command, goes to the log.
+func (p *cmdProfile) report(b *testing.B) {
+	n := float64(b.N)
+	var calls int64
+	var usec float64
+	var names []string
+	for k, v := range p.stats {
+		if v.calls == 0 {
+			continue
+		}
+		names = append(names, k)
+		calls += v.calls
+		// The share of the command's calls the client sent itself; the
+		// rest ran inside scripts, whose time already includes them.
+		share := min(1, float64(p.sent[k])/float64(v.calls))
+		usec += float64(v.usec) * share
+	}
+	slices.Sort(names)
+	var prof strings.Builder
+	for _, k := range names {
+		v := p.stats[k]
+		fmt.Fprintf(&prof, " %s %.2f×%.2fµs", k, float64(v.calls)/n, float64(v.usec)/float64(v.calls))
+	}
+	b.Logf("per op (calls × µs per call):%s", prof.String())
+	b.ReportMetric(float64(calls)/n, "srv-cmds/op")
+	b.ReportMetric(usec/n, "srv-cmd-µs/op")
 }
 
 // BenchmarkParallelDistinctKeys: 64 goroutines, each acquiring and

@@ -46,6 +46,11 @@ type store struct {
 	// serverCPU returns the server's CPU time so far (Redis only; nil for
 	// PostgreSQL, whose CPU is spread over many processes).
 	serverCPU func(ctx context.Context) (time.Duration, error)
+	// commands returns INFO commandstats (Redis only), and sent the
+	// commands the counting client has sent, by name (Redis only; set by
+	// counted).
+	commands func(ctx context.Context) (map[string]cmdStat, error)
+	sent     func() map[string]int64
 }
 
 // redisStore connects to the benchmark's Redis; hook may be nil.
@@ -56,7 +61,8 @@ func redisStore(tb testing.TB, hook redis.Hook) *store {
 	c := newRedis(tb, url, hook)
 	plain := newRedis(tb, url, nil) // for INFO, outside the counts
 	return &store{name: "redis", url: url, rt: redisPing(c), rdb: c,
-		serverCPU: func(ctx context.Context) (time.Duration, error) { return serverCPU(ctx, plain) }}
+		serverCPU: func(ctx context.Context) (time.Duration, error) { return serverCPU(ctx, plain) },
+		commands:  func(ctx context.Context) (map[string]cmdStat, error) { return commandStats(ctx, plain) }}
 }
 
 // pgStore connects to the benchmark's PostgreSQL database; tracer may be nil.

@@ -277,6 +277,30 @@ func cpuTime() time.Duration {
 // pipeline is one round trip).
 type commandCount struct {
 	cmds, trips atomic.Int64
+	mu          sync.Mutex
+	byName      map[string]int64 // commands sent, by name
+}
+
+func (h *commandCount) count(cmds ...redis.Cmder) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.byName == nil {
+		h.byName = map[string]int64{}
+	}
+	for _, c := range cmds {
+		h.byName[strings.ToLower(c.Name())]++
+	}
+}
+
+// sent returns a copy of the counts by name.
+func (h *commandCount) sent() map[string]int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m := make(map[string]int64, len(h.byName))
+	for k, v := range h.byName {
+		m[k] = v
+	}
+	return m
 }
 
 func (h *commandCount) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -285,6 +309,7 @@ func (h *commandCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.cmds.Add(1)
 		h.trips.Add(1)
+		h.count(cmd)
 		return next(ctx, cmd)
 	}
 }
@@ -293,6 +318,7 @@ func (h *commandCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.cmds.Add(int64(len(cmds)))
 		h.trips.Add(1)
+		h.count(cmds...)
 		return next(ctx, cmds)
 	}
 }
@@ -310,28 +336,51 @@ func (t *statementCount) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuer
 // serverCommands returns the total calls in INFO commandstats, not counting
 // INFO itself.
 func serverCommands(ctx context.Context, c *redis.Client) (int64, error) {
+	st, err := commandStats(ctx, c)
+	var total int64
+	for _, v := range st {
+		total += v.calls
+	}
+	return total, err
+}
+
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct{ calls, usec int64 }
+
+// commandStats returns INFO commandstats by command name (lower case, as
+// the client sends it), not counting INFO itself. A script's usec includes
+// the commands it calls, which are counted under their own names as well.
+func commandStats(ctx context.Context, c *redis.Client) (map[string]cmdStat, error) {
 	s, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var total int64
+	stats := map[string]cmdStat{}
 	for line := range strings.Lines(s) {
 		line = strings.TrimSpace(line)
 		name, rest, ok := strings.Cut(line, ":")
 		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
 			continue
 		}
+		var st cmdStat
 		for field := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(field, "calls="); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					return 0, fmt.Errorf("commandstats %q: %w", line, err)
-				}
-				total += n
+			k, v, _ := strings.Cut(field, "=")
+			if k != "calls" && k != "usec" {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("commandstats %q: %w", line, err)
+			}
+			if k == "calls" {
+				st.calls = n
+			} else {
+				st.usec = n
 			}
 		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = st
 	}
-	return total, nil
+	return stats, nil
 }
 
 // serverCPU returns the Redis server's CPU time (INFO cpu, user + system).
