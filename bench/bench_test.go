@@ -239,7 +239,7 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 	if _, err := parallelRun(ctx, parallelism, 2*parallelism, ping); err != nil { // warm up the pools
 		b.Fatal(err)
 	}
-	var rttTime, opTime time.Duration
+	var rttTime, opTime, srvCPU time.Duration
 	var rttN int
 	b.ResetTimer()
 	for r := range rounds {
@@ -251,16 +251,28 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 			b.Fatal(err)
 		}
 		rttTime, rttN = rttTime+d, rttN+m
+		var srv0 time.Duration
+		if st.serverCPU != nil {
+			srv0 = must(st.serverCPU(ctx))
+		}
 		b.StartTimer()
 		d, err = parallelRun(ctx, parallelism, n, op)
 		if err != nil {
 			b.Fatal(err)
 		}
 		opTime += d
+		b.StopTimer()
+		if st.serverCPU != nil {
+			srvCPU += must(st.serverCPU(ctx)) - srv0
+		}
+		b.StartTimer()
 	}
 	b.StopTimer()
 	perSec := float64(b.N) / opTime.Seconds()
 	b.ReportMetric(perSec/(float64(rttN)/rttTime.Seconds()), "x-rtt")
+	if st.serverCPU != nil {
+		b.ReportMetric(float64(srvCPU.Microseconds())/float64(b.N), "srv-cpu-µs/op")
+	}
 	return perSec
 }
 

@@ -43,8 +43,9 @@ type store struct {
 	rt   roundTrip
 	pool *pgxpool.Pool
 	rdb  *redis.Client
-	// serverCPU returns the server's CPU time so far (Redis only; nil for
-	// PostgreSQL, whose CPU is spread over many processes).
+	// serverCPU returns the server's CPU time so far: Redis's (INFO cpu),
+	// or that of the PostgreSQL processes serving the pool's connections
+	// (from /proc, when the server runs on this machine; else nil).
 	serverCPU func(ctx context.Context) (time.Duration, error)
 	// commands returns INFO commandstats (Redis only), and sent the
 	// commands the counting client has sent, by name (Redis only; set by
@@ -69,7 +70,14 @@ func redisStore(tb testing.TB, hook redis.Hook) *store {
 func pgStore(tb testing.TB, url string, tracer pgx.QueryTracer) *store {
 	tb.Helper()
 	p := newPool(tb, url, pgConns, tracer)
-	return &store{name: "pg", url: url, rt: pgSelect1(p), pool: p}
+	st := &store{name: "pg", url: url, rt: pgSelect1(p), pool: p}
+	if _, ok := pgServerCPU(p); ok {
+		st.serverCPU = func(context.Context) (time.Duration, error) {
+			d, _ := pgServerCPU(p)
+			return d, nil
+		}
+	}
+	return st
 }
 
 // Names of the contenders, by store.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -143,6 +144,11 @@ func newPool(tb testing.TB, url string, conns int32, tracer pgx.QueryTracer) *pg
 	if tracer != nil {
 		cfg.ConnConfig.Tracer = tracer
 	}
+	pids := &backendPIDs{}
+	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		pids.add(c.PgConn().PID())
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pg pool: %v", err)
@@ -151,7 +157,61 @@ func newPool(tb testing.TB, url string, conns int32, tracer pgx.QueryTracer) *pg
 	if err := pool.Ping(context.Background()); err != nil {
 		tb.Fatalf("pg ping: %v", err)
 	}
+	poolPIDs.Store(pool, pids)
 	return pool
+}
+
+// poolPIDs holds each pool's *backendPIDs.
+var poolPIDs sync.Map
+
+// backendPIDs are the server processes of a pool's connections.
+type backendPIDs struct {
+	mu   sync.Mutex
+	pids []uint32
+}
+
+func (p *backendPIDs) add(pid uint32) {
+	p.mu.Lock()
+	p.pids = append(p.pids, pid)
+	p.mu.Unlock()
+}
+
+// pgServerCPU returns the CPU time (user + system) of the server processes
+// that serve pool's connections, read from /proc: only when the server runs
+// on this machine, and only those processes (a shared server's other
+// sessions, and its background writers, are not counted). ok is false when
+// /proc has none of them.
+func pgServerCPU(pool *pgxpool.Pool) (d time.Duration, ok bool) {
+	v, found := poolPIDs.Load(pool)
+	if !found {
+		return 0, false
+	}
+	p := v.(*backendPIDs)
+	p.mu.Lock()
+	pids := slices.Clone(p.pids)
+	p.mu.Unlock()
+	const tick = 10 * time.Millisecond // USER_HZ on Linux
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // closed, or not on this machine
+		}
+		// Fields after the command name (which may hold spaces): state is
+		// the 3rd field, utime the 14th and stime the 15th.
+		_, rest, cut := strings.Cut(string(b), ") ")
+		f := strings.Fields(rest)
+		if !cut || len(f) < 13 {
+			continue
+		}
+		u, err1 := strconv.ParseInt(f[11], 10, 64)
+		s, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		d += time.Duration(u+s) * tick
+		ok = true
+	}
+	return d, ok
 }
 
 // newRedis returns a client on url with a pool of redisConns, closed at the
