@@ -62,8 +62,12 @@ func bg(b *testing.B) context.Context {
 // raw round trip is measured in chunks interleaved with the lock's, so a
 // change of machine load during the run affects both alike. x-rtt is the
 // time of one acquire+release in raw round trips; cpu-µs/op is the client
-// process's CPU time per acquire+release, srv-cpu-µs/op the Redis server's
-// (INFO cpu; exact on the private server scripts/bench.sh starts).
+// process's CPU time per acquire+release, srv-cpu-µs/op the server's: the
+// Redis server's (INFO cpu; exact on the private server scripts/bench.sh
+// starts), or that of the PostgreSQL processes serving the pool (from
+// /proc, when the server runs on this machine; 10 ms ticks). On Redis,
+// srv-cmds/op and srv-cmd-µs/op come from INFO commandstats (see
+// cmdProfile), and the log has the profile command by command.
 func BenchmarkUncontended(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, reqs func() int64) {
 		c := contenderFor(b, st, which)
@@ -186,7 +190,9 @@ func (p *cmdProfile) report(b *testing.B) {
 
 // BenchmarkParallelDistinctKeys: 64 goroutines, each acquiring and
 // releasing its own key. x-rtt is acquire+release pairs per second divided
-// by raw round trips per second from 64 goroutines on the same client.
+// by raw round trips per second from 64 goroutines on the same client;
+// srv-cpu-µs/op (here and in BenchmarkHotKey) is the server's CPU time per
+// op, as in BenchmarkUncontended, the round trips' rounds left out.
 func BenchmarkParallelDistinctKeys(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
 		c := contenderFor(b, st, which)
