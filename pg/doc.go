@@ -33,15 +33,7 @@
 //     row past its slot's end is refused.
 //     It is sent in one batch after a set_config of statement_timeout for
 //     that transaction only (see WithClaimTimeout): still one round trip
-//     and one transaction, in every QueryExecMode. A try (TryAcquire, no
-//     slot) on a key the Backend last found held by another owner, until
-//     that lease was due to end, first reads the row alone: one statement
-//     that takes no lock, writes nothing and sets nothing, which answers
-//     busy while the key is held, or while a transaction still running
-//     is taking it (the row's xmax). Only when that read finds the key free
-//     does the batch follow, whose claim then skips a row another claim
-//     has locked (FOR UPDATE SKIP LOCKED, answered busy as a lost race)
-//     rather than wait for that claim's commit behind the other tries.
+//     and one transaction, in every QueryExecMode.
 //   - Renewal of every due session of a Locker is one UPDATE … FROM
 //     unnest(…), checked against each session's random owner token; a
 //     session missing from the result is lost at once.

@@ -29,8 +29,6 @@ type Backend struct {
 
 	pruneMu   sync.Mutex
 	pruneNext time.Time // the first release after this prunes (see prune)
-
-	busy busyHints
 }
 
 var (
@@ -167,13 +165,6 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if req.Waiter != "" && req.WaiterTTL <= 0 {
 		return core.Lease{}, invalidOption("WaiterTTL", "must be positive with a Waiter, got %v", req.WaiterTTL)
 	}
-	acquire := b.stmt.acquire
-	if req.Waiter == "" && expireAt == nil && b.busy.held(req.Key) {
-		if lease, err, ok := b.probe(ctx, req); ok {
-			return lease, err
-		}
-		acquire = b.stmt.acquireHot
-	}
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return core.Lease{}, err
@@ -190,9 +181,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	batch.Queue(b.stmt.bound, strconv.FormatInt(left.Milliseconds(), 10))
 	if b.stmt.queue {
 		// The legacy table has no queue: the waiter is not sent.
-		batch.Queue(acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL))
+		batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL))
 	} else {
-		batch.Queue(acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
+		batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
 	}
 	br := conn.SendBatch(ctx, batch)
 	lease, err := b.readAcquire(br, req)
@@ -201,40 +192,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if cerr := br.Close(); err == nil && cerr != nil {
 		return core.Lease{}, poolerHint(cerr)
 	}
-	b.busy.note(req.Key, err)
 	return lease, err
-}
-
-// probe answers a try (no waiter, no slot) on a key last seen held with one
-// read: busy, with the holder, when a live row of another owner token is
-// there; busy, holder unknown, when another claim is taking the free row
-// (as when the acquire loses the race for it). ok is false when the key is
-// free, the caller's own or a semaphore's: the acquire batch then decides.
-func (b *Backend) probe(ctx context.Context, req core.AcquireRequest) (core.Lease, error, bool) {
-	var (
-		live, mine, taking bool
-		owner              string
-		token              int64
-		left               *int64
-		acquired, expire   pgtype.Timestamptz
-	)
-	err := b.pool.QueryRow(ctx, b.stmt.probe, req.Key, req.OwnerToken).Scan(&live, &mine, &owner, &token, &acquired, &expire, &left, &taking)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return core.Lease{}, nil, false
-	case err != nil:
-		return core.Lease{}, poolerHint(err), true
-	case taking:
-		return core.Lease{}, core.Busy(req.Key, nil), true
-	case !live || mine || semLimit(owner) > 0:
-		return core.Lease{}, nil, false
-	}
-	err = core.Busy(req.Key, &core.Info{
-		Key: req.Key, Owner: owner, Token: uint64(token), AcquiredAt: acquired.Time,
-		ExpiresAt: expire.Time, Remaining: time.Duration(deref(left)) * time.Microsecond,
-	})
-	b.busy.note(req.Key, err)
-	return core.Lease{}, err, true
 }
 
 // readAcquire reads the acquire's answer from its batch.

@@ -10,12 +10,11 @@ import (
 // exec mode and behind transaction poolers; only the acquire is preceded by
 // bound, in one batch that is one implicit transaction and one round trip.
 type statements struct {
-	bound, acquire, acquireHot, renew, release, keep, now string
-	inspect, list, forceRelease                           string
-	probe                                                 string // a try's read of a key last seen held (see busyHints)
-	leave                                                 string // "" on the legacy table (no queue)
-	prune                                                 string // "" on the legacy table (no tokens)
-	queue                                                 bool   // the table has the waiters column
+	bound, acquire, renew, release, keep, now string
+	inspect, list, forceRelease               string
+	leave                                     string // "" on the legacy table (no queue)
+	prune                                     string // "" on the legacy table (no tokens)
+	queue                                     bool   // the table has the waiters column
 }
 
 // bound sets statement_timeout, for its own transaction only, to $1
@@ -240,37 +239,23 @@ func buildStatements(table string, legacy, async bool) statements {
 	if queue {
 		curCols += ", waiters"
 	}
-	acquire := `WITH cur AS (
+	s.acquire = fmt.Sprintf(`WITH cur AS (
 	SELECT %[2]s FROM %[1]s WHERE key = $1::text
-)%[16]s, w AS (
+), w AS (
 	INSERT INTO %[1]s AS l (%[3]s)
 	SELECT %[4]s
 	FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true
-	WHERE %[5]s AND (%[6]s)%[7]s%[17]s
+	WHERE %[5]s AND (%[6]s)%[7]s
 	ON CONFLICT (key) DO UPDATE SET %[8]s
 	WHERE CASE WHEN %[9]s THEN true%[7]s ELSE %[15]s END
 	RETURNING %[11]s AS won, %[12]s AS token, coalesce(%[13]s, now()) AS acquired_at, l.expire_at
 )%[10]s
 SELECT coalesce(w.won, false), w.token, w.acquired_at, w.expire_at,
 	c.expire_at > now(), c.holder = $3::text, c.owner, c.token, c.acquired_at, c.expire_at, %[14]s
-FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true LEFT JOIN w ON true`
-	args := []any{table, curCols, cols, insertVals, slotOpen, gate, ac, sets, take, enq,
+FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true LEFT JOIN w ON true`,
+		table, curCols, cols, insertVals, slotOpen, gate, ac, sets, take, enq,
 		won, strings.Replace(token, "token", "l.token", 1), strings.Replace(acquiredAt, "acquired_at", "l.acquired_at", 1),
-		"CASE WHEN c.expire_at > now() THEN " + strings.ReplaceAll(remaining, "expire_at", "c.expire_at") + " END", lost, "", ""}
-	s.acquire = fmt.Sprintf(acquire, args...)
-	// acquireHot is the acquire of a try (no waiter) on a key this Backend
-	// saw contended (see busyHints), that a read has just found free: it
-	// takes the row's lock first, skipping a row whose lock another claim
-	// or release holds, and then answers busy, holder unknown, as when it
-	// loses the race, rather than wait for that claim's commit behind the
-	// other tries of a hot key. (It locks only a row that is free or
-	// expired as of its latest version, so that a lock-only transaction,
-	// which would wait for a flush, is rare.)
-	args[15] = fmt.Sprintf(`, lck AS (
-	SELECT 1 FROM %s WHERE key = $1::text AND expire_at <= now() FOR UPDATE SKIP LOCKED
-)`, table)
-	args[16] = ` AND (c.expire_at IS NULL OR EXISTS (SELECT 1 FROM lck))`
-	s.acquireHot = fmt.Sprintf(acquire, args...)
+		"CASE WHEN c.expire_at > now() THEN "+strings.ReplaceAll(remaining, "expire_at", "c.expire_at")+" END", lost)
 
 	s.renew = fmt.Sprintf(`UPDATE %[1]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond'
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, holder, ttl)
@@ -281,19 +266,6 @@ RETURNING l.key, r.holder`, table, lholder, ac)
 WHERE key = $1::text AND %[2]s = $2::text AND expire_at > now()%[3]s`, table, holder, ac, micros)
 
 	s.now = `SELECT now()`
-
-	// probe reads the row the way the acquire's cur does, and nothing else:
-	// no write, no row lock, no set_config (see busyHints). A row that is
-	// free as read says, in taking, whether a transaction that was still
-	// running when the statement started has updated or locked it (its
-	// xmax, as a 32-bit xid, is among the snapshot's running ones or past
-	// them): another claim is taking the key, and will hold it once its
-	// commit is flushed.
-	s.probe = fmt.Sprintf(`SELECT expire_at > now(), %[2]s = $2::text, %[3]s, %[4]s, %[5]s, expire_at, %[6]s,
-	expire_at <= now() AND xmax <> '0'::xid AND (
-		(xmax::text::bigint - (pg_snapshot_xmax(pg_current_snapshot())::text::bigint & 4294967295) + 4294967296) %% 4294967296 < 2147483648
-		OR xmax::text::bigint IN (SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(pg_current_snapshot()) AS x))
-FROM %[1]s WHERE key = $1::text`, table, holder, owner, token, acquiredAt, "CASE WHEN expire_at > now() THEN "+remaining+" END")
 
 	s.inspect = fmt.Sprintf(`SELECT %[2]s, %[3]s, %[4]s, expire_at, %[5]s
 FROM %[1]s WHERE key = $1::text AND expire_at > now()`, table, owner, token, acquiredAt, remaining)
