@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,7 +33,9 @@ func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *
 func counted(b *testing.B, s string) (*store, func() int64) {
 	if s == "redis" {
 		h := &commandCount{}
-		return redisStore(b, h), h.cmds.Load
+		st := redisStore(b, h)
+		st.sent = h.sent
+		return st, h.cmds.Load
 	}
 	t := &statementCount{}
 	return pgStore(b, benchPG(b), t), t.n.Load
@@ -59,8 +62,12 @@ func bg(b *testing.B) context.Context {
 // raw round trip is measured in chunks interleaved with the lock's, so a
 // change of machine load during the run affects both alike. x-rtt is the
 // time of one acquire+release in raw round trips; cpu-µs/op is the client
-// process's CPU time per acquire+release, srv-cpu-µs/op the Redis server's
-// (INFO cpu; exact on the private server scripts/bench.sh starts).
+// process's CPU time per acquire+release, srv-cpu-µs/op the server's: the
+// Redis server's (INFO cpu; exact on the private server scripts/bench.sh
+// starts), or that of the PostgreSQL processes serving the pool (from
+// /proc, when the server runs on this machine; 10 ms ticks). On Redis,
+// srv-cmds/op and srv-cmd-µs/op come from INFO commandstats (see
+// cmdProfile), and the log has the profile command by command.
 func BenchmarkUncontended(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, reqs func() int64) {
 		c := contenderFor(b, st, which)
@@ -81,6 +88,7 @@ func BenchmarkUncontended(b *testing.B) {
 		var rttTime, opTime time.Duration
 		var opReqs int64
 		var opCPU, srvCPU time.Duration
+		var prof cmdProfile
 		b.ResetTimer()
 		for done := 0; done < b.N; {
 			n := min(chunk, b.N-done)
@@ -88,6 +96,11 @@ func BenchmarkUncontended(b *testing.B) {
 			rttTime += meanRTT(ctx, b, st.rt, n) * time.Duration(n)
 			b.StartTimer()
 			var srv0 time.Duration
+			var stats0 map[string]cmdStat
+			var sent0 map[string]int64
+			if st.commands != nil {
+				stats0, sent0 = must(st.commands(ctx)), st.sent()
+			}
 			if st.serverCPU != nil {
 				srv0 = must(st.serverCPU(ctx))
 			}
@@ -100,6 +113,9 @@ func BenchmarkUncontended(b *testing.B) {
 			if st.serverCPU != nil {
 				srvCPU += must(st.serverCPU(ctx)) - srv0
 			}
+			if st.commands != nil {
+				prof.add(stats0, must(st.commands(ctx)), sent0, st.sent())
+			}
 			opReqs += reqs() - reqs0
 			done += n
 		}
@@ -111,12 +127,72 @@ func BenchmarkUncontended(b *testing.B) {
 		if st.serverCPU != nil {
 			b.ReportMetric(float64(srvCPU.Microseconds())/float64(b.N), "srv-cpu-µs/op")
 		}
+		if st.commands != nil {
+			prof.report(b)
+		}
 	})
+}
+
+// cmdProfile sums the deltas of INFO commandstats over the measured chunks
+// of a benchmark.
+type cmdProfile struct {
+	stats map[string]cmdStat // server: calls and µs by command
+	sent  map[string]int64   // client: commands sent by name
+}
+
+func (p *cmdProfile) add(stats0, stats1 map[string]cmdStat, sent0, sent1 map[string]int64) {
+	if p.stats == nil {
+		p.stats, p.sent = map[string]cmdStat{}, map[string]int64{}
+	}
+	for k, v := range stats1 {
+		d := p.stats[k]
+		d.calls += v.calls - stats0[k].calls
+		d.usec += v.usec - stats0[k].usec
+		p.stats[k] = d
+	}
+	for k, v := range sent1 {
+		p.sent[k] += v - sent0[k]
+	}
+}
+
+// report reports srv-cmds/op, every command the server executed per
+// operation (a script's inner commands included), and srv-cmd-µs/op, the
+// server's time in the commands the client sent (a script's time includes
+// its inner commands; commandstats counts execution only, not reading and
+// writing the connection, which INFO cpu's srv-cpu-µs/op includes). The
+// profile, command by command, goes to the log.
+func (p *cmdProfile) report(b *testing.B) {
+	n := float64(b.N)
+	var calls int64
+	var usec float64
+	var names []string
+	for k, v := range p.stats {
+		if v.calls == 0 {
+			continue
+		}
+		names = append(names, k)
+		calls += v.calls
+		// The share of the command's calls the client sent itself; the
+		// rest ran inside scripts, whose time already includes them.
+		share := min(1, float64(p.sent[k])/float64(v.calls))
+		usec += float64(v.usec) * share
+	}
+	slices.Sort(names)
+	var prof strings.Builder
+	for _, k := range names {
+		v := p.stats[k]
+		fmt.Fprintf(&prof, " %s %.2f×%.2fµs", k, float64(v.calls)/n, float64(v.usec)/float64(v.calls))
+	}
+	b.Logf("per op (calls × µs per call):%s", prof.String())
+	b.ReportMetric(float64(calls)/n, "srv-cmds/op")
+	b.ReportMetric(usec/n, "srv-cmd-µs/op")
 }
 
 // BenchmarkParallelDistinctKeys: 64 goroutines, each acquiring and
 // releasing its own key. x-rtt is acquire+release pairs per second divided
-// by raw round trips per second from 64 goroutines on the same client.
+// by raw round trips per second from 64 goroutines on the same client;
+// srv-cpu-µs/op (here and in BenchmarkHotKey) is the server's CPU time per
+// op, as in BenchmarkUncontended, the round trips' rounds left out.
 func BenchmarkParallelDistinctKeys(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
 		c := contenderFor(b, st, which)
@@ -169,7 +245,7 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 	if _, err := parallelRun(ctx, parallelism, 2*parallelism, ping); err != nil { // warm up the pools
 		b.Fatal(err)
 	}
-	var rttTime, opTime time.Duration
+	var rttTime, opTime, srvCPU time.Duration
 	var rttN int
 	b.ResetTimer()
 	for r := range rounds {
@@ -181,16 +257,28 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 			b.Fatal(err)
 		}
 		rttTime, rttN = rttTime+d, rttN+m
+		var srv0 time.Duration
+		if st.serverCPU != nil {
+			srv0 = must(st.serverCPU(ctx))
+		}
 		b.StartTimer()
 		d, err = parallelRun(ctx, parallelism, n, op)
 		if err != nil {
 			b.Fatal(err)
 		}
 		opTime += d
+		b.StopTimer()
+		if st.serverCPU != nil {
+			srvCPU += must(st.serverCPU(ctx)) - srv0
+		}
+		b.StartTimer()
 	}
 	b.StopTimer()
 	perSec := float64(b.N) / opTime.Seconds()
 	b.ReportMetric(perSec/(float64(rttN)/rttTime.Seconds()), "x-rtt")
+	if st.serverCPU != nil {
+		b.ReportMetric(float64(srvCPU.Microseconds())/float64(b.N), "srv-cpu-µs/op")
+	}
 	return perSec
 }
 

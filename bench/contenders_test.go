@@ -43,9 +43,15 @@ type store struct {
 	rt   roundTrip
 	pool *pgxpool.Pool
 	rdb  *redis.Client
-	// serverCPU returns the server's CPU time so far (Redis only; nil for
-	// PostgreSQL, whose CPU is spread over many processes).
+	// serverCPU returns the server's CPU time so far: Redis's (INFO cpu),
+	// or that of the PostgreSQL processes serving the pool's connections
+	// (from /proc, when the server runs on this machine; else nil).
 	serverCPU func(ctx context.Context) (time.Duration, error)
+	// commands returns INFO commandstats (Redis only), and sent the
+	// commands the counting client has sent, by name (Redis only; set by
+	// counted).
+	commands func(ctx context.Context) (map[string]cmdStat, error)
+	sent     func() map[string]int64
 }
 
 // redisStore connects to the benchmark's Redis; hook may be nil.
@@ -56,14 +62,22 @@ func redisStore(tb testing.TB, hook redis.Hook) *store {
 	c := newRedis(tb, url, hook)
 	plain := newRedis(tb, url, nil) // for INFO, outside the counts
 	return &store{name: "redis", url: url, rt: redisPing(c), rdb: c,
-		serverCPU: func(ctx context.Context) (time.Duration, error) { return serverCPU(ctx, plain) }}
+		serverCPU: func(ctx context.Context) (time.Duration, error) { return serverCPU(ctx, plain) },
+		commands:  func(ctx context.Context) (map[string]cmdStat, error) { return commandStats(ctx, plain) }}
 }
 
 // pgStore connects to the benchmark's PostgreSQL database; tracer may be nil.
 func pgStore(tb testing.TB, url string, tracer pgx.QueryTracer) *store {
 	tb.Helper()
 	p := newPool(tb, url, pgConns, tracer)
-	return &store{name: "pg", url: url, rt: pgSelect1(p), pool: p}
+	st := &store{name: "pg", url: url, rt: pgSelect1(p), pool: p}
+	if _, ok := pgServerCPU(p); ok {
+		st.serverCPU = func(context.Context) (time.Duration, error) {
+			d, _ := pgServerCPU(p)
+			return d, nil
+		}
+	}
+	return st
 }
 
 // Names of the contenders, by store.

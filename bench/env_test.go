@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -143,6 +144,11 @@ func newPool(tb testing.TB, url string, conns int32, tracer pgx.QueryTracer) *pg
 	if tracer != nil {
 		cfg.ConnConfig.Tracer = tracer
 	}
+	pids := &backendPIDs{}
+	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		pids.add(c.PgConn().PID())
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pg pool: %v", err)
@@ -151,7 +157,61 @@ func newPool(tb testing.TB, url string, conns int32, tracer pgx.QueryTracer) *pg
 	if err := pool.Ping(context.Background()); err != nil {
 		tb.Fatalf("pg ping: %v", err)
 	}
+	poolPIDs.Store(pool, pids)
 	return pool
+}
+
+// poolPIDs holds each pool's *backendPIDs.
+var poolPIDs sync.Map
+
+// backendPIDs are the server processes of a pool's connections.
+type backendPIDs struct {
+	mu   sync.Mutex
+	pids []uint32
+}
+
+func (p *backendPIDs) add(pid uint32) {
+	p.mu.Lock()
+	p.pids = append(p.pids, pid)
+	p.mu.Unlock()
+}
+
+// pgServerCPU returns the CPU time (user + system) of the server processes
+// that serve pool's connections, read from /proc: only when the server runs
+// on this machine, and only those processes (a shared server's other
+// sessions, and its background writers, are not counted). ok is false when
+// /proc has none of them.
+func pgServerCPU(pool *pgxpool.Pool) (d time.Duration, ok bool) {
+	v, found := poolPIDs.Load(pool)
+	if !found {
+		return 0, false
+	}
+	p := v.(*backendPIDs)
+	p.mu.Lock()
+	pids := slices.Clone(p.pids)
+	p.mu.Unlock()
+	const tick = 10 * time.Millisecond // USER_HZ on Linux
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // closed, or not on this machine
+		}
+		// Fields after the command name (which may hold spaces): state is
+		// the 3rd field, utime the 14th and stime the 15th.
+		_, rest, cut := strings.Cut(string(b), ") ")
+		f := strings.Fields(rest)
+		if !cut || len(f) < 13 {
+			continue
+		}
+		u, err1 := strconv.ParseInt(f[11], 10, 64)
+		s, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		d += time.Duration(u+s) * tick
+		ok = true
+	}
+	return d, ok
 }
 
 // newRedis returns a client on url with a pool of redisConns, closed at the
@@ -277,6 +337,30 @@ func cpuTime() time.Duration {
 // pipeline is one round trip).
 type commandCount struct {
 	cmds, trips atomic.Int64
+	mu          sync.Mutex
+	byName      map[string]int64 // commands sent, by name
+}
+
+func (h *commandCount) count(cmds ...redis.Cmder) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.byName == nil {
+		h.byName = map[string]int64{}
+	}
+	for _, c := range cmds {
+		h.byName[strings.ToLower(c.Name())]++
+	}
+}
+
+// sent returns a copy of the counts by name.
+func (h *commandCount) sent() map[string]int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m := make(map[string]int64, len(h.byName))
+	for k, v := range h.byName {
+		m[k] = v
+	}
+	return m
 }
 
 func (h *commandCount) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -285,6 +369,7 @@ func (h *commandCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.cmds.Add(1)
 		h.trips.Add(1)
+		h.count(cmd)
 		return next(ctx, cmd)
 	}
 }
@@ -293,6 +378,7 @@ func (h *commandCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.cmds.Add(int64(len(cmds)))
 		h.trips.Add(1)
+		h.count(cmds...)
 		return next(ctx, cmds)
 	}
 }
@@ -310,28 +396,51 @@ func (t *statementCount) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuer
 // serverCommands returns the total calls in INFO commandstats, not counting
 // INFO itself.
 func serverCommands(ctx context.Context, c *redis.Client) (int64, error) {
+	st, err := commandStats(ctx, c)
+	var total int64
+	for _, v := range st {
+		total += v.calls
+	}
+	return total, err
+}
+
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct{ calls, usec int64 }
+
+// commandStats returns INFO commandstats by command name (lower case, as
+// the client sends it), not counting INFO itself. A script's usec includes
+// the commands it calls, which are counted under their own names as well.
+func commandStats(ctx context.Context, c *redis.Client) (map[string]cmdStat, error) {
 	s, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var total int64
+	stats := map[string]cmdStat{}
 	for line := range strings.Lines(s) {
 		line = strings.TrimSpace(line)
 		name, rest, ok := strings.Cut(line, ":")
 		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
 			continue
 		}
+		var st cmdStat
 		for field := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(field, "calls="); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					return 0, fmt.Errorf("commandstats %q: %w", line, err)
-				}
-				total += n
+			k, v, _ := strings.Cut(field, "=")
+			if k != "calls" && k != "usec" {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("commandstats %q: %w", line, err)
+			}
+			if k == "calls" {
+				st.calls = n
+			} else {
+				st.usec = n
 			}
 		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = st
 	}
-	return total, nil
+	return stats, nil
 }
 
 // serverCPU returns the Redis server's CPU time (INFO cpu, user + system).

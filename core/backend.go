@@ -138,6 +138,11 @@ type ReleaseRequest struct {
 	// deleting it (min hold).
 	Keep  time.Duration
 	Limit int // the Limit the lease was acquired with (0 or 1: a mutex)
+	// Token is the lease's fencing token, as TryAcquire returned it; 0
+	// when the caller does not know it (the undo of a claim whose reply
+	// was lost). A store may use it to check the release without reading
+	// the lease first; OwnerToken alone decides whose lease it is.
+	Token uint64
 }
 
 // Queuer is implemented by Watcher backends that keep the waiters of a key

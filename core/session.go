@@ -139,7 +139,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 	} else {
 		c.forget(s)
 	}
-	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken, Limit: s.limit}
+	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken, Limit: s.limit, Token: s.token}
 	heldFor := time.Since(s.acquiredAt)
 	kept := s.slot
 	if !s.slot && s.minHold > heldFor {

@@ -18,25 +18,42 @@
 --   {3}  the key is free, but it is another waiter's turn
 --
 -- A claim is GET, TIME, SET; the waiter queue is read only when the record
--- says someone may be queued, or when there is no record.
+-- says someone may be queued, or when there is no record. The two common
+-- cases come first, before the prelude (scripts.go), and take nothing
+-- apart: a claim over a tombstone that nobody waits for, and a try (no
+-- waiter id) on a lock whose holder already knows to publish its release.
 local v = redis.call('GET', KEYS[1])
 local t = redis.call('TIME')
 
--- The common claim, first and without taking anything apart: a tombstone
--- with no flags (nobody waits), not a slot.
-if v and string.byte(v, 1) == 48 and ARGV[4] == '0' and not string.find(v, '|', 3, true) then
-  local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local token = tonumber(string.sub(v, 3))
-  if token and token >= nowus then
-    token = token + 1
-  else
-    token = nowus
+if v and string.byte(v, 2) == 124 then
+  local f = string.byte(v, 1)
+  if f == 48 and ARGV[4] == '0' and not string.find(v, '|', 3, true) then
+    -- A tombstone with no flags (nobody waits), not a slot.
+    local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local token = tonumber(string.sub(v, 3))
+    if token and token >= nowus then
+      token = token + 1
+    else
+      token = nowus
+    end
+    token = string.format('%.0f', token)
+    local acq = string.format('%.0f', nowus)
+    redis.call('SET', KEYS[1], '0|' .. token .. '|' .. acq .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+    return {1, token, acq, -3, t[1], t[2]}
   end
-  token = fmt_int(token)
-  local acq = fmt_int(nowus)
-  redis.call('SET', KEYS[1], '0|' .. token .. '|' .. acq .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
-  return {1, token, acq, -3, t[1], t[2]}
+  if (f == 49 or f == 51) and ARGV[5] == '' then
+    -- Held, and flagged REC_NOTIFY already: a try that loses writes
+    -- nothing.
+    local b = string.find(v, '|', 3, true)
+    local c = b and string.find(v, '|', b + 1, true)
+    local d = c and string.find(v, '|', c + 1, true)
+    if d and string.sub(v, c + 1, d - 1) ~= ARGV[1] then
+      return {0, string.sub(v, 3, b - 1), string.sub(v, b + 1, c - 1), redis.call('PTTL', KEYS[1]),
+        t[1], t[2], string.sub(v, d + 1)}
+    end
+  end
 end
+--@prelude
 
 local r = rec_parse(v)
 local waiter = ARGV[5]

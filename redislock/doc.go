@@ -57,8 +57,9 @@
 // upgrading.
 //
 // Every operation is one Lua script, kept as an embedded .lua file (the
-// record format and the queue functions are a prelude shared by all) and
-// run with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
+// record format and the queue functions are a prelude shared by all; the
+// common claim, release and losing try come before it, since defining its
+// functions costs the server more than their own work) and run with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
 // failover or SCRIPT FLUSH), inside pipelines too:
 //
 //   - acquire claims a free key with GET, TIME and SET (7 server commands

@@ -100,7 +100,6 @@ type Backend struct {
 	channel    string
 	group      grouping
 	subTimeout time.Duration
-	tokens     knownTokens
 }
 
 var (
@@ -209,7 +208,6 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		info := r.info(req.Key)
 		return core.Lease{}, core.Busy(req.Key, &info)
 	}
-	b.tokens.put(req.Key, req.OwnerToken, r.token)
 	lease := core.Lease{Token: r.token, AcquiredAt: r.acquired}
 	switch {
 	case r.pttl >= 0:
@@ -358,7 +356,6 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		for j, i := range g.idx {
 			if n, _ := toInt(vals[j]); n != 1 {
 				results[i] = core.Gone(reqs[i].Key, "held by another owner or gone")
-				b.tokens.drop(reqs[i].Key, reqs[i].OwnerToken)
 			}
 		}
 	}
@@ -377,11 +374,9 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Keep > 0 {
 		keep = max(req.Keep.Milliseconds(), 1)
 	}
-	var token string
-	if keep == 0 {
-		if t, ok := b.tokens.take(req.Key, req.OwnerToken); ok {
-			token = strconv.FormatUint(t, 10)
-		}
+	var token string // the release script checks the lease by it when known
+	if req.Token != 0 {
+		token = strconv.FormatUint(req.Token, 10)
 	}
 	n, err := releaseScript.run(ctx, b.client, b.keys(req.Key),
 		req.OwnerToken, keep, b.channel, req.Key, token).Int()

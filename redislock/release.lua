@@ -17,20 +17,30 @@
 -- TTL. The record is read first and written only when it is this lease's:
 -- a value that is not (another owner's record, a tombstone, or something
 -- that is no dislock record at all) is never touched. With the token known
--- the common release is checked without taking the record apart: GET, then
--- SET. The release channel hears of it only when the record says someone
--- waits.
-local keep = tonumber(ARGV[2])
+-- the common release comes first, before the prelude (scripts.go), and is
+-- checked without taking the record apart: GET, then SET (and PUBLISH when
+-- someone was answered busy). The release channel hears of it only when
+-- the record says someone waits.
 local v = redis.call('GET', KEYS[1])
-if keep == 0 and ARGV[5] ~= '' then
-  -- The common release: this lease's, and nobody waits.
-  local n = #ARGV[5]
-  if v and string.byte(v, 1) == 48 and string.byte(v, 3 + n) == 124
-      and string.sub(v, 3, 2 + n) == ARGV[5] and rec_held_by(v, ARGV[1]) then
-    redis.call('SET', KEYS[1], '0|' .. ARGV[5], 'KEEPTTL', 'XX')
-    return 1
+if ARGV[2] == '0' and ARGV[5] ~= '' and v and string.byte(v, 2) == 124 then
+  -- This lease's, and nobody queued (flags 0, or REC_NOTIFY alone).
+  local f, n = string.byte(v, 1), #ARGV[5]
+  local b = 3 + n
+  if (f == 48 or f == 49) and string.byte(v, b) == 124 and string.sub(v, 3, b - 1) == ARGV[5] then
+    local c = string.find(v, '|', b + 1, true)
+    local e = c and c + #ARGV[1] + 1
+    if e and string.byte(v, e) == 124 and string.sub(v, c + 1, e - 1) == ARGV[1] then
+      redis.call('SET', KEYS[1], '0|' .. ARGV[5], 'KEEPTTL', 'XX')
+      if f == 49 then
+        redis.call('PUBLISH', ARGV[3], ARGV[4])
+      end
+      return 1
+    end
   end
 end
+--@prelude
+
+local keep = tonumber(ARGV[2])
 -- Only a value that names this owner token is parsed: anything else is
 -- not this lease's, whatever it is.
 if not rec_held_by(v, ARGV[1]) then
