@@ -22,6 +22,15 @@ import (
 // data is "1\n<fencing token>\n<owner>"; it is in force until untilMs, which
 // is on the server clock. Permit claims and holds (semaphores, Limit > 1)
 // are the same with the semaphore's limit in their names.
+//
+// A waiting Acquire (core.Queuer) keeps its place in line as a claim node
+// named by its Waiter instead of an owner token, with the data
+// "2\n0\n<owner>" while it waits: live while its session is, never judged
+// by a TTL; the backend that made it deletes it when the wait leaves or its
+// WaiterTTL runs out unrefreshed. The grant rewrites it as a claim
+// ("1\n<ttl ms>\n<owner>"), which starts the lease on the server's clock.
+// The lowest nodes hold: a claim is granted when fewer nodes in force are
+// below it, with the holds, than the key has permits (one for a mutex).
 
 const (
 	claimPrefix      = "l-"
@@ -166,6 +175,12 @@ func claimData(ttl time.Duration, owner string) []byte {
 func holdData(token uint64, owner string) []byte {
 	return []byte("1\n" + strconv.FormatUint(token, 10) + "\n" + owner)
 }
+
+// waitData is the data of a waiting place in line.
+func waitData(owner string) []byte { return []byte("2\n0\n" + owner) }
+
+// isWaitData reports whether b is the data of a waiting place.
+func isWaitData(b []byte) bool { return len(b) >= 2 && b[0] == '2' && b[1] == '\n' }
 
 var errBadData = errors.New("zklock: node data not written by zklock")
 

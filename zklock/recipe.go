@@ -37,6 +37,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		return core.Lease{}, invalidOption("Limit", "must be at most %d, got %d", core.MaxLimit, req.Limit)
 	}
 	permit := req.Limit > 1
+	if req.Waiter != "" && !slot {
+		return b.tryQueued(ctx, req, ttl)
+	}
 	if !permit {
 		// A mutex this backend holds is busy without a request. (A permit
 		// claim goes to the store: another permit may be free, and a
@@ -69,7 +72,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			now  int64
 			err  error
 		)
-		c, now, only, err = b.claim(ctx, req, parent, tok, ttl)
+		c, now, only, err = b.claim(ctx, req, parent, tok, ttl, claimData(ttl, req.Owner))
 		if err != nil {
 			return core.Lease{}, err
 		}
@@ -177,14 +180,21 @@ func waitDropped(ctx context.Context, dropped <-chan error) error {
 
 // claim creates the claim node of req and records it. It returns the server
 // time of the creation and whether the claim is the key's only child.
-func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, tok string, ttl time.Duration) (*claim, int64, bool, error) {
-	data := claimData(ttl, req.Owner)
+func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, tok string, ttl time.Duration, data []byte) (*claim, int64, bool, error) {
 	sid := b.conn.SessionID()
 	sent := time.Now()
 	var (
 		res []zk.MultiResponse
 		err error
 	)
+	if !b.knownParent(parent) {
+		// A key this backend has not used: create its container first
+		// (a node that exists already fails, at no harm), rather than let
+		// the claim fail for the lack of it and send it again.
+		if err := b.ensureParent(ctx, parent); err != nil {
+			return nil, 0, false, core.Unclaimed(fmt.Errorf("create %s: %w", parent, err))
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		cerr := b.call(ctx, func() {
 			res, err = b.conn.Multi(
@@ -215,6 +225,8 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 		return nil, 0, false, errors.New("unexpected multi reply")
 	}
 	st := res[1].Stat
+	b.sampleClock(st.Mtime)
+	b.markParent(parent)
 	after := b.conn.SessionID()
 	if sid == 0 {
 		// No session yet when the request was queued: it went out in the
@@ -256,6 +268,8 @@ type verdict struct {
 	info     *core.Info   // the holder, when busy and known
 	dropped  <-chan error // our claim is being deleted: its outcome
 	retry    bool         // free after all, but our claim was dropped
+	gone     bool         // our claim is gone (force release)
+	names    []string     // the key's children as judged
 }
 
 // judge decides, from the children of parent, whether the claim ours
@@ -299,9 +313,9 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		}
 	}
 	if !found {
-		return verdict{}, nil // deleted meanwhile (force release): not ours
+		return verdict{gone: true}, nil // deleted meanwhile (force release): not ours
 	}
-	var v verdict
+	v := verdict{names: names}
 	if permitHold > 0 {
 		v.dropped = drop()
 		v.mismatch = permitHold // a semaphore's permit is held

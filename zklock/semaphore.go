@@ -67,7 +67,7 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 		}
 	}
 	if !found {
-		return verdict{}, nil // deleted meanwhile (force release): not ours
+		return verdict{gone: true}, nil // deleted meanwhile (force release): not ours
 	}
 	if mutexHold {
 		return verdict{mismatch: 1}, nil
@@ -84,7 +84,7 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 		}
 	}
 	if !read && len(holds)+len(lower) < limit {
-		return verdict{held: true}, nil
+		return verdict{held: true, names: names}, nil
 	}
 	sort.Slice(lower, func(i, j int) bool { return lower[i].seq < lower[j].seq })
 	var first *core.Info // in force, expires first
@@ -150,9 +150,9 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 		}
 	}
 	if count < limit {
-		return verdict{held: true}, nil
+		return verdict{held: true, names: names}, nil
 	}
-	return verdict{info: first}, nil
+	return verdict{info: first, names: names}, nil
 }
 
 // Holders implements core.SemaphoreBackend: the permits of key in force,
@@ -254,6 +254,9 @@ func (b *Backend) holdersOf(ctx context.Context, key, parent string, names []str
 		}
 		if gerr != nil {
 			return nil, gerr
+		}
+		if isWaitData(data) {
+			continue // a place in line, not a holder
 		}
 		ttl, owner, perr := parseData(data)
 		info := core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}

@@ -34,7 +34,9 @@ func (b *Backend) armWatch(p, key string, ch <-chan zk.Event) {
 		return
 	}
 	b.mu.Lock()
-	if _, ok := b.watches[p]; ok {
+	if _, ok := b.watches[p]; ok || len(b.subs) == 0 {
+		// Followed already, or nobody to tell: a Locker listens to
+		// turns (WatchTurns), not to these.
 		b.mu.Unlock()
 		return
 	}

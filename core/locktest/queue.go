@@ -354,7 +354,9 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	const rule = "on a Queuer a caller that did not wait never overtakes a queued waiter; a release tells the first waiter, a grant takes it out of line, and a release with nobody queued sends no turn"
 	holder, waiter, other := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
 	k := e.key(t)
-	turns := watchTurns(t, rule, other, k)
+	// Turns are read where the waiters queued: a store need tell no other
+	// process (core.Queuer).
+	turns := watchTurns(t, rule, waiter, k)
 	ctx := ctxT(t, 30*time.Second)
 	req := func(waiterID string) core.AcquireRequest {
 		r := core.AcquireRequest{Key: k, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL}
@@ -394,7 +396,7 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	release(holder, h)
 	turns.expect(t, rule, "release with a waiter queued", w1)
 	busy(other, req(""), "a TryAcquire without Waiter while a waiter is queued on the free key")
-	busy(other, req(w2), "a second waiter while the first is queued on the free key")
+	busy(waiter, req(w2), "a second waiter while the first is queued on the free key")
 	g1 := req(w1)
 	l1 := grant(waiter, g1, "the first waiter on the free key")
 	if !e.h.NoFencing && l1.Token <= l0.Token {
@@ -404,8 +406,8 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	turns.expect(t, rule, "release with the second waiter queued", w2)
 	busy(holder, req(""), "a TryAcquire without Waiter while the second waiter is queued")
 	g2 := req(w2)
-	grant(other, g2, "the second waiter")
-	release(other, g2) // nobody queued: no turn
+	grant(waiter, g2, "the second waiter")
+	release(waiter, g2) // nobody queued: no turn
 	// Both grants took their waiter out of line: the key is anyone's.
 	h = req("")
 	grant(holder, h, "a TryAcquire once every waiter got its turn")
@@ -686,12 +688,12 @@ const semQueueLimit = 3
 
 func newSemQueue(t *testing.T, e *env, rule string) *semQueue {
 	t.Helper()
-	holder, wait, watch := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
+	holder, wait := rawQueuer(t, e), rawQueuer(t, e)
 	if _, ok := holder.(core.SemaphoreBackend); !ok {
 		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
 	}
 	q := &semQueue{t: t, rule: rule, key: e.key(t), holder: holder, wait: wait, ctx: ctxT(t, 30*time.Second)}
-	q.turns = watchTurns(t, rule, watch, q.key)
+	q.turns = watchTurns(t, rule, wait, q.key) // where the waiters queued
 	for range semQueueLimit {
 		r := q.req("")
 		q.grant(holder, r, "a holder's permit")
