@@ -17,7 +17,7 @@ import (
 // reqs counts the commands (Redis) or statements (PostgreSQL) the contender's
 // client has sent so far.
 func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *store, which string, reqs func() int64)) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range []string{"redis", "pg", "zk"} {
 		for _, which := range names[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
 				st, reqs := counted(b, s)
@@ -34,6 +34,10 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 		h := &commandCount{}
 		return redisStore(b, h), h.cmds.Load
 	}
+	if s == "zk" {
+		cnt := &zkCounter{}
+		return zkStore(b, cnt), cnt.reqs.Load
+	}
 	t := &statementCount{}
 	return pgStore(b, benchPG(b), t), t.n.Load
 }
@@ -47,7 +51,7 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-var all = map[string][]string{"redis": redisContenders, "pg": pgContenders}
+var all = map[string][]string{"redis": redisContenders, "pg": pgContenders, "zk": zkContenders}
 
 func bg(b *testing.B) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -140,6 +144,9 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 // from 64 goroutines: how close a failed try comes to one cheap round trip.
 func BenchmarkHotKey(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
+		if st.name == "zk" && which == "zklock" {
+			b.Skip("zk.Lock has no try-lock")
+		}
 		c := contenderFor(b, st, which)
 		key := name(which, "hot")
 		var won atomic.Int64
@@ -201,6 +208,7 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 var handoffContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "dislock-async", "ttlrow", "advisory"},
+	"zk":    {"dislock", "zklock"},
 }
 
 // BenchmarkHandoff: 16 goroutines, each its own Locker (as 16 processes
@@ -211,7 +219,7 @@ var handoffContenders = map[string][]string{
 // client's commands (Redis) or statements (PostgreSQL) per acquisition,
 // polling included.
 func BenchmarkHandoff(b *testing.B) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range []string{"redis", "pg", "zk"} {
 		for _, which := range handoffContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
 				st, reqs := counted(b, s)
@@ -249,6 +257,10 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	)
 	remaining.Store(int64(b.N))
 	reqs0 := reqs()
+	var writes0 int64
+	if st.writes != nil {
+		writes0 = st.writes()
+	}
 	b.ResetTimer()
 	for g := range waiters {
 		wg.Go(func() {
@@ -303,6 +315,9 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	b.ReportMetric(float64(p50)/float64(rtt), "p50-x-rtt")
 	b.ReportMetric(float64(p99)/float64(rtt), "p99-x-rtt")
 	b.ReportMetric(float64(reqs()-reqs0)/float64(b.N), "reqs/acq")
+	if st.writes != nil {
+		b.ReportMetric(float64(st.writes()-writes0)/float64(b.N), "srv-writes/acq")
+	}
 }
 
 // Sizes of BenchmarkHold1000.
@@ -316,6 +331,7 @@ const (
 var holdContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "ttlrow"},
+	"zk":    {"dislock", "zklock"},
 }
 
 // BenchmarkHold1000 holds 1,000 leases of a 3 s TTL, renewed every second:
@@ -326,7 +342,7 @@ var holdContenders = map[string][]string{
 // database), the client's round trips (Redis; a pipeline counts once) or
 // statements (PostgreSQL), and the client's CPU time per lock and second.
 func BenchmarkHold1000(b *testing.B) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range []string{"redis", "pg", "zk"} {
 		for _, which := range holdContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) { hold(b, s, which) })
 		}
@@ -334,6 +350,10 @@ func BenchmarkHold1000(b *testing.B) {
 }
 
 func hold(b *testing.B, s, which string) {
+	if s == "zk" {
+		zkHold(b, which)
+		return
+	}
 	ctx := bg(b)
 	var (
 		st       *store

@@ -101,10 +101,14 @@
 // it waits: its sequence number is its place in line, and the rule above
 // (the lowest in force hold) lets exactly the next one in, across
 // processes, in the order they came; a TryAcquire comes after every waiter
-// in line. The waiter's backend watches the node before its own with a
-// child watch, which only the deletion of a node without children fires
-// (not the holder's renewals), and tells the engine its turn through
-// WatchTurns when it is first in line; no other process hears of it. The
+// in line. The waiter's backend watches the node before its own and tells
+// the engine its turn through WatchTurns when it is first in line; no
+// other process hears of it. When that node was the only one before it and
+// is deleted, nothing can be before it any more, and the grant is one
+// write without a read (a min hold or a slot's hold comes only from that
+// node, in the multi that deletes it, after a write to it, which the
+// watch reports as a data change instead: the waiter reads the children
+// and finds the hold). The
 // grant rewrites the node as a claim ("1\n<ttl>\n<owner>"): that write
 // starts the lease on the server's clock, and the fencing token is the
 // node's czxid, which increases in the order of the line. A place whose

@@ -19,9 +19,9 @@ var _ core.Queuer = (*Backend)(nil)
 // the next: its sequence number is its place in line. The lowest nodes
 // hold (see judge and judgePermit), so a release lets exactly the next
 // waiter in, across processes, first come first served. The waiter's
-// backend watches the node before it (a mutex) — with a child watch, which
-// an ephemeral node's renewals do not fire, only its deletion — and tells
-// the waiter its turn when it is first in line. A waiter whose process
+// backend watches the node before it (a mutex) and tells the waiter its
+// turn when it is first in line; when that node was the only one before it
+// and is deleted, the grant needs no read (see armPlace). A waiter whose process
 // dies goes with its session; one whose Acquire gave up is deleted (Leave),
 // and one whose Acquire stopped trying is deleted by its own backend when
 // its WaiterTTL runs out: the waiter behind is told at once, without a
@@ -50,6 +50,8 @@ type place struct {
 	info    *core.Info // the holder the last judgement named
 	infoEnd time.Time  // local: when that holder's lease runs out
 	armed   map[string]bool
+	alone   bool // a mutex's place with one node before it and no hold
+	fast    bool // that node was deleted: granted without a read
 	evalMu  sync.Mutex
 }
 
@@ -85,6 +87,10 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 			return core.Lease{}, core.Busy(req.Key, info)
 		}
 		pl.settled = false
+	}
+	fast := pl != nil && pl.fast && pl.path != ""
+	if pl != nil {
+		pl.fast = false
 	}
 	_, contended := b.held[req.Key]
 	contended = contended || pl != nil || time.Since(b.busyAt[req.Key]) < time.Second
@@ -129,7 +135,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 		}
 		ours, _ := parseChild(pl.name)
 		var v verdict
-		if only {
+		if only || (fast && round == 0) {
 			v.held = true
 		} else {
 			noDrop := func() <-chan error { return nil }
@@ -396,11 +402,21 @@ func (b *Backend) evaluate(pl *place, names []string) {
 	limit := max(pl.limit, 1)
 	if limit == 1 {
 		if len(before) == 0 && len(holds) == 0 {
+			// First, and no node can come before it (nor a hold, which
+			// only a node before it makes): its grant needs no read.
+			b.mu.Lock()
+			pl.fast = true
+			b.mu.Unlock()
 			b.tellTurn(pl)
 			return
 		}
+		b.mu.Lock()
+		pl.alone = len(before) == 1 && len(holds) == 0
+		b.mu.Unlock()
 		if len(before) > 0 {
-			watch = []string{before[len(before)-1].name}
+			// A data watch: the node's grant (or renewal) has this place
+			// judged again, so that it knows when it is next (alone).
+			dataWatch = before[len(before)-1].name
 		} else {
 			watch = holds
 		}
@@ -457,13 +473,14 @@ func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) 
 	b.mu.Unlock()
 	var ch <-chan zk.Event
 	var err error
+	exists := true
 	if cerr := b.call(ctx, func() {
 		if data {
-			_, _, ch, err = b.conn.ExistsW(p)
+			exists, _, ch, err = b.conn.ExistsW(p)
 		} else {
 			_, _, ch, err = b.conn.ChildrenW(p)
 		}
-	}, nil); cerr != nil || err != nil {
+	}, nil); cerr != nil || err != nil || !exists {
 		// Gone already (or the store failed): evaluate again.
 		b.mu.Lock()
 		delete(pl.armed, id)
@@ -473,8 +490,9 @@ func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) 
 		return
 	}
 	b.spawn(func() {
+		var ev zk.Event
 		select {
-		case <-ch:
+		case ev = <-ch:
 		case <-pl.stop:
 			return
 		case <-b.done:
@@ -483,7 +501,18 @@ func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) 
 		b.mu.Lock()
 		delete(pl.armed, id)
 		pl.settled = false
+		fast := pl.alone && data && ev.Type == zk.EventNodeDeleted
+		pl.fast = fast
 		b.mu.Unlock()
+		if fast {
+			// The one node before it is gone, and no other can come
+			// before it: its turn, and its grant needs no read of the
+			// children. (A hold comes only from that node, in the same
+			// multi as its deletion and after a write to it, which this
+			// watch reports instead: a data change, read again below.)
+			b.tellTurn(pl)
+			return
+		}
 		b.evaluate(pl, nil)
 	})
 }

@@ -149,6 +149,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	err := b.call(ctx, func() {
 		_, merr = b.conn.Multi(
 			&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: b.acl, Flags: zk.FlagPersistent},
+			// A write to the claim before its deletion: the waiter
+			// behind it hears of a data change, not of a deletion, so
+			// that it reads the children and finds the hold (see
+			// armPlace).
+			&zk.SetDataRequest{Path: c.path, Version: -1},
 			&zk.DeleteRequest{Path: c.path, Version: -1},
 		)
 	}, nil)

@@ -73,6 +73,10 @@ func (b *Backend) keep(ctx context.Context, key, p string, until int64, token ui
 	if cerr := b.call(ctx, func() {
 		_, err = b.conn.Multi(
 			&zk.CreateRequest{Path: hold, Data: holdData(token, owner), Acl: b.acl, Flags: zk.FlagPersistent},
+			// A write to the claim before its deletion: the waiter
+			// behind it hears of a data change, not of a deletion, and
+			// reads the children, where it finds the hold.
+			&zk.SetDataRequest{Path: p, Version: -1},
 			&zk.DeleteRequest{Path: p, Version: -1},
 		)
 	}, nil); cerr != nil {
