@@ -320,6 +320,18 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	}
 }
 
+// heldWindow times b.N windows of the held leases' renewals.
+func heldWindow(b *testing.B) time.Duration {
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		time.Sleep(window * renewInterval)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	return elapsed
+}
+
 // Sizes of BenchmarkHold1000.
 const (
 	leases        = 1000
@@ -462,13 +474,7 @@ func hold(b *testing.B, s, which string) {
 		srvCPU0 = must(st.serverCPU(ctx))
 	}
 	trips0, cpu0 := trips(), cpuTime()
-	b.ResetTimer()
-	start := time.Now()
-	for range b.N {
-		time.Sleep(window * renewInterval)
-	}
-	elapsed := time.Since(start)
-	b.StopTimer()
+	elapsed := heldWindow(b)
 	trips1, cpu1 := trips(), cpuTime()
 	if st.serverCPU != nil {
 		used := must(st.serverCPU(ctx)) - srvCPU0

@@ -252,13 +252,7 @@ func zkHold(b *testing.B, which string) {
 	}
 	time.Sleep(renewInterval * 3 / 2)
 	w0, r0, p0 := st.writes(), cnt.reqs.Load(), cnt.pings.Load()
-	b.ResetTimer()
-	start := time.Now()
-	for range b.N {
-		time.Sleep(window * renewInterval)
-	}
-	elapsed := time.Since(start)
-	b.StopTimer()
+	elapsed := heldWindow(b)
 	intervals := elapsed.Seconds() / renewInterval.Seconds()
 	b.ReportMetric(float64(st.writes()-w0)/intervals, "srv-writes/interval")
 	b.ReportMetric(float64(cnt.reqs.Load()-r0)/intervals, "client-reqs/interval")

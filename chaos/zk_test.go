@@ -76,14 +76,17 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		for _, k := range keys {
 			// Each child's czxid (a claim's fencing token) before it is
 			// deleted; a sequential node's name is never reused under its
-			// parent, so a delete that succeeds removed that node.
-			rm := removal{key: k, sent: time.Now()}
+			// parent, so a delete that succeeds removed that node. One
+			// record per node, with the time of its own deletion: the
+			// waiter behind a deleted claim may be granted before the
+			// next child's deletion is sent.
 			parent := layout.KeyPath(k)
 			names, _, err := direct.Children(parent)
 			if err != nil && !errors.Is(err, zk.ErrNoNode) {
 				return out, err
 			}
 			for _, n := range names {
+				rm := removal{key: k, sent: time.Now()}
 				ok, st, err := direct.Exists(parent + "/" + n)
 				if err != nil {
 					return out, err
@@ -97,9 +100,9 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 				} else if !errors.Is(err, zk.ErrNoNode) {
 					return out, err
 				}
+				rm.done = time.Now()
+				out = append(out, rm)
 			}
-			rm.done = time.Now()
-			out = append(out, rm)
 		}
 		return out, nil
 	}

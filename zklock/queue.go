@@ -41,6 +41,7 @@ type place struct {
 	sid         int64
 	limit       int
 	version     int32 // of the node's data, as this backend last wrote it
+	claimData   bool  // created with a claim's data: rewritten when it waits
 	until       time.Time
 	timer       *time.Timer
 	stop        chan struct{} // closed when the place ends
@@ -68,6 +69,9 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 	if pl != nil && (pl.limit != req.Limit || (pl.path != "" && pl.sid != b.conn.SessionID())) {
 		// Another limit, or a place that went with its session.
 		b.dropPlaceLocked(pk, pl)
+		if pl.path != "" {
+			b.bgDelete(pl.path, pl.sid)
+		}
 		pl = nil
 	}
 	if pl != nil {
@@ -128,7 +132,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 				return core.Lease{}, err
 			}
 			b.forget(req.OwnerToken) // recorded again once granted
-			pl = b.newPlace(pk, req, &place{path: c.path, name: c.path[len(parent)+1:], sid: c.sid}, sent)
+			pl = b.newPlace(pk, req, &place{path: c.path, name: c.path[len(parent)+1:], sid: c.sid, claimData: !contended}, sent)
 			fresh = !contended
 		} else {
 			now = b.serverNow()
@@ -170,17 +174,17 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 			return b.grant(ctx, req, pk, pl, c, fresh, ttl, sent)
 		}
 		// Busy: the place stays in line, as a waiting place.
-		if fresh {
+		if pl.claimData {
 			var st *zk.Stat
 			var serr error
-			if cerr := b.call(ctx, func() { st, serr = b.conn.Set(pl.path, waitData(req.Owner), 0) }, nil); cerr != nil {
+			if cerr := b.call(ctx, func() { st, serr = b.conn.Set(pl.path, waitData(req.Owner), pl.version) }, nil); cerr != nil {
 				return core.Lease{}, cerr
 			}
 			if serr != nil {
 				b.leavePlace(ctx, pk, pl)
 				return core.Lease{}, serr
 			}
-			pl.version = st.Version
+			pl.version, pl.claimData = st.Version, false
 		}
 		b.mu.Lock()
 		b.busyAt[req.Key] = time.Now()
@@ -446,7 +450,9 @@ func (b *Backend) evaluate(pl *place, names []string) {
 		}
 	}
 	b.mu.Lock()
-	pl.settled = true
+	// A hold ends by time, not by a deletion: its end is checked on the
+	// store (the busy answer's remaining time).
+	pl.settled = len(holds) == 0
 	b.mu.Unlock()
 	if dataWatch != "" {
 		b.armPlace(ctx, pl, parent+"/"+dataWatch, true)
