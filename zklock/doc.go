@@ -198,6 +198,11 @@
 //
 //   - A lease is not a fence: pass Session.Token to the resource you
 //     protect and have it reject smaller tokens.
+//   - Permit tokens out of line order. A semaphore's grant rule lets a
+//     later waiter take a free permit while an earlier one, also let in,
+//     has not claimed it yet; the earlier one's token, its node's czxid, is
+//     then below one already handed out for the key. (Mutex grants go in
+//     line order: their tokens increase.)
 //   - The guarantees above assume clocks that run at the same rate and a
 //     leader clock that does not step by more than TTL − RenewDeadline; a
 //     failover to a leader whose clock is off by more than that shortens or
