@@ -75,8 +75,15 @@
 //     force, and a busy claim then deletes itself: busy, with the permit
 //     that expires first. Release is one delete; renewal is one multi for
 //     all locks and permits of the Locker.
-//   - Fencing tokens are the claims' czxids, as for locks: strictly
-//     increasing per key across permits and across mutex use.
+//   - Fencing tokens are the claims' czxids, as for locks, except for a
+//     permit granted after its claim was made: a waiter's place (the
+//     grant rule lets a later waiter take a free permit before an earlier
+//     one), or a claim judged after another permit's grant. Its grant is a
+//     multi that writes the key node and rewrites the claim ("1g…", and
+//     "1t<token>…" on each renewal), and its token is that write's zxid.
+//     Tokens so strictly increase per key, in the order of the grants,
+//     across permits and across mutex use. (Mutex grants go in line
+//     order: a waiter's czxid is its token.)
 //   - A permit claim that finds a mutex in force below it (or a mutex
 //     hold), or permits or permit holds of another limit, and a mutex
 //     claim that finds a permit in force below it (or a permit hold), fail
@@ -198,11 +205,6 @@
 //
 //   - A lease is not a fence: pass Session.Token to the resource you
 //     protect and have it reject smaller tokens.
-//   - Permit tokens out of line order. A semaphore's grant rule lets a
-//     later waiter take a free permit while an earlier one, also let in,
-//     has not claimed it yet; the earlier one's token, its node's czxid, is
-//     then below one already handed out for the key. (Mutex grants go in
-//     line order: their tokens increase.)
 //   - The guarantees above assume clocks that run at the same rate and a
 //     leader clock that does not step by more than TTL − RenewDeadline; a
 //     failover to a leader whose clock is off by more than that shortens or

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // Layout under the root (default "/dislock"):
@@ -176,6 +178,37 @@ func holdData(token uint64, owner string) []byte {
 	return []byte("1\n" + strconv.FormatUint(token, 10) + "\n" + owner)
 }
 
+// grantData is the data a semaphore's permit is granted with after its
+// claim was made (a waiter's place, or a claim judged after another grant):
+// its fencing token is the zxid of that write (its mzxid until its first
+// renewal), so that permit tokens increase in the order of the grants,
+// which waiters may take out of line order.
+func grantData(ttl time.Duration, owner string) []byte {
+	return append([]byte("1g"), claimData(ttl, owner)[1:]...)
+}
+
+// tokenData is the data a renewal writes to a permit granted so: the
+// token itself.
+func tokenData(ttl time.Duration, token uint64, owner string) []byte {
+	return append([]byte("1t"+strconv.FormatUint(token, 10)), claimData(ttl, owner)[1:]...)
+}
+
+// ClaimToken is the fencing token of the claim node whose data and stat
+// these are: its czxid, or, for a permit granted after its claim, the zxid
+// of its grant (see grantData). For operators and tests.
+func ClaimToken(data []byte, st *zk.Stat) uint64 {
+	first, _, _ := strings.Cut(string(data), "\n")
+	switch {
+	case first == "1g":
+		return uint64(st.Mzxid)
+	case strings.HasPrefix(first, "1t"):
+		if t, err := strconv.ParseUint(first[2:], 10, 64); err == nil {
+			return t
+		}
+	}
+	return uint64(st.Czxid)
+}
+
 // waitData is the data of a waiting place in line.
 func waitData(owner string) []byte { return []byte("2\n0\n" + owner) }
 
@@ -187,7 +220,7 @@ var errBadData = errors.New("zklock: node data not written by zklock")
 // parseData reads either format: the number and the owner.
 func parseData(b []byte) (n int64, owner string, err error) {
 	parts := strings.SplitN(string(b), "\n", 3)
-	if len(parts) != 3 || parts[0] != "1" {
+	if len(parts) != 3 || (parts[0] != "1" && parts[0] != "1g" && !strings.HasPrefix(parts[0], "1t")) {
 		return 0, "", errBadData
 	}
 	n, err = strconv.ParseInt(parts[1], 10, 64)

@@ -145,7 +145,11 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 			noDrop := func() <-chan error { return nil }
 			for {
 				if req.Limit > 1 {
-					v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit)
+					mine := int64(0)
+					if fresh {
+						mine = int64(c.token)
+					}
+					v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit, mine)
 				} else {
 					v, err = b.judge(ctx, req.Key, parent, ours, now, noDrop)
 				}
@@ -171,7 +175,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 			b.leavePlace(ctx, pk, pl)
 			return core.Lease{}, core.LimitMismatch(req.Key, v.mismatch, max(req.Limit, 1))
 		case v.held:
-			return b.grant(ctx, req, pk, pl, c, fresh, ttl, sent)
+			return b.grant(ctx, req, pk, pl, c, fresh && !v.regrant, ttl, sent)
 		}
 		// Busy: the place stays in line, as a waiting place.
 		if pl.claimData {
@@ -322,7 +326,15 @@ func (b *Backend) grant(ctx context.Context, req core.AcquireRequest, pk string,
 	if !fresh {
 		var st *zk.Stat
 		var err error
-		if cerr := b.call(ctx, func() { st, err = b.conn.Set(pl.path, claimData(ttl, req.Owner), pl.version) }, nil); cerr != nil {
+		write := func() { st, err = b.conn.Set(pl.path, claimData(ttl, req.Owner), pl.version) }
+		if req.Limit > 1 {
+			// A permit's token is its grant's zxid: waiters may take
+			// permits out of line order (see grantData).
+			write = func() {
+				st, err = b.grantWrite(context.Background(), b.keyPath(req.Key), pl.path, grantData(ttl, req.Owner), pl.version)
+			}
+		}
+		if cerr := b.call(ctx, write, nil); cerr != nil {
 			// Not granted: the node goes (a delete sent after the grant
 			// reaches the server after it).
 			b.bgDelete(pl.path, pl.sid)
@@ -336,6 +348,9 @@ func (b *Backend) grant(ctx context.Context, req core.AcquireRequest, pk string,
 			return core.Lease{}, err
 		}
 		c = &claim{path: pl.path, sid: pl.sid, token: uint64(st.Czxid), acqMs: st.Mtime}
+		if req.Limit > 1 {
+			c.token, c.tokenData = uint64(st.Mzxid), true
+		}
 		b.sampleClock(st.Mtime)
 	}
 	c.key, c.owner, c.limit, c.acqLocal = req.Key, req.Owner, req.Limit, sent

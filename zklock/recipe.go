@@ -66,6 +66,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	parent := b.keyPath(req.Key)
 	tok := encodeName(req.OwnerToken)
 	var c *claim
+	regrant := false
 	for round := 0; ; round++ {
 		var (
 			only bool
@@ -104,7 +105,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		ours, _ := parseChild(created[len(parent)+1:])
 		var v verdict
 		if permit {
-			v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit)
+			v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit, int64(c.token))
 		} else {
 			v, err = b.judge(ctx, req.Key, parent, ours, now, func() <-chan error { return b.dropAsync(created) })
 		}
@@ -116,6 +117,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			return core.Lease{}, err
 		}
 		if v.held {
+			regrant = v.regrant
 			break
 		}
 		if v.mismatch > 0 {
@@ -131,6 +133,17 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			b.bgDelete(created, sid)
 			return core.Lease{}, core.Busy(req.Key, nil)
 		}
+	}
+	if regrant {
+		// Another permit may have been granted after our claim was made,
+		// with a larger token: take one after it.
+		st, err := b.grantWrite(ctx, parent, c.path, grantData(ttl, req.Owner), -1)
+		if err != nil {
+			return core.Lease{}, err // the engine releases the claim by its owner token
+		}
+		b.mu.Lock()
+		c.token, c.tokenData = uint64(st.Mzxid), true
+		b.mu.Unlock()
 	}
 	lease := core.Lease{Token: c.token, AcquiredAt: msTime(c.acqMs), ExpiresAt: msTime(c.acqMs).Add(ttl)}
 	if !slot && permit {
@@ -169,6 +182,35 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	}
 	lease.ExpiresAt = msTime(until)
 	return lease, nil
+}
+
+// grantWrite grants the permit whose claim is at p with data (grantData),
+// guarded by version (-1: any): one multi with a write to the key node, so
+// that a claim judged after it sees that a grant came after it. The stat
+// is the claim's: its mzxid is the permit's token.
+func (b *Backend) grantWrite(ctx context.Context, parent, p string, data []byte, version int32) (*zk.Stat, error) {
+	var res []zk.MultiResponse
+	var err error
+	if cerr := b.call(ctx, func() {
+		res, err = b.conn.Multi(
+			&zk.SetDataRequest{Path: parent, Data: nil, Version: -1},
+			&zk.SetDataRequest{Path: p, Data: data, Version: version},
+		)
+	}, nil); cerr != nil {
+		return nil, cerr
+	}
+	if err != nil {
+		for _, r := range res {
+			if r.Error != nil && !errors.Is(r.Error, zk.ErrAPIError) {
+				return nil, r.Error
+			}
+		}
+		return nil, err
+	}
+	if len(res) != 2 || res[1].Stat == nil {
+		return nil, errors.New("unexpected multi reply")
+	}
+	return res[1].Stat, nil
 }
 
 // waitDropped waits for the deletion of a given-up claim, or for ctx: a
@@ -274,6 +316,7 @@ type verdict struct {
 	dropped  <-chan error // our claim is being deleted: its outcome
 	retry    bool         // free after all, but our claim was dropped
 	gone     bool         // our claim is gone (force release)
+	regrant  bool         // a permit: another grant may have come after our claim
 	names    []string     // the key's children as judged
 }
 
@@ -362,7 +405,7 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 			return v, err
 		}
 		ttl, owner, perr := parseData(data)
-		info := &core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}
+		info := &core.Info{Key: key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime)}
 		v.mismatch = l.limit // in force, if a permit: a semaphore holds the key
 		if perr != nil {     // not ours to judge: in force
 			b.armWatch(p, key, ch)

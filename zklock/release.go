@@ -149,7 +149,7 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 				errs = append(errs, err)
 				continue
 			}
-			if err := b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), uint64(st.Czxid), owner, tok, c.limit); !errors.Is(err, core.ErrLeaseGone) {
+			if err := b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), ClaimToken(data, st), owner, tok, c.limit); !errors.Is(err, core.ErrLeaseGone) {
 				errs = append(errs, err)
 				found = found || err == nil
 			}

@@ -200,6 +200,9 @@ type claim struct {
 	acqMs    int64     // server time of the claim's creation
 	acqLocal time.Time // local time when the acquire was sent
 	limit    int       // a permit's semaphore limit; 0 or 1 for a mutex
+	// tokenData: a permit whose token is its grant's zxid, which every
+	// renewal writes into its data (grantData, tokenData).
+	tokenData bool
 }
 
 var (

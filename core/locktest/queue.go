@@ -709,15 +709,17 @@ func (q *semQueue) req(waiter string) core.AcquireRequest {
 	return r
 }
 
-func (q *semQueue) grant(b core.Backend, r core.AcquireRequest, what string) {
+func (q *semQueue) grant(b core.Backend, r core.AcquireRequest, what string) core.Lease {
 	q.t.Helper()
-	if _, err := b.TryAcquire(q.ctx, r); err != nil {
+	l, err := b.TryAcquire(q.ctx, r)
+	if err != nil {
 		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want granted", q.rule, what, err)
 	}
 	q.held = append(q.held, r)
 	q.t.Cleanup(func() {
 		b.Release(context.Background(), core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: semQueueLimit})
 	})
+	return l
 }
 
 func (q *semQueue) busy(b core.Backend, r core.AcquireRequest, what string) {
@@ -751,11 +753,16 @@ func testQueueSemaphoreGrant(t *testing.T, e *env) {
 	q.releaseHeld(0)
 	q.releaseHeld(1) // two permits free, three waiters
 	q.busy(q.wait, q.req(w3), "the third waiter, two waiters before it and two permits free")
-	q.grant(q.wait, q.req(w2), "the second waiter, one waiter before it and two permits free")
+	l2 := q.grant(q.wait, q.req(w2), "the second waiter, one waiter before it and two permits free")
 	// w2 is out of line: one permit free, w1 first, w3 behind it.
 	q.busy(q.wait, q.req(w3), "the third waiter, one waiter before it and one permit free")
 	q.busy(q.holder, q.req(""), "a claim without a Waiter while live waiters hold every free permit's turn")
-	q.grant(q.wait, q.req(w1), "the first waiter, nobody before it and one permit free")
+	l1 := q.grant(q.wait, q.req(w1), "the first waiter, nobody before it and one permit free")
+	// Tokens increase in the order of the grants, not of the line
+	// (core.SemaphoreBackend).
+	if !e.h.NoFencing && l1.Token <= l2.Token {
+		t.Errorf("rule %q: the first waiter, granted after the second, got token %d after %d", rule, l1.Token, l2.Token)
+	}
 	q.busy(q.wait, q.req(w3), "the last waiter on a full semaphore")
 	if err := q.wait.Leave(q.ctx, q.key, w3); err != nil {
 		t.Errorf("rule %q: Leave = %v", rule, err)
