@@ -557,23 +557,7 @@ func (b *Backend) tellTurn(pl *place) {
 // backend's own waiters (a ZooKeeper waiter watches the node before its
 // own; no other process hears of its turn). ready is called at once.
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
-	b.mu.Lock()
-	id := b.nextSub
-	b.nextSub++
-	b.turnSubs[id] = fn
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		delete(b.turnSubs, id)
-		b.mu.Unlock()
-	}()
-	ready()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-b.done:
-		return errClosed
-	}
+	return b.subscribed(ctx, ready, func(id int) { b.turnSubs[id] = fn }, func(id int) { delete(b.turnSubs, id) })
 }
 
 // Leave implements core.Queuer: it deletes waiter's place in key's line,
