@@ -18,7 +18,7 @@ import (
 // reqs counts the commands (Redis) or statements (PostgreSQL) the contender's
 // client has sent so far.
 func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *store, which string, reqs func() int64)) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range []string{"redis", "pg", "zk"} {
 		for _, which := range names[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
 				st, reqs := counted(b, s)
@@ -37,6 +37,10 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 		st.sent = h.sent
 		return st, h.cmds.Load
 	}
+	if s == "zk" {
+		cnt := &zkCounter{}
+		return zkStore(b, cnt), cnt.reqs.Load
+	}
 	t := &statementCount{}
 	return pgStore(b, benchPG(b), t), t.n.Load
 }
@@ -50,7 +54,7 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-var all = map[string][]string{"redis": redisContenders, "pg": pgContenders}
+var all = map[string][]string{"redis": redisContenders, "pg": pgContenders, "zk": zkContenders}
 
 func bg(b *testing.B) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -216,6 +220,9 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 // from 64 goroutines: how close a failed try comes to one cheap round trip.
 func BenchmarkHotKey(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
+		if st.name == "zk" && which == "zklock" {
+			b.Skip("zk.Lock has no try-lock")
+		}
 		c := contenderFor(b, st, which)
 		key := name(which, "hot")
 		var won atomic.Int64
@@ -289,6 +296,7 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 var handoffContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "dislock-async", "ttlrow", "advisory"},
+	"zk":    {"dislock", "zklock"},
 }
 
 // BenchmarkHandoff: 16 goroutines, each its own Locker (as 16 processes
@@ -299,7 +307,7 @@ var handoffContenders = map[string][]string{
 // client's commands (Redis) or statements (PostgreSQL) per acquisition,
 // polling included.
 func BenchmarkHandoff(b *testing.B) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range []string{"redis", "pg", "zk"} {
 		for _, which := range handoffContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
 				st, reqs := counted(b, s)
@@ -337,6 +345,10 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	)
 	remaining.Store(int64(b.N))
 	reqs0 := reqs()
+	var writes0 int64
+	if st.writes != nil {
+		writes0 = st.writes()
+	}
 	b.ResetTimer()
 	for g := range waiters {
 		wg.Go(func() {
@@ -391,6 +403,21 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	b.ReportMetric(float64(p50)/float64(rtt), "p50-x-rtt")
 	b.ReportMetric(float64(p99)/float64(rtt), "p99-x-rtt")
 	b.ReportMetric(float64(reqs()-reqs0)/float64(b.N), "reqs/acq")
+	if st.writes != nil {
+		b.ReportMetric(float64(st.writes()-writes0)/float64(b.N), "srv-writes/acq")
+	}
+}
+
+// heldWindow times b.N windows of the held leases' renewals.
+func heldWindow(b *testing.B) time.Duration {
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		time.Sleep(window * renewInterval)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	return elapsed
 }
 
 // Sizes of BenchmarkHold1000.
@@ -404,6 +431,7 @@ const (
 var holdContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "ttlrow"},
+	"zk":    {"dislock", "zklock"},
 }
 
 // BenchmarkHold1000 holds 1,000 leases of a 3 s TTL, renewed every second:
@@ -414,7 +442,7 @@ var holdContenders = map[string][]string{
 // database), the client's round trips (Redis; a pipeline counts once) or
 // statements (PostgreSQL), and the client's CPU time per lock and second.
 func BenchmarkHold1000(b *testing.B) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range []string{"redis", "pg", "zk"} {
 		for _, which := range holdContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) { hold(b, s, which) })
 		}
@@ -422,6 +450,10 @@ func BenchmarkHold1000(b *testing.B) {
 }
 
 func hold(b *testing.B, s, which string) {
+	if s == "zk" {
+		zkHold(b, which)
+		return
+	}
 	ctx := bg(b)
 	var (
 		st       *store
@@ -530,13 +562,7 @@ func hold(b *testing.B, s, which string) {
 		srvCPU0 = must(st.serverCPU(ctx))
 	}
 	trips0, cpu0 := trips(), cpuTime()
-	b.ResetTimer()
-	start := time.Now()
-	for range b.N {
-		time.Sleep(window * renewInterval)
-	}
-	elapsed := time.Since(start)
-	b.StopTimer()
+	elapsed := heldWindow(b)
 	trips1, cpu1 := trips(), cpuTime()
 	if st.serverCPU != nil {
 		used := must(st.serverCPU(ctx)) - srvCPU0

@@ -52,6 +52,10 @@ type store struct {
 	// counted).
 	commands func(ctx context.Context) (map[string]cmdStat, error)
 	sent     func() map[string]int64
+	// writes returns the server's write transactions so far (ZooKeeper
+	// only; nil elsewhere).
+	writes func() int64
+	zk     *zkCounter // ZooKeeper: counts the contenders' sessions
 }
 
 // redisStore connects to the benchmark's Redis; hook may be nil.
@@ -90,6 +94,9 @@ var (
 // of this run only; everything it opens closes at the end of tb.
 func contenderFor(tb testing.TB, st *store, which string) *contender {
 	tb.Helper()
+	if st.name == "zk" {
+		return zkContenderFor(tb, st, which)
+	}
 	switch st.name + "/" + which {
 	case "redis/dislock":
 		return dislockContender(tb, newDislockRedis(tb, st.rdb, ""))

@@ -74,32 +74,35 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 	env.deleteKeys = func(ctx context.Context, keys []string) ([]removal, error) {
 		var out []removal
 		for _, k := range keys {
-			// Each child's czxid (a claim's fencing token) before it is
+			// Each child's fencing token (zklock.ClaimToken) before it is
 			// deleted; a sequential node's name is never reused under its
-			// parent, so a delete that succeeds removed that node.
-			rm := removal{key: k, sent: time.Now()}
+			// parent, so a delete that succeeds removed that node. One
+			// record per node, with the time of its own deletion: the
+			// waiter behind a deleted claim may be granted before the
+			// next child's deletion is sent.
 			parent := layout.KeyPath(k)
 			names, _, err := direct.Children(parent)
 			if err != nil && !errors.Is(err, zk.ErrNoNode) {
 				return out, err
 			}
 			for _, n := range names {
-				ok, st, err := direct.Exists(parent + "/" + n)
+				rm := removal{key: k, sent: time.Now()}
+				data, st, err := direct.Get(parent + "/" + n)
+				if errors.Is(err, zk.ErrNoNode) {
+					continue
+				}
 				if err != nil {
 					return out, err
 				}
-				if !ok {
-					continue
-				}
 				err = direct.Delete(parent+"/"+n, -1)
 				if err == nil {
-					rm.tokens = append(rm.tokens, uint64(st.Czxid))
+					rm.tokens = append(rm.tokens, zklock.ClaimToken(data, st))
 				} else if !errors.Is(err, zk.ErrNoNode) {
 					return out, err
 				}
+				rm.done = time.Now()
+				out = append(out, rm)
 			}
-			rm.done = time.Now()
-			out = append(out, rm)
 		}
 		return out, nil
 	}

@@ -171,7 +171,8 @@ type ReleaseRequest struct {
 //   - A waiter whose place expired (its process died or stopped trying) is
 //     not live: it is skipped, and dropped by whoever rewrites the queue
 //     next. (QueueDeadWaiterSkipped.)
-//   - Turns. The first live waiter is told through WatchTurns, by name,
+//   - Turns. The first live waiter is told through WatchTurns, by name —
+//     of its own process at least; a store may tell every process —
 //     whenever the grant rule may now let it in: a Release of a key with
 //     live waiters, ForceRelease, a Leave of the first waiter of a
 //     claimable key, and a grant that leaves a permit free. Nothing else

@@ -62,8 +62,11 @@ func (b *Backend) holderOf(ctx context.Context, key, parent string, names []stri
 		if err != nil {
 			return nil, err
 		}
+		if isWaitData(data) {
+			continue // a place in line, not a holder
+		}
 		ttl, owner, perr := parseData(data)
-		info := &core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}
+		info := &core.Info{Key: key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime)}
 		if perr != nil {
 			return info, nil
 		}

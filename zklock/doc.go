@@ -30,8 +30,12 @@
 // it, in one multi with a write to the key node; that write's returned stat
 // carries the claim's zxid, the server time and the number of children. A
 // claim that is the only child holds the lock at once (one round trip);
-// otherwise the lowest claim in force holds it. A busy acquirer deletes its
-// claim again, while it reads the holder. A claim's name is unique per
+// otherwise the lowest claim in force holds it. A busy TryAcquire deletes
+// its claim again, while it reads the holder; a waiting Acquire keeps it as
+// its place in line (below). A key's container node is created before the
+// first claim of a key the backend has not used yet (ZooKeeper cannot
+// create a container in a multi), so that the claim does not fail for the
+// lack of it. A claim's name is unique per
 // session, so a release, a renewal or a stale retry can only ever touch the
 // node of its own session, never the next holder's; an acquire whose reply
 // was lost is found and undone by its owner token. A release that finds its
@@ -71,8 +75,15 @@
 //     force, and a busy claim then deletes itself: busy, with the permit
 //     that expires first. Release is one delete; renewal is one multi for
 //     all locks and permits of the Locker.
-//   - Fencing tokens are the claims' czxids, as for locks: strictly
-//     increasing per key across permits and across mutex use.
+//   - Fencing tokens are the claims' czxids, as for locks, except for a
+//     permit granted after its claim was made: a waiter's place (the
+//     grant rule lets a later waiter take a free permit before an earlier
+//     one), or a claim judged after another permit's grant. Its grant is a
+//     multi that writes the key node and rewrites the claim ("1g…", and
+//     "1t<token>…" on each renewal), and its token is that write's zxid.
+//     Tokens so strictly increase per key, in the order of the grants,
+//     across permits and across mutex use. (Mutex grants go in line
+//     order: a waiter's czxid is its token.)
 //   - A permit claim that finds a mutex in force below it (or a mutex
 //     hold), or permits or permit holds of another limit, and a mutex
 //     claim that finds a permit in force below it (or a permit hold), fail
@@ -82,9 +93,42 @@
 //     Info per permit; ForceRelease deletes every claim and hold of the
 //     key. The shortcuts below that answer busy without a request apply to
 //     mutexes only: a permit claim always asks the store.
-//   - The store-side waiter queue of core.Queuer is not implemented:
-//     waiters are woken by the watches their busy claims left on the
-//     permits in force and race, as for locks.
+//   - Waiters queue as for locks (below): a waiting permit claim is
+//     told its turn when no waiting place is before it and fewer than n
+//     nodes are in force below it with the permit holds; it watches the
+//     nearest waiting place before it (whose grant rewrites its data) or,
+//     when first, every node before it.
+//
+// # Waiters in line
+//
+// The Backend is a core.Queuer, the recipe's way. A waiting Acquire keeps
+// its claim node from one attempt to the next, named l-<waiter>-NNNNNNNNNN
+// (the engine's Waiter, the same on all its attempts, so that a create whose
+// reply was lost is found by its name), with the data "2\n0\n<owner>" while
+// it waits: its sequence number is its place in line, and the rule above
+// (the lowest in force hold) lets exactly the next one in, across
+// processes, in the order they came; a TryAcquire comes after every waiter
+// in line. The waiter's backend watches the node before its own and tells
+// the engine its turn through WatchTurns when it is first in line; no
+// other process hears of it. When that node was the only one before it and
+// is deleted, nothing can be before it any more, and the grant is one
+// write without a read (a min hold or a slot's hold comes only from that
+// node, in the multi that deletes it, after a write to it, which the
+// watch reports as a data change instead: the waiter reads the children
+// and finds the hold). The
+// grant rewrites the node as a claim ("1\n<ttl>\n<owner>"): that write
+// starts the lease on the server's clock, and the fencing token is the
+// node's czxid, which increases in the order of the line. A place whose
+// process died goes with its session; Leave (the Acquire gave up) deletes
+// it, and so does its own backend when its WaiterTTL runs out without an
+// attempt: the waiter behind is told at once, without a poll. Until its
+// watch fires, a queued mutex wait's refreshes are answered busy without a
+// request, except at the holder's expiry, which waiters poll for (a lease
+// that runs out deletes nothing). A place is live while its session is and
+// never judged by a TTL. Writes per hand-off: the waiter's create, its
+// grant, and the release. A wait whose guess that the key is busy was wrong
+// costs one write more (a claim rewritten as a place, or a place granted at
+// once).
 //
 // # Guarantees
 //
@@ -139,7 +183,8 @@
 //     force; ended holds are deleted by the next acquirer. Their ends are on
 //     the ZooKeeper leader's wall clock (Now writes <root>/clock and reads
 //     its mtime).
-//   - Release notifications (core.Watcher): a busy acquisition behind a
+//   - Release notifications (core.Watcher, for direct subscribers; a
+//     Locker follows turns instead): a busy TryAcquire behind a
 //     claim leaves a one-shot watch on the holder's claim, the one node
 //     whose deletion can free the lock (behind a min-hold or slot hold there
 //     is nothing to wait for but the hold's end, which the waiter's backoff
@@ -151,8 +196,10 @@
 //     gives its claim up while it reads the holder, so that it stands in the
 //     way of the others as briefly as possible.
 //   - No request for what the backend knows: while it holds a key itself,
-//     or has an acquisition of the key in flight, another TryAcquire of that
-//     key through the same Backend answers busy at once.
+//     or has a TryAcquire of the key in flight, another TryAcquire (one
+//     without a Waiter) of that key through the same Backend answers busy
+//     at once. A waiting Acquire is never answered so: it queues, and is
+//     told its turn.
 //
 // # Not guaranteed
 //

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // Layout under the root (default "/dislock"):
@@ -22,6 +24,15 @@ import (
 // data is "1\n<fencing token>\n<owner>"; it is in force until untilMs, which
 // is on the server clock. Permit claims and holds (semaphores, Limit > 1)
 // are the same with the semaphore's limit in their names.
+//
+// A waiting Acquire (core.Queuer) keeps its place in line as a claim node
+// named by its Waiter instead of an owner token, with the data
+// "2\n0\n<owner>" while it waits: live while its session is, never judged
+// by a TTL; the backend that made it deletes it when the wait leaves or its
+// WaiterTTL runs out unrefreshed. The grant rewrites it as a claim
+// ("1\n<ttl ms>\n<owner>"), which starts the lease on the server's clock.
+// The lowest nodes hold: a claim is granted when fewer nodes in force are
+// below it, with the holds, than the key has permits (one for a mutex).
 
 const (
 	claimPrefix      = "l-"
@@ -167,12 +178,49 @@ func holdData(token uint64, owner string) []byte {
 	return []byte("1\n" + strconv.FormatUint(token, 10) + "\n" + owner)
 }
 
+// grantData is the data a semaphore's permit is granted with after its
+// claim was made (a waiter's place, or a claim judged after another grant):
+// its fencing token is the zxid of that write (its mzxid until its first
+// renewal), so that permit tokens increase in the order of the grants,
+// which waiters may take out of line order.
+func grantData(ttl time.Duration, owner string) []byte {
+	return append([]byte("1g"), claimData(ttl, owner)[1:]...)
+}
+
+// tokenData is the data a renewal writes to a permit granted so: the
+// token itself.
+func tokenData(ttl time.Duration, token uint64, owner string) []byte {
+	return append([]byte("1t"+strconv.FormatUint(token, 10)), claimData(ttl, owner)[1:]...)
+}
+
+// ClaimToken is the fencing token of the claim node whose data and stat
+// these are: its czxid, or, for a permit granted after its claim, the zxid
+// of its grant (see grantData). For operators and tests.
+func ClaimToken(data []byte, st *zk.Stat) uint64 {
+	first, _, _ := strings.Cut(string(data), "\n")
+	switch {
+	case first == "1g":
+		return uint64(st.Mzxid)
+	case strings.HasPrefix(first, "1t"):
+		if t, err := strconv.ParseUint(first[2:], 10, 64); err == nil {
+			return t
+		}
+	}
+	return uint64(st.Czxid)
+}
+
+// waitData is the data of a waiting place in line.
+func waitData(owner string) []byte { return []byte("2\n0\n" + owner) }
+
+// isWaitData reports whether b is the data of a waiting place.
+func isWaitData(b []byte) bool { return len(b) >= 2 && b[0] == '2' && b[1] == '\n' }
+
 var errBadData = errors.New("zklock: node data not written by zklock")
 
 // parseData reads either format: the number and the owner.
 func parseData(b []byte) (n int64, owner string, err error) {
 	parts := strings.SplitN(string(b), "\n", 3)
-	if len(parts) != 3 || parts[0] != "1" {
+	if len(parts) != 3 || (parts[0] != "1" && parts[0] != "1g" && !strings.HasPrefix(parts[0], "1t")) {
 		return 0, "", errBadData
 	}
 	n, err = strconv.ParseInt(parts[1], 10, 64)

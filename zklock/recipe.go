@@ -37,6 +37,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		return core.Lease{}, invalidOption("Limit", "must be at most %d, got %d", core.MaxLimit, req.Limit)
 	}
 	permit := req.Limit > 1
+	if req.Waiter != "" && !slot {
+		return b.tryQueued(ctx, req, ttl)
+	}
 	if !permit {
 		// A mutex this backend holds is busy without a request. (A permit
 		// claim goes to the store: another permit may be free, and a
@@ -63,13 +66,14 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	parent := b.keyPath(req.Key)
 	tok := encodeName(req.OwnerToken)
 	var c *claim
+	regrant := false
 	for round := 0; ; round++ {
 		var (
 			only bool
 			now  int64
 			err  error
 		)
-		c, now, only, err = b.claim(ctx, req, parent, tok, ttl)
+		c, now, only, err = b.claim(ctx, req, parent, tok, ttl, claimData(ttl, req.Owner))
 		if err != nil {
 			return core.Lease{}, err
 		}
@@ -101,7 +105,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		ours, _ := parseChild(created[len(parent)+1:])
 		var v verdict
 		if permit {
-			v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit)
+			v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit, int64(c.token))
 		} else {
 			v, err = b.judge(ctx, req.Key, parent, ours, now, func() <-chan error { return b.dropAsync(created) })
 		}
@@ -113,6 +117,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			return core.Lease{}, err
 		}
 		if v.held {
+			regrant = v.regrant
 			break
 		}
 		if v.mismatch > 0 {
@@ -128,6 +133,17 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			b.bgDelete(created, sid)
 			return core.Lease{}, core.Busy(req.Key, nil)
 		}
+	}
+	if regrant {
+		// Another permit may have been granted after our claim was made,
+		// with a larger token: take one after it.
+		st, err := b.grantWrite(ctx, parent, c.path, grantData(ttl, req.Owner), -1)
+		if err != nil {
+			return core.Lease{}, err // the engine releases the claim by its owner token
+		}
+		b.mu.Lock()
+		c.token, c.tokenData = uint64(st.Mzxid), true
+		b.mu.Unlock()
 	}
 	lease := core.Lease{Token: c.token, AcquiredAt: msTime(c.acqMs), ExpiresAt: msTime(c.acqMs).Add(ttl)}
 	if !slot && permit {
@@ -146,6 +162,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	err := b.call(ctx, func() {
 		_, merr = b.conn.Multi(
 			&zk.CreateRequest{Path: hold, Data: holdData(c.token, req.Owner), Acl: b.acl, Flags: zk.FlagPersistent},
+			// A write to the claim before its deletion: the waiter
+			// behind it hears of a data change, not of a deletion, so
+			// that it reads the children and finds the hold (see
+			// armPlace).
+			&zk.SetDataRequest{Path: c.path, Version: -1},
 			&zk.DeleteRequest{Path: c.path, Version: -1},
 		)
 	}, nil)
@@ -163,6 +184,35 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	return lease, nil
 }
 
+// grantWrite grants the permit whose claim is at p with data (grantData),
+// guarded by version (-1: any): one multi with a write to the key node, so
+// that a claim judged after it sees that a grant came after it. The stat
+// is the claim's: its mzxid is the permit's token.
+func (b *Backend) grantWrite(ctx context.Context, parent, p string, data []byte, version int32) (*zk.Stat, error) {
+	var res []zk.MultiResponse
+	var err error
+	if cerr := b.call(ctx, func() {
+		res, err = b.conn.Multi(
+			&zk.SetDataRequest{Path: parent, Data: nil, Version: -1},
+			&zk.SetDataRequest{Path: p, Data: data, Version: version},
+		)
+	}, nil); cerr != nil {
+		return nil, cerr
+	}
+	if err != nil {
+		for _, r := range res {
+			if r.Error != nil && !errors.Is(r.Error, zk.ErrAPIError) {
+				return nil, r.Error
+			}
+		}
+		return nil, err
+	}
+	if len(res) != 2 || res[1].Stat == nil {
+		return nil, errors.New("unexpected multi reply")
+	}
+	return res[1].Stat, nil
+}
+
 // waitDropped waits for the deletion of a given-up claim, or for ctx: a
 // deletion still running then goes on in the background and deletes the
 // node when it gets through.
@@ -177,14 +227,21 @@ func waitDropped(ctx context.Context, dropped <-chan error) error {
 
 // claim creates the claim node of req and records it. It returns the server
 // time of the creation and whether the claim is the key's only child.
-func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, tok string, ttl time.Duration) (*claim, int64, bool, error) {
-	data := claimData(ttl, req.Owner)
+func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, tok string, ttl time.Duration, data []byte) (*claim, int64, bool, error) {
 	sid := b.conn.SessionID()
 	sent := time.Now()
 	var (
 		res []zk.MultiResponse
 		err error
 	)
+	if !b.knownParent(parent) {
+		// A key this backend has not used: create its container first
+		// (a node that exists already fails, at no harm), rather than let
+		// the claim fail for the lack of it and send it again.
+		if err := b.ensureParent(ctx, parent); err != nil {
+			return nil, 0, false, core.Unclaimed(fmt.Errorf("create %s: %w", parent, err))
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		cerr := b.call(ctx, func() {
 			res, err = b.conn.Multi(
@@ -215,6 +272,8 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 		return nil, 0, false, errors.New("unexpected multi reply")
 	}
 	st := res[1].Stat
+	b.sampleClock(st.Mtime)
+	b.markParent(parent)
 	after := b.conn.SessionID()
 	if sid == 0 {
 		// No session yet when the request was queued: it went out in the
@@ -256,6 +315,9 @@ type verdict struct {
 	info     *core.Info   // the holder, when busy and known
 	dropped  <-chan error // our claim is being deleted: its outcome
 	retry    bool         // free after all, but our claim was dropped
+	gone     bool         // our claim is gone (force release)
+	regrant  bool         // a permit: another grant may have come after our claim
+	names    []string     // the key's children as judged
 }
 
 // judge decides, from the children of parent, whether the claim ours
@@ -299,9 +361,9 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		}
 	}
 	if !found {
-		return verdict{}, nil // deleted meanwhile (force release): not ours
+		return verdict{gone: true}, nil // deleted meanwhile (force release): not ours
 	}
-	var v verdict
+	v := verdict{names: names}
 	if permitHold > 0 {
 		v.dropped = drop()
 		v.mismatch = permitHold // a semaphore's permit is held
@@ -343,7 +405,7 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 			return v, err
 		}
 		ttl, owner, perr := parseData(data)
-		info := &core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}
+		info := &core.Info{Key: key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime)}
 		v.mismatch = l.limit // in force, if a permit: a semaphore holds the key
 		if perr != nil {     // not ours to judge: in force
 			b.armWatch(p, key, ch)

@@ -73,6 +73,10 @@ func (b *Backend) keep(ctx context.Context, key, p string, until int64, token ui
 	if cerr := b.call(ctx, func() {
 		_, err = b.conn.Multi(
 			&zk.CreateRequest{Path: hold, Data: holdData(token, owner), Acl: b.acl, Flags: zk.FlagPersistent},
+			// A write to the claim before its deletion: the waiter
+			// behind it hears of a data change, not of a deletion, and
+			// reads the children, where it finds the hold.
+			&zk.SetDataRequest{Path: p, Version: -1},
 			&zk.DeleteRequest{Path: p, Version: -1},
 		)
 	}, nil); cerr != nil {
@@ -145,7 +149,7 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 				errs = append(errs, err)
 				continue
 			}
-			if err := b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), uint64(st.Czxid), owner, tok, c.limit); !errors.Is(err, core.ErrLeaseGone) {
+			if err := b.keep(ctx, req.Key, p, now.Add(req.Keep).UnixMilli(), ClaimToken(data, st), owner, tok, c.limit); !errors.Is(err, core.ErrLeaseGone) {
 				errs = append(errs, err)
 				found = found || err == nil
 			}

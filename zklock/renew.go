@@ -40,7 +40,11 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 			delete(b.claims, r.OwnerToken)
 			results[i] = core.Gone(r.Key, "the ZooKeeper session that held it ended")
 		default:
-			items = append(items, item{i, c.path, claimData(r.TTL, c.owner)})
+			data := claimData(r.TTL, c.owner)
+			if c.tokenData {
+				data = tokenData(r.TTL, c.token, c.owner)
+			}
+			items = append(items, item{i, c.path, data})
 		}
 	}
 	b.mu.Unlock()

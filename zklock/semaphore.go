@@ -33,15 +33,21 @@ var _ core.SemaphoreBackend = (*Backend)(nil)
 // (setting a watch on each one in force, so that its release wakes this
 // backend's waiters) until limit of them are in force: busy, with the
 // permit that expires first.
-func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours child, now int64, limit int) (verdict, error) {
+//
+// mine is the czxid of our claim when this attempt made it (0 otherwise):
+// when the key node was written after it, another permit may have been
+// granted since, and regrant says so.
+func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours child, now int64, limit int, mine int64) (verdict, error) {
 	var names []string
 	var err error
-	if cerr := b.call(ctx, func() { names, _, err = b.conn.Children(parent) }, nil); cerr != nil {
+	var pst *zk.Stat
+	if cerr := b.call(ctx, func() { names, pst, err = b.conn.Children(parent) }, nil); cerr != nil {
 		return verdict{}, cerr
 	}
 	if err != nil {
 		return verdict{}, err
 	}
+	regrant := pst != nil && mine > 0 && pst.Mzxid > mine
 	found := false
 	var lower, holds []child
 	mutexHold := false
@@ -67,7 +73,7 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 		}
 	}
 	if !found {
-		return verdict{}, nil // deleted meanwhile (force release): not ours
+		return verdict{gone: true}, nil // deleted meanwhile (force release): not ours
 	}
 	if mutexHold {
 		return verdict{mismatch: 1}, nil
@@ -84,7 +90,7 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 		}
 	}
 	if !read && len(holds)+len(lower) < limit {
-		return verdict{held: true}, nil
+		return verdict{held: true, names: names, regrant: regrant}, nil
 	}
 	sort.Slice(lower, func(i, j int) bool { return lower[i].seq < lower[j].seq })
 	var first *core.Info // in force, expires first
@@ -115,7 +121,7 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 			return verdict{}, err
 		}
 		ttl, owner, perr := parseData(data)
-		info := &core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}
+		info := &core.Info{Key: key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime)}
 		if l.limit > 1 {
 			info.Limit = l.limit
 		}
@@ -150,9 +156,9 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 		}
 	}
 	if count < limit {
-		return verdict{held: true}, nil
+		return verdict{held: true, names: names, regrant: regrant}, nil
 	}
-	return verdict{info: first}, nil
+	return verdict{info: first, names: names}, nil
 }
 
 // Holders implements core.SemaphoreBackend: the permits of key in force,
@@ -255,8 +261,11 @@ func (b *Backend) holdersOf(ctx context.Context, key, parent string, names []str
 		if gerr != nil {
 			return nil, gerr
 		}
+		if isWaitData(data) {
+			continue // a place in line, not a holder
+		}
 		ttl, owner, perr := parseData(data)
-		info := core.Info{Key: key, Owner: owner, Token: uint64(st.Czxid), AcquiredAt: msTime(st.Ctime)}
+		info := core.Info{Key: key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime)}
 		if perr == nil {
 			exp := st.Mtime + ttl
 			if exp <= now {

@@ -34,7 +34,9 @@ func (b *Backend) armWatch(p, key string, ch <-chan zk.Event) {
 		return
 	}
 	b.mu.Lock()
-	if _, ok := b.watches[p]; ok {
+	if _, ok := b.watches[p]; ok || len(b.subs) == 0 {
+		// Followed already, or nobody to tell: a Locker listens to
+		// turns (WatchTurns), not to these.
 		b.mu.Unlock()
 		return
 	}
@@ -164,14 +166,20 @@ func (b *Backend) notify(key string) {
 // holders' claims (see above), plus this backend's own releases. ready is
 // called at once.
 func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
+	return b.subscribed(ctx, ready, func(id int) { b.subs[id] = fn }, func(id int) { delete(b.subs, id) })
+}
+
+// subscribed registers a subscriber (add, under b.mu), calls ready, and
+// waits for ctx or Close; then remove (under b.mu) unregisters it.
+func (b *Backend) subscribed(ctx context.Context, ready func(), add, remove func(id int)) error {
 	b.mu.Lock()
 	id := b.nextSub
 	b.nextSub++
-	b.subs[id] = fn
+	add(id)
 	b.mu.Unlock()
 	defer func() {
 		b.mu.Lock()
-		delete(b.subs, id)
+		remove(id)
 		b.mu.Unlock()
 	}()
 	ready()

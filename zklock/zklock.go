@@ -155,7 +155,7 @@ func WithACL(acl []zk.ACL) Option {
 }
 
 // Backend is the ZooKeeper store for core's lease engine. It implements
-// core.Backend, core.Watcher, core.Admin and core.SemaphoreBackend, and is
+// core.Backend, core.Queuer, core.Admin and core.SemaphoreBackend, and is
 // safe for concurrent use.
 type Backend struct {
 	conn    *zk.Conn
@@ -178,6 +178,15 @@ type Backend struct {
 	trying  map[string]bool          // keys with an acquisition in flight
 	subs    map[int]func(key string) // Watch subscribers
 	nextSub int
+
+	places   map[string]*place                // placeKey(key, waiter) -> its place in line
+	turnSubs map[int]func(key, waiter string) // WatchTurns subscribers
+	busyAt   map[string]time.Time             // key -> when an attempt last found it busy
+
+	parents map[string]bool // container nodes of keys this backend claimed
+
+	skewMs  atomic.Int64 // server clock minus local, as of the last write's reply
+	skewSet atomic.Bool
 }
 
 // claim is a lock node this backend created and still tracks.
@@ -191,6 +200,9 @@ type claim struct {
 	acqMs    int64     // server time of the claim's creation
 	acqLocal time.Time // local time when the acquire was sent
 	limit    int       // a permit's semaphore limit; 0 or 1 for a mutex
+	// tokenData: a permit whose token is its grant's zxid, which every
+	// renewal writes into its data (grantData, tokenData).
+	tokenData bool
 }
 
 var (
@@ -498,6 +510,11 @@ func newBackend(root string, acl []zk.ACL) *Backend {
 		held:    make(map[string]*held),
 		trying:  make(map[string]bool),
 		subs:    make(map[int]func(string)),
+
+		places:   make(map[string]*place),
+		turnSubs: make(map[int]func(string, string)),
+		busyAt:   make(map[string]time.Time),
+		parents:  make(map[string]bool),
 	}
 }
 
@@ -525,6 +542,14 @@ func (b *Backend) Name() string { return "zookeeper" }
 // the backend's goroutines.
 func (b *Backend) Close() error {
 	b.closeOnce.Do(func() {
+		if !b.ownConn {
+			b.leaveAll() // the caller's session outlives the backend
+		}
+		b.mu.Lock()
+		for pk, pl := range b.places {
+			b.dropPlaceLocked(pk, pl)
+		}
+		b.mu.Unlock()
 		close(b.done)
 		if b.ownConn {
 			b.conn.Close()
@@ -598,6 +623,28 @@ func (b *Backend) keyPath(key string) string { return b.locks + "/" + encodeName
 // KeyPath is the znode under which key's claims and holds live (see the
 // package doc for the layout), for operators and tests.
 func (b *Backend) KeyPath(key string) string { return b.keyPath(key) }
+
+// maxParents bounds the container nodes a backend remembers.
+const maxParents = 10000
+
+// knownParent reports whether a claim under parent succeeded lately: the
+// container node is likely there (ZooKeeper deletes an empty one about a
+// minute after its last child went, and the claim then fails and creates it
+// again).
+func (b *Backend) knownParent(parent string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.parents[parent]
+}
+
+func (b *Backend) markParent(parent string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.parents) >= maxParents {
+		clear(b.parents)
+	}
+	b.parents[parent] = true
+}
 
 // ensureParent creates the container node of key and, when missing, the
 // persistent nodes above it.

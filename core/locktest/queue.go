@@ -349,7 +349,9 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	const rule = "on a Queuer a caller that did not wait never overtakes a queued waiter, nor after a ForceRelease or the expiry of the holder's lease; a release or a ForceRelease tells the first waiter, a grant takes it out of line; a Leave while the key is held, a release with nobody queued and an expiry send no turn; a free key with waiters is not held"
 	holder, waiter, other := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
 	k := e.key(t)
-	turns := watchTurns(t, rule, other, k)
+	// Turns are read where the waiters queued: a store need tell no other
+	// process (core.Queuer).
+	turns := watchTurns(t, rule, waiter, k)
 	ctx := ctxT(t, 30*time.Second)
 	req := func(waiterID string) core.AcquireRequest {
 		r := core.AcquireRequest{Key: k, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL}
@@ -406,7 +408,7 @@ func testQueueNoBarging(t *testing.T, e *env) {
 		}
 	}
 	busy(other, req(""), "a TryAcquire without Waiter while a waiter is queued on the free key")
-	busy(other, req(w2), "a second waiter while the first is queued on the free key")
+	busy(waiter, req(w2), "a second waiter while the first is queued on the free key")
 	g1 := req(w1)
 	l1 := grant(waiter, g1, "the first waiter on the free key")
 	if !e.h.NoFencing && l1.Token <= l0.Token {
@@ -416,8 +418,8 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	turns.expect(t, rule, "release with the second waiter queued", w2)
 	busy(holder, req(""), "a TryAcquire without Waiter while the second waiter is queued")
 	g2 := req(w2)
-	grant(other, g2, "the second waiter")
-	release(other, g2) // nobody queued: no turn
+	grant(waiter, g2, "the second waiter")
+	release(waiter, g2) // nobody queued: no turn
 	// Both grants took their waiter out of line: the key is anyone's.
 	h = req("")
 	grant(holder, h, "a TryAcquire once every waiter got its turn")
@@ -744,12 +746,12 @@ const semQueueLimit = 3
 
 func newSemQueue(t *testing.T, e *env, rule string) *semQueue {
 	t.Helper()
-	holder, wait, watch := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
+	holder, wait := rawQueuer(t, e), rawQueuer(t, e)
 	if _, ok := holder.(core.SemaphoreBackend); !ok {
 		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
 	}
 	q := &semQueue{t: t, rule: rule, key: e.key(t), holder: holder, wait: wait, ctx: ctxT(t, 30*time.Second)}
-	q.turns = watchTurns(t, rule, watch, q.key)
+	q.turns = watchTurns(t, rule, wait, q.key) // where the waiters queued
 	for range semQueueLimit {
 		r := q.req("")
 		q.grant(holder, r, "a holder's permit")
@@ -765,15 +767,17 @@ func (q *semQueue) req(waiter string) core.AcquireRequest {
 	return r
 }
 
-func (q *semQueue) grant(b core.Backend, r core.AcquireRequest, what string) {
+func (q *semQueue) grant(b core.Backend, r core.AcquireRequest, what string) core.Lease {
 	q.t.Helper()
-	if _, err := b.TryAcquire(q.ctx, r); err != nil {
+	l, err := b.TryAcquire(q.ctx, r)
+	if err != nil {
 		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want granted", q.rule, what, err)
 	}
 	q.held = append(q.held, r)
 	q.t.Cleanup(func() {
 		b.Release(context.Background(), core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: semQueueLimit})
 	})
+	return l
 }
 
 func (q *semQueue) busy(b core.Backend, r core.AcquireRequest, what string) {
@@ -807,11 +811,16 @@ func testQueueSemaphoreGrant(t *testing.T, e *env) {
 	q.releaseHeld(0)
 	q.releaseHeld(1) // two permits free, three waiters
 	q.busy(q.wait, q.req(w3), "the third waiter, two waiters before it and two permits free")
-	q.grant(q.wait, q.req(w2), "the second waiter, one waiter before it and two permits free")
+	l2 := q.grant(q.wait, q.req(w2), "the second waiter, one waiter before it and two permits free")
 	// w2 is out of line: one permit free, w1 first, w3 behind it.
 	q.busy(q.wait, q.req(w3), "the third waiter, one waiter before it and one permit free")
 	q.busy(q.holder, q.req(""), "a claim without a Waiter while live waiters hold every free permit's turn")
-	q.grant(q.wait, q.req(w1), "the first waiter, nobody before it and one permit free")
+	l1 := q.grant(q.wait, q.req(w1), "the first waiter, nobody before it and one permit free")
+	// Tokens increase in the order of the grants, not of the line
+	// (core.SemaphoreBackend).
+	if !e.h.NoFencing && l1.Token <= l2.Token {
+		t.Errorf("rule %q: the first waiter, granted after the second, got token %d after %d", rule, l1.Token, l2.Token)
+	}
 	q.busy(q.wait, q.req(w3), "the last waiter on a full semaphore")
 	if err := q.wait.Leave(q.ctx, q.key, w3); err != nil {
 		t.Errorf("rule %q: Leave = %v", rule, err)

@@ -1,0 +1,620 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dislock/dislock/core"
+)
+
+var _ core.Queuer = (*Backend)(nil)
+
+// Waiters in line (core.Queuer), the ZooKeeper recipe's way. A waiting
+// Acquire keeps its claim node, named by its Waiter, from one attempt to
+// the next: its sequence number is its place in line. The lowest nodes
+// hold (see judge and judgePermit), so a release lets exactly the next
+// waiter in, across processes, first come first served. The waiter's
+// backend watches the node before it (a mutex) and tells the waiter its
+// turn when it is first in line; when that node was the only one before it
+// and is deleted, the grant needs no read (see armPlace). A waiter whose process
+// dies goes with its session; one whose Acquire gave up is deleted (Leave),
+// and one whose Acquire stopped trying is deleted by its own backend when
+// its WaiterTTL runs out: the waiter behind is told at once, without a
+// poll.
+//
+// Semaphores follow the same queue: a waiter is told its turn when no
+// waiting place is before it and fewer nodes in force are, with the
+// holds, than the key has permits. It watches the nearest waiting place
+// before it (its grant rewrites the node's data) or, when first, every
+// node before it.
+
+// place is a waiting Acquire's node in line.
+type place struct {
+	key, waiter string
+	path, name  string // "" while uncertain: a create whose reply was lost
+	owner       string
+	sid         int64
+	limit       int
+	version     int32 // of the node's data, as this backend last wrote it
+	claimData   bool  // created with a claim's data: rewritten when it waits
+	until       time.Time
+	timer       *time.Timer
+	stop        chan struct{} // closed when the place ends
+
+	// Guarded by Backend.mu.
+	settled bool       // watches armed and nothing fired since
+	info    *core.Info // the holder the last judgement named
+	infoEnd time.Time  // local: when that holder's lease runs out
+	armed   map[string]bool
+	alone   bool // a mutex's place with one node before it and no hold
+	fast    bool // that node was deleted: granted without a read
+	evalMu  sync.Mutex
+}
+
+func placeKey(key, waiter string) string { return key + "\x00" + waiter }
+
+// tryQueued is TryAcquire for a waiting Acquire (req.Waiter set).
+func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl time.Duration) (core.Lease, error) {
+	sent := time.Now()
+	parent := b.keyPath(req.Key)
+	tok := encodeName(req.Waiter)
+	pk := placeKey(req.Key, req.Waiter)
+	b.mu.Lock()
+	pl := b.places[pk]
+	if pl != nil && (pl.limit != req.Limit || (pl.path != "" && pl.sid != b.conn.SessionID())) {
+		// Another limit, or a place that went with its session.
+		b.dropPlaceLocked(pk, pl)
+		if pl.path != "" {
+			b.bgDelete(pl.path, pl.sid)
+		}
+		pl = nil
+	}
+	if pl != nil {
+		b.refreshLocked(pl, sent.Add(req.WaiterTTL))
+		if pl.settled && pl.path != "" && req.Limit <= 1 && (pl.info == nil || time.Until(pl.infoEnd) > 0) {
+			// The node before it is still there (its watch has not
+			// fired): still busy, without a request. The holder's expiry
+			// (infoEnd) is checked on the store. (A semaphore's waiter may
+			// be let in by a release its watches do not see.)
+			var info *core.Info
+			if pl.info != nil {
+				i := *pl.info
+				i.Remaining = time.Until(pl.infoEnd)
+				info = &i
+			}
+			b.mu.Unlock()
+			return core.Lease{}, core.Busy(req.Key, info)
+		}
+		pl.settled = false
+	}
+	fast := pl != nil && pl.fast && pl.path != ""
+	if pl != nil {
+		pl.fast = false
+	}
+	_, contended := b.held[req.Key]
+	contended = contended || pl != nil || time.Since(b.busyAt[req.Key]) < time.Second
+	b.mu.Unlock()
+
+	if pl != nil && pl.path == "" {
+		if err := b.adopt(ctx, pl, parent, tok); err != nil {
+			return core.Lease{}, err
+		}
+		if pl.path == "" {
+			b.mu.Lock()
+			b.dropPlaceLocked(pk, pl)
+			b.mu.Unlock()
+			pl = nil
+		}
+	}
+	for round := 0; ; round++ {
+		var (
+			c     *claim
+			now   int64
+			only  bool
+			fresh bool // our node was created by this attempt with claim data
+			err   error
+		)
+		if pl == nil {
+			data := claimData(ttl, req.Owner)
+			if contended {
+				data = waitData(req.Owner)
+			}
+			c, now, only, err = b.claim(ctx, req, parent, tok, ttl, data)
+			if err != nil {
+				// The node may exist: remember the place as uncertain,
+				// so that the next attempt or Leave finds it by name.
+				b.newPlace(pk, req, &place{}, sent)
+				return core.Lease{}, err
+			}
+			b.forget(req.OwnerToken) // recorded again once granted
+			pl = b.newPlace(pk, req, &place{path: c.path, name: c.path[len(parent)+1:], sid: c.sid, claimData: !contended}, sent)
+			fresh = !contended
+		} else {
+			now = b.serverNow()
+		}
+		ours, _ := parseChild(pl.name)
+		var v verdict
+		if only || (fast && round == 0) {
+			v.held = true
+		} else {
+			noDrop := func() <-chan error { return nil }
+			for {
+				if req.Limit > 1 {
+					mine := int64(0)
+					if fresh {
+						mine = int64(c.token)
+					}
+					v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit, mine)
+				} else {
+					v, err = b.judge(ctx, req.Key, parent, ours, now, noDrop)
+				}
+				if err != nil || !v.retry {
+					break
+				}
+			}
+			if err != nil {
+				return core.Lease{}, err // the place stays
+			}
+		}
+		switch {
+		case v.gone:
+			b.mu.Lock()
+			b.dropPlaceLocked(pk, pl)
+			b.mu.Unlock()
+			pl = nil
+			if round == 0 {
+				continue // force-released or stolen: queue again
+			}
+			return core.Lease{}, core.Busy(req.Key, nil)
+		case v.mismatch > 0:
+			b.leavePlace(ctx, pk, pl)
+			return core.Lease{}, core.LimitMismatch(req.Key, v.mismatch, max(req.Limit, 1))
+		case v.held:
+			return b.grant(ctx, req, pk, pl, c, fresh && !v.regrant, ttl, sent)
+		}
+		// Busy: the place stays in line, as a waiting place.
+		if pl.claimData {
+			var st *zk.Stat
+			var serr error
+			if cerr := b.call(ctx, func() { st, serr = b.conn.Set(pl.path, waitData(req.Owner), pl.version) }, nil); cerr != nil {
+				return core.Lease{}, cerr
+			}
+			if serr != nil {
+				b.leavePlace(ctx, pk, pl)
+				return core.Lease{}, serr
+			}
+			pl.version, pl.claimData = st.Version, false
+		}
+		b.mu.Lock()
+		b.busyAt[req.Key] = time.Now()
+		if len(b.busyAt) > 4096 {
+			for k, at := range b.busyAt {
+				if time.Since(at) > time.Second {
+					delete(b.busyAt, k)
+				}
+			}
+		}
+		pl.info = v.info
+		if v.info != nil && v.info.Remaining > 0 {
+			pl.infoEnd = sent.Add(v.info.Remaining)
+		} else {
+			pl.info, pl.infoEnd = nil, time.Time{}
+		}
+		b.mu.Unlock()
+		b.evaluate(pl, v.names)
+		return core.Lease{}, core.Busy(req.Key, v.info)
+	}
+}
+
+// newPlace records pl as the place of the wait pk (replacing any), until
+// sent + WaiterTTL.
+func (b *Backend) newPlace(pk string, req core.AcquireRequest, pl *place, sent time.Time) *place {
+	pl.key, pl.waiter, pl.owner, pl.limit = req.Key, req.Waiter, req.Owner, req.Limit
+	pl.stop = make(chan struct{})
+	pl.armed = make(map[string]bool)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old := b.places[pk]; old != nil {
+		b.dropPlaceLocked(pk, old)
+	}
+	b.places[pk] = pl
+	pl.until = sent.Add(req.WaiterTTL)
+	pl.timer = time.AfterFunc(time.Until(pl.until), func() { b.expirePlace(pk, pl) })
+	return pl
+}
+
+// refreshLocked keeps pl until until.
+func (b *Backend) refreshLocked(pl *place, until time.Time) {
+	if until.After(pl.until) {
+		pl.until = until
+		pl.timer.Reset(time.Until(until))
+	}
+}
+
+// expirePlace ends a place whose WaiterTTL ran out: its wait stopped
+// trying. The node is deleted, which tells the waiter behind.
+func (b *Backend) expirePlace(pk string, pl *place) {
+	b.mu.Lock()
+	if b.places[pk] != pl {
+		b.mu.Unlock()
+		return
+	}
+	if left := time.Until(pl.until); left > 0 {
+		pl.timer.Reset(left)
+		b.mu.Unlock()
+		return
+	}
+	b.dropPlaceLocked(pk, pl)
+	b.mu.Unlock()
+	b.spawn(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		b.deletePlace(ctx, pl)
+	})
+}
+
+// dropPlaceLocked forgets pl without deleting its node.
+func (b *Backend) dropPlaceLocked(pk string, pl *place) {
+	if b.places[pk] == pl {
+		delete(b.places, pk)
+	}
+	select {
+	case <-pl.stop:
+	default:
+		close(pl.stop)
+		pl.timer.Stop()
+	}
+}
+
+// leavePlace forgets pl and deletes its node.
+func (b *Backend) leavePlace(ctx context.Context, pk string, pl *place) error {
+	b.mu.Lock()
+	b.dropPlaceLocked(pk, pl)
+	b.mu.Unlock()
+	return b.deletePlace(ctx, pl)
+}
+
+// deletePlace deletes the node of pl, found by its name when uncertain;
+// in the background when ctx is too short.
+func (b *Backend) deletePlace(ctx context.Context, pl *place) error {
+	if pl.path == "" {
+		parent := b.keyPath(pl.key)
+		if err := b.adopt(ctx, pl, parent, encodeName(pl.waiter)); err != nil || pl.path == "" {
+			return err
+		}
+	}
+	err := b.del(ctx, pl.path, -1)
+	if err != nil && !errors.Is(err, errClosed) {
+		b.bgDelete(pl.path, pl.sid)
+	}
+	return err
+}
+
+// adopt looks for the node of pl's waiter among the key's children (a
+// create whose reply was lost) and records it in pl when found.
+func (b *Backend) adopt(ctx context.Context, pl *place, parent, tok string) error {
+	names, err := b.children(ctx, parent, true)
+	if err != nil {
+		return err
+	}
+	sid := b.conn.SessionID()
+	for _, n := range names {
+		if c, ok := parseChild(n); ok && !c.hold && c.token == tok {
+			b.mu.Lock()
+			pl.path, pl.name, pl.sid, pl.version = parent+"/"+n, n, sid, -1
+			b.mu.Unlock()
+			return nil
+		}
+	}
+	return nil
+}
+
+// grant makes the place pl the lease of req: the node created by this
+// attempt with claim data holds as it is; a waiting place is rewritten as a
+// claim, which starts its lease now on the server's clock (a watch of the
+// waiter behind sees it: a grant that leaves a permit free passes the
+// turn).
+func (b *Backend) grant(ctx context.Context, req core.AcquireRequest, pk string, pl *place, c *claim, fresh bool, ttl time.Duration, sent time.Time) (core.Lease, error) {
+	b.mu.Lock()
+	b.dropPlaceLocked(pk, pl)
+	b.mu.Unlock()
+	if !fresh {
+		var st *zk.Stat
+		var err error
+		write := func() { st, err = b.conn.Set(pl.path, claimData(ttl, req.Owner), pl.version) }
+		if req.Limit > 1 {
+			// A permit's token is its grant's zxid: waiters may take
+			// permits out of line order (see grantData).
+			write = func() {
+				st, err = b.grantWrite(context.Background(), b.keyPath(req.Key), pl.path, grantData(ttl, req.Owner), pl.version)
+			}
+		}
+		if cerr := b.call(ctx, write, nil); cerr != nil {
+			// Not granted: the node goes (a delete sent after the grant
+			// reaches the server after it).
+			b.bgDelete(pl.path, pl.sid)
+			return core.Lease{}, cerr
+		}
+		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+			return core.Lease{}, core.Busy(req.Key, nil) // taken from it: queue again
+		}
+		if err != nil {
+			b.bgDelete(pl.path, pl.sid)
+			return core.Lease{}, err
+		}
+		c = &claim{path: pl.path, sid: pl.sid, token: uint64(st.Czxid), acqMs: st.Mtime}
+		if req.Limit > 1 {
+			c.token, c.tokenData = uint64(st.Mzxid), true
+		}
+		b.sampleClock(st.Mtime)
+	}
+	c.key, c.owner, c.limit, c.acqLocal = req.Key, req.Owner, req.Limit, sent
+	if b.conn.SessionID() != c.sid {
+		b.bgDelete(c.path, c.sid)
+		return core.Lease{}, errors.New("the ZooKeeper session changed during the acquire")
+	}
+	b.mu.Lock()
+	b.claims[req.OwnerToken] = c
+	b.mu.Unlock()
+	lease := core.Lease{Token: c.token, AcquiredAt: msTime(c.acqMs), ExpiresAt: msTime(c.acqMs).Add(ttl)}
+	if req.Limit <= 1 {
+		b.markHeld(req.Key, req.OwnerToken, core.Info{Key: req.Key, Owner: req.Owner, Token: c.token,
+			AcquiredAt: lease.AcquiredAt, ExpiresAt: lease.ExpiresAt}, ttl, sent)
+	}
+	return lease, nil
+}
+
+// evaluate decides, from the key's children (names; read when nil),
+// whether it is pl's turn, tells its waiter when it is, and
+// otherwise watches what must change first.
+func (b *Backend) evaluate(pl *place, names []string) {
+	pl.evalMu.Lock()
+	defer pl.evalMu.Unlock()
+	select {
+	case <-pl.stop:
+		return
+	default:
+	}
+	parent := b.keyPath(pl.key)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if names == nil {
+		var err error
+		names, err = b.children(ctx, parent, false)
+		if err != nil {
+			b.tellTurn(pl) // the attempt finds out
+			return
+		}
+	}
+	now := b.serverNow()
+	var before []child
+	found := false
+	var holds []string
+	for _, n := range names {
+		c, ok := parseChild(n)
+		switch {
+		case !ok:
+		case n == pl.name:
+			found = true
+		case c.hold:
+			if c.until > now {
+				holds = append(holds, n)
+			}
+		default:
+			if s, _ := parseChild(pl.name); c.seq < s.seq {
+				before = append(before, c)
+			}
+		}
+	}
+	if !found {
+		b.tellTurn(pl) // gone: the attempt queues again
+		return
+	}
+	sort.Slice(before, func(i, j int) bool { return before[i].seq < before[j].seq })
+	var watch []string // nodes whose deletion may make it pl's turn
+	var dataWatch string
+	limit := max(pl.limit, 1)
+	if limit == 1 {
+		if len(before) == 0 && len(holds) == 0 {
+			// First, and no node can come before it (nor a hold, which
+			// only a node before it makes): its grant needs no read.
+			b.mu.Lock()
+			pl.fast = true
+			b.mu.Unlock()
+			b.tellTurn(pl)
+			return
+		}
+		b.mu.Lock()
+		pl.alone = len(before) == 1 && len(holds) == 0
+		b.mu.Unlock()
+		if len(before) > 0 {
+			// A data watch: the node's grant (or renewal) has this place
+			// judged again, so that it knows when it is next (alone).
+			dataWatch = before[len(before)-1].name
+		} else {
+			watch = holds
+		}
+	} else {
+		// The nearest waiting place before pl, if any, must be granted or
+		// gone before it is pl's turn.
+		for i := len(before) - 1; i >= 0 && dataWatch == ""; i-- {
+			var data []byte
+			var err error
+			if cerr := b.call(ctx, func() { data, _, err = b.conn.Get(parent + "/" + before[i].name) }, nil); cerr != nil || (err != nil && !errors.Is(err, zk.ErrNoNode)) {
+				b.tellTurn(pl)
+				return
+			}
+			if err == nil && isWaitData(data) {
+				dataWatch = before[i].name
+			}
+		}
+		if dataWatch == "" {
+			if len(before)+len(holds) < limit {
+				b.tellTurn(pl)
+				return
+			}
+			for _, c := range before {
+				watch = append(watch, c.name)
+			}
+			watch = append(watch, holds...)
+		}
+	}
+	b.mu.Lock()
+	// A hold ends by time, not by a deletion: its end is checked on the
+	// store (the busy answer's remaining time).
+	pl.settled = len(holds) == 0
+	b.mu.Unlock()
+	if dataWatch != "" {
+		b.armPlace(ctx, pl, parent+"/"+dataWatch, true)
+	}
+	for _, n := range watch {
+		b.armPlace(ctx, pl, parent+"/"+n, false)
+	}
+}
+
+// armPlace sets a watch on p for pl: a data watch, which a grant fires,
+// or a child watch, which only the deletion of a node without children
+// fires (not the renewals of a claim). When it fires, pl is evaluated again.
+func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) {
+	b.mu.Lock()
+	id := p
+	if data {
+		id += "\x00d"
+	}
+	if pl.armed[id] {
+		b.mu.Unlock()
+		return
+	}
+	pl.armed[id] = true
+	b.mu.Unlock()
+	var ch <-chan zk.Event
+	var err error
+	exists := true
+	if cerr := b.call(ctx, func() {
+		if data {
+			exists, _, ch, err = b.conn.ExistsW(p)
+		} else {
+			_, _, ch, err = b.conn.ChildrenW(p)
+		}
+	}, nil); cerr != nil || err != nil || !exists {
+		// Gone already (or the store failed): evaluate again.
+		b.mu.Lock()
+		delete(pl.armed, id)
+		pl.settled = false
+		b.mu.Unlock()
+		b.spawn(func() { b.evaluate(pl, nil) })
+		return
+	}
+	b.spawn(func() {
+		var ev zk.Event
+		select {
+		case ev = <-ch:
+		case <-pl.stop:
+			return
+		case <-b.done:
+			return
+		}
+		b.mu.Lock()
+		delete(pl.armed, id)
+		pl.settled = false
+		fast := pl.alone && data && ev.Type == zk.EventNodeDeleted
+		pl.fast = fast
+		b.mu.Unlock()
+		if fast {
+			// The one node before it is gone, and no other can come
+			// before it: its turn, and its grant needs no read of the
+			// children. (A hold comes only from that node, in the same
+			// multi as its deletion and after a write to it, which this
+			// watch reports instead: a data change, read again below.)
+			b.tellTurn(pl)
+			return
+		}
+		b.evaluate(pl, nil)
+	})
+}
+
+// tellTurn tells the subscribers (WatchTurns) that it is pl's waiter's
+// turn.
+func (b *Backend) tellTurn(pl *place) {
+	b.mu.Lock()
+	pl.settled = false
+	fns := make([]func(string, string), 0, len(b.turnSubs))
+	for _, fn := range b.turnSubs {
+		fns = append(fns, fn)
+	}
+	b.mu.Unlock()
+	for _, fn := range fns {
+		fn(pl.key, pl.waiter)
+	}
+}
+
+// WatchTurns implements core.Queuer: fn is told the turns of this
+// backend's own waiters (a ZooKeeper waiter watches the node before its
+// own; no other process hears of its turn). ready is called at once.
+func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
+	return b.subscribed(ctx, ready, func(id int) { b.turnSubs[id] = fn }, func(id int) { delete(b.turnSubs, id) })
+}
+
+// Leave implements core.Queuer: it deletes waiter's place in key's line,
+// which tells the waiter behind it.
+func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
+	if err := core.ValidateKey(key); err != nil {
+		return err
+	}
+	pk := placeKey(key, waiter)
+	b.mu.Lock()
+	pl := b.places[pk]
+	b.mu.Unlock()
+	if pl == nil {
+		return nil
+	}
+	return b.leavePlace(ctx, pk, pl)
+}
+
+// leaveAll deletes every place of this backend (Close of a backend on the
+// caller's connection, whose session outlives it).
+func (b *Backend) leaveAll() {
+	b.mu.Lock()
+	var list []*place
+	for pk, pl := range b.places {
+		list = append(list, pl)
+		b.dropPlaceLocked(pk, pl)
+	}
+	b.mu.Unlock()
+	if len(list) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, pl := range list {
+		if pl.path != "" {
+			b.del(ctx, pl.path, -1)
+		}
+	}
+}
+
+// sampleClock records the server time ms of a write just answered: the
+// server's clock minus the local one, as of the reply (never ahead of the
+// server).
+func (b *Backend) sampleClock(ms int64) {
+	b.skewMs.Store(ms - time.Now().UnixMilli())
+	b.skewSet.Store(true)
+}
+
+// serverNow estimates the server's clock from the last write's reply; it
+// errs towards the past, so that nothing is judged expired early.
+func (b *Backend) serverNow() int64 {
+	if !b.skewSet.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if t, err := b.Now(ctx, ""); err == nil {
+			return t.UnixMilli()
+		}
+	}
+	return time.Now().UnixMilli() + b.skewMs.Load()
+}

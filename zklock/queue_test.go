@@ -1,0 +1,113 @@
+package zklock_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/zklock"
+)
+
+// attemptCounter counts the engine's claims (TryAcquire calls); the rest
+// of the Backend, its queue included, is the embedded one.
+type attemptCounter struct {
+	*zklock.Backend
+	n atomic.Int64
+}
+
+func (c *attemptCounter) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	c.n.Add(1)
+	return c.Backend.TryAcquire(ctx, req)
+}
+
+// TestWaitersOfOneLockerWaitInLine: 64 goroutines of one Locker waiting for
+// a key another of its sessions holds wait in the store's line instead of
+// trying again and again (a key this backend holds is busy here without a
+// request, which once made them spin), and each gets the key in turn after
+// the release.
+func TestWaitersOfOneLockerWaitInLine(t *testing.T) {
+	t.Parallel()
+	const waiters = 64
+	b := &attemptCounter{Backend: newBackend(t, singleConnect(t), testRoot(), zklock.WithSessionTimeout(6*time.Second))}
+	l, err := core.New(b, core.WithDefaults(core.TTL(b.MaxTTL())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := ctxT(t, 60*time.Second)
+	s, err := l.Acquire(ctx, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var got atomic.Int64
+	errs := make(chan error, waiters)
+	for range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := l.Acquire(ctx, "hot")
+			if err != nil {
+				errs <- err
+				return
+			}
+			got.Add(1)
+			w.Release(context.Background())
+		}()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for b.n.Load() < waiters+1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Over a window shorter than a queued wait's refresh (a third of the
+	// engine's 2 s queue TTL), the waiters in line make no attempt; a spin
+	// makes thousands.
+	n0 := b.n.Load()
+	time.Sleep(300 * time.Millisecond)
+	if n := b.n.Load() - n0; n > waiters {
+		t.Errorf("%d attempts in 300 ms by %d waiters while the key was held, want at most %d", n, waiters, waiters)
+	}
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got.Load() != waiters {
+		t.Fatalf("%d of %d waiters got the key", got.Load(), waiters)
+	}
+	t.Logf("%d attempts for %d acquisitions", b.n.Load(), waiters+1)
+}
+
+// TestFirstUseOfAKeyCreatesItsContainerFirst: a claim of a key this backend
+// never used creates the key's container node before the claim, so that the
+// claim does not fail for the lack of it: two requests, not three.
+func TestFirstUseOfAKeyCreatesItsContainerFirst(t *testing.T) {
+	t.Parallel()
+	var cnt counter
+	b := newBackend(t, singleConnect(t), testRoot(), zklock.WithDialer(cnt.dial))
+	ctx := ctxT(t, 30*time.Second)
+	acquire := func(key string) {
+		t.Helper()
+		req := core.AcquireRequest{Key: key, Owner: "t", OwnerToken: key + "-token", TTL: time.Second}
+		if _, err := b.TryAcquire(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: req.OwnerToken}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acquire("first") // creates the root's nodes
+	for _, key := range []string{"new", "new"} {
+		n0 := cnt.n.Load()
+		acquire(key)
+		if n := cnt.n.Load() - n0; n > 3 {
+			t.Errorf("acquire and release of key %q: %d requests, want at most 3", key, n)
+		}
+	}
+}
