@@ -225,15 +225,15 @@ func TestServers_Limit(t *testing.T) {
 	limitAcrossServers(t, e, la, lb)
 }
 
-// TestServers_Limit_Redislock: the same with the permits in the same Redis
-// (redislock), each server with its own Redis client.
-func TestServers_Limit_Redislock(t *testing.T) {
-	e := newEnv(t)
-	la, lb := redislockers(t)
-	if _, ok := la.(*core.Client).Backend().(core.SemaphoreBackend); !ok {
-		t.Skip("redislock has no semaphores yet")
-	}
-	limitAcrossServers(t, e, la, lb)
+// TestServers_Limit_Stores: the same with the permits in a store the
+// servers share (see forEachStore), each server with its own client.
+func TestServers_Limit_Stores(t *testing.T) {
+	forEachStore(t, func(t *testing.T, la, lb core.Locker) {
+		if _, ok := la.(*core.Client).Backend().(core.SemaphoreBackend); !ok {
+			t.Skip("no semaphores on this store")
+		}
+		limitAcrossServers(t, newEnv(t), la, lb)
+	})
 }
 
 func limitAcrossServers(t *testing.T, e *env, la, lb core.Locker) {

@@ -15,7 +15,9 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/integrations/asynqlock"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/mysqllock"
 	"github.com/dislock/dislock/redislock"
 )
 
@@ -192,12 +194,44 @@ func TestServers_OneAtATime(t *testing.T) {
 	oneAtATime(t, e, la, lb)
 }
 
-// TestServers_OneAtATime_Redislock: the same with the locks in the same
-// Redis (redislock), each server with its own Redis client.
-func TestServers_OneAtATime_Redislock(t *testing.T) {
-	e := newEnv(t)
-	la, lb := redislockers(t)
-	oneAtATime(t, e, la, lb)
+// TestServers_OneAtATime_Stores: the same with the locks in a store the
+// servers share, each server with its own client: the same Redis
+// (redislock), and MySQL.
+func TestServers_OneAtATime_Stores(t *testing.T) {
+	forEachStore(t, func(t *testing.T, la, lb core.Locker) { oneAtATime(t, newEnv(t), la, lb) })
+}
+
+// forEachStore runs fn with two Lockers on each shared store, as two
+// processes would have: Redis (redislock) and MySQL (mysqllock).
+func forEachStore(t *testing.T, fn func(t *testing.T, la, lb core.Locker)) {
+	for _, s := range []struct {
+		name    string
+		lockers func(t *testing.T) (core.Locker, core.Locker)
+	}{{"redislock", redislockers}, {"mysql", mysqllockers}} {
+		t.Run(s.name, func(t *testing.T) {
+			la, lb := s.lockers(t)
+			fn(t, la, lb)
+		})
+	}
+}
+
+// mysqllockers returns two Lockers on a lock table of its own on the MySQL
+// of testenv.MySQL, each with its own pool.
+func mysqllockers(t *testing.T) (core.Locker, core.Locker) {
+	t.Helper()
+	_, admin := mysqltest.DB(t)
+	table := mysqltest.Table(t, admin, "asynqlock_")
+	var ls []core.Locker
+	for range 2 {
+		_, db := mysqltest.DB(t)
+		l, err := mysqllock.New(context.Background(), db, mysqllock.WithTable(table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		ls = append(ls, l)
+	}
+	return ls[0], ls[1]
 }
 
 // redislockers returns two Lockers on the Redis of testenv.Redis, each with
