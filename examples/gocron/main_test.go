@@ -8,13 +8,32 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/dislock/dislock/examples/internal/exenv"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 func TestGocronExample(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("REDIS_URL", "")
-	t.Setenv("ETCD_URL", "")
+	gocronOn(t, "", "", "memlock", "elected leader (fencing token 1)", "elected leader (fencing token 2)")
+}
+
+// TestGocronExampleMySQL runs the example on the MySQL / MariaDB of
+// DISLOCK_TEST_MYSQL (fencing tokens are the server's microseconds there).
+func TestGocronExampleMySQL(t *testing.T) {
+	gocronOn(t, "MYSQL_URL", testenv.MySQL(t), "MySQL (MYSQL_URL)")
+}
+
+// gocronOn runs the example with only env set (to url) of the backend
+// variables and checks its output: on backend, each tick ran once, and the
+// leader handed over; want are more lines it must contain.
+func gocronOn(t *testing.T, env, url, backend string, want ...string) {
+	for _, v := range exenv.Variables {
+		t.Setenv(v, "")
+	}
+	if env != "" {
+		t.Setenv(env, url)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out strings.Builder
@@ -23,19 +42,18 @@ func TestGocronExample(t *testing.T) {
 	}
 	got := out.String()
 	t.Log(got)
-	for _, want := range []string{
-		"backend: memlock",
+	for _, want := range append([]string{
+		"backend: " + backend,
 		"== elector: one leader runs every job ==",
-		"elected leader (fencing token 1)",
-		"heartbeat (token 1)",
+		"elected leader (fencing token ",
+		"heartbeat (token ",
 		"the store says the leader is scheduler-",
 		"it hands over at once",
-		"elected leader (fencing token 2)",
 		"took over after",
 		"== locker: each tick runs on one scheduler ==",
 		"report for",
 		"each tick ran once: true",
-	} {
+	}, want...) {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q", want)
 		}

@@ -7,14 +7,32 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/dislock/dislock/examples/internal/exenv"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 func TestOtelExample(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("REDIS_URL", "")
-	t.Setenv("ETCD_URL", "")
-	t.Setenv("ZK_URL", "")
+	otelOn(t, "", "")
+}
+
+// TestOtelExampleMySQL runs the example with its first two locks on the
+// MySQL / MariaDB of DISLOCK_TEST_MYSQL: their spans say "mysql".
+func TestOtelExampleMySQL(t *testing.T) {
+	otelOn(t, "MYSQL_URL", testenv.MySQL(t), `"Value": "mysql"`)
+}
+
+// otelOn runs the example with only env set (to url) of the backend
+// variables and checks that it printed every span and metric it shows, and
+// want.
+func otelOn(t *testing.T, env, url string, want ...string) {
+	for _, v := range exenv.Variables {
+		t.Setenv(v, "")
+	}
+	if env != "" {
+		t.Setenv(env, url)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out strings.Builder
@@ -22,7 +40,7 @@ func TestOtelExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := out.String()
-	for _, want := range []string{
+	for _, want := range append([]string{
 		// spans: a renewed, a waited and a lost lock
 		`"Name": "nightly-report"`, `"Name": "dislock.acquire"`, `"Name": "dislock.release"`,
 		`"Name": "dislock.renew"`, `"Name": "dislock.lease_lost"`,
@@ -30,7 +48,7 @@ func TestOtelExample(t *testing.T) {
 		// metrics
 		`"Name": "dislock.acquire.duration"`, `"Name": "dislock.session.active"`,
 		`"Name": "dislock.session.duration"`, `"Name": "dislock.renew.duration"`, `"Name": "dislock.lease.lost"`,
-	} {
+	}, want...) {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %s", want)
 		}

@@ -7,13 +7,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dislock/dislock/examples/internal/exenv"
 )
 
 func TestQuickstart(t *testing.T) {
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("REDIS_URL", "")
-	t.Setenv("ZK_URL", "")
-	t.Setenv("ETCD_URL", "")
+	for _, v := range exenv.Variables {
+		t.Setenv(v, "")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out strings.Builder
@@ -40,7 +41,7 @@ func TestQuickstart(t *testing.T) {
 // increased from worker-a to worker-b.
 func quickstartOn(t *testing.T, env, url, backend string) {
 	t.Helper()
-	for _, v := range []string{"DATABASE_URL", "REDIS_URL", "ZK_URL", "ETCD_URL"} {
+	for _, v := range exenv.Variables {
 		t.Setenv(v, "")
 	}
 	t.Setenv(env, url)

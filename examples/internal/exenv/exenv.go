@@ -1,5 +1,6 @@
 // Package exenv picks the backend the examples run on: PostgreSQL when
-// DATABASE_URL is set, Redis when REDIS_URL is set, etcd when ETCD_URL is
+// DATABASE_URL is set, MySQL / MariaDB when MYSQL_URL is set
+// (mysql://user:password@host:port/db), Redis when REDIS_URL is set, etcd when ETCD_URL is
 // set (etcd://host:port[,host:port]), ZooKeeper when ZK_URL is set
 // (zk://[user:password@]host:port[,host:port][/chroot]), and otherwise the
 // in-process memlock backend, so that every example runs with no server.
@@ -19,6 +20,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/etcdlock"
+	"github.com/dislock/dislock/mysqllock"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
 	"github.com/dislock/dislock/zklock"
@@ -55,6 +57,16 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 			add(c)
 		}
 		return lockers, Chosen("PostgreSQL", "DATABASE_URL"), closeAll, nil
+	case os.Getenv("MYSQL_URL") != "":
+		for range n {
+			// Each Locker owns its pool; Client.Close closes it.
+			c, err := mysqllock.Open(ctx, os.Getenv("MYSQL_URL"), mysqllock.WithAutoMigrate(), mysqllock.WithClientOptions(opts...))
+			if err != nil {
+				return nil, "", nil, err
+			}
+			add(c)
+		}
+		return lockers, Chosen("MySQL", "MYSQL_URL"), closeAll, nil
 	case os.Getenv("REDIS_URL") != "":
 		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 		if err != nil {
@@ -112,12 +124,12 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 		}
 		add(c)
 	}
-	return lockers, "memlock (in-process; set DATABASE_URL, REDIS_URL, ETCD_URL or ZK_URL for a server)", closeAll, nil
+	return lockers, "memlock (in-process; set DATABASE_URL, MYSQL_URL, REDIS_URL, ETCD_URL or ZK_URL for a server)", closeAll, nil
 }
 
 // Variables lists the environment variables that select a server, in the
 // order Lockers tries them: the first one set wins.
-var Variables = []string{"DATABASE_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"}
+var Variables = []string{"DATABASE_URL", "MYSQL_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"}
 
 // Chosen describes the server picked from the variable used, naming the
 // other variables of Variables that are set too and are not used, so that
