@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"net/url"
 	"testing"
 
 	"github.com/dislock/dislock/internal/mysqltest"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/mysqllock"
 )
 
 func mysqlFixture(t *testing.T) *fixture {
@@ -34,5 +37,36 @@ func mysqlFixture(t *testing.T) *fixture {
 				t.Fatalf("steal %s: %v (%d rows)", key, err, n)
 			}
 		},
+	}
+}
+
+// mysqlDatabaseFixture returns a fixture on a database of its own (dropped
+// at the end), without any lock table, and a function that reports whether
+// a table exists there.
+func mysqlDatabaseFixture(t *testing.T, prefix string) (*fixture, func(name string) bool) {
+	u, db := mysqltest.DB(t)
+	mc, err := mysqllock.ParseDSN(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.Net != "tcp" {
+		t.Skip("DISLOCK_TEST_MYSQL is not a TCP address: the CLI takes mysql:// URLs")
+	}
+	ctx := context.Background()
+	name := testenv.Name(prefix)
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS `"+name+"`") })
+	dbURL := url.URL{Scheme: "mysql", User: url.UserPassword(mc.User, mc.Passwd), Host: mc.Addr, Path: "/" + name}
+	if mc.Passwd == "" {
+		dbURL.User = url.User(mc.User)
+	}
+	return &fixture{name: "mysql", url: dbURL.String()}, func(table string) bool {
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?", name, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
 	}
 }
