@@ -28,7 +28,7 @@ func (b *named) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.L
 }
 
 func TestBackendNames(t *testing.T) {
-	for name, want := range map[string]string{"pg": "postgresql", "redis": "redis", "memory": "memory",
+	for name, want := range map[string]string{"pg": "postgresql", "mysql": "mysql", "redis": "redis", "memory": "memory",
 		"etcd": "etcd", "zookeeper": "zookeeper", "custom": "custom"} {
 		if got := dlotel.BackendName(name); got != want {
 			t.Errorf("BackendName(%q) = %q, want %q", name, got, want)

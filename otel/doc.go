@@ -63,8 +63,9 @@
 //
 // Span attributes:
 //
-//	dislock.backend       string  the backend: "postgresql", "redis", "etcd",
-//	                              "zookeeper", "memory" (see BackendName)      (all)
+//	dislock.backend       string  the backend: "postgresql", "mysql", "redis",
+//	                              "etcd", "zookeeper", "memory" (see BackendName)
+//	                                                                           (all)
 //	dislock.mode          string  "try" (TryAcquire) or "wait" (Acquire)
 //	                                                     (acquire, release, lost)
 //	dislock.slot          bool    the lock is for a schedule slot (ForSlot)

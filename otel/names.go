@@ -75,8 +75,8 @@ const (
 
 // BackendName returns the dislock.backend value for a backend's Name: the
 // OpenTelemetry db.system.name value where there is one ("pg" becomes
-// "postgresql"), else the name itself ("redis", "etcd", "zookeeper",
-// "memory").
+// "postgresql"), else the name itself ("mysql", "redis", "etcd",
+// "zookeeper", "memory").
 func BackendName(name string) string {
 	switch name {
 	case "pg", "postgres":

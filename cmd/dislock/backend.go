@@ -70,6 +70,8 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse,
 	switch s := scheme(rawURL); s {
 	case "postgres", "postgresql":
 		return openPG(ctx, urlEnv, rawURL, table, use, permits, copts, log)
+	case "mysql", "mariadb":
+		return openMySQL(ctx, urlEnv, rawURL, table, use, copts, log)
 	case "redis", "rediss",
 		"redis+sentinel", "rediss+sentinel", "redis-sentinel", "rediss-sentinel",
 		"redis+cluster", "rediss+cluster", "redis-cluster", "rediss-cluster":
@@ -85,12 +87,12 @@ func openLocker(ctx context.Context, urlEnv, rawURL, table string, use tableUse,
 	case "etcd", "etcds":
 		return openEtcd(urlEnv, rawURL, table, copts, log)
 	case "":
-		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster://, zk://, etcd:// or etcds://)")
+		return nil, nil, badURL(urlEnv, "not a URL (expected postgres://, postgresql://, mysql://, mariadb://, redis://, rediss://, redis+sentinel://, redis+cluster://, zk://, etcd:// or etcds://)")
 	default:
 		if len(s) > 32 || strings.ContainsAny(s, "@:/ ") {
 			s = "?"
 		}
-		return nil, nil, badURL(urlEnv, "unknown scheme %q (expected postgres://, postgresql://, redis://, rediss://, redis+sentinel://, redis+cluster://, zk://, etcd:// or etcds://)", s)
+		return nil, nil, badURL(urlEnv, "unknown scheme %q (expected postgres://, postgresql://, mysql://, mariadb://, redis://, rediss://, redis+sentinel://, redis+cluster://, zk://, etcd:// or etcds://)", s)
 	}
 }
 

@@ -84,10 +84,11 @@ type fixture struct {
 	held func(t *testing.T, key string) bool
 }
 
-// forEachBackend runs fn against PostgreSQL and Redis, each with its own
-// table or keys. A missing server skips the subtest (fails under CI).
+// forEachBackend runs fn against PostgreSQL, MySQL and Redis, each with its
+// own table or keys. A missing server skips the subtest (fails under CI).
 func forEachBackend(t *testing.T, fn func(t *testing.T, f *fixture)) {
 	t.Run("pg", func(t *testing.T) { fn(t, pgFixture(t)) })
+	t.Run("mysql", func(t *testing.T) { fn(t, mysqlFixture(t)) })
 	t.Run("redis", func(t *testing.T) { fn(t, redisFixture(t)) })
 }
 
@@ -756,7 +757,11 @@ func TestBadSettingsProcess(t *testing.T) {
 		{[]string{"LOCK_STRATEGY=lease"}, []string{"--limit", "0"}, "--limit"},
 		{[]string{"LOCK_TABLE=" + strings.Repeat("t", 70)}, nil, "LOCK_TABLE"},
 		{[]string{"LOCK_TABLE=public."}, nil, "LOCK_TABLE"},
-		{[]string{urlVar + "=mysql://user:" + sentinel + "@db/x"}, nil, "unknown scheme"},
+		{[]string{urlVar + "=mongodb://user:" + sentinel + "@db/x"}, nil, "unknown scheme"},
+		{[]string{urlVar + "=mysql://user:" + sentinel + "@/x"}, nil, "names no host"},
+		{[]string{urlVar + "=mysql://user:" + sentinel + "@db"}, nil, "names no database"},
+		{[]string{urlVar + "=mysql://user:" + sentinel + "@db/x?timeout=soon"}, nil, "cannot be parsed"},
+		{[]string{urlVar + "=mysql://user:" + sentinel + "@db/x", "LOCK_TABLE=bad-name"}, nil, "LOCK_TABLE"},
 		{[]string{urlVar + "=user:" + sentinel + "@db"}, nil, urlVar},
 		{[]string{urlVar + "=postgres://user:" + sentinel + "@db:notaport/x"}, nil, urlVar},
 		{[]string{urlVar + "=redis://user:" + sentinel + "@db:notaport/x"}, nil, urlVar},

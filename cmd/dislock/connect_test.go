@@ -21,6 +21,7 @@ func TestConnectionRefusedFailsFast(t *testing.T) {
 	ln.Close()
 	for _, u := range []string{
 		"postgres://user:" + sentinel + "@" + addr + "/db?sslmode=disable",
+		"mysql://user:" + sentinel + "@" + addr + "/db",
 		"redis://user:" + sentinel + "@" + addr + "/0",
 		"etcd://user:" + sentinel + "@" + addr,
 		"zk://" + addr,

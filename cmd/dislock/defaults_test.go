@@ -173,16 +173,28 @@ func schemaFixture(t *testing.T, prefix string) (f *fixture, conn *pgx.Conn, sch
 // it, and nothing is created; DISLOCK_CREATE_TABLE=1 (or --create-table)
 // lets the run create it; status, list and release never create a table;
 // the default table is created by the first run.
+// On MySQL, "exit 2 shows" names mysqllock.SchemaSQL instead.
 func TestLockTableNotCreated(t *testing.T) {
-	ctx := context.Background()
-	f, conn, schema := schemaFixture(t, "dislock_cli_schema_")
-	tableExists := func(name string) bool {
-		var ok bool
-		if err := conn.QueryRow(ctx, "SELECT to_regclass($1::text) IS NOT NULL", pgx.Identifier{schema, name}.Sanitize()).Scan(&ok); err != nil {
-			t.Fatal(err)
-		}
-		return ok
-	}
+	t.Run("pg", func(t *testing.T) {
+		ctx := context.Background()
+		f, conn, schema := schemaFixture(t, "dislock_cli_schema_")
+		lockTableNotCreated(t, f, "CREATE TABLE", func(name string) bool {
+			var ok bool
+			if err := conn.QueryRow(ctx, "SELECT to_regclass($1::text) IS NOT NULL", pgx.Identifier{schema, name}.Sanitize()).Scan(&ok); err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		})
+	})
+	t.Run("mysql", func(t *testing.T) {
+		f, tableExists := mysqlDatabaseFixture(t, "dislock_cli_schema_")
+		lockTableNotCreated(t, f, "mysqllock.SchemaSQL", tableExists)
+	})
+}
+
+// lockTableNotCreated is TestLockTableNotCreated on f, a database without
+// lock tables; the error of a missing LOCK_TABLE shows create.
+func lockTableNotCreated(t *testing.T, f *fixture, create string, tableExists func(name string) bool) {
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "ran")
 	typo := "dislock_lokcs"
@@ -213,7 +225,7 @@ func TestLockTableNotCreated(t *testing.T) {
 	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly", "LOCK_TABLE="+typo)
 	p := run(t, env, urlVar, "touch", marker)
 	expectCode(t, p, exitUsage)
-	for _, want := range []string{"LOCK_TABLE", "CREATE TABLE", typo, "DISLOCK_CREATE_TABLE"} {
+	for _, want := range []string{"LOCK_TABLE", create, typo, "DISLOCK_CREATE_TABLE"} {
 		if !strings.Contains(p.stderr.String(), want) {
 			t.Errorf("the error lacks %q: %s", want, p.stderr.String())
 		}

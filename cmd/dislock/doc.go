@@ -5,10 +5,11 @@
 //	dislock status|list|release --force …
 //
 // URL_ENV names the environment variable that holds the backend URL
-// (PostgreSQL, Redis, etcd or ZooKeeper; the URL is never printed). The settings and their
-// environment variables are those of the older Python cronjob-lock tool;
-// dislock --help lists them. The strategy schedule runs the command at most
-// once per slot of CRON_SCHEDULE, lease keeps a renewed lease while it runs,
+// (PostgreSQL, MySQL / MariaDB, Redis, etcd or ZooKeeper; the URL is never
+// printed). The settings and their environment variables are those of the
+// older Python cronjob-lock tool; dislock --help lists them. The strategy
+// schedule runs the command at most once per slot of CRON_SCHEDULE, lease
+// keeps a renewed lease while it runs,
 // and schedule,lease does both (the lease first, so that a run that finds
 // it held leaves the slot to runs that can start). At the default log level,
 // WARNING, a run that succeeds and a run skipped because the lock is held

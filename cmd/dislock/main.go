@@ -343,7 +343,8 @@ func (c *cli) usage(w io.Writer) {
 Runs command under a distributed lock, for crontabs: on every machine, at most
 one instance per schedule slot (strategy schedule) and/or at a time (strategy
 lease). URL_ENV names the environment variable that holds the backend URL:
-postgres://, postgresql://, redis://, rediss://, redis+sentinel://h1:p1,h2:p2/db?master_name=NAME,
+postgres://, postgresql://, mysql://user:password@host:port/db (or mariadb://), redis://, rediss://,
+redis+sentinel://h1:p1,h2:p2/db?master_name=NAME,
 redis+cluster://h1:p1,h2:p2, zk://[user:password@]h1:p1,h2:p2[/chroot][?session_timeout=SECONDS],
 etcd://[user:password@]h1:p1,h2:p2 (etcds:// for TLS). The URL is never
 printed, not even when it is passed in place of the variable's name.
@@ -352,9 +353,9 @@ Logs go to stderr. At the default level, WARNING, a run that succeeds and a
 run skipped because the lock is held print nothing, so cron mails only about
 problems; CRONJOB_LOCK_LOG_LEVEL=INFO logs each start, exit and skip.
 
-On PostgreSQL the locks live in the table ` + pg.DefaultTable + `, which the first run
-creates. A table named by LOCK_TABLE must exist (exit 2 shows the CREATE
-statement), unless DISLOCK_CREATE_TABLE=1 lets the run create it; status,
+On PostgreSQL and MySQL the locks live in the table ` + pg.DefaultTable + `, which the
+first run creates (on MySQL with its companion tables and procedures). A table
+named by LOCK_TABLE must exist (exit 2 shows the CREATE statement), unless DISLOCK_CREATE_TABLE=1 lets the run create it; status,
 list and release never create a table (without the default table, every
 lock is free). On ZooKeeper the lease's TTL is at most 2/3 of the session
 the server grants (40 s on a stock server): the default TTL is cut to fit,

@@ -6,6 +6,7 @@
 # server settings:
 #
 #   DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable examples/cli/demo.sh
+#   DATABASE_URL=mysql://root@127.0.0.1:3306/test examples/cli/demo.sh
 #   DATABASE_URL=redis://127.0.0.1:6379/0 examples/cli/demo.sh
 #   DATABASE_URL=zk://127.0.0.1:2181 examples/cli/demo.sh
 #   DATABASE_URL=etcd://127.0.0.1:2379 examples/cli/demo.sh

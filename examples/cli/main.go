@@ -9,7 +9,8 @@
 //
 // Run alone, it says that it holds no lock, names the dislock command line
 // that would run it under a lock on the server in DATABASE_URL (or
-// REDIS_URL, ETCD_URL, ZK_URL, whichever is set first), and does its work
+// MYSQL_URL, REDIS_URL, ETCD_URL, ZK_URL, whichever is set first), and does
+// its work
 // anyway. It never connects to a server itself: dislock does.
 package main
 
@@ -47,14 +48,14 @@ func run(args []string, out io.Writer) error {
 	if key == "" {
 		fmt.Fprintln(out, "job: not running under dislock; no lock held")
 		urlVar := ""
-		for _, v := range []string{"DATABASE_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"} {
+		for _, v := range []string{"DATABASE_URL", "MYSQL_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"} {
 			if os.Getenv(v) != "" {
 				urlVar = v
 				break
 			}
 		}
 		if urlVar == "" {
-			fmt.Fprintln(out, "job: set DATABASE_URL (or REDIS_URL, ETCD_URL, ZK_URL) and run me under dislock to hold a lock there")
+			fmt.Fprintln(out, "job: set DATABASE_URL (or MYSQL_URL, REDIS_URL, ETCD_URL, ZK_URL) and run me under dislock to hold a lock there")
 		} else {
 			fmt.Fprintf(out, "job: to hold a lock on the server in %s: LOCK_KEY=report LOCK_STRATEGY=lease dislock %s go -C examples run ./cli\n", urlVar, urlVar)
 		}

@@ -14,7 +14,7 @@ import (
 
 func TestAlone(t *testing.T) {
 	t.Setenv("DISLOCK_KEY", "")
-	for _, v := range []string{"DATABASE_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"} {
+	for _, v := range []string{"DATABASE_URL", "MYSQL_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"} {
 		t.Setenv(v, "")
 	}
 	var out strings.Builder
@@ -48,7 +48,7 @@ func TestUnderDislock(t *testing.T) {
 			t.Fatalf("build %s: %v\n%s", src, err, out)
 		}
 	}
-	for name, url := range map[string]func(testing.TB) string{"pg": testenv.PG, "redis": testenv.Redis} {
+	for name, url := range map[string]func(testing.TB) string{"pg": testenv.PG, "mysql": testenv.MySQL, "redis": testenv.Redis} {
 		t.Run(name, func(t *testing.T) {
 			u := url(t)
 			key := testenv.Name("example-cli-")
@@ -73,6 +73,7 @@ func TestUnderDislock(t *testing.T) {
 func TestDemoScript(t *testing.T) {
 	for name, url := range map[string]func(t *testing.T) string{
 		"pg":    func(t *testing.T) string { return testenv.PG(t) },
+		"mysql": func(t *testing.T) string { return testenv.MySQL(t) },
 		"redis": func(t *testing.T) string { return testenv.Redis(t) },
 		"zk":    func(t *testing.T) string { return "zk://" + zktest.ForTest(t, true).Connect() },
 		"etcd":  func(t *testing.T) string { return etcdtest.Start(t, 1).URL() },

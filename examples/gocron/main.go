@@ -4,11 +4,13 @@
 //
 // With no environment the three schedulers share an in-process memlock
 // store. With DATABASE_URL set (postgres://…) they use PostgreSQL; with
-// REDIS_URL set (redis://…) they use Redis. Each scheduler has its own
+// MYSQL_URL set (mysql://…) MySQL or MariaDB; with REDIS_URL set
+// (redis://…) Redis. Each scheduler has its own
 // Locker, as it would in its own process.
 //
 //	go -C examples run ./gocron
 //	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go -C examples run ./gocron
+//	MYSQL_URL=mysql://root@127.0.0.1:3306/test go -C examples run ./gocron
 //	REDIS_URL=redis://127.0.0.1:6379/0 go -C examples run ./gocron
 package main
 

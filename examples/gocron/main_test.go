@@ -8,24 +8,37 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dislock/dislock/examples/internal/extest"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 func TestGocronExample(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	got := extest.Run(t, "", "", run)
-	extest.Contains(t, got,
-		"backend: memlock",
+	gocronOn(t, "", "", "memlock", "elected leader (fencing token 1)", "elected leader (fencing token 2)")
+}
+
+// TestGocronExampleMySQL runs the example on the MySQL / MariaDB of
+// DISLOCK_TEST_MYSQL (fencing tokens are the server's microseconds there).
+func TestGocronExampleMySQL(t *testing.T) {
+	gocronOn(t, "MYSQL_URL", testenv.MySQL(t), "MySQL (MYSQL_URL)")
+}
+
+// gocronOn runs the example with only variable set (to url) of the backend
+// variables and checks its output: on backend, each tick ran once, and the
+// leader handed over; want are more lines it must contain.
+func gocronOn(t *testing.T, variable, url, backend string, want ...string) {
+	got := extest.Run(t, variable, url, run)
+	extest.Contains(t, got, append([]string{
+		"backend: " + backend,
 		"== elector: one leader runs every job ==",
-		"elected leader (fencing token 1)",
-		"heartbeat (token 1)",
+		"elected leader (fencing token ",
+		"heartbeat (token ",
 		"the store says the leader is scheduler-",
 		"it hands over at once",
-		"elected leader (fencing token 2)",
 		"took over after",
 		"== locker: each tick runs on one scheduler ==",
 		"report for",
 		"each tick ran once: true",
-	)
+	}, want...)...)
 	// The summary counts the runs the schedulers made: as many as the
 	// "report for" lines, one per tick.
 	var ticks, runs, skips int

@@ -5,7 +5,7 @@
 // thief, and prints every span and then every metric as JSON on stdout.
 //
 // With no environment it runs on the in-process memlock backend; with
-// DATABASE_URL, REDIS_URL, ETCD_URL or ZK_URL set it takes the first two locks on
+// DATABASE_URL, MYSQL_URL, REDIS_URL, ETCD_URL or ZK_URL set it takes the first two locks on
 // that server instead (the lost lease is always provoked on memlock, with
 // its Steal hook).
 //

@@ -3,7 +3,8 @@
 // its turn.
 //
 // With no environment it runs on the in-process memlock backend. With
-// DATABASE_URL set (postgres://…) it uses PostgreSQL; with REDIS_URL set
+// DATABASE_URL set (postgres://…) it uses PostgreSQL; with MYSQL_URL set
+// (mysql://user:password@host:port/db) MySQL or MariaDB; with REDIS_URL set
 // (redis://…) it uses Redis; with ETCD_URL set (etcd://host:port) it uses
 // etcd; with ZK_URL set (zk://host:port[,host:port][/chroot]) it uses
 // ZooKeeper. The examples are a module of their own (examples/go.mod): from the
@@ -11,6 +12,7 @@
 //
 //	go -C examples run ./quickstart
 //	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go -C examples run ./quickstart
+//	MYSQL_URL=mysql://root@127.0.0.1:3306/test go -C examples run ./quickstart
 //	REDIS_URL=redis://127.0.0.1:6379/0 go -C examples run ./quickstart
 //	ETCD_URL=etcd://127.0.0.1:2379 go -C examples run ./quickstart
 //	ZK_URL=zk://127.0.0.1:2181 go -C examples run ./quickstart

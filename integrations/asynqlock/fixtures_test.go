@@ -14,7 +14,9 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/asynqlock"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/mysqllock"
 	"github.com/dislock/dislock/redislock"
 )
 
@@ -289,18 +291,42 @@ func redislockers(tb testing.TB, n int) []core.Locker {
 	return ls
 }
 
-// onBothStores runs f as two subtests, each on a fresh env with the
-// Lockers of two servers: on one in-memory store (lockers), and in the same
-// Redis (redislockers).
-func onBothStores(t *testing.T, f func(t *testing.T, e *env, la, lb core.Locker)) {
+// onEachStore runs f as subtests, each on a fresh env with the Lockers of
+// two servers: on one in-memory store (lockers), in the same Redis
+// (redislockers), and in one MySQL lock table (mysqllockers).
+func onEachStore(t *testing.T, f func(t *testing.T, e *env, la, lb core.Locker)) {
 	t.Run("memlock", func(t *testing.T) {
 		e := newEnv(t)
 		_, la, lb := lockers(t)
 		f(t, e, la, lb)
 	})
-	t.Run("redislock", func(t *testing.T) {
-		e := newEnv(t)
-		ls := redislockers(t, 2)
-		f(t, e, ls[0], ls[1])
-	})
+	for _, s := range []struct {
+		name    string
+		lockers func(testing.TB, int) []core.Locker
+	}{{"redislock", redislockers}, {"mysql", mysqllockers}} {
+		t.Run(s.name, func(t *testing.T) {
+			e := newEnv(t)
+			ls := s.lockers(t, 2)
+			f(t, e, ls[0], ls[1])
+		})
+	}
+}
+
+// mysqllockers returns n Lockers, each with its own pool, on a lock table
+// of their own on the MySQL of testenv.MySQL.
+func mysqllockers(tb testing.TB, n int) []core.Locker {
+	tb.Helper()
+	_, admin := mysqltest.DB(tb)
+	table := mysqltest.Table(tb, admin, "asynqlock_")
+	var ls []core.Locker
+	for range n {
+		_, db := mysqltest.DB(tb)
+		l, err := mysqllock.New(context.Background(), db, mysqllock.WithTable(table))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { l.Close() })
+		ls = append(ls, l)
+	}
+	return ls
 }

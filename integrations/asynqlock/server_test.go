@@ -19,8 +19,9 @@ import (
 // TestServers_OneAtATime: two servers, many tasks for one key with
 // different payloads (which asynq's Unique would not deduplicate): their
 // handler runs never overlap and every task completes, without using up
-// retries; with the locks in memory, and in the same Redis (redislock).
-func TestServers_OneAtATime(t *testing.T) { onBothStores(t, oneAtATime) }
+// retries; with the locks in memory, in the same Redis (redislock), and
+// in MySQL.
+func TestServers_OneAtATime(t *testing.T) { onEachStore(t, oneAtATime) }
 
 func oneAtATime(t *testing.T, e *env, la, lb core.Locker) {
 	const n = 12
@@ -498,7 +499,7 @@ func (r *limitRig) handle(ctx context.Context, _ *asynq.Task) error {
 // default HandOff, 15 tasks of one key: 3 run at once and never more, every
 // task completes, and busy bounces use no retry; with the permits in
 // memory, and in the same Redis (redislock).
-func TestServers_Limit(t *testing.T) { onBothStores(t, limitAcrossServers) }
+func TestServers_Limit(t *testing.T) { onEachStore(t, limitAcrossServers) }
 
 func limitAcrossServers(t *testing.T, e *env, la, lb core.Locker) {
 	if _, ok := la.(*core.Client).Backend().(core.SemaphoreBackend); !ok {

@@ -2,6 +2,7 @@ package gocronlock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -16,7 +17,9 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/gocronlock"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/mysqllock"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
 )
@@ -30,11 +33,12 @@ type env struct {
 	recorder func(t *testing.T) recorder
 }
 
-// forEachStore runs fn against memlock, PostgreSQL and Redis, in parallel.
+// forEachStore runs fn against memlock, PostgreSQL, MySQL and Redis, in
+// parallel.
 // The real servers come from internal/testenv: missing servers fail the
 // test under CI and skip it elsewhere.
 func forEachStore(t *testing.T, fn func(t *testing.T, e *env)) {
-	for _, name := range []string{"memlock", "pg", "redis"} {
+	for _, name := range []string{"memlock", "pg", "mysql", "redis"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			fn(t, newEnv(t, name))
@@ -75,6 +79,20 @@ func newEnv(t *testing.T, name string) *env {
 				return b
 			},
 			recorder: func(t *testing.T) recorder { return newPGRecorder(t, pool, testenv.Name("gocronlock_runs_")) },
+		}
+	case "mysql":
+		_, db := mysqltest.DB(t)
+		table := mysqltest.Table(t, db, "gocronlock_")
+		return &env{name: name,
+			backend: func(t *testing.T) core.Backend {
+				b, err := mysqllock.NewBackend(context.Background(), db, mysqllock.WithTable(table))
+				if err != nil {
+					t.Fatalf("mysqllock.NewBackend: %v", err)
+				}
+				t.Cleanup(func() { _ = b.Close() })
+				return b
+			},
+			recorder: func(t *testing.T) recorder { return newMySQLRecorder(t, db, testenv.Name("gocronlock_runs_")) },
 		}
 	case "redis":
 		url := testenv.Redis(t)
@@ -253,6 +271,48 @@ func (r *pgRecorder) runs(ctx context.Context) ([]run, error) {
 		err := row.Scan(&x.node, &x.at)
 		return x, err
 	})
+}
+
+// mysqlRecorder inserts one row per run, stamped with the database's clock
+// (microseconds).
+type mysqlRecorder struct {
+	db    *sql.DB
+	table string
+}
+
+func newMySQLRecorder(t *testing.T, db *sql.DB, table string) *mysqlRecorder {
+	t.Helper()
+	r := &mysqlRecorder{db: db, table: "`" + table + "`"}
+	if _, err := db.Exec("CREATE TABLE " + r.table + " (id BIGINT AUTO_INCREMENT PRIMARY KEY, node INT NOT NULL, at BIGINT NOT NULL)"); err != nil {
+		t.Fatalf("create runs table: %v", err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + r.table) })
+	return r
+}
+
+func (r *mysqlRecorder) record(ctx context.Context, node int) error {
+	_, err := r.db.ExecContext(context.WithoutCancel(ctx), "INSERT INTO "+r.table+
+		" (node, at) VALUES (?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))", node)
+	return err
+}
+
+func (r *mysqlRecorder) runs(ctx context.Context) ([]run, error) {
+	rows, err := r.db.QueryContext(ctx, "SELECT node, at FROM "+r.table+" ORDER BY at, id")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []run
+	for rows.Next() {
+		var x run
+		var us int64
+		if err := rows.Scan(&x.node, &us); err != nil {
+			return nil, err
+		}
+		x.at = time.UnixMicro(us)
+		list = append(list, x)
+	}
+	return list, rows.Err()
 }
 
 // redisRecorder appends one entry per run to a list.

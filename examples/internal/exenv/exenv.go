@@ -1,5 +1,6 @@
 // Package exenv picks the backend the examples run on: PostgreSQL when
-// DATABASE_URL is set, Redis when REDIS_URL is set, etcd when ETCD_URL is
+// DATABASE_URL is set, MySQL / MariaDB when MYSQL_URL is set
+// (mysql://user:password@host:port/db), Redis when REDIS_URL is set, etcd when ETCD_URL is
 // set (etcd://host:port[,host:port]), ZooKeeper when ZK_URL is set
 // (zk://[user:password@]host:port[,host:port][/chroot]), and otherwise the
 // in-process memlock backend, so that every example runs with no server.
@@ -19,6 +20,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/etcdlock"
+	"github.com/dislock/dislock/mysqllock"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
 	"github.com/dislock/dislock/zklock"
@@ -60,6 +62,11 @@ func opener(ctx context.Context, closers *[]func(), opts []core.ClientOption) (o
 			// Each Locker owns its pool; Client.Close closes it.
 			return pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate(), pg.WithClientOptions(opts...))
 		}, Chosen("PostgreSQL", "DATABASE_URL"), nil
+	case os.Getenv("MYSQL_URL") != "":
+		return func() (*core.Client, error) {
+			// Each Locker owns its pool; Client.Close closes it.
+			return mysqllock.Open(ctx, os.Getenv("MYSQL_URL"), mysqllock.WithAutoMigrate(), mysqllock.WithClientOptions(opts...))
+		}, Chosen("MySQL", "MYSQL_URL"), nil
 	case os.Getenv("REDIS_URL") != "":
 		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 		if err != nil {
@@ -96,12 +103,12 @@ func opener(ctx context.Context, closers *[]func(), opts []core.ClientOption) (o
 	}
 	store := memlock.NewStore()
 	return func() (*core.Client, error) { return store.Locker(opts...) },
-		"memlock (in-process; set DATABASE_URL, REDIS_URL, ETCD_URL or ZK_URL for a server)", nil
+		"memlock (in-process; set DATABASE_URL, MYSQL_URL, REDIS_URL, ETCD_URL or ZK_URL for a server)", nil
 }
 
 // Variables lists the environment variables that select a server, in the
 // order Lockers tries them: the first one set wins.
-var Variables = []string{"DATABASE_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"}
+var Variables = []string{"DATABASE_URL", "MYSQL_URL", "REDIS_URL", "ETCD_URL", "ZK_URL"}
 
 // Chosen describes the server picked from the variable used, naming the
 // other variables of Variables that are set too and are not used, so that

@@ -1,0 +1,81 @@
+// Package mysqltest opens the MySQL / MariaDB server of the tests
+// (internal/testenv's DISLOCK_TEST_MYSQL) and removes the lock tables the
+// tests make there, for the packages and modules whose tests run on
+// mysqllock beside the other backends.
+package mysqltest
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/mysqllock"
+)
+
+// DB returns the test server's URL (or DSN) and a pool on it, closed when
+// the test ends. It skips the test (fails it under CI) as testenv.MySQL does.
+func DB(t testing.TB) (string, *sql.DB) {
+	t.Helper()
+	u := testenv.MySQL(t)
+	mc, err := mysqllock.ParseDSN(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := mysql.NewConnector(mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	t.Cleanup(func() { db.Close() })
+	return u, db
+}
+
+// Table returns a new lock table's name, created by mysqllock.Migrate on db
+// and dropped, with its companion tables and procedures, when the test
+// ends.
+func Table(t testing.TB, db *sql.DB, prefix string) string {
+	t.Helper()
+	name := testenv.Name(prefix)
+	DropAtCleanup(t, db, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := mysqllock.Migrate(ctx, db, mysqllock.WithTable(name)); err != nil {
+		t.Fatalf("create lock table %s: %v", name, err)
+	}
+	return name
+}
+
+// DropAtCleanup drops the lock table name of db's database, its companion
+// tables and its procedures (whoever made them) when the test ends.
+func DropAtCleanup(t testing.TB, db *sql.DB, name string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		rows, err := db.QueryContext(ctx, `SELECT ROUTINE_NAME FROM information_schema.ROUTINES
+WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME LIKE CONCAT(?, '\_%')`, name)
+		if err != nil {
+			t.Errorf("drop lock table %s: %v", name, err)
+			return
+		}
+		var procs []string
+		for rows.Next() {
+			var p string
+			if rows.Scan(&p) == nil {
+				procs = append(procs, p)
+			}
+		}
+		rows.Close()
+		for _, p := range procs {
+			if _, err := db.ExecContext(ctx, "DROP PROCEDURE IF EXISTS `"+p+"`"); err != nil {
+				t.Errorf("drop procedure %s: %v", p, err)
+			}
+		}
+		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+name+"`, `"+name+"_permits`, `"+name+"_waiters`, `"+name+"_turns`"); err != nil {
+			t.Errorf("drop lock table %s: %v", name, err)
+		}
+	})
+}
