@@ -57,6 +57,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err != nil {
 		return core.Lease{}, err
 	}
+	if b.knownBusy(req.Key) {
+		if done, err := b.peek(ctx, req); done {
+			return core.Lease{}, err
+		}
+	}
 	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), spareOK: true}
 	if err := c.start(ctx); err != nil {
 		return core.Lease{}, err
@@ -182,6 +187,7 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 // succeed records the claim as held with fencing token rev.
 func (c *claim) succeed(rev int64, now time.Time) core.Lease {
 	c.h.rev = rev
+	c.b.markFree(c.req.Key)
 	c.b.keep(c.req, c.h)
 	return c.b.lease(rev, now, c.req)
 }
@@ -278,6 +284,7 @@ func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Le
 			info = b.holderInfo(ctx, key, kv, cur)
 		}
 		wait()
+		b.markBusy(key)
 		return core.Lease{}, core.Busy(key, info)
 	}
 	c.giveUp(ctx)()

@@ -96,9 +96,10 @@ type Backend struct {
 	ka        *keepalives
 
 	mu     sync.Mutex
-	held   map[string]held    // by owner token: what this backend acquired
-	spares map[int64][]spare  // by TTL in seconds: live leases bound to no key
-	views  map[string]semView // by key: what this backend last saw of a semaphore
+	held   map[string]held     // by owner token: what this backend acquired
+	spares map[int64][]spare   // by TTL in seconds: live leases bound to no key
+	views  map[string]semView  // by key: what this backend last saw of a semaphore
+	busy   map[string]struct{} // keys last seen held by another owner: claims read first
 }
 
 // held is one lock or permit this backend claimed (or tried to): its key, its lease
@@ -139,7 +140,7 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
 	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
-		held: make(map[string]held), spares: make(map[int64][]spare), views: make(map[string]semView)}, o, nil
+		held: make(map[string]held), spares: make(map[int64][]spare), views: make(map[string]semView), busy: make(map[string]struct{})}, o, nil
 }
 
 // Name implements core.Backend.
