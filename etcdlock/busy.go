@@ -23,8 +23,8 @@ func (b *Backend) markBusy(key string) {
 	b.busy[key] = struct{}{}
 }
 
-// markFree forgets that key was seen busy: it was claimed or released
-// here, or its deletion was watched.
+// markFree forgets that key was seen busy: it was claimed here, or the
+// deletion of its key (or of one of its permits) was watched.
 func (b *Backend) markFree(key string) {
 	b.mu.Lock()
 	delete(b.busy, key)
@@ -42,9 +42,10 @@ func (b *Backend) knownBusy(key string) bool {
 // of Gets only, which etcd serves without a Raft proposal, where the
 // claim's own transaction is a proposal even when its put is not applied.
 // It returns done when the key is still held by another owner (a full
-// semaphore of the same limit): the claim is then busy. Anything else —
-// the key free, a permit or record of this owner token, an ended slot, a
-// limit mismatch — is left to the claim, which reads it again.
+// semaphore of the same limit: the claim is then busy), or held with
+// another limit (a limit mismatch). Anything else — the key free, a permit
+// or record of this owner token, an ended slot — is left to the claim,
+// which reads it again.
 func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) (done bool, err error) {
 	k := b.etcdKey(req.Key)
 	lo, hi := b.permitRange(req.Key)
@@ -57,6 +58,9 @@ func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) (done bool,
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	live, _ := splitPermits(resp.Responses[1].GetResponseRange().Kvs, now)
 	if req.Limit <= 1 {
+		if len(live) > 0 {
+			return true, core.LimitMismatch(req.Key, live[0].limit(), 1)
+		}
 		if len(kvs) == 0 {
 			return false, nil
 		}
@@ -66,7 +70,19 @@ func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) (done bool,
 		}
 		return true, core.Busy(req.Key, b.holderInfo(ctx, req.Key, kvs[0], rec))
 	}
-	if len(kvs) > 0 || len(live) < req.Limit || live[0].limit() != req.Limit {
+	if len(kvs) > 0 {
+		if rec, ok := decode(kvs[0].Value); ok && !rec.slotOver(now) {
+			return true, core.LimitMismatch(req.Key, 1, req.Limit)
+		}
+		return false, nil
+	}
+	if len(live) > 0 && live[0].limit() != req.Limit {
+		return true, core.LimitMismatch(req.Key, live[0].limit(), req.Limit)
+	}
+	// The claim that follows a free permit found here is guarded by this
+	// view, and takes it in one transaction.
+	b.setView(req.Key, semView{rev: resp.Header.Revision, limit: req.Limit, count: len(live)})
+	if len(live) < req.Limit {
 		return false, nil
 	}
 	for _, p := range live {
@@ -74,6 +90,5 @@ func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) (done bool,
 			return false, nil
 		}
 	}
-	b.setView(req.Key, semView{rev: resp.Header.Revision, limit: req.Limit, count: len(live)})
 	return true, core.Busy(req.Key, b.firstToExpire(ctx, req.Key, live))
 }
