@@ -178,8 +178,9 @@ func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() err
 	}
 }
 
-// BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release (lease
-// grant, claim transaction, revoke).
+// BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release (the
+// claim transaction on the shared lease, with a keepalive of it on the open
+// stream, and the owner-checked delete).
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	cfg := benchEndpoints(b)
 	cnt := &counter{}
