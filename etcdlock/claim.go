@@ -146,32 +146,14 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 		)
 		if c.reused && !c.kaDone {
 			kaSent = time.Now()
-			lease := c.h.lease
-			wg.Go(func() {
-				ttls, err := c.b.ka.keepAlive(ctx, []int64{lease}, false)
-				switch {
-				case err != nil:
-					kaErr = err
-				case ttls[0] <= 0:
-					kaErr = errors.New("lease expired")
-				}
-			})
+			wg.Go(func() { kaErr = c.refresh(ctx) })
 		}
 		resp, err := txn().Commit()
 		wg.Wait()
 		if kaErr != nil && err == nil && resp.Succeeded && ctx.Err() == nil {
 			// The stream failed under the keepalive (another caller ended
 			// it): any refresh sent after the claim was sent will do.
-			lease := c.h.lease
-			ttls, err := c.b.ka.keepAlive(ctx, []int64{lease}, false)
-			switch {
-			case err != nil:
-				kaErr = err
-			case ttls[0] <= 0:
-				kaErr = errors.New("lease expired")
-			default:
-				kaErr = nil
-			}
+			kaErr = c.refresh(ctx)
 		}
 		if err != nil {
 			if c.reused && isLeaseNotFound(err) {
@@ -206,6 +188,18 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 		}
 		return resp, nil
 	}
+}
+
+// refresh sends a keepalive of the claim's lease on the Backend's stream.
+func (c *claim) refresh(ctx context.Context) error {
+	ttls, err := c.b.ka.keepAlive(ctx, []int64{c.h.lease}, false)
+	switch {
+	case err != nil:
+		return err
+	case ttls[0] <= 0:
+		return errors.New("lease expired")
+	}
+	return nil
 }
 
 // succeed records the claim as held with fencing token rev.

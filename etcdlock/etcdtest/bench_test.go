@@ -182,18 +182,25 @@ func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() err
 // claim transaction on the shared lease, with a keepalive of it on the open
 // stream, and the owner-checked delete).
 func BenchmarkTryAcquireRelease(b *testing.B) {
-	cfg := benchEndpoints(b)
-	cnt := &counter{}
-	cli := benchClient(b, cfg, cnt)
-	l := benchLocker(b, cli, uniquePrefix("bench"))
-	ctx := context.Background()
-	interleaved(b, cli, cnt, func() error {
-		s, err := l.TryAcquire(ctx, "uncontended")
-		if err != nil {
-			return err
+	uncontended(b, func(cli *clientv3.Client) func() error {
+		l := benchLocker(b, cli, uniquePrefix("bench"))
+		ctx := context.Background()
+		return func() error {
+			s, err := l.TryAcquire(ctx, "uncontended")
+			if err != nil {
+				return err
+			}
+			return s.Release(ctx)
 		}
-		return s.Release(ctx)
 	})
+}
+
+// uncontended runs the op that mk makes on a counted client, interleaved
+// with a Get each.
+func uncontended(b *testing.B, mk func(cli *clientv3.Client) func() error) {
+	cnt := &counter{}
+	cli := benchClient(b, benchEndpoints(b), cnt)
+	interleaved(b, cli, cnt, mk(cli))
 }
 
 // BenchmarkConcurrencyMutex is etcd's concurrency package doing the same:
@@ -516,20 +523,19 @@ func BenchmarkDistinctKeys(b *testing.B) {
 // session kept open, as a program holding a session uses it: TryLock and
 // Unlock only.
 func BenchmarkConcurrencyMutexSession(b *testing.B) {
-	cfg := benchEndpoints(b)
-	cnt := &counter{}
-	cli := benchClient(b, cfg, cnt)
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer sess.Close()
-	m := concurrency.NewMutex(sess, uniquePrefix("bench-mutex-session")+"uncontended")
-	ctx := context.Background()
-	interleaved(b, cli, cnt, func() error {
-		if err := m.TryLock(ctx); err != nil {
-			return err
+	uncontended(b, func(cli *clientv3.Client) func() error {
+		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+		if err != nil {
+			b.Fatal(err)
 		}
-		return m.Unlock(ctx)
+		b.Cleanup(func() { sess.Close() })
+		m := concurrency.NewMutex(sess, uniquePrefix("bench-mutex-session")+"uncontended")
+		ctx := context.Background()
+		return func() error {
+			if err := m.TryLock(ctx); err != nil {
+				return err
+			}
+			return m.Unlock(ctx)
+		}
 	})
 }
