@@ -143,9 +143,8 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 
 // ForceRelease implements core.Admin: it deletes exactly the incarnation of
 // the key it read (same lease, same create revision), or of each permit of
-// a semaphore, which wakes waiters. It never revokes a holder's lease: a
-// released lease may already serve another key of the holder's process as
-// a spare. A holder learns of the loss at its next renewal, which finds
+// a semaphore, which wakes waiters. It never revokes a holder's lease:
+// the other sessions of the holder's Backend share it. A holder learns of the loss at its next renewal, which finds
 // its key gone.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 	if err := core.ValidateKey(key); err != nil {

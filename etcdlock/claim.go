@@ -19,9 +19,10 @@ import (
 
 // TryAcquire implements core.Backend and core.SemaphoreBackend: one
 // transaction that puts the key (for Limit > 1: a permit key) bound to the
-// session's lease if the key is free and otherwise reads the holders. The
-// lease is a spare one, refreshed by a keepalive sent with the
-// transaction, or else one granted first.
+// backend's shared lease of the claim's TTL if the key is free, and
+// otherwise reads the holders. A shared lease that might expire before the
+// claim's TTL is refreshed by a keepalive sent with the transaction; when
+// there is none yet, one is granted first.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if err := core.ValidateKey(req.Key); err != nil {
 		return core.Lease{}, err
@@ -57,7 +58,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err != nil {
 		return core.Lease{}, err
 	}
-	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), spareOK: true}
+	if b.knownBusy(req.Key) {
+		if done, err := b.peek(ctx, req); done {
+			return core.Lease{}, err
+		}
+	}
+	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), leaseOK: true}
 	if err := c.start(ctx); err != nil {
 		return core.Lease{}, err
 	}
@@ -74,26 +80,32 @@ type claim struct {
 	seconds int64
 	slot    bool
 	h       held
-	reused  bool // h.lease is a spare, refreshed with the first transaction
-	kaDone  bool // the spare's refresh succeeded
-	spareOK bool // the lease may serve as a spare if the claim fails
+	reused  bool // h.lease is the shared lease, refreshed with the first transaction if need be
+	kaDone  bool // no refresh is needed, or it succeeded
+	leaseOK bool // the shared lease is not known to be in doubt
 }
 
-// start takes a spare lease of the claim's TTL or grants one. Slot leases
-// are not reused.
+// start takes the shared lease of the claim's TTL, or grants one that
+// becomes it. The store must keep the claim for its TTL from the moment
+// it is sent: a shared lease whose last refresh leaves less than that is
+// refreshed by a keepalive sent with the claim, in the same round trip.
+// Slot claims get a lease of their own, never renewed.
 func (c *claim) start(ctx context.Context) error {
 	b, req := c.b, c.req
 	h := held{key: req.Key, ekey: b.recordKey(req.Key, req.OwnerToken, req.Limit), seconds: c.seconds}
-	if sp, ok := b.takeSpare(c.seconds); ok && !c.slot {
-		h.lease, h.refreshed = sp.id, sp.refreshed
-		b.remember(req.OwnerToken, h) // before the claim is sent: an undo revokes it
-		c.h, c.reused = h, true
-		return nil
-	} else if ok {
-		b.putSpare(c.seconds, sp)
+	if !c.slot {
+		if sh, ok := b.takeShared(c.seconds); ok {
+			h.lease, h.refreshed = sh.id, sh.refreshed
+			b.remember(req.OwnerToken, h) // before the claim is sent: an undo finds it
+			c.h, c.reused = h, true
+			// The key expires no earlier than the lease's refresh plus its
+			// TTL: without a refresh now, that must cover the claim's TTL.
+			c.kaDone = !time.Now().Add(req.TTL).After(sh.refreshed.Add(time.Duration(c.seconds) * time.Second))
+			return nil
+		}
 	}
 	h.lease = newLeaseID()
-	h, err := b.grant(ctx, req.OwnerToken, h, c.seconds)
+	h, err := b.grant(ctx, req.OwnerToken, h, c.seconds, !c.slot)
 	c.h = h
 	if err != nil {
 		return c.grantFailed(err)
@@ -134,27 +146,25 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 		)
 		if c.reused && !c.kaDone {
 			kaSent = time.Now()
-			lease := c.h.lease
-			wg.Go(func() {
-				ttls, err := c.b.ka.keepAlive(ctx, []int64{lease}, false)
-				switch {
-				case err != nil:
-					kaErr = err
-				case ttls[0] <= 0:
-					kaErr = errors.New("lease expired")
-				}
-			})
+			wg.Go(func() { kaErr = c.refresh(ctx) })
 		}
 		resp, err := txn().Commit()
 		wg.Wait()
+		if kaErr != nil && err == nil && resp.Succeeded && ctx.Err() == nil {
+			// The stream failed under the keepalive (another caller ended
+			// it): any refresh sent after the claim was sent will do.
+			kaErr = c.refresh(ctx)
+		}
 		if err != nil {
 			if c.reused && isLeaseNotFound(err) {
-				// The spare expired: nothing was written. Claim with a
-				// lease of its own.
+				// The shared lease expired (its sessions are lost, and
+				// their renewals say so): nothing was written. Claim on a
+				// new lease, which becomes the shared one.
 				c.reused = false
+				c.b.retire(c.h.lease)
 				h := c.h
 				h.lease, h.rev, h.refreshed = newLeaseID(), 0, time.Time{}
-				if c.h, err = c.b.grant(ctx, c.req.OwnerToken, h, c.seconds); err != nil {
+				if c.h, err = c.b.grant(ctx, c.req.OwnerToken, h, c.seconds, true); err != nil {
 					return nil, c.grantFailed(err)
 				}
 				continue
@@ -164,9 +174,10 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 		if c.reused && !c.kaDone {
 			if kaErr == nil {
 				c.h.refreshed = kaSent
+				c.b.leaseRefreshed(c.h.lease, kaSent)
 				c.kaDone = true // refreshed after the engine sent the claim: once is enough
 			} else {
-				c.spareOK = false
+				c.leaseOK = false
 				if resp.Succeeded {
 					// The key is bound to a lease whose refresh is not
 					// confirmed: it might expire before this session's
@@ -179,9 +190,22 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 	}
 }
 
+// refresh sends a keepalive of the claim's lease on the Backend's stream.
+func (c *claim) refresh(ctx context.Context) error {
+	ttls, err := c.b.ka.keepAlive(ctx, []int64{c.h.lease}, false)
+	switch {
+	case err != nil:
+		return err
+	case ttls[0] <= 0:
+		return errors.New("lease expired")
+	}
+	return nil
+}
+
 // succeed records the claim as held with fencing token rev.
 func (c *claim) succeed(rev int64, now time.Time) core.Lease {
 	c.h.rev = rev
+	c.b.markFree(c.req.Key)
 	c.b.keep(c.req, c.h)
 	return c.b.lease(rev, now, c.req)
 }
@@ -190,20 +214,31 @@ func (c *claim) succeed(rev int64, now time.Time) core.Lease {
 // with the same owner token: it holds the key with that record's lease.
 func (c *claim) own(ctx context.Context, kv *mvccpb.KeyValue, now time.Time) core.Lease {
 	if kv.Lease != c.h.lease {
-		_ = c.b.revoke(ctx, c.h.lease)
+		// An earlier attempt's lease (a shared lease is never revoked
+		// here: other sessions may be bound to it).
+		if lease := c.b.forget(c.req.OwnerToken); lease != 0 {
+			_ = c.b.revoke(ctx, lease)
+		}
 	}
 	c.h.lease = kv.Lease
 	return c.succeed(kv.CreateRevision, now)
 }
 
-// giveUp forgets a claim that took nothing and keeps its unused lease for
-// the next claim, or revokes it; wait waits for that revoke.
+// giveUp forgets a claim that took nothing. A shared lease stays for the
+// next claim unless its refresh failed; a slot's own lease is revoked.
+// wait waits for that revoke.
 func (c *claim) giveUp(ctx context.Context) (wait func()) {
-	c.b.forget(c.req.OwnerToken)
+	b := c.b
+	lease := b.forget(c.req.OwnerToken)
+	if c.reused && !c.leaseOK && b.retire(c.h.lease) {
+		lease = c.h.lease
+	}
+	if c.slot {
+		lease = c.h.lease
+	}
 	var wg sync.WaitGroup
-	if !c.spareOK || c.slot || !c.b.putSpare(c.seconds, spare{id: c.h.lease, refreshed: c.h.refreshed}) {
-		lease := c.h.lease
-		wg.Go(func() { _ = c.b.revoke(ctx, lease) })
+	if lease != 0 {
+		wg.Go(func() { _ = b.revoke(ctx, lease) })
 	}
 	return wg.Wait
 }
@@ -278,6 +313,7 @@ func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Le
 			info = b.holderInfo(ctx, key, kv, cur)
 		}
 		wait()
+		b.markBusy(key)
 		return core.Lease{}, core.Busy(key, info)
 	}
 	c.giveUp(ctx)()

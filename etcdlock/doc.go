@@ -29,28 +29,37 @@
 //
 // Lock k is the etcd key <prefix>k (WithPrefix, default "dislock/"), whose
 // value is a small JSON record: owner, owner token, acquired-at (the
-// acquirer's clock) and, for slot locks, the slot's end. Every session has
-// a lease of its own, with an ID the backend picks at random, and the key
-// is bound to it.
+// acquirer's clock) and, for slot locks, the slot's end. The key is bound to
+// a lease, with an ID the backend picks at random: the sessions of one
+// Backend with the same TTL (in whole seconds) share one lease, so that
+// renewing them is one keepalive; a slot lock has a lease of its own.
+// The loss of a shared lease (it expired, or was revoked) is the loss of
+// every session on it; the deletion of one key (a release, a
+// ForceRelease) ends only that key's session. A key on a shared lease
+// whose session no renewal has asked for in longer than the lease's TTL
+// (it ended without a release that reached the store) is deleted,
+// owner-checked, by the next renewal: the store keeps it no longer than a
+// lease of its own would have.
 //
 //   - Acquire is one transaction: if the key's create_revision is 0 (no
 //     such key), put it bound to the session's lease; otherwise read it.
 //     etcd can bind a key only to a lease that already exists, and a
-//     transaction cannot grant one, so the lease comes first: a Backend
-//     keeps the leases of its released locks and of its busy claims (up to
-//     64 per TTL, each refreshed within the last half of its TTL) and takes
-//     one of those, refreshing it with a keepalive sent together with the
-//     transaction — one round trip. Without a spare lease, the claim is a
-//     lease grant and then the transaction: two. A claim whose keepalive
-//     fails while its transaction succeeded is undone, since the lease
-//     might then expire before the session's deadline.
+//     transaction cannot grant one, so the lease comes first: the claim
+//     takes the shared lease of its TTL. When that lease's last refresh
+//     leaves less than the claim's TTL, a keepalive is sent together with
+//     the transaction — one round trip. Without a shared lease yet, the
+//     claim is a lease grant and then the transaction: two. A claim whose
+//     keepalive fails while its transaction succeeded is undone, since the
+//     lease might then expire before the session's deadline.
 //   - A busy answer costs one more round trip, reading the holder's
-//     remaining lease time; the unused lease becomes a spare.
+//     remaining lease time. A key last seen busy is claimed with reads
+//     first: etcd proposes a transaction that contains a put through Raft
+//     even when its compare fails, a read-only one it does not.
 //   - The fencing token is the key's create_revision. Every new holder must
 //     create the key, at a new, larger store revision, so tokens strictly
 //     increase per key; renewals and minimum holds keep it.
 //   - Renewal of all of a Locker's sessions is one round trip per renew
-//     interval: a keepalive message per lease on the Backend's stream,
+//     interval: a keepalive message per shared lease on the Backend's stream,
 //     sent together with transactions of up to 128 reads each
 //     (WithMaxTxnOps; 1,000 leases are 8 transactions, sent at once) that
 //     check each key is still bound to its session's lease with its token
@@ -63,20 +72,21 @@
 //     ends the stream: a member that hangs without closing the connection
 //     costs one attempt, and the retry goes to another member.
 //   - Release is one transaction that deletes the key if it is still bound
-//     to the session's lease at the session's create_revision; the lease
-//     becomes a spare. A release that finds the key gone or another's
+//     to the session's lease at the session's create_revision; the shared
+//     lease stays. A release that finds the key gone or another's
 //     changes nothing and answers lost (core.ErrLeaseGone; the engine takes
 //     it as done on a retry), and the comparison on both lease and revision
 //     means it can never delete a newer holder's key.
-//   - An acquire whose outcome is unknown (its reply was lost) is undone by
-//     revoking its lease instead: that deletes the key if the claim was
-//     applied, and makes the claim fail if it is still on its way. The
-//     lease ID is known before anything is sent, so even a grant whose
-//     reply was lost is revoked.
+//   - An acquire whose outcome is unknown (its reply was lost) retires its
+//     lease: no new claim takes it, and it is revoked once no session of
+//     the Backend is bound to it (at once when there is none): that
+//     deletes the key if the claim was applied, and makes the claim fail
+//     if it is still on its way. Until then the undo deletes the key by
+//     its owner token. The lease ID is known before anything is sent, so
+//     even a grant whose reply was lost is revoked.
 //   - A release before a minimum hold ends (core.MinHold) grants a lease of
 //     the remaining hold, moves the key to it with an owner-checked put
-//     that keeps its create_revision, and revokes the session's lease:
-//     three round trips.
+//     that keeps its create_revision: two round trips.
 //   - Waiters are woken by one watch per Locker on the prefix, for
 //     deletions only, with WithRequireLeader: a member cut off from its
 //     cluster ends the watch instead of going quiet, and the Locker polls
@@ -84,14 +94,14 @@
 //   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
 //     List reads the prefix in pages of 500; ForceRelease deletes exactly
 //     the incarnation it read (same lease, same create revision) and never
-//     revokes the holder's lease, which may by then be a spare serving
-//     another key; the holder learns of the loss at its next renewal.
+//     revokes the holder's lease, which other sessions share; the holder learns of the loss at its next renewal.
 //   - Keepalives, of claims and of renewals, travel on one LeaseKeepAlive
 //     stream per Backend, opened on first use and kept open (it requires a
 //     leader: a member that loses its leader ends it, and the next
 //     keepalive opens another). One goroutine reads its replies.
-//   - Close ends that stream, waits for its goroutine and revokes the spare
-//     leases; any it cannot reach expire by themselves, bound to no key.
+//   - Close ends that stream, waits for its goroutine and revokes the
+//     shared leases no session is bound to any more; any it cannot reach
+//     expire by themselves.
 //
 // # Semaphores
 //
@@ -122,8 +132,8 @@
 //     per claim of another process that wins in between (at most 4
 //     transactions, and none started after a sixth of the TTL, so that a
 //     claim that keeps losing races answers busy well before the renew
-//     deadline). The lease is taken as for a lock (a spare, refreshed once
-//     alongside the first transaction).
+//     deadline). The lease is taken as for a lock (the shared lease,
+//     refreshed if need be alongside the first transaction).
 //   - A lock claim's transaction also requires the permit range to be
 //     empty. A lock claim that finds permits, and a permit claim that finds
 //     the lock key or permits taken with another limit, fail with
@@ -146,7 +156,7 @@
 //     are woken by the watch and race, as for locks.
 //
 // Every lock request carries WithRequireLeader, so a member without a leader
-// answers at once with an error instead of waiting (Close's revokes of spare
+// answers at once with an error instead of waiting (Close's revokes of unused
 // leases do not: a lease they miss expires by itself).
 //
 // # Time

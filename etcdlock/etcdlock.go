@@ -23,9 +23,6 @@ const MaxLeaseTTL = 9_000_000_000 * time.Second
 // etcd's default --max-txn-ops.
 const defaultMaxTxnOps = 128
 
-// maxSpares is how many unused leases of one TTL a Backend keeps for reuse.
-const maxSpares = 64
-
 // Option configures a Backend.
 type Option func(*options)
 
@@ -95,10 +92,12 @@ type Backend struct {
 	maxTxnOps int
 	ka        *keepalives
 
-	mu     sync.Mutex
-	held   map[string]held    // by owner token: what this backend acquired
-	spares map[int64][]spare  // by TTL in seconds: live leases bound to no key
-	views  map[string]semView // by key: what this backend last saw of a semaphore
+	mu        sync.Mutex
+	held      map[string]held     // by owner token: what this backend acquired
+	current   map[int64]*shared   // by TTL in seconds: the lease new claims take
+	leaseByID map[int64]*shared   // every shared lease in use, current or retired
+	views     map[string]semView  // by key: what this backend last saw of a semaphore
+	busy      map[string]struct{} // keys last seen held by another owner: claims read first
 }
 
 // held is one lock or permit this backend claimed (or tried to): its key, its lease
@@ -111,6 +110,7 @@ type held struct {
 	rev       int64
 	seconds   int64
 	refreshed time.Time
+	seen      time.Time // the claim's send, or the last Renew that asked for it
 }
 
 var (
@@ -139,26 +139,29 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
 	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
-		held: make(map[string]held), spares: make(map[int64][]spare), views: make(map[string]semView)}, o, nil
+		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), views: make(map[string]semView), busy: make(map[string]struct{})}, o, nil
 }
 
 // Name implements core.Backend.
 func (b *Backend) Name() string { return "etcd" }
 
 // Close implements core.Backend: it ends the keepalive stream and revokes
-// the spare leases (within 2 s; any left expire by themselves). It does not
-// close the etcd client, which belongs to the caller. It is safe to call
-// more than once.
+// the shared leases that no session of this backend is bound to any more
+// (within 2 s; any left expire by themselves). A lease that still carries
+// a session — one whose release failed — is left to expire, so that the
+// holder keeps its margin. It does not close the etcd client, which
+// belongs to the caller. It is safe to call more than once.
 func (b *Backend) Close() error {
 	b.ka.close()
 	b.mu.Lock()
 	var ids []int64
-	for _, list := range b.spares {
-		for _, sp := range list {
-			ids = append(ids, sp.id)
+	for id, sh := range b.leaseByID {
+		if sh.users <= 0 {
+			ids = append(ids, id)
+			delete(b.leaseByID, id)
 		}
 	}
-	clear(b.spares)
+	clear(b.current)
 	b.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

@@ -13,44 +13,100 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// spare is a lease this backend granted that no key is bound to any more:
-// a released lock's, or one a busy claim did not use. The next claim with
-// the same TTL takes it instead of granting a new one, refreshing it in
-// the same round trip as its claim.
-type spare struct {
+// shared is a lease that the keys of this backend's sessions of one TTL
+// are bound to: one lease per TTL, kept alive by one keepalive per renewal
+// however many sessions it carries. Its loss (expiry, revoke) is the loss
+// of every session on it; a key deleted on its own (a release, a
+// ForceRelease) ends only its session, which the renewal's owner check
+// finds.
+type shared struct {
 	id        int64
-	refreshed time.Time
+	seconds   int64
+	refreshed time.Time // send time of the last successful grant or keepalive
+	users     int       // held entries bound to it, claims in flight included
+	current   bool      // new claims of its TTL take it
 }
 
-// takeSpare returns a spare lease of the given TTL refreshed within the
-// last half of it; older ones are dropped (they expire by themselves).
-func (b *Backend) takeSpare(seconds int64) (spare, bool) {
+// takeShared returns the current lease of the given TTL, if one was
+// refreshed less than its TTL ago (an older one has expired: it is dropped).
+func (b *Backend) takeShared(seconds int64) (shared, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	list := b.spares[seconds]
-	for len(list) > 0 {
-		sp := list[len(list)-1]
-		list = list[:len(list)-1]
-		if time.Since(sp.refreshed) < time.Duration(seconds)*time.Second/2 {
-			b.spares[seconds] = list
-			return sp, true
+	sh := b.current[seconds]
+	if sh == nil {
+		return shared{}, false
+	}
+	if time.Since(sh.refreshed) >= time.Duration(seconds)*time.Second {
+		b.retireLocked(sh)
+		return shared{}, false
+	}
+	return *sh, true
+}
+
+// makeCurrent registers lease id, just granted (at sent) for a claim, as
+// the current lease of its TTL.
+func (b *Backend) makeCurrent(id, seconds int64, sent time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sh := b.leaseByID[id]
+	if sh == nil {
+		sh = &shared{id: id, seconds: seconds}
+		b.leaseByID[id] = sh
+	}
+	if sent.After(sh.refreshed) {
+		sh.refreshed = sent
+	}
+	if old := b.current[seconds]; old != nil && old != sh {
+		b.retireLocked(old)
+	}
+	sh.current = true
+	b.current[seconds] = sh
+}
+
+// retire stops new claims from taking lease id: it expired, or a claim on
+// it has an unknown outcome. The lease is revoked once no session of this
+// backend is bound to it; retire returns true when that is now.
+func (b *Backend) retire(id int64) (revoke bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sh := b.leaseByID[id]
+	if sh == nil {
+		return false
+	}
+	b.retireLocked(sh)
+	return b.leaseByID[id] == nil
+}
+
+func (b *Backend) retireLocked(sh *shared) {
+	if sh.current {
+		sh.current = false
+		if b.current[sh.seconds] == sh {
+			delete(b.current, sh.seconds)
 		}
 	}
-	delete(b.spares, seconds)
-	return spare{}, false
+	if sh.users <= 0 {
+		delete(b.leaseByID, sh.id)
+	}
 }
 
-func (b *Backend) putSpare(seconds int64, sp spare) bool {
-	if seconds <= 0 || time.Since(sp.refreshed) >= time.Duration(seconds)*time.Second/2 {
-		return false
-	}
+// tracked reports whether lease id is a shared lease still in use.
+func (b *Backend) tracked(id int64) (shared, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.spares[seconds]) >= maxSpares {
-		return false
+	sh := b.leaseByID[id]
+	if sh == nil {
+		return shared{}, false
 	}
-	b.spares[seconds] = append(b.spares[seconds], sp)
-	return true
+	return *sh, true
+}
+
+// leaseRefreshed notes that a keepalive of lease id, sent at t, succeeded.
+func (b *Backend) leaseRefreshed(id int64, t time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sh := b.leaseByID[id]; sh != nil && t.After(sh.refreshed) {
+		sh.refreshed = t
+	}
 }
 
 // leaseSeconds rounds d up to whole seconds, at least 1, and rejects what
@@ -79,10 +135,21 @@ func newLeaseID() int64 {
 	return id
 }
 
+// remember records h under ownerToken, counting it as a user of its
+// lease.
 func (b *Backend) remember(ownerToken string, h held) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.held[ownerToken]; ok {
+		b.dropUserLocked(old.lease)
+	}
+	if h.seen.IsZero() {
+		h.seen = time.Now()
+	}
 	b.held[ownerToken] = h
-	b.mu.Unlock()
+	if sh := b.leaseByID[h.lease]; sh != nil {
+		sh.users++
+	}
 }
 
 func (b *Backend) lookup(ownerToken string) (held, bool) {
@@ -92,20 +159,31 @@ func (b *Backend) lookup(ownerToken string) (held, bool) {
 	return h, ok
 }
 
-// refreshed notes that a keepalive of lease, sent at t, succeeded.
-func (b *Backend) refreshed(ownerToken string, lease int64, t time.Time) {
+// forget drops the record of ownerToken. It returns the lease that record
+// was bound to when that lease should now be revoked: retired, and no
+// other session bound to it.
+func (b *Backend) forget(ownerToken string) (revoke int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if h, ok := b.held[ownerToken]; ok && h.lease == lease && t.After(h.refreshed) {
-		h.refreshed = t
-		b.held[ownerToken] = h
+	h, ok := b.held[ownerToken]
+	if !ok {
+		return 0
 	}
+	delete(b.held, ownerToken)
+	return b.dropUserLocked(h.lease)
 }
 
-func (b *Backend) forget(ownerToken string) {
-	b.mu.Lock()
-	delete(b.held, ownerToken)
-	b.mu.Unlock()
+func (b *Backend) dropUserLocked(id int64) (revoke int64) {
+	sh := b.leaseByID[id]
+	if sh == nil {
+		return 0
+	}
+	sh.users--
+	if sh.users <= 0 && !sh.current {
+		delete(b.leaseByID, id)
+		return id
+	}
+	return 0
 }
 
 func (b *Backend) leases() etcdserverpb.LeaseClient {
@@ -114,14 +192,23 @@ func (b *Backend) leases() etcdserverpb.LeaseClient {
 
 // grant creates a lease with the ID h.lease (a fresh ID when another lease
 // has it), recording every ID tried under ownerToken before it is sent.
-func (b *Backend) grant(ctx context.Context, ownerToken string, h held, seconds int64) (held, error) {
+// With share, the lease becomes the current shared lease of its TTL.
+func (b *Backend) grant(ctx context.Context, ownerToken string, h held, seconds int64, share bool) (held, error) {
 	h.seconds = seconds
 	for range 3 {
+		if share {
+			b.mu.Lock()
+			b.leaseByID[h.lease] = &shared{id: h.lease, seconds: seconds}
+			b.mu.Unlock()
+		}
 		b.remember(ownerToken, h)
 		sent := time.Now()
 		_, err := b.leases().LeaseGrant(ctx, &etcdserverpb.LeaseGrantRequest{ID: h.lease, TTL: seconds})
 		if err == nil {
 			h.refreshed = sent
+			if share {
+				b.makeCurrent(h.lease, seconds, sent)
+			}
 			return h, nil
 		}
 		if !errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseExist) {

@@ -12,16 +12,15 @@ import (
 
 // Release implements core.Backend. Without Keep it deletes the key if it is
 // still bound to the session's lease at the session's create revision, so
-// it can never delete a newer holder's key, and keeps the lease as a spare;
-// a key already gone, or another's, is answered core.Gone (nothing was
-// released). A claim whose outcome is unknown is undone
-// by revoking its lease. With Keep it moves the key, owner-checked, to a
-// new lease of Keep (rounded up to whole seconds) and revokes the old one:
-// three round trips.
+// it can never delete a newer holder's key; the shared lease stays. A key
+// already gone, or another's, is answered core.Gone (nothing was
+// released). A claim whose outcome is unknown is undone as undo says. With
+// Keep it moves the key, owner-checked, to a new lease of Keep (rounded up
+// to whole seconds): two round trips.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	ctx = clientv3.WithRequireLeader(ctx)
 	h, ok := b.lookup(req.OwnerToken)
-	own := ok && h.key == req.Key // the lease is this backend's own record, never a spare
+	own := ok && h.key == req.Key // the lease is this backend's own record
 	if !own {
 		// Not acquired through this backend: find the lease by reading
 		// the key and checking its owner token. An undo does not say
@@ -50,14 +49,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	}
 	k := h.ekey
 	if h.rev == 0 {
-		// The claim's outcome is unknown (its reply was lost, or it may
-		// still be on its way): revoking the lease deletes the key if the
-		// claim was applied, and makes it fail if it arrives later.
-		if err := b.revoke(ctx, h.lease); err != nil {
-			return err
-		}
-		b.forget(req.OwnerToken)
-		return nil
+		return b.undo(ctx, req, h)
 	}
 	if req.Keep <= 0 {
 		// Delete exactly this incarnation of the key, bound to this
@@ -70,17 +62,18 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		if err != nil {
 			return err
 		}
-		b.forget(req.OwnerToken)
 		if resp.Succeeded && k != b.etcdKey(req.Key) {
 			b.permitFreed(req.Key, h.rev, resp.Header.Revision)
 		}
 		if !own {
-			// A lease read from the key may by now serve another key of
-			// the process that holds it: never revoke it from here.
+			// A lease read from the key may serve other keys of the
+			// process that holds it: never revoke it from here.
 			return releasedIf(req.Key, resp.Succeeded)
 		}
-		if !resp.Succeeded || !b.putSpare(h.seconds, spare{id: h.lease, refreshed: h.refreshed}) {
-			_ = b.revoke(ctx, h.lease) // no key of ours on it; it would expire anyway
+		// The shared lease stays for the other sessions and the next
+		// claim, unless it was retired and this was its last session.
+		if lease := b.forget(req.OwnerToken); lease != 0 {
+			_ = b.revoke(ctx, lease)
 		}
 		return releasedIf(req.Key, resp.Succeeded)
 	}
@@ -107,10 +100,11 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if !resp.Succeeded {
 		_ = b.revoke(ctx, keep) // not ours any more: nothing to keep
 	}
-	if err := b.revoke(ctx, h.lease); err != nil {
-		return err
+	if own {
+		if lease := b.forget(req.OwnerToken); lease != 0 {
+			_ = b.revoke(ctx, lease)
+		}
 	}
-	b.forget(req.OwnerToken)
 	return releasedIf(req.Key, resp.Succeeded)
 }
 
@@ -119,6 +113,43 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 func releasedIf(key string, ours bool) error {
 	if !ours {
 		return core.Gone(key, "held by another owner, expired or deleted")
+	}
+	return nil
+}
+
+// undo undoes a claim whose outcome is unknown (its reply was lost, or it
+// may still be on its way). A lease of the claim's own (a slot's, or a
+// shared lease no other session is bound to) is revoked: that deletes the
+// key if the claim was applied and makes it fail if it arrives later.
+// A shared lease that carries other sessions cannot be revoked: it is
+// retired — no new claim takes it — and revoked when its last session
+// ends, and the key is deleted now if the claim was applied, found by its
+// owner token. (A claim that arrives after that holds the key until the
+// retired lease is revoked.)
+func (b *Backend) undo(ctx context.Context, req core.ReleaseRequest, h held) error {
+	b.retire(h.lease)
+	resp, err := b.cli.Get(ctx, h.ekey)
+	if err != nil {
+		return err
+	}
+	if len(resp.Kvs) > 0 {
+		kv := resp.Kvs[0]
+		if rec, ok := decode(kv.Value); ok && rec.OwnerToken == req.OwnerToken && kv.Lease == h.lease {
+			if _, err := b.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.CreateRevision(h.ekey), "=", kv.CreateRevision)).
+				Then(clientv3.OpDelete(h.ekey)).Commit(); err != nil {
+				return err
+			}
+		}
+	}
+	lease := b.forget(req.OwnerToken)
+	if _, tracked := b.tracked(h.lease); !tracked {
+		lease = h.lease // a slot's lease, or a grant whose reply was lost
+	}
+	if lease != 0 {
+		if err := b.revoke(ctx, lease); err != nil {
+			return err
+		}
 	}
 	return nil
 }

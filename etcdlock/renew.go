@@ -14,9 +14,12 @@ import (
 )
 
 // Renew implements core.Backend. One call is one round trip: one message
-// per lease on the Backend's LeaseKeepAlive stream, and, at the same time, transactions of up to 128 Gets that check each key is still bound
-// to its session's lease with its fencing token — a live lease does not
-// prove the key is still there.
+// per lease on the Backend's LeaseKeepAlive stream — one for all the
+// sessions of one TTL, which share a lease — and, at the same time,
+// transactions of up to 128 Gets that check each key is still bound to its
+// session's lease with its fencing token: a live lease does not prove the
+// key is still there (a release or ForceRelease deletes one key, and ends
+// only that session).
 func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
 	// One attempt waits at most a sixth of the shortest TTL (at least
 	// 100 ms): a member that hangs without closing the connection then
@@ -32,6 +35,14 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 	results := make([]error, len(reqs))
 	hs := make([]held, len(reqs))
 	var idx []int // requests to send
+	b.mu.Lock()
+	for _, r := range reqs {
+		if h, ok := b.held[r.OwnerToken]; ok {
+			h.seen = sent
+			b.held[r.OwnerToken] = h
+		}
+	}
+	b.mu.Unlock()
 	for i, r := range reqs {
 		h, ok := b.lookup(r.OwnerToken)
 		if !ok || h.key != r.Key || h.ekey != b.recordKey(r.Key, r.OwnerToken, r.Limit) || h.rev == 0 {
@@ -53,13 +64,16 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		kvs    = make([]*mvccpb.KeyValue, len(reqs))
 		txErrs = make([]error, chunks)
 	)
-	wg.Go(func() {
-		ids := make([]int64, len(idx))
-		for j, i := range idx {
-			ids[j] = hs[i].lease
+	// One keepalive per lease: the sessions of one TTL share one.
+	var ids []int64
+	slot := make(map[int64]int) // lease → its index in ids
+	for _, i := range idx {
+		if _, ok := slot[hs[i].lease]; !ok {
+			slot[hs[i].lease] = len(ids)
+			ids = append(ids, hs[i].lease)
 		}
-		ttls, kaErr = b.ka.keepAlive(ctx, ids, true)
-	})
+	}
+	wg.Go(func() { ttls, kaErr = b.ka.keepAlive(ctx, ids, true) })
 	for c := range chunks {
 		part := idx[c*b.maxTxnOps : min(len(idx), (c+1)*b.maxTxnOps)]
 		wg.Go(func() {
@@ -95,7 +109,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		}
 		h, kv := hs[i], kvs[i]
 		switch {
-		case ttls[j] <= 0:
+		case ttls[slot[h.lease]] <= 0:
 			results[i] = core.Gone(reqs[i].Key, "lease expired or revoked")
 		case kv == nil:
 			results[i] = core.Gone(reqs[i].Key, "key deleted")
@@ -103,14 +117,83 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 			results[i] = core.Gone(reqs[i].Key, "held by another owner")
 		}
 		if results[i] != nil {
-			// The lease holds no key of ours any more: nothing to undo.
-			b.forget(reqs[i].OwnerToken)
-		} else {
-			b.refreshed(reqs[i].OwnerToken, h.lease, sent)
+			// The lease holds no key of this session any more: nothing to
+			// undo.
+			if lease := b.forget(reqs[i].OwnerToken); lease != 0 {
+				wg.Go(func() { _ = b.revoke(ctx, lease) })
+			}
 		}
 	}
+	for j, id := range ids {
+		if ttls[j] > 0 {
+			b.leaseRefreshed(id, sent)
+		} else {
+			b.retire(id) // expired or revoked: its sessions are lost
+		}
+	}
+	b.sweep(ctx, &wg, sent)
+	wg.Wait()
 	if failed == len(reqs) {
 		return nil, firstErr
 	}
 	return results, nil
+}
+
+// maxSweep bounds the keys one Renew call sweeps.
+const maxSweep = 32
+
+// sweep deletes, owner-checked, the keys bound to this backend's shared
+// leases whose sessions no Renew has asked for in longer than the lease's
+// TTL: a session that ended without a release that reached the store (it
+// was lost and never released, or its release failed), or a claim whose
+// undo failed. With a lease of its own such a key would have expired by
+// now; the shared lease, renewed for the other sessions, would keep it
+// held. The deletes run on wg, under ctx.
+func (b *Backend) sweep(ctx context.Context, wg *sync.WaitGroup, now time.Time) {
+	type orphan struct {
+		token string
+		h     held
+	}
+	var list []orphan
+	b.mu.Lock()
+	for token, h := range b.held {
+		if b.leaseByID[h.lease] == nil || now.Sub(h.seen) <= time.Duration(h.seconds)*time.Second {
+			continue
+		}
+		list = append(list, orphan{token, h})
+		if len(list) == maxSweep {
+			break
+		}
+	}
+	b.mu.Unlock()
+	for _, o := range list {
+		wg.Go(func() {
+			h := o.h
+			rev := h.rev
+			if rev == 0 {
+				// A claim whose outcome was never known: find it by its
+				// owner token.
+				resp, err := b.cli.Get(ctx, h.ekey)
+				if err != nil {
+					return
+				}
+				if len(resp.Kvs) > 0 {
+					if rec, ok := decode(resp.Kvs[0].Value); ok && rec.OwnerToken == o.token {
+						rev = resp.Kvs[0].CreateRevision
+					}
+				}
+			}
+			if rev != 0 {
+				if _, err := b.cli.Txn(ctx).
+					If(clientv3.Compare(clientv3.LeaseValue(h.ekey), "=", h.lease),
+						clientv3.Compare(clientv3.CreateRevision(h.ekey), "=", rev)).
+					Then(clientv3.OpDelete(h.ekey)).Commit(); err != nil {
+					return
+				}
+			}
+			if lease := b.forget(o.token); lease != 0 {
+				_ = b.revoke(ctx, lease)
+			}
+		})
+	}
 }

@@ -199,6 +199,9 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 	wait := c.giveUp(ctx)
 	info := b.firstToExpire(ctx, key, live)
 	wait()
+	if len(live) >= limit {
+		b.markBusy(key)
+	}
 	return core.Lease{}, core.Busy(key, info)
 }
 

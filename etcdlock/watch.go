@@ -27,7 +27,8 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 		for _, ev := range resp.Events {
 			if ev.Type == mvccpb.DELETE {
 				if key, ok := b.lockKey(string(ev.Kv.Key)); ok {
-					fn(key) // a lock, or one permit of a semaphore
+					b.markFree(key) // the next claim writes at once
+					fn(key)         // a lock, or one permit of a semaphore
 				}
 			}
 		}

@@ -10,7 +10,9 @@ package etcdtest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,6 +73,18 @@ func benchEndpoints(b *testing.B) clientv3.Config {
 	}
 	c := etcdtest.Start(b, 1)
 	return clientv3.Config{Endpoints: c.DirectEndpoints()}
+}
+
+// benchWrites returns the endpoints benchmarks run against and a count of
+// the Raft entries the server has applied (nil on DISLOCK_TEST_ETCD, whose
+// server is not in this process).
+func benchWrites(b *testing.B) (clientv3.Config, func() uint64) {
+	b.Helper()
+	if etcdtest.Shared(b) != "" {
+		return benchEndpoints(b), nil
+	}
+	c := etcdtest.Start(b, 1)
+	return clientv3.Config{Endpoints: c.DirectEndpoints()}, func() uint64 { return c.Applied(0) }
 }
 
 func benchClient(b *testing.B, cfg clientv3.Config, cnt *counter) *clientv3.Client {
@@ -164,21 +178,29 @@ func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() err
 	}
 }
 
-// BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release (lease
-// grant, claim transaction, revoke).
+// BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release (the
+// claim transaction on the shared lease, with a keepalive of it on the open
+// stream, and the owner-checked delete).
 func BenchmarkTryAcquireRelease(b *testing.B) {
-	cfg := benchEndpoints(b)
-	cnt := &counter{}
-	cli := benchClient(b, cfg, cnt)
-	l := benchLocker(b, cli, uniquePrefix("bench"))
-	ctx := context.Background()
-	interleaved(b, cli, cnt, func() error {
-		s, err := l.TryAcquire(ctx, "uncontended")
-		if err != nil {
-			return err
+	uncontended(b, func(cli *clientv3.Client) func() error {
+		l := benchLocker(b, cli, uniquePrefix("bench"))
+		ctx := context.Background()
+		return func() error {
+			s, err := l.TryAcquire(ctx, "uncontended")
+			if err != nil {
+				return err
+			}
+			return s.Release(ctx)
 		}
-		return s.Release(ctx)
 	})
+}
+
+// uncontended runs the op that mk makes on a counted client, interleaved
+// with a Get each.
+func uncontended(b *testing.B, mk func(cli *clientv3.Client) func() error) {
+	cnt := &counter{}
+	cli := benchClient(b, benchEndpoints(b), cnt)
+	interleaved(b, cli, cnt, mk(cli))
 }
 
 // BenchmarkConcurrencyMutex is etcd's concurrency package doing the same:
@@ -232,40 +254,65 @@ func BenchmarkHandoff(b *testing.B) {
 
 func benchHandoff(b *testing.B, procs int) {
 	const waiters = 16
-	cfg := benchEndpoints(b)
+	cfg, writes := benchWrites(b)
 	probe := benchClient(b, cfg, nil)
 	get, put := getLatency(b, probe), putLatency(b, probe)
 	prefix := uniquePrefix("bench-handoff")
+	cnt := &counter{}
 	lockers := make([]core.Locker, procs)
 	for i := range lockers {
-		lockers[i] = benchLocker(b, benchClient(b, cfg, nil), prefix, core.WithDefaults(core.TTL(10*time.Second)))
+		lockers[i] = benchLocker(b, benchClient(b, cfg, cnt), prefix, core.WithDefaults(core.TTL(10*time.Second)))
 	}
-	lat, _ := benchtest.Handoff(b, waiters, benchtest.Turns(lockers, "handoff"))
+	if writes == nil {
+		writes = func() uint64 { return 0 }
+	}
+	u0, s0, w0 := cnt.unary.Load(), cnt.streams.Load(), writes()
+	lat, n := benchtest.Handoff(b, waiters, benchtest.Turns(lockers, "handoff"))
 	handoffStats(b, lat, get, put)
+	perAcquisition(b, cnt, u0+s0, writes, w0, n)
+}
+
+// perAcquisition reports the requests (unary calls and streams opened; the
+// keepalives on a stream are not counted) and the server writes (Raft
+// entries applied) per acquisition since reqs0 and w0.
+func perAcquisition(b *testing.B, cnt *counter, reqs0 int64, writes func() uint64, w0 uint64, n int64) {
+	if n == 0 {
+		return
+	}
+	b.ReportMetric(float64(cnt.unary.Load()+cnt.streams.Load()-reqs0)/float64(n), "req/acq")
+	if writes != nil {
+		b.ReportMetric(float64(writes()-w0)/float64(n), "writes/acq")
+	}
 }
 
 // BenchmarkConcurrencyMutexHandoff: the same with concurrency.Mutex, 16
 // sessions on 16 clients (Mutex waits on the previous waiter's key).
 func BenchmarkConcurrencyMutexHandoff(b *testing.B) {
 	const waiters = 16
-	cfg := benchEndpoints(b)
+	cfg, writes := benchWrites(b)
+	if writes == nil {
+		writes = func() uint64 { return 0 }
+	}
 	probe := benchClient(b, cfg, nil)
 	get, put := getLatency(b, probe), putLatency(b, probe)
 	prefix := uniquePrefix("bench-mutex-handoff")
+	cnt := &counter{}
 	sessions := make([]*concurrency.Session, waiters)
 	for i := range sessions {
-		s, err := concurrency.NewSession(benchClient(b, cfg, nil), concurrency.WithTTL(10))
+		s, err := concurrency.NewSession(benchClient(b, cfg, cnt), concurrency.WithTTL(10))
 		if err != nil {
 			b.Fatal(err)
 		}
 		sessions[i] = s
 		b.Cleanup(func() { s.Close() })
 	}
-	lat, _ := benchtest.Handoff(b, waiters, func(i int) (func(context.Context) error, func() error) {
+	u0, s0, w0 := cnt.unary.Load(), cnt.streams.Load(), writes()
+	lat, n := benchtest.Handoff(b, waiters, func(i int) (func(context.Context) error, func() error) {
 		m := concurrency.NewMutex(sessions[i], prefix+"handoff")
 		return m.Lock, func() error { return m.Unlock(context.Background()) }
 	})
 	handoffStats(b, lat, get, put)
+	perAcquisition(b, cnt, u0+s0, writes, w0, n)
 }
 
 // BenchmarkHold1000: one Locker holds 1,000 leases (TTL 1.5 s, so 2 s
@@ -337,4 +384,158 @@ func BenchmarkSemaphore(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkHotKeyTry: TryAcquire of a key another process holds, by
+// dislock and by concurrency.Mutex.TryLock (a session of its own), timed
+// against a Get in the same run; writes/op is the Raft entries the server
+// applied per failed try.
+func BenchmarkHotKeyTry(b *testing.B) {
+	cfg, writes := benchWrites(b)
+	ctx := context.Background()
+	prefix := uniquePrefix("bench-hot")
+	report := func(b *testing.B, w0 uint64) {
+		if writes != nil {
+			b.ReportMetric(float64(writes()-w0)/float64(b.N), "writes/op")
+		}
+	}
+	w := func() uint64 {
+		if writes == nil {
+			return 0
+		}
+		return writes()
+	}
+	b.Run("dislock", func(b *testing.B) {
+		holder := benchLocker(b, benchClient(b, cfg, nil), prefix)
+		s, err := holder.TryAcquire(ctx, "hot")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Release(ctx)
+		cnt := &counter{}
+		cli := benchClient(b, cfg, cnt)
+		l := benchLocker(b, cli, prefix)
+		w0 := w()
+		interleaved(b, cli, cnt, func() error {
+			_, err := l.TryAcquire(ctx, "hot")
+			if !errors.Is(err, core.ErrNotAcquired) {
+				return fmt.Errorf("want busy, got %v", err)
+			}
+			return nil
+		})
+		report(b, w0)
+	})
+	b.Run("mutex", func(b *testing.B) {
+		hs, err := concurrency.NewSession(benchClient(b, cfg, nil), concurrency.WithTTL(30))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer hs.Close()
+		hm := concurrency.NewMutex(hs, prefix+"mutex-hot")
+		if err := hm.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		cnt := &counter{}
+		cli := benchClient(b, cfg, cnt)
+		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sess.Close()
+		m := concurrency.NewMutex(sess, prefix+"mutex-hot")
+		w0 := w()
+		interleaved(b, cli, cnt, func() error {
+			if err := m.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
+				return fmt.Errorf("want ErrLocked, got %v", err)
+			}
+			return nil
+		})
+		report(b, w0)
+	})
+}
+
+// BenchmarkDistinctKeys: 64 goroutines of one client, each taking and
+// releasing a key of its own, by dislock (one Locker) and by
+// concurrency.Mutex (one session); x-rtt-rate is acquisitions per second
+// divided by serial Gets per second, measured first.
+func BenchmarkDistinctKeys(b *testing.B) {
+	const workers = 64
+	cfg, _ := benchWrites(b)
+	ctx := context.Background()
+	prefix := uniquePrefix("bench-keys")
+	run := func(b *testing.B, cli *clientv3.Client, op func(key string) error) {
+		get := getLatency(b, cli)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		var failed atomic.Value
+		b.ResetTimer()
+		start := time.Now()
+		for i := range workers {
+			key := fmt.Sprintf("k%d", i)
+			wg.Go(func() {
+				for next.Add(1) <= int64(b.N) {
+					if err := op(key); err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		el := time.Since(start)
+		b.StopTimer()
+		if err, _ := failed.Load().(error); err != nil {
+			b.Fatal(err)
+		}
+		rate := float64(b.N) / el.Seconds()
+		b.ReportMetric(rate, "acq/s")
+		b.ReportMetric(rate*get.Seconds(), "x-rtt-rate")
+	}
+	b.Run("dislock", func(b *testing.B) {
+		cli := benchClient(b, cfg, nil)
+		l := benchLocker(b, cli, prefix)
+		run(b, cli, func(key string) error {
+			s, err := l.TryAcquire(ctx, key)
+			if err != nil {
+				return err
+			}
+			return s.Release(ctx)
+		})
+	})
+	b.Run("mutex", func(b *testing.B) {
+		cli := benchClient(b, cfg, nil)
+		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sess.Close()
+		run(b, cli, func(key string) error {
+			m := concurrency.NewMutex(sess, prefix+"mutex-"+key)
+			if err := m.TryLock(ctx); err != nil {
+				return err
+			}
+			return m.Unlock(ctx)
+		})
+	})
+}
+
+// BenchmarkConcurrencyMutexSession is BenchmarkConcurrencyMutex on one
+// session kept open, as a program holding a session uses it: TryLock and
+// Unlock only.
+func BenchmarkConcurrencyMutexSession(b *testing.B) {
+	uncontended(b, func(cli *clientv3.Client) func() error {
+		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { sess.Close() })
+		m := concurrency.NewMutex(sess, uniquePrefix("bench-mutex-session")+"uncontended")
+		ctx := context.Background()
+		return func() error {
+			if err := m.TryLock(ctx); err != nil {
+				return err
+			}
+			return m.Unlock(ctx)
+		}
+	})
 }

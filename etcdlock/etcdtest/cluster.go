@@ -238,6 +238,18 @@ func (c *Cluster) server(i int) *embed.Etcd {
 	return m.e
 }
 
+// Applied returns the index of the last Raft entry member i applied: it
+// grows by one for every proposal the cluster commits (a write, a lease
+// grant or revoke) and not for reads or lease keepalives. It is 0 when the
+// member is down.
+func (c *Cluster) Applied(i int) uint64 {
+	e := c.server(i)
+	if e == nil {
+		return 0
+	}
+	return e.Server.AppliedIndex()
+}
+
 // Leader returns the index of the member that is leader, waiting up to 10 s
 // for the live members to agree on one.
 func (c *Cluster) Leader() int {

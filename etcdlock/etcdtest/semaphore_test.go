@@ -62,7 +62,7 @@ func TestSemRenewBatch(t *testing.T) {
 			t.Fatalf("renew %d: %v", i, r)
 		}
 	}
-	if u, s, m := cnt.unary.Load()-u0, cnt.streams.Load()-s0, cnt.streamMsgs.Load()-m0; u != 1 || s != 0 || m != int64(len(reqs)) {
-		t.Fatalf("renewal of %d leases: %d transactions, %d streams opened, %d keepalives; want 1, 0, %d", len(reqs), u, s, m, len(reqs))
+	if u, s, m := cnt.unary.Load()-u0, cnt.streams.Load()-s0, cnt.streamMsgs.Load()-m0; u != 1 || s != 0 || m != 1 {
+		t.Fatalf("renewal of %d sessions of one TTL: %d transactions, %d streams opened, %d keepalives; want 1, 0, 1 (one shared lease)", len(reqs), u, s, m)
 	}
 }

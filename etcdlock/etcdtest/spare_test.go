@@ -8,6 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
 )
 
@@ -27,58 +28,116 @@ func keyLease(t *testing.T, cli *clientv3.Client, k string) (clientv3.LeaseID, i
 	return id, ttl.TTL
 }
 
-// TestSpareLease checks the reuse of a released lock's lease: the next
-// claim takes it and refreshes it in the same round trip, and a spare that
-// is gone (revoked behind the backend's back) is replaced by a new grant.
-func TestSpareLease(t *testing.T) {
+// lostWithin waits for s to be lost.
+func lostWithin(t *testing.T, s core.Session, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-s.Context().Done():
+	case <-time.After(d):
+		t.Fatalf("%s: session %q not lost within %v", what, s.Key(), d)
+	}
+}
+
+// TestSharedLease checks that the sessions of one Locker with one TTL are
+// bound to one lease, that a forced release of one key ends only its
+// session, and that the loss of the lease is the loss of every session on
+// it, after which a claim takes a new lease.
+func TestSharedLease(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	admin := c.Client(t)
-	prefix := uniquePrefix("spare")
-	l := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(6*time.Second)))
+	prefix := uniquePrefix("shared")
+	l := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(3*time.Second)))
+	other := newLocker(t, c.Client(t), prefix)
 
-	s, err := l.TryAcquire(ctxT(t, 5*time.Second), "a")
-	if err != nil {
-		t.Fatal(err)
+	var ss []core.Session
+	for _, k := range []string{"a", "b", "c"} {
+		s, err := l.TryAcquire(ctxT(t, 5*time.Second), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Release(context.Background())
+		ss = append(ss, s)
 	}
-	first, _ := keyLease(t, admin, prefix+"a")
-	if err := s.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	// Unrenewed, the spare has about 4 s left after 2 s (it is reused
-	// until half its TTL has passed); the claim's keepalive brings it back
-	// to about 6 s.
-	time.Sleep(2 * time.Second)
-	s, err = l.TryAcquire(ctxT(t, 5*time.Second), "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reused, ttl := keyLease(t, admin, prefix+"b")
-	if reused != first {
-		t.Fatalf("the claim did not reuse the released lease: %x, then %x", first, reused)
-	}
-	if ttl < 5 {
-		t.Fatalf("the reused lease was not refreshed with the claim: TTL %d s of 6", ttl)
-	}
-	tok := s.Token()
-	if err := s.Release(context.Background()); err != nil {
-		t.Fatal(err)
+	lease, _ := keyLease(t, admin, prefix+"a")
+	for _, k := range []string{"b", "c"} {
+		if id, _ := keyLease(t, admin, prefix+k); id != lease {
+			t.Fatalf("key %s on lease %x, key a on %x: not shared", k, id, lease)
+		}
 	}
 
-	// Revoked behind the backend's back: the claim finds the lease gone
-	// and grants a new one.
-	if _, err := admin.Revoke(ctxT(t, 5*time.Second), reused); err != nil {
+	if ok, err := other.ForceRelease(ctxT(t, 5*time.Second), "a"); err != nil || !ok {
+		t.Fatalf("ForceRelease: %v %v", ok, err)
+	}
+	lostWithin(t, ss[0], 5*time.Second, "after ForceRelease")
+	// Two renewals later the other sessions still hold their keys.
+	time.Sleep(2500 * time.Millisecond)
+	for _, s := range ss[1:] {
+		if err := s.Check(ctxT(t, 5*time.Second)); err != nil {
+			t.Fatalf("session %q ended with the forced release of another key: %v", s.Key(), err)
+		}
+	}
+	if _, ttl := keyLease(t, admin, prefix+"b"); ttl < 1 {
+		t.Fatalf("shared lease not renewed: TTL %d s", ttl)
+	}
+
+	// The lease revoked: every session on it is lost.
+	if _, err := admin.Revoke(ctxT(t, 5*time.Second), lease); err != nil {
 		t.Fatal(err)
 	}
-	s, err = l.TryAcquire(ctxT(t, 5*time.Second), "b")
+	for _, s := range ss[1:] {
+		lostWithin(t, s, 5*time.Second, "after the lease was revoked")
+	}
+	s, err := l.TryAcquire(ctxT(t, 5*time.Second), "d")
 	if err != nil {
-		t.Fatalf("claim after the spare was revoked: %v", err)
+		t.Fatalf("claim after the shared lease was revoked: %v", err)
 	}
 	defer s.Release(context.Background())
-	fresh, ttl := keyLease(t, admin, prefix+"b")
-	if fresh == reused || ttl < 5 {
-		t.Fatalf("lease %x (TTL %d) after the spare %x was revoked", fresh, ttl, reused)
+	if id, ttl := keyLease(t, admin, prefix+"d"); id == lease || ttl < 2 {
+		t.Fatalf("lease %x (TTL %d s) after the shared lease %x was revoked", id, ttl, lease)
 	}
-	if s.Token() <= tok {
-		t.Errorf("token %d after %d", s.Token(), tok)
+}
+
+// TestSharedLeaseSweepsUnrenewed checks that a key on the shared lease
+// whose session no renewal asks for any more (it ended without a release
+// that reached the store) is deleted once its lease TTL has passed, as a
+// lease of its own would have expired, while the renewed key stays.
+func TestSharedLeaseSweepsUnrenewed(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	admin := c.Client(t)
+	prefix := uniquePrefix("sweep")
+	b, err := etcdlock.NewBackend(c.Client(t), etcdlock.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Close() })
+	ttl := 1500 * time.Millisecond // a 2 s lease
+	left := core.AcquireRequest{Key: "left", Owner: "t", OwnerToken: "left-token", TTL: ttl}
+	kept := core.AcquireRequest{Key: "kept", Owner: "t", OwnerToken: "kept-token", TTL: ttl}
+	for _, r := range []core.AcquireRequest{left, kept} {
+		if _, err := b.TryAcquire(ctxT(t, 5*time.Second), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed := time.Now()
+	renew := []core.RenewRequest{{Key: kept.Key, OwnerToken: kept.OwnerToken, TTL: ttl}}
+	for time.Since(claimed) < 3*time.Second {
+		res, err := b.Renew(ctxT(t, 5*time.Second), renew)
+		if err != nil || res[0] != nil {
+			t.Fatalf("renew: %v %v", res, err)
+		}
+		resp, err := admin.Get(ctxT(t, 5*time.Second), prefix+"left")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gone := len(resp.Kvs) == 0; gone && time.Since(claimed) < 2*time.Second {
+			t.Fatalf("the unrenewed key was deleted after %v, before its lease TTL", time.Since(claimed))
+		} else if gone {
+			if _, ttl := keyLease(t, admin, prefix+"kept"); ttl < 1 {
+				t.Fatalf("the renewed key's lease has %d s left", ttl)
+			}
+			return
+		}
+		time.Sleep(300 * time.Millisecond) // a renew interval
+	}
+	t.Fatal("the key no renewal asked for was still held 3 s after its claim (2 s lease)")
 }
