@@ -160,7 +160,7 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 // the sentinel as its password when the binary is there, else the shared
 // test server (no restart fault, pauses kept short).
 type redisTarget struct {
-	srv  *redisServer
+	srv  *redisProc
 	addr string
 	pass string
 	base *url.URL

@@ -97,14 +97,7 @@ func TestCheckerCatchesBrokenEngine(t *testing.T) {
 	rec.Add(Event{Kind: FaultEnd, Fault: "holder cut off"})
 
 	hist := rec.History()
-	if os.Getenv("DISLOCK_CHAOS_WRITE_TESTDATA") == "1" {
-		f, err := os.Create(filepath.Join("testdata", "broken-engine.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = hist.WriteJSON(f)
-		f.Close()
-	}
+	writeTestdata(t, "broken-engine.json", hist)
 	rep := Check(hist, Config{RenewDeadline: tm.deadline, Slack: 50 * time.Millisecond, LossSlack: lossSlack})
 	if rep.OK() {
 		t.Fatalf("the checker accepted the history of a broken engine:\n%s", rep)
@@ -130,7 +123,17 @@ func TestCheckerCatchesBrokenEngine(t *testing.T) {
 // DISLOCK_CHAOS_WRITE_TESTDATA=1): the verdict must not depend on a lucky
 // schedule.
 func TestCheckerRecordedBadHistory(t *testing.T) {
-	f, err := os.Open(filepath.Join("testdata", "broken-engine.json"))
+	h := readTestdata(t, "broken-engine.json")
+	rep := Check(h, Config{RenewDeadline: 400 * time.Millisecond, Slack: 50 * time.Millisecond, LossSlack: lossSlack})
+	if rep.OK() || rep.Violations[0].Rule != RuleOverlap || rep.Violations[0].A.Contender != "broken" {
+		t.Fatalf("want an overlap with the broken holder first:\n%s", rep)
+	}
+}
+
+// readTestdata reads the recorded history testdata/name.
+func readTestdata(t *testing.T, name string) History {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,9 +142,23 @@ func TestCheckerRecordedBadHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := Check(h, Config{RenewDeadline: 400 * time.Millisecond, Slack: 50 * time.Millisecond, LossSlack: lossSlack})
-	if rep.OK() || rep.Violations[0].Rule != RuleOverlap || rep.Violations[0].A.Contender != "broken" {
-		t.Fatalf("want an overlap with the broken holder first:\n%s", rep)
+	return h
+}
+
+// writeTestdata records hist as testdata/name when
+// DISLOCK_CHAOS_WRITE_TESTDATA=1.
+func writeTestdata(t *testing.T, name string, hist History) {
+	t.Helper()
+	if os.Getenv("DISLOCK_CHAOS_WRITE_TESTDATA") != "1" {
+		return
+	}
+	f, err := os.Create(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := hist.WriteJSON(f); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -168,15 +185,7 @@ func firstLines(s string, n int) string {
 // the excuse is exact, and a deletion that came before A's grant in the
 // store's order (or after B's) excuses nothing.
 func TestCheckerRecordedDeleteDuringGrant(t *testing.T) {
-	f, err := os.Open(filepath.Join("testdata", "etcd-delete-during-grant.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h, err := ReadHistory(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := readTestdata(t, "etcd-delete-during-grant.json")
 	cfg := Config{RenewDeadline: time.Second, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack}
 	const key = "chaos-1796146570993661094-hot-1"
 	// with adds the record of the delete-locks fault's deletion of key:

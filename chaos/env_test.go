@@ -7,9 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
+	"sync"
 	"testing"
 	"time"
 )
@@ -91,61 +90,58 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// redisServer is a private redis-server on a free loopback port, without
-// persistence: a restart empties it, and pausing it disturbs no one else.
-type redisServer struct {
-	t    testing.TB
-	port int
-	pass string
-	dir  string
-	cmd  *exec.Cmd
-}
-
-// startRedis starts a private redis-server, or returns nil when the binary
-// is missing.
-func startRedis(t testing.TB, pass string) *redisServer {
+// startRedis starts a private redis-server on a free loopback port,
+// without persistence (a restart empties it, and pausing it disturbs no one
+// else), with password pass; or returns nil when the binary is missing.
+func startRedis(t testing.TB, pass string) *redisProc {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil
 	}
-	r := &redisServer{t: t, port: freePort(t), pass: pass, dir: t.TempDir()}
-	if err := r.start(); err != nil {
-		t.Fatalf("start redis-server: %v", err)
-	}
-	t.Cleanup(r.kill)
-	return r
+	return startRedisProc(t, freePort(t), "--requirepass", pass)
 }
 
-func (r *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
+// child is a server process a test started, waited for by one goroutine
+// and stopped by PID.
+type child struct {
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+}
 
-func (r *redisServer) start() error {
-	args := []string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", r.dir, "--logfile", filepath.Join(r.dir, "redis.log")}
-	if r.pass != "" {
-		args = append(args, "--requirepass", r.pass)
-	}
-	cmd := exec.Command("redis-server", args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+// launch starts cmd with its output appended to the file logPath (a file,
+// not a writer: os/exec starts no copying goroutines).
+func (c *child) launch(cmd *exec.Cmd, logPath string) error {
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
 		return err
 	}
-	r.cmd = cmd
-	for range 100 {
-		if c, err := net.DialTimeout("tcp", r.addr(), 100*time.Millisecond); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", filepath.Base(cmd.Path), err)
 	}
-	return fmt.Errorf("redis-server did not listen on %s", r.addr())
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	c.mu.Lock()
+	c.cmd, c.done = cmd, done
+	c.mu.Unlock()
+	return nil
 }
 
-// kill stops the server at once (SIGKILL): everything it held is gone.
-func (r *redisServer) kill() {
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
-	r.cmd = nil
+// exited is closed when the process last launched has exited.
+func (c *child) exited() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done
+}
+
+// take returns the running process and its done channel, to stop it, and
+// forgets them; cmd is nil when none runs.
+func (c *child) take() (cmd *exec.Cmd, done <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cmd, done = c.cmd, c.done
+	c.cmd = nil
+	return cmd, done
 }

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -89,9 +88,8 @@ type etcdMember struct {
 	dir    string
 	client string // host:port
 	peer   string
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	stdin  *os.File
+	stdin  *os.File // the child ends when it is closed
+	child
 }
 
 func startEtcdMember(t testing.TB) *etcdMember {
@@ -117,27 +115,21 @@ func freeAddr(t testing.TB) string {
 func (m *etcdMember) start() error {
 	readyFile := filepath.Join(m.dir, "ready")
 	_ = os.Remove(readyFile)
-	log, err := os.OpenFile(filepath.Join(m.dir, "member.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	// Files, not writers, so that os/exec starts no copying goroutines.
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), etcdMemberEnv+"="+m.dir+","+m.client+","+m.peer)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = r, log, log
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		return fmt.Errorf("start etcd member: %w", err)
-	}
+	cmd.Stdin = r
 	m.mu.Lock()
-	m.cmd, m.stdin = cmd, w
+	m.stdin = w
 	m.mu.Unlock()
+	if err := m.launch(cmd, filepath.Join(m.dir, "member.log")); err != nil {
+		w.Close()
+		return fmt.Errorf("etcd member: %w", err)
+	}
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		if _, err := os.Stat(readyFile); err == nil {
 			return nil
@@ -152,16 +144,15 @@ func (m *etcdMember) start() error {
 
 // kill sends SIGKILL to the server process and waits for it.
 func (m *etcdMember) kill() {
-	m.mu.Lock()
-	cmd, w := m.cmd, m.stdin
-	m.cmd = nil
-	m.mu.Unlock()
+	cmd, done := m.take()
 	if cmd == nil {
 		return
 	}
 	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	w.Close()
+	<-done
+	m.mu.Lock()
+	m.stdin.Close()
+	m.mu.Unlock()
 }
 
 // etcdLogger writes the etcd client's warnings into libLogs, which the

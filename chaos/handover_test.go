@@ -3,8 +3,6 @@ package chaos
 import (
 	"context"
 	mrand "math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,13 +150,8 @@ func checkSlowStore(t *testing.T, hist History) Report {
 func TestSlowStoreNoHandover(t *testing.T) {
 	hist := slowStoreHistory(t, 11, memSlowStore)
 	rep := checkSlowStore(t, hist)
-	if os.Getenv("DISLOCK_CHAOS_WRITE_TESTDATA") == "1" && !rep.OK() {
-		f, err := os.Create(filepath.Join("testdata", "early-release-engine.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = hist.WriteJSON(f)
-		f.Close()
+	if !rep.OK() {
+		writeTestdata(t, "early-release-engine.json", hist)
 	}
 }
 
@@ -169,15 +162,7 @@ func TestSlowStoreNoHandover(t *testing.T) {
 // and when the first one's work stopped; judged by the loss signal alone the
 // overlap goes unseen.
 func TestCheckerRecordedEarlyRelease(t *testing.T) {
-	f, err := os.Open(filepath.Join("testdata", "early-release-engine.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h, err := ReadHistory(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := readTestdata(t, "early-release-engine.json")
 	rep := Check(h, handoverConfig)
 	if rep.OK() {
 		t.Fatalf("the checker accepted a hand-over during the holder's work:\n%s", rep)

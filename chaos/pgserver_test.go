@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,10 +35,7 @@ type pgServer struct {
 	data string
 	port int
 	cred *syscall.Credential
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the postmaster has exited
+	child
 }
 
 // pgBinDir finds the newest installed PostgreSQL server binaries.
@@ -117,36 +113,22 @@ func (s *pgServer) url() string {
 }
 
 func (s *pgServer) start() error {
-	log, err := os.OpenFile(filepath.Join(s.root, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="+s.root,
 		"-c", "max_connections=80", "-c", "shared_buffers=32MB",
 		"-c", "wal_writer_delay="+strconv.Itoa(int(pgWalWriterDelay/time.Millisecond))+"ms")
 	cmd.Dir = s.root
-	// Files, not writers: os/exec starts no copying goroutines.
-	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start postgres: %w", err)
+	if err := s.launch(cmd, filepath.Join(s.root, "postgres.log")); err != nil {
+		return err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
 	return s.waitReady(30 * time.Second)
 }
 
 // waitReady waits until the server answers a query (after a crash, once
 // its recovery is done).
 func (s *pgServer) waitReady(within time.Duration) error {
-	s.mu.Lock()
-	done := s.done
-	s.mu.Unlock()
+	done := s.exited()
 	for deadline := time.Now().Add(within); ; {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		conn, err := pgx.Connect(ctx, s.url())
@@ -174,10 +156,7 @@ func (s *pgServer) waitReady(within time.Duration) error {
 // SIGKILL, as a machine crash does (what was written to the OS survives,
 // PostgreSQL's shared memory does not), and waits until they are gone.
 func (s *pgServer) crash() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
+	cmd, done := s.take()
 	if cmd == nil {
 		return
 	}
@@ -190,10 +169,7 @@ func (s *pgServer) crash() {
 
 // stop shuts the server down cleanly (fast shutdown: SIGINT).
 func (s *pgServer) stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
+	cmd, done := s.take()
 	if cmd == nil {
 		return
 	}

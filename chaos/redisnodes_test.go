@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,9 +26,7 @@ type redisProc struct {
 	port int
 	dir  string
 	args []string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	child
 }
 
 // needRedisBinaries skips (fails under CI=true) when redis-server or
@@ -51,23 +47,13 @@ func needRedisBinaries(t testing.TB) {
 func (p *redisProc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
 
 func (p *redisProc) start() error {
-	log, err := os.OpenFile(filepath.Join(p.dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	cmd := exec.Command("redis-server", p.args...)
 	cmd.Dir = p.dir
-	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
+	if err := p.launch(cmd, filepath.Join(p.dir, "stdout.log")); err != nil {
+		return err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	p.mu.Lock()
-	p.cmd, p.done = cmd, done
-	p.mu.Unlock()
+	done := p.exited()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if c, err := net.DialTimeout("tcp", p.addr(), 100*time.Millisecond); err == nil {
 			c.Close()
@@ -87,10 +73,7 @@ func (p *redisProc) start() error {
 
 // kill sends SIGKILL and waits for the process to end.
 func (p *redisProc) kill() {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.cmd = nil
-	p.mu.Unlock()
+	cmd, done := p.take()
 	if cmd == nil {
 		return
 	}
