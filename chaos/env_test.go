@@ -7,25 +7,22 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dislock/dislock/internal/testenv"
 )
 
-// Server URLs, as in the main module's internal/testenv (which a nested
-// module cannot import): DISLOCK_TEST_PG and DISLOCK_TEST_REDIS with local
-// defaults; an unreachable server fails the test under CI=true and skips it
-// elsewhere.
+// Server URLs, as in the main module's internal/testenv, but only on
+// loopback: DISLOCK_TEST_PG and DISLOCK_TEST_REDIS with local defaults; an
+// unreachable server fails the test under CI=true and skips it elsewhere.
 const (
-	defaultPG    = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	defaultRedis = "redis://127.0.0.1:6379/0"
+	defaultPG    = testenv.DefaultPG
+	defaultRedis = testenv.DefaultRedis
 )
 
-func ciMode() bool {
-	v := strings.ToLower(os.Getenv("CI"))
-	return v == "true" || v == "1"
-}
+func ciMode() bool { return testenv.CI() }
 
 // serverURL reads env (default def) and dials the server once.
 func serverURL(env, def, port string) (*url.URL, error) {
@@ -80,15 +77,7 @@ func viaProxy(u *url.URL, addr, user, pass string) string {
 	return c.String()
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return testenv.FreePort(t) }
 
 // startRedis starts a private redis-server on a free loopback port,
 // without persistence (a restart empties it, and pausing it disturbs no one

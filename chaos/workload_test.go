@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
@@ -144,26 +145,13 @@ type removal struct {
 // sink collects every error string and log line a run produces, for the
 // secret sweep.
 type sink struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *sink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
+	testenv.SyncBuffer
 }
 
 func (s *sink) err(err error) {
 	if err != nil {
 		fmt.Fprintf(s, "%v\n%+v\n%#v\n", err, err, err)
 	}
-}
-
-func (s *sink) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // recObserver records a contender's acquisitions and losses, with the times

@@ -29,17 +29,7 @@ func (zkLogger) Printf(format string, v ...any) { fmt.Fprintf(libLogs, format+"\
 // (Debian's zookeeper package), stopped by PID when the test ends. Its own
 // fault: the server is killed with SIGKILL and restarted from its data.
 func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
-	if err := zktest.Installed(); err != nil {
-		if ciMode() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	ens, err := zktest.Start(t.TempDir(), 1, 60*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ens.Stop)
+	ens := zktest.StartForTest(t, 1)
 	node := ens.Nodes[0]
 	px, err := h.Add("zookeeper", node.Addr())
 	if err != nil {
@@ -154,17 +144,7 @@ func (b *zkSlowRenewals) Renew(ctx context.Context, reqs []core.RenewRequest) ([
 
 // zkSlowStore is the slow-store scenario on a private ZooKeeper server.
 func zkSlowStore(t *testing.T, slowObs, fastObs core.ClientOption) (core.Locker, core.Locker, func() func()) {
-	if err := zktest.Installed(); err != nil {
-		if ciMode() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	ens, err := zktest.Start(t.TempDir(), 1, 60*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ens.Stop)
+	ens := zktest.StartForTest(t, 1)
 	root := "/dislock-chaos-slow"
 	newBackend := func() *zklock.Backend {
 		b, err := zklock.NewBackend(context.Background(), ens.Connect(), zklock.WithRoot(root),

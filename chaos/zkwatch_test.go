@@ -30,17 +30,7 @@ import (
 // waiter keeps its watches on the holders' claims across the reconnects,
 // and a watch set before the outages fires after them.
 func TestZooKeeperReconnectKeepsWatches(t *testing.T) {
-	if err := zktest.Installed(); err != nil {
-		if ciMode() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	ens, err := zktest.Start(t.TempDir(), 1, 60*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ens.Stop)
+	ens := zktest.StartForTest(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
