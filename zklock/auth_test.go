@@ -3,11 +3,8 @@ package zklock_test
 import (
 	"context"
 	"errors"
-	"net"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,33 +158,6 @@ func TestAuthCreatorAll(t *testing.T) {
 	}
 }
 
-// dropper records the connections it dialed, so that a test can drop them.
-type dropper struct {
-	mu    sync.Mutex
-	conns []net.Conn
-	dials atomic.Int32
-}
-
-func (d *dropper) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err == nil {
-		d.mu.Lock()
-		d.conns = append(d.conns, nc)
-		d.mu.Unlock()
-		d.dials.Add(1)
-	}
-	return nc, err
-}
-
-func (d *dropper) drop() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, c := range d.conns {
-		c.Close()
-	}
-	d.conns = nil
-}
-
 // Rule: the credentials outlive the connection. ZooKeeper keeps a
 // session's authentication per connection: after go-zookeeper reconnects,
 // and after it opens a new session, the backend still creates and renews
@@ -309,30 +279,11 @@ func TestAuthAfterSessionExpiry(t *testing.T) {
 	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "a", Owner: "o", OwnerToken: "tok-a", TTL: 700 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	sid := b.Conn().SessionID()
 	admin := rawConn(t, connect)
 	if err := admin.AddAuth("digest", []byte(cred)); err != nil {
 		t.Fatal(err)
 	}
-	cut.cut.Store(true)
-	deadline := time.Now().Add(15 * time.Second)
-	for { // the server expires the session and deletes its claim
-		names, _, err := admin.Children(b.KeyPath("a"))
-		if err == nil && len(names) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("claims of the cut session still there: %v %v", names, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cut.cut.Store(false)
-	for b.Conn().SessionID() == sid || b.Conn().State() != zk.StateHasSession {
-		if time.Now().After(deadline) {
-			t.Fatal("no new session after the cut healed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	cut.expireSession(t, b, admin, "a", 15*time.Second)
 	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "b", Owner: "o", OwnerToken: "tok-b", TTL: 700 * time.Millisecond}); err != nil {
 		t.Fatalf("acquire in the new session: %v", err)
 	}
