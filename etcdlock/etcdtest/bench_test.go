@@ -82,16 +82,6 @@ func benchClient(b *testing.B, cfg clientv3.Config, cnt *counter) *clientv3.Clie
 	return etcdtest.NewClient(b, cfg)
 }
 
-func benchLocker(b *testing.B, cli *clientv3.Client, prefix string, opts ...core.ClientOption) *core.Client {
-	b.Helper()
-	l, err := etcdlock.New(cli, etcdlock.WithPrefix(prefix), etcdlock.WithClientOptions(opts...))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { l.Close() })
-	return l
-}
-
 // getLatency is the mean round trip of a serial Get.
 func getLatency(b *testing.B, cli *clientv3.Client) time.Duration {
 	return benchtest.Mean(b, 200, 2000, getter(cli))
@@ -170,7 +160,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 	cfg := benchEndpoints(b)
 	cnt := &counter{}
 	cli := benchClient(b, cfg, cnt)
-	l := benchLocker(b, cli, uniquePrefix("bench"))
+	l := newLocker(b, cli, uniquePrefix("bench"))
 	ctx := context.Background()
 	interleaved(b, cli, cnt, func() error {
 		s, err := l.TryAcquire(ctx, "uncontended")
@@ -238,7 +228,7 @@ func benchHandoff(b *testing.B, procs int) {
 	prefix := uniquePrefix("bench-handoff")
 	lockers := make([]core.Locker, procs)
 	for i := range lockers {
-		lockers[i] = benchLocker(b, benchClient(b, cfg, nil), prefix, core.WithDefaults(core.TTL(10*time.Second)))
+		lockers[i] = newLocker(b, benchClient(b, cfg, nil), prefix, core.WithDefaults(core.TTL(10*time.Second)))
 	}
 	lat, _ := benchtest.Handoff(b, waiters, benchtest.Turns(lockers, "handoff"))
 	handoffStats(b, lat, get, put)
@@ -285,7 +275,7 @@ func hold1000(b *testing.B, limit int) {
 	cfg := benchEndpoints(b)
 	cnt := &counter{}
 	cli := benchClient(b, cfg, cnt)
-	l := benchLocker(b, cli, uniquePrefix("bench-hold"), core.WithDefaults(core.TTL(ttl)))
+	l := newLocker(b, cli, uniquePrefix("bench-hold"), core.WithDefaults(core.TTL(ttl)))
 	ctx := context.Background()
 	var u0, s0, m0 int64
 	intervals := benchtest.Hold(b, n, interval, func(i int) (core.Session, error) {
@@ -315,11 +305,11 @@ func BenchmarkSemaphore(b *testing.B) {
 			cnt := &counter{}
 			cli := benchClient(b, cfg, cnt)
 			prefix := uniquePrefix("bench-sem")
-			l := benchLocker(b, cli, prefix)
+			l := newLocker(b, cli, prefix)
 			ctx := context.Background()
 			if bc.name == "permit-of-4-3-held" {
 				// Three permits held by another process.
-				other := benchLocker(b, benchClient(b, cfg, nil), prefix)
+				other := newLocker(b, benchClient(b, cfg, nil), prefix)
 				for range 3 {
 					s, err := other.TryAcquire(ctx, "sem", bc.opts...)
 					if err != nil {
