@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -251,11 +250,7 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 		_, err := probe.Get(clientv3.WithRequireLeader(ctx), eprefix+"probe")
 		return err
 	}
-	env.faults = []faultDef{{name: "etcd-kill-restart", run: func(ctx context.Context, rng *mrand.Rand) error {
-		m.kill()
-		sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
-		return m.start()
-	}}}
+	env.faults = []faultDef{killRestart("etcd-kill-restart", false, m.kill, m.start)}
 	env.close = func() {
 		_ = admin.Close()
 		_ = adminCli.Close()

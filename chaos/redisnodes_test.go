@@ -100,6 +100,29 @@ func startRedisProc(t testing.TB, port int, args ...string) *redisProc {
 	return p
 }
 
+// topoOptions are the options of the clients of a private topology whose
+// entry points are ps (a Cluster's nodes, the sentinels): the sentinel
+// password, short timeouts that follow ctx, and a small pool.
+func topoOptions(ps []*redisProc) *redis.UniversalOptions {
+	var addrs []string
+	for _, p := range ps {
+		addrs = append(addrs, p.addr())
+	}
+	return &redis.UniversalOptions{Addrs: addrs, Password: sentinelPW,
+		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		ContextTimeoutEnabled: true, PoolSize: 4}
+}
+
+// procAt is the process of ps that listens on addr, or nil.
+func procAt(ps []*redisProc, addr string) *redisProc {
+	for _, p := range ps {
+		if p.addr() == addr {
+			return p
+		}
+	}
+	return nil
+}
+
 // dataNodeArgs are the arguments every data node of a private topology
 // gets: the sentinel password as its password and its replicas' master
 // password, and quick replication.

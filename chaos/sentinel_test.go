@@ -83,20 +83,12 @@ sentinel parallel-syncs %s 1
 	return st
 }
 
-func (st *sentinelTopo) sentinelAddrs() []string {
-	var out []string
-	for _, s := range st.sentinels {
-		out = append(out, s.addr())
-	}
-	return out
-}
-
 // failoverOptions are the options of a Sentinel failover client; the
 // password is the sentinel.
 func (st *sentinelTopo) failoverOptions() *redis.FailoverOptions {
-	return &redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: st.sentinelAddrs(), Password: sentinelPW,
-		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
-		ContextTimeoutEnabled: true, PoolSize: 4}
+	o := topoOptions(st.sentinels)
+	o.MasterName = sentinelMaster
+	return o.Failover()
 }
 
 // masterAddr is the master every sentinel names; ok is false while they
@@ -116,15 +108,6 @@ func (st *sentinelTopo) masterAddr(ctx context.Context) (addr string, ok bool, e
 		addr = got
 	}
 	return addr, true, nil
-}
-
-func (st *sentinelTopo) node(addr string) *redisProc {
-	for _, n := range st.nodes {
-		if n.addr() == addr {
-			return n
-		}
-	}
-	return nil
 }
 
 // TestChaosSentinel runs the conformance suite through
@@ -180,7 +163,7 @@ func sentinelFailovers(t *testing.T, st *sentinelTopo) {
 				}); err != nil {
 					return err
 				}
-				newPort := st.node(now).port
+				newPort := procAt(st.nodes, now).port
 				for _, c := range []*redis.Client{admin, probe} {
 					if err := waitFor(15*time.Second, "the failover clients follow the new master", func() (bool, error) {
 						p, err := servedBy(ctx, c)
@@ -205,7 +188,7 @@ func sentinelFailovers(t *testing.T, st *sentinelTopo) {
 				return sc.Failover(ctx, sentinelMaster).Err()
 			}, true),
 			failover("sentinel-kill-master", func(old string) error {
-				st.node(old).kill()
+				procAt(st.nodes, old).kill()
 				return nil
 			}, false),
 		}

@@ -437,6 +437,16 @@ func proxyFaults(px *Proxy, tm timing) []faultDef {
 	}
 }
 
+// killRestart is the fault that kills a server, and starts it again 0.1 to
+// 1 s later; stateLoss: the kill loses what the server held.
+func killRestart(name string, stateLoss bool, kill func(), restart func() error) faultDef {
+	return faultDef{name: name, stateLoss: stateLoss, run: func(ctx context.Context, rng *mrand.Rand) error {
+		kill()
+		sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
+		return restart()
+	}}
+}
+
 // runChaos runs contenders against env's backend through its proxy while
 // faults come and go, then heals everything, checks the history and the
 // goroutines, and returns the report.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -101,14 +100,12 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		_, err := probeB.Now(ctx, "")
 		return err
 	}
-	env.faults = []faultDef{{name: "zookeeper-kill-restart", run: func(ctx context.Context, rng *mrand.Rand) error {
-		node.Kill()
-		sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
+	env.faults = []faultDef{killRestart("zookeeper-kill-restart", false, node.Kill, func() error {
 		if err := node.Restart(); err != nil {
 			return err
 		}
 		return ens.WaitServing(30 * time.Second)
-	}}}
+	})}
 	env.close = func() {
 		_ = admin.Close()
 		_ = probeB.Close()
