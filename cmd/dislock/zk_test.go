@@ -20,12 +20,7 @@ func zkURL(t *testing.T) string {
 	if u := os.Getenv("DISLOCK_TEST_ZK"); u != "" {
 		return u
 	}
-	if err := zktest.Installed(); err != nil {
-		if testenv.CI() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	zktest.Need(t)
 	e, err := zktest.StartStock(t.TempDir(), 60*time.Second)
 	if err != nil {
 		t.Fatal(err)
