@@ -125,6 +125,40 @@ func (c *child) exited() <-chan struct{} {
 	return c.done
 }
 
+// waitUp calls up every interval until it reports the process ready, and
+// fails when the process exits first or within passes; what names the
+// process (and where its log is) in the error.
+func (c *child) waitUp(within, interval time.Duration, what string, up func() error) error {
+	done := c.exited()
+	for deadline := time.Now().Add(within); ; {
+		err := up()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("%s exited at start", what)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready within %v: %v", what, within, err)
+		}
+		time.Sleep(interval)
+	}
+}
+
+// kill sends SIGKILL and waits for the process to end; it returns the
+// process, nil when none ran.
+func (c *child) kill() *exec.Cmd {
+	cmd, done := c.take()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Kill()
+	<-done
+	return cmd
+}
+
 // take returns the running process and its done channel, to stop it, and
 // forgets them; cmd is nil when none runs.
 func (c *child) take() (cmd *exec.Cmd, done <-chan struct{}) {

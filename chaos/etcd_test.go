@@ -124,26 +124,21 @@ func (m *etcdMember) start() error {
 		w.Close()
 		return fmt.Errorf("etcd member: %w", err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if _, err := os.Stat(readyFile); err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			m.kill()
-			return errors.New("etcd member not ready within 20s")
-		}
-		time.Sleep(10 * time.Millisecond)
+	err = m.waitUp(20*time.Second, 10*time.Millisecond, "etcd member (log in "+m.dir+")", func() error {
+		_, err := os.Stat(readyFile)
+		return err
+	})
+	if err != nil {
+		m.kill()
 	}
+	return err
 }
 
 // kill sends SIGKILL to the server process and waits for it.
 func (m *etcdMember) kill() {
-	cmd, done := m.take()
-	if cmd == nil {
+	if m.child.kill() == nil {
 		return
 	}
-	_ = cmd.Process.Kill()
-	<-done
 	m.mu.Lock()
 	m.stdin.Close()
 	m.mu.Unlock()

@@ -128,28 +128,17 @@ func (s *pgServer) start() error {
 // waitReady waits until the server answers a query (after a crash, once
 // its recovery is done).
 func (s *pgServer) waitReady(within time.Duration) error {
-	done := s.exited()
-	for deadline := time.Now().Add(within); ; {
+	return s.waitUp(within, 50*time.Millisecond, "postgres (log: "+filepath.Join(s.root, "postgres.log")+")", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		conn, err := pgx.Connect(ctx, s.url())
-		if err == nil {
-			_, err = conn.Exec(ctx, "SELECT 1")
-			conn.Close(ctx)
+		if err != nil {
+			return err
 		}
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("postgres exited at start (log: %s)", filepath.Join(s.root, "postgres.log"))
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("postgres not ready within %v: %v", within, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "SELECT 1")
+		return err
+	})
 }
 
 // crash kills the postmaster and every process of the server at once with

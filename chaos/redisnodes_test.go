@@ -53,32 +53,13 @@ func (p *redisProc) start() error {
 	if err := p.launch(cmd, filepath.Join(p.dir, "stdout.log")); err != nil {
 		return err
 	}
-	done := p.exited()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if c, err := net.DialTimeout("tcp", p.addr(), 100*time.Millisecond); err == nil {
+	return p.waitUp(10*time.Second, 10*time.Millisecond, fmt.Sprintf("redis-server on %s (log in %s)", p.addr(), p.dir), func() error {
+		c, err := net.DialTimeout("tcp", p.addr(), 100*time.Millisecond)
+		if err == nil {
 			c.Close()
-			return nil
 		}
-		select {
-		case <-done:
-			return fmt.Errorf("redis-server on port %d exited at start (see %s)", p.port, p.dir)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("redis-server did not listen on %s", p.addr())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// kill sends SIGKILL and waits for the process to end.
-func (p *redisProc) kill() {
-	cmd, done := p.take()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Kill()
-	<-done
+		return err
+	})
 }
 
 // startRedisProc starts redis-server with args (plus port, bind, dir and
@@ -96,7 +77,7 @@ func startRedisProc(t testing.TB, port int, args ...string) *redisProc {
 	if err := p.start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.kill)
+	t.Cleanup(func() { p.kill() })
 	return p
 }
 

@@ -65,7 +65,7 @@ sentinel parallel-syncs %s 1
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(p.kill)
+		t.Cleanup(func() { p.kill() })
 		st.sentinels = append(st.sentinels, p)
 	}
 	// Every sentinel knows the replica and the two other sentinels.
