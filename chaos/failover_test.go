@@ -113,10 +113,24 @@ type witnessTry struct {
 	s          core.Session
 }
 
-func startWitness(rec *Recorder, l core.Locker, prefix string, every time.Duration) *witness {
-	w := &witness{rec: rec, l: l, prefix: prefix, every: every, stop: make(chan struct{}), done: make(chan struct{})}
+// startWitness builds the witness's Locker with newLocker (its errors go
+// to logs) and starts the witness on it, trying a lock every every. end
+// halts the witness and closes its Locker.
+func startWitness(t *testing.T, rec *Recorder, logs *sink, prefix string, every time.Duration,
+	newLocker func(context.Context, ...core.ClientOption) (core.Locker, func() error, error)) (w *witness, end func()) {
+	t.Helper()
+	l, closeL, err := newLocker(context.Background(), core.WithObserver(&errObserver{errs: logs}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = &witness{rec: rec, l: l, prefix: prefix, every: every, stop: make(chan struct{}), done: make(chan struct{})}
 	go w.loop()
-	return w
+	return w, func() {
+		w.halt()
+		if err := closeL(); err != nil {
+			t.Errorf("close the witness: %v", err)
+		}
+	}
 }
 
 func (w *witness) loop() {

@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
 	"github.com/dislock/dislock/redislock"
 )
@@ -233,17 +232,8 @@ func redisFailovers[C redis.UniversalClient](t *testing.T, name, topo string, ne
 	switched := map[string]time.Duration{}
 	probe, faults := steps(ctx, adminC, probeC, redisLockKey(rprefix, keys[0]), switched)
 	env.probe = probe
-	wl, wclose, err := env.newLocker(ctx, core.WithObserver(&errObserver{errs: logs}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := wclose(); err != nil {
-			t.Errorf("close the witness: %v", err)
-		}
-	}()
-	w := startWitness(rec, wl, prefix, 25*time.Millisecond)
-	defer w.halt()
+	w, endWitness := startWitness(t, rec, logs, prefix, 25*time.Millisecond, env.newLocker)
+	defer endWitness()
 	cfg := runConfig{contenders: 3, keys: len(keys), timing: shortTiming}
 	rep, allowed := runSteps(t, cfg, env, keys, rec, logs, 2*time.Second, faults)
 	w.halt()
