@@ -23,6 +23,18 @@ func digest() (cred string, created []zk.ACL) {
 	return user + ":" + pw, zk.DigestACL(zk.PermAll, user, pw)
 }
 
+// authBackend is a backend on the single server with digest credentials
+// of its own (cred), which dials through dial, with the session timeout
+// given.
+func authBackend(t *testing.T, dial zk.Dialer, session time.Duration) (b *zklock.Backend, connect, cred string) {
+	t.Helper()
+	connect = singleConnect(t)
+	cred, _ = digest()
+	b = newBackend(t, connect, testRoot(), zklock.WithAuth("digest", []byte(cred)), zklock.WithDialer(dial),
+		zklock.WithSessionTimeout(session))
+	return b, connect, cred
+}
+
 // nodes returns every node at and under p.
 func nodes(t *testing.T, c *zk.Conn, p string) []string {
 	t.Helper()
@@ -164,12 +176,8 @@ func TestAuthCreatorAll(t *testing.T) {
 // protected nodes.
 func TestAuthAfterReconnect(t *testing.T) {
 	t.Parallel()
-	connect := singleConnect(t)
-	root := testRoot()
-	cred, _ := digest()
 	var d dropper
-	b := newBackend(t, connect, root, zklock.WithAuth("digest", []byte(cred)), zklock.WithDialer(d.dial),
-		zklock.WithSessionTimeout(4*time.Second))
+	b, connect, _ := authBackend(t, d.dial, 4*time.Second)
 	ctx := ctxT(t, 30*time.Second)
 	acquire := func(key string) {
 		t.Helper()
@@ -269,12 +277,8 @@ func TestWithACL(t *testing.T) {
 // credentials apply to the new session too.
 func TestAuthAfterSessionExpiry(t *testing.T) {
 	t.Parallel()
-	connect := singleConnect(t)
-	root := testRoot()
-	cred, _ := digest()
 	var cut cutter
-	b := newBackend(t, connect, root, zklock.WithAuth("digest", []byte(cred)), zklock.WithDialer(cut.dial),
-		zklock.WithSessionTimeout(1200*time.Millisecond))
+	b, connect, cred := authBackend(t, cut.dial, 1200*time.Millisecond)
 	ctx := ctxT(t, 30*time.Second)
 	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "a", Owner: "o", OwnerToken: "tok-a", TTL: 700 * time.Millisecond}); err != nil {
 		t.Fatal(err)

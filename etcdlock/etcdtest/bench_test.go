@@ -95,39 +95,34 @@ func getter(cli *clientv3.Client) func() error {
 	}
 }
 
+// putter is one Put on cli.
+func putter(cli *clientv3.Client) func() error {
+	return func() error {
+		_, err := cli.Put(context.Background(), "bench/put", "v")
+		return err
+	}
+}
+
 // putLatency is the mean round trip of a serial Put: a write through Raft,
 // which every claim and release is.
 func putLatency(b *testing.B, cli *clientv3.Client) time.Duration {
-	ctx := context.Background()
-	const n = 1000
-	start := time.Now()
-	for range n {
-		if _, err := cli.Put(ctx, "bench/put", "v"); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return time.Since(start) / n
+	return benchtest.Mean(b, 0, 1000, putter(cli))
 }
 
-func BenchmarkPut(b *testing.B) {
-	cli := benchClient(b, benchEndpoints(b), nil)
-	ctx := context.Background()
-	putLatency(b, cli)
-	b.ResetTimer()
-	for range b.N {
-		if _, err := cli.Put(ctx, "bench/put", "v"); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
+func BenchmarkPut(b *testing.B) { benchRoundTrip(b, putLatency, putter) }
 
-func BenchmarkGet(b *testing.B) {
+func BenchmarkGet(b *testing.B) { benchRoundTrip(b, getLatency, getter) }
+
+// benchRoundTrip times op on a client of its own, after warming the client
+// up with latency.
+func benchRoundTrip(b *testing.B, latency func(*testing.B, *clientv3.Client) time.Duration,
+	op func(*clientv3.Client) func() error) {
 	cli := benchClient(b, benchEndpoints(b), nil)
-	ctx := context.Background()
-	getLatency(b, cli)
+	latency(b, cli)
+	do := op(cli)
 	b.ResetTimer()
 	for range b.N {
-		if _, err := cli.Get(ctx, "bench/rtt"); err != nil {
+		if err := do(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -161,14 +156,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 	cnt := &counter{}
 	cli := benchClient(b, cfg, cnt)
 	l := newLocker(b, cli, uniquePrefix("bench"))
-	ctx := context.Background()
-	interleaved(b, cli, cnt, func() error {
-		s, err := l.TryAcquire(ctx, "uncontended")
-		if err != nil {
-			return err
-		}
-		return s.Release(ctx)
-	})
+	interleaved(b, cli, cnt, benchtest.TryAcquireRelease(l, "uncontended"))
 }
 
 // BenchmarkConcurrencyMutex is etcd's concurrency package doing the same:
