@@ -30,7 +30,7 @@ func (zkLogger) Printf(format string, v ...any) { fmt.Fprintf(libLogs, format+"\
 // (Debian's zookeeper package), stopped by PID when the test ends. Its own
 // fault: the server is killed with SIGKILL and restarted from its data.
 func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
-	ens := zktest.StartForTest(t, 1)
+	ens := zktest.ForTest(t, false)
 	node := ens.Nodes[0]
 	px, err := h.Add("zookeeper", node.Addr())
 	if err != nil {
@@ -139,7 +139,7 @@ func (b *zkSlowRenewals) Renew(ctx context.Context, reqs []core.RenewRequest) ([
 
 // zkSlowStore is the slow-store scenario on a private ZooKeeper server.
 func zkSlowStore(t *testing.T, slowObs, fastObs core.ClientOption) (core.Locker, core.Locker, func() func()) {
-	ens := zktest.StartForTest(t, 1)
+	ens := zktest.ForTest(t, false)
 	root := "/dislock-chaos-slow"
 	newBackend := func() *zklock.Backend {
 		b, err := zklock.NewBackend(context.Background(), ens.Connect(), zklock.WithRoot(root),
@@ -174,7 +174,7 @@ func TestSlowStoreNoHandoverZooKeeper(t *testing.T) {
 // waiter keeps its watches on the holders' claims across the reconnects,
 // and a watch set before the outages fires after them.
 func TestZooKeeperReconnectKeepsWatches(t *testing.T) {
-	ens := zktest.StartForTest(t, 1)
+	ens := zktest.ForTest(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 

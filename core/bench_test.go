@@ -9,6 +9,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/benchtest"
 )
 
 // BenchmarkTryAcquireRelease measures the engine's own cost per
@@ -19,17 +20,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		s, err := l.TryAcquire(ctx, "bench")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchtest.TryAcquireRelease(b, l, "bench")
 }
 
 // BenchmarkHold10000 holds 10,000 sessions and reports how many backend
@@ -74,21 +65,8 @@ func cpuTime() time.Duration {
 
 // BenchmarkIsLeader: an in-memory check, no I/O and no allocation.
 func BenchmarkIsLeader(b *testing.B) {
-	st := memlock.NewStore()
-	be := st.Backend()
-	l, err := core.New(be)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	e, err := core.CampaignContext(context.Background(), l, "leader")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
-	for !e.IsLeader() {
-		time.Sleep(time.Millisecond)
-	}
+	be := memlock.NewStore().Backend()
+	e := leader(b, be)
 	calls := be.Stats()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -103,17 +81,28 @@ func BenchmarkIsLeader(b *testing.B) {
 }
 
 func TestIsLeaderAllocatesNothing(t *testing.T) {
-	l, _ := memlock.New()
-	defer l.Close()
-	e, err := core.CampaignContext(context.Background(), l, "leader")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	for !e.IsLeader() {
-		time.Sleep(time.Millisecond)
-	}
+	e := leader(t, memlock.NewStore().Backend())
 	if n := testing.AllocsPerRun(1000, func() { e.IsLeader() }); n != 0 {
 		t.Fatalf("IsLeader allocates %v times per call", n)
 	}
+}
+
+// leader campaigns for "leader" on a Locker of be and returns the election
+// once it leads; both end with the test.
+func leader(tb testing.TB, be core.Backend) *core.Election {
+	tb.Helper()
+	l, err := core.New(be)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	e, err := core.CampaignContext(context.Background(), l, "leader")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { e.Close() })
+	for !e.IsLeader() {
+		time.Sleep(time.Millisecond)
+	}
+	return e
 }

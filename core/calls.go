@@ -38,14 +38,18 @@ func (b *budget) wait(done <-chan struct{}) bool {
 		return true
 	default:
 	}
-	d := time.Until(b.over)
+	return waitClosed(done, time.Until(b.over))
+}
+
+// waitClosed waits up to d for ch to be closed, and reports whether it was.
+func waitClosed(ch <-chan struct{}, d time.Duration) bool {
 	if d <= 0 {
 		return false
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-done:
+	case <-ch:
 		return true
 	case <-t.C:
 		return false
@@ -87,14 +91,7 @@ func (c *Client) waitCalls(d time.Duration) bool {
 	}
 	idle := c.callsIdle
 	c.mu.Unlock()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-idle:
-		return true
-	case <-t.C:
-		return false
-	}
+	return waitClosed(idle, d)
 }
 
 // cutCalls makes calls that are still in flight drop their late results:

@@ -1,7 +1,6 @@
 package core_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // maxTTLBackend rejects a TTL above max on acquire, as zklock does for a
@@ -60,11 +60,7 @@ func (l *electionLog) counts() (elected, revoked, failures int) {
 func TestCampaignReturnsWhatTheBackendRejects(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memlock.NewStore()
-		c, err := core.New(maxTTLBackend{st.Backend(), 26 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := newClient(t, maxTTLBackend{st.Backend(), 26 * time.Second})
 		var log electionLog
 		start := time.Now()
 		e, err := core.CampaignContext(context.Background(), c, "leader",
@@ -157,30 +153,12 @@ func TestCampaignWaitsForTheFirstAnswer(t *testing.T) {
 	})
 }
 
-// syncBuffer is a bytes.Buffer safe for the campaign goroutine's writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // Rule: every failed campaign attempt reaches OnError, a failure while
 // standing by included (within one TTL), and by default the Locker's
 // logger; the campaign goes on and wins once the store is back.
 func TestCampaignReportsFailures(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var logs syncBuffer
+		var logs testenv.SyncBuffer
 		logger := slog.New(slog.NewTextHandler(&logs, nil))
 		_, cs, bs := newPair(t, core.WithLogger(logger), core.WithDefaults(core.TTL(30*time.Second)))
 		bs[0].SetDown(true)

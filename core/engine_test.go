@@ -10,39 +10,12 @@ import (
 	"testing/synctest"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// newPair returns two Lockers (processes) on one memlock store and their
-// backend handles.
-func newPair(t *testing.T, opts ...core.ClientOption) (*memlock.Store, [2]*core.Client, [2]*memlock.Backend) {
-	t.Helper()
-	st := memlock.NewStore()
-	var cs [2]*core.Client
-	var bs [2]*memlock.Backend
-	for i := range cs {
-		bs[i] = st.Backend()
-		c, err := core.New(bs[i], opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs[i] = c
-		t.Cleanup(func() { c.Close() })
-	}
-	return st, cs, bs
-}
-
 func TestOptionValidation(t *testing.T) {
-	l, err := memlock.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := newClient(t, memlock.NewStore().Backend())
 	for _, c := range []struct {
 		field string
 		opts  []core.Option
@@ -136,10 +109,7 @@ func TestRenewalCadence(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
 		var ss []core.Session
 		for i := 0; i < 50; i++ {
-			s, err := cs[0].TryAcquire(context.Background(), fmt.Sprint("k", i))
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := hold(t, cs[0], fmt.Sprint("k", i))
 			ss = append(ss, s)
 			time.Sleep(100 * time.Millisecond) // acquisitions spread over 5s
 		}
@@ -165,10 +135,7 @@ func TestRenewalCadence(t *testing.T) {
 func TestLossAtRenewDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		s, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k")
 		acquired := time.Now()
 		time.Sleep(15 * time.Second) // one renewal at 10s
 		bs[0].SetDown(true)
@@ -191,10 +158,7 @@ func TestLossAtRenewDeadline(t *testing.T) {
 func TestLossWhileRenewalHangs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		s, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k")
 		acquired := time.Now()
 		bs[0].SetLatency(time.Hour) // every call hangs far past the TTL
 		<-s.Done()
@@ -205,13 +169,33 @@ func TestLossWhileRenewalHangs(t *testing.T) {
 	})
 }
 
+// Rule: a session whose Release is still waiting for the store ends as
+// lost at its local deadline, as it would have without the Release: the
+// loss is signalled before the store can hand the key on.
+func TestReleaseInFlightLosesAtDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(3*time.Second)))
+		s := hold(t, cs[0], "k")
+		deadline := s.Deadline()
+		bs[0].SetLatency(10 * time.Second) // the release hangs past the deadline
+		released := make(chan error, 1)
+		go func() { released <- s.Release(context.Background()) }()
+		<-s.Done()
+		if late := time.Since(deadline); late > 0 {
+			t.Errorf("session ended %v after its deadline", late)
+		}
+		if !errors.Is(s.Err(), core.ErrLeaseLost) || !errors.Is(context.Cause(s.Context()), core.ErrLeaseLost) {
+			t.Errorf("Err = %v, cause %v: want ErrLeaseLost", s.Err(), context.Cause(s.Context()))
+		}
+		bs[0].SetLatency(0)
+		<-released
+	})
+}
+
 func TestTransientRenewFailureIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		s, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k")
 		time.Sleep(9 * time.Second)
 		bs[0].SetDown(true) // the renewal due at 10s fails
 		time.Sleep(6 * time.Second)
@@ -226,10 +210,7 @@ func TestTransientRenewFailureIsRetried(t *testing.T) {
 func TestRefusedRenewalIsLostAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		s, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k")
 		acquired := time.Now()
 		st.Steal("k")
 		<-s.Done()
@@ -262,10 +243,7 @@ func TestWaiterWakesNoLaterThanExpiry(t *testing.T) {
 func TestWaiterWokenByLocalRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, _ := newPair(t)
-		s, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k")
 		got := make(chan time.Time)
 		go func() {
 			s2, err := cs[0].Acquire(context.Background(), "k", core.Backoff(time.Hour, time.Hour))
@@ -288,10 +266,7 @@ func TestJitterAndMinHold(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, _ := newPair(t)
 		start := time.Now()
-		s, err := cs[0].TryAcquire(context.Background(), "k", core.Jitter(5*time.Second), core.MinHold(time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k", core.Jitter(5*time.Second), core.MinHold(time.Minute))
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("jitter slept %v > 5s", d)
 		}
@@ -325,10 +300,7 @@ func TestSlotEndUsesStoreClock(t *testing.T) {
 		base := time.Now().Add(3 * time.Second).Truncate(time.Minute).Add(time.Minute)
 		// Fire at 0.5s before the store's minute: it belongs to the coming slot.
 		time.Sleep(base.Add(-500 * time.Millisecond).Sub(time.Now().Add(3 * time.Second)))
-		s, err := cs[0].TryAcquire(context.Background(), "k", core.ForSlot(core.Every(time.Minute)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k", core.ForSlot(core.Every(time.Minute)))
 		// Ends at base+1m less the 1s tolerance on the store's clock, 3s
 		// earlier locally.
 		want := base.Add(time.Minute).Add(-time.Second).Add(-3 * time.Second)
@@ -407,45 +379,13 @@ func TestElection(t *testing.T) {
 	})
 }
 
-func TestBindAndDo(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		st, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		s, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := core.Bind(context.Background(), s)
-		defer cancel()
-		st.Steal("k")
-		<-ctx.Done()
-		if !errors.Is(context.Cause(ctx), core.ErrLeaseLost) {
-			t.Fatalf("Bind cause %v", context.Cause(ctx))
-		}
-		if got, _ := core.SessionFromContext(ctx); got != s {
-			t.Fatal("Bind lost the session")
-		}
-		// Do reports a loss even when fn returns nil.
-		err = core.Do(context.Background(), cs[1], "d", func(ctx context.Context) error {
-			st.Steal("d")
-			<-ctx.Done()
-			return nil
-		})
-		if !errors.Is(err, core.ErrLeaseLost) {
-			t.Fatalf("Do = %v", err)
-		}
-	})
-}
-
 func TestCloseStopsEverything(t *testing.T) {
 	st := memlock.NewStore()
 	c, err := st.Locker()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := c.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := hold(t, c, "k")
 	// A waiter on another key is running when Close comes.
 	other, _ := st.Locker()
 	defer other.Close()
@@ -514,10 +454,7 @@ func TestValidateOptions(t *testing.T) {
 func TestWakeOneWaiterPerRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t)
-		s, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k")
 		const waiters = 10
 		got := make(chan core.Session)
 		for i := 0; i < waiters; i++ {
@@ -553,10 +490,7 @@ func TestSlotClaimAfterSlotEndIsRefused(t *testing.T) {
 		_, cs, bs := newPair(t)
 		opts := []core.Option{core.ForSlot(core.Every(time.Minute)), core.SlotTolerance(time.Second)}
 		time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute))) // a tick
-		s, err := cs[0].TryAcquire(context.Background(), "k", opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k", opts...)
 		s.Release(context.Background())
 		end := time.Now().Add(time.Minute - time.Second) // the slot's end
 		// B reads the clock 1ms before the end; its claim lands 9ms after.
@@ -590,30 +524,4 @@ func TestAcquireReplyAfterDeadline(t *testing.T) {
 			t.Fatal("the late claim was left held")
 		}
 	})
-}
-
-// TestDoReportsLossFoundAtRelease: a lease that the store dropped while fn
-// ran, with no renewal in between to notice, is reported by Do's release:
-// alone when fn succeeded, joined to fn's error when it failed.
-func TestDoReportsLossFoundAtRelease(t *testing.T) {
-	_, cs, _ := newPair(t, core.WithDefaults(core.TTL(time.Minute)))
-	for _, want := range []error{nil, errors.New("work failed")} {
-		err := core.Do(context.Background(), cs[0], "d", func(ctx context.Context) error {
-			if _, err := cs[1].ForceRelease(ctx, "d"); err != nil {
-				return err
-			}
-			s, err := cs[1].TryAcquire(ctx, "d")
-			if err != nil {
-				return err
-			}
-			defer s.Release(context.Background())
-			return want
-		})
-		if !errors.Is(err, core.ErrLeaseLost) || !errors.Is(err, core.ErrLeaseGone) {
-			t.Errorf("fn returned %v: Do = %v, want the loss", want, err)
-		}
-		if want != nil && !errors.Is(err, want) {
-			t.Errorf("Do = %v, want fn's error %v too", err, want)
-		}
-	}
 }

@@ -74,16 +74,9 @@ func TestLossKeepsTheMargin(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				st := memlock.NewStore()
 				a, sb := newStall(t, st, core.WithDefaults(core.TTL(30*time.Second)))
-				b, err := st.Locker()
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer b.Close()
+				b := newClient(t, st.Backend())
 				start := time.Now()
-				s, err := a.TryAcquire(context.Background(), "k")
-				if err != nil {
-					t.Fatal(err)
-				}
+				s := hold(t, a, "k")
 				sb.stall.Store("k", struct{}{}) // renewals hang; releases go through
 				got := make(chan time.Duration, 1)
 				go func() {
@@ -126,21 +119,12 @@ func TestHangingKeyDoesNotStarveOthers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memlock.NewStore()
 		c, sb := newStall(t, st)
-		a, err := c.TryAcquire(context.Background(), "a", core.TTL(300*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		a := hold(t, c, "a", core.TTL(300*time.Second))
 		sb.stall.Store("a", struct{}{})
-		b, err := c.TryAcquire(context.Background(), "b", core.TTL(3*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := hold(t, c, "b", core.TTL(3*time.Second))
 		// And a third lease that is due together with a's renewals.
 		time.Sleep(99*time.Second + 900*time.Millisecond)
-		c3, err := c.TryAcquire(context.Background(), "c", core.TTL(3*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		c3 := hold(t, c, "c", core.TTL(3*time.Second))
 		time.Sleep(90 * time.Second)
 		for _, s := range []core.Session{b, c3} {
 			if s.Err() != nil {
@@ -161,16 +145,8 @@ func TestRenewalBatchesWhenNothingHangs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memlock.NewStore()
 		bk := st.Backend()
-		c, err := core.New(bk, core.WithDefaults(core.TTL(30*time.Second)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		for i := range 100 {
-			if _, err := c.TryAcquire(context.Background(), fmt.Sprint("k", i)); err != nil {
-				t.Fatal(err)
-			}
-		}
+		c := newClient(t, bk, core.WithDefaults(core.TTL(30*time.Second)))
+		holdN(t, c, "k", 100)
 		before := bk.Stats().Renews
 		time.Sleep(100 * time.Second)
 		if n := bk.Stats().Renews - before; n < 9 || n > 11 {
@@ -183,10 +159,7 @@ func TestRenewalBatchesWhenNothingHangs(t *testing.T) {
 func TestStaleResignIsDropped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		holder, err := cs[1].TryAcquire(context.Background(), "leader")
-		if err != nil {
-			t.Fatal(err)
-		}
+		holder := hold(t, cs[1], "leader")
 		var revoked atomic.Int32
 		e, err := core.CampaignContext(context.Background(), cs[0], "leader", core.WithRetry(time.Second),
 			core.OnRevoked(func(error) { revoked.Add(1) }))
@@ -261,17 +234,10 @@ func TestEchoMemoryBounded(t *testing.T) {
 	for _, mode := range []string{"unsupported", "failing", "silent"} {
 		t.Run(mode, func(t *testing.T) {
 			st := memlock.NewStore()
-			c, err := core.New(&watchMode{Backend: st.Backend(), mode: mode})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := newClient(t, &watchMode{Backend: st.Backend(), mode: mode})
 			other, _ := st.Locker()
 			defer other.Close()
-			busy, err := other.TryAcquire(context.Background(), "busy")
-			if err != nil {
-				t.Fatal(err)
-			}
+			busy := hold(t, other, "busy")
 			defer busy.Release(context.Background())
 			// A waiter starts the watcher.
 			ctx, cancel := context.WithCancel(context.Background())
@@ -282,10 +248,7 @@ func TestEchoMemoryBounded(t *testing.T) {
 			}()
 			defer func() { cancel(); <-waited }()
 			for i := range 10000 {
-				s, err := c.TryAcquire(context.Background(), fmt.Sprint("k", i%100))
-				if err != nil {
-					t.Fatal(err)
-				}
+				s := hold(t, c, fmt.Sprint("k", i%100))
 				if err := s.Release(context.Background()); err != nil {
 					t.Fatal(err)
 				}
@@ -304,14 +267,11 @@ func TestEchoMemoryBounded(t *testing.T) {
 func TestAcquireTimeoutNamesTheHolder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		s, err := cs[0].TryAcquire(context.Background(), "k", core.WithOwner("host:123"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, cs[0], "k", core.WithOwner("host:123"))
 		defer s.Release(context.Background())
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err = cs[1].Acquire(ctx, "k")
+		_, err := cs[1].Acquire(ctx, "k")
 		want := fmt.Sprintf(`dislock: lock "k" not acquired within 2s: held by "host:123" (token %d) for 28s more: context deadline exceeded`, s.Token())
 		if err == nil || err.Error() != want {
 			t.Fatalf("got  %v\nwant %s", err, want)
@@ -362,11 +322,7 @@ func TestUndoRepeatedAfterClaimBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memlock.NewStore()
 		lb := &lateClaim{Backend: st.Backend()}
-		c, err := core.New(lb, core.WithDefaults(core.TTL(30*time.Second)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := newClient(t, lb, core.WithDefaults(core.TTL(30*time.Second)))
 		lb.late.Store(true)
 		if _, err := c.TryAcquire(context.Background(), "k"); err == nil {
 			t.Fatal("TryAcquire succeeded")
@@ -416,14 +372,11 @@ func TestCloseWaitsForClaimBound(t *testing.T) {
 func TestAcquireWaitsThroughStoreFailures(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		h, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := hold(t, cs[0], "k")
 		bs[1].SetDown(true)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err = cs[1].Acquire(ctx, "k")
+		_, err := cs[1].Acquire(ctx, "k")
 		if errors.Is(err, core.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, memlock.ErrUnavailable) {
 			t.Fatalf("Acquire during an outage = %v, want DeadlineExceeded and the store's failure, not ErrNotAcquired", err)
 		}
@@ -471,23 +424,9 @@ func TestFailingKeyIsSplitAway(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memlock.NewStore()
 		fb := &failBackend{Backend: st.Backend()}
-		c, err := core.New(fb, core.WithDefaults(core.TTL(3*time.Second)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		var ok []core.Session
-		for i := range 5 {
-			s, err := c.TryAcquire(context.Background(), fmt.Sprint("ok", i))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ok = append(ok, s)
-		}
-		bad, err := c.TryAcquire(context.Background(), "bad")
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := newClient(t, fb, core.WithDefaults(core.TTL(3*time.Second)))
+		ok := holdN(t, c, "ok", 5)
+		bad := hold(t, c, "bad")
 		fb.bad.Store("bad", struct{}{})
 		time.Sleep(30 * time.Second) // 10 TTLs
 		for _, s := range ok {
@@ -507,19 +446,8 @@ func TestStoreStallDoesNotFanOutPerLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memlock.NewStore()
 		bk := st.Backend()
-		c, err := core.New(bk, core.WithDefaults(core.TTL(30*time.Second)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		var ss []core.Session
-		for i := range 200 {
-			s, err := c.TryAcquire(context.Background(), fmt.Sprint("k", i))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ss = append(ss, s)
-		}
+		c := newClient(t, bk, core.WithDefaults(core.TTL(30*time.Second)))
+		ss := holdN(t, c, "k", 200)
 		time.Sleep(9 * time.Second)
 		before := bk.Stats().Renews
 		bk.SetLatency(time.Minute) // the renewal sent at 10s hangs
@@ -545,10 +473,7 @@ const splitWays = 16
 func TestOutageUndosStayBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		h, err := cs[0].TryAcquire(context.Background(), "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := hold(t, cs[0], "k")
 		defer h.Release(context.Background())
 		bs[1].SetDown(true)
 		base := runtime.NumGoroutine()

@@ -64,11 +64,7 @@ func TestObserverSeesEverything(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := memlock.NewStore()
 		r1, r2 := &recorder{name: "r1"}, &recorder{name: "r2"}
-		c, err := st.Locker(core.WithDefaults(core.TTL(30*time.Second)), core.WithObserver(r1), core.WithObserver(r2), core.WithObserver(nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := newClient(t, st.Backend(), core.WithDefaults(core.TTL(30*time.Second)), core.WithObserver(r1), core.WithObserver(r2), core.WithObserver(nil))
 		ctx := context.Background()
 		s, err := c.TryAcquire(ctx, "a")
 		if err != nil {
@@ -106,11 +102,7 @@ func TestObserverSeesEverything(t *testing.T) {
 type bareBackend struct{ core.Backend }
 
 func TestAdminUnsupported(t *testing.T) {
-	c, err := core.New(bareBackend{memlock.NewStore().Backend()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, bareBackend{memlock.NewStore().Backend()})
 	ctx := context.Background()
 	if _, _, err := c.Inspect(ctx, "k"); !errors.Is(err, core.ErrUnsupported) {
 		t.Fatalf("Inspect: %v", err)
@@ -182,11 +174,7 @@ func TestRenewBatchObserver(t *testing.T) {
 		st := memlock.NewStore()
 		b := &ctxBackend{Backend: st.Backend(), name: "b1"}
 		r1, plain, r2 := &batchRecorder{recorder{name: "b1"}}, &recorder{name: "p"}, &batchRecorder{recorder{name: "b2"}}
-		c, err := core.New(b, core.WithDefaults(core.TTL(30*time.Second)), core.WithObserver(r1), core.WithObserver(plain), core.WithObserver(r2))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := newClient(t, b, core.WithDefaults(core.TTL(30*time.Second)), core.WithObserver(r1), core.WithObserver(plain), core.WithObserver(r2))
 		ctx := context.Background()
 		for _, k := range []string{"a", "b"} {
 			if _, err := c.TryAcquire(ctx, k); err != nil {

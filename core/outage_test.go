@@ -78,10 +78,7 @@ func TestOutageIsNotBusy(t *testing.T) {
 func TestAcquireLastWordDecides(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
-		h, err := cs[0].TryAcquire(context.Background(), "k", core.WithOwner("host:1"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := hold(t, cs[0], "k", core.WithOwner("host:1"))
 		defer h.Release(context.Background())
 
 		// Busy, then the store goes down for the rest of the wait.
@@ -91,7 +88,7 @@ func TestAcquireLastWordDecides(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 			bs[1].SetDown(true)
 		}()
-		_, err = cs[1].Acquire(ctx, "k", core.Backoff(100*time.Millisecond, 100*time.Millisecond))
+		_, err := cs[1].Acquire(ctx, "k", core.Backoff(100*time.Millisecond, 100*time.Millisecond))
 		notBusy(t, "Acquire that lost the store after a busy answer", err, context.DeadlineExceeded, memlock.ErrUnavailable)
 		if !strings.Contains(err.Error(), `(the store had answered busy before: held by "host:1"`) {
 			t.Errorf("the message does not say the key was busy before: %v", err)
@@ -166,10 +163,7 @@ func TestDeadlineKeptOnSlowStore(t *testing.T) {
 
 		// A wait whose key is busy, then whose store slows down: its last
 		// attempt and its leaving the store's queue are cut short too.
-		h, err := cs[0].TryAcquire(context.Background(), "q")
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := hold(t, cs[0], "q")
 		bs[1].SetLatency(0)
 		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

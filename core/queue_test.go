@@ -20,11 +20,7 @@ func TestQueueHandoffWakesOneInOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	holder, err := st.Locker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
+	holder := newClient(t, st.Backend())
 	s, err := holder.TryAcquire(ctx, key)
 	if err != nil {
 		t.Fatal(err)
@@ -38,11 +34,7 @@ func TestQueueHandoffWakesOneInOrder(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		backends[i] = st.Backend()
-		c, err := core.New(backends[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := newClient(t, backends[i])
 		before := len(st.Waiting(key))
 		wg.Add(1)
 		go func() {
@@ -101,11 +93,7 @@ func TestQueueCancelledWaiterLeaves(t *testing.T) {
 	defer cancel()
 	cs := make([]*core.Client, 3)
 	for i := range cs {
-		c, err := st.Locker()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := newClient(t, st.Backend())
 		cs[i] = c
 	}
 	s, err := cs[0].TryAcquire(ctx, key)

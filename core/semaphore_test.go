@@ -14,11 +14,7 @@ import (
 func TestSemaphorePermits(t *testing.T) {
 	st := memlock.NewStore()
 	ctx := context.Background()
-	c, err := st.Locker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, st.Backend())
 	key := "sem"
 	var last uint64
 	var held []core.Session
@@ -33,7 +29,7 @@ func TestSemaphorePermits(t *testing.T) {
 		last = s.Token()
 		held = append(held, s)
 	}
-	_, err = c.TryAcquire(ctx, key, core.Limit(3))
+	_, err := c.TryAcquire(ctx, key, core.Limit(3))
 	var na *core.NotAcquiredError
 	if !errors.As(err, &na) || na.Holder == nil || na.Holder.Limit != 3 {
 		t.Fatalf("4th permit: %v, want busy with the holder", err)
@@ -89,11 +85,7 @@ func TestSemaphorePermits(t *testing.T) {
 }
 
 func TestSemaphoreUnsupported(t *testing.T) {
-	c, err := core.New(plainBackend{memlock.NewStore().Backend()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, plainBackend{memlock.NewStore().Backend()})
 	if _, err := c.TryAcquire(context.Background(), "k", core.Limit(2)); !errors.Is(err, core.ErrUnsupported) {
 		t.Fatalf("got %v", err)
 	}
@@ -108,11 +100,7 @@ type plainBackend struct{ core.Backend }
 func TestCheck(t *testing.T) {
 	st := memlock.NewStore()
 	ctx := context.Background()
-	c, err := st.Locker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, st.Backend())
 	s, err := c.TryAcquire(ctx, "check", core.TTL(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -141,20 +129,15 @@ func TestCheck(t *testing.T) {
 // which claims nothing, costs no undo Release.
 func TestAcquireLimitMismatchEndsAtOnce(t *testing.T) {
 	st := memlock.NewStore()
-	a, _ := st.Locker()
-	defer a.Close()
+	a := newClient(t, st.Backend())
 	rb := st.Backend()
-	b, _ := core.New(rb)
-	defer b.Close()
-	s, err := a.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newClient(t, rb)
+	s := hold(t, a, "k")
 	defer s.Release(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = b.Acquire(ctx, "k", core.Limit(3))
+	_, err := b.Acquire(ctx, "k", core.Limit(3))
 	if !errors.Is(err, core.ErrLimitMismatch) {
 		t.Fatalf("Acquire = %v", err)
 	}
@@ -177,12 +160,9 @@ func checkPastDeadline(t *testing.T) {
 	for i := range 20 {
 		b := st.Backend()
 		c, _ := core.New(b, core.WithDefaults(core.TTL(600*time.Millisecond)))
-		s, err := c.TryAcquire(context.Background(), "k"+string(rune('a'+i)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, c, "k"+string(rune('a'+i)))
 		b.SetLatency(time.Hour) // every later call hangs until its ctx ends
-		err = s.Check(context.Background())
+		err := s.Check(context.Background())
 		if !errors.Is(err, core.ErrLeaseLost) {
 			t.Errorf("run %d: Check returned %v after the Deadline (session Err %v), want ErrLeaseLost", i, err, s.Err())
 		}

@@ -47,18 +47,7 @@ func (c *Client) addWaiter(key string) *waiter {
 func (c *Client) removeWaiter(key string, w *waiter, acquired bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	list := c.waiters[key]
-	for i, o := range list {
-		if o == w {
-			list = append(list[:i:i], list[i+1:]...)
-			break
-		}
-	}
-	if len(list) == 0 {
-		delete(c.waiters, key)
-	} else {
-		c.waiters[key] = list
-	}
+	removeFirst(c.waiters, key, func(o *waiter) bool { return o == w })
 	select {
 	case <-w.ch:
 		if !acquired && c.queuer == nil {
@@ -118,18 +107,7 @@ func (c *Client) dropEcho(key string, at time.Time) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ts := c.echoes[key]
-	for i, t := range ts {
-		if t.Equal(at) {
-			ts = append(ts[:i:i], ts[i+1:]...)
-			break
-		}
-	}
-	if len(ts) == 0 {
-		delete(c.echoes, key)
-	} else {
-		c.echoes[key] = ts
-	}
+	removeFirst(c.echoes, key, at.Equal)
 }
 
 // sweepEchoesLocked drops the echoes older than the echo window.
@@ -271,5 +249,22 @@ func (c *Client) watchLoop() {
 		if sleepCtx(c.ctx, backoffWait(100*time.Millisecond, 30*time.Second, failures)) != nil {
 			return
 		}
+	}
+}
+
+// removeFirst removes the first element of m[key] that match accepts, and
+// the key once its list is empty.
+func removeFirst[T any](m map[string][]T, key string, match func(T) bool) {
+	list := m[key]
+	for i, v := range list {
+		if match(v) {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(m, key)
+	} else {
+		m[key] = list
 	}
 }

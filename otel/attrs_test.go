@@ -44,7 +44,7 @@ func TestBackendNames(t *testing.T) {
 	for _, sp := range f.sr.Ended() {
 		wantAttrs(t, sp, map[attribute.Key]any{dlotel.AttrBackend: "postgresql"})
 	}
-	if n := histCount(f.collect(t), dlotel.MetricAcquireDuration, map[attribute.Key]string{dlotel.AttrBackend: "postgresql"}); n != 1 {
+	if n := tally(f.collect(t), dlotel.MetricAcquireDuration, map[attribute.Key]string{dlotel.AttrBackend: "postgresql"}); n != 1 {
 		t.Errorf("acquire.duration{postgresql} count %d, want 1", n)
 	}
 }
@@ -102,10 +102,10 @@ func TestWithAttributes(t *testing.T) {
 	}
 	rm := f.collect(t)
 	match := map[attribute.Key]string{"deployment.environment.name": "staging", "tenant": "acme", dlotel.AttrBackend: "memory"}
-	if n := histCount(rm, dlotel.MetricAcquireDuration, match); n != 2 {
+	if n := tally(rm, dlotel.MetricAcquireDuration, match); n != 2 {
 		t.Errorf("acquire.duration with the static attributes: count %d, want 2", n)
 	}
-	if n := histCount(rm, dlotel.MetricSessionDuration, match); n != 1 {
+	if n := tally(rm, dlotel.MetricSessionDuration, match); n != 1 {
 		t.Errorf("session.duration with the static attributes: count %d, want 1", n)
 	}
 	if _, err := dlotel.New(dlotel.WithAttributes(attribute.KeyValue{})); err == nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/benchtest"
 	dlotel "github.com/dislock/dislock/otel"
 )
 
@@ -23,18 +24,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer l.Close()
-		ctx := context.Background()
-		b.ReportAllocs()
-		b.ResetTimer()
-		for b.Loop() {
-			s, err := l.TryAcquire(ctx, "bench")
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Release(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
+		benchtest.TryAcquireRelease(b, l, "bench")
 	}
 	b.Run("none", func(b *testing.B) { run(b) })
 	b.Run("observer-noop", func(b *testing.B) {

@@ -128,22 +128,22 @@ func TestComposedObservers(t *testing.T) {
 		}
 
 		rm := f.collect(t)
-		if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
+		if v := tally(rm, dlotel.MetricSessionActive, nil); v != 0 {
 			t.Errorf("observer %d: %s = %d after all ended", i+1, dlotel.MetricSessionActive, v)
 		}
-		if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "released"}); n != 2 {
+		if n := tally(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "released"}); n != 2 {
 			t.Errorf("observer %d: %s{released} count %d, want 2", i+1, dlotel.MetricSessionDuration, n)
 		}
-		if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
+		if n := tally(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
 			t.Errorf("observer %d: %s{lost} count %d, want 1", i+1, dlotel.MetricSessionDuration, n)
 		}
-		if n := sumValue(rm, dlotel.MetricLeaseLost, nil); n != 1 {
+		if n := tally(rm, dlotel.MetricLeaseLost, nil); n != 1 {
 			t.Errorf("observer %d: %s = %d, want 1", i+1, dlotel.MetricLeaseLost, n)
 		}
-		if n := histCount(rm, dlotel.MetricAcquireDuration, nil); n != 4 {
+		if n := tally(rm, dlotel.MetricAcquireDuration, nil); n != 4 {
 			t.Errorf("observer %d: %s count %d, want 4", i+1, dlotel.MetricAcquireDuration, n)
 		}
-		if n := histCount(rm, dlotel.MetricRenewDuration, nil); n == 0 {
+		if n := tally(rm, dlotel.MetricRenewDuration, nil); n == 0 {
 			t.Errorf("observer %d: no renewal measured", i+1)
 		}
 	}
@@ -183,12 +183,12 @@ func TestConformanceComposed(t *testing.T) {
 	}
 	r1, r2 := f1.collect(t), f2.collect(t)
 	for _, m := range []string{dlotel.MetricAcquireDuration, dlotel.MetricSessionDuration} {
-		if n1, n2 := histCount(r1, m, nil), histCount(r2, m, nil); n1 == 0 || n1 != n2 {
+		if n1, n2 := tally(r1, m, nil), tally(r2, m, nil); n1 == 0 || n1 != n2 {
 			t.Errorf("%s: count %d in the first observer, %d in the second", m, n1, n2)
 		}
 	}
 	for _, m := range []string{dlotel.MetricSessionActive, dlotel.MetricLeaseLost} {
-		if v1, v2 := sumValue(r1, m, nil), sumValue(r2, m, nil); v1 != v2 {
+		if v1, v2 := tally(r1, m, nil), tally(r2, m, nil); v1 != v2 {
 			t.Errorf("%s: %d in the first observer, %d in the second", m, v1, v2)
 		}
 	}

@@ -333,14 +333,21 @@ func TestReleaseFollowsTheCaller(t *testing.T) {
 	}
 }
 
-func TestBusyIsAnOutcomeNotAnError(t *testing.T) {
-	f := newFixture(t)
-	a, b := f.locker(t), f.locker(t)
-	s, err := a.TryAcquire(context.Background(), "k", core.WithOwner("worker-7"))
+// heldElsewhere holds key "k" as owner worker-7 on one of the fixture's
+// Lockers until the test ends, and returns the session and another Locker.
+func (f *fixture) heldElsewhere(t *testing.T) (core.Session, *core.Client) {
+	t.Helper()
+	s, err := f.locker(t).TryAcquire(context.Background(), "k", core.WithOwner("worker-7"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Release(context.Background())
+	t.Cleanup(func() { s.Release(context.Background()) })
+	return s, f.locker(t)
+}
+
+func TestBusyIsAnOutcomeNotAnError(t *testing.T) {
+	f := newFixture(t)
+	s, b := f.heldElsewhere(t)
 	if _, err := b.TryAcquire(context.Background(), "k"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("second TryAcquire: %v", err)
 	}
@@ -363,12 +370,7 @@ func TestBusyIsAnOutcomeNotAnError(t *testing.T) {
 
 func TestWaitTimeout(t *testing.T) {
 	f := newFixture(t)
-	a, b := f.locker(t), f.locker(t)
-	s, err := a.TryAcquire(context.Background(), "k", core.WithOwner("worker-7"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Release(context.Background())
+	s, b := f.heldElsewhere(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Millisecond)
 	defer cancel()
 	if _, err := b.Acquire(ctx, "k", core.Backoff(5*time.Millisecond, 10*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
@@ -428,7 +430,7 @@ func TestOutageIsAnError(t *testing.T) {
 		}
 	}
 	rm := f.collect(t)
-	if n := histCount(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "deadline_exceeded"}); n != 2 {
+	if n := tally(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "deadline_exceeded"}); n != 2 {
 		t.Errorf("acquire.duration{error, deadline_exceeded} count %d, want 2", n)
 	}
 }
@@ -489,7 +491,7 @@ func TestSlotMode(t *testing.T) {
 	wantAttrs(t, acqs[0], map[attribute.Key]any{dlotel.AttrMode: "try", dlotel.AttrSlot: true})
 	wantAttrs(t, acqs[1], map[attribute.Key]any{dlotel.AttrMode: "wait", dlotel.AttrSlot: true})
 	wantAttrs(t, rels[0], map[attribute.Key]any{dlotel.AttrMode: "try", dlotel.AttrSlot: true, dlotel.AttrOutcome: "kept"})
-	if n := histCount(f.collect(t), dlotel.MetricAcquireDuration, map[attribute.Key]string{
+	if n := tally(f.collect(t), dlotel.MetricAcquireDuration, map[attribute.Key]string{
 		dlotel.AttrMode: "wait", dlotel.AttrSlot: "true", dlotel.AttrOutcome: "acquired"}); n != 1 {
 		t.Errorf("acquire.duration{wait, slot} count %d, want 1", n)
 	}
@@ -578,7 +580,7 @@ func TestRenewSpans(t *testing.T) {
 	if renewCalls == 0 {
 		t.Error("no driver renew span")
 	}
-	if n := histCount(f.collect(t), dlotel.MetricRenewDuration, map[attribute.Key]string{dlotel.AttrOutcome: "renewed"}); n < 2 {
+	if n := tally(f.collect(t), dlotel.MetricRenewDuration, map[attribute.Key]string{dlotel.AttrOutcome: "renewed"}); n < 2 {
 		t.Errorf("renew.duration{renewed} count %d", n)
 	}
 }
@@ -591,7 +593,7 @@ func TestRenewSpansOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "two renewals measured", func() bool {
-		return histCount(f.collect(t), dlotel.MetricRenewDuration, nil) >= 2
+		return tally(f.collect(t), dlotel.MetricRenewDuration, nil) >= 2
 	})
 	s.Release(context.Background())
 	if n := len(f.spans(dlotel.SpanRenew)); n != 0 {
@@ -608,18 +610,7 @@ func TestRenewFailureAndDeadline(t *testing.T) {
 			f := newFixture(t, dlotel.WithRenewSpans(on))
 			fb := &failing{Backend: f.store.Backend()}
 			l := f.lockerOn(t, fb, core.TTL(150*time.Millisecond))
-			s, err := l.TryAcquire(context.Background(), "k")
-			if err != nil {
-				t.Fatal(err)
-			}
-			fb.renew.Store(true)
-			select {
-			case <-s.Done():
-			case <-time.After(5 * time.Second):
-				t.Fatal("loss not signalled")
-			}
-			eventually(t, "the loss recorded", func() bool { return len(f.spans(dlotel.SpanLeaseLost)) == 1 })
-			fb.renew.Store(false)
+			s := f.loseLease(t, l, fb, "k")
 			acq := f.span(t, dlotel.SpanAcquire)
 			var renews []sdktrace.ReadOnlySpan
 			for _, r := range f.spans(dlotel.SpanRenew) {
@@ -641,10 +632,10 @@ func TestRenewFailureAndDeadline(t *testing.T) {
 			if lost.Parent().IsValid() || !linked(lost, acq.SpanContext()) {
 				t.Errorf("lease_lost: parent %v links %v", lost.Parent(), lost.Links())
 			}
-			if n := sumValue(f.collect(t), dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "deadline"}); n != 1 {
+			if n := tally(f.collect(t), dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "deadline"}); n != 1 {
 				t.Errorf("lease.lost{deadline} = %d", n)
 			}
-			if n := histCount(f.collect(t), dlotel.MetricRenewDuration, map[attribute.Key]string{
+			if n := tally(f.collect(t), dlotel.MetricRenewDuration, map[attribute.Key]string{
 				dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "backend"}); n == 0 {
 				t.Error("failed renewals not measured")
 			}
@@ -674,7 +665,7 @@ func TestLeaseLost(t *testing.T) {
 	}
 	// Lost runs right after Done closes.
 	eventually(t, "the loss recorded", func() bool {
-		return sumValue(f.collect(t), dlotel.MetricLeaseLost, nil) == 1
+		return tally(f.collect(t), dlotel.MetricLeaseLost, nil) == 1
 	})
 	acq := f.span(t, dlotel.SpanAcquire)
 	lost := f.span(t, dlotel.SpanLeaseLost)
@@ -704,22 +695,22 @@ func TestLeaseLost(t *testing.T) {
 	noExceptionEvents(t, f)
 
 	rm := f.collect(t)
-	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
+	if v := tally(rm, dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d after the loss", v)
 	}
-	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
+	if n := tally(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
 		t.Errorf("session.duration{outcome=lost} count %d", n)
 	}
-	if n := sumValue(rm, dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "refused", dlotel.AttrMode: "try"}); n != 1 {
+	if n := tally(rm, dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "refused", dlotel.AttrMode: "try"}); n != 1 {
 		t.Errorf("lease.lost{refused} = %d", n)
 	}
 	// The holder's Release after a loss frees the key but no longer counts
 	// as a session end.
 	s.Release(context.Background())
-	if v := sumValue(f.collect(t), dlotel.MetricSessionActive, nil); v != 0 {
+	if v := tally(f.collect(t), dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d after Release of a lost session", v)
 	}
-	if n := histCount(f.collect(t), dlotel.MetricSessionDuration, nil); n != 1 {
+	if n := tally(f.collect(t), dlotel.MetricSessionDuration, nil); n != 1 {
 		t.Errorf("session.duration count %d after Release of a lost session, want 1", n)
 	}
 }
@@ -747,29 +738,26 @@ func find(rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
 	return nil
 }
 
-func histCount(rm metricdata.ResourceMetrics, name string, match map[attribute.Key]string) uint64 {
-	m := find(rm, name)
-	if m == nil {
-		return 0
-	}
-	var n uint64
-	for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
-		if matches(dp.Attributes, match) {
-			n += dp.Count
-		}
-	}
-	return n
-}
-
-func sumValue(rm metricdata.ResourceMetrics, name string, match map[attribute.Key]string) int64 {
+// tally adds up the data points of metric name whose attributes match:
+// the counts of a histogram, the values of a sum.
+func tally(rm metricdata.ResourceMetrics, name string, match map[attribute.Key]string) int64 {
 	m := find(rm, name)
 	if m == nil {
 		return 0
 	}
 	var n int64
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		if matches(dp.Attributes, match) {
-			n += dp.Value
+	switch d := m.Data.(type) {
+	case metricdata.Histogram[float64]:
+		for _, dp := range d.DataPoints {
+			if matches(dp.Attributes, match) {
+				n += int64(dp.Count)
+			}
+		}
+	case metricdata.Sum[int64]:
+		for _, dp := range d.DataPoints {
+			if matches(dp.Attributes, match) {
+				n += dp.Value
+			}
 		}
 	}
 	return n
@@ -808,7 +796,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		t.Fatal(err)
 	}
 	rm := f.collect(t)
-	if v := sumValue(rm, dlotel.MetricSessionActive, map[attribute.Key]string{dlotel.AttrBackend: "memory", dlotel.AttrMode: "try"}); v != 2 {
+	if v := tally(rm, dlotel.MetricSessionActive, map[attribute.Key]string{dlotel.AttrBackend: "memory", dlotel.AttrMode: "try"}); v != 2 {
 		t.Errorf("active sessions %d with two held, want 2", v)
 	}
 	sa.Release(ctx)
@@ -824,21 +812,21 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	rm = f.collect(t)
 	for _, c := range []struct {
 		mode, outcome string
-		want          uint64
+		want          int64
 	}{{"try", "acquired", 2}, {"try", "busy", 1}, {"wait", "timeout", 1}, {"wait", "acquired", 0}} {
-		got := histCount(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{
+		got := tally(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{
 			dlotel.AttrBackend: "memory", dlotel.AttrMode: c.mode, dlotel.AttrOutcome: c.outcome})
 		if got != c.want {
 			t.Errorf("acquire.duration{%s,%s} count = %d, want %d", c.mode, c.outcome, got, c.want)
 		}
 	}
-	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
+	if v := tally(rm, dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d after releasing all", v)
 	}
-	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "released", dlotel.AttrMode: "try"}); n != 2 {
+	if n := tally(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "released", dlotel.AttrMode: "try"}); n != 2 {
 		t.Errorf("session.duration{released} count %d, want 2", n)
 	}
-	if m := find(rm, dlotel.MetricLeaseLost); m != nil && sumValue(rm, dlotel.MetricLeaseLost, nil) != 0 {
+	if m := find(rm, dlotel.MetricLeaseLost); m != nil && tally(rm, dlotel.MetricLeaseLost, nil) != 0 {
 		t.Errorf("leases lost without a loss")
 	}
 	m := find(rm, dlotel.MetricAcquireDuration)
@@ -916,10 +904,10 @@ func TestMetricAttributesFn(t *testing.T) {
 		s.Release(context.Background())
 	}
 	rm := f.collect(t)
-	if n := histCount(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{"job": "backup", dlotel.AttrBackend: "memory"}); n != 2 {
+	if n := tally(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{"job": "backup", dlotel.AttrBackend: "memory"}); n != 2 {
 		t.Errorf("acquire.duration{job=backup} count %d, want 2", n)
 	}
-	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{"job": "report"}); n != 1 {
+	if n := tally(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{"job": "report"}); n != 1 {
 		t.Errorf("session.duration{job=report} count %d, want 1", n)
 	}
 }
@@ -1007,6 +995,26 @@ func (b *failing) Release(ctx context.Context, req core.ReleaseRequest) error {
 	return b.Backend.Release(ctx, req)
 }
 
+// loseLease acquires key on l and fails fb's renewals until the session is
+// lost and the loss recorded (the fixture's first); renewals then work
+// again. It returns the lost session.
+func (f *fixture) loseLease(t *testing.T, l *core.Client, fb *failing, key string) core.Session {
+	t.Helper()
+	s, err := l.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb.renew.Store(true)
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("loss not signalled")
+	}
+	eventually(t, "the loss recorded", func() bool { return len(f.spans(dlotel.SpanLeaseLost)) == 1 })
+	fb.renew.Store(false)
+	return s
+}
+
 // findString reports where s appears in a span: "" when nowhere.
 func findString(sp sdktrace.ReadOnlySpan, s string) string {
 	check := func(kvs []attribute.KeyValue) bool {
@@ -1062,18 +1070,7 @@ func TestNoSecretsInTelemetry(t *testing.T) {
 	fb.release.Store(false)
 	s.Release(ctx)
 	// Failed renewals until the renew deadline passes: a loss.
-	s, err = l.TryAcquire(ctx, "k3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fb.renew.Store(true)
-	select {
-	case <-s.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("loss not signalled")
-	}
-	eventually(t, "the loss recorded", func() bool { return len(f.spans(dlotel.SpanLeaseLost)) == 1 })
-	fb.renew.Store(false)
+	f.loseLease(t, l, fb, "k3")
 
 	var failed int
 	for _, sp := range f.sr.Ended() {
@@ -1097,7 +1094,7 @@ func TestNoSecretsInTelemetry(t *testing.T) {
 		t.Errorf("acquire status %q: want the sanitized message", d)
 	}
 	rm := f.collect(t)
-	if n := histCount(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "backend"}); n != 1 {
+	if n := tally(rm, dlotel.MetricAcquireDuration, map[attribute.Key]string{dlotel.AttrOutcome: "error", dlotel.AttrErrorType: "backend"}); n != 1 {
 		t.Errorf("acquire.duration{error, backend} count %d", n)
 	}
 	for _, sm := range rm.ScopeMetrics {
@@ -1113,11 +1110,10 @@ func TestNoSecretsInTelemetry(t *testing.T) {
 	}
 }
 
-func TestDefaultsToGlobalProviders(t *testing.T) {
-	obs, err := dlotel.New(dlotel.WithTracerProvider(nil), dlotel.WithMeterProvider(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+// holdOnce acquires and releases one key on a memlock Locker observed by
+// obs.
+func holdOnce(t *testing.T, obs core.Observer) {
+	t.Helper()
 	l, err := memlock.New(core.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
@@ -1127,7 +1123,17 @@ func TestDefaultsToGlobalProviders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Release(context.Background())
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDefaultsToGlobalProviders(t *testing.T) {
+	obs, err := dlotel.New(dlotel.WithTracerProvider(nil), dlotel.WithMeterProvider(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdOnce(t, obs)
 }
 
 // TestConformance runs the locktest suite over memlock with the observer
@@ -1160,16 +1166,7 @@ func TestStdoutExporter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := memlock.New(core.WithObserver(obs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	s, err := l.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Release(context.Background())
+	holdOnce(t, obs)
 	for _, want := range []string{`"Name":"dislock.acquire"`, `"Name":"dislock.release"`, `"dislock.outcome"`} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("stdout output lacks %s:\n%s", want, buf.String())
@@ -1210,10 +1207,10 @@ func TestSessionEndCountedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	rm := f.collect(t)
-	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
+	if v := tally(rm, dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d, want 0", v)
 	}
-	if n := histCount(rm, dlotel.MetricSessionDuration, nil); n != 2 {
+	if n := tally(rm, dlotel.MetricSessionDuration, nil); n != 2 {
 		t.Errorf("session.duration count %d, want 2 (one per session)", n)
 	}
 }
@@ -1241,16 +1238,16 @@ func TestReleaseFindsLeaseGone(t *testing.T) {
 	lost := f.span(t, dlotel.SpanLeaseLost)
 	wantAttrs(t, lost, map[attribute.Key]any{dlotel.AttrLostReason: "refused", dlotel.AttrErrorType: "lease_lost"})
 	rm := f.collect(t)
-	if v := sumValue(rm, dlotel.MetricSessionActive, nil); v != 0 {
+	if v := tally(rm, dlotel.MetricSessionActive, nil); v != 0 {
 		t.Errorf("active sessions %d after the Release", v)
 	}
-	if n := histCount(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
+	if n := tally(rm, dlotel.MetricSessionDuration, map[attribute.Key]string{dlotel.AttrOutcome: "lost"}); n != 1 {
 		t.Errorf("session.duration{outcome=lost} count %d, want 1", n)
 	}
-	if n := histCount(rm, dlotel.MetricSessionDuration, nil); n != 1 {
+	if n := tally(rm, dlotel.MetricSessionDuration, nil); n != 1 {
 		t.Errorf("session.duration count %d, want 1", n)
 	}
-	if n := sumValue(rm, dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "refused"}); n != 1 {
+	if n := tally(rm, dlotel.MetricLeaseLost, map[attribute.Key]string{dlotel.AttrLostReason: "refused"}); n != 1 {
 		t.Errorf("lease.lost{refused} = %d, want 1", n)
 	}
 	if u := f.unended(); len(u) != 0 {

@@ -22,11 +22,11 @@ var claimModes = []struct {
 	tableOpts []pg.Option // for the table
 }{
 	{name: "cache"},
-	{name: "exec", edit: func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec },
+	{name: "exec", edit: queryMode(pgx.QueryExecModeExec),
 		opts: []pg.Option{pg.WithoutNotify(), pg.WithoutListen()}},
-	{name: "simple-async", edit: func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol },
+	{name: "simple-async", edit: queryMode(pgx.QueryExecModeSimpleProtocol),
 		opts: []pg.Option{pg.WithAsyncCommit()}},
-	{name: "describe-exec", edit: func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeDescribeExec }},
+	{name: "describe-exec", edit: queryMode(pgx.QueryExecModeDescribeExec)},
 	{name: "legacy", opts: []pg.Option{pg.WithLegacyTable()}, tableOpts: []pg.Option{pg.WithLegacyTable()}},
 	// A higher statement_timeout of the session gives way to the claim
 	// timeout (a lower one is kept: TestStatementTimeout).

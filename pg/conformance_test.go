@@ -48,9 +48,7 @@ func TestConformanceExecMode(t *testing.T) {
 	table := newTable(t, admin)
 	h := harness(t, admin, table)
 	h.NewBackend = func(tb testing.TB) core.Backend {
-		return newBackendPool(tb, table, func(c *pgxpool.Config) {
-			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		}, pg.WithoutNotify(), pg.WithoutListen())
+		return newBackendPool(tb, table, queryMode(pgx.QueryExecModeExec), pg.WithoutNotify(), pg.WithoutListen())
 	}
 	h.NoWatch = true
 	locktest.Run(t, h)
@@ -63,9 +61,7 @@ func TestConformanceSimpleProtocolAsync(t *testing.T) {
 	table := newTable(t, admin)
 	h := harness(t, admin, table)
 	h.NewBackend = func(tb testing.TB) core.Backend {
-		return newBackendPool(tb, table, func(c *pgxpool.Config) {
-			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-		}, pg.WithAsyncCommit())
+		return newBackendPool(tb, table, queryMode(pgx.QueryExecModeSimpleProtocol), pg.WithAsyncCommit())
 	}
 	locktest.Run(t, h)
 }

@@ -29,16 +29,27 @@ func ctxT(t testing.TB) context.Context {
 // may change its config first.
 func newPool(t testing.TB, edit func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testenv.PG(t))
+	return openPool(t, testenv.PG(t), func(cfg *pgxpool.Config) {
+		if throughPooler(t) {
+			// The test server is a transaction pooler: no prepared
+			// statements (edit may choose another mode that needs none).
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		}
+		if edit != nil {
+			edit(cfg)
+		}
+	})
+}
+
+// openPool returns a pool of 4 connections on url, closed at cleanup. edit
+// may change its config first.
+func openPool(t testing.TB, url string, edit func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		t.Fatalf("parse test URL: %v", err)
+		t.Fatalf("parse the pool's URL: %v", err)
 	}
 	cfg.MaxConns = 4
-	if throughPooler(t) {
-		// The test server is a transaction pooler: no prepared
-		// statements (edit may choose another mode that needs none).
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	}
 	if edit != nil {
 		edit(cfg)
 	}
@@ -82,13 +93,45 @@ func dropAtCleanup(t testing.TB, admin *pgxpool.Pool, ident pgx.Identifier) {
 // newBackend returns a Backend on its own pool (a separate process).
 func newBackend(t testing.TB, table string, opts ...pg.Option) *pg.Backend {
 	t.Helper()
-	pool := newPool(t, nil)
+	return backendOn(t, newPool(t, nil), table, opts...)
+}
+
+// queryMode is a pool config edit that sets the default query exec mode.
+func queryMode(mode pgx.QueryExecMode) func(*pgxpool.Config) {
+	return func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }
+}
+
+// backendOn returns a Backend of table on pool, closed at cleanup.
+func backendOn(t testing.TB, pool *pgxpool.Pool, table string, opts ...pg.Option) *pg.Backend {
+	t.Helper()
 	b, err := pg.NewBackend(ctxT(t), pool, append([]pg.Option{pg.WithTable(table)}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewBackend: %v", err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
 	return b
+}
+
+// waitResult is the outcome of a wait that acquireAsync started: when it
+// acquired, and the error of its Acquire or of the Release that followed.
+type waitResult struct {
+	at  time.Time
+	err error
+}
+
+// acquireAsync starts l's Acquire of key in the background and releases
+// the session at once; the outcome comes on the channel returned.
+func acquireAsync(ctx context.Context, l core.Locker, key string, opts ...core.Option) <-chan waitResult {
+	got := make(chan waitResult, 1)
+	go func() {
+		s, err := l.Acquire(ctx, key, opts...)
+		r := waitResult{at: time.Now(), err: err}
+		if err == nil {
+			r.err = s.Release(ctx)
+		}
+		got <- r
+	}()
+	return got
 }
 
 func newClient(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Client {
@@ -110,11 +153,5 @@ func init() {
 // newBackendPool is newBackend with a pool config edit.
 func newBackendPool(t testing.TB, table string, edit func(*pgxpool.Config), opts ...pg.Option) *pg.Backend {
 	t.Helper()
-	pool := newPool(t, edit)
-	b, err := pg.NewBackend(ctxT(t), pool, append([]pg.Option{pg.WithTable(table)}, opts...)...)
-	if err != nil {
-		t.Fatalf("NewBackend: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
+	return backendOn(t, newPool(t, edit), table, opts...)
 }

@@ -3,6 +3,7 @@ package pg_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/url"
 	"runtime"
 	"strings"
@@ -364,17 +365,10 @@ func TestWatchUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		s2, err := l2.Acquire(ctx, "poll", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
-		if err == nil {
-			err = s2.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAsync(ctx, l2, "poll", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
 	_ = s.Release(ctx)
-	if err := <-got; err != nil {
-		t.Fatalf("polling waiter: %v", err)
+	if r := <-got; r.err != nil {
+		t.Fatalf("polling waiter: %v", r.err)
 	}
 }
 
@@ -453,5 +447,100 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 	}
 	if _, err := pg.SchemaSQL("bad\x00", false, false); !errors.Is(err, core.ErrInvalidOption) {
 		t.Fatalf("SchemaSQL(NUL) = %v", err)
+	}
+}
+
+// Rule: errors carry one prefix per layer: core's "dislock: pg: acquire
+// "k": " (or release, or the store clock) wraps the driver's error, and the
+// backend adds no "pg: acquire:" layer of its own.
+func TestErrorPrefixOnce(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	pool := newPool(t, nil)
+	ctx := ctxT(t)
+	l, err := pg.New(ctx, pool, pg.WithTable(table), pg.WithoutListen())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	pool.Close() // every call now fails in the driver
+	for _, opts := range [][]core.Option{{core.TTL(core.DefaultTTL)}, {core.ForSlot(core.Every(time.Hour))}} {
+		_, err := l.TryAcquire(ctx, "prefix-once", opts...)
+		if err == nil {
+			t.Fatal("acquired on a closed pool")
+		}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "dislock: pg: ") || strings.Count(msg, "pg:") != 1 || strings.Count(msg, "acquire") > 1 {
+			t.Errorf("error %q: want one dislock: pg: prefix and no other layer naming the backend", msg)
+		}
+	}
+}
+
+// Rule: a refused connection fails the constructor at once, naming the
+// cause, and the password of the URL appears in no message.
+func TestConnectionRefusedFailsFast(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	const password = "s3cret-pw"
+	pool, err := pgxpool.New(context.Background(), "postgres://dislock:"+password+"@"+addr+"/db?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	l, err := pg.New(ctx, pool)
+	took := time.Since(start)
+	if err == nil {
+		l.Close()
+		t.Fatal("New connected to a closed port")
+	}
+	if msg := err.Error(); took > 5*time.Second || !strings.Contains(msg, "connection refused") || strings.Contains(msg, password) {
+		t.Fatalf("New = %q after %v, want the refusal named within 5s, without the password", msg, took)
+	}
+}
+
+// Rule: on an empty database, the error names pg.Migrate as the fix, and
+// the package-level pg.Migrate (which needs no Backend, since NewBackend
+// refuses a missing table) creates what New then uses, semaphores included.
+func TestPackageMigrate(t *testing.T) {
+	admin := newPool(t, nil)
+	ctx := ctxT(t)
+	name := testenv.Name("dislock_mig_")
+	dropAtCleanup(t, admin, pgx.Identifier{name})
+
+	_, err := pg.New(ctx, admin, pg.WithTable(name))
+	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), "pg.Migrate(ctx, pool)") {
+		t.Fatalf("New on a missing table = %v, want ErrSchema naming pg.Migrate(ctx, pool)", err)
+	}
+	if err := pg.Migrate(ctx, admin, pg.WithTable(name)); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	// Again: it is idempotent.
+	if err := pg.Migrate(ctx, admin, pg.WithTable(name)); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	l, err := pg.New(ctx, admin, pg.WithTable(name))
+	if err != nil {
+		t.Fatalf("New after Migrate: %v", err)
+	}
+	defer l.Close()
+	s, err := l.TryAcquire(ctx, "k", core.Limit(2))
+	if err != nil {
+		t.Fatalf("a semaphore permit on the migrated table: %v", err)
+	}
+	_ = s.Release(ctx)
+
+	if err := pg.Migrate(ctx, nil); !errors.Is(err, core.ErrInvalidOption) {
+		t.Errorf("Migrate(nil pool) = %v, want ErrInvalidOption", err)
+	}
+	if err := pg.Migrate(ctx, admin, pg.WithTable("")); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithTable") {
+		t.Errorf("Migrate(WithTable(\"\")) = %v, want ErrInvalidOption naming WithTable", err)
 	}
 }

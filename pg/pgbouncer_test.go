@@ -1,7 +1,6 @@
 package pg_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -27,27 +26,9 @@ import (
 
 // bouncer is a running pgbouncer.
 type bouncer struct {
-	url string      // connection URL through the pooler (no TLS)
-	out *syncBuffer // its log (stderr)
+	url string              // connection URL through the pooler (no TLS)
+	out *testenv.SyncBuffer // its log (stderr)
 	cmd *exec.Cmd
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // pgbouncerBin finds the pgbouncer binary, failing (CI) or skipping the test
@@ -161,7 +142,7 @@ pidfile =
 		}
 		args = []string{"-u", u.Username, iniPath}
 	}
-	out := &syncBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -29,20 +29,7 @@ func bouncerExec(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.Qu
 // change its config first.
 func bouncerPool(t testing.TB, bn *bouncer, edit func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(bn.url)
-	if err != nil {
-		t.Fatalf("parse pooler URL: %v", err)
-	}
-	cfg.MaxConns = 4
-	if edit != nil {
-		edit(cfg)
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("pool: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return openPool(t, bn.url, edit)
 }
 
 // directConfig is the test server's own connection config, for
@@ -59,12 +46,7 @@ func directConfig(t testing.TB) *pgx.ConnConfig {
 // bouncerBackend returns a Backend on a pool of its own through bn.
 func bouncerBackend(t testing.TB, bn *bouncer, table string, edit func(*pgxpool.Config), opts ...pg.Option) *pg.Backend {
 	t.Helper()
-	b, err := pg.NewBackend(ctxT(t), bouncerPool(t, bn, edit), append([]pg.Option{pg.WithTable(table)}, opts...)...)
-	if err != nil {
-		t.Fatalf("NewBackend through pgbouncer: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
+	return backendOn(t, bouncerPool(t, bn, edit), table, opts...)
 }
 
 // TestPgBouncerConformance runs the conformance suite through a private
@@ -214,7 +196,7 @@ func TestPgBouncerListenFallback(t *testing.T) {
 	bn := startBouncer(t)
 	admin := bouncerPool(t, bn, bouncerExec)
 	table := newTable(t, admin)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
 	conns := &listenConns{}
@@ -231,14 +213,7 @@ func TestPgBouncerListenFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A waiter makes the Locker subscribe.
-	got := make(chan error, 1)
-	go func() {
-		s2, err := l.Acquire(ctx, "k", core.Backoff(20*time.Millisecond, 100*time.Millisecond))
-		if err == nil {
-			err = s2.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAsync(ctx, l, "k", core.Backoff(20*time.Millisecond, 100*time.Millisecond))
 	select {
 	case <-obs.got:
 	case <-time.After(15 * time.Second):
@@ -280,9 +255,9 @@ func TestPgBouncerListenFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("waiter after the fallback: %v", err)
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiter after the fallback: %v", r.err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("waiter never acquired after the release")
@@ -312,7 +287,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 	bn := startBouncer(t)
 	admin := bouncerPool(t, bn, bouncerExec)
 	table := newTable(t, admin)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
 	be := bouncerBackend(t, bn, table, bouncerExec, pg.WithListenConfig(directConfig(t)),
@@ -326,16 +301,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		busy := w.busy.Load()
-		got := make(chan error, 1)
-		var acquired atomic.Int64
-		go func() {
-			s2, err := waiter.Acquire(ctx, "k", core.Backoff(5*time.Second, 10*time.Second))
-			if err == nil {
-				acquired.Store(time.Now().UnixNano())
-				err = s2.Release(ctx)
-			}
-			got <- err
-		}()
+		got := acquireAsync(ctx, waiter, "k", core.Backoff(5*time.Second, 10*time.Second))
 		select {
 		case <-w.ready:
 		case <-time.After(10 * time.Second):
@@ -350,15 +316,16 @@ func TestPgBouncerListenConfig(t *testing.T) {
 		if err := s.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+		var r waitResult
 		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
+		case r = <-got:
+			if r.err != nil {
+				t.Fatal(r.err)
 			}
 		case <-time.After(15 * time.Second):
 			t.Fatal("waiter never acquired")
 		}
-		if d := time.Unix(0, acquired.Load()).Sub(released); d > 2*time.Second {
+		if d := r.at.Sub(released); d > 2*time.Second {
 			t.Errorf("round %d: hand-off took %v with a 5s poll: the waiter was not notified", i, d)
 		}
 	}
@@ -542,7 +509,7 @@ func TestListenProbeSlowIsNotDeaf(t *testing.T) {
 		slow.reads.Store(-1)
 		return slow, nil
 	}
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	b := newBackend(t, table, pg.WithListenConfig(cc),
 		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))

@@ -153,148 +153,73 @@ func rowVersion(t *testing.T, admin *pgxpool.Pool, table, key string) string {
 	return v
 }
 
-// Rule: waiters are served first come, first served across processes; a
-// release notifies the first live waiter only, and one that is not first
-// is answered busy (without a holder) on a free key.
-func TestQueueFIFO(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
-	holder, b1, b2, b3 := newBackend(t, table), newBackend(t, table), newBackend(t, table), newBackend(t, table)
-	turns := watchTurns(t, holder)
-	k := "fifo"
-	tryAs(t, holder, k, "h", "", 0)
-	tryAs(t, b1, k, "t1", "w1", 0, "busy")
-	tryAs(t, b2, k, "t2", "w2", 0, "busy")
-	tryAs(t, b3, k, "t3", "w3", 0, "busy")
-	tryAs(t, b1, k, "t1b", "w1", 0, "busy") // keeps its place
-	if q := queueOf(t, admin, table, k); strings.Join(q, ",") != "w1,w2,w3" {
-		t.Fatalf("queue %v, want w1,w2,w3", q)
-	}
-	release(t, holder, k, "h")
-	if tr := nextTurn(t, turns, k); tr.waiter != "w1" {
-		t.Fatalf("turn %+v, want w1", tr)
-	}
-	if _, ok, _ := holder.Inspect(ctxT(t), k); ok {
-		t.Fatal("a free key with waiters shows as held")
-	}
-	if l, _ := holder.List(ctxT(t), k); len(l) != 0 {
-		t.Fatalf("List shows a free key with waiters: %+v", l)
-	}
-	tryAs(t, b3, k, "t3", "w3", 0, "turn")
-	tryAs(t, b2, k, "t2", "w2", 0, "turn")
-	tryAs(t, b1, k, "t1", "w1", 0)
-	if q := queueOf(t, admin, table, k); strings.Join(q, ",") != "w2,w3" {
-		t.Fatalf("queue after w1's grant %v, want w2,w3", q)
-	}
-	release(t, b1, k, "t1")
-	if tr := nextTurn(t, turns, k); tr.waiter != "w2" {
-		t.Fatalf("turn %+v, want w2", tr)
-	}
-	tryAs(t, b2, k, "t2", "w2", 0)
-	release(t, b2, k, "t2")
-	if tr := nextTurn(t, turns, k); tr.waiter != "w3" {
-		t.Fatalf("turn %+v, want w3", tr)
-	}
-	tryAs(t, b3, k, "t3", "w3", 0)
-	release(t, b3, k, "t3")
-	// Nobody left in line: the row is ended (it keeps the key's token) and
-	// nothing is notified.
-	expectEnded(t, admin, table, k)
-	noTurn(t, holder, turns, k)
-}
-
-// Rule: a waiter whose place expired does not block those behind it: the
-// release names the next live one, and a waiterless try still cannot barge
-// past a live waiter, only past dead ones.
-func TestQueueExpiredWaiterSkipped(t *testing.T) {
+// Rule: the waiters column keeps the line in order: a refresh keeps a
+// waiter's place, a grant or a Leave takes it out, a dead waiter's retry
+// goes to the tail, a release drops a queue of dead waiters only, and a key
+// whose last waiter was served or left is an ended row (it keeps the key's
+// token).
+func TestQueueRowLayout(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	b := newBackend(t, table)
-	turns := watchTurns(t, b)
-	k := "expired"
-	tryAs(t, b, k, "h", "", 0)
-	tryAs(t, b, k, "t1", "dead", 200*time.Millisecond, "busy")
-	tryAs(t, b, k, "t2", "live", time.Minute, "busy")
-	time.Sleep(300 * time.Millisecond) // the dead waiter's place expires on the server
-	release(t, b, k, "h")
-	if tr := nextTurn(t, turns, k); tr.waiter != "live" {
-		t.Fatalf("turn %+v, want live", tr)
-	}
-	tryAs(t, b, k, "x", "", 0, "turn") // no barging past a live waiter
-	tryAs(t, b, k, "t1", "dead", time.Minute, "turn")
-	if q := queueOf(t, admin, table, k); strings.Join(q, ",") != "live,dead" {
-		t.Fatalf("queue %v, want live,dead (the dead waiter's retry goes to the tail)", q)
-	}
-	tryAs(t, b, k, "t2", "live", 0)
-	release(t, b, k, "t2")
-	if tr := nextTurn(t, turns, k); tr.waiter != "dead" {
-		t.Fatalf("turn %+v, want dead", tr)
-	}
-
-	// Only dead waiters: anyone may claim, and the queue is cleared.
-	k2 := "expired-only"
-	tryAs(t, b, k2, "h", "", 0)
-	tryAs(t, b, k2, "t1", "w", 100*time.Millisecond, "busy")
-	time.Sleep(200 * time.Millisecond)
-	release(t, b, k2, "h") // drops the dead queue with the row
-	tryAs(t, b, k2, "x", "", 0)
-	if q := queueOf(t, admin, table, k2); len(q) != 0 {
-		t.Fatalf("queue %v after a claim past dead waiters", q)
-	}
-}
-
-// Rule: Leave takes a waiter out of line; when it was first on a free key,
-// the next live waiter is notified; leaving a queue one is not in is no
-// error; the last waiter leaving a free key leaves an ended row (the key's
-// token stays).
-func TestQueueLeave(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
-	b := newBackend(t, table)
-	turns := watchTurns(t, b)
 	ctx := ctxT(t)
-	k := "leave"
+	wantQueue := func(key, want string) {
+		t.Helper()
+		if q := queueOf(t, admin, table, key); strings.Join(q, ",") != want {
+			t.Fatalf("queue of %q %v, want [%s]", key, q, want)
+		}
+	}
+	leave := func(key, waiter string) {
+		t.Helper()
+		if err := b.Leave(ctx, key, waiter); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Places that expire, on two keys: one sleep for both.
+	tryAs(t, b, "expired", "h", "", 0)
+	tryAs(t, b, "expired", "t1", "dead", 200*time.Millisecond, "busy")
+	tryAs(t, b, "expired", "t2", "live", time.Minute, "busy")
+	tryAs(t, b, "expired-only", "h", "", 0)
+	tryAs(t, b, "expired-only", "t1", "w", 200*time.Millisecond, "busy")
+
+	k := "line"
 	tryAs(t, b, k, "h", "", 0)
 	tryAs(t, b, k, "t1", "w1", 0, "busy")
 	tryAs(t, b, k, "t2", "w2", 0, "busy")
 	tryAs(t, b, k, "t3", "w3", 0, "busy")
-	if err := b.Leave(ctx, k, "w2"); err != nil { // not first: nobody told
-		t.Fatal(err)
-	}
-	if q := queueOf(t, admin, table, k); strings.Join(q, ",") != "w1,w3" {
-		t.Fatalf("queue %v, want w1,w3", q)
-	}
-	if err := b.Leave(ctx, k, "nobody"); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Leave(ctx, "no-such-key", "w1"); err != nil {
-		t.Fatal(err)
-	}
+	tryAs(t, b, k, "t1b", "w1", 0, "busy") // keeps its place
+	tryAs(t, b, k, "t4", "w4", 0, "busy")
+	wantQueue(k, "w1,w2,w3,w4")
+	leave(k, "w2") // from the middle
+	wantQueue(k, "w1,w3,w4")
 	release(t, b, k, "h")
-	if tr := nextTurn(t, turns, k); tr.waiter != "w1" {
-		t.Fatalf("turn %+v, want w1", tr)
-	}
-	if err := b.Leave(ctx, k, "w1"); err != nil { // first in line on a free key
-		t.Fatal(err)
-	}
-	if tr := nextTurn(t, turns, k); tr.waiter != "w3" {
-		t.Fatalf("turn after Leave %+v, want w3", tr)
-	}
-	if err := b.Leave(ctx, k, "w3"); err != nil {
-		t.Fatal(err)
-	}
+	tryAs(t, b, k, "t1", "w1", 0)
+	wantQueue(k, "w3,w4")
+	release(t, b, k, "t1")
+	tryAs(t, b, k, "t3", "w3", 0)
+	release(t, b, k, "t3")
+	leave(k, "w4") // the last waiter leaves the free key
 	expectEnded(t, admin, table, k)
-	tryAs(t, b, k, "x", "", 0)
+	tryAs(t, b, k, "t5", "w5", 0)
+	release(t, b, k, "t5")
+	expectEnded(t, admin, table, k)
+
+	time.Sleep(300 * time.Millisecond) // the places of 200ms expire on the server
+	release(t, b, "expired", "h")
+	tryAs(t, b, "expired", "t1", "dead", time.Minute, "turn")
+	wantQueue("expired", "live,dead")
+	release(t, b, "expired-only", "h") // drops the dead queue with the row
+	tryAs(t, b, "expired-only", "x", "", 0)
+	wantQueue("expired-only", "")
 }
 
-// Rule: a release with nobody queued notifies nobody, and busy tries write
-// nothing: a waiterless one never, a queued waiter's only when its place
-// needs refreshing (less than half its TTL left).
+// Rule: busy tries write nothing: a waiterless one never, a queued
+// waiter's only when its place needs refreshing (less than half its TTL
+// left).
 func TestQueueQuietPaths(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	b := newBackend(t, table)
-	turns := watchTurns(t, b)
 	k := "quiet"
 	tryAs(t, b, k, "h", "", 0)
 	v := rowVersion(t, admin, table, k)
@@ -303,7 +228,6 @@ func TestQueueQuietPaths(t *testing.T) {
 		t.Fatal("a waiterless busy try wrote the row")
 	}
 	release(t, b, k, "h")
-	noTurn(t, b, turns, k)
 
 	tryAs(t, b, k, "h", "", 0)
 	tryAs(t, b, k, "t1", "w1", time.Minute, "busy")
@@ -323,26 +247,12 @@ func TestQueueQuietPaths(t *testing.T) {
 	}
 }
 
-// Rule: ForceRelease keeps the queue and tells its first live waiter;
-// WithoutNotify keeps the order but sends nothing.
-func TestQueueForceReleaseAndWithoutNotify(t *testing.T) {
+// Rule: WithoutNotify keeps the order of the line but sends nothing.
+func TestQueueWithoutNotify(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
 	b := newBackend(t, table)
 	turns := watchTurns(t, b)
-	ctx := ctxT(t)
-	k := "force"
-	tryAs(t, b, k, "h", "", 0)
-	tryAs(t, b, k, "t1", "w1", 0, "busy")
-	if ok, err := b.ForceRelease(ctx, k); err != nil || !ok {
-		t.Fatalf("ForceRelease = %v, %v", ok, err)
-	}
-	if tr := nextTurn(t, turns, k); tr.waiter != "w1" {
-		t.Fatalf("turn %+v, want w1", tr)
-	}
-	tryAs(t, b, k, "x", "", 0, "turn")
-	tryAs(t, b, k, "t1", "w1", 0)
-
 	quiet := newBackend(t, table, pg.WithoutNotify(), pg.WithoutListen())
 	k2 := "quiet-release"
 	tryAs(t, quiet, k2, "h", "", 0)
@@ -352,74 +262,6 @@ func TestQueueForceReleaseAndWithoutNotify(t *testing.T) {
 	noTurn(t, b, turns, k2)
 	tryAs(t, quiet, k2, "t2", "w2", 0, "turn")
 	tryAs(t, quiet, k2, "t1", "w1", 0)
-}
-
-// Rule: 16 Lockers (16 processes) waiting on one key take it in turns, each
-// woken by its own turn: every acquisition costs a few statements, not one
-// per waiting process.
-func TestQueueHandoffRequests(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
-	const lockers, rounds = 8, 3
-	var counts []*attemptCounter
-	var ls []*core.Client
-	for range lockers {
-		c := &attemptCounter{Backend: newBackend(t, table)}
-		counts = append(counts, c)
-		ls = append(ls, newClient(t, c))
-	}
-	ctx := ctxT(t)
-	var wg sync.WaitGroup
-	errs := make(chan error, lockers)
-	for _, l := range ls {
-		wg.Go(func() {
-			for range rounds {
-				s, err := l.Acquire(ctx, "handoff", core.TTL(10*time.Second), core.Backoff(3*time.Second, 3*time.Second))
-				if err != nil {
-					errs <- err
-					return
-				}
-				time.Sleep(2 * time.Millisecond)
-				if err := s.Release(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	total := 0
-	for _, c := range counts {
-		c.mu.Lock()
-		total += c.n
-		c.mu.Unlock()
-	}
-	// Each acquisition: the attempt that queues and the one its turn wakes,
-	// plus refreshes (every 666ms while waiting) and races with the
-	// others' arrival.
-	per := float64(total) / (lockers * rounds)
-	t.Logf("%.2f attempts per acquisition", per)
-	if per > 4 {
-		t.Errorf("%.1f attempts per acquisition, want at most 4", per)
-	}
-}
-
-// attemptCounter counts a Backend's TryAcquire calls.
-type attemptCounter struct {
-	*pg.Backend
-	mu sync.Mutex
-	n  int
-}
-
-func (c *attemptCounter) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
-	c.mu.Lock()
-	c.n++
-	c.mu.Unlock()
-	return c.Backend.TryAcquire(ctx, req)
 }
 
 // Rule: a table of an earlier version (no waiters column) is refused with
@@ -493,8 +335,7 @@ func TestQueueTurnPayload(t *testing.T) {
 func TestQueueExecMode(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
-	exec := func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec }
-	b := newBackendPool(t, table, exec)
+	b := newBackendPool(t, table, queryMode(pgx.QueryExecModeExec))
 	turns := watchTurns(t, newBackend(t, table))
 	ctx := ctxT(t)
 	k := "exec"

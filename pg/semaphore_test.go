@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,283 +31,6 @@ var refusedTTL = core.TTL(500 * time.Millisecond)
 
 func relReq(req core.AcquireRequest) core.ReleaseRequest {
 	return core.ReleaseRequest{Key: req.Key, OwnerToken: req.OwnerToken, Limit: req.Limit}
-}
-
-// Rule: several Backends (processes) racing for the permits of one key
-// never have more than the limit held at once, every grant has its own
-// token, and the permits all get used (no claim is refused while a permit
-// is free: at most limit holders, and the sum of holds adds up).
-func TestSemaphoreNeverMoreThanN(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
-	const limit, workers, rounds = 4, 12, 15
-	clients := make([]*core.Client, 3)
-	for i := range clients {
-		clients[i] = newClient(t, newBackend(t, table))
-	}
-	var (
-		held, peak atomic.Int64
-		mu         sync.Mutex
-		tokens     = map[uint64]bool{}
-		wg         sync.WaitGroup
-	)
-	ctx := ctxT(t)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l := clients[w%len(clients)]
-			for range rounds {
-				s, err := l.Acquire(ctx, "k", core.Limit(limit), core.TTL(10*time.Second), core.Backoff(time.Millisecond, 20*time.Millisecond))
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				n := held.Add(1)
-				for {
-					p := peak.Load()
-					if n <= p || peak.CompareAndSwap(p, n) {
-						break
-					}
-				}
-				if n > limit {
-					t.Errorf("%d holders of a semaphore of %d", n, limit)
-				}
-				mu.Lock()
-				if tokens[s.Token()] {
-					t.Errorf("token %d granted twice", s.Token())
-				}
-				tokens[s.Token()] = true
-				mu.Unlock()
-				time.Sleep(time.Millisecond) // hold it a little: the work
-				held.Add(-1)
-				if err := s.Release(ctx); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if len(tokens) != workers*rounds {
-		t.Errorf("%d distinct tokens, want %d", len(tokens), workers*rounds)
-	}
-	if p := peak.Load(); p < 2 {
-		t.Logf("peak holders %d: the permits were never shared", p)
-	}
-	var n int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table + "_permits"}.Sanitize()).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
-		t.Errorf("%d permit rows left after every release", n)
-	}
-	// The header stays, ended, with the key's last token.
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE expire_at > now()`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
-		t.Errorf("%d live lock table rows left after every release", n)
-	}
-}
-
-// Rule: concurrent TryAcquires of a free semaphore from several Backends
-// are all granted when there are enough permits: the header lock makes the
-// count exact, with no busy answer while a permit is free.
-func TestSemaphoreTryAllGranted(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
-	const limit = 6
-	backends := []*pg.Backend{newBackend(t, table), newBackend(t, table), newBackend(t, table)}
-	ctx := ctxT(t)
-	for round := range 5 {
-		key := fmt.Sprintf("k%d", round)
-		var wg sync.WaitGroup
-		errs := make(chan error, limit+2)
-		for i := range limit + 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, err := backends[i%len(backends)].TryAcquire(ctx, permitReq(key, limit, time.Minute))
-				errs <- err
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		granted, busy := 0, 0
-		for err := range errs {
-			switch {
-			case err == nil:
-				granted++
-			case errors.Is(err, core.ErrNotAcquired):
-				busy++
-			default:
-				t.Fatal(err)
-			}
-		}
-		if granted != limit || busy != 2 {
-			t.Errorf("round %d: %d granted, %d busy; want %d and 2", round, granted, busy, limit)
-		}
-	}
-}
-
-// Rule: fencing tokens strictly increase per key across permits and across
-// mutex use of the same key.
-func TestSemaphoreTokensIncrease(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
-	b := newBackend(t, table)
-	ctx := ctxT(t)
-	var last uint64
-	check := func(what string, l core.Lease) {
-		t.Helper()
-		if l.Token <= last {
-			t.Fatalf("%s: token %d after %d", what, l.Token, last)
-		}
-		last = l.Token
-	}
-	for range 3 {
-		var reqs []core.AcquireRequest
-		for range 3 {
-			req := permitReq("k", 3, time.Minute)
-			l, err := b.TryAcquire(ctx, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			check("permit", l)
-			reqs = append(reqs, req)
-		}
-		// One freed permit, taken again, keeps counting up.
-		if err := b.Release(ctx, relReq(reqs[1])); err != nil {
-			t.Fatal(err)
-		}
-		req := permitReq("k", 3, time.Minute)
-		l, err := b.TryAcquire(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		check("permit again", l)
-		reqs[1] = req
-		for _, r := range reqs {
-			if err := b.Release(ctx, relReq(r)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		m := core.AcquireRequest{Key: "k", Owner: "m", OwnerToken: testenv.Name("m"), TTL: time.Minute}
-		l, err = b.TryAcquire(ctx, m)
-		if err != nil {
-			t.Fatalf("mutex after the last permit's release: %v", err)
-		}
-		check("mutex", l)
-		if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: m.OwnerToken}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A semaphore taking over an expired mutex row counts up from its
-	// token.
-	m := core.AcquireRequest{Key: "e", Owner: "m", OwnerToken: testenv.Name("m"), TTL: 50 * time.Millisecond}
-	l, err := b.TryAcquire(ctx, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last = l.Token
-	if _, err := admin.Exec(ctx, `UPDATE `+pgx.Identifier{table}.Sanitize()+` SET expire_at = now() - interval '1 second', token = token + 1000000000 WHERE key = 'e'`); err != nil {
-		t.Fatal(err)
-	}
-	last += 1000000000
-	l, err = b.TryAcquire(ctx, permitReq("e", 2, time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	check("permit after an expired mutex", l)
-}
-
-// Rule: Holders lists every permit oldest first with its limit, List has
-// one Info per permit (and the mutexes), Inspect gives the oldest permit,
-// and ForceRelease frees every permit: their holders learn of it at their
-// next renewal and the key is free.
-func TestPermitAdmin(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
-	l := newClient(t, newBackend(t, table))
-	ctx := ctxT(t)
-	var held []core.Session
-	for i := range 3 {
-		s, err := l.TryAcquire(ctx, "sem", core.Limit(4), core.WithOwner(fmt.Sprintf("w%d", i)), core.TTL(1500*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, s)
-	}
-	m, err := l.TryAcquire(ctx, "mutex", core.WithOwner("m"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Release(ctx)
-
-	holders, err := l.Holders(ctx, "sem")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(holders) != 3 {
-		t.Fatalf("holders: %+v", holders)
-	}
-	for i, h := range holders {
-		if h.Owner != fmt.Sprintf("w%d", i) || h.Token != held[i].Token() || h.Limit != 4 || h.Key != "sem" || h.Remaining <= 0 || h.AcquiredAt.IsZero() {
-			t.Errorf("holder %d: %+v", i, h)
-		}
-	}
-	mh, err := l.Holders(ctx, "mutex")
-	if err != nil || len(mh) != 1 || mh[0].Owner != "m" || mh[0].Limit != 0 {
-		t.Errorf("holders of a mutex: %+v, %v", mh, err)
-	}
-	if free, err := l.Holders(ctx, "free"); err != nil || len(free) != 0 {
-		t.Errorf("holders of a free key: %+v, %v", free, err)
-	}
-	info, ok, err := l.Inspect(ctx, "sem")
-	if err != nil || !ok || info.Owner != "w0" || info.Limit != 4 {
-		t.Errorf("Inspect: %+v, %v, %v; want the oldest permit", info, ok, err)
-	}
-	list, err := l.List(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, i := range list {
-		got = append(got, i.Key+"/"+i.Owner)
-	}
-	if want := "mutex/m sem/w0 sem/w1 sem/w2"; strings.Join(got, " ") != want {
-		t.Errorf("List = %v, want %s", got, want)
-	}
-
-	released, err := l.ForceRelease(ctx, "sem")
-	if err != nil || !released {
-		t.Fatalf("ForceRelease = %v, %v", released, err)
-	}
-	for _, s := range held {
-		select {
-		case <-s.Done():
-			if !errors.Is(s.Err(), core.ErrLeaseLost) {
-				t.Errorf("after ForceRelease: %v", s.Err())
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("a permit's holder did not learn of the ForceRelease")
-		}
-	}
-	if _, ok, err := l.Inspect(ctx, "sem"); ok || err != nil {
-		t.Errorf("Inspect after ForceRelease: %v, %v", ok, err)
-	}
-	if released, err := l.ForceRelease(ctx, "sem"); err != nil || released {
-		t.Errorf("ForceRelease of a free key = %v, %v", released, err)
-	}
-	s, err := l.TryAcquire(ctx, "sem")
-	if err != nil {
-		t.Fatalf("mutex after ForceRelease: %v", err)
-	}
-	_ = s.Release(ctx)
-	if released, err := l.ForceRelease(ctx, "mutex"); err != nil || !released {
-		t.Errorf("ForceRelease of a mutex = %v, %v", released, err)
-	}
 }
 
 // Rule: without the permits table (a lock table made by an earlier
@@ -481,7 +203,8 @@ func TestPermitRenew1000(t *testing.T) {
 }
 
 // Rule: permits work in every query exec mode, and with asynchronous
-// commit, prepared statements or none.
+// commit, prepared statements or none; the last release leaves no permit
+// row and an ended header.
 func TestPermitExecModes(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
@@ -500,7 +223,7 @@ func TestPermitExecModes(t *testing.T) {
 			if throughPooler(t) && mode.mode != pgx.QueryExecModeExec && mode.mode != pgx.QueryExecModeSimpleProtocol {
 				t.Skip("prepared statements through a transaction pooler")
 			}
-			b := newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode.mode }, mode.opts...)
+			b := newBackendPool(t, table, queryMode(mode.mode), mode.opts...)
 			l := newClient(t, b)
 			ctx := ctxT(t)
 			key := "k-" + mode.name
@@ -536,6 +259,16 @@ func TestPermitExecModes(t *testing.T) {
 			}
 			if hs, err := l.Holders(ctx, key); err != nil || len(hs) != 0 {
 				t.Fatalf("holders after release: %+v, %v", hs, err)
+			}
+			// No permit row is left, and the header is ended (it keeps
+			// the key's last token).
+			var permits, live int
+			if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgx.Identifier{table + "_permits"}.Sanitize()+` WHERE key = $1),
+				(SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE key = $1 AND expire_at > now())`, key).Scan(&permits, &live); err != nil {
+				t.Fatal(err)
+			}
+			if permits != 0 || live != 0 {
+				t.Errorf("after every release: %d permit rows, %d live header rows, want none", permits, live)
 			}
 		})
 	}

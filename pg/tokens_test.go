@@ -143,6 +143,7 @@ func TestTokensAboveLastOnEveryPath(t *testing.T) {
 	b := newBackend(t, table)
 	ctx := ctxT(t)
 	mutex := func(key string) core.AcquireRequest { return acq(key, testenv.Name("tok"), "", 0) }
+	permit := func(key string) core.AcquireRequest { return permitReq(key, 2, time.Minute) }
 	rel := func(req core.AcquireRequest) {
 		t.Helper()
 		if err := b.Release(ctx, relReq(req)); err != nil {
@@ -188,6 +189,10 @@ func TestTokensAboveLastOnEveryPath(t *testing.T) {
 			rel(r)
 			leave(k, "w")
 		}, mutex},
+		{"mutex expired, then a permit", func(k string) {
+			expiredRow(t, admin, b, table, mutex(k))
+			setToken(t, admin, table, k, time.Hour)
+		}, permit},
 		{"semaphore header, then a mutex", func(k string) {
 			p := permitReq(k, 2, time.Minute)
 			try(t, b, p)
@@ -203,7 +208,7 @@ func TestTokensAboveLastOnEveryPath(t *testing.T) {
 			rel(p1)
 			rel(p2)
 			leave(k, "w")
-		}, func(k string) core.AcquireRequest { return permitReq(k, 2, time.Minute) }},
+		}, permit},
 		{"semaphore header whose last waiter left, then a mutex", func(k string) {
 			p := permitReq(k, 2, time.Minute)
 			try(t, b, p)

@@ -22,15 +22,21 @@
 // length", names nothing of the kind); a wrong password with the server's
 // WRONGPASS. Neither ever reads as busy, and no message holds a password.
 //
-// How long a refused connection takes to fail is the client's retry
-// policy, which this package does not change: go-redis retries a command
-// MaxRetries times (default 3), each time dialling up to DialerRetries
-// times (default 5, 100 ms apart), so one call fails after about 1.7 s, and
-// a failed acquisition costs two (the claim, and its undo by owner token,
-// since go-redis may have sent the claim before the connection was lost).
-// Set DialerRetries to 1 (the dislock CLI does; in a URL,
-// dialer_retries=1) for a refusal in well under a second, and MaxRetries
-// to -1 for one attempt per call.
+// A refused connection fails an acquisition after one attempt, naming the
+// dial error, and costs no undo. go-redis alone would retry the claim
+// MaxRetries times (default 3) after a failed dial and could not say then
+// whether an earlier attempt had sent it, so the claim (and the clock read
+// of ForSlot) goes out first as a single attempt: when it could not get a
+// connection the claim surely never left, and the failure is returned at
+// once; after any other failure go-redis's retries take over, as before.
+// (This holds for *redis.Client, Sentinel's failover client included,
+// *redis.ClusterClient and *redis.Ring; other UniversalClients keep their
+// own retries.) That one attempt still dials up to DialerRetries times
+// (default 5, 100 ms apart): about 0.4 s against a refused port. Set
+// DialerRetries to 1 (the dislock CLI does; in a URL, dialer_retries=1)
+// for a refusal in milliseconds. Other calls (renewals, releases, admin)
+// keep the client's retry policy: one call fails after about 1.7 s with
+// the defaults, and MaxRetries -1 makes it one attempt.
 //
 // # How locks are stored
 //

@@ -90,3 +90,33 @@ func TestAuthenticationRequiredIsNamed(t *testing.T) {
 	}
 	s.Release(context.Background())
 }
+
+// Rule: with a caller's default client (go-redis's default retries), a
+// refused connection fails an acquisition in about what one attempt's
+// dials cost (DialerRetries: five dials 100 ms apart), not after go-redis's
+// MaxRetries further attempts and an undo of a claim that never left, and
+// its error names the refusal and is never busy.
+func TestConnectionRefusedFailsFast(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	l, err := redislock.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, c := range []struct {
+		name string
+		opts []core.Option
+	}{{"lock", nil}, {"semaphore", []core.Option{core.Limit(2)}}, {"slot", []core.Option{core.ForSlot(core.Every(time.Hour))}}} {
+		start := time.Now()
+		_, err := l.TryAcquire(context.Background(), "refused", c.opts...) // no deadline
+		took := time.Since(start)
+		t.Logf("%s: %v: %v", c.name, took, err)
+		if err == nil || errors.Is(err, core.ErrNotAcquired) || !strings.Contains(err.Error(), "connection refused") {
+			t.Errorf("%s: TryAcquire = %v, want the refused connection, not busy", c.name, err)
+		}
+		if took > time.Second {
+			t.Errorf("%s: %v to fail on a refused connection, want about 0.4 s", c.name, took)
+		}
+	}
+}

@@ -66,3 +66,50 @@ func Example() {
 	// b: busy, held by worker-a
 	// b holds it now; token increased: true
 }
+
+// Example_semaphore lets at most two holders of a key run at once: a third
+// claim is turned away until a permit is released.
+func Example_semaphore() {
+	m := miniredis.NewMiniRedis()
+	m.ClockTTL(true)
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	locker, err := redislock.New(rdb, redislock.WithPrefix("myapp"))
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close()
+
+	ctx := context.Background()
+	a, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	if err != nil {
+		panic(err)
+	}
+	b, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	if err != nil {
+		panic(err)
+	}
+	_, err = locker.TryAcquire(ctx, "exports", core.Limit(2))
+	fmt.Println("third permit busy:", errors.Is(err, core.ErrNotAcquired))
+	holders, err := locker.Holders(ctx, "exports")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("holders:", len(holders), "of", holders[0].Limit, "- tokens increase:", b.Token() > a.Token())
+
+	a.Release(ctx)
+	c, err := locker.TryAcquire(ctx, "exports", core.Limit(2))
+	fmt.Println("after a release:", err == nil)
+	if err == nil {
+		c.Release(ctx)
+	}
+	b.Release(ctx)
+	// Output:
+	// third permit busy: true
+	// holders: 2 of 2 - tokens increase: true
+	// after a release: true
+}

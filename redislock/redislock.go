@@ -184,7 +184,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	}
 	ttl := max(req.TTL.Milliseconds(), 1)
 	waiterTTL := max(req.WaiterTTL.Milliseconds(), 1)
-	cmd := acquireScript.run(ctx, b.client, b.keys(req.Key),
+	cmd := acquireScript.claim(ctx, b.client, b.keys(req.Key),
 		req.OwnerToken, req.Owner, ttl, expireAt, req.Waiter, waiterTTL)
 	vals, err := cmd.Slice()
 	if isWrongType(err) {
@@ -406,7 +406,7 @@ func releaseResult(key string, n int, err error) error {
 // (on Cluster, the master of the key's slot), so a slot end is computed on
 // the clock of the node that will expire the lock.
 func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
-	var c redis.Cmdable = b.client
+	c := b.client
 	if cc, ok := b.client.(*redis.ClusterClient); ok {
 		node, err := cc.MasterForKey(ctx, b.lockKey(key))
 		if err != nil {
@@ -414,7 +414,9 @@ func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
 		}
 		c = node
 	}
-	t, err := c.Time(ctx).Result()
+	cmd := redis.NewTimeCmd(ctx, "time")
+	sendOnce(ctx, c, cmd) // a refused connection fails at once
+	t, err := cmd.Result()
 	if err != nil {
 		return time.Time{}, authErr(err)
 	}

@@ -5,9 +5,13 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"errors"
+	"net"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/core"
 )
 
 var (
@@ -89,6 +93,111 @@ func (s *script) run(ctx context.Context, c redis.Scripter, keys []string, args 
 		cmd = c.Eval(ctx, s.src, keys, args...)
 	}
 	return authCmd(cmd)
+}
+
+// claim runs s, a script that claims a lock or a permit, like run, but
+// with each command's first attempt sent alone (sendOnce). When the claim
+// failed before it reached the server, the error is marked core.Unclaimed,
+// so that the engine neither waits for nor sends an undo against a server
+// that refused the connection.
+func (s *script) claim(ctx context.Context, c redis.UniversalClient, keys []string, args ...any) *redis.Cmd {
+	cmd := evalCmd(ctx, "evalsha", s.sha, keys, args)
+	unsent := sendOnce(ctx, c, cmd)
+	if isNoScript(cmd.Err()) { // EVALSHA ran nothing
+		cmd = evalCmd(ctx, "eval", s.src, keys, args)
+		unsent = sendOnce(ctx, c, cmd)
+	}
+	if unsent {
+		cmd.SetErr(core.Unclaimed(cmd.Err()))
+		return cmd
+	}
+	return authCmd(cmd)
+}
+
+// evalCmd is the command EVAL or EVALSHA (name) of payload, as go-redis's
+// Eval and EvalSha build it, not yet processed.
+func evalCmd(ctx context.Context, name, payload string, keys []string, args []any) *redis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, name, payload, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmd := redis.NewCmd(ctx, append(cmdArgs, args...)...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
+}
+
+// noRetry is a command that go-redis sends in one attempt.
+type noRetry struct{ redis.Cmder }
+
+// NoRetry implements redis.Cmder.
+func (noRetry) NoRetry() bool { return true }
+
+// sendOnce processes cmd on c and reports whether it failed before it
+// reached the server. Left to itself, go-redis retries a command that
+// could not get a connection MaxRetries times, each time dialling up to
+// DialerRetries times: about 1.7 s against a refused port with the default
+// options, and it cannot say afterwards whether an earlier attempt had
+// written the command. So on the clients whose retry loops honour a
+// command's NoRetry (*redis.Client, which Sentinel failover also is,
+// *redis.ClusterClient and *redis.Ring) the first attempt goes out alone.
+// When it failed to get a connection (the dial failed, the pool timed out
+// or is closed), nothing was sent: that failure is returned at once, and
+// sendOnce reports true. After any other failure go-redis would retry
+// (a connection lost after the write, LOADING, READONLY, ...) cmd is
+// processed again with go-redis's own retries, as a retry of the first
+// attempt: every script of this package is idempotent per owner token.
+// Other clients process cmd as it is, and sendOnce reports false.
+func sendOnce(ctx context.Context, c redis.UniversalClient, cmd redis.Cmder) bool {
+	var retries bool
+	switch c := c.(type) {
+	case *redis.Client:
+		retries = c.Options().MaxRetries > 0
+	case *redis.ClusterClient:
+		retries = c.Options().MaxRetries > 0 || c.Options().MaxRedirects > 0
+	case *redis.Ring:
+		retries = c.Options().MaxRetries > 0
+	default:
+		_ = c.Process(ctx, cmd)
+		return false
+	}
+	err := c.Process(ctx, noRetry{cmd})
+	switch {
+	case err == nil:
+		return false
+	case neverSent(err):
+		return true
+	case retries && ctx.Err() == nil && retriedByDriver(err):
+		_ = c.Process(ctx, cmd)
+	}
+	return false
+}
+
+// neverSent reports whether err, the failure of one attempt of a command,
+// came before the command was written: a connection could not be had.
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial" ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) || errors.Is(err, redis.ErrClosed)
+}
+
+// retriedByDriver reports whether go-redis retries a command that failed
+// with err: after a transport failure (the connection was lost, a read
+// timed out) unless ctx ended, and after the replies that say the server
+// did not run it.
+func retriedByDriver(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return true
+	}
+	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsMasterDownError(err) ||
+		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) || redis.IsNoReplicasError(err) ||
+		redis.IsMaxClientsError(err)
 }
 
 // authRequired is a reply saying that the server wants a password the

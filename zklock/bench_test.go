@@ -152,7 +152,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 	raw := benchConn(b, connect, nil)
 	var cnt counter
 	l := benchLocker(b, connect, testRoot(), &cnt)
-	interleaved(b, raw, &cnt, benchtest.TryAcquireRelease(l, "uncontended"))
+	interleaved(b, raw, &cnt, benchtest.AcquireRelease(l, "uncontended"))
 }
 
 // BenchmarkZkLockUnlock is the same with go-zookeeper's zk.Lock.

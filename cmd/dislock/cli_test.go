@@ -243,7 +243,6 @@ func start(t *testing.T, env []string, args ...string) *proc {
 	return p
 }
 
-// startProc starts the process p.cmd describes and collects its exit.
 // startHolding starts dislock with env (it takes the lock of urlVar's
 // store) running the shell script, and waits until the command runs: the
 // lock is held then.
@@ -255,6 +254,7 @@ func startHolding(t *testing.T, env []string, script string) *proc {
 	return p
 }
 
+// startProc starts the process p.cmd describes and collects its exit.
 func startProc(t *testing.T, p *proc) {
 	t.Helper()
 	p.started = time.Now()

@@ -13,8 +13,7 @@ import (
 )
 
 func testMutualExclusion(t *testing.T, e *env) {
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k)
 	mustBusy(t, "a held lock cannot be acquired by another process", b, k)
 	if err := s.Release(context.Background()); err != nil {
@@ -27,8 +26,7 @@ func testMutualExclusion(t *testing.T, e *env) {
 
 func testBusyFast(t *testing.T, e *env) {
 	const rule = "busy is reported as ErrNotAcquired, with the holder when known, in one attempt"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k, core.WithOwner("holder-a"))
 	defer s.Release(context.Background())
 	start := time.Now()
@@ -66,8 +64,7 @@ func testNotReentrant(t *testing.T, e *env) {
 
 func testAcquireCtx(t *testing.T, e *env) {
 	const rule = "Acquire honours ctx: it returns ErrNotAcquired joined with ctx.Err() and leaves nothing held"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k)
 	ctx, cancel := context.WithTimeout(context.Background(), e.ttl/2)
 	defer cancel()
@@ -121,8 +118,7 @@ func notBusy(t *testing.T, rule, what string, err error, want ...error) {
 
 func testOutageNotBusy(t *testing.T, e *env) {
 	const rule = "an outage is never busy: a store that fails or does not answer yields its failure (the store's error, ctx's deadline), never ErrNotAcquired"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k) // a store that answered would say busy
 	defer s.Release(context.Background())
 	wait := e.ttl / 2
@@ -151,8 +147,7 @@ func testOutageNotBusy(t *testing.T, e *env) {
 
 func testDeadlineKept(t *testing.T, e *env) {
 	const rule = "the caller's deadline is kept: TryAcquire and Acquire return within core.DeadlineSlack of ctx's end even when a store call ignores ctx, and a claim that lands after its caller left is undone"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	wait := e.ttl / 2
 	thaw := make(chan struct{})
 	var once sync.Once
@@ -189,8 +184,7 @@ func testDeadlineKept(t *testing.T, e *env) {
 
 func testWaiterWakes(t *testing.T, e *env) {
 	const rule = "a waiter acquires promptly after the holder releases"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k)
 	got := make(chan core.Session, 1)
 	errc := make(chan error, 1)
@@ -286,5 +280,85 @@ func testConcurrency(t *testing.T, e *env) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+func testBadKeys(t *testing.T, e *env) {
+	a := e.proc(t)
+	for name, k := range map[string]string{
+		"empty":   "",
+		"toolong": e.prefix + strings.Repeat("k", core.MaxKeyLen),
+		"badutf8": e.prefix + "\xff\xfe",
+		"nul":     e.prefix + "a\x00b",
+	} {
+		_, err := a.l.TryAcquire(ctxT(t, 10*time.Second), k)
+		if !errors.Is(err, core.ErrInvalidKey) || !strings.Contains(err.Error(), "key") {
+			t.Errorf("rule %q: %s key: got %v", "bad keys are rejected with ErrInvalidKey naming the key", name, err)
+		}
+		_, err = a.l.Acquire(ctxT(t, 10*time.Second), k)
+		if !errors.Is(err, core.ErrInvalidKey) {
+			t.Errorf("Acquire with %s key: %v", name, err)
+		}
+	}
+}
+
+func testBadOptions(t *testing.T, e *env) {
+	a := e.proc(t)
+	k := e.key(t)
+	for _, c := range []struct {
+		name string
+		opts []core.Option
+	}{
+		{"TTL", []core.Option{core.TTL(0)}},
+		{"TTL", []core.Option{core.TTL(-time.Second)}},
+		{"RenewInterval", []core.Option{core.TTL(time.Second), core.RenewDeadline(500 * time.Millisecond), core.RenewInterval(500 * time.Millisecond)}},
+		{"RenewDeadline", []core.Option{core.TTL(time.Second), core.RenewDeadline(time.Second)}},
+		{"Jitter", []core.Option{core.Jitter(-1)}},
+		{"MinHold", []core.Option{core.MinHold(-1)}},
+		{"ForSlot", []core.Option{core.ForSlot(nil)}},
+		{"Owner", []core.Option{core.WithOwner("")}},
+		{"Backoff", []core.Option{core.Backoff(0, time.Second)}},
+	} {
+		_, err := a.l.TryAcquire(ctxT(t, 10*time.Second), k, c.opts...)
+		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("rule %q: %s: got %v", "invalid options are rejected with ErrInvalidOption naming the option", c.name, err)
+		}
+	}
+	// Nothing was written: the key is free.
+	s := mustAcquire(t, a, k)
+	s.Release(context.Background())
+}
+
+func testKeysRoundTrip(t *testing.T, e *env) {
+	const rule = "any valid key works, up to MaxKeyLen bytes"
+	a, b := e.proc(t), e.proc(t)
+	keys := []string{
+		e.prefix + "with space",
+		e.prefix + "braces{x}y}{",
+		e.prefix + "crlf\r\n*3\r\n$3\r\nDEL",
+		e.prefix + "quote'\"; DROP TABLE x;--",
+		e.prefix + "ünïcødé-鍵-🔒",
+	}
+	long := e.prefix + "long-"
+	keys = append(keys, long+strings.Repeat("x", core.MaxKeyLen-len(long)))
+	for _, k := range keys {
+		s, err := a.l.TryAcquire(ctxT(t, 10*time.Second), k)
+		if err != nil {
+			t.Errorf("rule %q: %q: %v", rule, k, err)
+			continue
+		}
+		if s.Key() != k {
+			t.Errorf("Key() = %q, want %q", s.Key(), k)
+		}
+		mustBusy(t, rule, b, k)
+		if !e.h.NoAdmin {
+			if adm, ok := a.l.(core.Admin); ok {
+				info, held, err := adm.Inspect(ctxT(t, 10*time.Second), k)
+				if err != nil || !held || info.Key != k {
+					t.Errorf("rule %q: Inspect(%q) = %+v %v %v", rule, k, info, held, err)
+				}
+			}
+		}
+		s.Release(context.Background())
 	}
 }

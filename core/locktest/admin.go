@@ -13,8 +13,7 @@ func testAdmin(t *testing.T, e *env) {
 		t.Skip("backend has no Admin (NoAdmin)")
 	}
 	const rule = "Admin inspects, lists by prefix and force-releases; the victim learns of it at its next renewal"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	adm, ok := b.l.(core.Admin)
 	if !ok {
 		t.Skip("the Locker under test does not expose Admin")

@@ -21,8 +21,7 @@ const checkTTL = 30 * time.Second
 // moves its Deadline forward; the lock stays held".
 func testCheckHeld(t *testing.T, e *env) {
 	const rule = "Check on a held session is nil, renews it and moves its Deadline forward; the lock stays held"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k, core.TTL(checkTTL))
 	defer s.Release(context.Background())
 	d0 := s.Deadline()
@@ -142,8 +141,7 @@ func testCheckReleased(t *testing.T, e *env) {
 // returns the store's error, not ErrLeaseLost, and the session stays held".
 func testCheckUnreachable(t *testing.T, e *env) {
 	const rule = "Check that cannot reach the store returns the store's error, not ErrLeaseLost, and the session stays held"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	s := mustAcquire(t, a, k, core.TTL(checkTTL))
 	defer s.Release(context.Background())
 	a.fault.down.Store(true)

@@ -18,10 +18,11 @@
 //
 // Rules of optional capabilities run when the backend implements them and
 // are skipped, with the reason, when it does not: the Semaphore rules for a
-// core.SemaphoreBackend (at most n holders, tokens across permits, a
-// crashed permit, wake-ups, limit mismatches, Holders and the Admin calls
-// per permit, batched renewal, min hold), the Queue rules for a core.Queuer (FIFO
-// across processes, dead and cancelled waiters, no barging, one wake per
+// core.SemaphoreBackend (at most n holders, racing tries all granted while
+// permits are free, tokens across permits, a crashed permit, wake-ups,
+// limit mismatches, Holders and the Admin calls per permit, batched
+// renewal, min hold), the Queue rules for a core.Queuer (FIFO across
+// processes, dead and cancelled waiters, no barging, one wake per
 // release). The Check rules (Session.Check) run on every backend, and so does
 // the token race (TokensIncreaseUnderRace: many processes race for one key,
 // and no holder's token may fail to exceed its predecessors'), whose
@@ -73,4 +74,10 @@ type Harness struct {
 	NoWatch      bool // no release notifications
 	NoAdmin      bool // no Inspect/List/ForceRelease
 	NoSlots      bool // ForSlot unsupported
+
+	// PermitRacesMayBeBusy says that a permit claim that keeps losing races
+	// to other claims of its key answers busy although a permit is free
+	// (an optimistic store that bounds its retries): the rule that racing
+	// TryAcquires of a free semaphore are all granted is skipped.
+	PermitRacesMayBeBusy bool
 }

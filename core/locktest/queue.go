@@ -35,14 +35,7 @@ const queueRefresh = 600 * time.Millisecond
 func queueProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
 	skipQueueWithoutWatch(t, e)
-	ps := []*proc{e.proc(t, opts...)}
-	if _, ok := ps[0].fault.Backend.(core.Queuer); !ok {
-		t.Skip("backend keeps no waiter queue (not a core.Queuer)")
-	}
-	for len(ps) < n {
-		ps = append(ps, e.proc(t, opts...))
-	}
-	return ps
+	return procsWith[core.Queuer](t, e, n, "backend keeps no waiter queue (not a core.Queuer)", opts...)
 }
 
 // skipQueueWithoutWatch skips a queue rule on a harness without release
@@ -347,11 +340,13 @@ func (l *turnLog) expect(t *testing.T, rule, what, waiter string) {
 }
 
 // testQueueNoBarging checks rule "on a Queuer a caller that did not wait
-// never overtakes a queued waiter; a release tells the first waiter, a
-// grant takes it out of line, and a release with nobody queued sends no
-// turn", with raw Backend calls.
+// never overtakes a queued waiter, nor after a ForceRelease or the expiry
+// of the holder's lease; a release or a ForceRelease tells the first
+// waiter, a grant takes it out of line; a Leave while the key is held, a
+// release with nobody queued and an expiry send no turn; a free key with
+// waiters is not held", with raw Backend calls.
 func testQueueNoBarging(t *testing.T, e *env) {
-	const rule = "on a Queuer a caller that did not wait never overtakes a queued waiter; a release tells the first waiter, a grant takes it out of line, and a release with nobody queued sends no turn"
+	const rule = "on a Queuer a caller that did not wait never overtakes a queued waiter, nor after a ForceRelease or the expiry of the holder's lease; a release or a ForceRelease tells the first waiter, a grant takes it out of line; a Leave while the key is held, a release with nobody queued and an expiry send no turn; a free key with waiters is not held"
 	holder, waiter, other := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
 	k := e.key(t)
 	turns := watchTurns(t, rule, other, k)
@@ -389,10 +384,27 @@ func testQueueNoBarging(t *testing.T, e *env) {
 
 	h := req("")
 	l0 := grant(holder, h, "the first claim")
-	w1, w2 := "w1-"+rand.Text(), "w2-"+rand.Text()
-	busy(waiter, req(w1), "a waiter on a held key")
+	w0, w1, w2 := "w0-"+rand.Text(), "w1-"+rand.Text(), "w2-"+rand.Text()
+	busy(other, req(w0), "a waiter on a held key")
+	busy(waiter, req(w1), "a second waiter on a held key")
+	// A turn sent for this Leave would name w1 and come before the
+	// release's: the turns that follow would each be one behind.
+	if err := other.Leave(ctx, k, w0); err != nil {
+		t.Errorf("rule %q: Leave = %v", rule, err)
+	}
 	release(holder, h)
 	turns.expect(t, rule, "release with a waiter queued", w1)
+	adm, isAdmin := other.(core.Admin)
+	isAdmin = isAdmin && !e.h.NoAdmin
+	if isAdmin {
+		if info, held, err := adm.Inspect(ctx, k); err != nil || held {
+			t.Errorf("rule %q: Inspect of a free key with a waiter = %+v %v %v, want free", rule, info, held, err)
+		}
+		list, err := adm.List(ctx, k)
+		if err != nil || slices.ContainsFunc(list, func(i core.Info) bool { return i.Key == k }) {
+			t.Errorf("rule %q: List of a free key with a waiter = %+v %v, want it absent", rule, list, err)
+		}
+	}
 	busy(other, req(""), "a TryAcquire without Waiter while a waiter is queued on the free key")
 	busy(other, req(w2), "a second waiter while the first is queued on the free key")
 	g1 := req(w1)
@@ -413,15 +425,61 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	if err := holder.Leave(ctx, k, "nobody-"+rand.Text()); err != nil {
 		t.Errorf("rule %q: Leave of a waiter not in line = %v, want nil", rule, err)
 	}
-	// A turn on the key sent after the quiet release: if that release had
-	// sent one, it would come first.
-	h = req("")
-	grant(holder, h, "a claim")
-	w3 := "w3-" + rand.Text()
-	busy(waiter, req(w3), "a waiter")
-	release(holder, h)
-	turns.expect(t, rule, "the first turn after a release with nobody queued", w3)
-	if err := waiter.Leave(ctx, k, w3); err != nil {
+	// freshTurn queues a new waiter on a held key and releases it: the
+	// turn expected names that waiter, so a turn sent since the last one
+	// expected, which would come first, is caught.
+	freshTurn := func(what string) string {
+		t.Helper()
+		h := req("")
+		grant(holder, h, "a claim")
+		w := "w-" + rand.Text()
+		busy(waiter, req(w), "a waiter")
+		release(holder, h)
+		turns.expect(t, rule, what, w)
+		return w
+	}
+	w3 := freshTurn("the first turn after a release with nobody queued")
+	// The queue outlives its holder: a ForceRelease tells the first waiter.
+	g3 := req(w3)
+	grant(waiter, g3, "the waiter told its turn")
+	w4 := "w4-" + rand.Text()
+	busy(other, req(w4), "a waiter on a held key")
+	if isAdmin {
+		if released, err := adm.ForceRelease(ctx, k); err != nil || !released {
+			t.Fatalf("rule %q: ForceRelease = %v %v", rule, released, err)
+		}
+		turns.expect(t, rule, "ForceRelease with a waiter queued", w4)
+		busy(holder, req(""), "a TryAcquire without Waiter after a ForceRelease, a waiter queued")
+	} else {
+		release(waiter, g3)
+		turns.expect(t, rule, "release with a waiter queued", w4)
+	}
+	g4 := req(w4)
+	grant(other, g4, "the waiter told by the ForceRelease")
+	release(other, g4)
+	// A lease that expires keeps the queue too, and tells nobody: the
+	// waiter, trying again, gets the key, and a caller that did not wait
+	// is busy until it does.
+	short := req("")
+	short.TTL = 300 * time.Millisecond
+	grant(holder, short, "a short lease")
+	w5 := "w5-" + rand.Text()
+	g5 := req(w5)
+	busy(waiter, g5, "a waiter on a short lease")
+	granted := waitFor(t, func() bool {
+		busy(holder, req(""), "a TryAcquire without Waiter, a waiter queued, before and after the lease expired")
+		_, err := waiter.TryAcquire(ctx, g5)
+		if err != nil && !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("rule %q: the waiter's try = %v", rule, err)
+		}
+		return err == nil
+	}, 10*time.Second)
+	if !granted {
+		t.Fatalf("rule %q: the waiter did not get the key within 10s of the holder's lease of %v", rule, short.TTL)
+	}
+	release(waiter, g5)
+	w6 := freshTurn("the first turn after an expiry and a release with nobody queued")
+	if err := waiter.Leave(ctx, k, w6); err != nil {
 		t.Errorf("rule %q: Leave = %v", rule, err)
 	}
 }

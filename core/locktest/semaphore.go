@@ -24,14 +24,7 @@ const semLimit = 3
 // semaphores.
 func semProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
-	ps := []*proc{e.proc(t, opts...)}
-	if _, ok := ps[0].fault.Backend.(core.SemaphoreBackend); !ok {
-		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
-	}
-	for len(ps) < n {
-		ps = append(ps, e.proc(t, opts...))
-	}
-	return ps
+	return procsWith[core.SemaphoreBackend](t, e, n, "backend has no semaphores (not a core.SemaphoreBackend)", opts...)
 }
 
 // acquireLog is an Observer that keeps the end of every acquisition.
@@ -240,6 +233,57 @@ func testSemFull(t *testing.T, e *env) {
 	defer s.Release(context.Background())
 	if _, err := procs[1].l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit)); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("rule %q: TryAcquire of the again full semaphore = %v, want busy", rule, err)
+	}
+}
+
+// testSemTriesAllGranted checks rule "TryAcquires from several processes
+// racing for a free semaphore of n are granted n permits, no more and no
+// fewer: none is answered busy while a permit is free".
+func testSemTriesAllGranted(t *testing.T, e *env) {
+	const rule = "TryAcquires from several processes racing for a free semaphore of n are granted n permits, no more and no fewer: none is answered busy while a permit is free"
+	if e.h.PermitRacesMayBeBusy {
+		t.Skip("a permit claim that loses races may answer busy while a permit is free (PermitRacesMayBeBusy)")
+	}
+	ps := semProcs(t, e, 3)
+	const limit, rounds = 6, 3
+	const tries = limit + 2
+	ctx := ctxT(t, 60*time.Second)
+	for r := range rounds {
+		k := fmt.Sprintf("%s/%d", e.key(t), r)
+		start := make(chan struct{})
+		type result struct {
+			s   core.Session
+			err error
+		}
+		results := make(chan result, tries)
+		for i := range tries {
+			p := ps[i%len(ps)]
+			go func() {
+				<-start
+				s, err := p.l.TryAcquire(ctx, k, core.Limit(limit), core.TTL(checkTTL))
+				results <- result{s, err}
+			}()
+		}
+		close(start)
+		granted, busy := 0, 0
+		for range tries {
+			res := <-results
+			switch {
+			case res.err == nil:
+				granted++
+				defer res.s.Release(context.Background())
+			case errors.Is(res.err, core.ErrNotAcquired):
+				busy++
+			default:
+				t.Errorf("rule %q: round %d: TryAcquire = %v", rule, r, res.err)
+			}
+		}
+		if granted != limit || busy != tries-limit {
+			t.Errorf("rule %q: round %d: %d of %d racing tries granted, %d busy; want %d granted", rule, r, granted, tries, busy, limit)
+		}
+		if hs, err := ps[0].c.Holders(ctx, k); err != nil || len(hs) != granted {
+			t.Errorf("rule %q: round %d: the store lists %d holders (%v), %d were granted", rule, r, len(hs), err, granted)
+		}
 	}
 }
 
@@ -505,11 +549,11 @@ func testSemMismatch(t *testing.T, e *env) {
 }
 
 // testSemHolders checks rule "Holders lists every permit oldest first with
-// Limit set; List shows one entry per permit, Inspect the oldest;
-// ForceRelease frees every permit, each holder learns of it, and the key's
-// next token is still greater".
+// Limit set; List shows one entry per permit, beside the mutexes, Inspect
+// the oldest; ForceRelease frees every permit, each holder learns of it,
+// and the key's next token is still greater".
 func testSemHolders(t *testing.T, e *env) {
-	const rule = "Holders lists every permit oldest first with Limit set; List shows one entry per permit, Inspect the oldest; ForceRelease frees every permit, each holder learns of it, and the key's next token is still greater"
+	const rule = "Holders lists every permit oldest first with Limit set; List shows one entry per permit, beside the mutexes, Inspect the oldest; ForceRelease frees every permit, each holder learns of it, and the key's next token is still greater"
 	ps := semProcs(t, e, semLimit+1)
 	base := e.key(t)
 	k := base + "/sem"
@@ -529,7 +573,7 @@ func testSemHolders(t *testing.T, e *env) {
 		t.Fatalf("rule %q: Holders = %+v %v, want %d permits", rule, hs, err, semLimit)
 	}
 	for i, h := range hs {
-		if h.Key != k || h.Limit != semLimit || h.ExpiresAt.IsZero() {
+		if h.Key != k || h.Limit != semLimit || h.ExpiresAt.IsZero() || h.Remaining <= 0 {
 			t.Errorf("rule %q: holder %d = %+v", rule, i, h)
 		}
 		if i > 0 && h.AcquiredAt.Before(hs[i-1].AcquiredAt) {
@@ -562,12 +606,12 @@ func testSemHolders(t *testing.T, e *env) {
 	if !ok {
 		return
 	}
-	list, err := adm.List(ctx, k)
-	if err != nil || len(list) != semLimit {
-		t.Fatalf("rule %q: List = %+v %v, want one entry per permit", rule, list, err)
+	list, err := adm.List(ctx, base+"/")
+	if err != nil || len(list) != semLimit+1 {
+		t.Fatalf("rule %q: List = %+v %v, want one entry per permit and the mutex", rule, list, err)
 	}
 	for _, i := range list {
-		if i.Key != k || i.Limit != semLimit {
+		if (i.Key != k || i.Limit != semLimit) && (i.Key != base+"/mutex" || i.Owner != "mutex" || i.Limit != 0) {
 			t.Errorf("rule %q: List entry %+v", rule, i)
 		}
 	}
@@ -585,6 +629,12 @@ func testSemHolders(t *testing.T, e *env) {
 	expectLost(t, rule, held[0], e.ttl+2*time.Second) // the renewer finds it at its next renewal
 	if hs, err := c.c.Holders(ctx, k); err != nil || len(hs) != 0 {
 		t.Fatalf("rule %q: Holders after ForceRelease = %+v %v", rule, hs, err)
+	}
+	if info, held, err := adm.Inspect(ctx, k); err != nil || held {
+		t.Errorf("rule %q: Inspect after ForceRelease = %+v %v %v, want free", rule, info, held, err)
+	}
+	if released, err := adm.ForceRelease(ctx, k); err != nil || released {
+		t.Errorf("rule %q: ForceRelease of the freed semaphore = %v %v, want false", rule, released, err)
 	}
 	s := mustAcquire(t, c, k) // free: even a mutex may take it
 	defer s.Release(context.Background())

@@ -41,8 +41,7 @@ func testSessionCtx(t *testing.T, e *env) {
 
 func testDo(t *testing.T, e *env) {
 	const rule = "Do runs fn under the lock and releases it; a loss during fn is reported"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	ran := false
 	err := core.Do(ctxT(t, 10*time.Second), a.l, k, func(ctx context.Context) error {
 		ran = true

@@ -14,8 +14,7 @@ func testSlot(t *testing.T, e *env) {
 		t.Skip("backend has no slot mode (NoSlots)")
 	}
 	const rule = "slot mode allows one start per slot, computed on the store's clock, and the next slot starts afresh"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	slot := 2 * time.Second
 	sched := core.Every(slot)
 	opts := []core.Option{core.ForSlot(sched), core.SlotTolerance(100 * time.Millisecond)}
@@ -50,8 +49,7 @@ func testSlot(t *testing.T, e *env) {
 
 func testMinHold(t *testing.T, e *env) {
 	const rule = "with MinHold a Release before the hold ends leaves the lock to expire then"
-	a, b := e.proc(t), e.proc(t)
-	k := e.key(t)
+	a, b, k := e.pair(t)
 	hold := 2 * e.ttl
 	start := time.Now()
 	s := mustAcquire(t, a, k, core.MinHold(hold))

@@ -38,9 +38,9 @@ func Run(t *testing.T, h Harness) {
 		e.ttl = 600 * time.Millisecond
 	}
 	// The rules live in files by topic: acquire.go (exclusion, busy,
-	// contexts, waiters), release.go, lease.go (renewal and expiry),
-	// loss.go, tokens.go and race.go (fencing, ambiguous claims), slot.go,
-	// input.go (keys and options), session.go, admin.go, close.go,
+	// contexts, waiters, keys and options), release.go (Release and
+	// Close), lease.go (renewal, expiry and loss), tokens.go (fencing, also
+	// under a race, and ambiguous claims), slot.go, session.go, admin.go,
 	// check.go, semaphore.go and queue.go.
 	cases := []struct {
 		name string
@@ -87,6 +87,7 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreUnsupportedWithoutBackend", testSemUnsupported},
 		{"SemaphoreNeverMoreThanLimit", testSemNeverMore},
 		{"SemaphoreFullIsBusyWithHolder", testSemFull},
+		{"SemaphoreRacingTriesAllGranted", testSemTriesAllGranted},
 		{"SemaphoreTokensStrictlyIncrease", testSemTokens},
 		{"SemaphoreCrashedPermitFreesWithinTTL", testSemCrash},
 		{"SemaphoreWaiterWakesByNotification", testSemNotified},
@@ -133,6 +134,27 @@ var alone sync.RWMutex
 // key returns a key unique to the subtest.
 func (e *env) key(t *testing.T) string {
 	return e.prefix + t.Name()[strings.LastIndexByte(t.Name(), '/')+1:]
+}
+
+// pair returns two processes (proc) and the subtest's key (key): the
+// set-up most rules start from.
+func (e *env) pair(t *testing.T) (a, b *proc, k string) {
+	t.Helper()
+	return e.proc(t), e.proc(t), e.key(t)
+}
+
+// procsWith returns n processes (proc), or skips the rule with lacks when
+// the backend is not an I: a rule of an optional interface.
+func procsWith[I any](t *testing.T, e *env, n int, lacks string, opts ...core.ClientOption) []*proc {
+	t.Helper()
+	ps := []*proc{e.proc(t, opts...)}
+	if _, ok := ps[0].fault.Backend.(I); !ok {
+		t.Skip(lacks)
+	}
+	for len(ps) < n {
+		ps = append(ps, e.proc(t, opts...))
+	}
+	return ps
 }
 
 // proc builds a process with its own backend connection; it is closed when

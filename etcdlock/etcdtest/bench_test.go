@@ -156,7 +156,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 	cnt := &counter{}
 	cli := benchClient(b, cfg, cnt)
 	l := newLocker(b, cli, uniquePrefix("bench"))
-	interleaved(b, cli, cnt, benchtest.TryAcquireRelease(l, "uncontended"))
+	interleaved(b, cli, cnt, benchtest.AcquireRelease(l, "uncontended"))
 }
 
 // BenchmarkConcurrencyMutex is etcd's concurrency package doing the same:

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/internal/testenv"
@@ -75,21 +74,8 @@ func TestDemoScript(t *testing.T) {
 	for name, url := range map[string]func(t *testing.T) string{
 		"pg":    func(t *testing.T) string { return testenv.PG(t) },
 		"redis": func(t *testing.T) string { return testenv.Redis(t) },
-		"zk": func(t *testing.T) string {
-			if err := zktest.Installed(); err != nil {
-				if v := strings.ToLower(os.Getenv("CI")); v == "true" || v == "1" {
-					t.Fatal(err)
-				}
-				t.Skip(err)
-			}
-			e, err := zktest.StartStock(t.TempDir(), 60*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(e.Stop)
-			return "zk://" + e.Connect()
-		},
-		"etcd": func(t *testing.T) string { return etcdtest.Start(t, 1).URL() },
+		"zk":    func(t *testing.T) string { return "zk://" + zktest.ForTest(t, true).Connect() },
+		"etcd":  func(t *testing.T) string { return etcdtest.Start(t, 1).URL() },
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -1,29 +1,19 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/dislock/dislock/examples/internal/extest"
 )
 
 func TestGocronExample(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("REDIS_URL", "")
-	t.Setenv("ETCD_URL", "")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out strings.Builder
-	if err := run(ctx, &out); err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	got := out.String()
-	t.Log(got)
-	for _, want := range []string{
+	got := extest.Run(t, "", "", run)
+	extest.Contains(t, got,
 		"backend: memlock",
 		"== elector: one leader runs every job ==",
 		"elected leader (fencing token 1)",
@@ -35,11 +25,7 @@ func TestGocronExample(t *testing.T) {
 		"== locker: each tick runs on one scheduler ==",
 		"report for",
 		"each tick ran once: true",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	)
 	// The summary counts the runs the schedulers made: as many as the
 	// "report for" lines, one per tick.
 	var ticks, runs, skips int

@@ -1,37 +1,22 @@
 package main
 
 import (
-	"context"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
-	"time"
+
+	"github.com/dislock/dislock/examples/internal/extest"
 )
 
 func TestQuickstart(t *testing.T) {
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("REDIS_URL", "")
-	t.Setenv("ZK_URL", "")
-	t.Setenv("ETCD_URL", "")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out strings.Builder
-	if err := run(ctx, &out); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{
+	extest.Contains(t, extest.Run(t, "", "", run),
 		"backend: memlock",
 		"worker-a: acquired, fencing token 1",
 		"worker-b: busy, held by worker-a",
 		"worker-a: releasing",
 		"worker-b: acquired after waiting, fencing token 2",
 		"done",
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
-		}
-	}
+	)
 }
 
 // quickstartOn runs the quick start with only env set (to url) of the
@@ -40,25 +25,12 @@ func TestQuickstart(t *testing.T) {
 // increased from worker-a to worker-b.
 func quickstartOn(t *testing.T, env, url, backend string) {
 	t.Helper()
-	for _, v := range []string{"DATABASE_URL", "REDIS_URL", "ZK_URL", "ETCD_URL"} {
-		t.Setenv(v, "")
-	}
-	t.Setenv(env, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out strings.Builder
-	if err := run(ctx, &out); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"backend: " + backend, "worker-b: busy, held by worker-a", "done"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
-		}
-	}
-	first := regexp.MustCompile(`worker-a: acquired, fencing token (\d+)`).FindStringSubmatch(out.String())
-	second := regexp.MustCompile(`worker-b: acquired after waiting, fencing token (\d+)`).FindStringSubmatch(out.String())
+	out := extest.Run(t, env, url, run)
+	extest.Contains(t, out, "backend: "+backend, "worker-b: busy, held by worker-a", "done")
+	first := regexp.MustCompile(`worker-a: acquired, fencing token (\d+)`).FindStringSubmatch(out)
+	second := regexp.MustCompile(`worker-b: acquired after waiting, fencing token (\d+)`).FindStringSubmatch(out)
 	if first == nil || second == nil {
-		t.Fatalf("no fencing tokens in:\n%s", out.String())
+		t.Fatalf("no fencing tokens in:\n%s", out)
 	}
 	a, _ := strconv.Atoi(first[1])
 	b, _ := strconv.Atoi(second[1])

@@ -10,12 +10,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/integrations/asynqlock"
-	"github.com/dislock/dislock/internal/testenv"
-	"github.com/dislock/dislock/redislock"
 )
 
 // A backlog on one key, on two asynq servers wired as the README says, with
@@ -65,18 +62,7 @@ func newDrainRig(tb testing.TB) *drainRig {
 	tb.Helper()
 	r := &drainRig{e: newEnv(tb), done: make(chan string, 4096),
 		running: map[string]int{}, overlap: map[string]int{}}
-	prefix := testenv.Name("asynqlock-drain")
-	for range servers {
-		opt, err := redis.ParseURL(testenv.Redis(tb))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		c := redis.NewClient(opt)
-		l, err := redislock.New(c, redislock.WithPrefix(prefix))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { l.Close(); c.Close() })
+	for _, l := range redislockers(tb, servers) {
 		r.serveREADME(l)
 	}
 	return r

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -81,14 +80,7 @@ func TestMiddleware_Limit(t *testing.T) {
 	if len(tokens) != 3 {
 		t.Errorf("fencing tokens %v, want three distinct ones", tokens)
 	}
-	err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		t.Error("a fourth task ran while three held the permits")
-		return nil
-	})).ProcessTask(ctx, task)
-	var b *asynqlock.BusyError
-	if !errors.As(err, &b) || asynqlock.IsFailure(err) {
-		t.Fatalf("fourth task: err = %v, want a *BusyError", err)
-	}
+	wantBusy(t, ctx, mw, task, "a fourth task, while three held the permits,")
 	close(runs[0].stop)
 	if err := <-errs; err != nil {
 		t.Fatal(err)
@@ -147,116 +139,9 @@ func TestMiddleware_LimitHandOff(t *testing.T) {
 	}()
 	w := watchedLocker{Locker: l, acquiring: make(chan string, 1)}
 	mw := mustNew(t, w, asynqlock.Limit(2), asynqlock.HandOffWait(time.Minute))
-	started := make(chan time.Time, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-			started <- time.Now()
-			return nil
-		})).ProcessTask(ctx, asynq.NewTask("t", nil))
-	}()
-	select {
-	case <-w.acquiring:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the busy task did not wait in line")
-	}
+	started, done := waitInLine(t, ctx, mw, w, asynq.NewTask("t", nil), "the busy task")
 	runsOnRelease(t, held[0], started)
 	if err := <-done; err != nil {
 		t.Fatal(err)
-	}
-}
-
-// limitRig counts the handler runs of one key under Limit(n): running
-// now, the most at once, and whether n ran at once. The first n runs each
-// wait until n run at once (at most waitLong), so that a limit below n
-// shows as a timeout.
-type limitRig struct {
-	n       int
-	mu      sync.Mutex
-	running int
-	most    int
-	full    chan struct{}
-	done    chan struct{}
-}
-
-func newLimitRig(n, tasks int) *limitRig {
-	return &limitRig{n: n, full: make(chan struct{}), done: make(chan struct{}, tasks)}
-}
-
-func (r *limitRig) handle(ctx context.Context, _ *asynq.Task) error {
-	r.mu.Lock()
-	r.running++
-	r.most = max(r.most, r.running)
-	if r.running == r.n {
-		select {
-		case <-r.full:
-		default:
-			close(r.full)
-		}
-	}
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		r.running--
-		r.mu.Unlock()
-	}()
-	select {
-	case <-r.full:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(waitLong):
-		return errors.New("n runs never overlapped")
-	}
-	select {
-	case <-time.After(10 * time.Millisecond): // the work
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	r.done <- struct{}{}
-	return nil
-}
-
-// TestServers_Limit: two servers of 3 workers each, Limit(3) and the
-// default HandOff, 15 tasks of one key: 3 run at once and never more, every
-// task completes, and busy bounces use no retry.
-func TestServers_Limit(t *testing.T) {
-	e := newEnv(t)
-	_, la, lb := lockers(t)
-	limitAcrossServers(t, e, la, lb)
-}
-
-// TestServers_Limit_Redislock: the same with the permits in the same Redis
-// (redislock), each server with its own Redis client.
-func TestServers_Limit_Redislock(t *testing.T) {
-	e := newEnv(t)
-	la, lb := redislockers(t)
-	if _, ok := la.(*core.Client).Backend().(core.SemaphoreBackend); !ok {
-		t.Skip("redislock has no semaphores yet")
-	}
-	limitAcrossServers(t, e, la, lb)
-}
-
-func limitAcrossServers(t *testing.T, e *env, la, lb core.Locker) {
-	const n, tasks = 3, 15
-	r := newLimitRig(n, tasks)
-	for _, l := range []core.Locker{la, lb} {
-		cfg := wired()
-		cfg.Concurrency = 3
-		e.serve(cfg, asynqlock.MustNew(l, asynqlock.Limit(n), asynqlock.BusyDelay(0, 0)), r.handle)
-	}
-	ids := make([]string, tasks)
-	for i := range ids {
-		ids[i] = e.enqueue(string(rune('a' + i))).ID
-	}
-	for range tasks {
-		recv(t, r.done, "every task to run")
-	}
-	for _, id := range ids {
-		e.completed(id, 0)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.most != n {
-		t.Errorf("at most %d tasks of the key ran at once, want exactly %d", r.most, n)
 	}
 }

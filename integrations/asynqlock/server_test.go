@@ -11,216 +11,16 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/integrations/asynqlock"
-	"github.com/dislock/dislock/internal/testenv"
-	"github.com/dislock/dislock/redislock"
 )
-
-// These tests run real asynq servers on the Redis of testenv.Redis. Each test
-// uses its own queue and removes it afterwards; the locks live in a memlock
-// store unless a test says otherwise.
-
-const waitLong = 30 * time.Second
-
-type env struct {
-	t      testing.TB
-	rdb    redis.UniversalClient
-	queue  string
-	client *asynq.Client
-	insp   *asynq.Inspector
-}
-
-func newEnv(t testing.TB) *env {
-	t.Helper()
-	opt, err := redis.ParseURL(testenv.Redis(t))
-	if err != nil {
-		t.Fatal("DISLOCK_TEST_REDIS is not a valid Redis URL")
-	}
-	rdb := redis.NewClient(opt)
-	e := &env{t: t, rdb: rdb, queue: testenv.Name("asynqlock-test-"),
-		client: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb)}
-	// Registered first, so it runs after the servers have shut down.
-	t.Cleanup(func() {
-		if err := e.insp.DeleteQueue(e.queue, true); err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
-			t.Errorf("delete queue: %v", err)
-		}
-		e.client.Close()
-		e.insp.Close()
-		rdb.Close()
-	})
-	return e
-}
-
-// wired is the Config every user should have: busy bounces cost no retry
-// and come back quickly; other failures are retried at once in tests.
-func wired() asynq.Config {
-	return asynq.Config{
-		IsFailure:      asynqlock.IsFailure,
-		RetryDelayFunc: asynqlock.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 }),
-	}
-}
-
-// serve starts an asynq server on the test's queue with h behind mw.
-func (e *env) serve(cfg asynq.Config, mw asynq.MiddlewareFunc, h asynq.HandlerFunc) {
-	e.t.Helper()
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = 2
-	}
-	cfg.Queues = map[string]int{e.queue: 1}
-	cfg.TaskCheckInterval = 20 * time.Millisecond
-	cfg.DelayedTaskCheckInterval = 100 * time.Millisecond
-	cfg.ShutdownTimeout = 3 * time.Second
-	cfg.LogLevel = asynq.FatalLevel
-	srv := asynq.NewServerFromRedisClient(e.rdb, cfg)
-	mux := asynq.NewServeMux()
-	mux.Use(mw)
-	mux.Handle("job", h)
-	if err := srv.Start(mux); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(srv.Shutdown)
-}
-
-func (e *env) enqueue(payload string, opts ...asynq.Option) *asynq.TaskInfo {
-	e.t.Helper()
-	return e.enqueueTask(asynq.NewTask("job", []byte(payload)), opts...)
-}
-
-func (e *env) enqueueTask(task *asynq.Task, opts ...asynq.Option) *asynq.TaskInfo {
-	e.t.Helper()
-	opts = append([]asynq.Option{asynq.Queue(e.queue), asynq.Retention(time.Hour)}, opts...)
-	info, err := e.client.Enqueue(task, opts...)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return info
-}
-
-// waitState polls the Inspector until task id is in state want.
-func (e *env) waitState(id string, want asynq.TaskState) *asynq.TaskInfo {
-	e.t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for {
-		info, err := e.insp.GetTaskInfo(e.queue, id)
-		if err != nil {
-			e.t.Fatalf("task %s: %v", id, err)
-		}
-		if info.State == want {
-			return info
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("task %s is %v (retried %d, last error %q), want %v", id, info.State, info.Retried, info.LastErr, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// completed waits until task id completes and checks that it used
-// retries retries (busy bounces must not count).
-func (e *env) completed(id string, retries int) {
-	e.t.Helper()
-	if info := e.waitState(id, asynq.TaskStateCompleted); info.Retried != retries {
-		e.t.Errorf("task %s completed with retried %d, want %d: busy bounces must not count", id, info.Retried, retries)
-	}
-}
-
-// bounced checks that task id has been bounced as busy (what says when):
-// no retry used, and its last error is the busy one.
-func (e *env) bounced(id, what string) {
-	e.t.Helper()
-	info, err := e.insp.GetTaskInfo(e.queue, id)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if info.Retried != 0 || !strings.Contains(info.LastErr, "busy") {
-		e.t.Errorf("%s: retried %d (want 0), last error %q (want busy)", what, info.Retried, info.LastErr)
-	}
-}
-
-// waitGone polls the Inspector until task id no longer exists.
-func (e *env) waitGone(id string) {
-	e.t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for {
-		info, err := e.insp.GetTaskInfo(e.queue, id)
-		if errors.Is(err, asynq.ErrTaskNotFound) {
-			return
-		}
-		if err != nil {
-			e.t.Fatalf("task %s: %v", id, err)
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("task %s is still %v", id, info.State)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func recv[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(waitLong):
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
-}
-
-// busyCounter is an asynq ErrorHandler that reports busy bounces.
-func busyCounter(ch chan<- error) asynq.ErrorHandler {
-	return asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
-		if errors.Is(err, core.ErrNotAcquired) {
-			select {
-			case ch <- err:
-			default:
-			}
-		}
-	})
-}
 
 // TestServers_OneAtATime: two servers, many tasks for one key with
 // different payloads (which asynq's Unique would not deduplicate): their
 // handler runs never overlap and every task completes, without using up
-// retries.
-func TestServers_OneAtATime(t *testing.T) {
-	e := newEnv(t)
-	_, la, lb := lockers(t)
-	oneAtATime(t, e, la, lb)
-}
-
-// TestServers_OneAtATime_Redislock: the same with the locks in the same
-// Redis (redislock), each server with its own Redis client.
-func TestServers_OneAtATime_Redislock(t *testing.T) {
-	e := newEnv(t)
-	la, lb := redislockers(t)
-	oneAtATime(t, e, la, lb)
-}
-
-// redislockers returns two Lockers on the Redis of testenv.Redis, each with
-// its own client, sharing a prefix of the test's own.
-func redislockers(t *testing.T) (core.Locker, core.Locker) {
-	t.Helper()
-	prefix := testenv.Name("asynqlock-test")
-	var ls []core.Locker
-	for range 2 {
-		opt, err := redis.ParseURL(testenv.Redis(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := redis.NewClient(opt)
-		l, err := redislock.New(c, redislock.WithPrefix(prefix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close(); c.Close() })
-		ls = append(ls, l)
-	}
-	return ls[0], ls[1]
-}
+// retries; with the locks in memory, and in the same Redis (redislock).
+func TestServers_OneAtATime(t *testing.T) { onBothStores(t, oneAtATime) }
 
 func oneAtATime(t *testing.T, e *env, la, lb core.Locker) {
 	const n = 12
@@ -473,20 +273,30 @@ func TestServers_ByTaskID(t *testing.T) {
 	e.waitState(id, asynq.TaskStateCompleted)
 }
 
+// serveHotKey holds key "hot" elsewhere and serves the env's queue on
+// three workers behind a middleware keyed by ByHeader("account") (with
+// opts), whose handler sends each task's account on ran.
+func (e *env) serveHotKey(t *testing.T, opts ...asynqlock.Option) (s core.Session, ran <-chan string) {
+	t.Helper()
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
+	accounts := make(chan string, 20)
+	cfg := wired()
+	cfg.Concurrency = 3
+	opts = append([]asynqlock.Option{asynqlock.Key(asynqlock.ByHeader("account"))}, opts...)
+	e.serve(cfg, asynqlock.MustNew(l, opts...), func(_ context.Context, task *asynq.Task) error {
+		accounts <- task.Headers()["account"]
+		return nil
+	})
+	return s, accounts
+}
+
 // TestServers_HotKeyLeavesWorkers: while a key is held elsewhere and has a
 // backlog, HandOff lets one of its tasks wait and bounces the others, so
 // that the server's other workers run other keys' tasks (under Wait(0) the
 // backlog would take all three workers until the holder lets go).
 func TestServers_HotKeyLeavesWorkers(t *testing.T) {
 	e := newEnv(t)
-	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
-	ran := make(chan string, 20)
-	cfg := wired()
-	cfg.Concurrency = 3
-	e.serve(cfg, asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByHeader("account"))), func(_ context.Context, task *asynq.Task) error {
-		ran <- task.Headers()["account"]
-		return nil
-	})
+	s, ran := e.serveHotKey(t)
 	enqueue := func(acct string) {
 		e.enqueueTask(asynq.NewTaskWithHeaders("job", []byte(acct), map[string]string{"account": acct}), asynq.Timeout(waitLong))
 	}
@@ -507,5 +317,213 @@ func TestServers_HotKeyLeavesWorkers(t *testing.T) {
 		if acct := recv(t, ran, "the hot key's tasks to run after the release"); acct != "hot" {
 			t.Fatalf("task of %q ran twice", acct)
 		}
+	}
+}
+
+// TestServers_HandOffWaitFreesSmallServer: on a server of Concurrency 1, a
+// task waiting in HandOff's line for a key held elsewhere gives its worker
+// back after HandOffWait, bounced without using a retry, so that another
+// key's task runs while the holder runs on; after the release the task
+// completes, never having been counted as failed.
+func TestServers_HandOffWaitFreesSmallServer(t *testing.T) {
+	e := newEnv(t)
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"hot")
+	busy := make(chan error, 100)
+	ran := make(chan string, 10)
+	cfg := wired()
+	cfg.Concurrency = 1
+	cfg.ErrorHandler = busyCounter(busy)
+	e.serve(cfg, asynqlock.MustNew(l, asynqlock.Key(asynqlock.ByHeader("account")),
+		asynqlock.HandOffWait(300*time.Millisecond), asynqlock.BusyDelay(0, 0)),
+		func(_ context.Context, task *asynq.Task) error {
+			ran <- task.Headers()["account"]
+			return nil
+		})
+	// The deadline is far beyond the test's patience: without the bound the
+	// only worker would wait for it.
+	hot := e.byAccount("hot", asynq.Timeout(5*time.Minute)).ID
+	e.waitState(hot, asynq.TaskStateActive)
+	e.byAccount("other", asynq.Timeout(time.Minute))
+	if acct := recv(t, ran, "the other key's task to run"); acct != "other" {
+		t.Fatalf("task of %q ran while its key was held", acct)
+	}
+	recv(t, busy, "a busy bounce of the waiter")
+	e.bounced(hot, "the bounced waiter")
+	s.Release(context.Background())
+	if acct := recv(t, ran, "the hot task to run after the release"); acct != "hot" {
+		t.Fatalf("task of %q ran twice", acct)
+	}
+	e.completed(hot, 0)
+}
+
+// TestServers_HandOffStopsBeforeDeadline: a waiter whose deadline comes
+// before HandOffWait stops waiting a little before it and is bounced, so
+// that the deadline does not turn the wait into a failure that uses a retry.
+func TestServers_HandOffStopsBeforeDeadline(t *testing.T) {
+	e := newEnv(t)
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
+	defer s.Release(context.Background())
+	busy := make(chan error, 100)
+	cfg := wired()
+	cfg.ErrorHandler = busyCounter(busy)
+	e.serve(cfg, asynqlock.MustNew(l, asynqlock.HandOffWait(time.Hour), asynqlock.BusyDelay(0, 0)),
+		func(context.Context, *asynq.Task) error {
+			t.Error("handler ran while the key was held")
+			return nil
+		})
+	id := e.enqueue("x", asynq.Timeout(2*time.Second), asynq.MaxRetry(3)).ID
+	err := recv(t, busy, "the waiter's bounce")
+	var b *asynqlock.BusyError
+	if !errors.As(err, &b) {
+		t.Fatalf("the waiter ended with %v, want a *BusyError", err)
+	}
+	info, err := e.insp.GetTaskInfo(e.queue, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Retried != 0 {
+		t.Errorf("after the waiter's deadline: retried %d, want 0 (last error %q)", info.Retried, info.LastErr)
+	}
+}
+
+// TestServers_ExhaustedHandOffBounded: a backlog of tasks on their last
+// attempt (MaxRetry(0)) for a key held elsewhere does not take every worker
+// of the server: one waits in HandOff's line (until its deadline), the
+// others wait at most HandOffWait and are archived with the busy error, and
+// other keys' tasks run meanwhile. After the release the one in line runs.
+func TestServers_ExhaustedHandOffBounded(t *testing.T) {
+	e := newEnv(t)
+	s, ran := e.serveHotKey(t, asynqlock.HandOffWait(200*time.Millisecond))
+	const hot, other = 8, 4
+	var ids []string
+	for range hot {
+		ids = append(ids, e.byAccount("hot", asynq.MaxRetry(0), asynq.Timeout(5*time.Minute)).ID)
+	}
+	for i := range other {
+		e.byAccount(fmt.Sprint("other-", i), asynq.MaxRetry(0), asynq.Timeout(time.Minute))
+	}
+	for range other {
+		if acct := recv(t, ran, "the other keys' tasks to run"); acct == "hot" {
+			t.Fatal("a task of the held key ran")
+		}
+	}
+	// Every hot task but the one in line is archived; that one is active.
+	var waiting string
+	deadline := time.Now().Add(waitLong)
+	for waiting == "" {
+		archived := 0
+		for _, id := range ids {
+			info, err := e.insp.GetTaskInfo(e.queue, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch info.State {
+			case asynq.TaskStateArchived:
+				archived++
+				if !strings.Contains(info.LastErr, "busy") {
+					t.Fatalf("hot task archived with %q, want the busy error", info.LastErr)
+				}
+			case asynq.TaskStateActive:
+				waiting = id
+			}
+		}
+		if archived != hot-1 {
+			waiting = ""
+		}
+		if waiting == "" {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d hot tasks archived, want all but the one in line", archived, hot)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	s.Release(context.Background())
+	if acct := recv(t, ran, "the waiting hot task to run after the release"); acct != "hot" {
+		t.Fatalf("task of %q ran twice", acct)
+	}
+	e.waitState(waiting, asynq.TaskStateCompleted)
+}
+
+// limitRig counts the handler runs of one key under Limit(n): running
+// now, the most at once, and whether n ran at once. The first n runs each
+// wait until n run at once (at most waitLong), so that a limit below n
+// shows as a timeout.
+type limitRig struct {
+	n       int
+	mu      sync.Mutex
+	running int
+	most    int
+	full    chan struct{}
+	done    chan struct{}
+}
+
+func newLimitRig(n, tasks int) *limitRig {
+	return &limitRig{n: n, full: make(chan struct{}), done: make(chan struct{}, tasks)}
+}
+
+func (r *limitRig) handle(ctx context.Context, _ *asynq.Task) error {
+	r.mu.Lock()
+	r.running++
+	r.most = max(r.most, r.running)
+	if r.running == r.n {
+		select {
+		case <-r.full:
+		default:
+			close(r.full)
+		}
+	}
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.running--
+		r.mu.Unlock()
+	}()
+	select {
+	case <-r.full:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(waitLong):
+		return errors.New("n runs never overlapped")
+	}
+	select {
+	case <-time.After(10 * time.Millisecond): // the work
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	r.done <- struct{}{}
+	return nil
+}
+
+// TestServers_Limit: two servers of 3 workers each, Limit(3) and the
+// default HandOff, 15 tasks of one key: 3 run at once and never more, every
+// task completes, and busy bounces use no retry; with the permits in
+// memory, and in the same Redis (redislock).
+func TestServers_Limit(t *testing.T) { onBothStores(t, limitAcrossServers) }
+
+func limitAcrossServers(t *testing.T, e *env, la, lb core.Locker) {
+	if _, ok := la.(*core.Client).Backend().(core.SemaphoreBackend); !ok {
+		t.Skip("the store has no semaphores")
+	}
+	const n, tasks = 3, 15
+	r := newLimitRig(n, tasks)
+	for _, l := range []core.Locker{la, lb} {
+		cfg := wired()
+		cfg.Concurrency = 3
+		e.serve(cfg, asynqlock.MustNew(l, asynqlock.Limit(n), asynqlock.BusyDelay(0, 0)), r.handle)
+	}
+	ids := make([]string, tasks)
+	for i := range ids {
+		ids[i] = e.enqueue(string(rune('a' + i))).ID
+	}
+	for range tasks {
+		recv(t, r.done, "every task to run")
+	}
+	for _, id := range ids {
+		e.completed(id, 0)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.most != n {
+		t.Errorf("at most %d tasks of the key ran at once, want exactly %d", r.most, n)
 	}
 }

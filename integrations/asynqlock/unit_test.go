@@ -9,75 +9,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"go.uber.org/goleak"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/asynqlock"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// lockers returns two Lockers on one in-memory store, acting as two
-// processes.
-func lockers(t *testing.T) (*memlock.Store, core.Locker, core.Locker) {
-	t.Helper()
-	store := memlock.NewStore()
-	a, err := store.Locker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := store.Locker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return store, a, b
-}
-
-// heldElsewhere returns a session on key of one of two Lockers on one
-// in-memory store (lockers), and the other: key is held by another process
-// than l.
-func heldElsewhere(t *testing.T, key string) (core.Session, core.Locker) {
-	t.Helper()
-	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, l
-}
-
-// runsOnRelease releases s and checks that the waiting task, whose start
-// time comes on started, runs after the release and within a second of it:
-// woken by it.
-func runsOnRelease(t *testing.T, s core.Session, started <-chan time.Time) {
-	t.Helper()
-	released := time.Now()
-	if err := s.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case at := <-started:
-		if at.Before(released) {
-			t.Error("the waiter ran before the release")
-		}
-		if d := at.Sub(released); d > time.Second {
-			t.Errorf("the waiter ran %v after the release, want it woken by the release", d)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter did not run after the release")
-	}
-}
-
-func mustNew(t *testing.T, l core.Locker, opts ...asynqlock.Option) asynq.MiddlewareFunc {
-	t.Helper()
-	mw, err := asynqlock.New(l, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mw
-}
 
 func TestKeyFuncs(t *testing.T) {
 	ctx := context.Background()
@@ -416,6 +351,27 @@ func (w watchedLocker) Acquire(ctx context.Context, key string, opts ...core.Opt
 	return w.Locker.Acquire(ctx, key, opts...)
 }
 
+// waitInLine runs task through mw (on w) in a goroutine and returns once it
+// waits for the lock (what names it). The task's handler sends the time it
+// starts on started; what ProcessTask returned comes on done.
+func waitInLine(t *testing.T, ctx context.Context, mw asynq.MiddlewareFunc, w watchedLocker, task *asynq.Task, what string) (started <-chan time.Time, done <-chan error) {
+	t.Helper()
+	start := make(chan time.Time, 1)
+	end := make(chan error, 1)
+	go func() {
+		end <- mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+			start <- time.Now()
+			return nil
+		})).ProcessTask(ctx, task)
+	}()
+	select {
+	case <-w.acquiring:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not wait in line", what)
+	}
+	return start, end
+}
+
 // TestMiddleware_HandOff: with the key held elsewhere, the first busy task
 // waits for the lock and runs as soon as the holder releases; a busy task
 // that finds the place in line taken is bounced, quickly (no retry delay)
@@ -433,29 +389,10 @@ func TestMiddleware_HandOff(t *testing.T) {
 	// 8 a second, in bursts of 2.
 	mw := mustNew(t, w, asynqlock.QuickRetries(8), asynqlock.BusyDelay(10*time.Millisecond, 20*time.Millisecond))
 	task := asynq.NewTask("t", nil)
-	started := make(chan time.Time, 1)
-	waiter := make(chan error, 1)
-	go func() {
-		waiter <- mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-			started <- time.Now()
-			return nil
-		})).ProcessTask(ctx, task)
-	}()
-	select {
-	case <-w.acquiring:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first busy task did not wait")
-	}
+	started, waiter := waitInLine(t, ctx, mw, w, task, "the first busy task")
 	bounce := func() time.Duration {
 		t.Helper()
-		err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-			t.Error("handler ran while the key was busy")
-			return nil
-		})).ProcessTask(ctx, task)
-		var b *asynqlock.BusyError
-		if !errors.As(err, &b) || asynqlock.IsFailure(err) {
-			t.Fatalf("second task: err = %v, want a *BusyError", err)
-		}
+		b := wantBusy(t, ctx, mw, task, "a second task")
 		if len(w.acquiring) != 0 {
 			t.Fatal("a second task waited: the line holds one per key")
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/integrations/gocronlock"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
@@ -279,4 +280,87 @@ func (r *redisRecorder) runs(ctx context.Context) ([]run, error) {
 		list = append(list, run{node: node, at: time.Unix(0, ns)})
 	}
 	return list, nil
+}
+
+// memStore is an in-memory store shared by a test's simulated processes.
+type memStore struct {
+	*memlock.Store
+	t *testing.T
+}
+
+func newMemStore(t *testing.T) memStore { return memStore{memlock.NewStore(), t} }
+
+// open returns a new Locker on the store, as one process opens it; it is
+// closed when the test ends.
+func (s memStore) open() *core.Client {
+	s.t.Helper()
+	l, err := s.Locker()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// logged opens a Locker on the store (open) and returns it with a
+// gocronlock Locker on it whose OnError reports go to log.
+func (s memStore) logged(log *errorLog) (*core.Client, *gocronlock.Locker) {
+	s.t.Helper()
+	c := s.open()
+	l, err := gocronlock.NewLocker(c, log.option())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c, l
+}
+
+// errorLog collects what a Locker or Elector reports to OnError.
+type errorLog struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+// option is the OnError that adds to the log.
+func (l *errorLog) option() gocronlock.Option {
+	return gocronlock.OnError(func(_ string, err error) {
+		l.mu.Lock()
+		l.errs = append(l.errs, err)
+		l.mu.Unlock()
+	})
+}
+
+// take returns the errors reported so far and empties the log.
+func (l *errorLog) take() []error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	errs := l.errs
+	l.errs = nil
+	return errs
+}
+
+// mutexOnly hides every optional interface of a backend: a store without
+// semaphores.
+type mutexOnly struct{ core.Backend }
+
+// quiet is an OnError that fails the test on anything but ErrNoSchedule
+// (the plain leases these tests take on purpose).
+func quiet(t *testing.T) gocronlock.Option {
+	return gocronlock.OnError(func(key string, err error) {
+		if !errors.Is(err, gocronlock.ErrNoSchedule) {
+			t.Errorf("OnError(%q): %v", key, err)
+		}
+	})
+}
+
+// within returns the next value on ch, failing the test if none comes
+// within d (what names the value).
+func within[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("no %s within %v", what, d)
+		panic("unreachable")
+	}
 }

@@ -15,29 +15,11 @@ import (
 	"github.com/dislock/dislock/integrations/gocronlock"
 )
 
-// mutexOnly hides every optional interface of a backend: a store without
-// semaphores.
-type mutexOnly struct{ core.Backend }
-
-// quiet is an OnError that fails the test on anything but ErrNoSchedule
-// (the plain leases these tests take on purpose).
-func quiet(t *testing.T) gocronlock.Option {
-	return gocronlock.OnError(func(key string, err error) {
-		if !errors.Is(err, gocronlock.ErrNoSchedule) {
-			t.Errorf("OnError(%q): %v", key, err)
-		}
-	})
-}
-
 // Rule: a limit out of range, a limit where it does not apply (the
 // Elector), and a limit above 1 on a store without semaphores are rejected
 // up front, naming the option.
 func TestLimitRejected(t *testing.T) {
-	l, err := memlock.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := newMemStore(t).open()
 	plain, err := core.New(mutexOnly{memlock.NewStore().Backend()})
 	if err != nil {
 		t.Fatal(err)
@@ -82,11 +64,8 @@ func TestLimitRejected(t *testing.T) {
 // with core.ErrNotAcquired, and runs once one of the two unlocks.
 // Locker.Limit sets one job's limit, over the option's.
 func TestLockerLimitLease(t *testing.T) {
-	store := memlock.NewStore()
-	a, _ := store.Locker()
-	b, _ := store.Locker()
-	defer a.Close()
-	defer b.Close()
+	store := newMemStore(t)
+	a, b := store.open(), store.open()
 	la, err := gocronlock.NewLocker(a, gocronlock.Limit(2), quiet(t))
 	if err != nil {
 		t.Fatal(err)
@@ -158,9 +137,7 @@ func TestLockerLimitLease(t *testing.T) {
 // permits outlive Unlock until the slot ends, and a third start in the slot
 // is refused.
 func TestLockerLimitSlot(t *testing.T) {
-	store := memlock.NewStore()
-	a, _ := store.Locker()
-	defer a.Close()
+	a := newMemStore(t).open()
 	l, err := gocronlock.NewLocker(a, gocronlock.Limit(2))
 	if err != nil {
 		t.Fatal(err)
@@ -185,11 +162,8 @@ func TestLockerLimitSlot(t *testing.T) {
 // current holders took it with skips the run with an error matching
 // core.ErrLimitMismatch, and OnError sees it.
 func TestLockerLimitMismatch(t *testing.T) {
-	store := memlock.NewStore()
-	a, _ := store.Locker()
-	b, _ := store.Locker()
-	defer a.Close()
-	defer b.Close()
+	store := newMemStore(t)
+	a, b := store.open(), store.open()
 	la, _ := gocronlock.NewLocker(a, gocronlock.Limit(2), quiet(t))
 	var reported []error
 	lb, _ := gocronlock.NewLocker(b, gocronlock.OnError(func(_ string, err error) {
@@ -214,11 +188,7 @@ func TestLockerLimitMismatch(t *testing.T) {
 // Rule: Wrap with Limit(2) runs two tasks of a key at once and refuses a
 // third with core.ErrNotAcquired without calling it.
 func TestTaskLimit(t *testing.T) {
-	l, err := memlock.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := newMemStore(t).open()
 	started := make(chan struct{}, 2)
 	stop := make(chan struct{})
 	run, err := gocronlock.Wrap(l, "k", func(ctx context.Context, s core.Session) error {

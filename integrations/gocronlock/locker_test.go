@@ -238,3 +238,45 @@ func testTicks(t *testing.T, e *env, tc tickCase) {
 		t.Errorf("only %d refused attempts for %d runs on three schedulers: the schedulers did not compete", total, len(runs))
 	}
 }
+
+// Rule: a scheduler shut down while a job holds its lock releases the lock,
+// although gocron hands Unlock an already-cancelled context.
+func TestShutdownReleasesLock(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env) {
+		admin := e.locker(t)
+		locker, err := gocronlock.NewLocker(e.locker(t), quiet(t)) // a plain lease on purpose
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newScheduler(t, gocron.WithDistributedLocker(locker))
+		started := make(chan struct{})
+		var jobCtx context.Context
+		if _, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(func(ctx context.Context) {
+			jobCtx = ctx
+			close(started)
+			<-ctx.Done()
+		}), gocron.WithName("busy"), gocron.WithStartAt(gocron.WithStartImmediately())); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		select {
+		case <-started:
+		case <-time.After(5 * time.Second):
+			t.Fatal("job did not start")
+		}
+		ctx := context.Background()
+		key := gocronlock.DefaultPrefix + "busy"
+		if _, held, err := admin.Inspect(ctx, key); err != nil || !held {
+			t.Fatalf("Inspect while the job runs: held %v, %v", held, err)
+		}
+		if err := s.Shutdown(); err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		if jobCtx.Err() == nil {
+			t.Fatal("gocron did not cancel the job's context")
+		}
+		if info, held, err := admin.Inspect(ctx, key); err != nil || held {
+			t.Errorf("after Shutdown: held %v (%+v), %v; want released", held, info, err)
+		}
+	})
+}

@@ -13,52 +13,6 @@ import (
 	"github.com/dislock/dislock/integrations/gocronlock"
 )
 
-// Rule: a scheduler shut down while a job holds its lock releases the lock,
-// although gocron hands Unlock an already-cancelled context.
-func TestShutdownReleasesLock(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env) {
-		admin := e.locker(t)
-		locker, err := gocronlock.NewLocker(e.locker(t), gocronlock.OnError(func(key string, err error) {
-			if !errors.Is(err, gocronlock.ErrNoSchedule) { // a plain lease on purpose
-				t.Errorf("OnError(%q): %v", key, err)
-			}
-		}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := newScheduler(t, gocron.WithDistributedLocker(locker))
-		started := make(chan struct{})
-		var jobCtx context.Context
-		if _, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(func(ctx context.Context) {
-			jobCtx = ctx
-			close(started)
-			<-ctx.Done()
-		}), gocron.WithName("busy"), gocron.WithStartAt(gocron.WithStartImmediately())); err != nil {
-			t.Fatal(err)
-		}
-		s.Start()
-		select {
-		case <-started:
-		case <-time.After(5 * time.Second):
-			t.Fatal("job did not start")
-		}
-		ctx := context.Background()
-		key := gocronlock.DefaultPrefix + "busy"
-		if _, held, err := admin.Inspect(ctx, key); err != nil || !held {
-			t.Fatalf("Inspect while the job runs: held %v, %v", held, err)
-		}
-		if err := s.Shutdown(); err != nil {
-			t.Fatalf("Shutdown: %v", err)
-		}
-		if jobCtx.Err() == nil {
-			t.Fatal("gocron did not cancel the job's context")
-		}
-		if info, held, err := admin.Inspect(ctx, key); err != nil || held {
-			t.Errorf("after Shutdown: held %v (%+v), %v; want released", held, info, err)
-		}
-	})
-}
-
 // Rule: a wrapped task whose lease is lost while it runs sees its context
 // cancelled with cause core.ErrLeaseLost, and the run returns an error
 // matching core.ErrLeaseLost (reported to OnError too).
@@ -88,12 +42,7 @@ func TestTaskLeaseLost(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.Start()
-		var sess core.Session
-		select {
-		case sess = <-sessions:
-		case <-time.After(5 * time.Second):
-			t.Fatal("task did not start")
-		}
+		sess := within(t, sessions, 5*time.Second, "the task to start")
 		if sess.Key() != gocronlock.DefaultPrefix+"report" || sess.Token() == 0 {
 			t.Errorf("session key %q token %d", sess.Key(), sess.Token())
 		}
@@ -101,29 +50,16 @@ func TestTaskLeaseLost(t *testing.T) {
 		if ok, err := admin.ForceRelease(context.Background(), sess.Key()); err != nil || !ok {
 			t.Fatalf("ForceRelease: %v, %v", ok, err)
 		}
-		select {
-		case cause := <-causes:
-			if !errors.Is(cause, core.ErrLeaseLost) {
-				t.Errorf("task ctx cause %v, want core.ErrLeaseLost", cause)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatal("task ctx not cancelled after the lease was lost")
+		if cause := within(t, causes, 3*time.Second, "cancel of the task ctx"); !errors.Is(cause, core.ErrLeaseLost) {
+			t.Errorf("task ctx cause %v, want core.ErrLeaseLost", cause)
 		}
-		select {
-		case err := <-runErrs:
-			if !errors.Is(err, core.ErrLeaseLost) {
-				t.Errorf("run returned %v, want core.ErrLeaseLost", err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatal("run did not return an error")
+		if err := within(t, runErrs, 3*time.Second, "error from the run"); !errors.Is(err, core.ErrLeaseLost) {
+			t.Errorf("run returned %v, want core.ErrLeaseLost", err)
 		}
-		select {
-		case err := <-reported:
-			if !errors.Is(err, core.ErrLeaseLost) {
-				t.Errorf("OnError got %v, want core.ErrLeaseLost", err)
-			}
-		default:
+		if len(reported) == 0 { // by the time the run returned
 			t.Error("loss not reported to OnError")
+		} else if err := <-reported; !errors.Is(err, core.ErrLeaseLost) {
+			t.Errorf("OnError got %v, want core.ErrLeaseLost", err)
 		}
 		if err := s.Shutdown(); err != nil {
 			t.Errorf("Shutdown: %v", err)

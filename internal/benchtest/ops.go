@@ -6,9 +6,9 @@ import (
 	"github.com/dislock/dislock/core"
 )
 
-// TryAcquireRelease is the operation every backend's uncontended benchmark
-// times: one TryAcquire of key on l and the Release of its session.
-func TryAcquireRelease(l core.Locker, key string) func() error {
+// AcquireRelease is the operation the uncontended benchmarks time: one
+// TryAcquire of key on l and the Release of its session.
+func AcquireRelease(l core.Locker, key string) func() error {
 	return func() error {
 		ctx := context.Background()
 		s, err := l.TryAcquire(ctx, key)

@@ -5,8 +5,8 @@ import (
 	"sync"
 )
 
-// SyncBuffer is a bytes.Buffer that a process, a logger or a goroutine may
-// write while a test reads it. The zero value is empty and ready.
+// SyncBuffer is a bytes.Buffer that goroutines (a logger, a child
+// process's output) may write while a test reads it.
 type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -18,7 +18,7 @@ func (b *SyncBuffer) Write(p []byte) (int, error) {
 	return b.b.Write(p)
 }
 
-// String returns what was written so far.
+// String returns what has been written so far.
 func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()

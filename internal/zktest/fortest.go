@@ -8,7 +8,7 @@ import (
 )
 
 // Need skips t when no ZooKeeper server can be started here, and fails it
-// under CI, where the install is part of the set-up.
+// under CI (testenv.CI), where the install is part of the set-up.
 func Need(t testing.TB) {
 	t.Helper()
 	if err := Installed(); err != nil {
@@ -19,13 +19,19 @@ func Need(t testing.TB) {
 	}
 }
 
-// StartForTest starts an ensemble of n nodes (1: a standalone server) in a
-// temporary directory of t, within a minute, and stops it by PID when t
-// ends. A missing install skips t (see Need).
-func StartForTest(t testing.TB, n int) *Ensemble {
+// ForTest starts a private server for t, in its temporary directory, and
+// stops it when t ends: one standalone server with this package's short
+// tickTime, or with stock a stock server's (tickTime 2000). Where no server
+// is installed it fails the test under CI (testenv.CI) and skips it
+// elsewhere.
+func ForTest(t testing.TB, stock bool) *Ensemble {
 	t.Helper()
 	Need(t)
-	e, err := Start(t.TempDir(), n, 60*time.Second)
+	start := func(dir string, timeout time.Duration) (*Ensemble, error) { return Start(dir, 1, timeout) }
+	if stock {
+		start = StartStock
+	}
+	e, err := start(t.TempDir(), 60*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,85 +34,69 @@ func Lockers(ctx context.Context, n int, opts ...core.ClientOption) (lockers []c
 			closers[i]()
 		}
 	}
-	defer func() {
+	open, backend, err := opener(ctx, &closers, opts)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	for range n {
+		c, err := open()
 		if err != nil {
 			closeAll()
-			lockers, closeAll = nil, nil
+			return nil, "", nil, err
 		}
-	}()
-	add := func(c *core.Client) {
 		lockers = append(lockers, c)
 		closers = append(closers, func() { _ = c.Close() })
 	}
+	return lockers, backend, closeAll, nil
+}
+
+// opener returns what opens one Locker (one process) on the backend the
+// environment selects, and the backend's description. A connection the
+// Locker does not own goes on closers, to be closed after it.
+func opener(ctx context.Context, closers *[]func(), opts []core.ClientOption) (open func() (*core.Client, error), backend string, err error) {
 	switch {
 	case os.Getenv("DATABASE_URL") != "":
-		for range n {
+		return func() (*core.Client, error) {
 			// Each Locker owns its pool; Client.Close closes it.
-			c, err := pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate(), pg.WithClientOptions(opts...))
-			if err != nil {
-				return nil, "", nil, err
-			}
-			add(c)
-		}
-		return lockers, Chosen("PostgreSQL", "DATABASE_URL"), closeAll, nil
+			return pg.Open(ctx, os.Getenv("DATABASE_URL"), pg.WithAutoMigrate(), pg.WithClientOptions(opts...))
+		}, Chosen("PostgreSQL", "DATABASE_URL"), nil
 	case os.Getenv("REDIS_URL") != "":
 		opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 		if err != nil {
-			return nil, "", nil, errors.New("REDIS_URL is not a valid redis:// URL")
+			return nil, "", errors.New("REDIS_URL is not a valid redis:// URL")
 		}
-		for range n {
+		return func() (*core.Client, error) {
 			rdb := redis.NewClient(opt)
-			closers = append(closers, func() { _ = rdb.Close() })
-			c, err := redislock.New(rdb, redislock.WithClientOptions(opts...))
-			if err != nil {
-				return nil, "", nil, err
-			}
-			add(c)
-		}
-		return lockers, Chosen("Redis", "REDIS_URL"), closeAll, nil
+			*closers = append(*closers, func() { _ = rdb.Close() })
+			return redislock.New(rdb, redislock.WithClientOptions(opts...))
+		}, Chosen("Redis", "REDIS_URL"), nil
 	case os.Getenv("ETCD_URL") != "":
 		cfg, err := etcdlock.ParseURL(os.Getenv("ETCD_URL"))
 		if err != nil {
-			return nil, "", nil, errors.New("ETCD_URL is not a valid etcd:// URL")
+			return nil, "", errors.New("ETCD_URL is not a valid etcd:// URL")
 		}
 		cfg.Logger = zap.NewNop()
-		for range n {
+		return func() (*core.Client, error) {
 			cli, err := clientv3.New(cfg)
 			if err != nil {
-				return nil, "", nil, err
+				return nil, err
 			}
-			closers = append(closers, func() { _ = cli.Close() })
-			c, err := etcdlock.New(cli, etcdlock.WithClientOptions(opts...))
-			if err != nil {
-				return nil, "", nil, err
-			}
-			add(c)
-		}
-		return lockers, Chosen("etcd", "ETCD_URL"), closeAll, nil
+			*closers = append(*closers, func() { _ = cli.Close() })
+			return etcdlock.New(cli, etcdlock.WithClientOptions(opts...))
+		}, Chosen("etcd", "ETCD_URL"), nil
 	case os.Getenv("ZK_URL") != "":
 		connect, zkOpts, err := zklock.ParseURL(os.Getenv("ZK_URL"))
 		if err != nil {
-			return nil, "", nil, errors.New("ZK_URL is not a zk://[user:password@]host:port[,host:port][/chroot] URL")
+			return nil, "", errors.New("ZK_URL is not a zk://[user:password@]host:port[,host:port][/chroot] URL")
 		}
-		for range n {
+		return func() (*core.Client, error) {
 			// Each Locker dials its own session; Client.Close closes it.
-			c, err := zklock.New(ctx, connect, append(zkOpts, zklock.WithClientOptions(opts...))...)
-			if err != nil {
-				return nil, "", nil, err
-			}
-			add(c)
-		}
-		return lockers, Chosen("ZooKeeper", "ZK_URL"), closeAll, nil
+			return zklock.New(ctx, connect, append(zkOpts, zklock.WithClientOptions(opts...))...)
+		}, Chosen("ZooKeeper", "ZK_URL"), nil
 	}
 	store := memlock.NewStore()
-	for range n {
-		c, err := store.Locker(opts...)
-		if err != nil {
-			return nil, "", nil, err
-		}
-		add(c)
-	}
-	return lockers, "memlock (in-process; set DATABASE_URL, REDIS_URL, ETCD_URL or ZK_URL for a server)", closeAll, nil
+	return func() (*core.Client, error) { return store.Locker(opts...) },
+		"memlock (in-process; set DATABASE_URL, REDIS_URL, ETCD_URL or ZK_URL for a server)", nil
 }
 
 // Variables lists the environment variables that select a server, in the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dislock/dislock/core"
@@ -13,11 +14,9 @@ import (
 
 func TestTryDo(t *testing.T) {
 	st := memlock.NewStore()
-	a, _ := st.Locker()
-	defer a.Close()
+	a := newClient(t, st.Backend())
 	bb := st.Backend()
-	b, _ := core.New(bb)
-	defer b.Close()
+	b := newClient(t, bb)
 	ctx := context.Background()
 
 	// Free: fn runs under the lock, which is released afterwards.
@@ -90,6 +89,58 @@ func TestForSlotEveryNotPositive(t *testing.T) {
 		err := core.ValidateOptions(core.ForSlot(core.Every(d)))
 		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "ForSlot") || !strings.Contains(err.Error(), "period must be positive") {
 			t.Errorf("ForSlot(Every(%v)): %v", d, err)
+		}
+	}
+}
+
+func TestBindAndDo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, cs, _ := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
+		s := hold(t, cs[0], "k")
+		ctx, cancel := core.Bind(context.Background(), s)
+		defer cancel()
+		st.Steal("k")
+		<-ctx.Done()
+		if !errors.Is(context.Cause(ctx), core.ErrLeaseLost) {
+			t.Fatalf("Bind cause %v", context.Cause(ctx))
+		}
+		if got, _ := core.SessionFromContext(ctx); got != s {
+			t.Fatal("Bind lost the session")
+		}
+		// Do reports a loss even when fn returns nil.
+		err := core.Do(context.Background(), cs[1], "d", func(ctx context.Context) error {
+			st.Steal("d")
+			<-ctx.Done()
+			return nil
+		})
+		if !errors.Is(err, core.ErrLeaseLost) {
+			t.Fatalf("Do = %v", err)
+		}
+	})
+}
+
+// TestDoReportsLossFoundAtRelease: a lease that the store dropped while fn
+// ran, with no renewal in between to notice, is reported by Do's release:
+// alone when fn succeeded, joined to fn's error when it failed.
+func TestDoReportsLossFoundAtRelease(t *testing.T) {
+	_, cs, _ := newPair(t, core.WithDefaults(core.TTL(time.Minute)))
+	for _, want := range []error{nil, errors.New("work failed")} {
+		err := core.Do(context.Background(), cs[0], "d", func(ctx context.Context) error {
+			if _, err := cs[1].ForceRelease(ctx, "d"); err != nil {
+				return err
+			}
+			s, err := cs[1].TryAcquire(ctx, "d")
+			if err != nil {
+				return err
+			}
+			defer s.Release(context.Background())
+			return want
+		})
+		if !errors.Is(err, core.ErrLeaseLost) || !errors.Is(err, core.ErrLeaseGone) {
+			t.Errorf("fn returned %v: Do = %v, want the loss", want, err)
+		}
+		if want != nil && !errors.Is(err, want) {
+			t.Errorf("Do = %v, want fn's error %v too", err, want)
 		}
 	}
 }
