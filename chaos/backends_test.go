@@ -160,7 +160,7 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 // the sentinel as its password when the binary is there, else the shared
 // test server (no restart fault, pauses kept short).
 type redisTarget struct {
-	srv  *redisServer
+	srv  *redisProc
 	addr string
 	pass string
 	base *url.URL
@@ -285,15 +285,13 @@ func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backend
 		return nil
 	}}}
 	if rt.srv != nil {
-		env.faults = append(env.faults, faultDef{name: "redis-restart-empty", stateLoss: true, run: func(ctx context.Context, rng *mrand.Rand) error {
+		env.faults = append(env.faults, killRestart("redis-restart-empty", true, func() {
 			sent := time.Now()
 			rt.srv.kill()
 			if env.lost != nil {
 				env.lost("redis-restart-empty", removal{sent: sent, done: time.Now(), all: true})
 			}
-			sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
-			return rt.srv.start()
-		}})
+		}, rt.srv.start))
 	}
 	env.close = func() {
 		_ = admin.Close()

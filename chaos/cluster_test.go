@@ -76,32 +76,15 @@ func startClusterTopo(t *testing.T) *clusterTopo {
 	return ct
 }
 
-func (ct *clusterTopo) addrs() []string {
-	var out []string
-	for _, n := range ct.nodes {
-		out = append(out, n.addr())
-	}
-	return out
-}
-
 // options are the cluster clients' options. A ClusterClient learns that a
 // killed master was replaced only when it reloads the slot map: on a MOVED
 // reply (which a dead node never sends) or when the map is older than
 // ClusterStateReloadInterval, 60s by default. With that default the clients
 // keep dialling the dead master for up to a minute, so it is set to a second.
 func (ct *clusterTopo) options() *redis.ClusterOptions {
-	return &redis.ClusterOptions{Addrs: ct.addrs(), Password: sentinelPW,
-		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
-		ContextTimeoutEnabled: true, PoolSize: 4, ClusterStateReloadInterval: time.Second}
-}
-
-func (ct *clusterTopo) node(addr string) *redisProc {
-	for _, n := range ct.nodes {
-		if n.addr() == addr {
-			return n
-		}
-	}
-	return nil
+	o := topoOptions(ct.nodes).Cluster()
+	o.ClusterStateReloadInterval = time.Second
+	return o
 }
 
 // masterOf returns the address of the master that serves slot, and of its
@@ -164,7 +147,7 @@ func TestChaosCluster(t *testing.T) {
 					return err
 				}
 				switched[name] = time.Since(start)
-				want := ct.node(replicas[0]).port
+				want := procAt(ct.nodes, replicas[0]).port
 				for _, cc := range []*redis.ClusterClient{admin, probe} {
 					if err := waitFor(15*time.Second, "the cluster clients follow the new master", func() (bool, error) {
 						if err := cc.Exists(ctx, hot).Err(); err != nil {
@@ -190,7 +173,7 @@ func TestChaosCluster(t *testing.T) {
 				return c.ClusterFailover(ctx).Err()
 			}),
 			failover("cluster-kill-master", true, func(master, _ string) error {
-				ct.node(master).kill()
+				procAt(ct.nodes, master).kill()
 				return nil
 			}),
 		}

@@ -7,26 +7,22 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/dislock/dislock/internal/testenv"
 )
 
-// Server URLs, as in the main module's internal/testenv (which a nested
-// module cannot import): DISLOCK_TEST_PG and DISLOCK_TEST_REDIS with local
-// defaults; an unreachable server fails the test under CI=true and skips it
-// elsewhere.
+// Server URLs, as in the main module's internal/testenv, but only on
+// loopback: DISLOCK_TEST_PG and DISLOCK_TEST_REDIS with local defaults; an
+// unreachable server fails the test under CI=true and skips it elsewhere.
 const (
-	defaultPG    = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	defaultRedis = "redis://127.0.0.1:6379/0"
+	defaultPG    = testenv.DefaultPG
+	defaultRedis = testenv.DefaultRedis
 )
 
-func ciMode() bool {
-	v := strings.ToLower(os.Getenv("CI"))
-	return v == "true" || v == "1"
-}
+func ciMode() bool { return testenv.CI() }
 
 // serverURL reads env (default def) and dials the server once.
 func serverURL(env, def, port string) (*url.URL, error) {
@@ -81,71 +77,94 @@ func viaProxy(u *url.URL, addr, user, pass string) string {
 	return c.String()
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return testenv.FreePort(t) }
 
-// redisServer is a private redis-server on a free loopback port, without
-// persistence: a restart empties it, and pausing it disturbs no one else.
-type redisServer struct {
-	t    testing.TB
-	port int
-	pass string
-	dir  string
-	cmd  *exec.Cmd
-}
-
-// startRedis starts a private redis-server, or returns nil when the binary
-// is missing.
-func startRedis(t testing.TB, pass string) *redisServer {
+// startRedis starts a private redis-server on a free loopback port,
+// without persistence (a restart empties it, and pausing it disturbs no one
+// else), with password pass; or returns nil when the binary is missing.
+func startRedis(t testing.TB, pass string) *redisProc {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil
 	}
-	r := &redisServer{t: t, port: freePort(t), pass: pass, dir: t.TempDir()}
-	if err := r.start(); err != nil {
-		t.Fatalf("start redis-server: %v", err)
-	}
-	t.Cleanup(r.kill)
-	return r
+	return startRedisProc(t, freePort(t), "--requirepass", pass)
 }
 
-func (r *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
+// child is a server process a test started, waited for by one goroutine
+// and stopped by PID.
+type child struct {
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+}
 
-func (r *redisServer) start() error {
-	args := []string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", r.dir, "--logfile", filepath.Join(r.dir, "redis.log")}
-	if r.pass != "" {
-		args = append(args, "--requirepass", r.pass)
-	}
-	cmd := exec.Command("redis-server", args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+// launch starts cmd with its output appended to the file logPath (a file,
+// not a writer: os/exec starts no copying goroutines).
+func (c *child) launch(cmd *exec.Cmd, logPath string) error {
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
 		return err
 	}
-	r.cmd = cmd
-	for range 100 {
-		if c, err := net.DialTimeout("tcp", r.addr(), 100*time.Millisecond); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", filepath.Base(cmd.Path), err)
 	}
-	return fmt.Errorf("redis-server did not listen on %s", r.addr())
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	c.mu.Lock()
+	c.cmd, c.done = cmd, done
+	c.mu.Unlock()
+	return nil
 }
 
-// kill stops the server at once (SIGKILL): everything it held is gone.
-func (r *redisServer) kill() {
-	if r.cmd == nil {
-		return
+// exited is closed when the process last launched has exited.
+func (c *child) exited() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done
+}
+
+// waitUp calls up every interval until it reports the process ready, and
+// fails when the process exits first or within passes; what names the
+// process (and where its log is) in the error.
+func (c *child) waitUp(within, interval time.Duration, what string, up func() error) error {
+	done := c.exited()
+	for deadline := time.Now().Add(within); ; {
+		err := up()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("%s exited at start", what)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready within %v: %v", what, within, err)
+		}
+		time.Sleep(interval)
 	}
-	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
-	r.cmd = nil
+}
+
+// kill sends SIGKILL and waits for the process to end; it returns the
+// process, nil when none ran.
+func (c *child) kill() *exec.Cmd {
+	cmd, done := c.take()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Kill()
+	<-done
+	return cmd
+}
+
+// take returns the running process and its done channel, to stop it, and
+// forgets them; cmd is nil when none runs.
+func (c *child) take() (cmd *exec.Cmd, done <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cmd, done = c.cmd, c.done
+	c.cmd = nil
+	return cmd, done
 }

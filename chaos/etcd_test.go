@@ -5,14 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -89,9 +88,8 @@ type etcdMember struct {
 	dir    string
 	client string // host:port
 	peer   string
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	stdin  *os.File
+	stdin  *os.File // the child ends when it is closed
+	child
 }
 
 func startEtcdMember(t testing.TB) *etcdMember {
@@ -105,63 +103,45 @@ func startEtcdMember(t testing.TB) *etcdMember {
 }
 
 func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
 }
 
 func (m *etcdMember) start() error {
 	readyFile := filepath.Join(m.dir, "ready")
 	_ = os.Remove(readyFile)
-	log, err := os.OpenFile(filepath.Join(m.dir, "member.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	// Files, not writers, so that os/exec starts no copying goroutines.
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), etcdMemberEnv+"="+m.dir+","+m.client+","+m.peer)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = r, log, log
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		return fmt.Errorf("start etcd member: %w", err)
-	}
+	cmd.Stdin = r
 	m.mu.Lock()
-	m.cmd, m.stdin = cmd, w
+	m.stdin = w
 	m.mu.Unlock()
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if _, err := os.Stat(readyFile); err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			m.kill()
-			return errors.New("etcd member not ready within 20s")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := m.launch(cmd, filepath.Join(m.dir, "member.log")); err != nil {
+		w.Close()
+		return fmt.Errorf("etcd member: %w", err)
 	}
+	err = m.waitUp(20*time.Second, 10*time.Millisecond, "etcd member (log in "+m.dir+")", func() error {
+		_, err := os.Stat(readyFile)
+		return err
+	})
+	if err != nil {
+		m.kill()
+	}
+	return err
 }
 
 // kill sends SIGKILL to the server process and waits for it.
 func (m *etcdMember) kill() {
-	m.mu.Lock()
-	cmd, w := m.cmd, m.stdin
-	m.cmd = nil
-	m.mu.Unlock()
-	if cmd == nil {
+	if m.child.kill() == nil {
 		return
 	}
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	w.Close()
+	m.mu.Lock()
+	m.stdin.Close()
+	m.mu.Unlock()
 }
 
 // etcdLogger writes the etcd client's warnings into libLogs, which the
@@ -265,11 +245,7 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 		_, err := probe.Get(clientv3.WithRequireLeader(ctx), eprefix+"probe")
 		return err
 	}
-	env.faults = []faultDef{{name: "etcd-kill-restart", run: func(ctx context.Context, rng *mrand.Rand) error {
-		m.kill()
-		sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
-		return m.start()
-	}}}
+	env.faults = []faultDef{killRestart("etcd-kill-restart", false, m.kill, m.start)}
 	env.close = func() {
 		_ = admin.Close()
 		_ = adminCli.Close()

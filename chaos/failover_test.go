@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,54 +36,14 @@ type stepFault struct {
 func runSteps(t *testing.T, cfg runConfig, env *backendEnv, keys []string, rec *Recorder, logs *sink,
 	gap time.Duration, faults []stepFault) (Report, []Violation) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	r, cancel := newRun(t, cfg, env, keys, rec, logs)
 	defer cancel()
-	r := &run{t: t, cfg: cfg, env: env, rec: rec, errs: logs, keys: keys,
-		counters: map[string]*atomic.Int64{}, ctx: ctx}
-	for _, k := range keys {
-		r.counters[k] = new(atomic.Int64)
-	}
-	var cs []*contender
-	for i := range cfg.contenders {
-		name := fmt.Sprintf("%s-c%d", env.name, i)
-		obs := newRecObserver(rec, name, logs)
-		l, stop, err := env.newLocker(ctx, core.WithDefaults(cfg.options()...), core.WithObserver(obs),
-			core.WithReleaseTimeout(time.Second))
-		if err != nil {
-			t.Fatalf("locker %s: %v", name, err)
-		}
-		cs = append(cs, &contender{name: name, l: l, obs: obs, stop: stop,
-			rng: mrand.New(mrand.NewPCG(cfg.seed, uint64(i)+1))})
-	}
-	stopLoop := make(chan struct{})
-	var wg sync.WaitGroup
-	done := make([]atomic.Bool, len(cs))
-	for i, c := range cs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer done[i].Store(true)
-			for {
-				select {
-				case <-stopLoop:
-					for deadline := time.Now().Add(8 * cfg.ttl); time.Now().Before(deadline) && ctx.Err() == nil; {
-						if r.iteration(c, keys[0], 2*cfg.ttl, 50*time.Millisecond) {
-							return
-						}
-					}
-					return
-				default:
-				}
-				r.iteration(c, keys[c.rng.IntN(len(keys))], 2*cfg.ttl, cfg.ttl)
-				sleepCtx(ctx, between(c.rng, 0, 20*time.Millisecond))
-			}
-		}()
-	}
+	cr := r.startCrowd(cancel)
 
 	for _, f := range faults {
-		sleepCtx(ctx, gap)
+		sleepCtx(r.ctx, gap)
 		rec.Add(Event{Kind: FaultStart, Fault: f.name, StateLoss: f.stateLoss})
-		fctx, fcancel := context.WithTimeout(ctx, 60*time.Second)
+		fctx, fcancel := context.WithTimeout(r.ctx, 60*time.Second)
 		err := f.run(fctx)
 		fcancel()
 		rec.Add(Event{Kind: FaultEnd, Fault: f.name})
@@ -93,65 +51,11 @@ func runSteps(t *testing.T, cfg runConfig, env *backendEnv, keys []string, rec *
 			t.Errorf("fault %s: %v", f.name, err)
 		}
 	}
-	for healBy := time.Now().Add(15 * time.Second); ; {
-		pctx, pcancel := context.WithTimeout(ctx, time.Second)
-		err := env.probe(pctx)
-		pcancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(healBy) {
-			t.Fatalf("%s: the store does not answer after the faults: %v", env.name, err)
-		}
-		sleepCtx(ctx, 100*time.Millisecond)
-	}
-	rec.Add(Event{Kind: Healed})
-	sleepCtx(ctx, gap)
-	close(stopLoop)
+	r.awaitHealed(15 * time.Second)
+	sleepCtx(r.ctx, gap)
+	cr.stop()
 
-	finished := make(chan struct{})
-	go func() { wg.Wait(); close(finished) }()
-	select {
-	case <-finished:
-	case <-time.After(20 * cfg.ttl):
-		for i, c := range cs {
-			if !done[i].Load() {
-				rec.Add(Event{Kind: Stuck, Contender: c.name})
-			}
-		}
-		cancel()
-		<-finished
-	}
-	for _, c := range cs {
-		if err := c.stop(); err != nil {
-			logs.err(err)
-			t.Errorf("%s: close: %v", c.name, err)
-		}
-	}
-	held := map[string]core.Info{}
-	for until := time.Now().Add(cfg.ttl + 500*time.Millisecond); ; {
-		clear(held)
-		for _, k := range keys {
-			info, ok, err := env.admin.Inspect(context.Background(), k)
-			if err != nil {
-				t.Errorf("inspect %s: %v", k, err)
-			}
-			if ok {
-				held[k] = info
-			}
-		}
-		if len(held) == 0 || time.Now().After(until) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for k, info := range held {
-		rec.Add(Event{Kind: HeldAfterRun, Key: k, Token: info.Token})
-	}
-
-	hist := rec.History()
-	ccfg := Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack}
-	rep := Check(hist, ccfg)
+	hist, rep := r.check()
 	allowed := rep.Excused
 	if len(allowed) > 0 {
 		longest := time.Duration(0)
@@ -162,26 +66,6 @@ func runSteps(t *testing.T, cfg runConfig, env *backendEnv, keys []string, rec *
 		}
 		t.Logf("%s: %d violations allowed by a state-loss fault under way (longest overlap %v):\n%s",
 			env.name, len(allowed), longest.Round(time.Millisecond), Report{Violations: allowed})
-	}
-	acquired, lost := 0, 0
-	for _, e := range hist.Events {
-		switch e.Kind {
-		case AcquireOK:
-			acquired++
-		case Lost:
-			lost++
-		}
-	}
-	t.Logf("%s: %d events, %d holds, %d losses signalled", env.name, len(hist.Events), acquired, lost)
-	if !rep.OK() {
-		path, err := hist.Dump(*flagOut, env.name)
-		if err != nil {
-			t.Logf("dump history: %v", err)
-		}
-		t.Errorf("%s: the history breaks the rules (history in %s):\n%s", env.name, path, rep)
-	}
-	if acquired < cfg.contenders*3 {
-		t.Errorf("%s: only %d acquisitions: the run exercised too little", env.name, acquired)
 	}
 	checkNoSecret(t, env.name+" run", logs.String(), historyText(hist))
 	return rep, allowed
@@ -229,10 +113,24 @@ type witnessTry struct {
 	s          core.Session
 }
 
-func startWitness(rec *Recorder, l core.Locker, prefix string, every time.Duration) *witness {
-	w := &witness{rec: rec, l: l, prefix: prefix, every: every, stop: make(chan struct{}), done: make(chan struct{})}
+// startWitness builds the witness's Locker with newLocker (its errors go
+// to logs) and starts the witness on it, trying a lock every every. end
+// halts the witness and closes its Locker.
+func startWitness(t *testing.T, rec *Recorder, logs *sink, prefix string, every time.Duration,
+	newLocker func(context.Context, ...core.ClientOption) (core.Locker, func() error, error)) (w *witness, end func()) {
+	t.Helper()
+	l, closeL, err := newLocker(context.Background(), core.WithObserver(&errObserver{errs: logs}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = &witness{rec: rec, l: l, prefix: prefix, every: every, stop: make(chan struct{}), done: make(chan struct{})}
 	go w.loop()
-	return w
+	return w, func() {
+		w.halt()
+		if err := closeL(); err != nil {
+			t.Errorf("close the witness: %v", err)
+		}
+	}
 }
 
 func (w *witness) loop() {

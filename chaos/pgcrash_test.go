@@ -109,17 +109,11 @@ func pgCrashRun(t *testing.T, srv *pgServer, mode pgMode) {
 	}
 	defer withRegister(t, env, keys)() // the fenced register lives elsewhere: it survives the crash
 
-	wl, wclose, err := newLocker(ctx, "dislock-chaos-witness", core.WithObserver(&errObserver{errs: logs}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := wclose(); err != nil {
-			t.Errorf("close the witness: %v", err)
-		}
-	}()
-	w := startWitness(rec, wl, prefix, 10*time.Millisecond)
-	defer w.halt()
+	w, endWitness := startWitness(t, rec, logs, prefix, 10*time.Millisecond,
+		func(ctx context.Context, opts ...core.ClientOption) (core.Locker, func() error, error) {
+			return newLocker(ctx, "dislock-chaos-witness", opts...)
+		})
+	defer endWitness()
 
 	var killedAt time.Time
 	var down time.Duration

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,10 +35,7 @@ type pgServer struct {
 	data string
 	port int
 	cred *syscall.Credential
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the postmaster has exited
+	child
 }
 
 // pgBinDir finds the newest installed PostgreSQL server binaries.
@@ -117,67 +113,39 @@ func (s *pgServer) url() string {
 }
 
 func (s *pgServer) start() error {
-	log, err := os.OpenFile(filepath.Join(s.root, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="+s.root,
 		"-c", "max_connections=80", "-c", "shared_buffers=32MB",
 		"-c", "wal_writer_delay="+strconv.Itoa(int(pgWalWriterDelay/time.Millisecond))+"ms")
 	cmd.Dir = s.root
-	// Files, not writers: os/exec starts no copying goroutines.
-	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start postgres: %w", err)
+	if err := s.launch(cmd, filepath.Join(s.root, "postgres.log")); err != nil {
+		return err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
 	return s.waitReady(30 * time.Second)
 }
 
 // waitReady waits until the server answers a query (after a crash, once
 // its recovery is done).
 func (s *pgServer) waitReady(within time.Duration) error {
-	s.mu.Lock()
-	done := s.done
-	s.mu.Unlock()
-	for deadline := time.Now().Add(within); ; {
+	return s.waitUp(within, 50*time.Millisecond, "postgres (log: "+filepath.Join(s.root, "postgres.log")+")", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		conn, err := pgx.Connect(ctx, s.url())
-		if err == nil {
-			_, err = conn.Exec(ctx, "SELECT 1")
-			conn.Close(ctx)
+		if err != nil {
+			return err
 		}
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("postgres exited at start (log: %s)", filepath.Join(s.root, "postgres.log"))
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("postgres not ready within %v: %v", within, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "SELECT 1")
+		return err
+	})
 }
 
 // crash kills the postmaster and every process of the server at once with
 // SIGKILL, as a machine crash does (what was written to the OS survives,
 // PostgreSQL's shared memory does not), and waits until they are gone.
 func (s *pgServer) crash() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
+	cmd, done := s.take()
 	if cmd == nil {
 		return
 	}
@@ -190,10 +158,7 @@ func (s *pgServer) crash() {
 
 // stop shuts the server down cleanly (fast shutdown: SIGINT).
 func (s *pgServer) stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
+	cmd, done := s.take()
 	if cmd == nil {
 		return
 	}

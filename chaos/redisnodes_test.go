@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,9 +26,7 @@ type redisProc struct {
 	port int
 	dir  string
 	args []string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	child
 }
 
 // needRedisBinaries skips (fails under CI=true) when redis-server or
@@ -51,51 +47,19 @@ func needRedisBinaries(t testing.TB) {
 func (p *redisProc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
 
 func (p *redisProc) start() error {
-	log, err := os.OpenFile(filepath.Join(p.dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	cmd := exec.Command("redis-server", p.args...)
 	cmd.Dir = p.dir
-	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
+	if err := p.launch(cmd, filepath.Join(p.dir, "stdout.log")); err != nil {
+		return err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	p.mu.Lock()
-	p.cmd, p.done = cmd, done
-	p.mu.Unlock()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if c, err := net.DialTimeout("tcp", p.addr(), 100*time.Millisecond); err == nil {
+	return p.waitUp(10*time.Second, 10*time.Millisecond, fmt.Sprintf("redis-server on %s (log in %s)", p.addr(), p.dir), func() error {
+		c, err := net.DialTimeout("tcp", p.addr(), 100*time.Millisecond)
+		if err == nil {
 			c.Close()
-			return nil
 		}
-		select {
-		case <-done:
-			return fmt.Errorf("redis-server on port %d exited at start (see %s)", p.port, p.dir)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("redis-server did not listen on %s", p.addr())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// kill sends SIGKILL and waits for the process to end.
-func (p *redisProc) kill() {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.cmd = nil
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Kill()
-	<-done
+		return err
+	})
 }
 
 // startRedisProc starts redis-server with args (plus port, bind, dir and
@@ -113,8 +77,31 @@ func startRedisProc(t testing.TB, port int, args ...string) *redisProc {
 	if err := p.start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.kill)
+	t.Cleanup(func() { p.kill() })
 	return p
+}
+
+// topoOptions are the options of the clients of a private topology whose
+// entry points are ps (a Cluster's nodes, the sentinels): the sentinel
+// password, short timeouts that follow ctx, and a small pool.
+func topoOptions(ps []*redisProc) *redis.UniversalOptions {
+	var addrs []string
+	for _, p := range ps {
+		addrs = append(addrs, p.addr())
+	}
+	return &redis.UniversalOptions{Addrs: addrs, Password: sentinelPW,
+		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		ContextTimeoutEnabled: true, PoolSize: 4}
+}
+
+// procAt is the process of ps that listens on addr, or nil.
+func procAt(ps []*redisProc, addr string) *redisProc {
+	for _, p := range ps {
+		if p.addr() == addr {
+			return p
+		}
+	}
+	return nil
 }
 
 // dataNodeArgs are the arguments every data node of a private topology

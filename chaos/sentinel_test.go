@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
 	"github.com/dislock/dislock/redislock"
 )
@@ -65,7 +64,7 @@ sentinel parallel-syncs %s 1
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(p.kill)
+		t.Cleanup(func() { p.kill() })
 		st.sentinels = append(st.sentinels, p)
 	}
 	// Every sentinel knows the replica and the two other sentinels.
@@ -83,20 +82,12 @@ sentinel parallel-syncs %s 1
 	return st
 }
 
-func (st *sentinelTopo) sentinelAddrs() []string {
-	var out []string
-	for _, s := range st.sentinels {
-		out = append(out, s.addr())
-	}
-	return out
-}
-
 // failoverOptions are the options of a Sentinel failover client; the
 // password is the sentinel.
 func (st *sentinelTopo) failoverOptions() *redis.FailoverOptions {
-	return &redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: st.sentinelAddrs(), Password: sentinelPW,
-		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
-		ContextTimeoutEnabled: true, PoolSize: 4}
+	o := topoOptions(st.sentinels)
+	o.MasterName = sentinelMaster
+	return o.Failover()
 }
 
 // masterAddr is the master every sentinel names; ok is false while they
@@ -116,15 +107,6 @@ func (st *sentinelTopo) masterAddr(ctx context.Context) (addr string, ok bool, e
 		addr = got
 	}
 	return addr, true, nil
-}
-
-func (st *sentinelTopo) node(addr string) *redisProc {
-	for _, n := range st.nodes {
-		if n.addr() == addr {
-			return n
-		}
-	}
-	return nil
 }
 
 // TestChaosSentinel runs the conformance suite through
@@ -180,7 +162,7 @@ func sentinelFailovers(t *testing.T, st *sentinelTopo) {
 				}); err != nil {
 					return err
 				}
-				newPort := st.node(now).port
+				newPort := procAt(st.nodes, now).port
 				for _, c := range []*redis.Client{admin, probe} {
 					if err := waitFor(15*time.Second, "the failover clients follow the new master", func() (bool, error) {
 						p, err := servedBy(ctx, c)
@@ -205,7 +187,7 @@ func sentinelFailovers(t *testing.T, st *sentinelTopo) {
 				return sc.Failover(ctx, sentinelMaster).Err()
 			}, true),
 			failover("sentinel-kill-master", func(old string) error {
-				st.node(old).kill()
+				procAt(st.nodes, old).kill()
 				return nil
 			}, false),
 		}
@@ -250,17 +232,8 @@ func redisFailovers[C redis.UniversalClient](t *testing.T, name, topo string, ne
 	switched := map[string]time.Duration{}
 	probe, faults := steps(ctx, adminC, probeC, redisLockKey(rprefix, keys[0]), switched)
 	env.probe = probe
-	wl, wclose, err := env.newLocker(ctx, core.WithObserver(&errObserver{errs: logs}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := wclose(); err != nil {
-			t.Errorf("close the witness: %v", err)
-		}
-	}()
-	w := startWitness(rec, wl, prefix, 25*time.Millisecond)
-	defer w.halt()
+	w, endWitness := startWitness(t, rec, logs, prefix, 25*time.Millisecond, env.newLocker)
+	defer endWitness()
 	cfg := runConfig{contenders: 3, keys: len(keys), timing: shortTiming}
 	rep, allowed := runSteps(t, cfg, env, keys, rec, logs, 2*time.Second, faults)
 	w.halt()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
@@ -144,26 +145,13 @@ type removal struct {
 // sink collects every error string and log line a run produces, for the
 // secret sweep.
 type sink struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *sink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
+	testenv.SyncBuffer
 }
 
 func (s *sink) err(err error) {
 	if err != nil {
 		fmt.Fprintf(s, "%v\n%+v\n%#v\n", err, err, err)
 	}
-}
-
-func (s *sink) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // recObserver records a contender's acquisitions and losses, with the times
@@ -449,6 +437,16 @@ func proxyFaults(px *Proxy, tm timing) []faultDef {
 	}
 }
 
+// killRestart is the fault that kills a server, and starts it again 0.1 to
+// 1 s later; stateLoss: the kill loses what the server held.
+func killRestart(name string, stateLoss bool, kill func(), restart func() error) faultDef {
+	return faultDef{name: name, stateLoss: stateLoss, run: func(ctx context.Context, rng *mrand.Rand) error {
+		kill()
+		sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
+		return restart()
+	}}
+}
+
 // runChaos runs contenders against env's backend through its proxy while
 // faults come and go, then heals everything, checks the history and the
 // goroutines, and returns the report.
@@ -468,16 +466,11 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	h := NewHarness(logs)
 	env := setup(t, h, keys, prefix)
 	env.limit = cfg.limit
-	ctx, cancel := context.WithCancel(context.Background())
+	r, cancel := newRun(t, cfg, env, keys, NewRecorder(cfg.seed), logs)
 	defer cancel()
-	r := &run{t: t, cfg: cfg, env: env, rec: NewRecorder(cfg.seed), errs: logs, keys: keys,
-		counters: map[string]*atomic.Int64{}, ctx: ctx}
 	env.lost = func(fault string, rm removal) {
 		r.rec.Add(Event{At: r.rec.Since(rm.done), Sent: r.rec.Since(rm.sent), Kind: StateLost, Key: rm.key,
 			Fault: fault, Tokens: rm.tokens, Pos: rm.pos, All: rm.all})
-	}
-	for _, k := range keys {
-		r.counters[k] = new(atomic.Int64)
 	}
 	kind := "mutex"
 	if cfg.limit > 1 {
@@ -486,46 +479,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	t.Logf("%s: seed %d (rerun with -chaos.seed=%d), %d contenders, %d keys (%s), faults for %v",
 		env.name, cfg.seed, cfg.seed, cfg.contenders, cfg.keys, kind, cfg.faultPhase)
 
-	var cs []*contender
-	for i := range cfg.contenders {
-		name := fmt.Sprintf("%s-c%d", env.name, i)
-		obs := newRecObserver(r.rec, name, logs)
-		l, stop, err := env.newLocker(ctx, core.WithDefaults(cfg.options()...), core.WithObserver(obs),
-			core.WithReleaseTimeout(time.Second))
-		if err != nil {
-			t.Fatalf("locker %s: %v", name, err)
-		}
-		cs = append(cs, &contender{name: name, l: l, obs: obs, stop: stop,
-			rng: mrand.New(mrand.NewPCG(cfg.seed, uint64(i)+1))})
-	}
-
-	stopLoop := make(chan struct{})
-	var wg sync.WaitGroup
-	done := make([]atomic.Bool, len(cs))
-	for i, c := range cs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer done[i].Store(true)
-			for {
-				select {
-				case <-stopLoop:
-					// After the faults healed every contender must get a
-					// lock again.
-					deadline := time.Now().Add(8 * cfg.ttl)
-					for time.Now().Before(deadline) && ctx.Err() == nil {
-						if r.iteration(c, keys[0], 2*cfg.ttl, 50*time.Millisecond) {
-							return
-						}
-					}
-					return
-				default:
-				}
-				r.iteration(c, keys[c.rng.IntN(len(keys))], 2*cfg.ttl, cfg.ttl)
-				sleepCtx(ctx, between(c.rng, 0, 20*time.Millisecond))
-			}
-		}()
-	}
+	cr := r.startCrowd(cancel)
 
 	// Fault phase: one fault at a time, with healthy gaps.
 	var faults []faultDef
@@ -545,7 +499,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	end := time.Now().Add(cfg.faultPhase)
 	counts := map[string]int{}
 	for time.Now().Before(end) {
-		sleepCtx(ctx, between(rng, 300*time.Millisecond, 1200*time.Millisecond))
+		sleepCtx(r.ctx, between(rng, 300*time.Millisecond, 1200*time.Millisecond))
 		f := faults[rng.IntN(len(faults))]
 		if len(counts) == 0 && cfg.firstFault != "" {
 			for _, d := range faults {
@@ -556,7 +510,7 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 		}
 		counts[f.name]++
 		r.rec.Add(Event{Kind: FaultStart, Fault: f.name, StateLoss: f.stateLoss})
-		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+		fctx, fcancel := context.WithTimeout(r.ctx, 5*time.Second)
 		err := f.run(fctx, rng)
 		fcancel()
 		r.rec.Add(Event{Kind: FaultEnd, Fault: f.name})
@@ -564,81 +518,12 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 			t.Errorf("fault %s: %v", f.name, err)
 		}
 	}
-	// Heal: the store answers through the proxy again.
-	healBy := time.Now().Add(10 * time.Second)
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, time.Second)
-		err := env.probe(pctx)
-		pcancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(healBy) {
-			t.Fatalf("the store does not answer through the proxy after the faults: %v", err)
-		}
-		sleepCtx(ctx, 100*time.Millisecond)
-	}
-	r.rec.Add(Event{Kind: Healed})
+	r.awaitHealed(10 * time.Second)
 	t.Logf("%s: faults applied: %v", env.name, counts)
-	sleepCtx(ctx, cfg.ttl)
-	close(stopLoop)
+	sleepCtx(r.ctx, cfg.ttl)
+	cr.stop()
 
-	finished := make(chan struct{})
-	go func() { wg.Wait(); close(finished) }()
-	select {
-	case <-finished:
-	case <-time.After(20 * cfg.ttl):
-		for i, c := range cs {
-			if !done[i].Load() {
-				r.rec.Add(Event{Kind: Stuck, Contender: c.name})
-			}
-		}
-		cancel()
-		<-finished
-	}
-	for _, c := range cs {
-		if err := c.stop(); err != nil {
-			logs.err(err)
-			t.Errorf("%s: close: %v", c.name, err)
-		}
-	}
-
-	// Nothing may stay held once every Locker closed and a TTL passed.
-	held := map[string]core.Info{}
-	until := time.Now().Add(cfg.ttl + 500*time.Millisecond)
-	for {
-		clear(held)
-		for _, k := range keys {
-			info, ok, err := env.admin.Inspect(context.Background(), k)
-			if err != nil {
-				t.Errorf("inspect %s: %v", k, err)
-			}
-			if ok {
-				held[k] = info
-			}
-		}
-		if len(held) == 0 || time.Now().After(until) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for k, info := range held {
-		r.rec.Add(Event{Kind: HeldAfterRun, Key: k, Token: info.Token})
-	}
-
-	hist := r.rec.History()
-	rep := Check(hist, Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack,
-		Limit: cfg.limit})
-	acquired, lost := 0, 0
-	for _, e := range hist.Events {
-		switch e.Kind {
-		case AcquireOK:
-			acquired++
-		case Lost:
-			lost++
-		}
-	}
-	t.Logf("%s: %d events, %d holds, %d losses signalled, most holds of a key at once %v", env.name, len(hist.Events), acquired, lost, rep.MaxHolds)
+	hist, rep := r.check()
 	removals, removed := 0, 0
 	for _, e := range hist.Events {
 		if e.Kind == StateLost {
@@ -655,16 +540,6 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 			fmt.Fprintf(&b, "\n  %s on key %q: %s", v.Rule, v.Key, v.Detail)
 		}
 		t.Logf("%s: %d overlaps and lost updates allowed by a state-loss fault, such as:%s", env.name, len(rep.Excused), b.String())
-	}
-	if !rep.OK() {
-		path, err := hist.Dump(*flagOut, env.name)
-		if err != nil {
-			t.Logf("dump history: %v", err)
-		}
-		t.Errorf("%s: the history breaks the rules (seed %d, history in %s):\n%s", env.name, cfg.seed, path, rep)
-	}
-	if acquired < cfg.contenders*3 {
-		t.Errorf("%s: only %d acquisitions: the run exercised too little", env.name, acquired)
 	}
 	if cfg.limit > 1 {
 		most := 0
@@ -683,6 +558,173 @@ func runChaos(t *testing.T, cfg runConfig, setup func(t *testing.T, h *Harness, 
 	}
 	checkNoSecret(t, env.name+" run", logs.String(), historyText(hist))
 	return rep
+}
+
+// crowd is the contenders of a run, each in its own loop of iterations on
+// random keys until stop.
+type crowd struct {
+	r        *run
+	cancel   context.CancelFunc
+	cs       []*contender
+	stopLoop chan struct{}
+	wg       sync.WaitGroup
+	done     []atomic.Bool
+}
+
+// newRun is a run of cfg on env's keys, its contexts ended by cancel.
+func newRun(t *testing.T, cfg runConfig, env *backendEnv, keys []string, rec *Recorder, logs *sink) (*run, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &run{t: t, cfg: cfg, env: env, rec: rec, errs: logs, keys: keys,
+		counters: map[string]*atomic.Int64{}, ctx: ctx}
+	for _, k := range keys {
+		r.counters[k] = new(atomic.Int64)
+	}
+	return r, cancel
+}
+
+// startCrowd builds a Locker for each of cfg.contenders contenders and
+// starts their loops: acquire a random key, hold it for up to a TTL,
+// release; the others wait in Acquire meanwhile.
+func (r *run) startCrowd(cancel context.CancelFunc) *crowd {
+	t, cfg, env := r.t, r.cfg, r.env
+	t.Helper()
+	cr := &crowd{r: r, cancel: cancel, stopLoop: make(chan struct{})}
+	for i := range cfg.contenders {
+		name := fmt.Sprintf("%s-c%d", env.name, i)
+		obs := newRecObserver(r.rec, name, r.errs)
+		l, stop, err := env.newLocker(r.ctx, core.WithDefaults(cfg.options()...), core.WithObserver(obs),
+			core.WithReleaseTimeout(time.Second))
+		if err != nil {
+			t.Fatalf("locker %s: %v", name, err)
+		}
+		cr.cs = append(cr.cs, &contender{name: name, l: l, obs: obs, stop: stop,
+			rng: mrand.New(mrand.NewPCG(cfg.seed, uint64(i)+1))})
+	}
+	cr.done = make([]atomic.Bool, len(cr.cs))
+	for i, c := range cr.cs {
+		cr.wg.Add(1)
+		go func() {
+			defer cr.wg.Done()
+			defer cr.done[i].Store(true)
+			for {
+				select {
+				case <-cr.stopLoop:
+					// After the faults healed every contender must get a
+					// lock again.
+					for deadline := time.Now().Add(8 * cfg.ttl); time.Now().Before(deadline) && r.ctx.Err() == nil; {
+						if r.iteration(c, r.keys[0], 2*cfg.ttl, 50*time.Millisecond) {
+							return
+						}
+					}
+					return
+				default:
+				}
+				r.iteration(c, r.keys[c.rng.IntN(len(r.keys))], 2*cfg.ttl, cfg.ttl)
+				sleepCtx(r.ctx, between(c.rng, 0, 20*time.Millisecond))
+			}
+		}()
+	}
+	return cr
+}
+
+// awaitHealed waits up to within for the store to answer through the proxy
+// again, and records that it healed.
+func (r *run) awaitHealed(within time.Duration) {
+	r.t.Helper()
+	for healBy := time.Now().Add(within); ; {
+		pctx, pcancel := context.WithTimeout(r.ctx, time.Second)
+		err := r.env.probe(pctx)
+		pcancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(healBy) {
+			r.t.Fatalf("%s: the store does not answer after the faults: %v", r.env.name, err)
+		}
+		sleepCtx(r.ctx, 100*time.Millisecond)
+	}
+	r.rec.Add(Event{Kind: Healed})
+}
+
+// stop ends the loops, gives the contenders 20 TTLs to get their last lock
+// (those still running then are recorded as stuck), closes every Locker,
+// and records the keys still held a TTL after that: once every Locker
+// closed nothing may stay held.
+func (cr *crowd) stop() {
+	r, t, cfg := cr.r, cr.r.t, cr.r.cfg
+	t.Helper()
+	close(cr.stopLoop)
+	finished := make(chan struct{})
+	go func() { cr.wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(20 * cfg.ttl):
+		for i, c := range cr.cs {
+			if !cr.done[i].Load() {
+				r.rec.Add(Event{Kind: Stuck, Contender: c.name})
+			}
+		}
+		cr.cancel()
+		<-finished
+	}
+	for _, c := range cr.cs {
+		if err := c.stop(); err != nil {
+			r.errs.err(err)
+			t.Errorf("%s: close: %v", c.name, err)
+		}
+	}
+	held := map[string]core.Info{}
+	for until := time.Now().Add(cfg.ttl + 500*time.Millisecond); ; {
+		clear(held)
+		for _, k := range r.keys {
+			info, ok, err := r.env.admin.Inspect(context.Background(), k)
+			if err != nil {
+				t.Errorf("inspect %s: %v", k, err)
+			}
+			if ok {
+				held[k] = info
+			}
+		}
+		if len(held) == 0 || time.Now().After(until) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for k, info := range held {
+		r.rec.Add(Event{Kind: HeldAfterRun, Key: k, Token: info.Token})
+	}
+}
+
+// check checks the run's history with the checker's usual slack and fails
+// the test when it breaks a rule (the history is dumped to a file) or when
+// too few locks were acquired. It returns the history and the report.
+func (r *run) check() (History, Report) {
+	t, cfg, env := r.t, r.cfg, r.env
+	t.Helper()
+	hist := r.rec.History()
+	rep := Check(hist, Config{RenewDeadline: cfg.deadline, Slack: 100 * time.Millisecond, LossSlack: lossSlack, StopSlack: stopSlack,
+		Limit: cfg.limit})
+	acquired, lost := 0, 0
+	for _, e := range hist.Events {
+		switch e.Kind {
+		case AcquireOK:
+			acquired++
+		case Lost:
+			lost++
+		}
+	}
+	t.Logf("%s: %d events, %d holds, %d losses signalled, most holds of a key at once %v", env.name, len(hist.Events), acquired, lost, rep.MaxHolds)
+	if !rep.OK() {
+		path, err := hist.Dump(*flagOut, env.name)
+		if err != nil {
+			t.Logf("dump history: %v", err)
+		}
+		t.Errorf("%s: the history breaks the rules (seed %d, history in %s):\n%s", env.name, cfg.seed, path, rep)
+	}
+	if acquired < cfg.contenders*3 {
+		t.Errorf("%s: only %d acquisitions: the run exercised too little", env.name, acquired)
+	}
+	return hist, rep
 }
 
 func historyText(h History) string {
@@ -724,11 +766,17 @@ func checkNoSecret(t *testing.T, what string, sinks ...string) {
 // a store and is the test tool's, not dislock's.
 var toxiproxyStuck = goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run")
 
+// serverWaiter ignores the goroutine that waits for a private server's
+// process (child.launch): a server restarted during a run (a
+// kill-and-restart fault) keeps running, with its waiter, until the test
+// ends and stops it.
+var serverWaiter = goleak.IgnoreAnyFunction("github.com/dislock/dislock/chaos.(*child).launch.func1")
+
 // findLeaks waits up to 10s for the run's goroutines to end (closed
 // connections wind down asynchronously) and reports those still running.
 func findLeaks(opts ...goleak.Option) error {
 	var err error
-	opts = append(opts, toxiproxyStuck)
+	opts = append(opts, toxiproxyStuck, serverWaiter)
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
 		if err = goleak.Find(opts...); err == nil {
 			return nil

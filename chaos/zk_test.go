@@ -2,11 +2,12 @@ package chaos
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
+	"net"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,17 +30,7 @@ func (zkLogger) Printf(format string, v ...any) { fmt.Fprintf(libLogs, format+"\
 // (Debian's zookeeper package), stopped by PID when the test ends. Its own
 // fault: the server is killed with SIGKILL and restarted from its data.
 func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
-	if err := zktest.Installed(); err != nil {
-		if ciMode() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	ens, err := zktest.Start(t.TempDir(), 1, 60*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ens.Stop)
+	ens := zktest.ForTest(t, false)
 	node := ens.Nodes[0]
 	px, err := h.Add("zookeeper", node.Addr())
 	if err != nil {
@@ -114,14 +105,12 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		_, err := probeB.Now(ctx, "")
 		return err
 	}
-	env.faults = []faultDef{{name: "zookeeper-kill-restart", run: func(ctx context.Context, rng *mrand.Rand) error {
-		node.Kill()
-		sleepCtx(ctx, between(rng, 100*time.Millisecond, time.Second))
+	env.faults = []faultDef{killRestart("zookeeper-kill-restart", false, node.Kill, func() error {
 		if err := node.Restart(); err != nil {
 			return err
 		}
 		return ens.WaitServing(30 * time.Second)
-	}}}
+	})}
 	env.close = func() {
 		_ = admin.Close()
 		_ = probeB.Close()
@@ -141,33 +130,19 @@ func TestChaosZooKeeper(t *testing.T) {
 }
 
 // zkSlowRenewals stalls the renewals of one ZooKeeper Locker (see
-// slowRenewals); the engine polls instead of watching through it.
+// renewStall); the engine polls instead of watching through it.
 type zkSlowRenewals struct {
 	core.Backend
-	stalled atomic.Bool
+	renewStall
 }
 
 func (b *zkSlowRenewals) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
-	if b.stalled.Load() {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	return b.Backend.Renew(ctx, reqs)
+	return b.renew(ctx, reqs, b.Backend.Renew)
 }
 
 // zkSlowStore is the slow-store scenario on a private ZooKeeper server.
 func zkSlowStore(t *testing.T, slowObs, fastObs core.ClientOption) (core.Locker, core.Locker, func() func()) {
-	if err := zktest.Installed(); err != nil {
-		if ciMode() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	ens, err := zktest.Start(t.TempDir(), 1, 60*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ens.Stop)
+	ens := zktest.ForTest(t, false)
 	root := "/dislock-chaos-slow"
 	newBackend := func() *zklock.Backend {
 		b, err := zklock.NewBackend(context.Background(), ens.Connect(), zklock.WithRoot(root),
@@ -178,20 +153,7 @@ func zkSlowStore(t *testing.T, slowObs, fastObs core.ClientOption) (core.Locker,
 		return b
 	}
 	sb := &zkSlowRenewals{Backend: newBackend()}
-	a, err := core.New(sb, core.WithDefaults(handoverTiming.options()...), slowObs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	b, err := core.New(newBackend(), core.WithDefaults(handoverTiming.options()...), fastObs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return a, b, func() func() {
-		sb.stalled.Store(true)
-		return func() { sb.stalled.Store(false) }
-	}
+	return handoverLocker(t, sb, slowObs), handoverLocker(t, newBackend(), fastObs), sb.stall
 }
 
 // TestSlowStoreNoHandoverZooKeeper is TestSlowStoreNoHandover on ZooKeeper:
@@ -200,3 +162,198 @@ func zkSlowStore(t *testing.T, slowObs, fastObs core.ClientOption) (core.Locker,
 func TestSlowStoreNoHandoverZooKeeper(t *testing.T) {
 	checkSlowStore(t, slowStoreHistory(t, 11, zkSlowStore))
 }
+
+// TestZooKeeperReconnectKeepsWatches forces the path of go-zookeeper
+// v1.0.4's data race on Conn.lastZxid (upstream PR #35): after a reconnect
+// in the same session the client sends its watches again
+// (sendSetWatches, which reads lastZxid) while its receive loop already
+// handles the replies to requests that waited out the outage (and writes
+// lastZxid), with nothing ordering the two. On a loaded machine the watches
+// go out late; here the dialer holds that packet back for a moment. Under
+// -race the released client fails this test ("race detected"); the chaos
+// module builds against the patched copy in third_party/go-zookeeper-zk,
+// whose lastZxid is atomic, so that the race detector stays on for
+// dislock's own code. The test also checks what the path is for: zklock's
+// waiter keeps its watches on the holders' claims across the reconnects,
+// and a watch set before the outages fires after them.
+func TestZooKeeperReconnectKeepsWatches(t *testing.T) {
+	ens := zktest.ForTest(t, false)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	var d lateWatchesDialer
+	sessions := make(chan struct{}, 16) // one per session established or resumed
+	conn, _, err := zk.Connect([]string{ens.Nodes[0].Addr()}, 10*time.Second, zk.WithLogger(zkLogger{}), zk.WithDialer(d.dial),
+		zk.WithEventCallback(func(e zk.Event) {
+			if e.Type == zk.EventSession && e.State == zk.StateHasSession {
+				select {
+				case sessions <- struct{}{}:
+				default:
+				}
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	waitSession := func() {
+		t.Helper()
+		select {
+		case <-sessions:
+		case <-ctx.Done():
+			t.Fatal("no ZooKeeper session")
+		}
+	}
+	waitSession()
+	sid := conn.SessionID()
+
+	root := "/dislock-chaos-zkwatch"
+	holder, err := zklock.New(ctx, ens.Nodes[0].Addr(), zklock.WithRoot(root), zklock.WithLogger(zkLogger{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	waiter, err := zklock.NewFromConn(conn, 10*time.Second, zklock.WithRoot(root), zklock.WithLogger(zkLogger{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	// Each busy acquisition leaves a watch on the holder's claim.
+	for _, k := range []string{"w0", "w1", "w2"} {
+		s, err := holder.TryAcquire(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Release(context.Background())
+		if _, err := waiter.TryAcquire(ctx, k); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("waiter on %s: %v, want busy", k, err)
+		}
+	}
+	marker := root + "/marker"
+	_, _, created, err := conn.ExistsW(marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Requests that wait out every outage.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _, _ = conn.Exists(root)
+			}
+		})
+	}
+	for range 3 {
+		d.cut()
+		sleepCtx(ctx, 200*time.Millisecond) // the outage: well inside the session timeout
+		d.restore()
+		waitSession()
+		for { // the requests that waited have their replies
+			if _, _, err := conn.Exists(root); err == nil || ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if n := d.resent(); n < 3 {
+		t.Fatalf("the client sent its watches again %d times, want one per reconnect (3)", n)
+	}
+	if conn.SessionID() != sid {
+		t.Fatalf("the session changed (%#x, then %#x): the reconnects did not resume it", sid, conn.SessionID())
+	}
+
+	// The watch set before the outages was set again on the server.
+	hconn := holder.Backend().(*zklock.Backend).Conn()
+	if _, err := hconn.Create(marker, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	defer hconn.Delete(marker, -1)
+	select {
+	case ev := <-created:
+		if ev.Type != zk.EventNodeCreated {
+			t.Fatalf("watch event %+v, want node created", ev)
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch set before the reconnects never fired")
+	}
+}
+
+// lateWatchesDialer dials ZooKeeper directly; cut closes its connections
+// and refuses new ones until restore. Its connections send the client's
+// re-sent watches (a SetWatches packet) 50ms late, as a loaded machine
+// does, and drop write deadlines, whose update of the socket would order
+// the sender after the receive loop's next read.
+type lateWatchesDialer struct {
+	mu       sync.Mutex
+	down     bool
+	conns    []net.Conn
+	setWatch int
+}
+
+func (d *lateWatchesDialer) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	d.mu.Lock()
+	down := d.down
+	d.mu.Unlock()
+	if down {
+		return nil, errors.New("network cut")
+	}
+	nc, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.conns = append(d.conns, nc)
+	d.mu.Unlock()
+	return &lateWatchesConn{Conn: nc, d: d}, nil
+}
+
+func (d *lateWatchesDialer) cut() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.down = true
+	for _, c := range d.conns {
+		c.Close()
+	}
+	d.conns = nil
+}
+
+func (d *lateWatchesDialer) restore() {
+	d.mu.Lock()
+	d.down = false
+	d.mu.Unlock()
+}
+
+func (d *lateWatchesDialer) resent() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.setWatch
+}
+
+type lateWatchesConn struct {
+	net.Conn
+	d *lateWatchesDialer
+}
+
+// opSetWatches is the opcode of ZooKeeper's SetWatches request.
+const opSetWatches = 101
+
+func (c *lateWatchesConn) Write(p []byte) (int, error) {
+	// length, xid, opcode
+	if len(p) >= 12 && int32(binary.BigEndian.Uint32(p[8:12])) == opSetWatches {
+		c.d.mu.Lock()
+		c.d.setWatch++
+		c.d.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *lateWatchesConn) SetWriteDeadline(time.Time) error { return nil }

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 func TestParseURL(t *testing.T) {
@@ -86,5 +88,62 @@ func TestOptions(t *testing.T) {
 	}
 	if _, err := b.TryAcquire(context.Background(), core.AcquireRequest{Key: "", OwnerToken: "t", TTL: time.Second}); !errors.Is(err, core.ErrInvalidKey) {
 		t.Errorf("empty key: %v", err)
+	}
+}
+
+// lockerOn is a Locker on a client of cfg, with the client's logger
+// silenced; both close when t ends.
+func lockerOn(t *testing.T, cfg clientv3.Config) *core.Client {
+	t.Helper()
+	cfg.Logger = zap.NewNop()
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	l, err := etcdlock.New(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// Rule: errors carry one prefix per layer: core's "dislock: etcd: acquire
+// "k": " wraps the client's error, and the backend adds no "etcdlock:"
+// layer of its own.
+func TestErrorPrefixOnce(t *testing.T) {
+	l := lockerOn(t, clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := l.TryAcquire(ctx, "prefix-once", core.TTL(5*time.Second))
+	if err == nil {
+		t.Fatal("acquired on an unreachable server")
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, `dislock: etcd: acquire "prefix-once": `) || strings.Count(msg, "etcd") != 1 {
+		t.Errorf("error %q: want one dislock: etcd: prefix and no other layer naming the backend", msg)
+	}
+}
+
+// Rule: a refused connection fails an acquisition at once, naming the
+// cause: the lease grant that never left is not undone (before, the undo's
+// release waited out the release timeout, 5 s).
+func TestConnectionRefusedFailsFast(t *testing.T) {
+	cfg, err := etcdlock.ParseURL("etcd://" + testenv.ClosedAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lockerOn(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = l.TryAcquire(ctx, "refused")
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("acquired on a closed port")
+	}
+	if took > 2500*time.Millisecond || !strings.Contains(err.Error(), "connection refused") || errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("TryAcquire = %v after %v, want the refusal named within 2.5s", err, took)
 	}
 }

@@ -4,14 +4,9 @@
 # loopback ports; nothing is started here, and systemd is not used.
 # Idempotent and quiet; installing needs root.
 set -euo pipefail
+. "$(dirname "$0")/apt.sh"
 
 if command -v java >/dev/null 2>&1 && [ -f /usr/share/java/zookeeper.jar ]; then
   exit 0
 fi
-if [ "$(id -u)" -ne 0 ]; then
-  echo "zookeeper.sh: ZooKeeper is not installed and this is not root: run apt-get install zookeeper" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq >/dev/null
-apt-get install -y -qq zookeeper >/dev/null
+apt_need zookeeper.sh ZooKeeper zookeeper

@@ -3,11 +3,8 @@ package zklock_test
 import (
 	"context"
 	"errors"
-	"net"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +21,18 @@ import (
 func digest() (cred string, created []zk.ACL) {
 	user, pw := testenv.Name("u"), testenv.Name("pw")
 	return user + ":" + pw, zk.DigestACL(zk.PermAll, user, pw)
+}
+
+// authBackend is a backend on the single server with digest credentials
+// of its own (cred), which dials through dial, with the session timeout
+// given.
+func authBackend(t *testing.T, dial zk.Dialer, session time.Duration) (b *zklock.Backend, connect, cred string) {
+	t.Helper()
+	connect = singleConnect(t)
+	cred, _ = digest()
+	b = newBackend(t, connect, testRoot(), zklock.WithAuth("digest", []byte(cred)), zklock.WithDialer(dial),
+		zklock.WithSessionTimeout(session))
+	return b, connect, cred
 }
 
 // nodes returns every node at and under p.
@@ -161,45 +170,14 @@ func TestAuthCreatorAll(t *testing.T) {
 	}
 }
 
-// dropper records the connections it dialed, so that a test can drop them.
-type dropper struct {
-	mu    sync.Mutex
-	conns []net.Conn
-	dials atomic.Int32
-}
-
-func (d *dropper) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err == nil {
-		d.mu.Lock()
-		d.conns = append(d.conns, nc)
-		d.mu.Unlock()
-		d.dials.Add(1)
-	}
-	return nc, err
-}
-
-func (d *dropper) drop() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, c := range d.conns {
-		c.Close()
-	}
-	d.conns = nil
-}
-
 // Rule: the credentials outlive the connection. ZooKeeper keeps a
 // session's authentication per connection: after go-zookeeper reconnects,
 // and after it opens a new session, the backend still creates and renews
 // protected nodes.
 func TestAuthAfterReconnect(t *testing.T) {
 	t.Parallel()
-	connect := singleConnect(t)
-	root := testRoot()
-	cred, _ := digest()
 	var d dropper
-	b := newBackend(t, connect, root, zklock.WithAuth("digest", []byte(cred)), zklock.WithDialer(d.dial),
-		zklock.WithSessionTimeout(4*time.Second))
+	b, connect, _ := authBackend(t, d.dial, 4*time.Second)
 	ctx := ctxT(t, 30*time.Second)
 	acquire := func(key string) {
 		t.Helper()
@@ -299,40 +277,17 @@ func TestWithACL(t *testing.T) {
 // credentials apply to the new session too.
 func TestAuthAfterSessionExpiry(t *testing.T) {
 	t.Parallel()
-	connect := singleConnect(t)
-	root := testRoot()
-	cred, _ := digest()
 	var cut cutter
-	b := newBackend(t, connect, root, zklock.WithAuth("digest", []byte(cred)), zklock.WithDialer(cut.dial),
-		zklock.WithSessionTimeout(1200*time.Millisecond))
+	b, connect, cred := authBackend(t, cut.dial, 1200*time.Millisecond)
 	ctx := ctxT(t, 30*time.Second)
 	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "a", Owner: "o", OwnerToken: "tok-a", TTL: 700 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	sid := b.Conn().SessionID()
 	admin := rawConn(t, connect)
 	if err := admin.AddAuth("digest", []byte(cred)); err != nil {
 		t.Fatal(err)
 	}
-	cut.cut.Store(true)
-	deadline := time.Now().Add(15 * time.Second)
-	for { // the server expires the session and deletes its claim
-		names, _, err := admin.Children(b.KeyPath("a"))
-		if err == nil && len(names) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("claims of the cut session still there: %v %v", names, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cut.cut.Store(false)
-	for b.Conn().SessionID() == sid || b.Conn().State() != zk.StateHasSession {
-		if time.Now().After(deadline) {
-			t.Fatal("no new session after the cut healed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	cut.expireSession(t, b, admin, "a", 15*time.Second)
 	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "b", Owner: "o", OwnerToken: "tok-b", TTL: 700 * time.Millisecond}); err != nil {
 		t.Fatalf("acquire in the new session: %v", err)
 	}

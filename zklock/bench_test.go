@@ -152,14 +152,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 	raw := benchConn(b, connect, nil)
 	var cnt counter
 	l := benchLocker(b, connect, testRoot(), &cnt)
-	ctx := context.Background()
-	interleaved(b, raw, &cnt, func() error {
-		s, err := l.TryAcquire(ctx, "uncontended")
-		if err != nil {
-			return err
-		}
-		return s.Release(ctx)
-	})
+	interleaved(b, raw, &cnt, benchtest.AcquireRelease(l, "uncontended"))
 }
 
 // BenchmarkZkLockUnlock is the same with go-zookeeper's zk.Lock.

@@ -17,11 +17,65 @@ import (
 	"github.com/dislock/dislock/zklock"
 )
 
+// dropper records the connections it dialed, so that a test can drop them.
+type dropper struct {
+	mu    sync.Mutex
+	conns []net.Conn
+	dials atomic.Int32
+}
+
+func (d *dropper) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	nc, err := net.DialTimeout(network, addr, timeout)
+	if err == nil {
+		d.mu.Lock()
+		d.conns = append(d.conns, nc)
+		d.mu.Unlock()
+		d.dials.Add(1)
+	}
+	return nc, err
+}
+
+func (d *dropper) drop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		c.Close()
+	}
+	d.conns = nil
+}
+
 // cutter pauses the network of the connections it dialed: while cut,
 // nothing is sent or received (the TCP connections stay open, as behind a
 // partition), deadlines still apply, and new connections cannot be made.
 type cutter struct {
 	cut atomic.Bool
+}
+
+// expireSession cuts b's connections until the server expired b's session
+// (admin sees no claim left under key), then heals the cut and waits until
+// b has a new session, all within within.
+func (c *cutter) expireSession(t *testing.T, b *zklock.Backend, admin *zk.Conn, key string, within time.Duration) {
+	t.Helper()
+	sid := b.Conn().SessionID()
+	c.cut.Store(true)
+	deadline := time.Now().Add(within)
+	for {
+		names, _, err := admin.Children(b.KeyPath(key))
+		if err == nil && len(names) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claims of the cut session still there: %v %v", names, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.cut.Store(false)
+	for b.Conn().SessionID() == sid || b.Conn().State() != zk.StateHasSession {
+		if time.Now().After(deadline) {
+			t.Fatal("no new session after the cut healed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (c *cutter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -243,27 +297,7 @@ func TestSessionExpiry(t *testing.T) {
 	if res, err := b.Renew(ctx, reqs); err != nil || errors.Join(res...) != nil {
 		t.Fatalf("renew before the cut: %v %v", res, err)
 	}
-	sid := b.Conn().SessionID()
-	cut.cut.Store(true)
-	// The server expires the session and deletes its claims.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		names, _, err := admin.Children(b.KeyPath("e1"))
-		if err == nil && len(names) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("claims of the cut session still there: %v %v", names, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cut.cut.Store(false)
-	for b.Conn().SessionID() == sid || b.Conn().State() != zk.StateHasSession {
-		if time.Now().After(deadline) {
-			t.Fatal("no new session after the cut healed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	cut.expireSession(t, b, admin, "e1", 10*time.Second)
 	res, err := b.Renew(ctx, reqs)
 	if err != nil {
 		t.Fatal(err)

@@ -3,11 +3,11 @@ package zklock_test
 import (
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -66,29 +66,9 @@ func TestSemRenewBatch(t *testing.T) {
 	// A TTL the 40 claims cannot outlast on a busy machine: the first
 	// leases are still held when the renewal is counted.
 	const ttl = 15 * time.Second
-	var reqs []core.RenewRequest
-	for i := range 40 {
-		limit := 4
-		key := fmt.Sprintf("sem/%d", i/4)
-		if i%10 == 9 {
-			limit, key = 0, fmt.Sprintf("mutex/%d", i)
-		}
-		r := permitReq(key, limit, ttl)
-		if _, err := b.TryAcquire(ctx, r); err != nil {
-			t.Fatalf("%d: %v", i, err)
-		}
-		reqs = append(reqs, core.RenewRequest{Key: r.Key, OwnerToken: r.OwnerToken, TTL: r.TTL, Limit: limit})
-	}
+	reqs := benchtest.MixedClaims(t, ctx, b, ttl)
 	n0 := cnt.n.Load()
-	results, err := b.Renew(ctx, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range results {
-		if r != nil {
-			t.Fatalf("renew %d: %v", i, r)
-		}
-	}
+	benchtest.RenewAll(t, ctx, b, reqs)
 	if n := cnt.n.Load() - n0; n != 1 {
 		t.Fatalf("renewal of %d leases: %d requests, want 1", len(reqs), n)
 	}

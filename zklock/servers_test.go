@@ -34,12 +34,7 @@ func ensemble(t testing.TB, n int) *zktest.Ensemble {
 	if e := servers[n]; e != nil {
 		return e
 	}
-	if err := zktest.Installed(); err != nil {
-		if testenv.CI() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	zktest.Need(t)
 	if serverDir == "" {
 		d, err := os.MkdirTemp("", "zklocktest-")
 		if err != nil {
@@ -82,16 +77,7 @@ func singleConnect(t testing.TB) string {
 			t.Fatal("DISLOCK_TEST_ZK is not a zk://host:port URL")
 		}
 		c := u.Host + strings.TrimSuffix(u.Path, "/")
-		servers, _, err := zklock.ParseServers(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, _, err := zk.Connect(servers, 5*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, _, err := conn.Exists("/"); err != nil {
+		if _, _, err := rawConn(t, c).Exists("/"); err != nil {
 			msg := "DISLOCK_TEST_ZK: server not reachable: " + err.Error()
 			if testenv.CI() {
 				t.Fatal(msg)

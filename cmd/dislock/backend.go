@@ -166,42 +166,49 @@ func openRedis(urlEnv, rawURL, s string, copts []core.ClientOption) (locker, fun
 		if o.MasterName == "" {
 			return nil, nil, badURL(urlEnv, "the Redis Sentinel URL needs master_name=NAME")
 		}
-		o.ContextTimeoutEnabled = true
-		if o.DialerRetries == 0 {
-			o.DialerRetries = 1 // a refused connection fails fast (dialer_retries=N in the URL to change it)
-		}
+		bounded(&o.ContextTimeoutEnabled, &o.DialerRetries)
 		client = redis.NewFailoverClient(o)
 	case strings.HasSuffix(s, "cluster"):
 		o, err := redis.ParseClusterURL(commaHosts(u))
 		if err != nil {
 			return nil, nil, badURL(urlEnv, "the Redis Cluster URL cannot be parsed: %s", parseReason(err))
 		}
-		o.ContextTimeoutEnabled = true
-		if o.DialerRetries == 0 {
-			o.DialerRetries = 1
-		}
+		bounded(&o.ContextTimeoutEnabled, &o.DialerRetries)
 		client = redis.NewClusterClient(o)
 	default:
 		o, err := redis.ParseURL(u)
 		if err != nil {
 			return nil, nil, badURL(urlEnv, "the Redis URL cannot be parsed: %s", parseReason(err))
 		}
-		// Every call is bounded by its ctx (DISLOCK_TIMEOUT_SECONDS, the
-		// renew deadline), not only by the socket timeouts and retries.
-		o.ContextTimeoutEnabled = true
-		if o.DialerRetries == 0 {
-			o.DialerRetries = 1
-		}
+		bounded(&o.ContextTimeoutEnabled, &o.DialerRetries)
 		client = redis.NewClient(o)
 	}
 	c, err := redislock.New(client, redislock.WithClientOptions(copts...))
+	return onClient(c, err, client.Close)
+}
+
+// bounded sets a go-redis client's options so that every call is bounded
+// by its ctx (DISLOCK_TIMEOUT_SECONDS, the renew deadline), not only by the
+// socket timeouts and retries, and a refused connection fails fast
+// (dialer_retries=N in the URL to change it).
+func bounded(contextTimeoutEnabled *bool, dialerRetries *int) {
+	*contextTimeoutEnabled = true
+	if *dialerRetries == 0 {
+		*dialerRetries = 1
+	}
+}
+
+// onClient returns the Locker c built on a client of its own, with a close
+// that closes c and then the client (closeClient); when c could not be
+// built (err), the client is closed at once.
+func onClient(c *core.Client, err error, closeClient func() error) (locker, func() error, error) {
 	if err != nil {
-		client.Close()
+		closeClient()
 		return nil, nil, err
 	}
 	return c, func() error {
 		err := c.Close()
-		return errors.Join(err, client.Close())
+		return errors.Join(err, closeClient())
 	}, nil
 }
 

@@ -244,6 +244,17 @@ func start(t *testing.T, env []string, args ...string) *proc {
 	return p
 }
 
+// startHolding starts dislock with env (it takes the lock of urlVar's
+// store) running the shell script, and waits until the command runs: the
+// lock is held then.
+func startHolding(t *testing.T, env []string, script string) *proc {
+	t.Helper()
+	started := filepath.Join(t.TempDir(), "started")
+	p := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; "+script)
+	waitFile(t, started, 20*time.Second)
+	return p
+}
+
 // startProc starts the process p.cmd describes and collects its exit.
 func startProc(t *testing.T, p *proc) {
 	t.Helper()
@@ -542,12 +553,10 @@ func TestLeaseLossKill(t *testing.T) {
 // and its own exit code is returned.
 func TestLeaseLossContinue(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f *fixture) {
-		dir := t.TempDir()
-		started, stop := filepath.Join(dir, "started"), filepath.Join(dir, "stop")
+		stop := filepath.Join(t.TempDir(), "stop")
 		key := f.newKey(t)
 		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=3", "LOCK_LEASE_INTERVAL=0.3", "LOCK_ON_LEASE_LOSS=continue")
-		p := start(t, env, urlVar, "sh", "-c", fmt.Sprintf("echo go > %s; while [ ! -e %s ]; do sleep 0.05; done; exit 4", started, stop))
-		waitFile(t, started, 20*time.Second)
+		p := startHolding(t, env, "while [ ! -e "+stop+" ]; do sleep 0.05; done; exit 4")
 		f.steal(t, leasePrefix+key)
 		deadline := time.Now().Add(10 * time.Second)
 		for !strings.Contains(p.stderr.String(), "lease lost") {
@@ -664,12 +673,10 @@ func TestAdmin(t *testing.T) {
 // testAdmin holds a lease lock of ttl seconds on f and has status, list and
 // release --force see and break it; release asks for --force.
 func testAdmin(t *testing.T, f *fixture, ttl string) {
-	started := filepath.Join(t.TempDir(), "started")
 	key := f.newKey(t)
 	lockKey := leasePrefix + key
 	env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS="+ttl, "LOCK_LEASE_INTERVAL=0.3", "DISLOCK_GRACE_SECONDS=1")
-	holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
-	waitFile(t, started, 20*time.Second)
+	holder := startHolding(t, env, "sleep 300")
 	admin := f.baseEnv()
 
 	st := run(t, admin, "status", "--url-env", urlVar, lockKey)
@@ -703,10 +710,8 @@ func testAdmin(t *testing.T, f *fixture, ttl string) {
 // testRunAndBusy runs a command under a lease lock on f while another holds
 // it (it does not run) and after the holder ended (it runs).
 func testRunAndBusy(t *testing.T, f *fixture) {
-	started := filepath.Join(t.TempDir(), "started")
 	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=5")
-	holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
-	waitFile(t, started, 20*time.Second)
+	holder := startHolding(t, env, "sleep 300")
 	busy := run(t, env, urlVar, "sh", "-c", "echo ran")
 	expectCode(t, busy, 0)
 	if strings.Contains(busy.stdout.String(), "ran") {

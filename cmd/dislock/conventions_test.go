@@ -32,9 +32,7 @@ func TestConventions(t *testing.T) {
 	t.Run("StatusExitCodes", func(t *testing.T) {
 		forEachBackend(t, func(t *testing.T, f *fixture) {
 			key := f.newKey(t)
-			started := filepath.Join(t.TempDir(), "started")
-			holder := start(t, f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease"), urlVar, "sh", "-c", "echo go > "+started+"; exec sleep 300")
-			waitFile(t, started, 20*time.Second)
+			holder := startHolding(t, f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease"), "exec sleep 300")
 			held := run(t, f.baseEnv(), "status", "--url-env", urlVar, leasePrefix+key)
 			expectCode(t, held, 0)
 			free := run(t, f.baseEnv(), "status", "--url-env", urlVar, schedulePrefix+key)

@@ -112,12 +112,9 @@ func TestURLNotPrinted(t *testing.T) {
 // status and list print the same columns in the same format.
 func TestStatusListFormat(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f *fixture) {
-		dir := t.TempDir()
-		started := filepath.Join(dir, "started")
 		key := f.newKey(t)
 		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease")
-		holder := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; sleep 300")
-		waitFile(t, started, 20*time.Second)
+		holder := startHolding(t, env, "sleep 300")
 		st := run(t, f.baseEnv(), "status", "--url-env", urlVar, leasePrefix+key)
 		expectCode(t, st, 0)
 		ls := run(t, f.baseEnv(), "list", "--url-env", urlVar, leasePrefix+key)
@@ -310,5 +307,22 @@ WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdrop
 	expectCode(t, run(t, f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly"), urlVar, "touch", marker), 0)
 	if !hasWaiters("dislock_locks") || !exists(marker) {
 		t.Fatal("a run on the default table of an earlier version did not add the column and run")
+	}
+}
+
+// LOCK_TABLE given to a backend without tables is noted at DEBUG only: at
+// the default level a run prints nothing, so cron does not mail every run.
+func TestLockTableIgnoredQuietly(t *testing.T) {
+	f := redisFixture(t)
+	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "LOCK_TABLE=jobs_locks")
+	p := run(t, env, urlVar, "true")
+	expectCode(t, p, 0)
+	if out := p.output(); out != "" {
+		t.Errorf("a successful run with LOCK_TABLE on Redis printed:\n%s", out)
+	}
+	p = run(t, append(env, "CRONJOB_LOCK_LOG_LEVEL=DEBUG"), urlVar, "true")
+	expectCode(t, p, 0)
+	if !strings.Contains(p.stderr.String(), "LOCK_TABLE is ignored by the Redis backend") {
+		t.Errorf("DEBUG does not note the ignored LOCK_TABLE:\n%s", p.stderr.String())
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -36,14 +35,7 @@ func openEtcd(urlEnv, rawURL, table string, copts []core.ClientOption, log *slog
 		return nil, nil, err
 	}
 	l, err := etcdlock.New(cli, etcdlock.WithClientOptions(copts...))
-	if err != nil {
-		cli.Close()
-		return nil, nil, err
-	}
-	return l, func() error {
-		err := l.Close()
-		return errors.Join(err, cli.Close())
-	}, nil
+	return onClient(l, err, cli.Close)
 }
 
 // reachable fails, naming the dial errors, when no endpoint takes a TCP

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -84,10 +83,8 @@ func TestEtcd(t *testing.T) {
 		t.Parallel()
 		c := etcdtest.Start(t, 1)
 		const ttl = 9 * time.Second
-		started := filepath.Join(t.TempDir(), "started")
 		env := f.baseEnv(urlVar+"="+c.URL(), "LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=9", "LOCK_LEASE_INTERVAL=0.3")
-		p := start(t, env, urlVar, "sh", "-c", "echo go > "+started+"; exec sleep 300")
-		waitFile(t, started, 20*time.Second)
+		p := startHolding(t, env, "exec sleep 300")
 		c.Kill(0)
 		killed := time.Now()
 		if code := p.wait(t, 60*time.Second); code != exitLeaseLost {

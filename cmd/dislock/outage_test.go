@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -13,36 +12,6 @@ import (
 
 	"github.com/dislock/dislock/internal/testenv"
 )
-
-// silentServer accepts connections and never answers; it returns its
-// address.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
 
 // expectOutage checks a run that met an outage: exit 1, its command not
 // run, one line naming the setting of the URL and the backend, within a
@@ -72,7 +41,7 @@ func TestOutageIsNotBusy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	silent := silentServer(t)
+	silent := testenv.SilentServer(t)
 	cases := []struct {
 		name, url, backend, cause string
 	}{
@@ -126,4 +95,31 @@ func TestOutageIsNotBusy(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A refused connection is a runtime failure (exit 1) that comes at once and
+// names the cause, on every backend: before, Redis took 1.8 s (go-redis's
+// dial retries), etcd 10 s (the undo of a claim that never left) and
+// ZooKeeper 15 s ("no ZooKeeper session established: context deadline
+// exceeded").
+func TestConnectionRefusedFailsFast(t *testing.T) {
+	addr := testenv.ClosedAddr(t)
+	for _, u := range []string{
+		"postgres://user:" + sentinel + "@" + addr + "/db?sslmode=disable",
+		"mysql://user:" + sentinel + "@" + addr + "/db",
+		"redis://user:" + sentinel + "@" + addr + "/0",
+		"etcd://user:" + sentinel + "@" + addr,
+		"zk://" + addr,
+	} {
+		var f *fixture
+		env := f.baseEnv(urlVar+"="+u, "LOCK_KEY=k", "CRON_SCHEDULE=@hourly")
+		start := time.Now()
+		p := run(t, env, urlVar, "true")
+		took := time.Since(start)
+		expectCode(t, p, 1)
+		noSentinel(t, p)
+		if took > 5*time.Second || !strings.Contains(p.stderr.String(), "connection refused") {
+			t.Errorf("%s: exit after %v, want within 5s naming the refusal: %s", scheme(u), took, p.stderr.String())
+		}
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/internal/zktest"
@@ -20,18 +19,7 @@ func zkURL(t *testing.T) string {
 	if u := os.Getenv("DISLOCK_TEST_ZK"); u != "" {
 		return u
 	}
-	if err := zktest.Installed(); err != nil {
-		if testenv.CI() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	e, err := zktest.StartStock(t.TempDir(), 60*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Stop)
-	return "zk://" + e.Connect() + "/" + testenv.Name("clitest")
+	return "zk://" + zktest.ForTest(t, true).Connect() + "/" + testenv.Name("clitest")
 }
 
 // TestZooKeeper runs a command under a ZooKeeper lock, and the operator

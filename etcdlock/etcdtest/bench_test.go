@@ -96,16 +96,6 @@ func benchClient(b *testing.B, cfg clientv3.Config, cnt *counter) *clientv3.Clie
 	return etcdtest.NewClient(b, cfg)
 }
 
-func benchLocker(b *testing.B, cli *clientv3.Client, prefix string, opts ...core.ClientOption) *core.Client {
-	b.Helper()
-	l, err := etcdlock.New(cli, etcdlock.WithPrefix(prefix), etcdlock.WithClientOptions(opts...))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { l.Close() })
-	return l
-}
-
 // getLatency is the mean round trip of a serial Get.
 func getLatency(b *testing.B, cli *clientv3.Client) time.Duration {
 	return benchtest.Mean(b, 200, 2000, getter(cli))
@@ -119,39 +109,34 @@ func getter(cli *clientv3.Client) func() error {
 	}
 }
 
+// putter is one Put on cli.
+func putter(cli *clientv3.Client) func() error {
+	return func() error {
+		_, err := cli.Put(context.Background(), "bench/put", "v")
+		return err
+	}
+}
+
 // putLatency is the mean round trip of a serial Put: a write through Raft,
 // which every claim and release is.
 func putLatency(b *testing.B, cli *clientv3.Client) time.Duration {
-	ctx := context.Background()
-	const n = 1000
-	start := time.Now()
-	for range n {
-		if _, err := cli.Put(ctx, "bench/put", "v"); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return time.Since(start) / n
+	return benchtest.Mean(b, 0, 1000, putter(cli))
 }
 
-func BenchmarkPut(b *testing.B) {
-	cli := benchClient(b, benchEndpoints(b), nil)
-	ctx := context.Background()
-	putLatency(b, cli)
-	b.ResetTimer()
-	for range b.N {
-		if _, err := cli.Put(ctx, "bench/put", "v"); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
+func BenchmarkPut(b *testing.B) { benchRoundTrip(b, putLatency, putter) }
 
-func BenchmarkGet(b *testing.B) {
+func BenchmarkGet(b *testing.B) { benchRoundTrip(b, getLatency, getter) }
+
+// benchRoundTrip times op on a client of its own, after warming the client
+// up with latency.
+func benchRoundTrip(b *testing.B, latency func(*testing.B, *clientv3.Client) time.Duration,
+	op func(*clientv3.Client) func() error) {
 	cli := benchClient(b, benchEndpoints(b), nil)
-	ctx := context.Background()
-	getLatency(b, cli)
+	latency(b, cli)
+	do := op(cli)
 	b.ResetTimer()
 	for range b.N {
-		if _, err := cli.Get(ctx, "bench/rtt"); err != nil {
+		if err := do(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -183,7 +168,7 @@ func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() err
 // stream, and the owner-checked delete).
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	uncontended(b, func(cli *clientv3.Client) func() error {
-		l := benchLocker(b, cli, uniquePrefix("bench"))
+		l := newLocker(b, cli, uniquePrefix("bench"))
 		ctx := context.Background()
 		return func() error {
 			s, err := l.TryAcquire(ctx, "uncontended")
@@ -261,7 +246,7 @@ func benchHandoff(b *testing.B, procs int) {
 	cnt := &counter{}
 	lockers := make([]core.Locker, procs)
 	for i := range lockers {
-		lockers[i] = benchLocker(b, benchClient(b, cfg, cnt), prefix, core.WithDefaults(core.TTL(10*time.Second)))
+		lockers[i] = newLocker(b, benchClient(b, cfg, cnt), prefix, core.WithDefaults(core.TTL(10*time.Second)))
 	}
 	if writes == nil {
 		writes = func() uint64 { return 0 }
@@ -332,7 +317,7 @@ func hold1000(b *testing.B, limit int) {
 	cfg := benchEndpoints(b)
 	cnt := &counter{}
 	cli := benchClient(b, cfg, cnt)
-	l := benchLocker(b, cli, uniquePrefix("bench-hold"), core.WithDefaults(core.TTL(ttl)))
+	l := newLocker(b, cli, uniquePrefix("bench-hold"), core.WithDefaults(core.TTL(ttl)))
 	ctx := context.Background()
 	var u0, s0, m0 int64
 	intervals := benchtest.Hold(b, n, interval, func(i int) (core.Session, error) {
@@ -362,11 +347,11 @@ func BenchmarkSemaphore(b *testing.B) {
 			cnt := &counter{}
 			cli := benchClient(b, cfg, cnt)
 			prefix := uniquePrefix("bench-sem")
-			l := benchLocker(b, cli, prefix)
+			l := newLocker(b, cli, prefix)
 			ctx := context.Background()
 			if bc.name == "permit-of-4-3-held" {
 				// Three permits held by another process.
-				other := benchLocker(b, benchClient(b, cfg, nil), prefix)
+				other := newLocker(b, benchClient(b, cfg, nil), prefix)
 				for range 3 {
 					s, err := other.TryAcquire(ctx, "sem", bc.opts...)
 					if err != nil {
@@ -406,7 +391,7 @@ func BenchmarkHotKeyTry(b *testing.B) {
 		return writes()
 	}
 	b.Run("dislock", func(b *testing.B) {
-		holder := benchLocker(b, benchClient(b, cfg, nil), prefix)
+		holder := newLocker(b, benchClient(b, cfg, nil), prefix)
 		s, err := holder.TryAcquire(ctx, "hot")
 		if err != nil {
 			b.Fatal(err)
@@ -414,7 +399,7 @@ func BenchmarkHotKeyTry(b *testing.B) {
 		defer s.Release(ctx)
 		cnt := &counter{}
 		cli := benchClient(b, cfg, cnt)
-		l := benchLocker(b, cli, prefix)
+		l := newLocker(b, cli, prefix)
 		w0 := w()
 		interleaved(b, cli, cnt, func() error {
 			_, err := l.TryAcquire(ctx, "hot")
@@ -493,7 +478,7 @@ func BenchmarkDistinctKeys(b *testing.B) {
 	}
 	b.Run("dislock", func(b *testing.B) {
 		cli := benchClient(b, cfg, nil)
-		l := benchLocker(b, cli, prefix)
+		l := newLocker(b, cli, prefix)
 		run(b, cli, func(key string) error {
 			s, err := l.TryAcquire(ctx, key)
 			if err != nil {

@@ -56,7 +56,25 @@ func (s *sendTimes) firstAcquire() time.Time {
 	return s.first
 }
 
-func newLocker(t *testing.T, cli *clientv3.Client, prefix string, opts ...core.ClientOption) *core.Client {
+// handOver releases s after what (a fault the lock was held through) and
+// checks that other then gets key, with a larger token.
+func handOver(t *testing.T, s core.Session, other *core.Client, key, what string) {
+	t.Helper()
+	tok := s.Token()
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatalf("Release after %s: %v", what, err)
+	}
+	s2, err := other.TryAcquire(ctxT(t, 10*time.Second), key)
+	if err != nil {
+		t.Fatalf("free lock not acquired after %s: %v", what, err)
+	}
+	defer s2.Release(context.Background())
+	if s2.Token() <= tok {
+		t.Errorf("token %d after %d: not increasing across %s", s2.Token(), tok, what)
+	}
+}
+
+func newLocker(t testing.TB, cli *clientv3.Client, prefix string, opts ...core.ClientOption) *core.Client {
 	t.Helper()
 	l, err := etcdlock.New(cli, etcdlock.WithPrefix(prefix), etcdlock.WithClientOptions(opts...))
 	if err != nil {
@@ -213,18 +231,7 @@ func TestLeaderKilled(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		tok := s.Token()
-		if err := s.Release(context.Background()); err != nil {
-			t.Fatalf("Release after failover: %v", err)
-		}
-		s2, err := other.TryAcquire(ctxT(t, 10*time.Second), "job")
-		if err != nil {
-			t.Fatalf("free lock not acquired after failover: %v", err)
-		}
-		defer s2.Release(context.Background())
-		if s2.Token() <= tok {
-			t.Errorf("token %d after %d: not increasing across the failover", s2.Token(), tok)
-		}
+		handOver(t, s, other, "job", "the failover")
 	})
 }
 
@@ -251,18 +258,7 @@ func TestRollingRestart(t *testing.T) {
 			t.Fatalf("after restarting member %d the holder lost its lock: %v", i, s.Err())
 		}
 	}
-	tok := s.Token()
-	if err := s.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	s2, err := other.TryAcquire(ctxT(t, 10*time.Second), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Release(context.Background())
-	if s2.Token() <= tok {
-		t.Errorf("token %d after %d: not increasing across restarts", s2.Token(), tok)
-	}
+	handOver(t, s, other, "job", "the restarts")
 }
 
 // TestSingleMemberRestart restarts the only member: the holder's renewals
@@ -290,16 +286,7 @@ func TestSingleMemberRestart(t *testing.T) {
 	if _, err := other.TryAcquire(ctxT(t, 10*time.Second), "job"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("TryAcquire after restart = %v, want busy", err)
 	}
-	tok := s.Token()
-	s.Release(context.Background())
-	s2, err := other.TryAcquire(ctxT(t, 10*time.Second), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Release(context.Background())
-	if s2.Token() <= tok {
-		t.Errorf("token %d after %d across a restart", s2.Token(), tok)
-	}
+	handOver(t, s, other, "job", "the restart")
 }
 
 // TestCompaction compacts the store's history (physically) while a lock is

@@ -1,17 +1,15 @@
 package etcdtest_test
 
 import (
-	"crypto/rand"
-	"fmt"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
+	"github.com/dislock/dislock/internal/benchtest"
 )
 
 // The rules of semaphores are core/locktest's Semaphore rules, which
@@ -36,32 +34,12 @@ func TestSemRenewBatch(t *testing.T) {
 	// A TTL the 40 claims cannot outlast on a busy machine: the first
 	// leases are still held when the renewals are counted.
 	const ttl = 30 * time.Second
-	var reqs []core.RenewRequest
-	for i := range 40 {
-		limit := 4
-		key := fmt.Sprintf("sem/%d", i/4)
-		if i%10 == 9 {
-			limit, key = 0, fmt.Sprintf("mutex/%d", i)
-		}
-		r := core.AcquireRequest{Key: key, Owner: "test", OwnerToken: rand.Text(), TTL: ttl, Limit: limit}
-		if _, err := b.TryAcquire(ctx, r); err != nil {
-			t.Fatalf("%d: %v", i, err)
-		}
-		reqs = append(reqs, core.RenewRequest{Key: r.Key, OwnerToken: r.OwnerToken, TTL: r.TTL, Limit: limit})
-	}
+	reqs := benchtest.MixedClaims(t, ctx, b, ttl)
 	if _, err := b.Renew(ctx, reqs); err != nil { // opens the keepalive stream
 		t.Fatal(err)
 	}
 	u0, s0, m0 := cnt.unary.Load(), cnt.streams.Load(), cnt.streamMsgs.Load()
-	results, err := b.Renew(ctx, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range results {
-		if r != nil {
-			t.Fatalf("renew %d: %v", i, r)
-		}
-	}
+	benchtest.RenewAll(t, ctx, b, reqs)
 	if u, s, m := cnt.unary.Load()-u0, cnt.streams.Load()-s0, cnt.streamMsgs.Load()-m0; u != 1 || s != 0 || m != 1 {
 		t.Fatalf("renewal of %d sessions of one TTL: %d transactions, %d streams opened, %d keepalives; want 1, 0, 1 (one shared lease)", len(reqs), u, s, m)
 	}

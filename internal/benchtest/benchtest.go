@@ -1,8 +1,9 @@
 // Package benchtest holds the loops the backends' benchmarks share: a store
 // round trip timed serially, an operation timed against one in the same
 // run, a hand-off among waiters on one key, and a Locker holding many
-// leases over renew intervals. Each backend keeps its own probe (PING, Get,
-// Exists), request counts and metric names.
+// leases over renew intervals; and the mixed leases whose batch renewal the
+// backends' request-count tests renew. Each backend keeps its own probe
+// (PING, Get, Exists), request counts and metric names.
 package benchtest
 
 import (

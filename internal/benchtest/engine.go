@@ -1,7 +1,6 @@
 package benchtest
 
 import (
-	"context"
 	"testing"
 
 	"github.com/dislock/dislock/core"
@@ -12,15 +11,11 @@ import (
 // store without I/O, with whatever options l was built with.
 func TryAcquireRelease(b *testing.B, l core.Locker, key string) {
 	b.Helper()
-	ctx := context.Background()
+	op := AcquireRelease(l, key)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		s, err := l.TryAcquire(ctx, key)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Release(ctx); err != nil {
+		if err := op(); err != nil {
 			b.Fatal(err)
 		}
 	}

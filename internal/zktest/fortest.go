@@ -7,12 +7,9 @@ import (
 	"github.com/dislock/dislock/internal/testenv"
 )
 
-// ForTest starts a private server for t, in its temporary directory, and
-// stops it when t ends: one standalone server with this package's short
-// tickTime, or with stock a stock server's (tickTime 2000). Where no server
-// is installed it fails the test under CI (testenv.CI) and skips it
-// elsewhere.
-func ForTest(t testing.TB, stock bool) *Ensemble {
+// Need skips t when no ZooKeeper server can be started here, and fails it
+// under CI (testenv.CI), where the install is part of the set-up.
+func Need(t testing.TB) {
 	t.Helper()
 	if err := Installed(); err != nil {
 		if testenv.CI() {
@@ -20,6 +17,16 @@ func ForTest(t testing.TB, stock bool) *Ensemble {
 		}
 		t.Skip(err)
 	}
+}
+
+// ForTest starts a private server for t, in its temporary directory, and
+// stops it when t ends: one standalone server with this package's short
+// tickTime, or with stock a stock server's (tickTime 2000). Where no server
+// is installed it fails the test under CI (testenv.CI) and skips it
+// elsewhere.
+func ForTest(t testing.TB, stock bool) *Ensemble {
+	t.Helper()
+	Need(t)
 	start := func(dir string, timeout time.Duration) (*Ensemble, error) { return Start(dir, 1, timeout) }
 	if stock {
 		start = StartStock
