@@ -211,6 +211,17 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
 			continue
 		}
 		p := parent + "/" + n
+		// A waiting Acquire's place in line stays: the queue outlives the
+		// holder, and the first waiter is told by its watch on the node
+		// deleted before it.
+		var data []byte
+		var gerr error
+		if cerr := b.call(ctx, func() { data, _, gerr = b.conn.Get(p) }, nil); cerr != nil {
+			return false, fmt.Errorf("zklock: force release: %w", cerr)
+		}
+		if errors.Is(gerr, zk.ErrNoNode) || (gerr == nil && isWaitData(data)) {
+			continue
+		}
 		b.mu.Lock()
 		_, w := b.watches[p]
 		b.mu.Unlock()

@@ -294,6 +294,9 @@ type turnLog struct {
 	key   string
 	turns chan string
 	stop  func()
+	// skip names waiters whose turns expect passes over: turns a store may
+	// send but need not.
+	skip map[string]bool
 }
 
 func watchTurns(t *testing.T, rule string, q core.Queuer, key string) *turnLog {
@@ -329,24 +332,32 @@ func watchTurns(t *testing.T, rule string, q core.Queuer, key string) *turnLog {
 // expect waits for the next turn of the key and checks it names waiter.
 func (l *turnLog) expect(t *testing.T, rule, what, waiter string) {
 	t.Helper()
-	select {
-	case got := <-l.turns:
-		if got != waiter {
-			t.Errorf("rule %q: %s: the turn named %q, want %q", rule, what, got, waiter)
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case got := <-l.turns:
+			if l.skip[got] {
+				continue
+			}
+			if got != waiter {
+				t.Errorf("rule %q: %s: the turn named %q, want %q", rule, what, got, waiter)
+			}
+			return
+		case <-timeout:
+			t.Errorf("rule %q: %s: no turn within 5s", rule, what)
+			return
 		}
-	case <-time.After(5 * time.Second):
-		t.Errorf("rule %q: %s: no turn within 5s", rule, what)
 	}
 }
 
 // testQueueNoBarging checks rule "on a Queuer a caller that did not wait
 // never overtakes a queued waiter, nor after a ForceRelease or the expiry
 // of the holder's lease; a release or a ForceRelease tells the first
-// waiter, a grant takes it out of line; a Leave while the key is held, a
-// release with nobody queued and an expiry send no turn; a free key with
-// waiters is not held", with raw Backend calls.
+// waiter, a grant takes it out of line; a Leave while the key is held and a
+// release with nobody queued send no turn; a free key with waiters is not
+// held", with raw Backend calls.
 func testQueueNoBarging(t *testing.T, e *env) {
-	const rule = "on a Queuer a caller that did not wait never overtakes a queued waiter, nor after a ForceRelease or the expiry of the holder's lease; a release or a ForceRelease tells the first waiter, a grant takes it out of line; a Leave while the key is held, a release with nobody queued and an expiry send no turn; a free key with waiters is not held"
+	const rule = "on a Queuer a caller that did not wait never overtakes a queued waiter, nor after a ForceRelease or the expiry of the holder's lease; a release or a ForceRelease tells the first waiter, a grant takes it out of line; a Leave while the key is held and a release with nobody queued send no turn; a free key with waiters is not held"
 	holder, waiter, other := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
 	k := e.key(t)
 	// Turns are read where the waiters queued: a store need tell no other
@@ -445,7 +456,7 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	g3 := req(w3)
 	grant(waiter, g3, "the waiter told its turn")
 	w4 := "w4-" + rand.Text()
-	busy(other, req(w4), "a waiter on a held key")
+	busy(waiter, req(w4), "a second waiter of the holder's process")
 	if isAdmin {
 		if released, err := adm.ForceRelease(ctx, k); err != nil || !released {
 			t.Fatalf("rule %q: ForceRelease = %v %v", rule, released, err)
@@ -457,15 +468,17 @@ func testQueueNoBarging(t *testing.T, e *env) {
 		turns.expect(t, rule, "release with a waiter queued", w4)
 	}
 	g4 := req(w4)
-	grant(other, g4, "the waiter told by the ForceRelease")
-	release(other, g4)
-	// A lease that expires keeps the queue too, and tells nobody: the
-	// waiter, trying again, gets the key, and a caller that did not wait
-	// is busy until it does.
+	grant(waiter, g4, "the waiter told by the ForceRelease")
+	release(waiter, g4)
+	// A lease that expires keeps the queue too: the waiter, trying again,
+	// gets the key, and a caller that did not wait is busy until it does.
+	// The store need not tell the waiter when the lease runs out, but may
+	// (a ZooKeeper waiter's backend times the holder's lease).
 	short := req("")
 	short.TTL = 300 * time.Millisecond
 	grant(holder, short, "a short lease")
 	w5 := "w5-" + rand.Text()
+	turns.skip = map[string]bool{w5: true}
 	g5 := req(w5)
 	busy(waiter, g5, "a waiter on a short lease")
 	granted := waitFor(t, func() bool {
