@@ -132,14 +132,8 @@ func openPG(ctx context.Context, urlEnv, rawURL, table string, use tableUse, per
 	c, err := core.New(b, copts...)
 	if err != nil {
 		b.Close()
-		pool.Close()
-		return nil, nil, err
 	}
-	return c, func() error {
-		err := c.Close()
-		pool.Close()
-		return err
-	}, nil
+	return onClient(c, err, func() error { pool.Close(); return nil })
 }
 
 // openRedis builds a client for a single server (redis://, rediss://),
@@ -198,9 +192,9 @@ func bounded(contextTimeoutEnabled *bool, dialerRetries *int) {
 	}
 }
 
-// onClient returns the Locker c built on a client of its own, with a close
-// that closes c and then the client (closeClient); when c could not be
-// built (err), the client is closed at once.
+// onClient returns the Locker c built on a store client (or pool) of its
+// own, with a close that closes c and then the client (closeClient); when c
+// could not be built (err), the client is closed at once.
 func onClient(c *core.Client, err error, closeClient func() error) (locker, func() error, error) {
 	if err != nil {
 		closeClient()

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -869,61 +867,6 @@ func TestLegacyTable(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+ident).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("rows left: %d %v", n, err)
-	}
-}
-
-// cutProxy forwards TCP connections to target until cut, which closes the
-// listener and every connection.
-type cutProxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	p := &cutProxy{}
-	p.ln = forward(t, target, func(c, s net.Conn) {
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		go func() { io.Copy(s, c); s.Close() }()
-		go func() { io.Copy(c, s); c.Close() }()
-	})
-	t.Cleanup(p.cut)
-	return p
-}
-
-// forward listens on a loopback port and, for every connection to it, dials
-// target and hands both connections to serve (the client's first), until
-// the listener is closed.
-func forward(t *testing.T, target string, serve func(client, server net.Conn)) net.Listener {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			serve(c, s)
-		}
-	}()
-	return ln
-}
-
-func (p *cutProxy) cut() {
-	p.ln.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
 	}
 }
 

@@ -219,24 +219,10 @@ func lockTableNotCreated(t *testing.T, f *fixture, create string, tableExists fu
 	}
 
 	// A mistyped LOCK_TABLE: exit 2 with the CREATE statement; nothing ran.
-	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly", "LOCK_TABLE="+typo)
-	p := run(t, env, urlVar, "touch", marker)
-	expectCode(t, p, exitUsage)
-	for _, want := range []string{"LOCK_TABLE", create, typo, "DISLOCK_CREATE_TABLE"} {
-		if !strings.Contains(p.stderr.String(), want) {
-			t.Errorf("the error lacks %q: %s", want, p.stderr.String())
-		}
-	}
-	if tableExists(typo) || exists(marker) {
-		t.Fatal("the table was created or the command ran")
-	}
-
 	// Asked explicitly, the run creates it.
-	expectCode(t, run(t, append(env, "DISLOCK_CREATE_TABLE=1"), urlVar, "touch", marker), 0)
-	if !tableExists(typo) || !exists(marker) {
-		t.Fatal("DISLOCK_CREATE_TABLE=1 did not create the table and run")
-	}
-	os.Remove(marker)
+	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly", "LOCK_TABLE="+typo)
+	refusedUntilCreateTable(t, env, marker, func() bool { return tableExists(typo) },
+		"LOCK_TABLE", create, typo, "DISLOCK_CREATE_TABLE")
 	other := typo + "_2"
 	expectCode(t, run(t, f.baseEnv("LOCK_KEY=k", "CRON_SCHEDULE=@hourly"), "--table", other, "--create-table", urlVar, "true"), 0)
 	if !tableExists(other) {
@@ -283,24 +269,13 @@ WHERE attrelid = to_regclass($1::text) AND attname = 'waiters' AND NOT attisdrop
 	}
 	marker := filepath.Join(t.TempDir(), "ran")
 
-	// A named table: exit 2 with the fix, the table untouched.
+	// A named table: exit 2 with the fix, the table untouched. Asked to
+	// create what is missing, the run adds the column and runs.
 	named := "old_locks"
 	oldTable(named)
 	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "CRON_SCHEDULE=@hourly", "LOCK_TABLE="+named)
-	p := run(t, env, urlVar, "touch", marker)
-	expectCode(t, p, exitUsage)
-	if !strings.Contains(p.stderr.String(), "ADD COLUMN IF NOT EXISTS waiters") {
-		t.Errorf("the error does not say how to add the column: %s", p.stderr.String())
-	}
-	if hasWaiters(named) || exists(marker) {
-		t.Fatal("the named table was altered or the command ran")
-	}
-	// Asked to create what is missing, the run adds the column and runs.
-	expectCode(t, run(t, append(env, "DISLOCK_CREATE_TABLE=1"), urlVar, "touch", marker), 0)
-	if !hasWaiters(named) || !exists(marker) {
-		t.Fatal("DISLOCK_CREATE_TABLE=1 did not add the column and run")
-	}
-	os.Remove(marker)
+	refusedUntilCreateTable(t, env, marker, func() bool { return hasWaiters(named) },
+		"ADD COLUMN IF NOT EXISTS waiters")
 
 	// The default table of an earlier version is brought up to date.
 	oldTable("dislock_locks")
@@ -325,4 +300,28 @@ func TestLockTableIgnoredQuietly(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "LOCK_TABLE is ignored by the Redis backend") {
 		t.Errorf("DEBUG does not note the ignored LOCK_TABLE:\n%s", p.stderr.String())
 	}
+}
+
+// refusedUntilCreateTable runs touch marker under env, whose LOCK_TABLE is
+// missing or of an earlier version: the run is exit 2 with an error that
+// names each of want, leaves the table as it was (ready stays false) and
+// runs nothing. With DISLOCK_CREATE_TABLE=1 the same run makes the table
+// ready and runs; marker is removed again afterwards.
+func refusedUntilCreateTable(t *testing.T, env []string, marker string, ready func() bool, want ...string) {
+	t.Helper()
+	p := run(t, env, urlVar, "touch", marker)
+	expectCode(t, p, exitUsage)
+	for _, w := range want {
+		if !strings.Contains(p.stderr.String(), w) {
+			t.Errorf("the error lacks %q: %s", w, p.stderr.String())
+		}
+	}
+	if ready() || exists(marker) {
+		t.Fatal("the table was created or altered, or the command ran")
+	}
+	expectCode(t, run(t, append(env, "DISLOCK_CREATE_TABLE=1"), urlVar, "touch", marker), 0)
+	if !ready() || !exists(marker) {
+		t.Fatal("DISLOCK_CREATE_TABLE=1 did not make the table ready and run")
+	}
+	os.Remove(marker)
 }

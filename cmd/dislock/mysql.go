@@ -56,13 +56,8 @@ func openMySQL(ctx context.Context, urlEnv, rawURL, table string, use tableUse, 
 	c, err := core.New(b, copts...)
 	if err != nil {
 		b.Close()
-		db.Close()
-		return nil, nil, err
 	}
-	return c, func() error {
-		err := c.Close()
-		return errors.Join(err, db.Close())
-	}, nil
+	return onClient(c, err, db.Close)
 }
 
 // mysqlTable returns a Backend on the table name (opts name it when named

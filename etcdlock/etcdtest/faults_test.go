@@ -84,6 +84,27 @@ func newLocker(t testing.TB, cli *clientv3.Client, prefix string, opts ...core.C
 	return l
 }
 
+// holdJob acquires the key "job" through l, or fails the test.
+func holdJob(t *testing.T, l *core.Client) core.Session {
+	t.Helper()
+	s, err := l.TryAcquire(ctxT(t, 10*time.Second), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// othersThan is every member of c but member at.
+func othersThan(c *etcdtest.Cluster, at int) []int {
+	var others []int
+	for i := range c.Size() {
+		if i != at {
+			others = append(others, i)
+		}
+	}
+	return others
+}
+
 // lossBeforeTakeover holds a lock through a client on member holderAt only,
 // injects fault, and checks that the holder learns of its loss before a
 // process on the other members acquires the lock (by the send time of that
@@ -91,12 +112,7 @@ func newLocker(t testing.TB, cli *clientv3.Client, prefix string, opts ...core.C
 func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault func()) (lost, taken core.Session, admin core.Admin) {
 	prefix := uniquePrefix("takeover")
 	holder := newLocker(t, c.Client(t, holderAt), prefix, core.WithDefaults(core.TTL(faultTTL)))
-	var others []int
-	for i := range c.Size() {
-		if i != holderAt {
-			others = append(others, i)
-		}
-	}
+	others := othersThan(c, holderAt)
 	ob, err := etcdlock.NewBackend(c.Client(t, others...), etcdlock.WithPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
@@ -108,10 +124,7 @@ func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault f
 	}
 	t.Cleanup(func() { other.Close() })
 
-	s, err := holder.TryAcquire(ctxT(t, 10*time.Second), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdJob(t, holder)
 	lostc := make(chan time.Time, 1)
 	go func() { <-s.Done(); lostc <- time.Now() }()
 
@@ -207,17 +220,9 @@ func TestLeaderKilled(t *testing.T) {
 		c := etcdtest.Start(t, 3)
 		prefix := uniquePrefix("failover")
 		holder := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(faultTTL)))
-		s, err := holder.TryAcquire(ctxT(t, 10*time.Second), "job")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := holdJob(t, holder)
 		lead := c.Leader()
-		var others []int
-		for i := range c.Size() {
-			if i != lead {
-				others = append(others, i)
-			}
-		}
+		others := othersThan(c, lead)
 		other := newLocker(t, c.Client(t, others...), prefix, core.WithDefaults(core.TTL(faultTTL)))
 		c.Kill(lead)
 		deadline := time.Now().Add(2 * faultTTL)
@@ -241,10 +246,7 @@ func TestRollingRestart(t *testing.T) {
 	c := etcdtest.Start(t, 3)
 	prefix := uniquePrefix("restart")
 	holder := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(faultTTL)))
-	s, err := holder.TryAcquire(ctxT(t, 10*time.Second), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdJob(t, holder)
 	other := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(faultTTL)))
 	for i := range c.Size() {
 		start := time.Now()
@@ -267,10 +269,7 @@ func TestSingleMemberRestart(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	prefix := uniquePrefix("restart1")
 	holder := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(3*time.Second)))
-	s, err := holder.TryAcquire(ctxT(t, 10*time.Second), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdJob(t, holder)
 	c.Restart(0)
 	d0 := s.Deadline()
 	cli := c.Client(t)
@@ -300,17 +299,11 @@ func TestCompaction(t *testing.T) {
 	b := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(time.Second)))
 	var last uint64
 	for range 20 {
-		s, err := a.TryAcquire(ctxT(t, 10*time.Second), "job")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := holdJob(t, a)
 		last = s.Token()
 		s.Release(context.Background())
 	}
-	s, err := a.TryAcquire(ctxT(t, 10*time.Second), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdJob(t, a)
 	got := make(chan core.Session, 1)
 	go func() {
 		// Polls every 20 s: only the watch can wake it in time.

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"os"
 	"regexp"
 	"strconv"
 	"testing"
 
+	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/examples/internal/extest"
+	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/internal/zktest"
 )
 
 func TestQuickstart(t *testing.T) {
@@ -17,6 +21,33 @@ func TestQuickstart(t *testing.T) {
 		"worker-b: acquired after waiting, fencing token 2",
 		"done",
 	)
+}
+
+// TestQuickstartMySQL runs the quick start on the MySQL / MariaDB of
+// DISLOCK_TEST_MYSQL, in its default lock table.
+func TestQuickstartMySQL(t *testing.T) {
+	quickstartOn(t, "MYSQL_URL", testenv.MySQL(t), "MySQL")
+}
+
+// TestQuickstartEtcd runs the quick start on etcd: DISLOCK_TEST_ETCD when
+// set, otherwise a private embedded server.
+func TestQuickstartEtcd(t *testing.T) {
+	u := etcdtest.Shared(t)
+	if u == "" {
+		u = etcdtest.Start(t, 1).URL()
+	}
+	quickstartOn(t, "ETCD_URL", u, "etcd")
+}
+
+// TestQuickstartZooKeeper runs the quick start on ZooKeeper: DISLOCK_TEST_ZK
+// when set, otherwise a private standalone server (stopped by PID when the
+// test ends). Under CI a missing ZooKeeper install fails the test.
+func TestQuickstartZooKeeper(t *testing.T) {
+	u := os.Getenv("DISLOCK_TEST_ZK")
+	if u == "" {
+		u = "zk://" + zktest.ForTest(t, false).Connect()
+	}
+	quickstartOn(t, "ZK_URL", u, "ZooKeeper")
 }
 
 // quickstartOn runs the quick start with only env set (to url) of the
