@@ -44,8 +44,11 @@ type drainRig struct {
 	running map[string]int
 	overlap map[string]int  // runs that started while another of the key ran
 	times   []time.Duration // when the other key's tasks completed, in the last drain
-	bounces atomic.Int64    // busy bounces, quick or not
-	quick   atomic.Int64    // quick ones (no retry delay)
+	// hotBefore is how many tasks of the hot key had completed when the
+	// other key's last one did, in the last drain.
+	hotBefore int
+	bounces   atomic.Int64 // busy bounces, quick or not
+	quick     atomic.Int64 // quick ones (no retry delay)
 }
 
 func (r *drainRig) countBounce(_ context.Context, _ *asynq.Task, err error) {
@@ -142,6 +145,9 @@ func (r *drainRig) drain(n, m int, limit time.Duration) (hot, other time.Duratio
 			}
 			if left[acct]--; left[acct] == 0 {
 				took[acct] = time.Since(start)
+				if acct == otherKey {
+					r.hotBefore = n - left[hotKey]
+				}
 			}
 		case <-timeout:
 			r.e.t.Fatalf("after %v: %d of %d tasks of the hot key and %d of %d of the other key still to run",
@@ -186,22 +192,22 @@ func TestREADMEWiring_Drain(t *testing.T) {
 
 // TestREADMEWiring_OtherKeyFlows: while 200 tasks of one key drain (within
 // limit200), 20 tasks of another key, enqueued behind them, drain at their
-// own rate: within otherSlow times what they take alone, measured just
-// before. The hot key does not take every worker (with Wait(0), the other
-// key waits for the whole backlog).
+// own rate: all of them complete before half of the hot key's have. The
+// hot key does not take every worker (with Wait(0), the other key waits for
+// the whole backlog). Both keys drain in the same run, so a slow machine
+// slows both alike.
 func TestREADMEWiring_OtherKeyFlows(t *testing.T) {
 	r := newDrainRig(t)
-	const n, m, otherSlow = 200, 20, 3
-	_, alone, _ := r.drain(0, m, waitLong)
+	const n, m = 200, 20
 	hot, other, _ := r.drain(n, m, 60*time.Second)
-	t.Logf("%d tasks on one key drained in %v (%.2f × serial); %d tasks of another key alongside in %v (%.2f × serial; alone %v); %d bounces (%d quick)",
-		n, hot, float64(hot)/float64(serial(n)), m, other, float64(other)/float64(serial(m)), alone, r.bounces.Load(), r.quick.Load())
+	t.Logf("%d tasks on one key drained in %v (%.2f × serial); %d tasks of another key alongside in %v (%.2f × serial), %d of the hot key's done by then; %d bounces (%d quick)",
+		n, hot, float64(hot)/float64(serial(n)), m, other, float64(other)/float64(serial(m)), r.hotBefore, r.bounces.Load(), r.quick.Load())
 	if hot > limit200 {
 		t.Errorf("%d tasks of the hot key drained in %v, want at most %v", n, hot, limit200)
 	}
-	if limit := time.Duration(otherSlow * float64(alone)); other > limit {
-		t.Errorf("%d tasks of the other key drained in %v alongside the hot key, %v alone: want at most %v (completed at %v)",
-			m, other, alone, limit, r.times)
+	if r.hotBefore > n/2 {
+		t.Errorf("the other key's %d tasks drained in %v, once %d of the hot key's %d had: want at most %d (completed at %v)",
+			m, other, r.hotBefore, n, n/2, r.times)
 	}
 	if hot < serial(n) {
 		t.Errorf("%d tasks of the hot key drained in %v, less than their serial time %v", n, hot, serial(n))
