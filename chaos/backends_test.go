@@ -344,22 +344,26 @@ func optionalPG() (*url.URL, bool) {
 	return u, err == nil
 }
 
-func TestChaosPG(t *testing.T) {
-	pgURL(t)
+// chaosSeeds runs the tier's seeds on one backend.
+func chaosSeeds(t *testing.T, setup func(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv) {
 	for i, seed := range seeds() {
 		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
-			runChaos(t, tierRun(seed), pgSetup)
+			runChaos(t, tierRun(seed), setup)
 		})
 	}
 }
 
-func TestChaosRedis(t *testing.T) {
-	for i, seed := range seeds() {
-		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
-			runChaos(t, tierRun(seed), redisSetup)
-		})
-	}
+func TestChaosPG(t *testing.T) {
+	pgURL(t)
+	chaosSeeds(t, pgSetup)
 }
+
+func TestChaosRedis(t *testing.T) { chaosSeeds(t, redisSetup) }
+
+// TestChaosMySQL runs the tier on a private MariaDB server (the shared one
+// when the binaries are missing, outside CI): the proxy's faults, deleted
+// lock rows and the server killed and restarted with durable commits.
+func TestChaosMySQL(t *testing.T) { chaosSeeds(t, mysqlSetup) }
 
 // seeds is one seed in the short tier and a sweep in the long one.
 func seeds() []uint64 {
