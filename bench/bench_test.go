@@ -17,7 +17,7 @@ import (
 // reqs counts the commands (Redis) or statements (PostgreSQL) the contender's
 // client has sent so far.
 func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *store, which string, reqs func() int64)) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range stores {
 		for _, which := range names[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
 				st, reqs := counted(b, s)
@@ -27,12 +27,19 @@ func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *
 	}
 }
 
-// counted connects to store s ("redis" or "pg") with a client that counts
-// its requests.
+// stores are the servers the benchmarks run on, in order.
+var stores = []string{"redis", "pg", "mysql"}
+
+// counted connects to store s ("redis", "pg" or "mysql") with a client
+// that counts its requests.
 func counted(b *testing.B, s string) (*store, func() int64) {
 	if s == "redis" {
 		h := &commandCount{}
 		return redisStore(b, h), h.cmds.Load
+	}
+	if s == "mysql" {
+		var n atomic.Int64
+		return mysqlStore(b, &n), n.Load
 	}
 	t := &statementCount{}
 	return pgStore(b, benchPG(b), t), t.n.Load
@@ -47,7 +54,7 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-var all = map[string][]string{"redis": redisContenders, "pg": pgContenders}
+var all = map[string][]string{"redis": redisContenders, "pg": pgContenders, "mysql": mysqlContenders}
 
 func bg(b *testing.B) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -201,6 +208,7 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 var handoffContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "dislock-async", "ttlrow", "advisory"},
+	"mysql": {"dislock", "ttlrow", "getlock"},
 }
 
 // BenchmarkHandoff: 16 goroutines, each its own Locker (as 16 processes
@@ -211,7 +219,7 @@ var handoffContenders = map[string][]string{
 // client's commands (Redis) or statements (PostgreSQL) per acquisition,
 // polling included.
 func BenchmarkHandoff(b *testing.B) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range stores {
 		for _, which := range handoffContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
 				st, reqs := counted(b, s)
@@ -316,6 +324,7 @@ const (
 var holdContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "ttlrow"},
+	"mysql": {"dislock", "ttlrow"},
 }
 
 // BenchmarkHold1000 holds 1,000 leases of a 3 s TTL, renewed every second:
@@ -326,7 +335,7 @@ var holdContenders = map[string][]string{
 // database), the client's round trips (Redis; a pipeline counts once) or
 // statements (PostgreSQL), and the client's CPU time per lock and second.
 func BenchmarkHold1000(b *testing.B) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range stores {
 		for _, which := range holdContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) { hold(b, s, which) })
 		}
@@ -349,6 +358,15 @@ func hold(b *testing.B, s, which string) {
 		trips = h.trips.Load
 		plain := newRedis(b, st.url, nil)
 		server = func() (int64, error) { return serverCommands(ctx, plain) }
+		settle = func() error { return nil }
+	} else if s == "mysql" {
+		// The client's statements only: the shared server's counters
+		// (SHOW GLOBAL STATUS) include other clients.
+		var n atomic.Int64
+		st = mysqlStore(b, &n)
+		trips = n.Load
+		tripUnit, srvUnit = "client-stmts/interval", ""
+		server = func() (int64, error) { return 0, nil }
 		settle = func() error { return nil }
 	} else {
 		t := &statementCount{}
@@ -392,6 +410,8 @@ func hold(b *testing.B, s, which string) {
 		var l core.Locker
 		if s == "redis" {
 			l = newDislockRedis(b, st.rdb, "")
+		} else if s == "mysql" {
+			l = newDislockMySQL(b, st.db)
 		} else {
 			l = newDislockPG(b, st.pool)
 		}
@@ -465,7 +485,9 @@ func hold(b *testing.B, s, which string) {
 		b.Errorf("%d refreshes failed", n)
 	}
 	intervals := elapsed.Seconds() / renewInterval.Seconds()
-	b.ReportMetric(float64(srv1-srv0)/intervals, srvUnit)
+	if srvUnit != "" {
+		b.ReportMetric(float64(srv1-srv0)/intervals, srvUnit)
+	}
 	b.ReportMetric(float64(trips1-trips0)/intervals, tripUnit)
 	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/(leases*elapsed.Seconds()), "cpu-µs/lock·s")
 	rtt := meanRTT(ctx, b, st.rt, 200)

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"errors"
 	"fmt"
 	"testing"
@@ -38,10 +39,11 @@ type contender struct {
 
 // store is what the contenders of one server share in one benchmark.
 type store struct {
-	name string // "pg" or "redis"
+	name string // "pg", "redis" or "mysql"
 	url  string
 	rt   roundTrip
 	pool *pgxpool.Pool
+	db   *sql.DB // MySQL
 	rdb  *redis.Client
 	// serverCPU returns the server's CPU time so far (Redis only; nil for
 	// PostgreSQL, whose CPU is spread over many processes).
@@ -70,6 +72,7 @@ func pgStore(tb testing.TB, url string, tracer pgx.QueryTracer) *store {
 var (
 	redisContenders = []string{"dislock", "bsm", "redsync", "raw"}
 	pgContenders    = []string{"dislock", "dislock-async", "dislock-nonotify", "ttlrow", "advisory"}
+	mysqlContenders = []string{"dislock", "ttlrow", "getlock"}
 )
 
 // contenderFor builds the named contender on st. Its locks live under keys
@@ -95,6 +98,12 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 		return ttlRowContender(tb, st.pool)
 	case "pg/advisory":
 		return advisoryContender(st.pool)
+	case "mysql/dislock":
+		return dislockContender(tb, newDislockMySQL(tb, st.db))
+	case "mysql/ttlrow":
+		return mysqlTTLRowContender(tb, st.db)
+	case "mysql/getlock":
+		return getLockContender(st.db)
 	}
 	tb.Fatalf("no contender %s/%s", st.name, which)
 	return nil
