@@ -44,7 +44,11 @@ type store struct {
 	rt   roundTrip
 	pool *pgxpool.Pool
 	db   *sql.DB // MySQL
-	rdb  *redis.Client
+	// newDB opens another MySQL pool of the same size on the same counted
+	// connector: a dislock contender's own, as a process of its own has
+	// (its waiters pin two connections each, see mysqllock's doc).
+	newDB func() *sql.DB
+	rdb   *redis.Client
 	// serverCPU returns the server's CPU time so far (Redis only; nil for
 	// PostgreSQL, whose CPU is spread over many processes).
 	serverCPU func(ctx context.Context) (time.Duration, error)
@@ -99,7 +103,7 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 	case "pg/advisory":
 		return advisoryContender(st.pool)
 	case "mysql/dislock":
-		return dislockContender(tb, newDislockMySQL(tb, st.db))
+		return dislockContender(tb, newDislockMySQL(tb, st.newDB()))
 	case "mysql/ttlrow":
 		return mysqlTTLRowContender(tb, st.db)
 	case "mysql/getlock":

@@ -50,15 +50,19 @@ func mysqlStore(tb testing.TB, n *atomic.Int64) *store {
 	if n != nil {
 		c = countingConnector{Connector: conn, n: n}
 	}
-	db := sql.OpenDB(c)
-	db.SetMaxOpenConns(mysqlConns)
-	db.SetMaxIdleConns(mysqlConns)
-	tb.Cleanup(func() { _ = db.Close() })
+	newDB := func() *sql.DB {
+		db := sql.OpenDB(c)
+		db.SetMaxOpenConns(mysqlConns)
+		db.SetMaxIdleConns(mysqlConns)
+		tb.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	db := newDB()
 	if err := db.Ping(); err != nil {
 		tb.Fatalf("mysql ping: %v", err)
 	}
 	dropMySQLAtExit(cfg)
-	return &store{name: "mysql", url: raw, db: db, rt: func(ctx context.Context) error {
+	return &store{name: "mysql", url: raw, db: db, newDB: newDB, rt: func(ctx context.Context) error {
 		var one int
 		return db.QueryRowContext(ctx, "SELECT 1").Scan(&one)
 	}}
