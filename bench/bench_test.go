@@ -264,6 +264,10 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 				u, err := cs[g].wait(ctx, key)
 				if err != nil {
 					errs[g] = err
+					mu.Lock()
+					acquired = b.N // let the others finish
+					turn.Broadcast()
+					mu.Unlock()
 					return
 				}
 				now := time.Now()

@@ -244,6 +244,12 @@ ON DUPLICATE KEY UPDATE owner = IF(expire_at < NOW(6), VALUES(owner), owner),
 	take := func(ctx context.Context, key string, ttl time.Duration) (string, error) {
 		owner := rand.Text()
 		res, err := db.ExecContext(ctx, acquire, key, owner, ttl.Microseconds())
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1213 {
+			// InnoDB's deadlock between concurrent upserts of one key
+			// (their next-key locks): the other one won.
+			return "", errBusy
+		}
 		if err != nil {
 			return "", err
 		}
