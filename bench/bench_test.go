@@ -346,6 +346,9 @@ func BenchmarkHold1000(b *testing.B) {
 	}
 }
 
+// holdRuns numbers the runs of hold, for fresh keys in each.
+var holdRuns atomic.Int64
+
 func hold(b *testing.B, s, which string) {
 	ctx := bg(b)
 	var (
@@ -407,8 +410,9 @@ func hold(b *testing.B, s, which string) {
 	)
 	defer func() { stop(); wg.Wait() }()
 	keys := make([]string, leases)
+	iter := fmt.Sprint(holdRuns.Add(1)) // -count > 1: the last run's TTL rows may still be held
 	for i := range keys {
-		keys[i] = name(which, "hold", fmt.Sprint(i))
+		keys[i] = name(which, "hold", iter, fmt.Sprint(i))
 	}
 	if which == "dislock" {
 		var l core.Locker
