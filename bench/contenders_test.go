@@ -342,19 +342,24 @@ WHERE key = $1 AND owner = $2`
 				return err
 			}, nil
 		},
-		wait: func(ctx context.Context, key string) (unlockFunc, error) {
-			for {
-				u, err := try(ctx, key)
-				if !errors.Is(err, errBusy) {
-					return u, err
-				}
-				select {
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				case <-time.After(ttlRowPoll):
-				}
+		wait: pollWait(try),
+	}
+}
+
+// pollWait waits by calling try every ttlRowPoll while the lock is busy.
+func pollWait(try func(ctx context.Context, key string) (unlockFunc, error)) func(ctx context.Context, key string) (unlockFunc, error) {
+	return func(ctx context.Context, key string) (unlockFunc, error) {
+		for {
+			u, err := try(ctx, key)
+			if !errors.Is(err, errBusy) {
+				return u, err
 			}
-		},
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(ttlRowPoll):
+			}
+		}
 	}
 }
 

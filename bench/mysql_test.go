@@ -285,19 +285,7 @@ ON DUPLICATE KEY UPDATE owner = IF(expire_at < NOW(6), VALUES(owner), owner),
 				return err
 			}, nil
 		},
-		wait: func(ctx context.Context, key string) (unlockFunc, error) {
-			for {
-				u, err := try(ctx, key)
-				if !errors.Is(err, errBusy) {
-					return u, err
-				}
-				select {
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				case <-time.After(ttlRowPoll):
-				}
-			}
-		},
+		wait: pollWait(try),
 	}
 }
 

@@ -122,12 +122,7 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		if err != nil {
 			return nil, err
 		}
-		done := time.Now()
-		out := make([]removal, 0, len(keys))
-		for _, k := range keys {
-			out = append(out, removal{key: k, sent: sent, done: done, tokens: removed[k]})
-		}
-		return out, nil
+		return removals(keys, sent, removed), nil
 	}
 	probeCfg := proxiedPGConfig(t, u, px, app).ConnConfig
 	env.probe = func(ctx context.Context) error {
@@ -154,6 +149,17 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		direct.Close()
 	}
 	return env
+}
+
+// removals are the removals of one deletion of keys sent at sent and
+// answered now, with the tokens it removed by key.
+func removals(keys []string, sent time.Time, removed map[string][]uint64) []removal {
+	done := time.Now()
+	out := make([]removal, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, removal{key: k, sent: sent, done: done, tokens: removed[k]})
+	}
+	return out
 }
 
 // redisTarget is the Redis server a run uses: a private redis-server with

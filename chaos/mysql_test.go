@@ -150,12 +150,7 @@ func mysqlSetup(t *testing.T, h *Harness, keys []string, prefix string) *backend
 		if err != nil {
 			return nil, err
 		}
-		done := time.Now()
-		out := make([]removal, 0, len(keys))
-		for _, k := range keys {
-			out = append(out, removal{key: k, sent: sent, done: done, tokens: removed[k]})
-		}
-		return out, nil
+		return removals(keys, sent, removed), nil
 	}
 	probeCfg := mt.cfg.Clone()
 	probeCfg.Addr = px.Addr()
