@@ -18,7 +18,7 @@ import (
 // reqs counts the commands (Redis) or statements (PostgreSQL) the contender's
 // client has sent so far.
 func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *store, which string, reqs func() int64)) {
-	for _, s := range []string{"redis", "pg", "zk"} {
+	for _, s := range stores {
 		for _, which := range names[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
 				st, reqs := counted(b, s)
@@ -28,8 +28,11 @@ func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *
 	}
 }
 
-// counted connects to store s ("redis" or "pg") with a client that counts
-// its requests.
+// stores are the servers the benchmarks run on, in order.
+var stores = []string{"redis", "pg", "mysql", "zk"}
+
+// counted connects to store s ("redis", "pg" or "mysql") with a client
+// that counts its requests.
 func counted(b *testing.B, s string) (*store, func() int64) {
 	if s == "redis" {
 		h := &commandCount{}
@@ -40,6 +43,10 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 	if s == "zk" {
 		cnt := &zkCounter{}
 		return zkStore(b, cnt), cnt.reqs.Load
+	}
+	if s == "mysql" {
+		var n atomic.Int64
+		return mysqlStore(b, &n), n.Load
 	}
 	t := &statementCount{}
 	return pgStore(b, benchPG(b), t), t.n.Load
@@ -54,7 +61,7 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-var all = map[string][]string{"redis": redisContenders, "pg": pgContenders, "zk": zkContenders}
+var all = map[string][]string{"redis": redisContenders, "pg": pgContenders, "mysql": mysqlContenders, "zk": zkContenders}
 
 func bg(b *testing.B) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -297,6 +304,7 @@ var handoffContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "dislock-async", "ttlrow", "advisory"},
 	"zk":    {"dislock", "zklock"},
+	"mysql": {"dislock", "ttlrow", "getlock"},
 }
 
 // BenchmarkHandoff: 16 goroutines, each its own Locker (as 16 processes
@@ -307,7 +315,7 @@ var handoffContenders = map[string][]string{
 // client's commands (Redis) or statements (PostgreSQL) per acquisition,
 // polling included.
 func BenchmarkHandoff(b *testing.B) {
-	for _, s := range []string{"redis", "pg", "zk"} {
+	for _, s := range stores {
 		for _, which := range handoffContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) {
 				st, reqs := counted(b, s)
@@ -356,6 +364,10 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 				u, err := cs[g].wait(ctx, key)
 				if err != nil {
 					errs[g] = err
+					mu.Lock()
+					acquired = b.N // let the others finish
+					turn.Broadcast()
+					mu.Unlock()
 					return
 				}
 				now := time.Now()
@@ -432,6 +444,7 @@ var holdContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "ttlrow"},
 	"zk":    {"dislock", "zklock"},
+	"mysql": {"dislock", "ttlrow"},
 }
 
 // BenchmarkHold1000 holds 1,000 leases of a 3 s TTL, renewed every second:
@@ -442,12 +455,15 @@ var holdContenders = map[string][]string{
 // database), the client's round trips (Redis; a pipeline counts once) or
 // statements (PostgreSQL), and the client's CPU time per lock and second.
 func BenchmarkHold1000(b *testing.B) {
-	for _, s := range []string{"redis", "pg", "zk"} {
+	for _, s := range stores {
 		for _, which := range holdContenders[s] {
 			b.Run(s+"/"+which, func(b *testing.B) { hold(b, s, which) })
 		}
 	}
 }
+
+// holdRuns numbers the runs of hold, for fresh keys in each.
+var holdRuns atomic.Int64
 
 func hold(b *testing.B, s, which string) {
 	if s == "zk" {
@@ -469,6 +485,15 @@ func hold(b *testing.B, s, which string) {
 		trips = h.trips.Load
 		plain := newRedis(b, st.url, nil)
 		server = func() (int64, error) { return serverCommands(ctx, plain) }
+		settle = func() error { return nil }
+	} else if s == "mysql" {
+		// The client's statements only: the shared server's counters
+		// (SHOW GLOBAL STATUS) include other clients.
+		var n atomic.Int64
+		st = mysqlStore(b, &n)
+		trips = n.Load
+		tripUnit, srvUnit = "client-stmts/interval", ""
+		server = func() (int64, error) { return 0, nil }
 		settle = func() error { return nil }
 	} else {
 		t := &statementCount{}
@@ -505,13 +530,16 @@ func hold(b *testing.B, s, which string) {
 	)
 	defer func() { stop(); wg.Wait() }()
 	keys := make([]string, leases)
+	iter := fmt.Sprint(holdRuns.Add(1)) // -count > 1: the last run's TTL rows may still be held
 	for i := range keys {
-		keys[i] = name(which, "hold", fmt.Sprint(i))
+		keys[i] = name(which, "hold", iter, fmt.Sprint(i))
 	}
 	if which == "dislock" {
 		var l core.Locker
 		if s == "redis" {
 			l = newDislockRedis(b, st.rdb, "")
+		} else if s == "mysql" {
+			l = newDislockMySQL(b, st.db)
 		} else {
 			l = newDislockPG(b, st.pool)
 		}
@@ -579,7 +607,9 @@ func hold(b *testing.B, s, which string) {
 		b.Errorf("%d refreshes failed", n)
 	}
 	intervals := elapsed.Seconds() / renewInterval.Seconds()
-	b.ReportMetric(float64(srv1-srv0)/intervals, srvUnit)
+	if srvUnit != "" {
+		b.ReportMetric(float64(srv1-srv0)/intervals, srvUnit)
+	}
 	b.ReportMetric(float64(trips1-trips0)/intervals, tripUnit)
 	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/(leases*elapsed.Seconds()), "cpu-µs/lock·s")
 	rtt := meanRTT(ctx, b, st.rt, 200)

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"errors"
 	"fmt"
 	"testing"
@@ -38,11 +39,16 @@ type contender struct {
 
 // store is what the contenders of one server share in one benchmark.
 type store struct {
-	name string // "pg" or "redis"
+	name string // "pg", "redis" or "mysql"
 	url  string
 	rt   roundTrip
 	pool *pgxpool.Pool
-	rdb  *redis.Client
+	db   *sql.DB // MySQL
+	// newDB opens another MySQL pool of the same size on the same counted
+	// connector: a dislock contender's own, as a process of its own has
+	// (its waiters pin two connections each, see mysqllock's doc).
+	newDB func() *sql.DB
+	rdb   *redis.Client
 	// serverCPU returns the server's CPU time so far: Redis's (INFO cpu),
 	// or that of the PostgreSQL processes serving the pool's connections
 	// (from /proc, when the server runs on this machine; else nil).
@@ -88,6 +94,7 @@ func pgStore(tb testing.TB, url string, tracer pgx.QueryTracer) *store {
 var (
 	redisContenders = []string{"dislock", "bsm", "redsync", "raw"}
 	pgContenders    = []string{"dislock", "dislock-async", "dislock-nonotify", "ttlrow", "advisory"}
+	mysqlContenders = []string{"dislock", "ttlrow", "getlock"}
 )
 
 // contenderFor builds the named contender on st. Its locks live under keys
@@ -116,6 +123,12 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 		return ttlRowContender(tb, st.pool)
 	case "pg/advisory":
 		return advisoryContender(st.pool)
+	case "mysql/dislock":
+		return dislockContender(tb, newDislockMySQL(tb, st.newDB()))
+	case "mysql/ttlrow":
+		return mysqlTTLRowContender(tb, st.db)
+	case "mysql/getlock":
+		return getLockContender(st.db)
 	}
 	tb.Fatalf("no contender %s/%s", st.name, which)
 	return nil
@@ -350,19 +363,24 @@ WHERE key = $1 AND owner = $2`
 				return err
 			}, nil
 		},
-		wait: func(ctx context.Context, key string) (unlockFunc, error) {
-			for {
-				u, err := try(ctx, key)
-				if !errors.Is(err, errBusy) {
-					return u, err
-				}
-				select {
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				case <-time.After(ttlRowPoll):
-				}
+		wait: pollWait(try),
+	}
+}
+
+// pollWait waits by calling try every ttlRowPoll while the lock is busy.
+func pollWait(try func(ctx context.Context, key string) (unlockFunc, error)) func(ctx context.Context, key string) (unlockFunc, error) {
+	return func(ctx context.Context, key string) (unlockFunc, error) {
+		for {
+			u, err := try(ctx, key)
+			if !errors.Is(err, errBusy) {
+				return u, err
 			}
-		},
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(ttlRowPoll):
+			}
+		}
 	}
 }
 

@@ -11,13 +11,16 @@ import (
 // the real servers (the benchmarks themselves only run under -bench), and
 // that a second try on a held key reads as busy.
 func TestSmoke(t *testing.T) {
-	for _, s := range []string{"redis", "pg"} {
+	for _, s := range stores {
 		for _, which := range all[s] {
 			t.Run(s+"/"+which, func(t *testing.T) {
 				var st *store
-				if s == "redis" {
+				switch s {
+				case "redis":
 					st = redisStore(t, nil)
-				} else {
+				case "mysql":
+					st = mysqlStore(t, nil)
+				default:
 					st = pgStore(t, serverURL(t, "pg"), nil)
 				}
 				c := contenderFor(t, st, which)

@@ -122,12 +122,7 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		if err != nil {
 			return nil, err
 		}
-		done := time.Now()
-		out := make([]removal, 0, len(keys))
-		for _, k := range keys {
-			out = append(out, removal{key: k, sent: sent, done: done, tokens: removed[k]})
-		}
-		return out, nil
+		return removals(keys, sent, removed), nil
 	}
 	probeCfg := proxiedPGConfig(t, u, px, app).ConnConfig
 	env.probe = func(ctx context.Context) error {
@@ -154,6 +149,17 @@ func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		direct.Close()
 	}
 	return env
+}
+
+// removals are the removals of one deletion of keys sent at sent and
+// answered now, with the tokens it removed by key.
+func removals(keys []string, sent time.Time, removed map[string][]uint64) []removal {
+	done := time.Now()
+	out := make([]removal, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, removal{key: k, sent: sent, done: done, tokens: removed[k]})
+	}
+	return out
 }
 
 // redisTarget is the Redis server a run uses: a private redis-server with
@@ -342,22 +348,26 @@ func optionalPG() (*url.URL, bool) {
 	return u, err == nil
 }
 
-func TestChaosPG(t *testing.T) {
-	pgURL(t)
+// chaosSeeds runs the tier's seeds on one backend.
+func chaosSeeds(t *testing.T, setup func(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv) {
 	for i, seed := range seeds() {
 		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
-			runChaos(t, tierRun(seed), pgSetup)
+			runChaos(t, tierRun(seed), setup)
 		})
 	}
 }
 
-func TestChaosRedis(t *testing.T) {
-	for i, seed := range seeds() {
-		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
-			runChaos(t, tierRun(seed), redisSetup)
-		})
-	}
+func TestChaosPG(t *testing.T) {
+	pgURL(t)
+	chaosSeeds(t, pgSetup)
 }
+
+func TestChaosRedis(t *testing.T) { chaosSeeds(t, redisSetup) }
+
+// TestChaosMySQL runs the tier on a private MariaDB server (the shared one
+// when the binaries are missing, outside CI): the proxy's faults, deleted
+// lock rows and the server killed and restarted with durable commits.
+func TestChaosMySQL(t *testing.T) { chaosSeeds(t, mysqlSetup) }
 
 // seeds is one seed in the short tier and a sweep in the long one.
 func seeds() []uint64 {

@@ -256,9 +256,5 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 }
 
 func TestChaosEtcd(t *testing.T) {
-	for i, seed := range seeds() {
-		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
-			runChaos(t, tierRun(seed), etcdSetup)
-		})
-	}
+	chaosSeeds(t, etcdSetup)
 }

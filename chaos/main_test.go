@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -15,6 +16,12 @@ var libLogs = &sink{}
 
 type redisLogger struct{}
 
+// mysqlLogger receives what go-sql-driver logs (broken connections), for
+// the same sweeps.
+type mysqlLogger struct{}
+
+func (mysqlLogger) Print(v ...any) { fmt.Fprintln(libLogs, v...) }
+
 func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 	fmt.Fprintf(libLogs, format+"\n", v...)
 }
@@ -24,5 +31,6 @@ func TestMain(m *testing.M) {
 		return
 	}
 	redis.SetLogger(redisLogger{})
+	_ = mysql.SetLogger(mysqlLogger{})
 	goleak.VerifyTestMain(m, toxiproxyStuck)
 }

@@ -115,16 +115,7 @@ func pgCrashRun(t *testing.T, srv *pgServer, mode pgMode) {
 		})
 	defer endWitness()
 
-	var killedAt time.Time
-	var down time.Duration
-	crash := stepFault{name: "pg-crash-" + mode.name, stateLoss: mode.stateLoss, run: func(ctx context.Context) error {
-		killedAt = time.Now()
-		srv.crash()
-		sleepCtx(ctx, 300*time.Millisecond)
-		err := srv.start()
-		down = time.Since(killedAt)
-		return err
-	}}
+	crash, cc := crashStep("pg-crash-"+mode.name, mode.stateLoss, srv.crash, srv.start)
 	cfg := runConfig{contenders: 3, keys: len(keys), timing: shortTiming}
 	rep, allowed := runSteps(t, cfg, env, keys, rec, logs, 2*time.Second, []stepFault{crash})
 	if !mode.stateLoss && len(allowed) > 0 {
@@ -157,25 +148,14 @@ func pgCrashRun(t *testing.T, srv *pgServer, mode pgMode) {
 	}
 	f := figs[0]
 	var before int
-	if err := adminPool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE acquired_at < $1`, killedAt).Scan(&before); err != nil {
+	if err := adminPool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE acquired_at < $1`, cc.killedAt).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
 	regressions := f.Regressions + tokenRegressions(rep)
 	figure(t, "PostgreSQL crash, %s: %v; server down %v; %d rows from before the crash left; %d token regressions in the contenders' history",
-		mode.name, f, down.Round(time.Millisecond), before, tokenRegressions(rep))
+		mode.name, f, cc.down.Round(time.Millisecond), before, tokenRegressions(rep))
 
-	if f.Acked < 50 {
-		t.Errorf("only %d acquisitions were acknowledged before the crash: too few to tell", f.Acked)
-	}
-	if regressions != 0 {
-		t.Errorf("fencing tokens went backwards across the crash %d times", regressions)
-	}
-	if f.Unaware != 0 {
-		t.Errorf("%d holders still think they hold a lock the crash lost", f.Unaware)
-	}
-	if f.Recovery < 0 {
-		t.Errorf("locking never worked again after the restart")
-	}
+	checkCrash(t, f, regressions)
 	switch mode.name {
 	case "durable":
 		if f.Lost != 0 {
@@ -194,6 +174,46 @@ func pgCrashRun(t *testing.T, srv *pgServer, mode pgMode) {
 			t.Errorf("unlogged table: %d rows from before the crash are left, %d of %d acknowledged acquisitions survived; want an empty table",
 				before, f.Acked-f.LostBefore, f.Acked)
 		}
+	}
+}
+
+// crashTimes are when a crashStep killed the server and how long it was
+// down.
+type crashTimes struct {
+	killedAt time.Time
+	down     time.Duration
+}
+
+// crashStep is the step that kills the server (crash), waits 300 ms and
+// starts it again on its data.
+func crashStep(name string, stateLoss bool, crash func(), start func() error) (stepFault, *crashTimes) {
+	cc := &crashTimes{}
+	return stepFault{name: name, stateLoss: stateLoss, run: func(ctx context.Context) error {
+		cc.killedAt = time.Now()
+		crash()
+		sleepCtx(ctx, 300*time.Millisecond)
+		err := start()
+		cc.down = time.Since(cc.killedAt)
+		return err
+	}}, cc
+}
+
+// checkCrash checks what every crash must keep, whatever the durability:
+// enough acknowledged acquisitions to tell, fencing tokens that never go
+// back, no holder unaware of a loss, and locking working again.
+func checkCrash(t *testing.T, f faultFigures, regressions int) {
+	t.Helper()
+	if f.Acked < 50 {
+		t.Errorf("only %d acquisitions were acknowledged before the crash: too few to tell", f.Acked)
+	}
+	if regressions != 0 {
+		t.Errorf("fencing tokens went backwards across the crash %d times", regressions)
+	}
+	if f.Unaware != 0 {
+		t.Errorf("%d holders still think they hold a lock the crash lost", f.Unaware)
+	}
+	if f.Recovery < 0 {
+		t.Errorf("locking never worked again after the restart")
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/etcdlock"
+	"github.com/dislock/dislock/mysqllock"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
 	"github.com/dislock/dislock/zklock"
@@ -148,6 +149,16 @@ func TestChaosZooKeeperSemaphore(t *testing.T) {
 		t.Skip("long tier only (-chaos.long or DISLOCK_CHAOS_LONG=1)")
 	}
 	runSemaphore(t, (*zklock.Backend)(nil), 0, zkSetup)
+}
+
+// TestChaosMySQLSemaphore is the semaphore run on MySQL: the proxy's
+// faults, the server killed and restarted, and deleted header and permit
+// rows. Long tier only: the short tier's budget has no room for it.
+func TestChaosMySQLSemaphore(t *testing.T) {
+	if !longTier() {
+		t.Skip("long tier only (-chaos.long or DISLOCK_CHAOS_LONG=1)")
+	}
+	runSemaphore(t, (*mysqllock.Backend)(nil), 0, mysqlSetup)
 }
 
 // TestChaosRedisSemaphore is the semaphore run on Redis: the proxy's faults,

@@ -122,11 +122,7 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 }
 
 func TestChaosZooKeeper(t *testing.T) {
-	for i, seed := range seeds() {
-		t.Run(fmt.Sprintf("seed%d", i), func(t *testing.T) {
-			runChaos(t, tierRun(seed), zkSetup)
-		})
-	}
+	chaosSeeds(t, zkSetup)
 }
 
 // zkSlowRenewals stalls the renewals of one ZooKeeper Locker (see

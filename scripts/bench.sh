@@ -8,6 +8,9 @@
 #
 # PostgreSQL: DISLOCK_BENCH_PG, else DISLOCK_TEST_PG (the benchmarks create a
 # private database on it for the run and drop it at the end).
+# MySQL / MariaDB: DISLOCK_BENCH_MYSQL, else DISLOCK_TEST_MYSQL (the
+# benchmarks' tables and procedures carry the run's name and are dropped at
+# the end; statement counts are the client's).
 # Redis: DISLOCK_BENCH_REDIS; when unset, a private redis-server on a free
 # loopback port, so that INFO commandstats and CPU counts see only this run.
 # Extra arguments go to `go test` (e.g. -bench Handoff, -benchtime 2s).
@@ -49,6 +52,15 @@ redis_version() {
   redis-cli -h "${u%%:*}" -p "${u##*:}" info server 2>/dev/null | tr -d '\r' | sed -n 's/^redis_version://p'
 }
 
+mysql_version() {
+  local u=${DISLOCK_BENCH_MYSQL:-${DISLOCK_TEST_MYSQL-mysql://root@127.0.0.1:3306/test}}
+  [[ $u == mysql://* || $u == mariadb://* ]] || return 1
+  u=${u#*://}; local cred=""; [[ $u == *@* ]] && { cred=${u%%@*}; u=${u#*@}; }
+  local hp=${u%%/*} user=${cred%%:*}; local port=${hp##*:}; [ "$port" = "$hp" ] && port=3306
+  local cli; cli=$(command -v mariadb || command -v mysql) || return 1
+  MYSQL_PWD=$([[ $cred == *:* ]] && echo "${cred#*:}") "$cli" -h "${hp%%:*}" -P "$port" -u "${user:-root}" -N -e 'SELECT VERSION()' 2>/dev/null
+}
+
 mkdir -p bench/results
 out=bench/results/bench-$(date -u +%Y%m%dT%H%M%SZ).txt
 {
@@ -57,6 +69,7 @@ out=bench/results/bench-$(date -u +%Y%m%dT%H%M%SZ).txt
   echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"
   echo "go:       $(go version | cut -d' ' -f3-)"
   echo "postgres: $(psql "$PG_URL" -Atc 'SHOW server_version' 2>/dev/null || echo unknown)"
+  echo "mysql:    $(mysql_version || echo unknown)"
   echo "redis:    $(redis_version || echo unknown)$([ -n "$redis_pid" ] && echo ' (private instance for this run)')"
   echo
 } | tee "$out"
