@@ -43,8 +43,10 @@ type Client struct {
 	undoing    bool                  // the undo goroutine runs
 	undoWake   chan struct{}
 	calls      int                    // store calls that may outlive their acquisition (calls.go)
-	callsIdle  chan struct{}          // closed when calls drops to 0
+	callsIdle  chan struct{}          // closed when calls drops to 0; made only when waitCalls waits
 	callsCut   bool                   // Close no longer waits for such calls: their late results are dropped
+	work       chan runner            // store calls for an idle call worker (calls.go)
+	workStop   chan struct{}          // closed by Close: idle call workers exit
 	groupSeq   uint64                 // last renewal group handed out (renewer goroutine only)
 	waiters    map[string][]*waiter   // per key, oldest first
 	echoes     map[string][]time.Time // own releases whose notification is due back
@@ -91,6 +93,8 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		echoes:   make(map[string][]time.Time),
 		wake:     make(chan struct{}, 1),
 		undoWake: make(chan struct{}, 1),
+		work:     make(chan runner),
+		workStop: make(chan struct{}),
 	}
 	c.watcher, _ = b.(Watcher)
 	c.queuer, _ = b.(Queuer)
@@ -363,10 +367,17 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token, limit: req.Limit,
 		slot: cfg.schedule != nil, ttl: cfg.ttl, interval: cfg.renewInterval,
 		renewDeadline: cfg.renewDeadline, minHold: cfg.minHold,
-		acquiredAt: sent, obsCtx: context.WithoutCancel(ctx),
-		done: make(chan struct{}),
+		acquiredAt: sent,
+		done:       make(chan struct{}),
 	}
-	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(userCtx))
+	if c.obs != nil {
+		s.obsCtx = context.WithoutCancel(ctx)
+	}
+	base := userCtx
+	if _, ok := base.Deadline(); ok || base.Done() != nil {
+		base = context.WithoutCancel(base) // the session outlives the caller's ctx
+	}
+	s.ctx, s.cancel = context.WithCancelCause(base)
 	if s.slot {
 		base := lease.AcquiredAt
 		if base.IsZero() {
@@ -509,6 +520,7 @@ func (c *Client) Close() error {
 	// what it claims after that expires at its TTL.
 	c.waitCalls(closeUndoWait)
 	c.cutCalls()
+	close(c.workStop) // no store call is handed to a worker from now on
 
 	c.mu.Lock()
 	list := make([]*session, 0, len(c.sessions)+len(c.owed))

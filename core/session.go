@@ -17,8 +17,8 @@ type session struct {
 	slot                   bool
 	ttl, interval          time.Duration
 	renewDeadline, minHold time.Duration
-	acquiredAt             time.Time // local, monotonic
-	obsCtx                 context.Context
+	acquiredAt             time.Time       // local, monotonic
+	obsCtx                 context.Context // the observer's context (nil without an observer)
 	ctx                    context.Context
 	cancel                 context.CancelCauseFunc
 	done                   chan struct{}
