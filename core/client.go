@@ -282,10 +282,20 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 // behind expires within the queue TTL.
 func (c *Client) leave(bud *budget, ctx context.Context, key, waiter string) {
 	_, _ = storeCall(c, bud, func() (struct{}, error) {
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+		lctx, cancel := context.WithTimeout(detach(ctx), c.cfg.releaseTimeout)
 		defer cancel()
 		return struct{}{}, c.queuer.Leave(lctx, key, waiter)
 	}, nil)
+}
+
+// detach returns a context with ctx's values that is never cancelled and
+// has no deadline: ctx itself when it can never end, which saves
+// context.WithoutCancel an allocation.
+func detach(ctx context.Context) context.Context {
+	if _, ok := ctx.Deadline(); !ok && ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // retryable reports whether Acquire keeps waiting after err: anything but
@@ -373,11 +383,7 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 	if c.obs != nil {
 		s.obsCtx = context.WithoutCancel(ctx)
 	}
-	base := userCtx
-	if _, ok := base.Deadline(); ok || base.Done() != nil {
-		base = context.WithoutCancel(base) // the session outlives the caller's ctx
-	}
-	s.ctx, s.cancel = context.WithCancelCause(base)
+	s.ctx, s.cancel = context.WithCancelCause(detach(userCtx)) // the session outlives the caller's ctx
 	if s.slot {
 		base := lease.AcquiredAt
 		if base.IsZero() {
@@ -485,7 +491,7 @@ func (c *Client) forget(s *session) {
 // A store that holds nothing of ownerToken's (Gone) has nothing to undo:
 // that is done, not an error.
 func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string, limit int) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+	rctx, cancel := context.WithTimeout(detach(ctx), c.cfg.releaseTimeout)
 	defer cancel()
 	err := c.b.Release(rctx, ReleaseRequest{Key: key, OwnerToken: ownerToken, Limit: limit})
 	switch {

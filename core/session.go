@@ -156,7 +156,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 		if !kept {
 			echo = c.expectEcho(s.key)
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+		rctx, cancel := context.WithTimeout(detach(ctx), c.cfg.releaseTimeout)
 		var late *time.Timer
 		if held {
 			// The session stays held until the store answers, but not past
