@@ -65,9 +65,6 @@ func (c *Client) startCall() bool {
 	if c.callsCut {
 		return false
 	}
-	if c.calls == 0 {
-		c.callsIdle = make(chan struct{})
-	}
 	c.calls++
 	return true
 }
@@ -76,8 +73,9 @@ func (c *Client) endCall() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls--
-	if c.calls == 0 {
+	if c.calls == 0 && c.callsIdle != nil {
 		close(c.callsIdle)
+		c.callsIdle = nil
 	}
 }
 
@@ -88,6 +86,9 @@ func (c *Client) waitCalls(d time.Duration) bool {
 	if c.calls == 0 {
 		c.mu.Unlock()
 		return true
+	}
+	if c.callsIdle == nil {
+		c.callsIdle = make(chan struct{})
 	}
 	idle := c.callsIdle
 	c.mu.Unlock()
@@ -117,36 +118,81 @@ const (
 	callAbandoned
 )
 
-// storeCall runs fn on a goroutine of its own and returns its result, or,
-// when fn has not returned within the budget, an errNoReply: fn then
-// finishes in the background and late gets its result (late may be nil).
-// Close waits for it.
+// storeCall runs fn on one of the client's call workers and returns its
+// result, or, when fn has not returned within the budget, an errNoReply:
+// fn then finishes in the background and late gets its result (late may
+// be nil). Close waits for it.
 func storeCall[T any](c *Client, bud *budget, fn func() (T, error), late func(T, error)) (T, error) {
 	var zero T
 	if !c.startCall() {
 		return zero, ErrClosed
 	}
-	var (
-		state atomic.Int32
-		done  = make(chan struct{})
-		v     T
-		err   error
-	)
-	go func() {
-		defer c.endCall()
-		rv, rerr := fn()
-		v, err = rv, rerr
-		if state.CompareAndSwap(callPending, callDelivered) {
-			close(done)
-			return
-		}
-		if late != nil {
-			late(rv, rerr)
-		}
-	}()
-	if bud.wait(done) || !state.CompareAndSwap(callPending, callAbandoned) {
-		<-done
-		return v, err
+	t := &callTask[T]{c: c, fn: fn, late: late, done: make(chan struct{})}
+	c.runCall(t)
+	if bud.wait(t.done) || !t.state.CompareAndSwap(callPending, callAbandoned) {
+		<-t.done
+		return t.v, t.err
 	}
 	return zero, errNoReply{}
+}
+
+// callTask is one store call handed to a call worker.
+type callTask[T any] struct {
+	c     *Client
+	fn    func() (T, error)
+	late  func(T, error)
+	state atomic.Int32
+	done  chan struct{}
+	v     T
+	err   error
+}
+
+func (t *callTask[T]) run() {
+	defer t.c.endCall()
+	v, err := t.fn()
+	t.v, t.err = v, err
+	if t.state.CompareAndSwap(callPending, callDelivered) {
+		close(t.done)
+		return
+	}
+	if t.late != nil {
+		t.late(v, err)
+	}
+}
+
+// runner is a task for a call worker.
+type runner interface{ run() }
+
+// workerIdle is how long a call worker waits for its next store call
+// before it exits. Store calls run on workers rather than on a goroutine
+// each, so that the stack a store's call path grows is kept from one call
+// to the next; an idle client keeps none (and Close stops them all).
+const workerIdle = 100 * time.Millisecond
+
+// runCall hands t to an idle call worker, or starts one for it.
+func (c *Client) runCall(t runner) {
+	select {
+	case c.work <- t:
+	default:
+		go c.callWorker(t)
+	}
+}
+
+// callWorker runs t, then the store calls handed to it, until it has been
+// idle for workerIdle or Close stops the workers.
+func (c *Client) callWorker(t runner) {
+	t.run()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case t := <-c.work:
+			t.run()
+			idle.Reset(workerIdle)
+		case <-idle.C:
+			return
+		case <-c.workStop:
+			return
+		}
+	}
 }

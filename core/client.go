@@ -43,8 +43,10 @@ type Client struct {
 	undoing    bool                  // the undo goroutine runs
 	undoWake   chan struct{}
 	calls      int                    // store calls that may outlive their acquisition (calls.go)
-	callsIdle  chan struct{}          // closed when calls drops to 0
+	callsIdle  chan struct{}          // closed when calls drops to 0; made only when waitCalls waits
 	callsCut   bool                   // Close no longer waits for such calls: their late results are dropped
+	work       chan runner            // store calls for an idle call worker (calls.go)
+	workStop   chan struct{}          // closed by Close: idle call workers exit
 	groupSeq   uint64                 // last renewal group handed out (renewer goroutine only)
 	waiters    map[string][]*waiter   // per key, oldest first
 	echoes     map[string][]time.Time // own releases whose notification is due back
@@ -91,6 +93,8 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		echoes:   make(map[string][]time.Time),
 		wake:     make(chan struct{}, 1),
 		undoWake: make(chan struct{}, 1),
+		work:     make(chan runner),
+		workStop: make(chan struct{}),
 	}
 	c.watcher, _ = b.(Watcher)
 	c.queuer, _ = b.(Queuer)
@@ -162,9 +166,8 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	}
 	// Store calls run on opCtx: the caller's ctx, also cut short by Close.
 	// None keeps the caller past bud: DeadlineSlack after opCtx ends.
-	opCtx, cancel := context.WithCancel(obsCtx)
+	opCtx, cancel, stop := c.opContext(obsCtx)
 	defer cancel()
-	stop := context.AfterFunc(c.closing, cancel)
 	defer stop()
 	bud := &budget{ctx: opCtx}
 	// ended builds the error of an acquisition that ctx or Close cut short.
@@ -278,10 +281,51 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 // behind expires within the queue TTL.
 func (c *Client) leave(bud *budget, ctx context.Context, key, waiter string) {
 	_, _ = storeCall(c, bud, func() (struct{}, error) {
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+		lctx, cancel := context.WithTimeout(detach(ctx), c.cfg.releaseTimeout)
 		defer cancel()
 		return struct{}{}, c.queuer.Leave(lctx, key, waiter)
 	}, nil)
+}
+
+// opContext returns the context of an acquisition's store calls: ctx,
+// also ended by Close; cancel and stop free it once the acquisition ends.
+func (c *Client) opContext(ctx context.Context) (opCtx context.Context, cancel func(), stop func() bool) {
+	if neverEnds(ctx) {
+		return closingCtx{ctx, c.closing}, func() {}, func() bool { return false }
+	}
+	opCtx, cancel = context.WithCancel(ctx)
+	return opCtx, cancel, context.AfterFunc(c.closing, cancel)
+}
+
+// closingCtx is the context of the store calls of an acquisition whose
+// caller's ctx never ends: the caller's values, ended by Close alone. It
+// costs less than a cancelCtx ended by an AfterFunc of Close.
+type closingCtx struct {
+	context.Context // the caller's: its values; no deadline, never done
+	closing         context.Context
+}
+
+func (x closingCtx) Done() <-chan struct{} { return x.closing.Done() }
+func (x closingCtx) Err() error            { return x.closing.Err() }
+
+// AfterFunc lets a context derived from x follow it without a goroutine
+// of its own (see context.AfterFunc).
+func (x closingCtx) AfterFunc(f func()) func() bool { return context.AfterFunc(x.closing, f) }
+
+// neverEnds reports whether ctx has no deadline and can never be cancelled.
+func neverEnds(ctx context.Context) bool {
+	_, ok := ctx.Deadline()
+	return !ok && ctx.Done() == nil
+}
+
+// detach returns a context with ctx's values that is never cancelled and
+// has no deadline: ctx itself when it can never end, which saves
+// context.WithoutCancel an allocation.
+func detach(ctx context.Context) context.Context {
+	if neverEnds(ctx) {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // retryable reports whether Acquire keeps waiting after err: anything but
@@ -363,10 +407,13 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token, limit: req.Limit,
 		slot: cfg.schedule != nil, ttl: cfg.ttl, interval: cfg.renewInterval,
 		renewDeadline: cfg.renewDeadline, minHold: cfg.minHold,
-		acquiredAt: sent, obsCtx: context.WithoutCancel(ctx),
-		done: make(chan struct{}),
+		acquiredAt: sent,
+		done:       make(chan struct{}),
 	}
-	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(userCtx))
+	if c.obs != nil {
+		s.obsCtx = context.WithoutCancel(ctx)
+	}
+	s.ctx, s.cancel = context.WithCancelCause(detach(userCtx)) // the session outlives the caller's ctx
 	if s.slot {
 		base := lease.AcquiredAt
 		if base.IsZero() {
@@ -474,7 +521,7 @@ func (c *Client) forget(s *session) {
 // A store that holds nothing of ownerToken's (Gone) has nothing to undo:
 // that is done, not an error.
 func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string, limit int) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+	rctx, cancel := context.WithTimeout(detach(ctx), c.cfg.releaseTimeout)
 	defer cancel()
 	err := c.b.Release(rctx, ReleaseRequest{Key: key, OwnerToken: ownerToken, Limit: limit})
 	switch {
@@ -509,6 +556,7 @@ func (c *Client) Close() error {
 	// what it claims after that expires at its TTL.
 	c.waitCalls(closeUndoWait)
 	c.cutCalls()
+	close(c.workStop) // no store call is handed to a worker from now on
 
 	c.mu.Lock()
 	list := make([]*session, 0, len(c.sessions)+len(c.owed))

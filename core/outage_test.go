@@ -285,3 +285,36 @@ func TestCloseWaitsForCallLeftRunning(t *testing.T) {
 		}
 	})
 }
+
+// Close cuts short an acquisition whose ctx never ends, on a store call
+// that ignores ctx: it returns ErrClosed DeadlineSlack after Close began,
+// and the claim that lands later is undone before Close returns.
+func TestCloseCutsCallOfCtxThatNeverEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		c, fb := newFrozen(t, st)
+		closed := make(chan error, 1)
+		go func() {
+			time.Sleep(time.Second)
+			closed <- c.Close()
+		}()
+		start := time.Now()
+		_, err := c.TryAcquire(context.Background(), "k", core.TTL(time.Minute))
+		if !errors.Is(err, core.ErrClosed) {
+			t.Fatalf("TryAcquire cut short by Close = %v, want ErrClosed", err)
+		}
+		if d := time.Since(start); d != time.Second+core.DeadlineSlack {
+			t.Errorf("TryAcquire returned after %v, want DeadlineSlack after Close began (%v)", d, time.Second+core.DeadlineSlack)
+		}
+		close(fb.frozen) // the claim lands now, while Close waits for it
+		if err := <-fb.landed; err != nil {
+			t.Fatalf("the late claim failed: %v", err)
+		}
+		if err := <-closed; err != nil {
+			t.Fatal(err)
+		}
+		if st.Held("k") {
+			t.Fatal("the claim that landed during Close outlived it")
+		}
+	})
+}

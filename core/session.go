@@ -17,8 +17,8 @@ type session struct {
 	slot                   bool
 	ttl, interval          time.Duration
 	renewDeadline, minHold time.Duration
-	acquiredAt             time.Time // local, monotonic
-	obsCtx                 context.Context
+	acquiredAt             time.Time       // local, monotonic
+	obsCtx                 context.Context // the observer's context (nil without an observer)
 	ctx                    context.Context
 	cancel                 context.CancelCauseFunc
 	done                   chan struct{}
@@ -156,7 +156,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 		if !kept {
 			echo = c.expectEcho(s.key)
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+		rctx, cancel := context.WithTimeout(detach(ctx), c.cfg.releaseTimeout)
 		var late *time.Timer
 		if held {
 			// The session stays held until the store answers, but not past
