@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
 )
@@ -66,7 +67,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 	}
 
 	fresh := testenv.Name("dislock_open_")
-	dropAtCleanup(t, admin, fresh)
+	mysqltest.DropAtCleanup(t, admin, fresh)
 	_, err = mysqllock.Open(ctx, testDSN(t), mysqllock.WithTable(fresh))
 	if !errors.Is(err, mysqllock.ErrSchema) || !strings.Contains(err.Error(), "mysqllock.Migrate") {
 		t.Fatalf("Open on a missing table: %v, want ErrSchema naming the fix", err)
@@ -80,7 +81,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 	}
 
 	own := testenv.Name("dislock_schema_")
-	dropAtCleanup(t, admin, own)
+	mysqltest.DropAtCleanup(t, admin, own)
 	stmts, err := mysqllock.SchemaSQL(own)
 	if err != nil {
 		t.Fatal(err)

@@ -362,18 +362,12 @@ const (
 	pruneBatch = 10000
 )
 
-// prune deletes ended rows when a prune is due (see pruneAfter). Its error
-// is dropped: the release it follows succeeded, and the next prune retries.
+// prune deletes ended rows when a prune is due (see pruneAfter).
 func (b *Backend) prune(ctx context.Context) {
 	if b.stmt.prune == "" {
 		return
 	}
-	if !b.pruneDue.Due(pruneEvery) {
-		return
-	}
-	if n, err := b.pruneRows(ctx, pruneAfter); err == nil && n >= pruneBatch {
-		b.pruneDue.Again()
-	}
+	b.pruneDue.Run(pruneEvery, pruneBatch, func() (int64, error) { return b.pruneRows(ctx, pruneAfter) })
 }
 
 // pruneRows deletes up to pruneBatch ended rows whose token is older than

@@ -21,8 +21,7 @@ import (
 
 // Rule: two Lockers on two separate pools (two processes) exclude each other.
 func TestTwoPoolsExclude(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	a := newClient(t, newBackend(t, table))
 	b := newClient(t, newBackend(t, table))
 	ctx := ctxT(t)
@@ -48,8 +47,7 @@ func TestTwoPoolsExclude(t *testing.T) {
 
 // Rule: 16 contenders on one key with a shared counter lose no update.
 func TestCounter16Contenders(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	lockers := []*core.Client{
 		newClient(t, newBackend(t, table)),
 		newClient(t, newBackend(t, table)),
@@ -91,8 +89,7 @@ func TestCounter16Contenders(t *testing.T) {
 // Rule: a busy key is answered by a read: the row is neither written nor
 // locked by a failed try.
 func TestBusyTryWritesNothing(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	a := newClient(t, newBackend(t, table))
 	b := newBackend(t, table)
@@ -172,8 +169,7 @@ func TestBadTableNames(t *testing.T) {
 // Rule: keys up to core.MaxKeyLen bytes work; longer ones are rejected
 // before any SQL is sent.
 func TestKeyLimits(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	b := newBackend(t, table)
 	l := newClient(t, b)
 	ctx := ctxT(t)
@@ -249,8 +245,7 @@ func TestSchemaCheck(t *testing.T) {
 // Rule: a role without DELETE on the table is told so at start-up.
 func TestRoleWithoutDelete(t *testing.T) {
 	needDirect(t, "it connects as a role of its own")
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	ctx := ctxT(t)
 	role := testenv.Name("dislock_role_")
@@ -287,8 +282,7 @@ func TestRoleWithoutDelete(t *testing.T) {
 // Rule: clients whose sessions use different TimeZone settings never both
 // hold a lock, and agree on its expiry.
 func TestTimeZones(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	zone := func(tz string) *core.Client {
 		return newClient(t, newBackendPool(t, table, func(c *pgxpool.Config) {
 			c.ConnConfig.RuntimeParams["timezone"] = tz
@@ -318,8 +312,7 @@ func TestTimeZones(t *testing.T) {
 // Rule: Watch returns an error, not a hang, when LISTEN is unavailable, and
 // ErrUnsupported under WithoutListen.
 func TestWatchUnavailable(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	// The test server's config as given, and with sslmode=prefer (the
 	// default when the URL has none), whose TLS fallbacks each carry an
@@ -401,8 +394,7 @@ func TestOpenKeepsSecrets(t *testing.T) {
 // TestMain catches a pool left running); WithAutoMigrate makes Open work on
 // a database without the table; SchemaSQL is what Migrate runs.
 func TestOpenAndSchemaSQL(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	var l core.Locker
 	l, err := pg.Open(ctx, testURL(t), pg.WithTable(table), pg.WithClientOptions(core.WithDefaults(core.WithOwner("opened"))))
@@ -454,8 +446,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 // "k": " (or release, or the store clock) wraps the driver's error, and the
 // backend adds no "pg: acquire:" layer of its own.
 func TestErrorPrefixOnce(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	pool := newPool(t, nil)
 	ctx := ctxT(t)
 	l, err := pg.New(ctx, pool, pg.WithTable(table), pg.WithoutListen())

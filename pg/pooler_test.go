@@ -494,8 +494,7 @@ func (c *slowConn) Read(p []byte) (int, error) {
 // the notification, Watch subscribes and nothing is reported.
 func TestListenProbeSlowIsNotDeaf(t *testing.T) {
 	t.Parallel()
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	if throughPooler(t) {
 		t.Skip("DISLOCK_TEST_PG goes through a transaction pooler: its LISTEN is deaf, not slow")
 	}
@@ -539,8 +538,7 @@ func TestListenProbeSlowIsNotDeaf(t *testing.T) {
 // Rule: WithLogger(nil) is rejected with an error naming the option;
 // WithObserver(nil) is ignored.
 func TestWithLoggerNil(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	_, err := pg.NewBackend(ctxT(t), admin, pg.WithTable(table), pg.WithLogger(nil))
 	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithLogger") {
 		t.Fatalf("WithLogger(nil) = %v, want ErrInvalidOption naming WithLogger", err)
