@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -539,16 +540,11 @@ func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest)
 	if err := b.semUsable(ctx); err != nil {
 		return core.Lease{}, err
 	}
-	conn, err := b.pool.Acquire(ctx)
+	conn, left, err := b.claimConn(ctx, start) // pg.go
 	if err != nil {
 		return core.Lease{}, err
 	}
 	defer conn.Release()
-	left := b.cfg.claimTimeout - time.Since(start)
-	if left < b.cfg.claimTimeout/2 {
-		return core.Lease{}, fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
-			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout)
-	}
 	mark := semMarkOf(req.Limit)
 	batch := &pgx.Batch{}
 	batch.Queue(b.stmt.bound, semTimeout(left))
@@ -694,8 +690,8 @@ func (b *Backend) renewWithPermits(ctx context.Context, reqs []core.RenewRequest
 		}
 	}
 	lockKeys := append([]string(nil), pk...)
-	sort.Strings(lockKeys)
-	lockKeys = compactStrings(lockKeys)
+	slices.Sort(lockKeys)
+	lockKeys = slices.Compact(lockKeys)
 	batch := &pgx.Batch{}
 	batch.Queue(b.sem.stmt.renewLock, lockKeys)
 	if len(mk) > 0 {
@@ -751,16 +747,6 @@ func (b *Backend) renewWithPermits(ctx context.Context, reqs []core.RenewRequest
 	return results, nil
 }
 
-func compactStrings(s []string) []string {
-	out := s[:0]
-	for i, v := range s {
-		if i == 0 || v != s[i-1] {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // semPermitsReady reports whether the permits table exists (looked for
 // again while it is not: another process may have made it); admin calls
 // skip the permits while it does not, as there can be none.
@@ -782,26 +768,6 @@ func (b *Backend) semPermitsReady(ctx context.Context) (bool, error) {
 	return b.sem.ready, nil
 }
 
-func scanPermits(rows pgx.Rows) ([]core.Info, error) {
-	defer rows.Close()
-	var list []core.Info
-	for rows.Next() {
-		var (
-			info     core.Info
-			token    int64
-			acquired pgtype.Timestamptz
-			left     int64
-			limit    int32
-		)
-		if err := rows.Scan(&info.Key, &info.Owner, &token, &acquired, &info.ExpiresAt, &left, &limit); err != nil {
-			return nil, err
-		}
-		info.Token, info.AcquiredAt, info.Remaining = uint64(token), acquired.Time, time.Duration(left)*time.Microsecond
-		info.Limit = int(limit)
-		list = append(list, info)
-	}
-	return list, rows.Err()
-}
 
 // Holders implements core.SemaphoreBackend: every live permit of key,
 // oldest first (Info.Limit set), or the holder of a mutex; empty when the
@@ -819,7 +785,7 @@ func (b *Backend) Holders(ctx context.Context, key string) ([]core.Info, error) 
 		if err != nil {
 			return nil, fmt.Errorf("pg: holders: %w", b.semErr(err))
 		}
-		list, err := scanPermits(rows)
+		list, err := scanInfos(rows, true)
 		if err != nil {
 			return nil, fmt.Errorf("pg: holders: %w", b.semErr(err))
 		}
@@ -843,7 +809,7 @@ func (b *Backend) inspectPermits(ctx context.Context, key string) (core.Info, bo
 	if err != nil {
 		return core.Info{}, false, fmt.Errorf("pg: inspect: %w", b.semErr(err))
 	}
-	list, err := scanPermits(rows)
+	list, err := scanInfos(rows, true)
 	if err != nil {
 		return core.Info{}, false, fmt.Errorf("pg: inspect: %w", b.semErr(err))
 	}
@@ -876,7 +842,7 @@ func (b *Backend) listPermits(ctx context.Context, prefix string, list []core.In
 	if err != nil {
 		return nil, fmt.Errorf("pg: list: %w", b.semErr(err))
 	}
-	permits, err := scanPermits(rows)
+	permits, err := scanInfos(rows, true)
 	if err != nil {
 		return nil, fmt.Errorf("pg: list: %w", b.semErr(err))
 	}
