@@ -768,7 +768,6 @@ func (b *Backend) semPermitsReady(ctx context.Context) (bool, error) {
 	return b.sem.ready, nil
 }
 
-
 // Holders implements core.SemaphoreBackend: every live permit of key,
 // oldest first (Info.Limit set), or the holder of a mutex; empty when the
 // key is free.

@@ -126,10 +126,18 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 
 const parallelG = 64
 
-func runParallel64(b *testing.B, body func(pb *testing.PB, g int)) {
+// runParallel64 runs body on 64 goroutines (g numbers each) between two
+// measures of c's PING rate with as many, and returns the timed operations
+// per second and the mean of the two PING rates.
+func runParallel64(b *testing.B, c *redis.Client, body func(pb *testing.PB, g int)) (rate, pings float64) {
+	pings = pingRate(b, c, parallelG)
+	b.ResetTimer()
 	var next atomic.Int64
 	b.SetParallelism(max(1, parallelG/runtime.GOMAXPROCS(0)))
 	b.RunParallel(func(pb *testing.PB) { body(pb, int(next.Add(1))) })
+	b.StopTimer()
+	pings = (pings + pingRate(b, c, parallelG)) / 2
+	return float64(b.N) / b.Elapsed().Seconds(), pings
 }
 
 // BenchmarkParallelDistinctKeys: 64 goroutines, each TryAcquire + Release on
@@ -140,9 +148,7 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 	c := benchClient(b, opt)
 	ctx := context.Background()
 	l := newLocker(b, c, "bench")
-	pings := pingRate(b, c, parallelG)
-	b.ResetTimer()
-	runParallel64(b, func(pb *testing.PB, g int) {
+	rate, pings := runParallel64(b, c, func(pb *testing.PB, g int) {
 		key := fmt.Sprintf("distinct/%d", g)
 		for pb.Next() {
 			s, err := l.TryAcquire(ctx, key)
@@ -153,9 +159,6 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 			s.Release(ctx)
 		}
 	})
-	b.StopTimer()
-	pings = (pings + pingRate(b, c, parallelG)) / 2
-	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(pings, "ping/s")
 	b.ReportMetric(rate, "pairs/s")
 	b.ReportMetric(rate/pings, "pairs/ping")
@@ -167,18 +170,13 @@ func BenchmarkRawParallelDistinctKeys(b *testing.B) {
 	opt.PoolSize = parallelG
 	c := benchClient(b, opt)
 	ctx := context.Background()
-	pings := pingRate(b, c, parallelG)
-	b.ResetTimer()
-	runParallel64(b, func(pb *testing.PB, g int) {
+	rate, pings := runParallel64(b, c, func(pb *testing.PB, g int) {
 		key := fmt.Sprintf("raw-distinct/%d", g)
 		for pb.Next() {
 			c.SetNX(ctx, key, "v", 30*time.Second)
 			c.Del(ctx, key)
 		}
 	})
-	b.StopTimer()
-	pings = (pings + pingRate(b, c, parallelG)) / 2
-	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(rate/pings, "pairs/ping")
 }
 
@@ -196,9 +194,7 @@ func BenchmarkHotKeyFailedTries(b *testing.B) {
 	}
 	defer s.Release(ctx)
 	l := newLocker(b, c, "bench")
-	pings := pingRate(b, c, parallelG)
-	b.ResetTimer()
-	runParallel64(b, func(pb *testing.PB, g int) {
+	rate, pings := runParallel64(b, c, func(pb *testing.PB, g int) {
 		for pb.Next() {
 			if _, err := l.TryAcquire(ctx, "hot"); !errors.Is(err, core.ErrNotAcquired) {
 				b.Errorf("TryAcquire on a held key: %v", err)
@@ -206,9 +202,6 @@ func BenchmarkHotKeyFailedTries(b *testing.B) {
 			}
 		}
 	})
-	b.StopTimer()
-	pings = (pings + pingRate(b, c, parallelG)) / 2
-	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(rate, "tries/s")
 	b.ReportMetric(rate/pings, "tries/ping")
 }
@@ -222,9 +215,7 @@ func BenchmarkRawHotKeyFailedTries(b *testing.B) {
 	if err := c.Set(ctx, "raw-hot", "holder", time.Minute).Err(); err != nil {
 		b.Fatal(err)
 	}
-	pings := pingRate(b, c, parallelG)
-	b.ResetTimer()
-	runParallel64(b, func(pb *testing.PB, g int) {
+	rate, pings := runParallel64(b, c, func(pb *testing.PB, g int) {
 		for pb.Next() {
 			if ok, err := c.SetNX(ctx, "raw-hot", "me", 30*time.Second).Result(); ok || err != nil {
 				b.Errorf("SET NX on a held key: %v %v", ok, err)
@@ -232,9 +223,6 @@ func BenchmarkRawHotKeyFailedTries(b *testing.B) {
 			}
 		}
 	})
-	b.StopTimer()
-	pings = (pings + pingRate(b, c, parallelG)) / 2
-	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(rate/pings, "tries/ping")
 }
 
