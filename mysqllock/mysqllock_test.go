@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -15,25 +16,16 @@ import (
 // Rule: Open never puts the DSN or its password in an error, whether the
 // DSN cannot be parsed or the server cannot be reached.
 func TestOpenKeepsSecrets(t *testing.T) {
-	const secret = "s3cr3t-sentinel-pw"
+	const secret = testenv.Secret
 	ctx := ctxT(t)
-	for _, dsn := range []string{
-		"mysql://user:" + secret + "@127.0.0.1:1/db?timeout=1s",
-		"mysql://user:" + secret + "@127.0.0.1:bad/db",
-		"mysql://user:" + secret + "@127.0.0.1:1/db?nosuchparam=%zz",
-		"user:" + secret + "@tcp(127.0.0.1:1)/db?timeout=1s",
-		"user:" + secret + "@tcp(127.0.0.1:1/db",
-		"user:" + secret + "@tcp(127.0.0.1:1)/db?parseTime=notabool",
-	} {
-		l, err := mysqllock.Open(ctx, dsn)
-		if err == nil {
-			_ = l.Close()
-			t.Fatalf("Open succeeded on a bad target")
-		}
-		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "127.0.0.1:bad") {
-			t.Errorf("error leaks the DSN: %v", err)
-		}
-	}
+	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return mysqllock.Open(ctx, dsn) },
+		"mysql://user:"+secret+"@127.0.0.1:1/db?timeout=1s",
+		"mysql://user:"+secret+"@127.0.0.1:bad/db",
+		"mysql://user:"+secret+"@127.0.0.1:1/db?nosuchparam=%zz",
+		"user:"+secret+"@tcp(127.0.0.1:1)/db?timeout=1s",
+		"user:"+secret+"@tcp(127.0.0.1:1/db",
+		"user:"+secret+"@tcp(127.0.0.1:1)/db?parseTime=notabool",
+	)
 }
 
 // Rule: Open returns a Locker that owns its pool (goleak in TestMain
@@ -53,17 +45,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := l.TryAcquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Owner() != "opened" {
-			t.Errorf("owner %q: WithClientOptions not applied", s.Owner())
-		}
-		_ = s.Release(ctx)
-		if err := l.Close(); err != nil {
-			t.Fatal(err)
-		}
+		testenv.OpenedLocker(t, ctx, l, "opened")
 	}
 
 	fresh := testenv.Name("dislock_open_")

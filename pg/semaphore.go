@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -846,7 +845,7 @@ func (b *Backend) listPermits(ctx context.Context, prefix string, list []core.In
 		return nil, fmt.Errorf("pg: list: %w", b.semErr(err))
 	}
 	out = append(out, permits...)
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	slices.SortStableFunc(out, func(a, b core.Info) int { return strings.Compare(a.Key, b.Key) })
 	return out, nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -620,7 +619,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 			return nil, fmt.Errorf("redislock: list: %w", err)
 		}
 		list = append(list, permits...)
-		sort.SliceStable(list, func(i, j int) bool { return list[i].Key < list[j].Key })
+		slices.SortStableFunc(list, func(a, b core.Info) int { return strings.Compare(a.Key, b.Key) })
 	}
 	return list, nil
 }
