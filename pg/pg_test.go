@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/url"
 	"runtime"
 	"strings"
@@ -453,12 +452,7 @@ func TestErrorPrefixOnce(t *testing.T) {
 // cause, and the password of the URL appears in no message.
 func TestConnectionRefusedFailsFast(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testenv.ClosedAddr(t)
 	const password = "s3cret-pw"
 	pool, err := pgxpool.New(context.Background(), "postgres://dislock:"+password+"@"+addr+"/db?sslmode=disable")
 	if err != nil {
