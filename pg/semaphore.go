@@ -779,13 +779,9 @@ func (b *Backend) Holders(ctx context.Context, key string) ([]core.Info, error) 
 		return nil, err
 	}
 	if ready {
-		rows, err := b.pool.Query(ctx, b.sem.stmt.holders, key)
+		list, err := b.queryPermits(ctx, "holders", b.sem.stmt.holders, key)
 		if err != nil {
-			return nil, fmt.Errorf("pg: holders: %w", b.semErr(err))
-		}
-		list, err := scanInfos(rows, true)
-		if err != nil {
-			return nil, fmt.Errorf("pg: holders: %w", b.semErr(err))
+			return nil, err
 		}
 		if len(list) > 0 {
 			return list, nil
@@ -803,18 +799,24 @@ func (b *Backend) inspectPermits(ctx context.Context, key string) (core.Info, bo
 	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
 		return core.Info{}, false, err
 	}
-	rows, err := b.pool.Query(ctx, b.sem.stmt.holders, key)
-	if err != nil {
-		return core.Info{}, false, fmt.Errorf("pg: inspect: %w", b.semErr(err))
-	}
-	list, err := scanInfos(rows, true)
-	if err != nil {
-		return core.Info{}, false, fmt.Errorf("pg: inspect: %w", b.semErr(err))
-	}
-	if len(list) == 0 {
-		return core.Info{}, false, nil
+	list, err := b.queryPermits(ctx, "inspect", b.sem.stmt.holders, key)
+	if err != nil || len(list) == 0 {
+		return core.Info{}, false, err
 	}
 	return list[0], true, nil
+}
+
+// queryPermits runs stmt, a query of live permits, with arg (a key or a
+// prefix) and returns them; op names the call in its error.
+func (b *Backend) queryPermits(ctx context.Context, op, stmt, arg string) ([]core.Info, error) {
+	rows, err := b.pool.Query(ctx, stmt, arg)
+	if err == nil {
+		var list []core.Info
+		if list, err = scanInfos(rows, true); err == nil {
+			return list, nil
+		}
+	}
+	return nil, fmt.Errorf("pg: %s: %w", op, b.semErr(err))
 }
 
 // listPermits replaces the semaphores' header rows in list (the lock
@@ -836,13 +838,9 @@ func (b *Backend) listPermits(ctx context.Context, prefix string, list []core.In
 	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
 		return out, err
 	}
-	rows, err := b.pool.Query(ctx, b.sem.stmt.list, prefix)
+	permits, err := b.queryPermits(ctx, "list", b.sem.stmt.list, prefix)
 	if err != nil {
-		return nil, fmt.Errorf("pg: list: %w", b.semErr(err))
-	}
-	permits, err := scanInfos(rows, true)
-	if err != nil {
-		return nil, fmt.Errorf("pg: list: %w", b.semErr(err))
+		return nil, err
 	}
 	out = append(out, permits...)
 	slices.SortStableFunc(out, func(a, b core.Info) int { return strings.Compare(a.Key, b.Key) })
