@@ -46,6 +46,21 @@ func newTable(t testing.TB, admin *sql.DB) string {
 	return mysqltest.Table(t, admin, "dislock_test_")
 }
 
+// freshTable is newTable on a pool of its own, for a test that needs no
+// admin connection of its own.
+func freshTable(t testing.TB) string {
+	t.Helper()
+	return newTable(t, newDB(t))
+}
+
+// adminAndTable returns an admin pool and a fresh lock table (newTable) made
+// on it.
+func adminAndTable(t testing.TB) (*sql.DB, string) {
+	t.Helper()
+	admin := newDB(t)
+	return admin, newTable(t, admin)
+}
+
 // newBackend returns a Backend on its own pool (a separate process).
 func newBackend(t testing.TB, table string, opts ...mysqllock.Option) *mysqllock.Backend {
 	t.Helper()

@@ -33,8 +33,7 @@ func TestOpenKeepsSecrets(t *testing.T) {
 // missing schema is ErrSchema naming the fix; WithAutoMigrate creates it;
 // the statements of SchemaSQL make a schema NewBackend accepts.
 func TestOpenAndSchemaSQL(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	cfg, err := mysqllock.ParseDSN(testDSN(t))
 	if err != nil {
@@ -110,8 +109,7 @@ func TestOptionsNameTheField(t *testing.T) {
 // transaction that holds the key's row lock) is rolled back there, never
 // applied after its caller gave up: the key is free once the blocker ends.
 func TestClaimTimeoutRefusedOnServer(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	b := newBackend(t, table, mysqllock.WithClaimTimeout(200*time.Millisecond))
 	req := core.AcquireRequest{Key: "blocked", Owner: "o", OwnerToken: "first", TTL: time.Minute}
