@@ -89,10 +89,7 @@ func TestTerminateBackendSurvives(t *testing.T) {
 	needDirect(t, "it finds its connections by application_name")
 	admin, table := adminAndTable(t)
 	pool, app, _ := faultPool(t)
-	b, err := pg.NewBackend(ctxT(t), pool, pg.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := backendOn(t, pool, table)
 	obs := newRenewCounter()
 	l := newClient(t, b, core.WithObserver(obs))
 	ctx := ctxT(t)
@@ -135,10 +132,7 @@ func TestTerminateBackendLossSignalled(t *testing.T) {
 	needDirect(t, "it finds its connections by application_name")
 	admin, table := adminAndTable(t)
 	pool, app, down := faultPool(t)
-	b, err := pg.NewBackend(ctxT(t), pool, pg.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := backendOn(t, pool, table)
 	l := newClient(t, b)
 	other := newClient(t, newBackend(t, table))
 	ctx := ctxT(t)
