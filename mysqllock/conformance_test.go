@@ -42,8 +42,7 @@ WHERE `+"`key`"+` = ? AND expire_at > `+"TIMESTAMPDIFF(MICROSECOND, '1970-01-01'
 }
 
 func TestConformance(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	locktest.Run(t, harness(admin, table))
 }
 
@@ -51,8 +50,7 @@ func TestConformance(t *testing.T) {
 // poll; the suite's rules for polling waiters run on every backend): it
 // holds no connection for one.
 func TestWithoutListenHasNoWatcher(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	b := newBackend(t, table, mysqllock.WithoutListen())
 	err := b.WatchTurns(ctxT(t), func() { t.Error("ready called") }, func(string, string) {})
 	if !errors.Is(err, core.ErrUnsupported) {

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/goleak"
 )
 
@@ -33,18 +33,9 @@ func testDSN(t testing.TB) string {
 // newDB returns a small pool on the test server, closed at cleanup.
 func newDB(t testing.TB) *sql.DB {
 	t.Helper()
-	cfg, err := mysqllock.ParseDSN(testDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := mysql.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(conn)
+	_, db := mysqltest.DB(t)
 	db.SetMaxOpenConns(6)
 	db.SetMaxIdleConns(6)
-	t.Cleanup(func() { db.Close() })
 	return db
 }
 
@@ -52,27 +43,22 @@ func newDB(t testing.TB) *sql.DB {
 // procedures) at cleanup, and returns its name as given to WithTable.
 func newTable(t testing.TB, admin *sql.DB) string {
 	t.Helper()
-	name := testenv.Name("dislock_test_")
-	dropAtCleanup(t, admin, name)
-	if err := mysqllock.Migrate(ctxT(t), admin, mysqllock.WithTable(name)); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	return name
+	return mysqltest.Table(t, admin, "dislock_test_")
 }
 
-func dropAtCleanup(t testing.TB, admin *sql.DB, name string) {
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, p := range mysqllock.ProcNames {
-			if _, err := admin.ExecContext(ctx, "DROP PROCEDURE IF EXISTS `"+name+"_"+p+"`"); err != nil {
-				t.Errorf("drop procedure: %v", err)
-			}
-		}
-		if _, err := admin.ExecContext(ctx, "DROP TABLE IF EXISTS `"+name+"`, `"+name+"_permits`, `"+name+"_waiters`, `"+name+"_turns`, `"+name+"_watchers`"); err != nil {
-			t.Errorf("drop %s: %v", name, err)
-		}
-	})
+// freshTable is newTable on a pool of its own, for a test that needs no
+// admin connection of its own.
+func freshTable(t testing.TB) string {
+	t.Helper()
+	return newTable(t, newDB(t))
+}
+
+// adminAndTable returns an admin pool and a fresh lock table (newTable) made
+// on it.
+func adminAndTable(t testing.TB) (*sql.DB, string) {
+	t.Helper()
+	admin := newDB(t)
+	return admin, newTable(t, admin)
 }
 
 // newBackend returns a Backend on its own pool (a separate process).

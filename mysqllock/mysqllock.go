@@ -353,12 +353,7 @@ const (
 )
 
 func (b *Backend) prune(ctx context.Context) {
-	if !b.pruneDue.Due(pruneEvery) {
-		return
-	}
-	if n, err := b.pruneRows(ctx, pruneAfter); err == nil && n >= pruneBatch {
-		b.pruneDue.Again()
-	}
+	b.pruneDue.Run(pruneEvery, pruneBatch, func() (int64, error) { return b.pruneRows(ctx, pruneAfter) })
 }
 
 func (b *Backend) pruneRows(ctx context.Context, horizon time.Duration) (int64, error) {

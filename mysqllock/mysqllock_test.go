@@ -2,11 +2,13 @@ package mysqllock_test
 
 import (
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
 )
@@ -14,25 +16,16 @@ import (
 // Rule: Open never puts the DSN or its password in an error, whether the
 // DSN cannot be parsed or the server cannot be reached.
 func TestOpenKeepsSecrets(t *testing.T) {
-	const secret = "s3cr3t-sentinel-pw"
+	const secret = testenv.Secret
 	ctx := ctxT(t)
-	for _, dsn := range []string{
-		"mysql://user:" + secret + "@127.0.0.1:1/db?timeout=1s",
-		"mysql://user:" + secret + "@127.0.0.1:bad/db",
-		"mysql://user:" + secret + "@127.0.0.1:1/db?nosuchparam=%zz",
-		"user:" + secret + "@tcp(127.0.0.1:1)/db?timeout=1s",
-		"user:" + secret + "@tcp(127.0.0.1:1/db",
-		"user:" + secret + "@tcp(127.0.0.1:1)/db?parseTime=notabool",
-	} {
-		l, err := mysqllock.Open(ctx, dsn)
-		if err == nil {
-			_ = l.Close()
-			t.Fatalf("Open succeeded on a bad target")
-		}
-		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "127.0.0.1:bad") {
-			t.Errorf("error leaks the DSN: %v", err)
-		}
-	}
+	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return mysqllock.Open(ctx, dsn) },
+		"mysql://user:"+secret+"@127.0.0.1:1/db?timeout=1s",
+		"mysql://user:"+secret+"@127.0.0.1:bad/db",
+		"mysql://user:"+secret+"@127.0.0.1:1/db?nosuchparam=%zz",
+		"user:"+secret+"@tcp(127.0.0.1:1)/db?timeout=1s",
+		"user:"+secret+"@tcp(127.0.0.1:1/db",
+		"user:"+secret+"@tcp(127.0.0.1:1)/db?parseTime=notabool",
+	)
 }
 
 // Rule: Open returns a Locker that owns its pool (goleak in TestMain
@@ -40,8 +33,7 @@ func TestOpenKeepsSecrets(t *testing.T) {
 // missing schema is ErrSchema naming the fix; WithAutoMigrate creates it;
 // the statements of SchemaSQL make a schema NewBackend accepts.
 func TestOpenAndSchemaSQL(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	cfg, err := mysqllock.ParseDSN(testDSN(t))
 	if err != nil {
@@ -52,21 +44,11 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := l.TryAcquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Owner() != "opened" {
-			t.Errorf("owner %q: WithClientOptions not applied", s.Owner())
-		}
-		_ = s.Release(ctx)
-		if err := l.Close(); err != nil {
-			t.Fatal(err)
-		}
+		testenv.OpenedLocker(t, ctx, l, "opened")
 	}
 
 	fresh := testenv.Name("dislock_open_")
-	dropAtCleanup(t, admin, fresh)
+	mysqltest.DropAtCleanup(t, admin, fresh)
 	_, err = mysqllock.Open(ctx, testDSN(t), mysqllock.WithTable(fresh))
 	if !errors.Is(err, mysqllock.ErrSchema) || !strings.Contains(err.Error(), "mysqllock.Migrate") {
 		t.Fatalf("Open on a missing table: %v, want ErrSchema naming the fix", err)
@@ -80,7 +62,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 	}
 
 	own := testenv.Name("dislock_schema_")
-	dropAtCleanup(t, admin, own)
+	mysqltest.DropAtCleanup(t, admin, own)
 	stmts, err := mysqllock.SchemaSQL(own)
 	if err != nil {
 		t.Fatal(err)
@@ -127,8 +109,7 @@ func TestOptionsNameTheField(t *testing.T) {
 // transaction that holds the key's row lock) is rolled back there, never
 // applied after its caller gave up: the key is free once the blocker ends.
 func TestClaimTimeoutRefusedOnServer(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	b := newBackend(t, table, mysqllock.WithClaimTimeout(200*time.Millisecond))
 	req := core.AcquireRequest{Key: "blocked", Owner: "o", OwnerToken: "first", TTL: time.Minute}

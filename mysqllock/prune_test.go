@@ -13,8 +13,7 @@ import (
 // line) whose last token is more than a day old; it keeps every other row,
 // and a claim of a pruned key gets a token above the pruned one.
 func TestPruneEndedRows(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	ctx := ctxT(t)
 	q := "`" + table + "`"

@@ -14,8 +14,7 @@ import (
 // the turn still arrives, in this process and in another, and a watcher
 // that stopped leaves no registration behind.
 func TestReleaseWakesWatchers(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	holder := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute))
 	waiter := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute))

@@ -55,8 +55,7 @@ func (c *countingConn) Write(p []byte) (int, error) {
 // COM_STMT_EXECUTE of a CALL prepared on the connection), once the
 // connection has prepared them; a renewal of several leases is one too.
 func TestOneRequestPerOperation(t *testing.T) {
-	admin := newDB(t)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	var writes atomic.Int64
 	db := countingDB(t, &writes)
 	ctx := ctxT(t)

@@ -194,8 +194,7 @@ func TestHeldUpClaimAbortedByServer(t *testing.T) {
 // the option), a shorter wait is fine.
 func TestClaimNotSentAfterLongPoolWait(t *testing.T) {
 	const claimTimeout = time.Second
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	pool := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
 	b, err := pg.NewBackend(ctxT(t), pool, pg.WithTable(table), pg.WithClaimTimeout(claimTimeout))
 	if err != nil {
@@ -230,8 +229,7 @@ func TestClaimNotSentAfterLongPoolWait(t *testing.T) {
 // naming it; ClaimBound covers the timeout and stays below the default TTL,
 // so the engine repeats the undo of an ambiguous claim by default.
 func TestClaimTimeoutOption(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	for _, d := range []time.Duration{0, -time.Second, 9 * time.Millisecond, 25 * time.Hour} {
 		_, err := pg.NewBackend(ctx, admin, pg.WithTable(table), pg.WithClaimTimeout(d))

@@ -35,8 +35,7 @@ func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option)
 }
 
 func TestConformance(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	locktest.Run(t, harness(t, admin, table))
 }
 
@@ -44,8 +43,7 @@ func TestConformance(t *testing.T) {
 // (QueryExecModeExec) and no notifications (WithoutNotify, WithoutListen),
 // as behind PgBouncer in transaction mode: waiters poll.
 func TestConformanceExecMode(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	h := harness(t, admin, table)
 	h.NewBackend = func(tb testing.TB) core.Backend {
 		return newBackendPool(tb, table, queryMode(pgx.QueryExecModeExec), pg.WithoutNotify(), pg.WithoutListen())
@@ -57,8 +55,7 @@ func TestConformanceExecMode(t *testing.T) {
 // TestConformanceSimpleProtocolAsync runs the suite over the simple query
 // protocol with asynchronous commit.
 func TestConformanceSimpleProtocolAsync(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	h := harness(t, admin, table)
 	h.NewBackend = func(tb testing.TB) core.Backend {
 		return newBackendPool(tb, table, queryMode(pgx.QueryExecModeSimpleProtocol), pg.WithAsyncCommit())
@@ -71,8 +68,7 @@ func TestConformanceSimpleProtocolAsync(t *testing.T) {
 // table has no column for it; its Backend grants a free key to whoever
 // comes and notifies every release), so the suite sees no Queuer.
 func TestConformanceLegacy(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin, pg.WithLegacyTable())
+	admin, table := adminAndTable(t, pg.WithLegacyTable())
 	ident := pgx.Identifier{table}.Sanitize()
 	h := harness(t, admin, table, pg.WithLegacyTable())
 	h.NewBackend = func(tb testing.TB) core.Backend {

@@ -87,13 +87,9 @@ func faultPool(t *testing.T, edit ...func(*pgxpool.Config)) (pool *pgxpool.Pool,
 // deadline.
 func TestTerminateBackendSurvives(t *testing.T) {
 	needDirect(t, "it finds its connections by application_name")
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	pool, app, _ := faultPool(t)
-	b, err := pg.NewBackend(ctxT(t), pool, pg.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := backendOn(t, pool, table)
 	obs := newRenewCounter()
 	l := newClient(t, b, core.WithObserver(obs))
 	ctx := ctxT(t)
@@ -134,13 +130,9 @@ func TestTerminateBackendSurvives(t *testing.T) {
 // anyone else.
 func TestTerminateBackendLossSignalled(t *testing.T) {
 	needDirect(t, "it finds its connections by application_name")
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	pool, app, down := faultPool(t)
-	b, err := pg.NewBackend(ctxT(t), pool, pg.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := backendOn(t, pool, table)
 	l := newClient(t, b)
 	other := newClient(t, newBackend(t, table))
 	ctx := ctxT(t)
@@ -177,8 +169,7 @@ func TestTerminateBackendLossSignalled(t *testing.T) {
 // done; a session's statement_timeout lower than the claim timeout is kept.
 func TestStatementTimeout(t *testing.T) {
 	needDirect(t, "it sets statement_timeout as a startup parameter")
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	ctx := ctxT(t)
 	// An expired row whose lock another transaction holds: the acquire's
@@ -275,8 +266,7 @@ func (b *lateClaim) Release(ctx context.Context, req core.ReleaseRequest) error 
 // whose caller's ctx ended while the statement waited on the server and
 // that took effect when the wait ended.
 func TestLostReplyReconciled(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	l := newClient(t, lostReply{b})
 	ctx := ctxT(t)

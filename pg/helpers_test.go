@@ -77,6 +77,21 @@ func newTable(t testing.TB, admin *pgxpool.Pool, opts ...pg.Option) string {
 	return name
 }
 
+// freshTable is newTable on a pool of its own, for a test that needs no
+// admin connection of its own.
+func freshTable(t testing.TB, opts ...pg.Option) string {
+	t.Helper()
+	return newTable(t, newPool(t, nil), opts...)
+}
+
+// adminAndTable returns an admin pool and a fresh lock table (newTable) made
+// on it.
+func adminAndTable(t testing.TB, opts ...pg.Option) (*pgxpool.Pool, string) {
+	t.Helper()
+	admin := newPool(t, nil)
+	return admin, newTable(t, admin, opts...)
+}
+
 func dropAtCleanup(t testing.TB, admin *pgxpool.Pool, ident pgx.Identifier) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -144,6 +144,25 @@ func (b *Backend) Close() error {
 
 func micro(d time.Duration) int64 { return d.Microseconds() }
 
+// claimConn takes a pool connection for a claim (mutex or permit) that
+// started at start, and returns it with what is left of the claim timeout:
+// the claim must be over on the server within the claim timeout of the
+// call, and the wait for the connection counts against it. When that wait
+// left less than half of it, the claim is not sent.
+func (b *Backend) claimConn(ctx context.Context, start time.Time) (*pgxpool.Conn, time.Duration, error) {
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	left := b.cfg.claimTimeout - time.Since(start)
+	if left < b.cfg.claimTimeout/2 {
+		conn.Release()
+		return nil, 0, fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
+			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout)
+	}
+	return conn, left, nil
+}
+
 // TryAcquire implements core.Backend with one statement (see
 // buildStatements), sent in one batch after the statement that bounds it on
 // the server (see WithClaimTimeout): one round trip, one transaction.
@@ -164,18 +183,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if req.Waiter != "" && req.WaiterTTL <= 0 {
 		return core.Lease{}, invalidOption("WaiterTTL", "must be positive with a Waiter, got %v", req.WaiterTTL)
 	}
-	conn, err := b.pool.Acquire(ctx)
+	conn, left, err := b.claimConn(ctx, start)
 	if err != nil {
 		return core.Lease{}, err
 	}
 	defer conn.Release()
-	// The claim must be over on the server within the claim timeout of
-	// this call: the wait for the connection counts against it.
-	left := b.cfg.claimTimeout - time.Since(start)
-	if left < b.cfg.claimTimeout/2 {
-		return core.Lease{}, fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
-			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout)
-	}
 	batch := &pgx.Batch{}
 	batch.Queue(b.stmt.bound, strconv.FormatInt(left.Milliseconds(), 10))
 	if b.stmt.queue {
@@ -362,18 +374,12 @@ const (
 	pruneBatch = 10000
 )
 
-// prune deletes ended rows when a prune is due (see pruneAfter). Its error
-// is dropped: the release it follows succeeded, and the next prune retries.
+// prune deletes ended rows when a prune is due (see pruneAfter).
 func (b *Backend) prune(ctx context.Context) {
 	if b.stmt.prune == "" {
 		return
 	}
-	if !b.pruneDue.Due(pruneEvery) {
-		return
-	}
-	if n, err := b.pruneRows(ctx, pruneAfter); err == nil && n >= pruneBatch {
-		b.pruneDue.Again()
-	}
+	b.pruneDue.Run(pruneEvery, pruneBatch, func() (int64, error) { return b.pruneRows(ctx, pruneAfter) })
 }
 
 // pruneRows deletes up to pruneBatch ended rows whose token is older than
@@ -439,6 +445,17 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	if err != nil {
 		return nil, fmt.Errorf("pg: list: %w", err)
 	}
+	list, err := scanInfos(rows, false)
+	if err != nil {
+		return nil, fmt.Errorf("pg: list: %w", err)
+	}
+	return b.listPermits(ctx, prefix, list) // semaphores: one Info per permit (semaphore.go)
+}
+
+// scanInfos reads the holders of rows (key, owner, token, acquired_at,
+// expire_at, microseconds left, and with limits a semaphore's limit) and
+// closes rows.
+func scanInfos(rows pgx.Rows, limits bool) ([]core.Info, error) {
 	defer rows.Close()
 	var list []core.Info
 	for rows.Next() {
@@ -447,17 +464,20 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 			token    int64
 			acquired pgtype.Timestamptz
 			left     int64
+			limit    int32
 		)
-		if err := rows.Scan(&info.Key, &info.Owner, &token, &acquired, &info.ExpiresAt, &left); err != nil {
-			return nil, fmt.Errorf("pg: list: %w", err)
+		dest := []any{&info.Key, &info.Owner, &token, &acquired, &info.ExpiresAt, &left}
+		if limits {
+			dest = append(dest, &limit)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
 		}
 		info.Token, info.AcquiredAt, info.Remaining = uint64(token), acquired.Time, time.Duration(left)*time.Microsecond
+		info.Limit = int(limit)
 		list = append(list, info)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("pg: list: %w", err)
-	}
-	return b.listPermits(ctx, prefix, list) // semaphores: one Info per permit (semaphore.go)
+	return list, rows.Err()
 }
 
 // ForceRelease implements core.Admin: ends key's row whoever holds it

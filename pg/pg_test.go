@@ -3,7 +3,7 @@ package pg_test
 import (
 	"context"
 	"errors"
-	"net"
+	"io"
 	"net/url"
 	"runtime"
 	"strings"
@@ -21,8 +21,7 @@ import (
 
 // Rule: two Lockers on two separate pools (two processes) exclude each other.
 func TestTwoPoolsExclude(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	a := newClient(t, newBackend(t, table))
 	b := newClient(t, newBackend(t, table))
 	ctx := ctxT(t)
@@ -48,8 +47,7 @@ func TestTwoPoolsExclude(t *testing.T) {
 
 // Rule: 16 contenders on one key with a shared counter lose no update.
 func TestCounter16Contenders(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	lockers := []*core.Client{
 		newClient(t, newBackend(t, table)),
 		newClient(t, newBackend(t, table)),
@@ -91,8 +89,7 @@ func TestCounter16Contenders(t *testing.T) {
 // Rule: a busy key is answered by a read: the row is neither written nor
 // locked by a failed try.
 func TestBusyTryWritesNothing(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	a := newClient(t, newBackend(t, table))
 	b := newBackend(t, table)
@@ -172,8 +169,7 @@ func TestBadTableNames(t *testing.T) {
 // Rule: keys up to core.MaxKeyLen bytes work; longer ones are rejected
 // before any SQL is sent.
 func TestKeyLimits(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	b := newBackend(t, table)
 	l := newClient(t, b)
 	ctx := ctxT(t)
@@ -249,8 +245,7 @@ func TestSchemaCheck(t *testing.T) {
 // Rule: a role without DELETE on the table is told so at start-up.
 func TestRoleWithoutDelete(t *testing.T) {
 	needDirect(t, "it connects as a role of its own")
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	ctx := ctxT(t)
 	role := testenv.Name("dislock_role_")
@@ -287,8 +282,7 @@ func TestRoleWithoutDelete(t *testing.T) {
 // Rule: clients whose sessions use different TimeZone settings never both
 // hold a lock, and agree on its expiry.
 func TestTimeZones(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	zone := func(tz string) *core.Client {
 		return newClient(t, newBackendPool(t, table, func(c *pgxpool.Config) {
 			c.ConnConfig.RuntimeParams["timezone"] = tz
@@ -318,8 +312,7 @@ func TestTimeZones(t *testing.T) {
 // Rule: Watch returns an error, not a hang, when LISTEN is unavailable, and
 // ErrUnsupported under WithoutListen.
 func TestWatchUnavailable(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	// The test server's config as given, and with sslmode=prefer (the
 	// default when the URL has none), whose TLS fallbacks each carry an
@@ -374,26 +367,17 @@ func TestWatchUnavailable(t *testing.T) {
 
 // Rule: Open never puts the connection string in an error.
 func TestOpenKeepsSecrets(t *testing.T) {
-	const secret = "s3cr3t-sentinel-pw"
+	const secret = testenv.Secret
 	ctx := ctxT(t)
-	for _, dsn := range []string{
-		"postgres://user:" + secret + "@127.0.0.1:1/db?connect_timeout=1",
-		"postgres://user:" + secret + "@127.0.0.1:bad/db",
-		"host=127.0.0.1 port=1 password=" + secret + " connect_timeout=1",
+	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return pg.Open(ctx, dsn) },
+		"postgres://user:"+secret+"@127.0.0.1:1/db?connect_timeout=1",
+		"postgres://user:"+secret+"@127.0.0.1:bad/db",
+		"host=127.0.0.1 port=1 password="+secret+" connect_timeout=1",
 		// A TCP target, so that the bad sslmode is a parse error: on the
 		// default Unix socket pgx ignores sslmode, and a lock table in the
 		// OS user's database would let the Open succeed.
-		"host=127.0.0.1 port=1 password=" + secret + " sslmode=nonsense",
-	} {
-		b, err := pg.Open(ctx, dsn)
-		if err == nil {
-			_ = b.Close()
-			t.Fatalf("Open succeeded on a bad target")
-		}
-		if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "127.0.0.1:bad") {
-			t.Errorf("error leaks the connection string: %v", err)
-		}
-	}
+		"host=127.0.0.1 port=1 password="+secret+" sslmode=nonsense",
+	)
 }
 
 // Rule: Open returns a Locker, as New does, that owns its pool: its Close
@@ -401,25 +385,14 @@ func TestOpenKeepsSecrets(t *testing.T) {
 // TestMain catches a pool left running); WithAutoMigrate makes Open work on
 // a database without the table; SchemaSQL is what Migrate runs.
 func TestOpenAndSchemaSQL(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	var l core.Locker
 	l, err := pg.Open(ctx, testURL(t), pg.WithTable(table), pg.WithClientOptions(core.WithDefaults(core.WithOwner("opened"))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := l.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Owner() != "opened" {
-		t.Errorf("owner %q: WithClientOptions not applied", s.Owner())
-	}
-	_ = s.Release(ctx)
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	testenv.OpenedLocker(t, ctx, l, "opened")
 
 	b, err := pg.OpenBackend(ctx, testURL(t), pg.WithTable(table))
 	if err != nil {
@@ -454,8 +427,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 // "k": " (or release, or the store clock) wraps the driver's error, and the
 // backend adds no "pg: acquire:" layer of its own.
 func TestErrorPrefixOnce(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	pool := newPool(t, nil)
 	ctx := ctxT(t)
 	l, err := pg.New(ctx, pool, pg.WithTable(table), pg.WithoutListen())
@@ -480,12 +452,7 @@ func TestErrorPrefixOnce(t *testing.T) {
 // cause, and the password of the URL appears in no message.
 func TestConnectionRefusedFailsFast(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testenv.ClosedAddr(t)
 	const password = "s3cret-pw"
 	pool, err := pgxpool.New(context.Background(), "postgres://dislock:"+password+"@"+addr+"/db?sslmode=disable")
 	if err != nil {

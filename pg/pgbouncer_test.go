@@ -49,17 +49,6 @@ func pgbouncerBin(t testing.TB) string {
 	return ""
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // startBouncer starts a pgbouncer (pool_mode = transaction) in front of
 // the test server and stops it, by PID, at cleanup.
 func startBouncer(t testing.TB) *bouncer {
@@ -84,7 +73,7 @@ func startBouncer(t testing.TB) *bouncer {
 
 func runBouncer(t testing.TB, bin string, cc *pgx.ConnConfig) (*bouncer, error) {
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	authType := "trust"
 	if cc.Password != "" {
 		authType = "md5" // the plain password in the auth file serves both sides

@@ -2,9 +2,7 @@ package pg_test
 
 import (
 	"context"
-	"errors"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,20 +26,6 @@ func BenchmarkPgBouncerHandoff(b *testing.B) {
 		benchBouncerHandoff(b, bn, pg.WithListenConfig(directConfig(b)))
 	})
 	b.Run("poll", func(b *testing.B) { benchBouncerHandoff(b, bn, pg.WithoutListen()) })
-}
-
-// busyCounter counts the busy answers a Backend gives.
-type busyCounter struct {
-	*pg.Backend
-	busy atomic.Int64
-}
-
-func (c *busyCounter) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
-	l, err := c.Backend.TryAcquire(ctx, req)
-	if errors.Is(err, core.ErrNotAcquired) {
-		c.busy.Add(1)
-	}
-	return l, err
 }
 
 func benchBouncerHandoff(b *testing.B, bn *bouncer, opts ...pg.Option) {

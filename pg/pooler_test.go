@@ -164,16 +164,21 @@ func (l *listenConns) count() (listened, open int) {
 // watchProbe wraps a Backend and records when its Watch (or WatchTurns) is subscribed and
 // how many busy answers it gave.
 type watchProbe struct {
-	*pg.Backend
+	busyCounter
 	ready chan struct{}
 	once  sync.Once
-	busy  atomic.Int64
 }
 
-func (w *watchProbe) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
-	l, err := w.Backend.TryAcquire(ctx, req)
+// busyCounter counts the busy answers a Backend gives.
+type busyCounter struct {
+	*pg.Backend
+	busy atomic.Int64
+}
+
+func (c *busyCounter) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	l, err := c.Backend.TryAcquire(ctx, req)
 	if errors.Is(err, core.ErrNotAcquired) {
-		w.busy.Add(1)
+		c.busy.Add(1)
 	}
 	return l, err
 }
@@ -194,8 +199,7 @@ func (w *watchProbe) WatchTurns(ctx context.Context, ready func(), fn func(key, 
 func TestPgBouncerListenFallback(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
 	bn := startBouncer(t)
-	admin := bouncerPool(t, bn, bouncerExec)
-	table := newTable(t, admin)
+	table := newTable(t, bouncerPool(t, bn, bouncerExec))
 	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
@@ -285,14 +289,13 @@ func TestPgBouncerListenConfig(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
 	needDirect(t, "WithListenConfig gets DISLOCK_TEST_PG as the direct connection")
 	bn := startBouncer(t)
-	admin := bouncerPool(t, bn, bouncerExec)
-	table := newTable(t, admin)
+	table := newTable(t, bouncerPool(t, bn, bouncerExec))
 	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
 	be := bouncerBackend(t, bn, table, bouncerExec, pg.WithListenConfig(directConfig(t)),
 		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))
-	w := &watchProbe{Backend: be, ready: make(chan struct{})}
+	w := &watchProbe{busyCounter: busyCounter{Backend: be}, ready: make(chan struct{})}
 	waiter := newClient(t, w)
 	holder := newClient(t, bouncerBackend(t, bn, table, bouncerExec, pg.WithoutListen()))
 	for i := range 3 {
@@ -339,8 +342,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 func TestPgBouncerPreparedStatementHint(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
 	bn := startBouncer(t)
-	admin := bouncerPool(t, bn, bouncerExec)
-	table := newTable(t, admin)
+	table := newTable(t, bouncerPool(t, bn, bouncerExec))
 	ctx := ctxT(t)
 	pool := bouncerPool(t, bn, func(c *pgxpool.Config) { c.MaxConns = 8 }) // pgx's default: cached prepared statements
 	var (
@@ -494,8 +496,7 @@ func (c *slowConn) Read(p []byte) (int, error) {
 // the notification, Watch subscribes and nothing is reported.
 func TestListenProbeSlowIsNotDeaf(t *testing.T) {
 	t.Parallel()
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	if throughPooler(t) {
 		t.Skip("DISLOCK_TEST_PG goes through a transaction pooler: its LISTEN is deaf, not slow")
 	}
@@ -539,8 +540,7 @@ func TestListenProbeSlowIsNotDeaf(t *testing.T) {
 // Rule: WithLogger(nil) is rejected with an error naming the option;
 // WithObserver(nil) is ignored.
 func TestWithLoggerNil(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	_, err := pg.NewBackend(ctxT(t), admin, pg.WithTable(table), pg.WithLogger(nil))
 	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithLogger") {
 		t.Fatalf("WithLogger(nil) = %v, want ErrInvalidOption naming WithLogger", err)

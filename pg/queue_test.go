@@ -159,8 +159,7 @@ func rowVersion(t *testing.T, admin *pgxpool.Pool, table, key string) string {
 // whose last waiter was served or left is an ended row (it keeps the key's
 // token).
 func TestQueueRowLayout(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	ctx := ctxT(t)
 	wantQueue := func(key, want string) {
@@ -217,8 +216,7 @@ func TestQueueRowLayout(t *testing.T) {
 // waiter's only when its place needs refreshing (less than half its TTL
 // left).
 func TestQueueQuietPaths(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	k := "quiet"
 	tryAs(t, b, k, "h", "", 0)
@@ -249,8 +247,7 @@ func TestQueueQuietPaths(t *testing.T) {
 
 // Rule: WithoutNotify keeps the order of the line but sends nothing.
 func TestQueueWithoutNotify(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	b := newBackend(t, table)
 	turns := watchTurns(t, b)
 	quiet := newBackend(t, table, pg.WithoutNotify(), pg.WithoutListen())
@@ -267,8 +264,7 @@ func TestQueueWithoutNotify(t *testing.T) {
 // Rule: a table of an earlier version (no waiters column) is refused with
 // an error naming the statement that adds it; Migrate adds it.
 func TestQueueColumnMissing(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	ctx := ctxT(t)
 	if _, err := admin.Exec(ctx, `ALTER TABLE `+ident+` DROP COLUMN waiters`); err != nil {
@@ -292,8 +288,7 @@ func TestQueueColumnMissing(t *testing.T) {
 // Rule: the legacy table has no queue: a waiter is granted a free key at
 // once, Leave does nothing, and every release notifies with the bare key.
 func TestQueueLegacyTable(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin, pg.WithLegacyTable())
+	table := freshTable(t, pg.WithLegacyTable())
 	b := newBackend(t, table, pg.WithLegacyTable())
 	turns := watchTurns(t, b)
 	k := "legacy"
@@ -315,8 +310,7 @@ func TestQueueLegacyTable(t *testing.T) {
 
 // Rule: keys of any content survive the trip through a turn's payload.
 func TestQueueTurnPayload(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	b := newBackend(t, table)
 	turns := watchTurns(t, b)
 	for i, k := range []string{"3:abc", "k:with:colons", "ключ", strings.Repeat("x", core.MaxKeyLen)} {
@@ -333,8 +327,7 @@ func TestQueueTurnPayload(t *testing.T) {
 // Rule: the queue's statements work without prepared statements
 // (QueryExecModeExec, as behind PgBouncer), notifications included.
 func TestQueueExecMode(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	table := freshTable(t)
 	b := newBackendPool(t, table, queryMode(pgx.QueryExecModeExec))
 	turns := watchTurns(t, newBackend(t, table))
 	ctx := ctxT(t)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -539,16 +539,11 @@ func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest)
 	if err := b.semUsable(ctx); err != nil {
 		return core.Lease{}, err
 	}
-	conn, err := b.pool.Acquire(ctx)
+	conn, left, err := b.claimConn(ctx, start) // pg.go
 	if err != nil {
 		return core.Lease{}, err
 	}
 	defer conn.Release()
-	left := b.cfg.claimTimeout - time.Since(start)
-	if left < b.cfg.claimTimeout/2 {
-		return core.Lease{}, fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
-			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout)
-	}
 	mark := semMarkOf(req.Limit)
 	batch := &pgx.Batch{}
 	batch.Queue(b.stmt.bound, semTimeout(left))
@@ -694,8 +689,8 @@ func (b *Backend) renewWithPermits(ctx context.Context, reqs []core.RenewRequest
 		}
 	}
 	lockKeys := append([]string(nil), pk...)
-	sort.Strings(lockKeys)
-	lockKeys = compactStrings(lockKeys)
+	slices.Sort(lockKeys)
+	lockKeys = slices.Compact(lockKeys)
 	batch := &pgx.Batch{}
 	batch.Queue(b.sem.stmt.renewLock, lockKeys)
 	if len(mk) > 0 {
@@ -751,16 +746,6 @@ func (b *Backend) renewWithPermits(ctx context.Context, reqs []core.RenewRequest
 	return results, nil
 }
 
-func compactStrings(s []string) []string {
-	out := s[:0]
-	for i, v := range s {
-		if i == 0 || v != s[i-1] {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // semPermitsReady reports whether the permits table exists (looked for
 // again while it is not: another process may have made it); admin calls
 // skip the permits while it does not, as there can be none.
@@ -782,27 +767,6 @@ func (b *Backend) semPermitsReady(ctx context.Context) (bool, error) {
 	return b.sem.ready, nil
 }
 
-func scanPermits(rows pgx.Rows) ([]core.Info, error) {
-	defer rows.Close()
-	var list []core.Info
-	for rows.Next() {
-		var (
-			info     core.Info
-			token    int64
-			acquired pgtype.Timestamptz
-			left     int64
-			limit    int32
-		)
-		if err := rows.Scan(&info.Key, &info.Owner, &token, &acquired, &info.ExpiresAt, &left, &limit); err != nil {
-			return nil, err
-		}
-		info.Token, info.AcquiredAt, info.Remaining = uint64(token), acquired.Time, time.Duration(left)*time.Microsecond
-		info.Limit = int(limit)
-		list = append(list, info)
-	}
-	return list, rows.Err()
-}
-
 // Holders implements core.SemaphoreBackend: every live permit of key,
 // oldest first (Info.Limit set), or the holder of a mutex; empty when the
 // key is free.
@@ -815,13 +779,9 @@ func (b *Backend) Holders(ctx context.Context, key string) ([]core.Info, error) 
 		return nil, err
 	}
 	if ready {
-		rows, err := b.pool.Query(ctx, b.sem.stmt.holders, key)
+		list, err := b.queryPermits(ctx, "holders", b.sem.stmt.holders, key)
 		if err != nil {
-			return nil, fmt.Errorf("pg: holders: %w", b.semErr(err))
-		}
-		list, err := scanPermits(rows)
-		if err != nil {
-			return nil, fmt.Errorf("pg: holders: %w", b.semErr(err))
+			return nil, err
 		}
 		if len(list) > 0 {
 			return list, nil
@@ -839,18 +799,24 @@ func (b *Backend) inspectPermits(ctx context.Context, key string) (core.Info, bo
 	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
 		return core.Info{}, false, err
 	}
-	rows, err := b.pool.Query(ctx, b.sem.stmt.holders, key)
-	if err != nil {
-		return core.Info{}, false, fmt.Errorf("pg: inspect: %w", b.semErr(err))
-	}
-	list, err := scanPermits(rows)
-	if err != nil {
-		return core.Info{}, false, fmt.Errorf("pg: inspect: %w", b.semErr(err))
-	}
-	if len(list) == 0 {
-		return core.Info{}, false, nil
+	list, err := b.queryPermits(ctx, "inspect", b.sem.stmt.holders, key)
+	if err != nil || len(list) == 0 {
+		return core.Info{}, false, err
 	}
 	return list[0], true, nil
+}
+
+// queryPermits runs stmt, a query of live permits, with arg (a key or a
+// prefix) and returns them; op names the call in its error.
+func (b *Backend) queryPermits(ctx context.Context, op, stmt, arg string) ([]core.Info, error) {
+	rows, err := b.pool.Query(ctx, stmt, arg)
+	if err == nil {
+		var list []core.Info
+		if list, err = scanInfos(rows, true); err == nil {
+			return list, nil
+		}
+	}
+	return nil, fmt.Errorf("pg: %s: %w", op, b.semErr(err))
 }
 
 // listPermits replaces the semaphores' header rows in list (the lock
@@ -872,16 +838,12 @@ func (b *Backend) listPermits(ctx context.Context, prefix string, list []core.In
 	if ready, err := b.semPermitsReady(ctx); err != nil || !ready {
 		return out, err
 	}
-	rows, err := b.pool.Query(ctx, b.sem.stmt.list, prefix)
+	permits, err := b.queryPermits(ctx, "list", b.sem.stmt.list, prefix)
 	if err != nil {
-		return nil, fmt.Errorf("pg: list: %w", b.semErr(err))
-	}
-	permits, err := scanPermits(rows)
-	if err != nil {
-		return nil, fmt.Errorf("pg: list: %w", b.semErr(err))
+		return nil, err
 	}
 	out = append(out, permits...)
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	slices.SortStableFunc(out, func(a, b core.Info) int { return strings.Compare(a.Key, b.Key) })
 	return out, nil
 }
 

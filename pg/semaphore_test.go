@@ -91,8 +91,7 @@ func TestPermitsTableMissing(t *testing.T) {
 // Rule: a renewal of mutexes and permits together is one call (one
 // round trip); each item is renewed, or lost when its lease is gone.
 func TestPermitRenewMixed(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	ctx := ctxT(t)
 	m := core.AcquireRequest{Key: "m", Owner: "m", OwnerToken: testenv.Name("m"), TTL: time.Minute}
@@ -151,8 +150,7 @@ func TestPermitRenewMixed(t *testing.T) {
 // Rule: a Locker holding 1,000 permits renews them all in one statement
 // batch (one round trip) per interval, and none is lost.
 func TestPermitRenew1000(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin, pg.WithAsyncCommit())
+	table := freshTable(t, pg.WithAsyncCommit())
 	be := newBackendPool(t, table, func(c *pgxpool.Config) { c.MaxConns = 8 }, pg.WithAsyncCommit())
 	cb := &countingBackend{Backend: be}
 	l := newClient(t, cb)
@@ -206,8 +204,7 @@ func TestPermitRenew1000(t *testing.T) {
 // commit, prepared statements or none; the last release leaves no permit
 // row and an ended header.
 func TestPermitExecModes(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	for _, mode := range []struct {
 		name string
 		mode pgx.QueryExecMode
@@ -278,8 +275,7 @@ func TestPermitExecModes(t *testing.T) {
 // (0), next to the older tool's rows: a mutex claim of a semaphore's key is
 // a limit mismatch, and the last release frees the key.
 func TestPermitLegacy(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin, pg.WithLegacyTable())
+	table := freshTable(t, pg.WithLegacyTable())
 	b := newBackend(t, table, pg.WithLegacyTable())
 	ctx := ctxT(t)
 	p1, p2 := permitReq("k", 2, time.Minute), permitReq("k", 2, time.Minute)
@@ -317,8 +313,7 @@ func TestPermitLegacy(t *testing.T) {
 // Rule: a full semaphore is answered by a read: a busy try neither writes
 // nor locks the header or the permits.
 func TestPermitBusyTryWritesNothing(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	ctx := ctxT(t)
 	for range 2 {
@@ -353,8 +348,7 @@ func TestPermitBusyTryWritesNothing(t *testing.T) {
 // key's header row) is aborted by the server within the claim bound, and
 // takes no permit.
 func TestPermitClaimBounded(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ctx := ctxT(t)
 	b := newBackend(t, table, pg.WithClaimTimeout(400*time.Millisecond))
 	first := permitReq("k", 3, time.Minute)
@@ -392,8 +386,7 @@ func TestPermitClaimBounded(t *testing.T) {
 // GRANT; once granted, claims work without a restart.
 func TestPermitsRolePrivileges(t *testing.T) {
 	needDirect(t, "it connects as a role of its own")
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	permits := pgx.Identifier{table + "_permits"}.Sanitize()
 	ctx := ctxT(t)

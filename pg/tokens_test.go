@@ -41,8 +41,7 @@ func TestTokensSurviveTableReset(t *testing.T) {
 		opts []pg.Option
 	}{{"logged", nil}, {"unlogged", []pg.Option{pg.WithUnlogged()}}} {
 		t.Run(mode.name, func(t *testing.T) {
-			admin := newPool(t, nil)
-			table := newTable(t, admin, mode.opts...)
+			admin, table := adminAndTable(t, mode.opts...)
 			ident := pgx.Identifier{table}.Sanitize()
 			l := newClient(t, newBackend(t, table))
 			last := cycle(t, l, "k")
@@ -138,8 +137,7 @@ func setToken(t *testing.T, admin *pgxpool.Pool, table, key string, ahead time.D
 // that won the key while another claim's clock reading waited for the row
 // would), ends the row by one path, and claims again.
 func TestTokensAboveLastOnEveryPath(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	ctx := ctxT(t)
 	mutex := func(key string) core.AcquireRequest { return acq(key, testenv.Name("tok"), "", 0) }
@@ -322,8 +320,7 @@ func claimBehindLock(t *testing.T, admin *pgxpool.Pool, b *pg.Backend, table str
 // transaction gives the row a token from a later clock reading and commits;
 // the waiting claim then takes the row over with a greater token.
 func TestTokenDecidedUnderRowLock(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	for _, limit := range []int{1, 2} {
 		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
@@ -350,8 +347,7 @@ func TestTokenDecidedUnderRowLock(t *testing.T) {
 // Rule: a slot claim is granted only while its slot lasts, on the server's
 // clock, even when it waited for the row's lock past the slot's end.
 func TestSlotClaimWaitsPastSlotEnd(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	b := newBackend(t, table)
 	for _, limit := range []int{1, 2} {
 		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
@@ -376,8 +372,7 @@ func TestSlotClaimWaitsPastSlotEnd(t *testing.T) {
 // expired permits of semaphores whose header went with them; it keeps
 // every other row.
 func TestPruneEndedRows(t *testing.T) {
-	admin := newPool(t, nil)
-	table := newTable(t, admin)
+	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	b := newBackend(t, table)
 	ctx := ctxT(t)

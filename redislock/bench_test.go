@@ -126,23 +126,35 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 
 const parallelG = 64
 
-func runParallel64(b *testing.B, body func(pb *testing.PB, g int)) {
+// parallelClient returns a client whose pool serves parallelG goroutines,
+// and its options.
+func parallelClient(b *testing.B) (*redis.Client, *redis.Options) {
+	opt := benchRedis(b)
+	opt.PoolSize = parallelG
+	return benchClient(b, opt), opt
+}
+
+// runParallel64 runs body on 64 goroutines (g numbers each) between two
+// measures of c's PING rate with as many, and returns the timed operations
+// per second and the mean of the two PING rates.
+func runParallel64(b *testing.B, c *redis.Client, body func(pb *testing.PB, g int)) (rate, pings float64) {
+	pings = pingRate(b, c, parallelG)
+	b.ResetTimer()
 	var next atomic.Int64
 	b.SetParallelism(max(1, parallelG/runtime.GOMAXPROCS(0)))
 	b.RunParallel(func(pb *testing.PB) { body(pb, int(next.Add(1))) })
+	b.StopTimer()
+	pings = (pings + pingRate(b, c, parallelG)) / 2
+	return float64(b.N) / b.Elapsed().Seconds(), pings
 }
 
 // BenchmarkParallelDistinctKeys: 64 goroutines, each TryAcquire + Release on
 // its own key. ops/ping = (pairs/s) / (PING/s with 64 goroutines).
 func BenchmarkParallelDistinctKeys(b *testing.B) {
-	opt := benchRedis(b)
-	opt.PoolSize = parallelG
-	c := benchClient(b, opt)
+	c, _ := parallelClient(b)
 	ctx := context.Background()
 	l := newLocker(b, c, "bench")
-	pings := pingRate(b, c, parallelG)
-	b.ResetTimer()
-	runParallel64(b, func(pb *testing.PB, g int) {
+	rate, pings := runParallel64(b, c, func(pb *testing.PB, g int) {
 		key := fmt.Sprintf("distinct/%d", g)
 		for pb.Next() {
 			s, err := l.TryAcquire(ctx, key)
@@ -153,9 +165,6 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 			s.Release(ctx)
 		}
 	})
-	b.StopTimer()
-	pings = (pings + pingRate(b, c, parallelG)) / 2
-	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(pings, "ping/s")
 	b.ReportMetric(rate, "pairs/s")
 	b.ReportMetric(rate/pings, "pairs/ping")
@@ -163,31 +172,22 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 
 // BenchmarkRawParallelDistinctKeys is the same with raw SET NX PX + DEL.
 func BenchmarkRawParallelDistinctKeys(b *testing.B) {
-	opt := benchRedis(b)
-	opt.PoolSize = parallelG
-	c := benchClient(b, opt)
+	c, _ := parallelClient(b)
 	ctx := context.Background()
-	pings := pingRate(b, c, parallelG)
-	b.ResetTimer()
-	runParallel64(b, func(pb *testing.PB, g int) {
+	rate, pings := runParallel64(b, c, func(pb *testing.PB, g int) {
 		key := fmt.Sprintf("raw-distinct/%d", g)
 		for pb.Next() {
 			c.SetNX(ctx, key, "v", 30*time.Second)
 			c.Del(ctx, key)
 		}
 	})
-	b.StopTimer()
-	pings = (pings + pingRate(b, c, parallelG)) / 2
-	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(rate/pings, "pairs/ping")
 }
 
 // BenchmarkHotKeyFailedTries: 64 goroutines TryAcquire a key held
 // elsewhere. tries/ping = (failed tries/s) / (PING/s with 64 goroutines).
 func BenchmarkHotKeyFailedTries(b *testing.B) {
-	opt := benchRedis(b)
-	opt.PoolSize = parallelG
-	c := benchClient(b, opt)
+	c, opt := parallelClient(b)
 	ctx := context.Background()
 	holder := newLocker(b, benchClient(b, opt), "bench", core.TTL(time.Minute))
 	s, err := holder.TryAcquire(ctx, "hot")
@@ -196,9 +196,7 @@ func BenchmarkHotKeyFailedTries(b *testing.B) {
 	}
 	defer s.Release(ctx)
 	l := newLocker(b, c, "bench")
-	pings := pingRate(b, c, parallelG)
-	b.ResetTimer()
-	runParallel64(b, func(pb *testing.PB, g int) {
+	rate, pings := runParallel64(b, c, func(pb *testing.PB, g int) {
 		for pb.Next() {
 			if _, err := l.TryAcquire(ctx, "hot"); !errors.Is(err, core.ErrNotAcquired) {
 				b.Errorf("TryAcquire on a held key: %v", err)
@@ -206,25 +204,18 @@ func BenchmarkHotKeyFailedTries(b *testing.B) {
 			}
 		}
 	})
-	b.StopTimer()
-	pings = (pings + pingRate(b, c, parallelG)) / 2
-	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(rate, "tries/s")
 	b.ReportMetric(rate/pings, "tries/ping")
 }
 
 // BenchmarkRawHotKeyFailedTries is the same with a raw SET NX PX.
 func BenchmarkRawHotKeyFailedTries(b *testing.B) {
-	opt := benchRedis(b)
-	opt.PoolSize = parallelG
-	c := benchClient(b, opt)
+	c, _ := parallelClient(b)
 	ctx := context.Background()
 	if err := c.Set(ctx, "raw-hot", "holder", time.Minute).Err(); err != nil {
 		b.Fatal(err)
 	}
-	pings := pingRate(b, c, parallelG)
-	b.ResetTimer()
-	runParallel64(b, func(pb *testing.PB, g int) {
+	rate, pings := runParallel64(b, c, func(pb *testing.PB, g int) {
 		for pb.Next() {
 			if ok, err := c.SetNX(ctx, "raw-hot", "me", 30*time.Second).Result(); ok || err != nil {
 				b.Errorf("SET NX on a held key: %v %v", ok, err)
@@ -232,9 +223,6 @@ func BenchmarkRawHotKeyFailedTries(b *testing.B) {
 			}
 		}
 	})
-	b.StopTimer()
-	pings = (pings + pingRate(b, c, parallelG)) / 2
-	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(rate/pings, "tries/ping")
 }
 
@@ -322,35 +310,51 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkHold1000: one Locker holds 1,000 leases (TTL 1.5s, renewed every
-// 500ms). Each iteration is one renew interval; reported per interval:
-// server commands, client round trips, and client CPU per lock·second.
-func BenchmarkHold1000(b *testing.B) {
-	const n = 1000
+// holdStats is what hold measured over its renew intervals.
+type holdStats struct {
+	intervals     float64          // renew intervals measured
+	interval      time.Duration    // one renew interval
+	before, after map[string]int64 // INFO commandstats calls
+	trips         int64            // client round trips
+	cpu           time.Duration    // the process's CPU time
+}
+
+// hold runs benchtest.Hold: one Locker (TTL 1.5s, so renewed every 500ms,
+// and opts) holds n sessions, session i on key(i); it counts the server's
+// commands, the client's round trips and the CPU time spent over the
+// measured intervals.
+func hold(b *testing.B, n int, key func(i int) string, opts ...core.Option) holdStats {
 	ttl := 1500 * time.Millisecond
-	interval := ttl / 3
+	st := holdStats{interval: ttl / 3}
 	opt := benchRedis(b)
 	admin := benchClient(b, opt)
 	c := benchClient(b, opt)
 	hook := &countHook{}
 	c.AddHook(hook)
-	l := newLocker(b, c, "bench", core.TTL(ttl))
+	l := newLocker(b, c, "bench", append([]core.Option{core.TTL(ttl)}, opts...)...)
 	ctx := context.Background()
-	var before map[string]int64
-	var trips int64
 	var cpu time.Duration
-	intervals := benchtest.Hold(b, n, interval, func(i int) (core.Session, error) {
-		return l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i))
-	}, func() { before, trips, cpu = commandCalls(b, admin), hook.n.Load(), cpuTime() })
-	after, trips2, cpu2 := commandCalls(b, admin), hook.n.Load(), cpuTime()
-	b.ReportMetric(float64(scriptCalls(before, after))/intervals, "scripts/interval")
-	b.ReportMetric(float64(serverCalls(before, after))/intervals, "server-cmds/interval")
-	b.ReportMetric(float64(trips2-trips)/intervals, "roundtrips/interval")
+	st.intervals = benchtest.Hold(b, n, st.interval, func(i int) (core.Session, error) {
+		return l.TryAcquire(ctx, key(i))
+	}, func() { st.before, st.trips, cpu = commandCalls(b, admin), hook.n.Load(), cpuTime() })
+	st.after, st.trips, st.cpu = commandCalls(b, admin), hook.n.Load()-st.trips, cpuTime()-cpu
+	return st
+}
+
+// BenchmarkHold1000: one Locker holds 1,000 leases (TTL 1.5s, renewed every
+// 500ms). Each iteration is one renew interval; reported per interval:
+// server commands, client round trips, and client CPU per lock·second.
+func BenchmarkHold1000(b *testing.B) {
+	const n = 1000
+	st := hold(b, n, func(i int) string { return fmt.Sprintf("hold/%d", i) })
+	b.ReportMetric(float64(scriptCalls(st.before, st.after))/st.intervals, "scripts/interval")
+	b.ReportMetric(float64(serverCalls(st.before, st.after))/st.intervals, "server-cmds/interval")
+	b.ReportMetric(float64(st.trips)/st.intervals, "roundtrips/interval")
 	// CPU per lock and renewal; per lock·s it scales with the renewal rate
 	// (at the default TTL of 30s a lease is renewed every 10s).
-	perRenewal := float64((cpu2 - cpu).Nanoseconds()) / 1000 / (n * intervals)
+	perRenewal := float64(st.cpu.Nanoseconds()) / 1000 / (n * st.intervals)
 	b.ReportMetric(perRenewal, "cpu-µs/renewal")
-	b.ReportMetric(perRenewal/interval.Seconds(), "cpu-µs/lock·s")
+	b.ReportMetric(perRenewal/st.interval.Seconds(), "cpu-µs/lock·s")
 	b.ReportMetric(perRenewal/(core.DefaultTTL/3).Seconds(), "cpu-µs/lock·s@30s")
 }
 

@@ -132,9 +132,7 @@ func testScriptFlush(t *testing.T, c redis.UniversalClient, flush func(ctx conte
 }
 
 func TestScriptFlush(t *testing.T) {
-	p := startPrivateRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
-	defer c.Close()
+	c := privateClient(t)
 	testScriptFlush(t, c, func(ctx context.Context) error { return c.ScriptFlush(ctx).Err() })
 }
 
@@ -462,32 +460,10 @@ func TestWatchFailsWithoutPubSub(t *testing.T) {
 
 func TestWatchBlackHole(t *testing.T) {
 	const rule = "Watch returns an error, not hang, when the server never confirms the subscription"
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns sync.WaitGroup
-	stop := make(chan struct{})
-	defer func() { close(stop); ln.Close(); conns.Wait() }()
-	conns.Add(1)
-	go func() {
-		defer conns.Done()
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns.Add(1)
-			go func() { // read everything, answer nothing
-				defer conns.Done()
-				go func() { <-stop; nc.Close() }()
-				io.Copy(io.Discard, nc)
-			}()
-		}
-	}()
+	addr := testenv.SilentServer(t)
 	// go-redis bounds the set-up of a pub/sub connection by its dial and
 	// read timeouts, not by the context.
-	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
 	defer c.Close()
 	b, err := redislock.NewBackend(c, redislock.WithSubscribeTimeout(300*time.Millisecond))
 	if err != nil {

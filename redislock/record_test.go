@@ -48,9 +48,7 @@ func acquireReq(key string, i int) core.AcquireRequest {
 // about 0.5 µs of server time.
 func TestCommandsPerAcquireRelease(t *testing.T) {
 	const rule = "an uncontended acquire + release costs at most 7 server commands and publishes nothing"
-	p := startPrivateRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
-	defer c.Close()
+	c := privateClient(t)
 	ctx := ctxT(t, 30*time.Second)
 	b := newBackend(t, c, testenv.Name("dislocktest-"))
 
@@ -110,9 +108,7 @@ func TestCommandsPerAcquireRelease(t *testing.T) {
 // release somebody was turned away from publishes.
 func TestBusyMarksOnce(t *testing.T) {
 	const rule = "a busy answer writes at most once per holder; the release then publishes, once"
-	p := startPrivateRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
-	defer c.Close()
+	c := privateClient(t)
 	ctx := ctxT(t, 30*time.Second)
 	b := newBackend(t, c, testenv.Name("dislocktest-"))
 	if _, err := b.TryAcquire(ctx, acquireReq("k", 0)); err != nil {

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -588,8 +588,8 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	if err != nil {
 		return nil, fmt.Errorf("redislock: list: SCAN: %w", err)
 	}
-	sort.Strings(found)
-	found = compactStrings(found) // SCAN may return a key twice
+	slices.Sort(found)
+	found = slices.Compact(found) // SCAN may return a key twice
 	list := make([]core.Info, 0, len(found))
 	var sems []string // keys that hold semaphores (semaphore.go)
 	for start := 0; start < len(found); start += 512 {
@@ -619,19 +619,9 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 			return nil, fmt.Errorf("redislock: list: %w", err)
 		}
 		list = append(list, permits...)
-		sort.SliceStable(list, func(i, j int) bool { return list[i].Key < list[j].Key })
+		slices.SortStableFunc(list, func(a, b core.Info) int { return strings.Compare(a.Key, b.Key) })
 	}
 	return list, nil
-}
-
-func compactStrings(s []string) []string {
-	out := s[:0]
-	for i, v := range s {
-		if i == 0 || v != s[i-1] {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 // ForceRelease implements core.Admin: it frees the lock whoever holds it

@@ -10,7 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/redislock"
 )
@@ -234,23 +233,9 @@ func BenchmarkSemaphoreAcquireRelease(b *testing.B) {
 // limit 100, TTL 1.5s, renewed every 500ms). Each iteration is one renew
 // interval; reported per interval: script calls and client round trips.
 func BenchmarkSemaphoreHold1000(b *testing.B) {
-	ttl := 1500 * time.Millisecond
-	interval := ttl / 3
-	opt := benchRedis(b)
-	admin := benchClient(b, opt)
-	c := benchClient(b, opt)
-	hook := &countHook{}
-	c.AddHook(hook)
-	l := newLocker(b, c, "bench", core.TTL(ttl), core.Limit(100))
-	ctx := context.Background()
-	var before map[string]int64
-	var trips int64
-	intervals := benchtest.Hold(b, 1000, interval, func(i int) (core.Session, error) {
-		return l.TryAcquire(ctx, fmt.Sprint("semhold/", i%10))
-	}, func() { before, trips = commandCalls(b, admin), hook.n.Load() })
-	after, trips2 := commandCalls(b, admin), hook.n.Load()
-	b.ReportMetric(float64(scriptCalls(before, after))/intervals, "scripts/interval")
-	b.ReportMetric(float64(trips2-trips)/intervals, "roundtrips/interval")
+	st := hold(b, 1000, func(i int) string { return fmt.Sprint("semhold/", i%10) }, core.Limit(100))
+	b.ReportMetric(float64(scriptCalls(st.before, st.after))/st.intervals, "scripts/interval")
+	b.ReportMetric(float64(st.trips)/st.intervals, "roundtrips/interval")
 }
 
 // Rule: a mutex claim on a key whose semaphore has only expired permits

@@ -107,6 +107,15 @@ func startPrivateRedis(t testing.TB, extra ...string) *privateRedis {
 	return p
 }
 
+// privateClient starts a private server and returns a client on it, closed
+// when the test ends.
+func privateClient(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: startPrivateRedis(t).Addr()})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func (p *privateRedis) start() {
 	p.t.Helper()
 	cmd := exec.Command(redisServerBin, p.args...)

@@ -33,17 +33,8 @@ func (b *Backend) holderOf(ctx context.Context, key, parent string, names []stri
 		}
 		claims = append(claims, c)
 	}
-	get := func(p string) ([]byte, *zk.Stat, error) {
-		var data []byte
-		var st *zk.Stat
-		var err error
-		if cerr := b.call(ctx, func() { data, st, err = b.conn.Get(p) }, nil); cerr != nil {
-			return nil, nil, cerr
-		}
-		return data, st, err
-	}
 	if best != nil {
-		data, st, err := get(parent + "/" + best.name)
+		data, st, err := b.get(ctx, parent+"/"+best.name)
 		if err == nil {
 			t, owner, _ := parseData(data)
 			return &core.Info{Key: key, Owner: owner, Token: uint64(t), AcquiredAt: msTime(st.Ctime),
@@ -55,30 +46,40 @@ func (b *Backend) holderOf(ctx context.Context, key, parent string, names []stri
 	}
 	sort.Slice(claims, func(i, j int) bool { return claims[i].seq < claims[j].seq })
 	for _, c := range claims {
-		data, st, err := get(parent + "/" + c.name)
+		data, st, err := b.get(ctx, parent+"/"+c.name)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		if isWaitData(data) {
-			continue // a place in line, not a holder
+		if info, ok := claimHolder(key, data, st, now); ok {
+			return &info, nil
 		}
-		ttl, owner, perr := parseData(data)
-		info := &core.Info{Key: key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime)}
-		if perr != nil {
-			return info, nil
-		}
-		exp := st.Mtime + ttl
-		if exp <= now {
-			continue // its holder stopped renewing: free for the next acquirer
-		}
-		info.ExpiresAt = msTime(exp)
-		info.Remaining = time.Duration(exp-now) * time.Millisecond
-		return info, nil
 	}
 	return nil, nil
+}
+
+// claimHolder reads claim node data (stat st) of key: the Info of its
+// holder, and whether it holds at now. A place in line holds nothing; nor
+// does a claim whose holder stopped renewing (free for the next acquirer).
+// A claim whose data cannot be parsed holds, with no expiry known.
+func claimHolder(key string, data []byte, st *zk.Stat, now int64) (core.Info, bool) {
+	if isWaitData(data) {
+		return core.Info{}, false
+	}
+	ttl, owner, perr := parseData(data)
+	info := core.Info{Key: key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime)}
+	if perr != nil {
+		return info, true
+	}
+	exp := st.Mtime + ttl
+	if exp <= now {
+		return info, false
+	}
+	info.ExpiresAt = msTime(exp)
+	info.Remaining = time.Duration(exp-now) * time.Millisecond
+	return info, true
 }
 
 // children lists parent's children; a missing parent has none. With sync

@@ -129,13 +129,7 @@ func (b *Backend) releaseByToken(ctx context.Context, req core.ReleaseRequest) e
 		}
 		p := parent + "/" + n
 		if req.Keep > 0 && !c.hold {
-			var data []byte
-			var st *zk.Stat
-			var gerr error
-			if cerr := b.call(ctx, func() { data, st, gerr = b.conn.Get(p) }, nil); cerr != nil {
-				errs = append(errs, cerr)
-				continue
-			}
+			data, st, gerr := b.get(ctx, p)
 			if errors.Is(gerr, zk.ErrNoNode) {
 				continue
 			}

@@ -227,17 +227,12 @@ func (b *Backend) holdersOf(ctx context.Context, key, parent string, names []str
 			continue
 		}
 		info := core.Info{Key: key, ExpiresAt: msTime(c.until), Remaining: time.Duration(c.until-now) * time.Millisecond, Limit: c.limit}
-		var data []byte
-		var st *zk.Stat
-		var gerr error
-		if cerr := b.call(ctx, func() { data, st, gerr = b.conn.Get(parent + "/" + n) }, nil); cerr != nil {
-			return nil, cerr
-		}
-		if errors.Is(gerr, zk.ErrNoNode) {
+		data, st, err := b.get(ctx, parent+"/"+n)
+		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
-		if gerr != nil {
-			return nil, gerr
+		if err != nil {
+			return nil, err
 		}
 		t, owner, _ := parseData(data)
 		info.Owner, info.Token, info.AcquiredAt = owner, uint64(t), msTime(st.Ctime)
@@ -249,30 +244,16 @@ func (b *Backend) holdersOf(ctx context.Context, key, parent string, names []str
 		if limit > 0 && len(list) >= limit {
 			break
 		}
-		var data []byte
-		var st *zk.Stat
-		var gerr error
-		if cerr := b.call(ctx, func() { data, st, gerr = b.conn.Get(parent + "/" + c.name) }, nil); cerr != nil {
-			return nil, cerr
-		}
-		if errors.Is(gerr, zk.ErrNoNode) {
+		data, st, err := b.get(ctx, parent+"/"+c.name)
+		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
-		if gerr != nil {
-			return nil, gerr
+		if err != nil {
+			return nil, err
 		}
-		if isWaitData(data) {
-			continue // a place in line, not a holder
-		}
-		ttl, owner, perr := parseData(data)
-		info := core.Info{Key: key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime)}
-		if perr == nil {
-			exp := st.Mtime + ttl
-			if exp <= now {
-				continue // its holder stopped renewing
-			}
-			info.ExpiresAt = msTime(exp)
-			info.Remaining = time.Duration(exp-now) * time.Millisecond
+		info, ok := claimHolder(key, data, st, now) // admin.go
+		if !ok {
+			continue
 		}
 		if limit == 0 {
 			limit = max(c.limit, 1)

@@ -561,6 +561,18 @@ func (b *Backend) Close() error {
 
 var errClosed = errors.New("zklock: backend closed")
 
+// get reads node p within ctx (see call): its data and stat, or the error
+// of the read or of the call.
+func (b *Backend) get(ctx context.Context, p string) ([]byte, *zk.Stat, error) {
+	var data []byte
+	var st *zk.Stat
+	var err error
+	if cerr := b.call(ctx, func() { data, st, err = b.conn.Get(p) }, nil); cerr != nil {
+		return nil, nil, cerr
+	}
+	return data, st, err
+}
+
 // call runs f, which makes blocking go-zookeeper calls, and returns when f
 // returns or ctx ends, whichever is first. go-zookeeper's calls take no
 // context; one abandoned by ctx ends by itself when its reply arrives or the

@@ -96,10 +96,30 @@ func startWait(t *testing.T, rule string, p *proc, ctx context.Context, key stri
 	return out
 }
 
+// waitResult is the outcome of a wait started in the background: its
+// session, its error and when it returned.
 type waitResult struct {
 	s   core.Session
 	err error
 	at  time.Time
+}
+
+// acquiredAt waits for the result of a wait on res, up to limit, and
+// returns when the wait acquired, its session released. A failed wait
+// fails t; one with no result within limit fails t with late.
+func acquiredAt(t *testing.T, rule string, res <-chan waitResult, limit time.Duration, late string) time.Time {
+	t.Helper()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			t.Fatalf("rule %q: %v", rule, r.err)
+		}
+		r.s.Release(context.Background())
+		return r.at
+	case <-time.After(limit):
+		t.Fatalf("rule %q: %s", rule, late)
+		return time.Time{}
+	}
 }
 
 // testQueueWaiterID checks rule "a waiting Acquire on a Queuer names itself
@@ -273,17 +293,9 @@ func testQueueCancelled(t *testing.T, e *env) {
 			}
 			released := time.Now()
 			s.Release(context.Background())
-			select {
-			case r := <-res2:
-				if r.err != nil {
-					t.Fatalf("rule %q: %v", rule, r.err)
-				}
-				r.s.Release(context.Background())
-				if d := r.at.Sub(released); d > 5*time.Second {
-					t.Errorf("rule %q: the next waiter got the key %v after the release", rule, d)
-				}
-			case <-time.After(15 * time.Second):
-				t.Fatalf("rule %q: the next waiter did not get the key within 15s: the wait cut short kept its place", rule)
+			at := acquiredAt(t, rule, res2, 15*time.Second, "the next waiter did not get the key within 15s: the wait cut short kept its place")
+			if d := at.Sub(released); d > 5*time.Second {
+				t.Errorf("rule %q: the next waiter got the key %v after the release", rule, d)
 			}
 		})
 	}

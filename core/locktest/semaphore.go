@@ -468,20 +468,12 @@ func expectWokenBy(t *testing.T, rule, what string, log *acquireLog, res <-chan 
 	t.Helper()
 	at := time.Now()
 	act()
-	select {
-	case r := <-res:
-		if r.err != nil {
-			t.Fatalf("rule %q: %v", rule, r.err)
-		}
-		r.s.Release(context.Background())
-		if d := r.at.Sub(at); d > 2*time.Second {
-			t.Errorf("rule %q: the wait acquired %v after %s", rule, d, what)
-		}
-		if end, ok := log.lastAcquired(); !ok || end.Wake != core.WakeNotify {
-			t.Errorf("rule %q: the wait that acquired was woken by %q, want %q", rule, end.Wake, core.WakeNotify)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("rule %q: the wait did not acquire within 15s of %s (its next poll was further off)", rule, what)
+	got := acquiredAt(t, rule, res, 15*time.Second, "the wait did not acquire within 15s of "+what+" (its next poll was further off)")
+	if d := got.Sub(at); d > 2*time.Second {
+		t.Errorf("rule %q: the wait acquired %v after %s", rule, d, what)
+	}
+	if end, ok := log.lastAcquired(); !ok || end.Wake != core.WakeNotify {
+		t.Errorf("rule %q: the wait that acquired was woken by %q, want %q", rule, end.Wake, core.WakeNotify)
 	}
 }
 

@@ -37,10 +37,7 @@ var _ gocron.Elector = (*Elector)(nil)
 // hears of every failed attempt. Close it when done, after shutting down
 // the scheduler that uses it.
 func NewElector(l core.Locker, key string, opts ...Option) (*Elector, error) {
-	if l == nil {
-		return nil, invalid("Locker", "nil core.Locker")
-	}
-	cfg, err := resolveConfig(forElector, opts)
+	cfg, err := resolveConfig(forElector, l, opts)
 	if err != nil {
 		return nil, err
 	}

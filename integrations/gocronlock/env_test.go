@@ -71,12 +71,7 @@ func newEnv(t *testing.T, name string) *env {
 		})
 		return &env{name: name,
 			backend: func(t *testing.T) core.Backend {
-				b, err := pg.NewBackend(ctx, pool, pg.WithTable(table), pg.WithAutoMigrate())
-				if err != nil {
-					t.Fatalf("pg.NewBackend: %v", err)
-				}
-				t.Cleanup(func() { _ = b.Close() })
-				return b
+				return closedAtEnd(t, "pg.NewBackend")(pg.NewBackend(ctx, pool, pg.WithTable(table), pg.WithAutoMigrate()))
 			},
 			recorder: func(t *testing.T) recorder { return newPGRecorder(t, pool, testenv.Name("gocronlock_runs_")) },
 		}
@@ -85,12 +80,7 @@ func newEnv(t *testing.T, name string) *env {
 		table := mysqltest.Table(t, db, "gocronlock_")
 		return &env{name: name,
 			backend: func(t *testing.T) core.Backend {
-				b, err := mysqllock.NewBackend(context.Background(), db, mysqllock.WithTable(table))
-				if err != nil {
-					t.Fatalf("mysqllock.NewBackend: %v", err)
-				}
-				t.Cleanup(func() { _ = b.Close() })
-				return b
+				return closedAtEnd(t, "mysqllock.NewBackend")(mysqllock.NewBackend(context.Background(), db, mysqllock.WithTable(table)))
 			},
 			recorder: func(t *testing.T) recorder { return newMySQLRecorder(t, db, testenv.Name("gocronlock_runs_")) },
 		}
@@ -112,12 +102,7 @@ func newEnv(t *testing.T, name string) *env {
 		})
 		return &env{name: name,
 			backend: func(t *testing.T) core.Backend {
-				b, err := redislock.NewBackend(client, redislock.WithPrefix(prefix))
-				if err != nil {
-					t.Fatalf("redislock.NewBackend: %v", err)
-				}
-				t.Cleanup(func() { _ = b.Close() })
-				return b
+				return closedAtEnd(t, "redislock.NewBackend")(redislock.NewBackend(client, redislock.WithPrefix(prefix)))
 			},
 			recorder: func(*testing.T) recorder { return &redisRecorder{c: client, key: testenv.Name(prefix + ":runs:")} },
 		}
@@ -136,6 +121,20 @@ func (e *env) locker(t *testing.T, opts ...core.ClientOption) *core.Client {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// closedAtEnd returns a function that takes a constructor's results: it
+// fails t, naming what, on the constructor's error, and otherwise returns
+// the Backend, closed when t ends.
+func closedAtEnd(t *testing.T, what string) func(core.Backend, error) core.Backend {
+	return func(b core.Backend, err error) core.Backend {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		return b
+	}
 }
 
 // killable returns a Locker whose access to the store can be cut, like a

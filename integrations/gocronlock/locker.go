@@ -61,14 +61,8 @@ var _ gocron.Locker = (*Locker)(nil)
 // NewLocker returns a gocron.Locker that takes its locks from l. Options are
 // validated here.
 func NewLocker(l core.Locker, opts ...Option) (*Locker, error) {
-	if l == nil {
-		return nil, invalid("Locker", "nil core.Locker")
-	}
-	cfg, err := resolveConfig(forLocker, opts)
+	cfg, err := resolveConfig(forLocker, l, opts)
 	if err != nil {
-		return nil, err
-	}
-	if err := semaphores("Limit", l, cfg.limit); err != nil {
 		return nil, err
 	}
 	return &Locker{l: l, cfg: cfg, schedules: make(map[string]core.Schedule),

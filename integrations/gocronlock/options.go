@@ -97,8 +97,13 @@ func notNegative(name string, d time.Duration) error {
 	return invalid(name, "must not be negative, got %v", d)
 }
 
-// resolveConfig applies opts for the constructor s and checks them.
-func resolveConfig(s scope, opts []Option) (config, error) {
+// resolveConfig applies opts for the constructor s of a scheduler lock on
+// l and checks them, and l: it must be set, and have semaphores when Limit
+// asks for more than one permit.
+func resolveConfig(s scope, l core.Locker, opts []Option) (config, error) {
+	if l == nil {
+		return config{}, invalid("Locker", "nil core.Locker")
+	}
 	c := config{
 		prefix:         DefaultPrefix,
 		tryTimeout:     DefaultTryTimeout,
@@ -128,7 +133,7 @@ func resolveConfig(s scope, opts []Option) (config, error) {
 	if err := core.ValidateOptions(c.coreOptions(c.limit)...); err != nil {
 		return c, err
 	}
-	return c, nil
+	return c, semaphores("Limit", l, c.limit)
 }
 
 // coreOptions returns the core options common to every acquisition, with

@@ -32,18 +32,12 @@ type TaskFunc func(ctx context.Context, s core.Session) error
 // when the release found the lease gone from the store (joined with fn's
 // error when fn failed). Options are validated here.
 func Wrap(l core.Locker, key string, fn TaskFunc, opts ...Option) (func(ctx context.Context) error, error) {
-	if l == nil {
-		return nil, invalid("Locker", "nil core.Locker")
-	}
-	if fn == nil {
-		return nil, invalid("TaskFunc", "nil function")
-	}
-	cfg, err := resolveConfig(forTask, opts)
+	cfg, err := resolveConfig(forTask, l, opts)
 	if err != nil {
 		return nil, err
 	}
-	if err := semaphores("Limit", l, cfg.limit); err != nil {
-		return nil, err
+	if fn == nil {
+		return nil, invalid("TaskFunc", "nil function")
 	}
 	key = cfg.prefix + key
 	if err := core.ValidateKey(key); err != nil {

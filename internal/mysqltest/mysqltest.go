@@ -74,7 +74,7 @@ WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAM
 				t.Errorf("drop procedure %s: %v", p, err)
 			}
 		}
-		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+name+"`, `"+name+"_permits`, `"+name+"_waiters`, `"+name+"_turns`"); err != nil {
+		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+name+"`, `"+name+"_permits`, `"+name+"_waiters`, `"+name+"_turns`, `"+name+"_watchers`"); err != nil {
 			t.Errorf("drop lock table %s: %v", name, err)
 		}
 	})

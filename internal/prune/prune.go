@@ -35,3 +35,16 @@ func (s *Schedule) Again() {
 	s.next = time.Time{}
 	s.mu.Unlock()
 }
+
+// Run calls prune when a prune is due (Due), and makes the next one due at
+// once (Again) when prune reports a full batch of deleted rows. prune's
+// error is dropped: the release it follows succeeded, and the next prune
+// retries.
+func (s *Schedule) Run(every time.Duration, batch int64, prune func() (int64, error)) {
+	if !s.Due(every) {
+		return
+	}
+	if n, err := prune(); err == nil && n >= batch {
+		s.Again()
+	}
+}

@@ -1,4 +1,5 @@
-// Package testenv finds the servers dislock's tests run against.
+// Package testenv finds the servers dislock's tests run against, and holds
+// the checks the backends' Open functions share (secret.go).
 //
 // Tests read DISLOCK_TEST_PG, DISLOCK_TEST_REDIS and DISLOCK_TEST_MYSQL
 // (URLs; for MySQL also a go-sql-driver DSN) with local defaults. When a server does not answer, a test fails under CI (CI=true)
