@@ -13,14 +13,6 @@ import (
 
 var _ core.SemaphoreBackend = (*Backend)(nil)
 
-// maxPermitAttempts bounds the transactions of one permit claim: each
-// attempt after the first follows a read that found a free permit, and
-// fails only when another claim of the key was applied in between. A claim
-// also stops trying once a sixth of its TTL has passed (at least 100 ms):
-// the engine counts a claim whose reply comes after the renew deadline as
-// lost, so a claim that keeps losing races answers busy instead.
-const maxPermitAttempts = 4
-
 // maxViews bounds the semaphores whose last view a Backend keeps.
 const maxViews = 4096
 
@@ -116,7 +108,15 @@ func splitPermits(kvs []*mvccpb.KeyValue, now time.Time) (live, ended []permitKV
 // (for a semaphore this backend has not seen: if there are no permit
 // keys). Otherwise the transaction reads the lock key and the permits,
 // oldest first: the claim then answers busy, a limit mismatch, or tries
-// again on the fresh view.
+// again on the fresh view. It tries again as long as the fresh view shows
+// a free permit: a transaction fails its guard only when a permit key was
+// written since the view (another claim was granted, or a minimum hold
+// rebound a permit), so claims racing for a free semaphore are all
+// granted until it is full, and busy then means the store showed it full.
+// Only a claim that keeps losing to a churn of claims and releases for a
+// sixth of its TTL (at least 100 ms) answers busy with a permit in view:
+// the engine counts a claim whose reply comes after the renew deadline as
+// lost, so it stops before that.
 func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.Lease, error) {
 	b, key, limit := c.b, c.req.Key, c.req.Limit
 	k := b.etcdKey(key)
@@ -126,7 +126,7 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 	cleared := false
 	start := time.Now()
 	bound := max(c.req.TTL/6, 100*time.Millisecond)
-	for attempt := range maxPermitAttempts {
+	for attempt := 0; ; attempt++ {
 		if attempt > 0 && time.Since(start) > bound {
 			break
 		}
@@ -194,8 +194,8 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 			break
 		}
 	}
-	// Busy: every permit is taken (or other claims kept taking the free
-	// ones first). Say which permit expires first.
+	// Busy: every permit is taken (or, past the bound, other claims kept
+	// taking the free ones first). Say which permit expires first.
 	wait := c.giveUp(ctx)
 	info := b.firstToExpire(ctx, key, live)
 	wait()
