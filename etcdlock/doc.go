@@ -129,10 +129,12 @@
 //     view and, if it has a permit free, a second transaction claims it:
 //     a claim costs one round trip when this Backend made the last change
 //     to the semaphore (or the semaphore is free), two otherwise, plus one
-//     per claim of another process that wins in between (at most 4
-//     transactions, and none started after a sixth of the TTL, so that a
-//     claim that keeps losing races answers busy well before the renew
-//     deadline). The lease is taken as for a lock (the shared lease,
+//     per claim of another process that wins in between, for as long as
+//     the fresh view has a permit free: claims racing for a free semaphore
+//     are all granted until it is full. No transaction is started after a
+//     sixth of the TTL, so that a claim that keeps losing to a churn of
+//     claims and releases answers busy well before the renew deadline.
+//     The lease is taken as for a lock (the shared lease,
 //     refreshed if need be alongside the first transaction).
 //   - A lock claim's transaction also requires the permit range to be
 //     empty. A lock claim that finds permits, and a permit claim that finds
