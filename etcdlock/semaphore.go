@@ -123,6 +123,8 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 	lo, hi := b.permitRange(key)
 	v := b.view(key)
 	var live []permitKV
+	var qv queueView // the queue before the claim, as last read (none yet)
+	first := true    // no read yet: require the waiter to be first in line (or no queue)
 	cleared := false
 	start := time.Now()
 	bound := max(c.req.TTL/6, 100*time.Millisecond)
@@ -136,12 +138,14 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 			guard = clientv3.Compare(clientv3.ModRevision(lo), "<", 0).WithRange(hi) // never true
 		}
 		base := v
+		qcmp := c.queueCmp(first, qv.rev)
 		resp, err := c.commit(ctx, func() clientv3.Txn {
 			return b.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0), guard).
-				Then(clientv3.OpPut(c.h.ekey, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))).
-				Else(clientv3.OpGet(k),
-					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+				If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0), guard}, qcmp...)...).
+				Then(append([]clientv3.Op{clientv3.OpPut(c.h.ekey, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))}, c.queueThen()...)...).
+				Else(append([]clientv3.Op{clientv3.OpGet(k),
+					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))},
+					c.queueElse()...)...)
 		})
 		if err != nil {
 			return core.Lease{}, err
@@ -153,6 +157,7 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 			b.setView(key, semView{rev: resp.Header.Revision, limit: limit, count: base.count + 1})
 			return c.succeed(resp.Header.Revision, now), nil
 		}
+		qv, first = c.readQueue(resp, 2), false
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			// The key is a mutex: held, or an ended slot lock.
 			kv := kvs[0]
@@ -190,8 +195,8 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 		}
 		v = semView{rev: resp.Header.Revision, limit: limit, count: len(live)}
 		b.setView(key, v)
-		if len(live) >= limit {
-			break
+		if len(live)+qv.before >= limit || (c.wkey != "" && c.wait.rev == 0) {
+			break // full, or the free permits are the turns of waiters before
 		}
 	}
 	// Busy: every permit is taken (or, past the bound, other claims kept
