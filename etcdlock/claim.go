@@ -63,9 +63,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err != nil {
 		return core.Lease{}, err
 	}
-	if b.knownBusy(req.Key) && (req.Waiter == "" || (!fresh && c.wait.rev != 0)) {
-		// Held when last seen, and a waiter's place is known and kept by
-		// its lease's refresh: a read may answer.
+	told := req.Waiter != "" && b.takeTold(c.wkey)
+	if (b.knownBusy(req.Key) && req.Waiter == "") || (req.Waiter != "" && !fresh && c.wait.rev != 0 && !told) {
+		// Held when last seen; or a waiter whose place is known and kept
+		// by its lease's refresh, and that was not told its turn since
+		// its last attempt (an attempt that keeps its place): a read may
+		// answer.
 		if done, err := b.peek(ctx, req); done {
 			return core.Lease{}, err
 		}

@@ -101,6 +101,7 @@ type Backend struct {
 	busy      map[string]struct{}        // keys last seen held by another owner: claims read first
 	waits     map[string]map[string]wait // by key, then waiter: this backend's waiters in line
 	wleases   map[int64]waiterLease      // by TTL in seconds: the lease waiter keys are bound to
+	told      map[string]struct{}        // waiter keys of this backend's waiters told their turn since their last attempt
 }
 
 // held is one lock or permit this backend claimed (or tried to): its key, its lease
@@ -143,7 +144,7 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 	}
 	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
 		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), views: make(map[string]semView), busy: make(map[string]struct{}),
-		waits: make(map[string]map[string]wait), wleases: make(map[int64]waiterLease)}, o, nil
+		waits: make(map[string]map[string]wait), wleases: make(map[int64]waiterLease), told: make(map[string]struct{})}, o, nil
 }
 
 // Name implements core.Backend.

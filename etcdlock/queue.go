@@ -68,10 +68,31 @@ func (b *Backend) setWait(key, waiter string, w wait) {
 func (b *Backend) dropWait(key, waiter string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	delete(b.told, b.waiterKey(key, waiter))
 	delete(b.waits[key], waiter)
 	if len(b.waits[key]) == 0 {
 		delete(b.waits, key)
 	}
+}
+
+// setTold notes that waiter, if it is this backend's, was told its turn:
+// its next attempt claims without reading first.
+func (b *Backend) setTold(key, waiter string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.waits[key][waiter]; ok {
+		b.told[b.waiterKey(key, waiter)] = struct{}{}
+	}
+}
+
+// takeTold reports whether the waiter of wkey was told its turn since its
+// last attempt, and forgets it.
+func (b *Backend) takeTold(wkey string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.told[wkey]
+	delete(b.told, wkey)
+	return ok
 }
 
 // ownWaits returns this backend's waiters on key.
@@ -373,6 +394,7 @@ func (b *Backend) tellTurns(ctx context.Context, key string, rev, lease int64, f
 	}
 	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
 		if _, w, ok := b.queueKey(string(kvs[0].Key)); ok {
+			b.setTold(key, w)
 			fn(key, w)
 		}
 	}
