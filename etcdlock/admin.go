@@ -129,7 +129,13 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 		if err != nil {
 			return nil, fmt.Errorf("etcdlock: list: %w", err)
 		}
-		list = append(list, b.infos(ctx, resp.Kvs, keyOf)...)
+		kvs := make([]*mvccpb.KeyValue, 0, len(resp.Kvs))
+		for _, kv := range resp.Kvs {
+			if _, ok := b.lockKey(string(kv.Key)); ok {
+				kvs = append(kvs, kv) // not a waiter key
+			}
+		}
+		list = append(list, b.infos(ctx, kvs, keyOf)...)
 		if !resp.More || len(resp.Kvs) == 0 {
 			break
 		}

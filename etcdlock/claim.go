@@ -58,12 +58,21 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err != nil {
 		return core.Lease{}, err
 	}
-	if b.knownBusy(req.Key) {
+	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), leaseOK: true}
+	fresh, err := c.startWait(ctx)
+	if err != nil {
+		return core.Lease{}, err
+	}
+	told := req.Waiter != "" && b.takeTold(c.wkey)
+	if (b.knownBusy(req.Key) && req.Waiter == "") || (req.Waiter != "" && !fresh && c.wait.rev != 0 && !told) {
+		// Held when last seen; or a waiter whose place is known and kept
+		// by its lease's refresh, and that was not told its turn since
+		// its last attempt (an attempt that keeps its place): a read may
+		// answer.
 		if done, err := b.peek(ctx, req); done {
 			return core.Lease{}, err
 		}
 	}
-	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), leaseOK: true}
 	if err := c.start(ctx); err != nil {
 		return core.Lease{}, err
 	}
@@ -80,9 +89,12 @@ type claim struct {
 	seconds int64
 	slot    bool
 	h       held
-	reused  bool // h.lease is the shared lease, refreshed with the first transaction if need be
-	kaDone  bool // no refresh is needed, or it succeeded
-	leaseOK bool // the shared lease is not known to be in doubt
+	wkey    string // the waiter key of req.Waiter ("" without one)
+	wlease  int64  // the lease wkey is bound to
+	wait    wait   // what is known of the waiter's place
+	reused  bool   // h.lease is the shared lease, refreshed with the first transaction if need be
+	kaDone  bool   // no refresh is needed, or it succeeded
+	leaseOK bool   // the shared lease is not known to be in doubt
 }
 
 // start takes the shared lease of the claim's TTL, or grants one that
@@ -205,6 +217,9 @@ func (c *claim) refresh(ctx context.Context) error {
 // succeed records the claim as held with fencing token rev.
 func (c *claim) succeed(rev int64, now time.Time) core.Lease {
 	c.h.rev = rev
+	if c.req.Waiter != "" {
+		c.b.dropWait(c.req.Key, c.req.Waiter)
+	}
 	c.b.markFree(c.req.Key)
 	c.b.keep(c.req, c.h)
 	return c.b.lease(rev, now, c.req)
@@ -252,11 +267,13 @@ func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Le
 	for attempt := 0; attempt < 3; attempt++ {
 		resp, err := c.commit(ctx, func() clientv3.Txn {
 			return b.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
-					clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)). // no permits
-				Then(clientv3.OpPut(k, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))).
-				Else(clientv3.OpGet(k),
-					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+				If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+					clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)}, // no permits
+					c.queueCmp(true, 0)...)...).
+				Then(append([]clientv3.Op{clientv3.OpPut(k, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))}, c.queueThen()...)...).
+				Else(append([]clientv3.Op{clientv3.OpGet(k),
+					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))},
+					c.queueElse()...)...)
 		})
 		if err != nil {
 			return core.Lease{}, err
@@ -266,7 +283,16 @@ func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Le
 			// revision is the transaction's revision.
 			return c.succeed(resp.Header.Revision, now), nil
 		}
+		qv := c.readQueue(resp, 2)
 		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 && len(resp.Responses[1].GetResponseRange().Kvs) == 0 {
+			if qv.before > 0 || (c.wkey != "" && c.wait.rev == 0) {
+				// Free, but others are in line first.
+				c.giveUp(ctx)()
+				return core.Lease{}, core.Busy(key, nil)
+			}
+			continue // another claim came and went
+		}
 		if len(kvs) == 0 {
 			// Permits of a semaphore hold the key, or held it: a slot
 			// semaphore whose slot ended leaves its permits to their

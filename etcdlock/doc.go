@@ -87,10 +87,32 @@
 //   - A release before a minimum hold ends (core.MinHold) grants a lease of
 //     the remaining hold, moves the key to it with an owner-checked put
 //     that keeps its create_revision: two round trips.
-//   - Waiters are woken by one watch per Locker on the prefix, for
-//     deletions only, with WithRequireLeader: a member cut off from its
-//     cluster ends the watch instead of going quiet, and the Locker polls
-//     until the watch is back.
+//   - Waiters wait in line (core.Queuer). A waiting Acquire's attempt that
+//     is not granted puts, in the same transaction, its waiter key
+//     <prefix> NUL "q" NUL <key> NUL <waiter> bound to the Backend's
+//     waiter lease (one per WaiterTTL, of that TTL plus a second, kept
+//     alive by the attempts of its waiters), so a dead waiter's place
+//     goes with its lease. The line is the order of the waiter keys'
+//     create_revision, as in concurrency.Mutex. A claim's transaction
+//     checks its turn atomically: a waiter whose key has create_revision r
+//     requires its key unchanged and every waiter key of the key to have
+//     a create_revision of at least r (a compare over the queue range);
+//     a claim without a place requires the queue empty. A grant deletes
+//     the waiter key in the same transaction, so a hand-off costs the
+//     waiter's put, its claim and the release: three writes. A semaphore
+//     waiter may claim when fewer waiters are before it than permits are
+//     free, as read with the claim's guard (waiters before it only leave).
+//     Leave deletes the waiter key.
+//   - Turns come from one watch per Locker on the prefix, with
+//     WithRequireLeader (a member cut off from its cluster ends the watch
+//     instead of going quiet, and the Locker polls until the watch is
+//     back) and the previous values of deleted keys. A deletion of a lock
+//     or permit key with waiters, or of a waiter key, is followed by a
+//     read of the key and its queue at the deletion's revision; when a
+//     permit was free then, the first waiter in line is told, in every
+//     Locker that watches (each tells the same name; only its own
+//     process acts on it). A deletion whose key's lease is gone (an
+//     expiry) tells nobody: waiters poll at the holder's expiry.
 //   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
 //     List reads the prefix in pages of 500; ForceRelease deletes exactly
 //     the incarnation it read (same lease, same create revision) and never
@@ -129,10 +151,12 @@
 //     view and, if it has a permit free, a second transaction claims it:
 //     a claim costs one round trip when this Backend made the last change
 //     to the semaphore (or the semaphore is free), two otherwise, plus one
-//     per claim of another process that wins in between (at most 4
-//     transactions, and none started after a sixth of the TTL, so that a
-//     claim that keeps losing races answers busy well before the renew
-//     deadline). The lease is taken as for a lock (the shared lease,
+//     per claim of another process that wins in between, for as long as
+//     the fresh view has a permit free: claims racing for a free semaphore
+//     are all granted until it is full. No transaction is started after a
+//     sixth of the TTL, so that a claim that keeps losing to a churn of
+//     claims and releases answers busy well before the renew deadline.
+//     The lease is taken as for a lock (the shared lease,
 //     refreshed if need be alongside the first transaction).
 //   - A lock claim's transaction also requires the permit range to be
 //     empty. A lock claim that finds permits, and a permit claim that finds
@@ -145,15 +169,13 @@
 //   - A full semaphore answers core.Busy with the permit that expires first
 //     (one lease read per permit, 32 at a time).
 //   - Release deletes the permit key guarded by its lease and
-//     create_revision, as for a lock; the deletion wakes waiters through
-//     the same prefix watch, one per freed permit.
+//     create_revision, as for a lock; the deletion tells the first waiter
+//     in line through the same prefix watch.
 //   - Holders reads the lock key and the permit range in one transaction
 //     and then each permit's lease; Inspect describes the oldest permit,
 //     List gives one Info per permit (with Info.Limit), and ForceRelease
 //     deletes every permit it read, each guarded by its lease and
 //     create_revision (one transaction per 128 permits).
-//   - The store-side waiter queue of core.Queuer is not implemented: waiters
-//     are woken by the watch and race, as for locks.
 //
 // Every lock request carries WithRequireLeader, so a member without a leader
 // answers at once with an error instead of waiting (Close's revokes of unused

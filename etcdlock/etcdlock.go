@@ -83,7 +83,8 @@ func New(cli *clientv3.Client, opts ...Option) (*core.Client, error) {
 }
 
 // Backend is the etcd store for core's lease engine. It implements
-// core.Backend, core.Watcher, core.Admin and core.SemaphoreBackend, and is
+// core.Backend, core.Queuer (and so core.Watcher), core.Admin and
+// core.SemaphoreBackend, and is
 // safe for concurrent use.
 // Most programs use New; NewBackend is for wrapping or composing backends.
 type Backend struct {
@@ -93,11 +94,14 @@ type Backend struct {
 	ka        *keepalives
 
 	mu        sync.Mutex
-	held      map[string]held     // by owner token: what this backend acquired
-	current   map[int64]*shared   // by TTL in seconds: the lease new claims take
-	leaseByID map[int64]*shared   // every shared lease in use, current or retired
-	views     map[string]semView  // by key: what this backend last saw of a semaphore
-	busy      map[string]struct{} // keys last seen held by another owner: claims read first
+	held      map[string]held            // by owner token: what this backend acquired
+	current   map[int64]*shared          // by TTL in seconds: the lease new claims take
+	leaseByID map[int64]*shared          // every shared lease in use, current or retired
+	views     map[string]semView         // by key: what this backend last saw of a semaphore
+	busy      map[string]struct{}        // keys last seen held by another owner: claims read first
+	waits     map[string]map[string]wait // by key, then waiter: this backend's waiters in line
+	wleases   map[int64]waiterLease      // by TTL in seconds: the lease waiter keys are bound to
+	told      map[string]struct{}        // waiter keys of this backend's waiters told their turn since their last attempt
 }
 
 // held is one lock or permit this backend claimed (or tried to): its key, its lease
@@ -139,7 +143,8 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
 	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
-		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), views: make(map[string]semView), busy: make(map[string]struct{})}, o, nil
+		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), views: make(map[string]semView), busy: make(map[string]struct{}),
+		waits: make(map[string]map[string]wait), wleases: make(map[int64]waiterLease), told: make(map[string]struct{})}, o, nil
 }
 
 // Name implements core.Backend.
@@ -162,6 +167,10 @@ func (b *Backend) Close() error {
 		}
 	}
 	clear(b.current)
+	for _, wl := range b.wleases {
+		ids = append(ids, wl.id)
+	}
+	clear(b.wleases)
 	b.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

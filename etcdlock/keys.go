@@ -55,7 +55,7 @@ func (b *Backend) recordKey(key, ownerToken string, limit int) string {
 // permit key, the key of its semaphore.
 func (b *Backend) lockKey(ekey string) (string, bool) {
 	key, ok := strings.CutPrefix(ekey, b.prefix)
-	if !ok {
+	if !ok || strings.HasPrefix(key, "\x00") { // a waiter key
 		return "", false
 	}
 	if i := strings.IndexByte(key, 0); i >= 0 {

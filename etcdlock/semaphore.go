@@ -13,14 +13,6 @@ import (
 
 var _ core.SemaphoreBackend = (*Backend)(nil)
 
-// maxPermitAttempts bounds the transactions of one permit claim: each
-// attempt after the first follows a read that found a free permit, and
-// fails only when another claim of the key was applied in between. A claim
-// also stops trying once a sixth of its TTL has passed (at least 100 ms):
-// the engine counts a claim whose reply comes after the renew deadline as
-// lost, so a claim that keeps losing races answers busy instead.
-const maxPermitAttempts = 4
-
 // maxViews bounds the semaphores whose last view a Backend keeps.
 const maxViews = 4096
 
@@ -116,17 +108,27 @@ func splitPermits(kvs []*mvccpb.KeyValue, now time.Time) (live, ended []permitKV
 // (for a semaphore this backend has not seen: if there are no permit
 // keys). Otherwise the transaction reads the lock key and the permits,
 // oldest first: the claim then answers busy, a limit mismatch, or tries
-// again on the fresh view.
+// again on the fresh view. It tries again as long as the fresh view shows
+// a free permit: a transaction fails its guard only when a permit key was
+// written since the view (another claim was granted, or a minimum hold
+// rebound a permit), so claims racing for a free semaphore are all
+// granted until it is full, and busy then means the store showed it full.
+// Only a claim that keeps losing to a churn of claims and releases for a
+// sixth of its TTL (at least 100 ms) answers busy with a permit in view:
+// the engine counts a claim whose reply comes after the renew deadline as
+// lost, so it stops before that.
 func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.Lease, error) {
 	b, key, limit := c.b, c.req.Key, c.req.Limit
 	k := b.etcdKey(key)
 	lo, hi := b.permitRange(key)
 	v := b.view(key)
 	var live []permitKV
+	var qv queueView // the queue before the claim, as last read (none yet)
+	first := true    // no read yet: require the waiter to be first in line (or no queue)
 	cleared := false
 	start := time.Now()
 	bound := max(c.req.TTL/6, 100*time.Millisecond)
-	for attempt := range maxPermitAttempts {
+	for attempt := 0; ; attempt++ {
 		if attempt > 0 && time.Since(start) > bound {
 			break
 		}
@@ -136,12 +138,14 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 			guard = clientv3.Compare(clientv3.ModRevision(lo), "<", 0).WithRange(hi) // never true
 		}
 		base := v
+		qcmp := c.queueCmp(first, qv.rev)
 		resp, err := c.commit(ctx, func() clientv3.Txn {
 			return b.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0), guard).
-				Then(clientv3.OpPut(c.h.ekey, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))).
-				Else(clientv3.OpGet(k),
-					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)))
+				If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0), guard}, qcmp...)...).
+				Then(append([]clientv3.Op{clientv3.OpPut(c.h.ekey, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))}, c.queueThen()...)...).
+				Else(append([]clientv3.Op{clientv3.OpGet(k),
+					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))},
+					c.queueElse()...)...)
 		})
 		if err != nil {
 			return core.Lease{}, err
@@ -153,6 +157,7 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 			b.setView(key, semView{rev: resp.Header.Revision, limit: limit, count: base.count + 1})
 			return c.succeed(resp.Header.Revision, now), nil
 		}
+		qv, first = c.readQueue(resp, 2), false
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			// The key is a mutex: held, or an ended slot lock.
 			kv := kvs[0]
@@ -190,12 +195,12 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 		}
 		v = semView{rev: resp.Header.Revision, limit: limit, count: len(live)}
 		b.setView(key, v)
-		if len(live) >= limit {
-			break
+		if len(live)+qv.before >= limit || (c.wkey != "" && c.wait.rev == 0) {
+			break // full, or the free permits are the turns of waiters before
 		}
 	}
-	// Busy: every permit is taken (or other claims kept taking the free
-	// ones first). Say which permit expires first.
+	// Busy: every permit is taken (or, past the bound, other claims kept
+	// taking the free ones first). Say which permit expires first.
 	wait := c.giveUp(ctx)
 	info := b.firstToExpire(ctx, key, live)
 	wait()

@@ -74,10 +74,4 @@ type Harness struct {
 	NoWatch      bool // no release notifications
 	NoAdmin      bool // no Inspect/List/ForceRelease
 	NoSlots      bool // ForSlot unsupported
-
-	// PermitRacesMayBeBusy says that a permit claim that keeps losing races
-	// to other claims of its key answers busy although a permit is free
-	// (an optimistic store that bounds its retries): the rule that racing
-	// TryAcquires of a free semaphore are all granted is skipped.
-	PermitRacesMayBeBusy bool
 }

@@ -46,8 +46,6 @@ func harness(t *testing.T, prefix string, newClient func(t testing.TB) *clientv3
 			return err
 		},
 		TTL: minTTL(t, admin),
-		// A permit claim that loses four races in a row answers busy.
-		PermitRacesMayBeBusy: true,
 	}
 }
 

@@ -1,0 +1,401 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dislock/dislock/core"
+)
+
+var _ core.Queuer = (*Backend)(nil)
+
+// queueMark starts, after the prefix, the etcd keys of waiter queues:
+// <prefix> NUL "q" NUL <key> NUL <waiter>. No lock key starts with NUL,
+// so no lock or permit key is a waiter key.
+const queueMark = "\x00q\x00"
+
+// queueRange is the etcd key range [lo, hi) of key's waiters.
+func (b *Backend) queueRange(key string) (lo, hi string) {
+	p := b.prefix + queueMark + key
+	return p + "\x00", p + "\x01"
+}
+
+func (b *Backend) waiterKey(key, waiter string) string {
+	lo, _ := b.queueRange(key)
+	return lo + waiter
+}
+
+// queueKey parses a waiter key.
+func (b *Backend) queueKey(ekey string) (key, waiter string, ok bool) {
+	rest, ok := strings.CutPrefix(ekey, b.prefix+queueMark)
+	if !ok {
+		return "", "", false
+	}
+	key, waiter, ok = strings.Cut(rest, "\x00")
+	return key, waiter, ok
+}
+
+// wait is one of this backend's own waiters in a queue.
+type wait struct {
+	rev int64 // its waiter key's create revision; 0 when not known
+}
+
+// ownWait returns what this backend knows of waiter's place on key.
+func (b *Backend) ownWait(key, waiter string) wait {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waits[key][waiter]
+}
+
+func (b *Backend) setWait(key, waiter string, w wait) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.waits[key]
+	if m == nil {
+		m = make(map[string]wait)
+		b.waits[key] = m
+	}
+	m[waiter] = w
+}
+
+func (b *Backend) dropWait(key, waiter string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.told, b.waiterKey(key, waiter))
+	delete(b.waits[key], waiter)
+	if len(b.waits[key]) == 0 {
+		delete(b.waits, key)
+	}
+}
+
+// setTold notes that waiter, if it is this backend's, was told its turn:
+// its next attempt claims without reading first.
+func (b *Backend) setTold(key, waiter string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.waits[key][waiter]; ok {
+		b.told[b.waiterKey(key, waiter)] = struct{}{}
+	}
+}
+
+// takeTold reports whether the waiter of wkey was told its turn since its
+// last attempt, and forgets it.
+func (b *Backend) takeTold(wkey string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.told[wkey]
+	delete(b.told, wkey)
+	return ok
+}
+
+// ownWaits returns this backend's waiters on key.
+func (b *Backend) ownWaits(key string) map[string]wait {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := make(map[string]wait, len(b.waits[key]))
+	for w, x := range b.waits[key] {
+		m[w] = x
+	}
+	return m
+}
+
+// waiterLease is a lease waiter keys are bound to, and the send time of
+// its last grant or keepalive.
+type waiterLease struct {
+	id        int64
+	refreshed time.Time
+}
+
+// waiterLease returns the lease this backend binds waiter keys of a
+// WaiterTTL of seconds to: one lease per TTL, of seconds plus one, kept
+// alive by the attempts of its waiters, so that a waiter that stops trying
+// (or a process that dies) leaves the queue when its lease runs out. A
+// lease refreshed less than a second ago still keeps a place for the
+// WaiterTTL from now; an older one is refreshed first. fresh says the
+// lease was granted now: waiter keys bound to an earlier one are gone.
+func (b *Backend) waiterLease(ctx context.Context, seconds int64) (id int64, fresh bool, err error) {
+	b.mu.Lock()
+	wl := b.wleases[seconds]
+	b.mu.Unlock()
+	if wl.id != 0 {
+		if time.Since(wl.refreshed) < time.Second {
+			return wl.id, false, nil
+		}
+		sent := time.Now()
+		ttls, err := b.ka.keepAlive(ctx, []int64{wl.id}, false)
+		if err != nil {
+			return 0, false, err
+		}
+		if ttls[0] > 0 {
+			b.mu.Lock()
+			if cur := b.wleases[seconds]; cur.id == wl.id && cur.refreshed.Before(sent) {
+				b.wleases[seconds] = waiterLease{id: wl.id, refreshed: sent}
+			}
+			b.mu.Unlock()
+			return wl.id, false, nil
+		}
+	}
+	sent := time.Now()
+	resp, err := b.cli.Grant(ctx, seconds+1)
+	if err != nil {
+		return 0, false, err
+	}
+	b.mu.Lock()
+	b.wleases[seconds] = waiterLease{id: int64(resp.ID), refreshed: sent}
+	b.mu.Unlock()
+	return int64(resp.ID), true, nil
+}
+
+// queueView is what a claim read of key's queue: how many live waiters
+// are before the claim's waiter (all of them for a claim without one).
+type queueView struct {
+	rev    int64 // the store revision of the read
+	before int
+}
+
+// queueCmp is the part of a claim's guard that checks the queue: for a
+// waiter whose place is known, that its key is still there and, when
+// first is set, that no waiter key is older; for any other claim, that no
+// waiter key was created after the read at rev (or, with rev 0, that there
+// is none).
+func (c *claim) queueCmp(first bool, rev int64) []clientv3.Cmp {
+	b, key := c.b, c.req.Key
+	lo, hi := b.queueRange(key)
+	if c.wait.rev != 0 {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.wkey), "=", c.wait.rev)}
+		if first {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lo), ">", c.wait.rev-1).WithRange(hi))
+		}
+		return cmps
+	}
+	if rev == 0 {
+		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)}
+	}
+	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lo), "<", rev+1).WithRange(hi)}
+}
+
+// queueThen is what a granted claim also does: take its waiter out of line.
+func (c *claim) queueThen() []clientv3.Op {
+	if c.wkey == "" {
+		return nil
+	}
+	return []clientv3.Op{clientv3.OpDelete(c.wkey)}
+}
+
+// queueElse is what a claim that is not granted also does: queue its
+// waiter at the tail unless it has a place, and read the queue. The
+// responses start at index base.
+func (c *claim) queueElse() []clientv3.Op {
+	lo, hi := c.b.queueRange(c.req.Key)
+	ops := []clientv3.Op{clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))}
+	if c.wkey != "" {
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.wkey), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(c.wkey, "", clientv3.WithLease(clientv3.LeaseID(c.wlease)))}, nil))
+	}
+	return ops
+}
+
+// readQueue interprets the responses of queueElse from index base: it
+// records the waiter's place and returns the view.
+func (c *claim) readQueue(resp *clientv3.TxnResponse, base int) queueView {
+	kvs := resp.Responses[base].GetResponseRange().Kvs
+	v := queueView{rev: resp.Header.Revision}
+	if c.wkey == "" {
+		v.before = len(kvs)
+		return v
+	}
+	if t := resp.Responses[base+1].GetResponseTxn(); t != nil && t.Succeeded {
+		// Queued now, at the tail: every waiter read is before it.
+		c.wait.rev = resp.Header.Revision
+		v.before = len(kvs)
+	} else {
+		c.wait.rev = 0
+		for i, kv := range kvs {
+			if string(kv.Key) == c.wkey {
+				c.wait.rev = kv.CreateRevision
+				v.before = i
+				break
+			}
+		}
+	}
+	c.b.setWait(c.req.Key, c.req.Waiter, c.wait)
+	return v
+}
+
+// startWait prepares a claim with a Waiter: its waiter key, and the lease
+// that key is bound to, refreshed.
+func (c *claim) startWait(ctx context.Context) (fresh bool, err error) {
+	if c.req.Waiter == "" {
+		return false, nil
+	}
+	seconds, err := leaseSeconds("WaiterTTL", max(c.req.WaiterTTL, time.Second))
+	if err != nil {
+		return false, err
+	}
+	id, fresh, err := c.b.waiterLease(ctx, seconds)
+	if err != nil {
+		return false, core.Unclaimed(fmt.Errorf("waiter lease: %w", err))
+	}
+	c.wkey, c.wlease = c.b.waiterKey(c.req.Key, c.req.Waiter), id
+	c.wait = c.b.ownWait(c.req.Key, c.req.Waiter)
+	if fresh {
+		c.wait.rev = 0
+	}
+	return fresh, nil
+}
+
+// Leave implements core.Queuer: it deletes the waiter's key. The watchers
+// of the processes with waiters behind it see the deletion and tell the
+// next one when the key can be claimed.
+func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
+	b.dropWait(key, waiter)
+	_, err := b.cli.Delete(clientv3.WithRequireLeader(ctx), b.waiterKey(key, waiter))
+	if err != nil {
+		return fmt.Errorf("etcdlock: leave: %w", err)
+	}
+	return nil
+}
+
+// WatchTurns implements core.Queuer with one watch on the prefix that
+// reports deletions, with the deleted key's previous value: a lock or a
+// permit released, forced or expired, or a waiter that left, was granted
+// or expired. For a key with waiters of this backend it then reads the
+// key and its queue, and tells the waiters of this backend that the grant
+// rule now lets in. The deletion of a key whose lease is gone (an expiry)
+// tells nobody.
+func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify())
+	// queued counts the waiter keys of each key seen created and not yet
+	// deleted since the watch began: a key with none, and no waiter of
+	// this backend, needs no read when it is released.
+	queued := map[string]int{}
+	for resp := range ch {
+		if err := resp.Err(); err != nil {
+			return fmt.Errorf("etcdlock: watch: %w", err)
+		}
+		if resp.Created {
+			ready()
+		}
+		// One read per key and revision with deletions: a lock or
+		// permit released (lease, when not 0, is the holder's, which an
+		// expiry ends), or a waiter out of line.
+		type turn struct {
+			key string
+			rev int64
+		}
+		leases := map[turn]int64{}
+		var order []turn
+		locked := map[turn]bool{} // a lock key created: held at that revision
+		for _, ev := range resp.Events {
+			ekey := string(ev.Kv.Key)
+			if ev.Type != mvccpb.DELETE {
+				if key, _, ok := b.queueKey(ekey); ok && ev.IsCreate() {
+					queued[key]++
+				} else if key, ok := b.lockKey(ekey); ok && ekey == b.etcdKey(key) && ev.IsCreate() {
+					locked[turn{key, ev.Kv.ModRevision}] = true
+				}
+				continue
+			}
+			if key, _, ok := b.queueKey(ekey); ok {
+				if queued[key] > 1 {
+					queued[key]--
+				} else {
+					delete(queued, key)
+				}
+				t := turn{key, ev.Kv.ModRevision}
+				if _, ok := leases[t]; !ok {
+					order = append(order, t)
+				}
+				leases[t] = 0 // a waiter left: told whatever the lock's lease
+				continue
+			}
+			key, ok := b.lockKey(ekey)
+			if !ok {
+				continue
+			}
+			b.markFree(key)
+			t := turn{key, ev.Kv.ModRevision}
+			if queued[key] == 0 && len(b.ownWaits(key)) == 0 {
+				continue
+			}
+			if _, ok := leases[t]; !ok {
+				order = append(order, t)
+				if ev.PrevKv != nil {
+					leases[t] = ev.PrevKv.Lease
+				}
+			}
+		}
+		for _, t := range order {
+			if !locked[t] {
+				b.tellTurns(wctx, t.key, t.rev, leases[t], fn)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return errors.New("etcdlock: watch: closed")
+}
+
+// leaseGone reports whether lease id no longer exists.
+func (b *Backend) leaseGone(ctx context.Context, id int64) bool {
+	resp, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(id))
+	return err == nil && resp.TTL <= 0
+}
+
+// tellTurns reads key and its queue as they were at revision rev, just
+// after the deletion seen, and when a permit was free then (the lock was
+// free), tells the first live waiter: this backend's own or another
+// process's (a store may tell every process). A grant that leaves a
+// permit free deletes its waiter's key, which tells the next one. (Read at
+// the deletion's revision, each deletion tells what it changed, and not
+// what later ones did: those tell for themselves.)
+//
+// A deletion of a key whose lease, when not 0, is gone was an expiry: it
+// tells nobody (waiters poll at the holder's expiry). The lease is read
+// alongside the key.
+func (b *Backend) tellTurns(ctx context.Context, key string, rev, lease int64, fn func(key, waiter string)) {
+	var (
+		wg      sync.WaitGroup
+		expired bool
+	)
+	if lease != 0 {
+		wg.Go(func() { expired = b.leaseGone(ctx, lease) })
+	}
+	k := b.etcdKey(key)
+	plo, phi := b.permitRange(key)
+	qlo, qhi := b.queueRange(key)
+	resp, err := b.cli.Txn(ctx).Then(clientv3.OpGet(k, clientv3.WithRev(rev)),
+		clientv3.OpGet(plo, clientv3.WithRange(phi), clientv3.WithRev(rev)),
+		clientv3.OpGet(qlo, clientv3.WithRange(qhi), clientv3.WithKeysOnly(), clientv3.WithRev(rev), clientv3.WithLimit(1),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))).Commit()
+	wg.Wait()
+	if err != nil || expired {
+		return // the waiters poll
+	}
+	now := time.Now()
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if rec, ok := decode(kvs[0].Value); !ok || !rec.slotOver(now) {
+			return // held
+		}
+	}
+	if live, _ := splitPermits(resp.Responses[1].GetResponseRange().Kvs, now); len(live) > 0 && len(live) >= live[0].limit() {
+		return // full
+	}
+	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
+		if _, w, ok := b.queueKey(string(kvs[0].Key)); ok {
+			b.setTold(key, w)
+			fn(key, w)
+		}
+	}
+}
