@@ -167,7 +167,7 @@ func raceTokens(t *testing.T, e *env, procs []*proc, limit int) {
 		back     int // grants whose token did not increase
 		firstBad string
 		stop     bool
-		late     int // acquires whose reply came too late to be used
+		late     int // acquires and releases answered past the session's deadline
 	)
 	deadline := time.Now().Add(raceCap)
 	ctx, cancel := context.WithTimeout(context.Background(), raceCap+30*time.Second)
@@ -229,7 +229,15 @@ func raceTokens(t *testing.T, e *env, procs []*proc, limit int) {
 					mu.Lock()
 					holding--
 					mu.Unlock()
-					if err := s.Release(ctx); err != nil {
+					if err := s.Release(ctx); errors.Is(err, core.ErrLeaseLost) {
+						// The session's deadline passed while the
+						// release was in flight (a grant answered
+						// late, a slow release): the engine reports
+						// the lease lost, which is no token's concern.
+						mu.Lock()
+						late++
+						mu.Unlock()
+					} else if err != nil {
 						errs <- fmt.Errorf("Release: %w", err)
 						mu.Lock()
 						stop = true
@@ -252,6 +260,6 @@ func raceTokens(t *testing.T, e *env, procs []*proc, limit int) {
 		t.Logf("the race ran out of time (%v) after %d of %d grants", raceCap, grants, raceGrants)
 	}
 	if late > 0 {
-		t.Logf("%d acquires were answered too late to be used (ErrLeaseLost), and undone", late)
+		t.Logf("%d acquires or releases were answered past the session's deadline (ErrLeaseLost)", late)
 	}
 }
