@@ -139,6 +139,10 @@ ensure_tools() {
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
     ENV_HINT=DISLOCK_TEST_PG apt_install postgresql || true
   fi
+  # The chaos tier starts private MariaDB servers of its own (faults, kill -9).
+  if [ ! -x /usr/sbin/mariadbd ] && [ ! -x /usr/sbin/mysqld ]; then
+    ENV_HINT=DISLOCK_TEST_MYSQL apt_install mariadb-server || true
+  fi
 }
 
 ensure_redis
