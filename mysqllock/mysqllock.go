@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/ownclient"
 	"github.com/dislock/dislock/internal/prune"
 	"github.com/go-sql-driver/mysql"
 )
@@ -98,12 +99,7 @@ func client(b *Backend, err error) (*core.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := core.New(b, b.cfg.clientOpts...)
-	if err != nil {
-		b.Close()
-		return nil, err
-	}
-	return c, nil
+	return ownclient.New(b, b.cfg.clientOpts)
 }
 
 // Open connects to the server at dsn with a pool of its own and returns a

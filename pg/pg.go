@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/ownclient"
 	"github.com/dislock/dislock/internal/prune"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -96,12 +97,7 @@ func Open(ctx context.Context, connString string, opts ...Option) (*core.Client,
 	if err != nil {
 		return nil, err
 	}
-	c, err := core.New(b, b.cfg.clientOpts...)
-	if err != nil {
-		b.Close()
-		return nil, err
-	}
-	return c, nil
+	return ownclient.New(b, b.cfg.clientOpts)
 }
 
 // OpenBackend connects to the database at connString with a pool of its own
