@@ -91,8 +91,11 @@
 //     is not granted puts, in the same transaction, its waiter key
 //     <prefix> NUL "q" NUL <key> NUL <waiter> bound to the Backend's
 //     waiter lease (one per WaiterTTL, of that TTL plus a second, kept
-//     alive by the attempts of its waiters), so a dead waiter's place
-//     goes with its lease. The line is the order of the waiter keys'
+//     alive by the attempts of its waiters), so a dead process's places
+//     go with its lease; a waiter of a live process that stops trying (an
+//     Acquire whose Leave was lost in an outage) has its key deleted by
+//     its Backend once its WaiterTTL has passed without an attempt, since
+//     the other waiters' attempts keep the lease alive. The line is the order of the waiter keys'
 //     create_revision, as in concurrency.Mutex. A claim's transaction
 //     checks its turn atomically: a waiter whose key has create_revision r
 //     requires its key unchanged and every waiter key of the key to have
@@ -102,7 +105,8 @@
 //     waiter's put, its claim and the release: three writes. A semaphore
 //     waiter may claim when fewer waiters are before it than permits are
 //     free, as read with the claim's guard (waiters before it only leave).
-//     Leave deletes the waiter key.
+//     Leave deletes the waiter key (in the background, until it is
+//     deleted or the Backend closes, when the delete fails).
 //   - Turns come from one watch per Locker on the prefix, with
 //     WithRequireLeader (a member cut off from its cluster ends the watch
 //     instead of going quiet, and the Locker polls until the watch is

@@ -94,14 +94,22 @@ type Backend struct {
 	ka        *keepalives
 
 	mu        sync.Mutex
-	held      map[string]held            // by owner token: what this backend acquired
-	current   map[int64]*shared          // by TTL in seconds: the lease new claims take
-	leaseByID map[int64]*shared          // every shared lease in use, current or retired
-	views     map[string]semView         // by key: what this backend last saw of a semaphore
-	busy      map[string]struct{}        // keys last seen held by another owner: claims read first
-	waits     map[string]map[string]wait // by key, then waiter: this backend's waiters in line
-	wleases   map[int64]waiterLease      // by TTL in seconds: the lease waiter keys are bound to
-	told      map[string]struct{}        // waiter keys of this backend's waiters told their turn since their last attempt
+	held      map[string]held                 // by owner token: what this backend acquired
+	current   map[int64]*shared               // by TTL in seconds: the lease new claims take
+	leaseByID map[int64]*shared               // every shared lease in use, current or retired
+	views     map[string]semView              // by key: what this backend last saw of a semaphore
+	busy      map[string]struct{}             // keys last seen held by another owner: claims read first
+	waits     map[string]map[string]*ownPlace // by key, then waiter: this backend's waiters in line
+	wleases   map[int64]waiterLease           // by TTL in seconds: the lease waiter keys are bound to
+	told      map[string]struct{}             // waiter keys of this backend's waiters told their turn since their last attempt
+
+	// Background deletions of waiter keys (deleteWaiter): Close stops
+	// them (stop) and waits.
+	bgMu    sync.Mutex
+	bg      sync.WaitGroup
+	closed  bool
+	stopCtx context.Context
+	stop    context.CancelFunc
 }
 
 // held is one lock or permit this backend claimed (or tried to): its key, its lease
@@ -142,9 +150,10 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 	if cli == nil {
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
-	return &Backend{cli: cli, prefix: o.prefix, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
+	stopCtx, stop := context.WithCancel(context.Background())
+	return &Backend{cli: cli, prefix: o.prefix, stopCtx: stopCtx, stop: stop, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
 		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), views: make(map[string]semView), busy: make(map[string]struct{}),
-		waits: make(map[string]map[string]wait), wleases: make(map[int64]waiterLease), told: make(map[string]struct{})}, o, nil
+		waits: make(map[string]map[string]*ownPlace), wleases: make(map[int64]waiterLease), told: make(map[string]struct{})}, o, nil
 }
 
 // Name implements core.Backend.
@@ -157,8 +166,18 @@ func (b *Backend) Name() string { return "etcd" }
 // holder keeps its margin. It does not close the etcd client, which
 // belongs to the caller. It is safe to call more than once.
 func (b *Backend) Close() error {
+	b.bgMu.Lock()
+	b.closed = true
+	b.bgMu.Unlock()
+	b.stop()
+	b.bg.Wait()
 	b.ka.close()
 	b.mu.Lock()
+	for key, m := range b.waits {
+		for waiter := range m {
+			b.dropWaitLocked(key, waiter)
+		}
+	}
 	var ids []int64
 	for id, sh := range b.leaseByID {
 		if sh.users <= 0 {

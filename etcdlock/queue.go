@@ -42,33 +42,134 @@ func (b *Backend) queueKey(ekey string) (key, waiter string, ok bool) {
 	return key, waiter, ok
 }
 
-// wait is one of this backend's own waiters in a queue.
+// wait is what a claim knows of its waiter's place in line.
 type wait struct {
 	rev int64 // its waiter key's create revision; 0 when not known
+}
+
+// ownPlace is one of this backend's own waiters in a queue.
+type ownPlace struct {
+	rev   int64     // its waiter key's create revision; 0 when not known
+	until time.Time // local: when its place runs out unless another attempt comes
+	timer *time.Timer
 }
 
 // ownWait returns what this backend knows of waiter's place on key.
 func (b *Backend) ownWait(key, waiter string) wait {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.waits[key][waiter]
+	if p := b.waits[key][waiter]; p != nil {
+		return wait{rev: p.rev}
+	}
+	return wait{}
+}
+
+// placeLocked returns the record of waiter's place on key, made when
+// missing.
+func (b *Backend) placeLocked(key, waiter string) *ownPlace {
+	m := b.waits[key]
+	if m == nil {
+		m = make(map[string]*ownPlace)
+		b.waits[key] = m
+	}
+	p := m[waiter]
+	if p == nil {
+		p = &ownPlace{}
+		m[waiter] = p
+	}
+	return p
 }
 
 func (b *Backend) setWait(key, waiter string, w wait) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m := b.waits[key]
-	if m == nil {
-		m = make(map[string]wait)
-		b.waits[key] = m
+	b.placeLocked(key, waiter).rev = w.rev
+}
+
+// keepWait notes an attempt of waiter on key: its place lasts until until.
+// The waiter keys of all this backend's waiters of one WaiterTTL share a
+// lease, which any of their attempts refresh; so a waiter that stops trying
+// without a Leave (a Leave lost in an outage, a process that stopped
+// calling) has its key deleted by this backend once until has passed,
+// rather than kept in line by the others' attempts.
+func (b *Backend) keepWait(key, waiter string, until time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.placeLocked(key, waiter)
+	if !until.After(p.until) {
+		return
 	}
-	m[waiter] = w
+	p.until = until
+	if p.timer == nil {
+		p.timer = time.AfterFunc(time.Until(until), func() { b.expireWait(key, waiter, p) })
+	} else {
+		p.timer.Reset(time.Until(until))
+	}
+}
+
+// expireWait ends the place p of waiter on key when its time has run out
+// without another attempt: its waiter key is deleted.
+func (b *Backend) expireWait(key, waiter string, p *ownPlace) {
+	b.mu.Lock()
+	if b.waits[key][waiter] != p {
+		b.mu.Unlock()
+		return
+	}
+	if left := time.Until(p.until); left > 0 {
+		p.timer.Reset(left)
+		b.mu.Unlock()
+		return
+	}
+	rev := p.rev
+	b.dropWaitLocked(key, waiter)
+	b.mu.Unlock()
+	b.deleteWaiter(key, waiter, rev)
+}
+
+// deleteWaiter deletes the waiter key of waiter on key, in the background,
+// retrying until it is deleted or the backend closes (Close revokes the
+// lease it is bound to). With rev, only the place of that create revision
+// is deleted: a later attempt of the same waiter has queued it again.
+func (b *Backend) deleteWaiter(key, waiter string, rev int64) {
+	b.bgMu.Lock()
+	defer b.bgMu.Unlock()
+	if b.closed {
+		return
+	}
+	wkey := b.waiterKey(key, waiter)
+	b.bg.Go(func() {
+		for pause := 50 * time.Millisecond; ; pause = min(2*pause, 2*time.Second) {
+			ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(b.stopCtx), 5*time.Second)
+			var err error
+			if rev != 0 {
+				_, err = b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(wkey), "=", rev)).Then(clientv3.OpDelete(wkey)).Commit()
+			} else {
+				_, err = b.cli.Delete(ctx, wkey)
+			}
+			cancel()
+			if err == nil {
+				return
+			}
+			select {
+			case <-b.stopCtx.Done():
+				return
+			case <-time.After(pause):
+			}
+		}
+	})
 }
 
 func (b *Backend) dropWait(key, waiter string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.dropWaitLocked(key, waiter)
+}
+
+func (b *Backend) dropWaitLocked(key, waiter string) {
 	delete(b.told, b.waiterKey(key, waiter))
+	if p := b.waits[key][waiter]; p != nil && p.timer != nil {
+		p.timer.Stop()
+	}
 	delete(b.waits[key], waiter)
 	if len(b.waits[key]) == 0 {
 		delete(b.waits, key)
@@ -95,15 +196,11 @@ func (b *Backend) takeTold(wkey string) bool {
 	return ok
 }
 
-// ownWaits returns this backend's waiters on key.
-func (b *Backend) ownWaits(key string) map[string]wait {
+// hasWaits reports whether this backend has waiters on key.
+func (b *Backend) hasWaits(key string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m := make(map[string]wait, len(b.waits[key]))
-	for w, x := range b.waits[key] {
-		m[w] = x
-	}
-	return m
+	return len(b.waits[key]) > 0
 }
 
 // waiterLease is a lease waiter keys are bound to, and the send time of
@@ -236,6 +333,7 @@ func (c *claim) startWait(ctx context.Context) (fresh bool, err error) {
 	if c.req.Waiter == "" {
 		return false, nil
 	}
+	sent := time.Now()
 	seconds, err := leaseSeconds("WaiterTTL", max(c.req.WaiterTTL, time.Second))
 	if err != nil {
 		return false, err
@@ -245,6 +343,7 @@ func (c *claim) startWait(ctx context.Context) (fresh bool, err error) {
 		return false, core.Unclaimed(fmt.Errorf("waiter lease: %w", err))
 	}
 	c.wkey, c.wlease = c.b.waiterKey(c.req.Key, c.req.Waiter), id
+	c.b.keepWait(c.req.Key, c.req.Waiter, sent.Add(max(c.req.WaiterTTL, time.Second)))
 	c.wait = c.b.ownWait(c.req.Key, c.req.Waiter)
 	if fresh {
 		c.wait.rev = 0
@@ -255,10 +354,15 @@ func (c *claim) startWait(ctx context.Context) (fresh bool, err error) {
 // Leave implements core.Queuer: it deletes the waiter's key. The watchers
 // of the processes with waiters behind it see the deletion and tell the
 // next one when the key can be claimed.
+//
+// A Leave that fails goes on in the background until the waiter key is
+// deleted (or the backend closes, which revokes its lease): other waiters
+// of this backend keep that lease alive.
 func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 	b.dropWait(key, waiter)
 	_, err := b.cli.Delete(clientv3.WithRequireLeader(ctx), b.waiterKey(key, waiter))
 	if err != nil {
+		b.deleteWaiter(key, waiter, 0)
 		return fmt.Errorf("etcdlock: leave: %w", err)
 	}
 	return nil
@@ -325,7 +429,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 			}
 			b.markFree(key)
 			t := turn{key, ev.Kv.ModRevision}
-			if queued[key] == 0 && len(b.ownWaits(key)) == 0 {
+			if queued[key] == 0 && !b.hasWaits(key) {
 				continue
 			}
 			if _, ok := leases[t]; !ok {

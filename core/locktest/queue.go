@@ -220,38 +220,53 @@ func testQueueFIFO(t *testing.T, e *env) {
 // behind it".
 func testQueueDeadWaiter(t *testing.T, e *env) {
 	const rule = "a waiter that stopped trying keeps its place until its WaiterTTL runs out, and then no longer blocks the ones behind it"
-	ps := queueProcs(t, e, 2)
-	a, w := ps[0], ps[1]
-	raw := rawQueuer(t, e)
-	k := e.key(t)
-	s := mustAcquire(t, a, k, core.TTL(checkTTL))
-	wttl := e.ttl / 2
-	dead := "dead-" + rand.Text()
-	sent := time.Now()
-	_, err := raw.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{
-		Key: k, Owner: "dead waiter", OwnerToken: rand.Text(), TTL: e.ttl, Waiter: dead, WaiterTTL: wttl})
-	if !errors.Is(err, core.ErrNotAcquired) {
-		t.Fatalf("rule %q: the dead waiter's attempt = %v, want busy", rule, err)
-	}
-	res := startWait(t, rule, w, ctxT(t, 30*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
-	s.Release(context.Background()) // the turn goes to the dead waiter
-	var r waitResult
-	select {
-	case r = <-res:
-	case <-time.After(wttl + 10*time.Second):
-		t.Fatalf("rule %q: the waiter behind a dead one did not get the key within %v", rule, wttl+10*time.Second)
-	}
-	if r.err != nil {
-		t.Fatalf("rule %q: %v", rule, r.err)
-	}
-	defer r.s.Release(context.Background())
-	// The store kept the dead waiter's place until at least sent + wttl
-	// (its clock ran from after sent); allow 50ms for its resolution.
-	if d := r.at.Sub(sent); d < wttl-50*time.Millisecond {
-		t.Errorf("rule %q: the waiter behind got the key %v after the dead one queued, before its WaiterTTL %v", rule, d, wttl)
-	}
-	if d := r.at.Sub(sent); d > wttl+3*time.Second {
-		t.Errorf("rule %q: the waiter behind got the key only %v after the dead one queued (WaiterTTL %v)", rule, d, wttl)
+	base := e.key(t)
+	// The dead waiter is of another process, or of the waiting process
+	// itself (an earlier Acquire whose Leave was lost): the live waiter's
+	// attempts keep its own place, never the dead one's.
+	for _, where := range []string{"OtherProcess", "SameProcess"} {
+		t.Run(where, func(t *testing.T) {
+			ps := queueProcs(t, e, 2)
+			a, w := ps[0], ps[1]
+			// In the same process, the dead waiter has the WaiterTTL that
+			// the live one's attempts send (the engine's queue TTL), as
+			// an earlier Acquire of that process had.
+			var raw core.Backend = w.fault.Backend
+			wttl := 2 * time.Second
+			if where == "OtherProcess" {
+				raw, wttl = rawQueuer(t, e), e.ttl/2
+			}
+			k := base + "/" + where
+			s := mustAcquire(t, a, k, core.TTL(checkTTL))
+			dead := "dead-" + rand.Text()
+			sent := time.Now()
+			_, err := raw.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{
+				Key: k, Owner: "dead waiter", OwnerToken: rand.Text(), TTL: e.ttl, Waiter: dead, WaiterTTL: wttl})
+			if !errors.Is(err, core.ErrNotAcquired) {
+				t.Fatalf("rule %q: the dead waiter's attempt = %v, want busy", rule, err)
+			}
+			res := startWait(t, rule, w, ctxT(t, 30*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+			s.Release(context.Background()) // the turn goes to the dead waiter
+			var r waitResult
+			select {
+			case r = <-res:
+			case <-time.After(wttl + 10*time.Second):
+				t.Fatalf("rule %q: the waiter behind a dead one did not get the key within %v", rule, wttl+10*time.Second)
+			}
+			if r.err != nil {
+				t.Fatalf("rule %q: %v", rule, r.err)
+			}
+			defer r.s.Release(context.Background())
+			// The store kept the dead waiter's place until at least sent +
+			// wttl (its clock ran from after sent); allow 50ms for its
+			// resolution.
+			if d := r.at.Sub(sent); d < wttl-50*time.Millisecond {
+				t.Errorf("rule %q: the waiter behind got the key %v after the dead one queued, before its WaiterTTL %v", rule, d, wttl)
+			}
+			if d := r.at.Sub(sent); d > wttl+3*time.Second {
+				t.Errorf("rule %q: the waiter behind got the key only %v after the dead one queued (WaiterTTL %v)", rule, d, wttl)
+			}
+		})
 	}
 }
 
