@@ -51,8 +51,8 @@ type place struct {
 	info    *core.Info // the holder the last judgement named
 	infoEnd time.Time  // local: when that holder's lease runs out
 	armed   map[string]bool
-	alone   bool // a mutex's place with one node before it and no hold
-	fast    bool // that node was deleted: granted without a read
+	aloneOn string // a mutex's place with one node before it and no hold: that node's path
+	fast    bool   // that node was deleted: granted without a read
 	evalMu  sync.Mutex
 }
 
@@ -430,7 +430,10 @@ func (b *Backend) evaluate(pl *place, names []string) {
 			return
 		}
 		b.mu.Lock()
-		pl.alone = len(before) == 1 && len(holds) == 0
+		pl.aloneOn = ""
+		if len(before) == 1 && len(holds) == 0 {
+			pl.aloneOn = parent + "/" + before[0].name
+		}
 		b.mu.Unlock()
 		if len(before) > 0 {
 			// A data watch: the node's grant (or renewal) has this place
@@ -519,10 +522,18 @@ func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) 
 		case <-b.done:
 			return
 		}
+		if b.watchHook != nil {
+			defer b.watchHook(p)()
+		}
 		b.mu.Lock()
 		delete(pl.armed, id)
 		pl.settled = false
-		fast := pl.alone && data && ev.Type == zk.EventNodeDeleted
+		// Only the deletion of the one node before it (as the latest
+		// judgement found) makes the turn certain: a watch armed by an
+		// earlier judgement, on a node that was then one of several
+		// before it, may fire after a later one found a single node left,
+		// which still holds.
+		fast := pl.aloneOn == p && data && ev.Type == zk.EventNodeDeleted
 		pl.fast = fast
 		b.mu.Unlock()
 		if fast {

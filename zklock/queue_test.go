@@ -2,6 +2,7 @@ package zklock_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,5 +110,65 @@ func TestFirstUseOfAKeyCreatesItsContainerFirst(t *testing.T) {
 		if n := cnt.n.Load() - n0; n > 3 {
 			t.Errorf("acquire and release of key %q: %d requests, want at most 3", key, n)
 		}
+	}
+}
+
+// TestQueueGrantWithoutReadOnlyAfterTheNodeBefore: a waiter is granted
+// without reading the line only when the one node before it, as its latest
+// judgement found, is deleted. Here Y waits behind X (the holder) and V,
+// and watches V. V leaves, and before Y acts on that event a fresh
+// judgement finds X alone before it; the late event for V must not read as
+// X's release.
+func TestQueueGrantWithoutReadOnlyAfterTheNodeBefore(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	bX, bV, bY := newBackend(t, connect, root), newBackend(t, connect, root), newBackend(t, connect, root)
+	fired, resume, acted := make(chan string, 1), make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	zklock.SetWatchHook(bY, func(path string) func() {
+		if !first.CompareAndSwap(false, true) {
+			return func() {} // later watches (on X) act at once
+		}
+		fired <- path
+		<-resume
+		return func() { close(acted) }
+	})
+	lX, err := core.New(bX, core.WithDefaults(core.TTL(time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lX.Close()
+	ctx := ctxT(t, 30*time.Second)
+	const key = "grant-without-read"
+	sX, err := lX.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sX.Release(context.Background())
+	req := func(waiter string) core.AcquireRequest {
+		return core.AcquireRequest{Key: key, Owner: waiter, OwnerToken: waiter + "-token", TTL: time.Second, Waiter: waiter, WaiterTTL: 30 * time.Second}
+	}
+	if _, err := bV.TryAcquire(ctx, req("v")); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("V's attempt: %v, want busy", err)
+	}
+	if _, err := bY.TryAcquire(ctx, req("y")); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt: %v, want busy", err)
+	}
+	if err := bV.Leave(ctx, key, "v"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fired:
+	case <-ctx.Done():
+		t.Fatal("Y's watch on V did not fire when V left")
+	}
+	zklock.EvaluatePlace(bY, key, "y") // finds X alone before Y
+	close(resume)
+	<-acted
+	if sX.Err() != nil {
+		t.Fatalf("X lost the key: %v", sX.Err())
+	}
+	if _, err := bY.TryAcquire(ctx, req("y")); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt while X holds: %v, want busy (granted on V's deletion, with X before it)", err)
 	}
 }

@@ -187,6 +187,11 @@ type Backend struct {
 
 	skewMs  atomic.Int64 // server clock minus local, as of the last write's reply
 	skewSet atomic.Bool
+
+	// watchHook, set by tests before the first acquire, is called when a
+	// waiting place's watch on path fires, before the event is acted on;
+	// the function it returns is called once it has been.
+	watchHook func(path string) func()
 }
 
 // claim is a lock node this backend created and still tracks.
