@@ -1,6 +1,10 @@
 package zklock
 
-import "time"
+import (
+	"time"
+
+	"github.com/dislock/dislock/core"
+)
 
 // ClaimData is the data of a claim node, for tests that write one by hand.
 func ClaimData(ttl time.Duration, owner string) []byte { return claimData(ttl, owner) }
@@ -25,4 +29,15 @@ func EvaluatePlace(b *Backend, key, waiter string) {
 	if pl != nil {
 		b.evaluate(pl, nil)
 	}
+}
+
+// SetExpireHook makes fn run before the deletion of an expired place's
+// node; the function fn returns runs once the deletion is done.
+func SetExpireHook(b *Backend, fn func() func()) { b.expireHook = fn }
+
+// UncertainPlace records a place for req's wait whose node is uncertain,
+// as a first attempt whose create went unanswered leaves it; it expires
+// after req.WaiterTTL.
+func UncertainPlace(b *Backend, req core.AcquireRequest) {
+	b.newPlace(placeKey(req.Key, req.Waiter), req, &place{}, time.Now())
 }

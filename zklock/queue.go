@@ -65,6 +65,18 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 	tok := encodeName(req.Waiter)
 	pk := placeKey(req.Key, req.Waiter)
 	b.mu.Lock()
+	if gone := b.leaving[pk]; gone != nil {
+		// This wait's expired place is being deleted; when its node was
+		// uncertain, the deletion finds it by the waiter's name, which a
+		// node made now would share: wait for it first.
+		b.mu.Unlock()
+		select {
+		case <-gone:
+		case <-ctx.Done():
+			return core.Lease{}, ctx.Err()
+		}
+		b.mu.Lock()
+	}
 	pl := b.places[pk]
 	if pl != nil && (pl.limit != req.Limit || (pl.path != "" && pl.sid != b.conn.SessionID())) {
 		// Another limit, or a place that went with its session.
@@ -250,12 +262,26 @@ func (b *Backend) expirePlace(pk string, pl *place) {
 		return
 	}
 	b.dropPlaceLocked(pk, pl)
+	gone := make(chan struct{})
+	b.leaving[pk] = gone
 	b.mu.Unlock()
-	b.spawn(func() {
+	left := func() {
+		b.mu.Lock()
+		delete(b.leaving, pk)
+		b.mu.Unlock()
+		close(gone)
+	}
+	if !b.spawn(func() {
+		defer left()
+		if b.expireHook != nil {
+			defer b.expireHook()()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		b.deletePlace(ctx, pl)
-	})
+	}) {
+		left() // closed
+	}
 }
 
 // dropPlaceLocked forgets pl without deleting its node.

@@ -172,3 +172,53 @@ func TestQueueGrantWithoutReadOnlyAfterTheNodeBefore(t *testing.T) {
 		t.Fatalf("Y's attempt while X holds: %v, want busy (granted on V's deletion, with X before it)", err)
 	}
 }
+
+// TestQueueExpiredPlaceSparesTheWaitsNewNode: the place of a wait whose
+// first create went unanswered expires while the store is out of reach; its
+// deletion looks for the node by the waiter's name. The wait's next
+// attempt, made meanwhile, creates a node of that name and may be granted:
+// the deletion must not take that node (the holder's lease) with it.
+func TestQueueExpiredPlaceSparesTheWaitsNewNode(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t, singleConnect(t), testRoot())
+	deleting, resume, deleted := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	zklock.SetExpireHook(b, func() func() {
+		close(deleting)
+		<-resume
+		return func() { close(deleted) }
+	})
+	ctx := ctxT(t, 30*time.Second)
+	req := core.AcquireRequest{Key: "expired-place", Owner: "w", OwnerToken: "w-token", TTL: time.Second, Waiter: "w", WaiterTTL: 20 * time.Millisecond}
+	zklock.UncertainPlace(b, req)
+	select {
+	case <-deleting:
+	case <-ctx.Done():
+		t.Fatal("the uncertain place did not expire")
+	}
+	next := req
+	next.WaiterTTL = 30 * time.Second
+	res := make(chan error, 1)
+	go func() {
+		_, err := b.TryAcquire(ctx, next)
+		res <- err
+	}()
+	var err error
+	got := false
+	select {
+	case err = <-res: // granted before the deletion ran: it must spare the node
+		got = true
+	case <-time.After(time.Second): // waits for the deletion
+	}
+	close(resume)
+	<-deleted
+	if !got {
+		err = <-res
+	}
+	if err != nil {
+		t.Fatalf("the wait's next attempt: %v", err)
+	}
+	errs, err := b.Renew(ctx, []core.RenewRequest{{Key: req.Key, OwnerToken: req.OwnerToken, TTL: time.Second}})
+	if err != nil || errs[0] != nil {
+		t.Fatalf("renewal of the lease just granted: %v %v: the expired place's deletion took its node", err, errs)
+	}
+}

@@ -180,6 +180,7 @@ type Backend struct {
 	nextSub int
 
 	places   map[string]*place                // placeKey(key, waiter) -> its place in line
+	leaving  map[string]chan struct{}         // placeKey -> closed once the expired place's node is deleted
 	turnSubs map[int]func(key, waiter string) // WatchTurns subscribers
 	busyAt   map[string]time.Time             // key -> when an attempt last found it busy
 
@@ -192,6 +193,9 @@ type Backend struct {
 	// waiting place's watch on path fires, before the event is acted on;
 	// the function it returns is called once it has been.
 	watchHook func(path string) func()
+	// expireHook, set by tests, runs before the deletion of an expired
+	// place's node; the function it returns runs once it is done.
+	expireHook func() func()
 }
 
 // claim is a lock node this backend created and still tracks.
@@ -517,6 +521,7 @@ func newBackend(root string, acl []zk.ACL) *Backend {
 		subs:    make(map[int]func(string)),
 
 		places:   make(map[string]*place),
+		leaving:  make(map[string]chan struct{}),
 		turnSubs: make(map[int]func(string, string)),
 		busyAt:   make(map[string]time.Time),
 		parents:  make(map[string]bool),
@@ -621,10 +626,10 @@ func (b *Backend) call(ctx context.Context, f func(), then func()) error {
 }
 
 // spawn runs f on a goroutine the backend owns.
-func (b *Backend) spawn(f func()) {
+func (b *Backend) spawn(f func()) bool {
 	select {
 	case <-b.done:
-		return
+		return false
 	default:
 	}
 	b.wg.Add(1)
@@ -632,6 +637,7 @@ func (b *Backend) spawn(f func()) {
 		defer b.wg.Done()
 		f()
 	}()
+	return true
 }
 
 // keyPath is the container node of key.
