@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,14 @@ type faultBackend struct {
 	misuse  []string          // Renew and Release requests whose Limit is not their acquire's
 	sent    []sentAcquire     // every acquire sent, in order
 	renewed []int             // the number of leases of each Renew call
+	turns   []turnSeen        // every turn WatchTurns told, in order
+}
+
+// turnSeen is a turn that WatchTurns told: waiter's, or, with waiter
+// empty, any waiter's of key.
+type turnSeen struct {
+	key, waiter string
+	at          time.Time
 }
 
 // sentAcquire is what a faultBackend saw of one TryAcquire.
@@ -329,7 +338,53 @@ func (p queuePart) WatchTurns(ctx context.Context, ready func(), fn func(key, wa
 		return err
 	}
 	defer f.watching.Store(false)
-	return f.Backend.(core.Queuer).WatchTurns(ctx, func() { f.readyAt.Store(time.Now().UnixNano()); f.watching.Store(true); ready() }, fn)
+	told := func(key, waiter string) {
+		f.mu.Lock()
+		f.turns = append(f.turns, turnSeen{key: key, waiter: waiter, at: time.Now()})
+		f.mu.Unlock()
+		fn(key, waiter)
+	}
+	return f.Backend.(core.Queuer).WatchTurns(ctx, func() { f.readyAt.Store(time.Now().UnixNano()); f.watching.Store(true); ready() }, told)
+}
+
+// polledGrants returns how many acquires of keys with a Waiter were
+// granted without a turn: not the wait's first attempt, and no turn for its
+// waiter (or for any waiter of its key) was told to any of fs since the
+// wait's attempt before it was sent — a grant at the fallback poll.
+func polledGrants(fs []*faultBackend, keys map[string]bool) (polled, grants int) {
+	var sent []sentAcquire
+	var turns []turnSeen
+	for _, f := range fs {
+		f.mu.Lock()
+		sent = append(sent, f.sent...)
+		turns = append(turns, f.turns...)
+		f.mu.Unlock()
+	}
+	prev := map[string]time.Time{} // key NUL waiter -> the send of its last attempt
+	slices.SortFunc(sent, func(a, b sentAcquire) int { return a.sent.Compare(b.sent) })
+	for _, a := range sent {
+		if a.waiter == "" || !keys[a.key] {
+			continue
+		}
+		kw := a.key + "\x00" + a.waiter
+		before, ok := prev[kw]
+		prev[kw] = a.sent
+		if !ok || a.busy {
+			continue
+		}
+		grants++
+		told := false
+		for _, t := range turns {
+			if t.key == a.key && (t.waiter == a.waiter || t.waiter == "") && t.at.After(before) && !t.at.After(a.sent) {
+				told = true
+				break
+			}
+		}
+		if !told {
+			polled++
+		}
+	}
+	return polled, grants
 }
 
 func (p queuePart) Leave(ctx context.Context, key, waiter string) error {
