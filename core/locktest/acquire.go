@@ -119,7 +119,10 @@ func notBusy(t *testing.T, rule, what string, err error, want ...error) {
 func testOutageNotBusy(t *testing.T, e *env) {
 	const rule = "an outage is never busy: a store that fails or does not answer yields its failure (the store's error, ctx's deadline), never ErrNotAcquired"
 	a, b, k := e.pair(t)
-	s := mustAcquire(t, a, k) // a store that answered would say busy
+	// A store that answered would say busy. The rule's steps take longer
+	// than the default TTL: the holder's lease must outlast them without
+	// depending on timely renewals on a busy machine.
+	s := mustAcquire(t, a, k, core.TTL(checkTTL))
 	defer s.Release(context.Background())
 	wait := e.ttl / 2
 
