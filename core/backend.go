@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 )
 
@@ -113,13 +114,39 @@ type AcquireRequest struct {
 	// WaiterTTL is how long, on the store's clock, the store keeps Waiter's
 	// place in line after this attempt if no other attempt refreshes it.
 	WaiterTTL time.Duration
+	// Slack is how much less than TTL the store may keep the claim for,
+	// counted from its send: a backend may then skip work that would keep
+	// it the full TTL (a lease shared with other sessions, refreshed a
+	// little before this claim, need not be refreshed again for it), and
+	// says so in Lease (see there). 0: the store keeps the claim for TTL.
+	// The engine sets it to half the renew interval; slot claims have none.
+	Slack time.Duration
 }
 
 // Lease is what a successful TryAcquire returns.
+//
+// ExpiresAt − AcquiredAt is how long the store keeps the claim, on the
+// store's clock, counted from no earlier than the claim's send, if nobody
+// renews it. It is at least the request's TTL − Slack (at least the TTL
+// without Slack) and may be longer; for a slot claim it ends at ExpireAt.
+// When it is shorter than the TTL, the engine counts the session as if
+// claimed that much before its send: the renew deadline and the first
+// renewal come that much sooner, so that the session never believes it
+// holds the key past the store's own expiry less the usual margin. Zero
+// times say nothing: the TTL from the send is taken.
 type Lease struct {
 	Token      uint64    // fencing token; 0 when the backend has none
 	AcquiredAt time.Time // store clock
 	ExpiresAt  time.Time // store clock
+}
+
+// life is how long the store keeps the lease from its claim; the longest
+// duration when the backend did not say.
+func (l Lease) life() time.Duration {
+	if l.AcquiredAt.IsZero() || l.ExpiresAt.IsZero() {
+		return math.MaxInt64
+	}
+	return l.ExpiresAt.Sub(l.AcquiredAt)
 }
 
 // RenewRequest extends one lease to the store's now + TTL.

@@ -358,6 +358,13 @@ func backoffWait(min, max time.Duration, n int) time.Duration {
 func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg config) (*session, error) {
 	ctx := bud.ctx
 	req := AcquireRequest{Key: key, Owner: cfg.owner, OwnerToken: rand.Text(), TTL: cfg.ttl}
+	if cfg.schedule == nil {
+		// A claim kept for somewhat less than the TTL brings the session's
+		// deadline and first renewal forward by as much (see Lease): by at
+		// most half a renew interval, so the first renewal still comes at
+		// least half an interval after the claim.
+		req.Slack = cfg.renewInterval / 2
+	}
 	if cfg.limit > 1 {
 		req.Limit = cfg.limit
 	}
@@ -421,8 +428,15 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 		}
 		s.deadline = sent.Add(lease.ExpiresAt.Sub(base))
 	} else {
-		s.deadline = sent.Add(cfg.renewDeadline)
-		s.nextRenew = sent.Add(cfg.renewInterval)
+		// The store keeps the claim for the TTL from its send, or, when
+		// the lease says it keeps it for less, for that long: the session
+		// counts from as much earlier than the send (see Lease).
+		base := sent
+		if short := cfg.ttl - lease.life(); short > 0 {
+			base = sent.Add(-short)
+		}
+		s.deadline = base.Add(cfg.renewDeadline)
+		s.nextRenew = base.Add(cfg.renewInterval)
 	}
 	if took := time.Since(sent); took >= s.deadline.Sub(sent) {
 		// The reply came so late that the lease may already be over: do

@@ -13,7 +13,9 @@
 // token at a time, and every renewal and release is checked against that
 // token on the store. A session's Deadline is the send time of its last
 // successful acquire or renewal plus the renew deadline (default 2/3 of the
-// TTL), on this process's monotonic clock. When no renewal succeeds by then,
+// TTL), on this process's monotonic clock — sooner after an acquire whose
+// store says it keeps the claim for less than the TTL (by at most half a
+// renew interval; see Lease): by as much. When no renewal succeeds by then,
 // the session ends with ErrLeaseLost — Done closes and Context is cancelled —
 // before the store can grant the key to anyone else (that takes the full
 // TTL). A renewal the store refuses ends the session at once, with an error

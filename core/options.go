@@ -71,7 +71,9 @@ func RenewInterval(d time.Duration) Option {
 }
 
 // RenewDeadline sets how long after the send time of the last successful
-// acquire or renewal the session still counts as held (default 2/3 TTL). It
+// acquire or renewal the session still counts as held (default 2/3 TTL;
+// after an acquire that the store keeps for less than the TTL, as Lease
+// says, that much less). It
 // must be shorter than the TTL, so that a holder that cannot renew knows it
 // lost the lock before the server can grant it to anyone else; the margin
 // (TTL - RenewDeadline) must cover clock-rate drift and the kill time of

@@ -21,8 +21,10 @@ import (
 // transaction that puts the key (for Limit > 1: a permit key) bound to the
 // backend's shared lease of the claim's TTL if the key is free, and
 // otherwise reads the holders. A shared lease that might expire before the
-// claim's TTL is refreshed by a keepalive sent with the transaction; when
-// there is none yet, one is granted first.
+// claim's TTL less its Slack is refreshed by a keepalive sent with the
+// transaction; when there is none yet, one is granted first. A claim on a
+// lease that was not refreshed for it says when the lease expires (its last
+// refresh plus its TTL) in Lease.ExpiresAt.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if err := core.ValidateKey(req.Key); err != nil {
 		return core.Lease{}, err
@@ -89,19 +91,23 @@ type claim struct {
 	seconds int64
 	slot    bool
 	h       held
-	wkey    string // the waiter key of req.Waiter ("" without one)
-	wlease  int64  // the lease wkey is bound to
-	wait    wait   // what is known of the waiter's place
-	reused  bool   // h.lease is the shared lease, refreshed with the first transaction if need be
-	kaDone  bool   // no refresh is needed, or it succeeded
-	leaseOK bool   // the shared lease is not known to be in doubt
+	wkey    string    // the waiter key of req.Waiter ("" without one)
+	wlease  int64     // the lease wkey is bound to
+	wait    wait      // what is known of the waiter's place
+	reused  bool      // h.lease is the shared lease, refreshed with the first transaction if need be
+	kaDone  bool      // no refresh is needed, or it succeeded
+	expires time.Time // when the reused lease, unrefreshed, expires (zero: at the claim's TTL or later)
+	leaseOK bool      // the shared lease is not known to be in doubt
 }
 
 // start takes the shared lease of the claim's TTL, or grants one that
-// becomes it. The store must keep the claim for its TTL from the moment
-// it is sent: a shared lease whose last refresh leaves less than that is
-// refreshed by a keepalive sent with the claim, in the same round trip.
-// Slot claims get a lease of their own, never renewed.
+// becomes it. The store must keep the claim for its TTL less its Slack
+// from the moment it is sent (core.Lease): a shared lease whose last
+// refresh leaves less than that is refreshed by a keepalive sent with the
+// claim, in the same round trip; one that leaves enough is not, and the
+// lease's expiry goes to the engine, which counts the session from it. So a
+// steady run of claims refreshes the lease once per Slack, not once per
+// claim. Slot claims get a lease of their own, never renewed.
 func (c *claim) start(ctx context.Context) error {
 	b, req := c.b, c.req
 	h := held{key: req.Key, ekey: b.recordKey(req.Key, req.OwnerToken, req.Limit), seconds: c.seconds}
@@ -111,8 +117,13 @@ func (c *claim) start(ctx context.Context) error {
 			b.remember(req.OwnerToken, h) // before the claim is sent: an undo finds it
 			c.h, c.reused = h, true
 			// The key expires no earlier than the lease's refresh plus its
-			// TTL: without a refresh now, that must cover the claim's TTL.
-			c.kaDone = !time.Now().Add(req.TTL).After(sh.refreshed.Add(time.Duration(c.seconds) * time.Second))
+			// TTL: without a refresh now, that must cover the claim's TTL
+			// less its Slack.
+			expires := sh.refreshed.Add(time.Duration(c.seconds) * time.Second)
+			c.kaDone = !time.Now().Add(req.TTL - req.Slack).After(expires)
+			if c.kaDone {
+				c.expires = expires
+			}
 			return nil
 		}
 	}
@@ -176,6 +187,7 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 				c.b.retire(c.h.lease)
 				h := c.h
 				h.lease, h.rev, h.refreshed = newLeaseID(), 0, time.Time{}
+				c.expires = time.Time{}
 				if c.h, err = c.b.grant(ctx, c.req.OwnerToken, h, c.seconds, true); err != nil {
 					return nil, c.grantFailed(err)
 				}
@@ -222,7 +234,11 @@ func (c *claim) succeed(rev int64, now time.Time) core.Lease {
 	}
 	c.b.markFree(c.req.Key)
 	c.b.keep(c.req, c.h)
-	return c.b.lease(rev, now, c.req)
+	l := c.b.lease(rev, now, c.req)
+	if !c.slot && !c.expires.IsZero() && c.expires.Before(l.ExpiresAt) {
+		l.ExpiresAt = c.expires // the shared lease was not refreshed for this claim
+	}
+	return l
 }
 
 // own is a claim that finds its own record, written by an earlier attempt
@@ -233,6 +249,10 @@ func (c *claim) own(ctx context.Context, kv *mvccpb.KeyValue, now time.Time) cor
 		// here: other sessions may be bound to it).
 		if lease := c.b.forget(c.req.OwnerToken); lease != 0 {
 			_ = c.b.revoke(ctx, lease)
+		}
+		c.expires = time.Time{}
+		if sh, ok := c.b.tracked(kv.Lease); ok {
+			c.expires = sh.refreshed.Add(time.Duration(sh.seconds) * time.Second)
 		}
 	}
 	c.h.lease = kv.Lease

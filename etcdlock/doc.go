@@ -45,12 +45,20 @@
 //     such key), put it bound to the session's lease; otherwise read it.
 //     etcd can bind a key only to a lease that already exists, and a
 //     transaction cannot grant one, so the lease comes first: the claim
-//     takes the shared lease of its TTL. When that lease's last refresh
-//     leaves less than the claim's TTL, a keepalive is sent together with
-//     the transaction — one round trip. Without a shared lease yet, the
-//     claim is a lease grant and then the transaction: two. A claim whose
-//     keepalive fails while its transaction succeeded is undone, since the
-//     lease might then expire before the session's deadline.
+//     takes the shared lease of its TTL. The engine lets a claim be kept
+//     up to its Slack (half a renew interval: 5 s of the default 30 s TTL)
+//     less than its TTL if the lease says so (core.Lease): while the shared
+//     lease's last refresh leaves the claim its TTL less that, the claim is
+//     the transaction alone, and its Lease.ExpiresAt is the shared lease's
+//     refresh plus its TTL, from which the engine counts the session's
+//     deadline and first renewal. Only when the refresh is older is a
+//     keepalive sent together with the transaction, in the same round trip:
+//     a steady run of claims sends one keepalive per Slack, not one per
+//     claim, and an uncontended acquire + release is 2 requests. Without a
+//     shared lease yet, the claim is a lease grant and then the
+//     transaction: two round trips. A claim whose keepalive fails while its
+//     transaction succeeded is undone, since the lease might then expire
+//     before the session's deadline.
 //   - A busy answer costs one more round trip, reading the holder's
 //     remaining lease time. A key last seen busy is claimed with reads
 //     first: etcd proposes a transaction that contains a put through Raft
@@ -194,7 +202,9 @@
 //   - Lease TTLs are rounded up to whole seconds, never down; the server may
 //     raise them further to its minimum. The session's local deadline still
 //     comes from the TTL asked for (core's rule: the send time of the last
-//     successful renewal plus the renew deadline), so rounding up only
+//     successful renewal plus the renew deadline; for a claim on a shared
+//     lease that was not refreshed for it, that much earlier as the lease
+//     is older than the claim: see Acquire above), so rounding up only
 //     makes the server keep the key longer than the holder believes it
 //     holds it: a crashed holder frees its locks after up to the rounded
 //     TTL plus half a second (etcd checks for expired leases twice a
@@ -228,7 +238,9 @@
 //     else can take it, given clocks whose rates agree: its deadline is at
 //     most the renew deadline after the send time of its last successful
 //     renewal, and the leader expires the lease no earlier than a full TTL
-//     after it processed that renewal. A new leader extends every lease
+//     after it processed that renewal. (A claim that sends no keepalive
+//     reports when the lease expires counted from the send of its last
+//     refresh, and its deadline keeps the usual margin before that.) A new leader extends every lease
 //     when it takes over, never shortens it.
 //   - Fencing tokens strictly increase per key, across releases, expiries,
 //     member restarts and leader changes (revisions are part of the

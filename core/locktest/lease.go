@@ -2,6 +2,7 @@ package locktest
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"testing"
 	"time"
@@ -199,5 +200,37 @@ func testLostKeptUntilTTL(t *testing.T, e *env) {
 	// allow 5ms for the store's expiry resolution.
 	if at := time.Since(before); at < e.ttl-5*time.Millisecond {
 		t.Fatalf("rule %q: another process acquired the key %v after the holder's acquire, before the TTL %v", rule, at, e.ttl)
+	}
+}
+
+func testClaimLife(t *testing.T, e *env) {
+	const rule = "a claim's lease says the store keeps it for at least its TTL less its Slack"
+	p := e.proc(t)
+	k := e.key(t)
+	// Claims one after another for longer than the TTL, so that whatever
+	// the backend shares between claims (a lease) ages across its whole
+	// life, then three that allow no slack.
+	until := time.Now().Add(e.ttl * 3 / 2)
+	for i, last := 0, -1; last < 0 || i < last+3; i++ {
+		slack := e.ttl / 2
+		if last < 0 && !time.Now().Before(until) {
+			last = i
+		}
+		if last >= 0 {
+			slack = 0
+		}
+		ctx := ctxT(t, 10*time.Second)
+		req := core.AcquireRequest{Key: k, Owner: "locktest", OwnerToken: rand.Text(), TTL: e.ttl, Slack: slack}
+		l, err := p.fault.Backend.TryAcquire(ctx, req)
+		if err != nil {
+			t.Fatalf("rule %q: claim %d: %v", rule, i, err)
+		}
+		// A millisecond of rounding: stores keep times in milliseconds.
+		if !l.AcquiredAt.IsZero() && !l.ExpiresAt.IsZero() && l.ExpiresAt.Sub(l.AcquiredAt) < e.ttl-slack-time.Millisecond {
+			t.Fatalf("rule %q: claim %d with TTL %v and slack %v is kept for %v", rule, i, e.ttl, slack, l.ExpiresAt.Sub(l.AcquiredAt))
+		}
+		if err := p.fault.Backend.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: req.OwnerToken}); err != nil {
+			t.Fatalf("rule %q: release of claim %d: %v", rule, i, err)
+		}
 	}
 }

@@ -60,6 +60,7 @@ func Run(t *testing.T, h Harness) {
 		{"ReleaseReportsLeaseGone", testReleaseReportsGone},
 		{"RenewalsKeepLockPastTTL", testRenewalsKeep},
 		{"CrashedHolderFreesWithinTTL", testCrashFrees},
+		{"ClaimKeptForTTLLessSlack", testClaimLife},
 		{"LossSignalledWhenStolen", testLossStolen},
 		{"LossSignalledWhenDeleted", testLossDeleted},
 		{"LossSignalledWhenUnreachable", testLossUnreachable},

@@ -51,6 +51,9 @@ func (c *counter) options() []grpc.DialOption {
 	}
 }
 
+// requests is the unary calls and streams opened so far.
+func (c *counter) requests() int64 { return c.unary.Load() + c.streams.Load() }
+
 type countingStream struct {
 	grpc.ClientStream
 	c *counter
@@ -144,28 +147,34 @@ func benchRoundTrip(b *testing.B, latency func(*testing.B, *clientv3.Client) tim
 
 // interleaved runs op b.N times, each after one Get on cli, timing both,
 // so that the ratio holds under the same load (benchtest.Interleaved). cnt,
-// when set, counts op's requests.
+// when set, counts op's requests: req/op (unary calls and streams opened)
+// and msgs/op (those and the messages sent on open streams, such as
+// keepalives on the Backend's lease stream).
 func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() error) {
 	getLatency(b, cli) // warm up
-	var reqs int64
+	var reqs, msgs int64
 	counted := op
 	if cnt != nil {
 		counted = func() error {
-			n0 := cnt.unary.Load() + cnt.streams.Load()
+			n0, m0 := cnt.requests(), cnt.streamMsgs.Load()
 			err := op()
-			reqs += cnt.unary.Load() + cnt.streams.Load() - n0
+			n := cnt.requests() - n0
+			reqs += n
+			msgs += n + cnt.streamMsgs.Load() - m0
 			return err
 		}
 	}
 	benchtest.Interleaved(b, "get", getter(cli), counted)
 	if cnt != nil {
 		b.ReportMetric(float64(reqs)/float64(b.N), "req/op")
+		b.ReportMetric(float64(msgs)/float64(b.N), "msgs/op")
 	}
 }
 
 // BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release (the
-// claim transaction on the shared lease, with a keepalive of it on the open
-// stream, and the owner-checked delete).
+// claim transaction on the shared lease and the owner-checked delete; a
+// keepalive of the lease on the open stream goes with a claim only once per
+// Slack, half a renew interval).
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	uncontended(b, func(cli *clientv3.Client) func() error {
 		l := newLocker(b, cli, uniquePrefix("bench"))
@@ -442,14 +451,16 @@ func BenchmarkHotKeyTry(b *testing.B) {
 // BenchmarkDistinctKeys: 64 goroutines of one client, each taking and
 // releasing a key of its own, by dislock (one Locker) and by
 // concurrency.Mutex (one session); x-rtt-rate is acquisitions per second
-// divided by serial Gets per second, measured first.
+// divided by serial Gets per second, measured first; req/op and msgs/op
+// count requests as interleaved does (the client's, per acquisition).
 func BenchmarkDistinctKeys(b *testing.B) {
 	const workers = 64
 	cfg, _ := benchWrites(b)
 	ctx := context.Background()
 	prefix := uniquePrefix("bench-keys")
-	run := func(b *testing.B, cli *clientv3.Client, op func(key string) error) {
+	run := func(b *testing.B, cli *clientv3.Client, cnt *counter, op func(key string) error) {
 		get := getLatency(b, cli)
+		n0, m0 := cnt.requests(), cnt.streamMsgs.Load()
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		var failed atomic.Value
@@ -475,11 +486,15 @@ func BenchmarkDistinctKeys(b *testing.B) {
 		rate := float64(b.N) / el.Seconds()
 		b.ReportMetric(rate, "acq/s")
 		b.ReportMetric(rate*get.Seconds(), "x-rtt-rate")
+		reqs := cnt.requests() - n0
+		b.ReportMetric(float64(reqs)/float64(b.N), "req/op")
+		b.ReportMetric(float64(reqs+cnt.streamMsgs.Load()-m0)/float64(b.N), "msgs/op")
 	}
 	b.Run("dislock", func(b *testing.B) {
-		cli := benchClient(b, cfg, nil)
+		cnt := &counter{}
+		cli := benchClient(b, cfg, cnt)
 		l := newLocker(b, cli, prefix)
-		run(b, cli, func(key string) error {
+		run(b, cli, cnt, func(key string) error {
 			s, err := l.TryAcquire(ctx, key)
 			if err != nil {
 				return err
@@ -488,13 +503,14 @@ func BenchmarkDistinctKeys(b *testing.B) {
 		})
 	})
 	b.Run("mutex", func(b *testing.B) {
-		cli := benchClient(b, cfg, nil)
+		cnt := &counter{}
+		cli := benchClient(b, cfg, cnt)
 		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer sess.Close()
-		run(b, cli, func(key string) error {
+		run(b, cli, cnt, func(key string) error {
 			m := concurrency.NewMutex(sess, prefix+"mutex-"+key)
 			if err := m.TryLock(ctx); err != nil {
 				return err
