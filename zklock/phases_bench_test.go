@@ -3,6 +3,8 @@ package zklock_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"sync"
@@ -35,7 +37,9 @@ import (
 //     a read);
 //   - return: from the reply's read to the return of the acquire.
 //
-// Each metric is the phase's median in µs.
+// Each metric is the phase's median in µs; rtt-*-µs are the medians of
+// back-to-back round trips after the hand-offs (Exists, Children of 16,
+// setData).
 //
 //	go test -run '^$' -bench HandoffPhases -benchtime 300x ./zklock/
 func BenchmarkHandoffPhases(b *testing.B) {
@@ -113,6 +117,44 @@ func BenchmarkHandoffPhases(b *testing.B) {
 	lock.Unlock()
 	dl.report(b, "dislock")
 	zl.report(b, "zklock")
+	rtts(b, raw, root)
+}
+
+// rtts reports the medians of back-to-back round trips, interleaved: an
+// Exists, a Children of a node with 16 children (zk.Lock's read after the
+// event) and a setData (dislock's grant).
+func rtts(b *testing.B, c *zk.Conn, root string) {
+	p := root + "/rtt"
+	if _, err := c.Create(p, nil, zk.FlagPersistent, zk.WorldACL(zk.PermAll)); err != nil {
+		b.Fatal(err)
+	}
+	for i := range 16 {
+		if _, err := c.Create(fmt.Sprintf("%s/c%02d", p, i), nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	data := zklock.ClaimData(10*time.Second, "owner")
+	var ex, ch, set []time.Duration
+	for range 400 {
+		t0 := time.Now()
+		_, _, err1 := c.Exists(p)
+		t1 := time.Now()
+		_, _, err2 := c.Children(p)
+		t2 := time.Now()
+		_, err3 := c.Set(p+"/c00", data, -1)
+		t3 := time.Now()
+		if err := errors.Join(err1, err2, err3); err != nil {
+			b.Fatal(err)
+		}
+		ex, ch, set = append(ex, t1.Sub(t0)), append(ch, t2.Sub(t1)), append(set, t3.Sub(t2))
+	}
+	for _, m := range []struct {
+		name string
+		d    []time.Duration
+	}{{"exists", ex}, {"children", ch}, {"setdata", set}} {
+		slices.Sort(m.d)
+		b.ReportMetric(float64(benchtest.Quantile(m.d, 0.5).Microseconds()), "rtt-"+m.name+"-µs")
+	}
 }
 
 // wireLog times the frames written and read on the connections it dialed
