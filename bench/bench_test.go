@@ -313,7 +313,10 @@ var handoffContenders = map[string][]string{
 // the start of Release to the return of the next holder's acquire; p50-x-rtt
 // and p99-x-rtt divide it by the mean raw round trip. reqs/acq counts the
 // client's commands (Redis) or statements (PostgreSQL) per acquisition,
-// polling included.
+// polling included. srv-writes/acq (a store that counts its writes) is over
+// the whole run; steady-srv-writes/acq leaves out the first 16
+// acquisitions, in which each contender uses the key for the first time,
+// and the last 16, after which the goroutines stop queueing again.
 func BenchmarkHandoff(b *testing.B) {
 	for _, s := range stores {
 		for _, which := range handoffContenders[s] {
@@ -354,6 +357,7 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	remaining.Store(int64(b.N))
 	reqs0 := reqs()
 	var writes0 int64
+	var steady0, steady1 int64 // the server's writes at acquisition 16 and 16 before the end
 	if st.writes != nil {
 		writes0 = st.writes()
 	}
@@ -377,6 +381,18 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 				}
 				acquired++
 				mine := acquired
+				if st.writes != nil && b.N > 4*waiters {
+					switch acquired {
+					case waiters:
+						// Every goroutine has acquired once: the first use
+						// of the key by each contender is behind.
+						steady0 = st.writes()
+					case b.N - waiters:
+						// The goroutines still queue again (the last ones
+						// do not): as many waiters in line as at steady0.
+						steady1 = st.writes()
+					}
+				}
 				turn.Broadcast()
 				mu.Unlock()
 				time.Sleep(holdFor)
@@ -416,7 +432,11 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	b.ReportMetric(float64(p99)/float64(rtt), "p99-x-rtt")
 	b.ReportMetric(float64(reqs()-reqs0)/float64(b.N), "reqs/acq")
 	if st.writes != nil {
-		b.ReportMetric(float64(st.writes()-writes0)/float64(b.N), "srv-writes/acq")
+		w := st.writes()
+		b.ReportMetric(float64(w-writes0)/float64(b.N), "srv-writes/acq")
+		if steady1 > 0 {
+			b.ReportMetric(float64(steady1-steady0)/float64(b.N-2*waiters), "steady-srv-writes/acq")
+		}
 	}
 }
 
