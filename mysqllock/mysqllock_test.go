@@ -88,6 +88,22 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 		t.Fatalf("WithAutoMigrate over an old procedure: %v", err)
 	}
 	_ = b.Close()
+	// A waiters table of version 1 (no watcher column) is reported as
+	// made by an earlier version, naming the fix, and Migrate upgrades it.
+	if _, err := admin.ExecContext(ctx, "ALTER TABLE `"+own+"_waiters` DROP COLUMN watcher"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); !errors.Is(err, mysqllock.ErrSchema) ||
+		!strings.Contains(err.Error(), "earlier version") || !strings.Contains(err.Error(), "Migrate") {
+		t.Fatalf("NewBackend on a waiters table of version 1: %v, want ErrSchema naming Migrate", err)
+	}
+	if err := mysqllock.Migrate(ctx, admin, mysqllock.WithTable(own)); err != nil {
+		t.Fatalf("Migrate over a waiters table of version 1: %v", err)
+	}
+	if b, err = mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); err != nil {
+		t.Fatalf("NewBackend after Migrate upgraded the waiters table: %v", err)
+	}
+	_ = b.Close()
 }
 
 // Rule: bad options fail naming the option.

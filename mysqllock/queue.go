@@ -2,8 +2,10 @@ package mysqllock
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -70,7 +72,9 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	if err != nil {
 		return fmt.Errorf("mysqllock: watch: %w", err)
 	}
+	mine := &self
 	defer func() {
+		b.watching.CompareAndSwap(mine, nil)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		b.db.ExecContext(ctx, "DELETE FROM "+b.n.watchers+" WHERE name = ?", self)
@@ -79,6 +83,11 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO "+b.n.watchers+" (name) VALUES ('"+self+"')"); err != nil {
 		return fmt.Errorf("mysqllock: watch: %w", err)
 	}
+	// From now on this Backend's waiters name this watcher when they
+	// queue (and the engine's ready below makes every waiter try again,
+	// which rewrites the places that named none or an earlier one), so
+	// that their turns wake it alone.
+	b.watching.Store(mine)
 	var last int64
 	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(id), 0) FROM "+b.n.turns).Scan(&last); err != nil {
 		return fmt.Errorf("mysqllock: watch: %w", err)
@@ -140,13 +149,18 @@ func (b *Backend) holdWaitLock(ctx context.Context) (*sql.Conn, string, error) {
 }
 
 // lockOwnName takes, on conn, a named lock that holds the connection's id,
-// so unique on the server while the connection lives, and returns its name.
+// so unique on the server while the connection lives, and a random part,
+// so that a connection that gets the id of a dead one after a server
+// restart never takes the name a waiter's place still holds; it returns
+// the name.
 func lockOwnName(ctx context.Context, conn *sql.Conn) (string, error) {
 	var id int64
 	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
 		return "", err
 	}
-	name := "dislock-watch:" + strconv.FormatInt(id, 10)
+	var r [8]byte
+	rand.Read(r[:])
+	name := "dislock-watch:" + strconv.FormatInt(id, 10) + ":" + hex.EncodeToString(r[:])
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('"+name+"', 0)").Scan(&got); err != nil || got.Int64 != 1 {
 		releaseNamed(conn, name)
