@@ -34,7 +34,7 @@ const nowSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(
 const procVersion = "dislock mysqllock 2"
 
 // procNames are the suffixes of the procedures, in install order.
-var procNames = []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune"}
+var procNames = []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune", "watch"}
 
 var procBodies = map[string]string{
 	// turn tells the first live waiter of p_key it may claim now: a row in
@@ -453,6 +453,23 @@ BEGIN
 	COMMIT;
 	CALL {p}wake(v_wake, v_watcher);
 	SELECT v_live;
+END`,
+
+	// watch is one wait of a watcher (see Backend.WatchTurns): it sends
+	// the turns with an id above p_last, and those in (p_low, p_last] listed
+	// in p_gaps (ids the watcher has not seen: turns that commit after a
+	// later one), as its first result set, which the server sends before
+	// it goes on; then, unless a turn above those has committed since, it
+	// waits up to p_poll seconds for the named lock p_wait (held by the
+	// watcher's other connection, so the wait ends only by its timeout or
+	// by KILL QUERY, see wake). Its second result set: the GET_LOCK
+	// result (1: the holding connection is gone), 0 when it did not wait.
+	"watch": `(IN p_low BIGINT, IN p_last BIGINT, IN p_gaps TEXT, IN p_wait VARCHAR(64), IN p_poll DOUBLE)
+BEGIN
+	DECLARE v_max BIGINT;
+	SELECT COALESCE(MAX(id), 0) INTO v_max FROM {N};
+	SELECT id, ` + "`key`" + `, waiter FROM {N} WHERE id > p_low AND id <= v_max AND (id > p_last OR FIND_IN_SET(id, p_gaps) > 0) ORDER BY id;
+	SELECT IF(EXISTS (SELECT 1 FROM {N} WHERE id > v_max), 0, GET_LOCK(p_wait, p_poll));
 END`,
 
 	// prune deletes, at most p_batch of each: ended rows whose token is

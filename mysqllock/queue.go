@@ -94,30 +94,30 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	}
 	ready()
 	// Turns commit in an order their ids (AUTO_INCREMENT, taken at the
-	// insert) need not follow: each read looks back turnLookback ids and
-	// skips those it has seen.
+	// insert) need not follow: each read looks back turnLookback ids for
+	// those it has not seen (the gaps below the last id it read).
 	seen := map[int64]bool{}
+	poll := strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)
 	for {
 		low := max(last-turnLookback, 0)
-		lows := strconv.FormatInt(low, 10)
+		// One CALL (see watch in procs.go) streams the turns not seen yet,
+		// then waits: one round trip per wake-up. Its arguments are the
+		// server's ids and the watcher's lock name, formatted into the
+		// statement (no user data): no prepare.
+		call := "CALL " + b.n.proc("watch") + "(" + strconv.FormatInt(low, 10) + ", " + strconv.FormatInt(last, 10) +
+			", '" + gaps(seen, low, last) + "', '" + name + "', " + poll + ")"
+		var slept sql.NullInt64
 		var err error
-		last, err = b.readTurns(ctx, conn, "SELECT id, `key`, waiter FROM "+b.n.turns+" WHERE id > "+lows+" ORDER BY id", last, seen, fn)
+		last, slept, err = b.watchOnce(ctx, conn, call, last, seen, fn)
 		for id := range seen {
-			if id <= low {
+			if id <= max(last-turnLookback, 0) {
 				delete(seen, id)
 			}
 		}
-		if err == nil {
-			// The ids are the server's, formatted into the statement (no
-			// user data): one round trip, no prepare.
-			var slept sql.NullInt64
-			err = conn.QueryRowContext(ctx, "SELECT IF(EXISTS (SELECT 1 FROM "+b.n.turns+" WHERE id > "+
-				strconv.FormatInt(last, 10)+"), 0, GET_LOCK('"+name+"', "+strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)+"))").Scan(&slept)
-			if err == nil && slept.Valid && slept.Int64 == 1 {
-				// The lock's holding connection is gone.
-				conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')")
-				return errors.New("mysqllock: watch: the connection holding the watcher's wait lock was lost")
-			}
+		if err == nil && slept.Valid && slept.Int64 == 1 {
+			// The lock's holding connection is gone.
+			conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')")
+			return errors.New("mysqllock: watch: the connection holding the watcher's wait lock was lost")
 		}
 		switch {
 		case err == nil, interrupted(err):
@@ -127,6 +127,59 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 			return fmt.Errorf("mysqllock: watch: %w", err)
 		}
 	}
+}
+
+// gaps lists, comma-separated, the ids in (low, last] not in seen: the
+// turns that may still commit (or were rolled back).
+func gaps(seen map[int64]bool, low, last int64) string {
+	var out []byte
+	for id := low + 1; id <= last; id++ {
+		if !seen[id] {
+			if len(out) > 0 {
+				out = append(out, ',')
+			}
+			out = strconv.AppendInt(out, id, 10)
+		}
+	}
+	return string(out)
+}
+
+// watchOnce runs one CALL of watch: it hands each turn of its first result
+// set to fn as it arrives (the server sends that result set before it
+// waits), then reads the wait's result. It returns the last id seen and
+// the wait's GET_LOCK result (NULL when it did not wait or was killed).
+func (b *Backend) watchOnce(ctx context.Context, conn *sql.Conn, call string, last int64, seen map[int64]bool,
+	fn func(key, waiter string)) (int64, sql.NullInt64, error) {
+	var slept sql.NullInt64
+	rows, err := conn.QueryContext(ctx, call)
+	if err != nil {
+		return last, slept, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var key, waiter []byte
+		if err := rows.Scan(&id, &key, &waiter); err != nil {
+			return last, slept, err
+		}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		last = max(last, id)
+		fn(string(key), string(waiter))
+	}
+	if rows.NextResultSet() && rows.Next() {
+		if err := rows.Scan(&slept); err != nil {
+			return last, slept, err
+		}
+	}
+	for rows.NextResultSet() { // the CALL's own status
+	}
+	if err := rows.Err(); err != nil {
+		return last, slept, err
+	}
+	return last, slept, rows.Close()
 }
 
 // holdWaitLock takes a second connection of the pool and holds on it the
@@ -193,28 +246,6 @@ func releaseNamed(conn *sql.Conn, name string) {
 // turnLookback is how many ids before the last one read each read of the
 // turns looks at again, for the turns that committed after a later one.
 const turnLookback = 256
-
-func (b *Backend) readTurns(ctx context.Context, conn *sql.Conn, read string, last int64, seen map[int64]bool, fn func(key, waiter string)) (int64, error) {
-	rows, err := conn.QueryContext(ctx, read)
-	if err != nil {
-		return last, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id int64
-		var key, waiter []byte
-		if err := rows.Scan(&id, &key, &waiter); err != nil {
-			return last, err
-		}
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		last = max(last, id)
-		fn(string(key), string(waiter))
-	}
-	return last, rows.Err()
-}
 
 // interrupted reports a statement ended by KILL QUERY (ER_QUERY_INTERRUPTED).
 func interrupted(err error) bool {
