@@ -88,22 +88,37 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 		t.Fatalf("WithAutoMigrate over an old procedure: %v", err)
 	}
 	_ = b.Close()
-	// A waiters table of version 1 (no watcher column) is reported as
-	// made by an earlier version, naming the fix, and Migrate upgrades it.
-	if _, err := admin.ExecContext(ctx, "ALTER TABLE `"+own+"_waiters` DROP COLUMN watcher"); err != nil {
+	// Tables of version 1 (no waiting flag on the lock table, no watcher
+	// column on the waiters) are reported as made by an earlier version,
+	// naming the fix, and Migrate upgrades them; the rows there were may
+	// have waiters (flag 1).
+	if b, err = mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); !errors.Is(err, mysqllock.ErrSchema) ||
-		!strings.Contains(err.Error(), "earlier version") || !strings.Contains(err.Error(), "Migrate") {
-		t.Fatalf("NewBackend on a waiters table of version 1: %v, want ErrSchema naming Migrate", err)
-	}
-	if err := mysqllock.Migrate(ctx, admin, mysqllock.WithTable(own)); err != nil {
-		t.Fatalf("Migrate over a waiters table of version 1: %v", err)
-	}
-	if b, err = mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); err != nil {
-		t.Fatalf("NewBackend after Migrate upgraded the waiters table: %v", err)
+	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "old", Owner: "o", OwnerToken: "o", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
 	}
 	_ = b.Close()
+	for _, s := range []string{"ALTER TABLE `" + own + "` DROP COLUMN waiting", "ALTER TABLE `" + own + "_waiters` DROP COLUMN watcher"} {
+		if _, err := admin.ExecContext(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); !errors.Is(err, mysqllock.ErrSchema) ||
+			!strings.Contains(err.Error(), "earlier version") || !strings.Contains(err.Error(), "Migrate") {
+			t.Fatalf("NewBackend after %s: %v, want ErrSchema naming Migrate", s, err)
+		}
+	}
+	if err := mysqllock.Migrate(ctx, admin, mysqllock.WithTable(own)); err != nil {
+		t.Fatalf("Migrate over tables of version 1: %v", err)
+	}
+	if b, err = mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); err != nil {
+		t.Fatalf("NewBackend after Migrate upgraded the tables: %v", err)
+	}
+	_ = b.Close()
+	var flag int
+	if err := admin.QueryRowContext(ctx, "SELECT waiting FROM `"+own+"` WHERE `key` = 'old'").Scan(&flag); err != nil || flag != 1 {
+		t.Fatalf("waiting flag of a row of version 1 after Migrate = %d (%v), want 1", flag, err)
+	}
 }
 
 // Rule: bad options fail naming the option.

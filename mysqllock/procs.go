@@ -122,6 +122,7 @@ BEGIN
 			DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline <= p_now;
 			INSERT INTO {W} (` + "`key`" + `, waiter, seq, deadline, watcher)
 				SELECT p_key, p_waiter, COALESCE(MAX(seq), 0) + 1, p_now + p_wttl, p_watcher FROM {W} WHERE ` + "`key`" + ` = p_key;
+			UPDATE {T} SET waiting = 1 WHERE ` + "`key`" + ` = p_key AND waiting = 0;
 		END IF;
 	END IF;
 END`,
@@ -140,7 +141,7 @@ proc: BEGIN
 	DECLARE r_owner BLOB;
 	DECLARE r_holder VARBINARY(255);
 	DECLARE r_token, r_acq, r_exp BIGINT;
-	DECLARE r_lim INT;
+	DECLARE r_lim, r_wait INT;
 	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
 	SET v_start = {now};
 	-- A key held by someone else (a live mutex, a full semaphore), asked by
@@ -173,7 +174,7 @@ proc: BEGIN
 		START TRANSACTION;
 		BEGIN
 			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
-			SELECT owner, holder, token, acquired_at, expire_at, lim INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim
+			SELECT owner, holder, token, acquired_at, expire_at, lim, waiting INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim, r_wait
 				FROM {T} WHERE ` + "`key`" + ` = p_key FOR UPDATE;
 		END;
 		-- The clock of every decision below: read once the row's lock is held.
@@ -193,9 +194,9 @@ proc: BEGIN
 			-- than this clock reading).
 			BEGIN
 				DECLARE CONTINUE HANDLER FOR 1062, 1213 SET v_dup = 1;
-				INSERT INTO {T} (` + "`key`" + `, owner, holder, token, acquired_at, expire_at, lim)
+				INSERT INTO {T} (` + "`key`" + `, owner, holder, token, acquired_at, expire_at, lim, waiting)
 					VALUES (p_key, IF(p_limit > 1, '', p_owner), IF(p_limit > 1, '', p_holder), v_now, v_now,
-						IF(p_limit > 1, 0, v_exp), IF(p_limit > 1, p_limit, 0));
+						IF(p_limit > 1, 0, v_exp), IF(p_limit > 1, p_limit, 0), 0);
 				IF v_dup = 0 AND p_limit > 1 THEN
 					REPLACE INTO {P} (` + "`key`" + `, holder, owner, token, acquired_at, expire_at)
 						VALUES (p_key, p_holder, p_owner, v_now, v_now, v_exp);
@@ -238,19 +239,25 @@ proc: BEGIN
 			LEAVE proc;
 		END IF;
 		-- Free or expired: the first live waiter's, or anyone's when
-		-- nobody live waits.
-		BEGIN
-			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_head = NULL;
-			SELECT waiter INTO v_head FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now ORDER BY seq LIMIT 1;
-		END;
+		-- nobody live waits. The row's waiting flag is 0 only when nobody
+		-- live waits (see place): then the line is not read.
+		SET v_head = NULL;
+		IF r_wait <> 0 THEN
+			BEGIN
+				DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_head = NULL;
+				SELECT waiter INTO v_head FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now ORDER BY seq LIMIT 1;
+			END;
+		END IF;
 		IF v_head IS NULL OR v_head = p_waiter THEN
-			-- The fencing token, decided under the row's lock.
-			SET v_tok = GREATEST(v_now, r_token + 1);
-			UPDATE {T} SET owner = p_owner, holder = p_holder, token = v_tok, acquired_at = v_now, expire_at = v_exp, lim = 0
-				WHERE ` + "`key`" + ` = p_key;
+			SET r_wait = 0;
 			IF v_head IS NOT NULL THEN
 				DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND (waiter = p_waiter OR deadline <= v_now);
+				SET r_wait = EXISTS (SELECT 1 FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now);
 			END IF;
+			-- The fencing token, decided under the row's lock.
+			SET v_tok = GREATEST(v_now, r_token + 1);
+			UPDATE {T} SET owner = p_owner, holder = p_holder, token = v_tok, acquired_at = v_now, expire_at = v_exp, lim = 0,
+				waiting = r_wait WHERE ` + "`key`" + ` = p_key;
 			COMMIT;
 			SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
 			LEAVE proc;
@@ -299,7 +306,9 @@ proc: BEGIN
 			CALL {p}turn(p_key, v_now, v_wake, v_watcher);
 		END IF;
 		COMMIT;
-		CALL {p}wake(v_wake, v_watcher);
+		IF v_wake = 1 THEN
+			CALL {p}wake(v_wake, v_watcher);
+		END IF;
 		SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
 		LEAVE proc;
 	END IF;
@@ -325,6 +334,7 @@ BEGIN
 	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
 	DECLARE v_watcher VARBINARY(64) DEFAULT '';
 	DECLARE r_lim INT;
+	DECLARE r_wait INT DEFAULT 1;
 	{begin}
 	BEGIN
 		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
@@ -335,7 +345,7 @@ BEGIN
 				SELECT expire_at INTO r_exp FROM {P} WHERE ` + "`key`" + ` = p_key AND holder = p_holder;
 			END IF;
 		ELSE
-			SELECT expire_at INTO r_exp FROM {T} WHERE ` + "`key`" + ` = p_key AND holder = p_holder FOR UPDATE;
+			SELECT expire_at, waiting INTO r_exp, r_wait FROM {T} WHERE ` + "`key`" + ` = p_key AND holder = p_holder FOR UPDATE;
 		END IF;
 	END;
 	SET v_now = {now};
@@ -353,11 +363,16 @@ BEGIN
 			ELSE
 				UPDATE {T} SET owner = '', holder = '', expire_at = 0 WHERE ` + "`key`" + ` = p_key;
 			END IF;
-			CALL {p}turn(p_key, v_now, v_wake, v_watcher);
+			IF r_wait <> 0 THEN
+				-- Someone may wait (a mutex's flag is 0 only when nobody does).
+				CALL {p}turn(p_key, v_now, v_wake, v_watcher);
+			END IF;
 		END IF;
 	END IF;
 	COMMIT;
-	CALL {p}wake(v_wake, v_watcher);
+	IF v_wake = 1 THEN
+		CALL {p}wake(v_wake, v_watcher);
+	END IF;
 	SELECT v_live;
 END`,
 
@@ -419,7 +434,9 @@ proc: BEGIN
 		END IF;
 	END IF;
 	COMMIT;
-	CALL {p}wake(v_wake, v_watcher);
+	IF v_wake = 1 THEN
+		CALL {p}wake(v_wake, v_watcher);
+	END IF;
 END`,
 
 	// force ends p_key's lease whoever holds it (every permit of a
@@ -451,7 +468,9 @@ BEGIN
 		END IF;
 	END IF;
 	COMMIT;
-	CALL {p}wake(v_wake, v_watcher);
+	IF v_wake = 1 THEN
+		CALL {p}wake(v_wake, v_watcher);
+	END IF;
 	SELECT v_live;
 END`,
 

@@ -52,7 +52,12 @@ func (n names) proc(name string) string {
 //     (holder ” and expire_at 0 once released: the row stays, ended, with
 //     the key's last fencing token, until pruned a day later). A
 //     semaphore's row is its header: lim > 1, holder ”, the key's last
-//     token; its permits are rows of <table>_permits.
+//     token; its permits are rows of <table>_permits. Its waiting flag is
+//     1 whenever a live waiter is in the key's line (place sets it; a grant
+//     that leaves nobody live in line clears it; a 1 with nobody in line
+//     only costs a read), so that claims and releases of keys nobody waits
+//     on skip the line. Rows of version 1 get 1 when Migrate adds the
+//     column.
 //   - <table>_waiters holds the line of each key: each waiter's place
 //     (seq), the place's deadline and the named lock of the watcher that
 //     serves the waiter (watcher, ” when unknown), the one a turn wakes.
@@ -73,6 +78,7 @@ func tablesSQL(n names) []string {
 	acquired_at BIGINT          NOT NULL,
 	expire_at   BIGINT          NOT NULL,
 	lim         INT             NOT NULL DEFAULT 0,
+	waiting     TINYINT         NOT NULL DEFAULT 1,
 	PRIMARY KEY (` + "`key`" + `)
 ) ENGINE=InnoDB`,
 		`CREATE TABLE IF NOT EXISTS ` + n.permits + ` (
@@ -204,9 +210,13 @@ type addedColumn struct {
 }
 
 // addedColumns: version 2 names each waiter's watcher, so that a turn
-// wakes that one watcher instead of all.
+// wakes that one watcher instead of all, and flags the keys someone may
+// wait on, so that the claim and release of a key nobody waits on do not
+// read its line.
 var addedColumns = []addedColumn{
 	{func(n names) string { return n.waiters }, "_waiters", "watcher", "VARBINARY(64) NOT NULL DEFAULT ''"},
+	// 1 for the rows there are: someone may wait on them.
+	{func(n names) string { return n.table }, "", "waiting", "TINYINT NOT NULL DEFAULT 1"},
 }
 
 // addColumns adds to the tables made by an earlier version the columns
@@ -285,7 +295,7 @@ func (b *Backend) checkSchema(ctx context.Context) error {
 		return schemaErr(b.n.table, "no database selected; fix: name one in the DSN (…/dbname) or in WithTable(\"dbname.table\")")
 	}
 	want := map[string][]string{
-		b.n.base:               {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim"},
+		b.n.base:               {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim", "waiting"},
 		b.n.base + "_permits":  {"key", "holder", "owner", "token", "acquired_at", "expire_at"},
 		b.n.base + "_waiters":  {"key", "waiter", "seq", "deadline", "watcher"},
 		b.n.base + "_turns":    {"id", "key", "waiter", "at"},
