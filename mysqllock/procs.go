@@ -142,19 +142,39 @@ proc: BEGIN
 	DECLARE r_holder VARBINARY(255);
 	DECLARE r_token, r_acq, r_exp BIGINT;
 	DECLARE r_lim, r_wait INT;
+	DECLARE v_sys DATETIME(6);
 	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-	SET v_start = {now};
+	SET v_start = {now}, v_sys = SYSDATE(6);
 	-- A key held by someone else (a live mutex, a full semaphore), asked by
 	-- a caller that does not wait or whose place in line needs no refresh,
-	-- is answered from reads: no row lock, no write.
+	-- is answered from reads: no row lock, no write. A free mutex key that
+	-- nobody waits on is claimed by one conditional UPDATE.
 	IF p_waiter = '' OR EXISTS (SELECT 1 FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter AND watcher = p_watcher AND deadline - {now} >= p_wttl DIV 2) THEN
 		BEGIN
 			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 			SET v_found = 1;
-			SELECT owner, holder, token, acquired_at, expire_at, lim INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim
+			SELECT owner, holder, token, acquired_at, expire_at, lim, waiting INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim, r_wait
 				FROM {T} WHERE ` + "`key`" + ` = p_key;
 		END;
 		SET v_now = {now};
+		IF v_found = 1 AND p_limit <= 1 AND r_lim <= 1 AND r_exp <= v_now AND r_wait = 0 AND (p_expire = 0 OR p_expire > v_now) THEN
+			-- Free, nobody waits: claimed unless the row changed since it
+			-- was read (its token, expiry, flag, limit: any claim, release,
+			-- queueing or semaphore use changes one of them). The claim
+			-- timeout is checked after the row lock is granted: SYSDATE is
+			-- read when the row is, the statement's clock before its wait.
+			SET v_tok = GREATEST(v_now, r_token + 1), v_exp = IF(p_expire > 0, p_expire, v_now + p_ttl);
+			UPDATE {T} SET owner = p_owner, holder = p_holder, token = v_tok, acquired_at = v_now, expire_at = v_exp
+				WHERE ` + "`key`" + ` = p_key AND token = r_token AND expire_at = r_exp AND waiting = 0 AND lim = r_lim
+					AND TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6)) <= p_left;
+			IF ROW_COUNT() = 1 THEN
+				IF @@autocommit = 0 THEN
+					COMMIT;
+				END IF;
+				SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
+				LEAVE proc;
+			END IF;
+		END IF;
 		IF v_found = 1 AND p_limit <= 1 AND r_lim <= 1 AND r_exp > v_now AND r_holder <> p_holder THEN
 			SELECT 'busy', r_token, r_acq, r_exp, r_owner, r_exp - v_now, 0;
 			LEAVE proc;
@@ -329,13 +349,33 @@ END`,
 	// The first live waiter is told. Its one row: whether a live lease of
 	// p_holder was found.
 	"release": `(IN p_key VARBINARY(1024), IN p_holder VARBINARY(255), IN p_keep BIGINT, IN p_limit INT)
-BEGIN
+proc: BEGIN
 	DECLARE v_now, r_exp BIGINT;
 	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
 	DECLARE v_watcher VARBINARY(64) DEFAULT '';
 	DECLARE r_lim INT;
 	DECLARE r_wait INT DEFAULT 1;
-	{begin}
+	DECLARE v_sys DATETIME(6);
+	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+	IF p_limit <= 1 AND p_keep <= 0 THEN
+		-- A live mutex lease of p_holder that nobody waits on is ended by
+		-- one conditional UPDATE, its expiry compared with the clock once
+		-- the row is locked (the statement's start, plus the time SYSDATE
+		-- says passed since).
+		SET v_now = {now}, v_sys = SYSDATE(6);
+		UPDATE {T} SET owner = '', holder = '', expire_at = 0
+			WHERE ` + "`key`" + ` = p_key AND holder = p_holder AND waiting = 0 AND lim <= 1
+				AND expire_at > v_now + TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6));
+		IF ROW_COUNT() = 1 THEN
+			IF @@autocommit = 0 THEN
+				COMMIT;
+			END IF;
+			SELECT 1;
+			LEAVE proc;
+		END IF;
+	END IF;
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	START TRANSACTION;
 	BEGIN
 		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 		SET v_found = 1;
