@@ -39,19 +39,21 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 }
 
 // WatchTurns implements core.Queuer. It takes two connections of the pool
-// for as long as it runs: one waits, in a lock wait (see holdWaitLock)
-// between reads of the table's log of turns, for a lock the other holds;
-// the waiting one holds a named lock of its own, registered in the
-// table's watchers table. A release (ForceRelease, Leave, a grant that leaves
-// a permit free) that tells a waiter its turn writes it to the log and,
-// after its commit and in the same CALL, ends the wait of every watcher of
-// the table with KILL QUERY (which needs no privilege for the user's own
-// connections): each reads the new turns and waits again. When the kill
-// is refused (a watcher connected as another user) or falls between two
-// of the watcher's statements (or ends one of its reads, which it then
-// sends again), the wait ends by itself within
-// defaultWatchPoll, or at once when the log already holds a turn it has not
-// read. Under WithoutListen it returns core.ErrUnsupported at once.
+// for as long as it runs: one waits, in a lock wait (see holdWaitLock), for
+// a lock the other holds, each wait one CALL that first sends the turns of
+// the table's log not read yet; the waiting one holds a named lock of its
+// own, registered in the table's watchers table and named, while the
+// watcher runs, by the places this Backend's waiters take. A release
+// (ForceRelease, Leave, a grant that leaves a permit free) that tells a
+// waiter its turn writes it to the log and, after its commit and in the
+// same CALL, ends the wait of the watcher the waiter's place names with
+// KILL QUERY (which needs no privilege for the user's own connections), or
+// of every watcher of the table when the place names none or one that is
+// gone: the watcher reads the new turns in its next wait's CALL. When the
+// kill is refused (a watcher connected as another user) or falls between
+// two of the watcher's CALLs, the next CALL sends the turn before it waits;
+// otherwise the wait ends by itself within defaultWatchPoll. Under
+// WithoutListen it returns core.ErrUnsupported at once.
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	if b.cfg.noListen {
 		return core.ErrUnsupported
