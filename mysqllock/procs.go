@@ -161,12 +161,14 @@ proc: BEGIN
 			-- Free, nobody waits: claimed unless the row changed since it
 			-- was read (its token, expiry, flag, limit: any claim, release,
 			-- queueing or semaphore use changes one of them). The claim
-			-- timeout is checked after the row lock is granted: SYSDATE is
-			-- read when the row is, the statement's clock before its wait.
+			-- timeout and a slot's end are checked after the row lock is
+			-- granted: SYSDATE is read when the row is, the statement's
+			-- clock before its wait.
 			SET v_tok = GREATEST(v_now, r_token + 1), v_exp = IF(p_expire > 0, p_expire, v_now + p_ttl);
 			UPDATE {T} SET owner = p_owner, holder = p_holder, token = v_tok, acquired_at = v_now, expire_at = v_exp
 				WHERE ` + "`key`" + ` = p_key AND token = r_token AND expire_at = r_exp AND waiting = 0 AND lim = r_lim
-					AND TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6)) <= p_left;
+					AND TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6)) <= p_left
+					AND (p_expire = 0 OR p_expire > v_now + TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6)));
 			IF ROW_COUNT() = 1 THEN
 				IF @@autocommit = 0 THEN
 					COMMIT;
