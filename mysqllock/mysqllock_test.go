@@ -181,3 +181,34 @@ func TestClaimTimeoutRefusedOnServer(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Rule: a release decides on the clock read once it holds the row's lock:
+// a lease that expires while its release waits for the row lock is
+// answered as gone, not as released.
+func TestReleaseDecidesAfterTheRowLock(t *testing.T) {
+	admin, table := adminAndTable(t)
+	ctx := ctxT(t)
+	b := newBackend(t, table)
+	req := core.AcquireRequest{Key: "late", Owner: "o", OwnerToken: "o", TTL: 300 * time.Millisecond}
+	if _, err := b.TryAcquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM `"+table+"` WHERE `key` = 'late' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Release(ctx, core.ReleaseRequest{Key: "late", OwnerToken: "o"}) }()
+	// The duration under test, not a synchronisation: the lease must run
+	// out while the release waits for the row.
+	time.Sleep(600 * time.Millisecond)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, core.ErrLeaseGone) {
+		t.Fatalf("Release of a lease that expired while it waited for the row lock = %v, want ErrLeaseGone", err)
+	}
+}
