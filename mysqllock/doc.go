@@ -25,8 +25,8 @@
 //
 // Locks are rows of one table (default dislock_locks) with four companion
 // tables (<table>_permits, <table>_waiters, <table>_turns,
-// <table>_watchers) and nine stored
-// procedures (<table>_acquire, …) that Migrate installs. MySQL has no
+// <table>_watchers) and ten stored procedures (<table>_acquire, …) that
+// Migrate installs. MySQL has no
 // RETURNING, so each operation that decides something is one CALL of a
 // procedure: one round trip (COM_STMT_EXECUTE of a statement that
 // database/sql prepares once per pool connection), one transaction, every
@@ -39,7 +39,11 @@
 //     it is missing, free or expired (and, with waiters queued, it is the
 //     caller's turn). A key held by someone else, asked by a caller that
 //     does not wait (or whose place in line needs no refresh), is answered
-//     from a plain read, without a row lock or a write. Acquiring with the
+//     from a plain read, without a row lock or a write. A free mutex key
+//     whose row says nobody waits (a flag that queueing sets), asked by a
+//     caller that does not wait, is claimed by one conditional UPDATE of
+//     the row as that read found it (no transaction of its own, no locked
+//     read); a row changed since goes the locked way. Acquiring with the
 //     same owner token again is a success (idempotent). A slot's end is
 //     checked on the server's clock under the lock, so a claim that waited
 //     for the row past its slot's end is refused.
@@ -56,11 +60,15 @@
 //     a session missing from its answer is lost at once.
 //   - Release is an owner-checked CALL that ends the row (or, under MinHold
 //     and slot mode, sets its expiry); a lease that was no longer live is
-//     answered as lost (core.ErrLeaseGone).
+//     answered as lost (core.ErrLeaseGone). A mutex lease nobody waits for
+//     is ended by one conditional UPDATE; otherwise the first live waiter
+//     is told, in the same transaction.
 //   - The claim timeout (WithClaimTimeout) is checked by the procedure on
 //     the server once it holds the row's lock: a claim held up past it is
-//     rolled back, so the engine knows when an ambiguous claim can no
-//     longer take effect (core.ClaimBounder).
+//     rolled back (the one-UPDATE claim compares SYSDATE(6), read when the
+//     row is, with the procedure's start: it does not apply), so the
+//     engine knows when an ambiguous claim can no longer take effect
+//     (core.ClaimBounder).
 //   - Commits are durable as the server is configured
 //     (innodb_flush_log_at_trx_commit = 1 by default): MySQL has no
 //     per-transaction setting.
@@ -77,25 +85,44 @@
 // Backend is a core.Queuer: the waiters of a key wait in a first-in,
 // first-out line in <table>_waiters, across all processes. A waiting
 // Acquire's busy attempt takes a place at the tail (or keeps its own) in
-// the same CALL; a free key is granted only to the first live waiter, or to
-// anyone when nobody live waits. A release, ForceRelease, a Leave of the
-// first waiter of a free key, or a grant that leaves a permit free writes
-// the turn of the next live waiter to <table>_turns and, after its commit,
-// in the same CALL, ends the wait of every watcher of the table with KILL
-// QUERY.
+// the same CALL, naming the watcher of its Locker; a free key is granted
+// only to the first live waiter, or to anyone when nobody live waits. A
+// release, ForceRelease, a Leave of the first waiter of a free key, or a
+// grant that leaves a permit free writes the turn of the next live waiter
+// to <table>_turns and, after its commit, in the same CALL, ends with KILL
+// QUERY the wait of the one watcher that waiter's place names. When the
+// place names none (the waiter queued before its Locker's watcher ran) or
+// a watcher that is gone (its connection was lost and it started again),
+// the release ends the wait of every watcher of the table instead, and
+// the engine's own polling still gets the waiter in.
 //
 // A watcher (one per Locker while anyone waits) holds two pool
 // connections: one holds a named lock (GET_LOCK), the other waits for it
-// with a timeout between reads of the turns, so a KILL QUERY ends the wait
-// at once. The waiting connection holds a named lock of its own, listed in
-// <table>_watchers: a release kills the connection IS_USED_LOCK names, so
-// never a connection that merely took over a dead watcher's id. KILL QUERY needs no privilege for
-// the user's own connections; when it fails (processes connecting as
+// with a timeout, so a KILL QUERY ends the wait at once. Each wait is one
+// CALL (<table>_watch) that first sends the turns the watcher has not read
+// (the server sends that result before it waits) and then waits: a wake-up
+// costs the watcher one round trip. The waiting connection holds a named
+// lock of its own (its connection id and a random part), listed in
+// <table>_watchers and named by the places of its Locker's waiters: a
+// release kills the connection IS_USED_LOCK names, so never a connection
+// that merely took over a dead watcher's id. KILL QUERY needs no privilege
+// for the user's own connections; when it fails (processes connecting as
 // different users without CONNECTION_ADMIN), the wait ends by itself every
-// 2s and the engine's own polling still runs. A hand-off takes a few
-// round trips: tens of milliseconds on a loaded test machine (the
-// conformance suite's QueueHandoffPrompt logs p50 10–55ms, p90 33–140ms).
-// WithoutListen turns the watchers off: waiters poll.
+// 2s and the engine's own polling still runs. A hand-off with 16 waiting
+// processes costs about 4.3 requests per acquisition (the busy try that
+// queues the waiter, its claim, the release, the watcher's wait) and a
+// p50 of about 3ms on a loaded test machine. WithoutListen turns the
+// watchers off: waiters poll.
+//
+// # Upgrading
+//
+// Version 2 of the schema (this one) adds a column to the lock table (the
+// waiting flag, 1 on the rows there are) and one to <table>_waiters (the
+// watcher), and replaces the procedures: Migrate (or WithAutoMigrate) does
+// it; NewBackend on tables of version 1 fails with ErrSchema naming the
+// fix. Processes still running version 1 fail their calls once the
+// procedures are replaced (their statements have other arguments): upgrade
+// them together.
 //
 // # Not guaranteed
 //

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dislock/dislock/core"
@@ -28,6 +29,11 @@ type Backend struct {
 	n     names
 
 	acquire, release, renew *sql.Stmt
+
+	// watching is the named lock of the Backend's running watcher (see
+	// WatchTurns), nil while none runs: a waiter's place names it, so
+	// that its turn wakes this watcher only.
+	watching atomic.Pointer[string]
 
 	pruneDue  prune.Schedule // see prune
 	closeOnce sync.Once
@@ -72,7 +78,7 @@ func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, erro
 		stmt **sql.Stmt
 		sql  string
 	}{
-		{&b.acquire, "CALL " + b.n.proc("acquire") + "(?, ?, ?, ?, ?, ?, ?, ?, ?)"},
+		{&b.acquire, "CALL " + b.n.proc("acquire") + "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"},
 		{&b.release, "CALL " + b.n.proc("release") + "(?, ?, ?, ?)"},
 		{&b.renew, "CALL " + b.n.proc("renew") + "(?)"},
 	} {
@@ -237,8 +243,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		left            sql.NullInt64
 		have            int64
 	)
+	watcher := "" // not NULL: the column is NOT NULL
+	if w := b.watching.Load(); w != nil && req.Waiter != "" {
+		watcher = *w
+	}
 	err := b.acquire.QueryRowContext(cctx, []byte(req.Key), []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), expire,
-		limit, []byte(req.Waiter), micro(req.WaiterTTL), micro(half)).
+		limit, []byte(req.Waiter), micro(req.WaiterTTL), micro(half), watcher).
 		Scan(&status, &token, &acq, &exp, &owner, &left, &have)
 	if err != nil {
 		return core.Lease{}, unclaimed(err)

@@ -88,6 +88,37 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 		t.Fatalf("WithAutoMigrate over an old procedure: %v", err)
 	}
 	_ = b.Close()
+	// Tables of version 1 (no waiting flag on the lock table, no watcher
+	// column on the waiters) are reported as made by an earlier version,
+	// naming the fix, and Migrate upgrades them; the rows there were may
+	// have waiters (flag 1).
+	if b, err = mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "old", Owner: "o", OwnerToken: "o", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	_ = b.Close()
+	for _, s := range []string{"ALTER TABLE `" + own + "` DROP COLUMN waiting", "ALTER TABLE `" + own + "_waiters` DROP COLUMN watcher"} {
+		if _, err := admin.ExecContext(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); !errors.Is(err, mysqllock.ErrSchema) ||
+			!strings.Contains(err.Error(), "earlier version") || !strings.Contains(err.Error(), "Migrate") {
+			t.Fatalf("NewBackend after %s: %v, want ErrSchema naming Migrate", s, err)
+		}
+	}
+	if err := mysqllock.Migrate(ctx, admin, mysqllock.WithTable(own)); err != nil {
+		t.Fatalf("Migrate over tables of version 1: %v", err)
+	}
+	if b, err = mysqllock.NewBackend(ctx, admin, mysqllock.WithTable(own)); err != nil {
+		t.Fatalf("NewBackend after Migrate upgraded the tables: %v", err)
+	}
+	_ = b.Close()
+	var flag int
+	if err := admin.QueryRowContext(ctx, "SELECT waiting FROM `"+own+"` WHERE `key` = 'old'").Scan(&flag); err != nil || flag != 1 {
+		t.Fatalf("waiting flag of a row of version 1 after Migrate = %d (%v), want 1", flag, err)
+	}
 }
 
 // Rule: bad options fail naming the option.
@@ -148,5 +179,36 @@ func TestClaimTimeoutRefusedOnServer(t *testing.T) {
 			t.Fatalf("Inspect = %+v, %v, %v: the timed-out claim took effect", info, ok, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Rule: a release decides on the clock read once it holds the row's lock:
+// a lease that expires while its release waits for the row lock is
+// answered as gone, not as released.
+func TestReleaseDecidesAfterTheRowLock(t *testing.T) {
+	admin, table := adminAndTable(t)
+	ctx := ctxT(t)
+	b := newBackend(t, table)
+	req := core.AcquireRequest{Key: "late", Owner: "o", OwnerToken: "o", TTL: 300 * time.Millisecond}
+	if _, err := b.TryAcquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM `"+table+"` WHERE `key` = 'late' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Release(ctx, core.ReleaseRequest{Key: "late", OwnerToken: "o"}) }()
+	// The duration under test, not a synchronisation: the lease must run
+	// out while the release waits for the row.
+	time.Sleep(600 * time.Millisecond)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, core.ErrLeaseGone) {
+		t.Fatalf("Release of a lease that expired while it waited for the row lock = %v, want ErrLeaseGone", err)
 	}
 }

@@ -31,78 +31,98 @@ const nowSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(
 // procVersion is each procedure's COMMENT: NewBackend checks it, so that a
 // table migrated by another version of this package is reported with the
 // fix (run Migrate) instead of misbehaving.
-const procVersion = "dislock mysqllock 1"
+const procVersion = "dislock mysqllock 2"
 
 // procNames are the suffixes of the procedures, in install order.
-var procNames = []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune"}
+var procNames = []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune", "watch"}
 
 var procBodies = map[string]string{
 	// turn tells the first live waiter of p_key it may claim now: a row in
-	// the turns table, which every watcher of the table reads. It returns
-	// 1 when it wrote one (the caller then wakes the watchers after its
-	// commit: wake), else 0.
-	"turn": `(IN p_key VARBINARY(1024), IN p_now BIGINT, OUT o_told INT)
+	// the turns table, which every watcher of the table reads. It sets
+	// o_told to 1 when it wrote one, and o_watcher to the named lock of
+	// the watcher that serves the waiter ('' when its place does not
+	// say); the caller then wakes that watcher after its commit (wake).
+	"turn": `(IN p_key VARBINARY(1024), IN p_now BIGINT, OUT o_told INT, OUT o_watcher VARBINARY(64))
 BEGIN
 	DECLARE v_w VARBINARY(255) DEFAULT NULL;
+	DECLARE v_r VARBINARY(64) DEFAULT '';
 	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_w = NULL;
-	SET o_told = 0;
-	SELECT waiter INTO v_w FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > p_now ORDER BY seq LIMIT 1;
+	SET o_told = 0, o_watcher = '';
+	SELECT waiter, watcher INTO v_w, v_r FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > p_now ORDER BY seq LIMIT 1;
 	IF v_w IS NOT NULL THEN
 		INSERT INTO {N} (` + "`key`" + `, waiter, at) VALUES (p_key, v_w, p_now);
-		SET o_told = 1;
+		SET o_told = 1, o_watcher = v_r;
 	END IF;
 END`,
 
-	// wake interrupts, when p_told, the wait of every watcher of the
-	// table (KILL QUERY): each registers in the watchers table a named
-	// lock that its waiting connection holds, so IS_USED_LOCK names that
-	// connection while it lives, and nothing once it is gone (a crash, a
-	// server restart; on another server of a cluster, nothing either): no
-	// other connection is ever killed. A kill that fails (another user's
-	// connection, which needs CONNECTION_ADMIN or SUPER) is skipped: that
-	// watcher's wait ends by itself and it reads the turns then.
-	"wake": `(IN p_told INT)
+	// wake interrupts, when p_told, the wait of the watcher whose named
+	// lock is p_watcher (KILL QUERY): each watcher holds, on its waiting
+	// connection, a named lock that its waiters name when they queue, so
+	// IS_USED_LOCK names that connection while it lives, and nothing once
+	// it is gone (a crash, a server restart; on another server of a
+	// cluster, nothing either): no other connection is ever killed. When
+	// p_watcher is '' (a waiter queued before its Locker's watcher ran)
+	// or names no live connection (its watcher was restarted since), it
+	// wakes every watcher registered in the watchers table instead, as
+	// each of them may serve the waiter. A kill that fails (another
+	// user's connection, which needs CONNECTION_ADMIN or SUPER) is
+	// skipped: that watcher's wait ends by itself and it reads the turns
+	// then.
+	"wake": `(IN p_told INT, IN p_watcher VARBINARY(64))
 BEGIN
 	DECLARE v_name VARBINARY(64);
-	DECLARE v_id BIGINT;
+	DECLARE v_id BIGINT DEFAULT NULL;
 	DECLARE v_done INT DEFAULT 0;
 	DECLARE c CURSOR FOR SELECT name FROM {R};
 	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
 	DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
 	IF p_told = 1 THEN
-		OPEN c;
-		watchers: LOOP
-			FETCH c INTO v_name;
-			IF v_done = 1 THEN
-				LEAVE watchers;
-			END IF;
-			SET v_id = IS_USED_LOCK(v_name);
-			IF v_id IS NOT NULL AND v_id <> CONNECTION_ID() THEN
+		IF p_watcher <> '' THEN
+			SET v_id = IS_USED_LOCK(p_watcher);
+		END IF;
+		IF v_id IS NOT NULL THEN
+			IF v_id <> CONNECTION_ID() THEN
 				KILL QUERY v_id;
 			END IF;
-		END LOOP;
-		CLOSE c;
+		ELSE
+			OPEN c;
+			watchers: LOOP
+				FETCH c INTO v_name;
+				IF v_done = 1 THEN
+					LEAVE watchers;
+				END IF;
+				SET v_id = IS_USED_LOCK(v_name);
+				IF v_id IS NOT NULL AND v_id <> CONNECTION_ID() THEN
+					KILL QUERY v_id;
+				END IF;
+			END LOOP;
+			CLOSE c;
+		END IF;
 	END IF;
 END`,
 
 	// place gives p_waiter its place in p_key's line, or keeps the one it
-	// has: at the tail when it has no live one; a live place's deadline is
-	// written only when less than half of p_wttl is left of it, so
-	// repeated busy tries write nothing.
-	"place": `(IN p_key VARBINARY(1024), IN p_waiter VARBINARY(255), IN p_wttl BIGINT, IN p_now BIGINT)
+	// has: at the tail when it has no live one; a live place is written
+	// only when less than half of p_wttl is left of it or it names
+	// another watcher (p_watcher, the named lock of the watcher of the
+	// waiter's Locker, '' when it has none running), so repeated busy
+	// tries write nothing.
+	"place": `(IN p_key VARBINARY(1024), IN p_waiter VARBINARY(255), IN p_watcher VARBINARY(64), IN p_wttl BIGINT, IN p_now BIGINT)
 BEGIN
 	DECLARE v_d BIGINT DEFAULT NULL;
+	DECLARE v_r VARBINARY(64) DEFAULT '';
 	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_d = NULL;
 	IF p_waiter <> '' THEN
-		SELECT deadline INTO v_d FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter;
+		SELECT deadline, watcher INTO v_d, v_r FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter;
 		IF v_d IS NOT NULL AND v_d > p_now THEN
-			IF v_d - p_now < p_wttl DIV 2 THEN
-				UPDATE {W} SET deadline = p_now + p_wttl WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter;
+			IF v_d - p_now < p_wttl DIV 2 OR v_r <> p_watcher THEN
+				UPDATE {W} SET deadline = p_now + p_wttl, watcher = p_watcher WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter;
 			END IF;
 		ELSE
 			DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline <= p_now;
-			INSERT INTO {W} (` + "`key`" + `, waiter, seq, deadline)
-				SELECT p_key, p_waiter, COALESCE(MAX(seq), 0) + 1, p_now + p_wttl FROM {W} WHERE ` + "`key`" + ` = p_key;
+			INSERT INTO {W} (` + "`key`" + `, waiter, seq, deadline, watcher)
+				SELECT p_key, p_waiter, COALESCE(MAX(seq), 0) + 1, p_now + p_wttl, p_watcher FROM {W} WHERE ` + "`key`" + ` = p_key;
+			UPDATE {T} SET waiting = 1 WHERE ` + "`key`" + ` = p_key AND waiting = 0;
 		END IF;
 	END IF;
 END`,
@@ -112,28 +132,51 @@ END`,
 	// (token, acquired, expires), for 'busy' the holder when known (token,
 	// acquired, expires, owner, µs left), for 'limit' the holders' limit.
 	"acquire": `(IN p_key VARBINARY(1024), IN p_owner BLOB, IN p_holder VARBINARY(255), IN p_ttl BIGINT, IN p_expire BIGINT,
-	IN p_limit INT, IN p_waiter VARBINARY(255), IN p_wttl BIGINT, IN p_left BIGINT)
+	IN p_limit INT, IN p_waiter VARBINARY(255), IN p_wttl BIGINT, IN p_left BIGINT, IN p_watcher VARBINARY(64))
 proc: BEGIN
 	DECLARE v_start, v_now, v_tok, v_exp, v_seq BIGINT;
 	DECLARE v_found, v_dup, v_tries, v_live, v_mine, v_ahead, v_wake BIGINT DEFAULT 0;
+	DECLARE v_watcher VARBINARY(64) DEFAULT '';
 	DECLARE v_head VARBINARY(255);
 	DECLARE r_owner BLOB;
 	DECLARE r_holder VARBINARY(255);
 	DECLARE r_token, r_acq, r_exp BIGINT;
-	DECLARE r_lim INT;
+	DECLARE r_lim, r_wait INT;
+	DECLARE v_sys DATETIME(6);
 	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-	SET v_start = {now};
+	SET v_start = {now}, v_sys = SYSDATE(6);
 	-- A key held by someone else (a live mutex, a full semaphore), asked by
 	-- a caller that does not wait or whose place in line needs no refresh,
-	-- is answered from reads: no row lock, no write.
-	IF p_waiter = '' OR EXISTS (SELECT 1 FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter AND deadline - {now} >= p_wttl DIV 2) THEN
+	-- is answered from reads: no row lock, no write. A free mutex key that
+	-- nobody waits on is claimed by one conditional UPDATE.
+	IF p_waiter = '' OR EXISTS (SELECT 1 FROM {W} WHERE ` + "`key`" + ` = p_key AND waiter = p_waiter AND watcher = p_watcher AND deadline - {now} >= p_wttl DIV 2) THEN
 		BEGIN
 			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 			SET v_found = 1;
-			SELECT owner, holder, token, acquired_at, expire_at, lim INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim
+			SELECT owner, holder, token, acquired_at, expire_at, lim, waiting INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim, r_wait
 				FROM {T} WHERE ` + "`key`" + ` = p_key;
 		END;
 		SET v_now = {now};
+		IF v_found = 1 AND p_limit <= 1 AND r_lim <= 1 AND r_exp <= v_now AND r_wait = 0 AND (p_expire = 0 OR p_expire > v_now) THEN
+			-- Free, nobody waits: claimed unless the row changed since it
+			-- was read (its token, expiry, flag, limit: any claim, release,
+			-- queueing or semaphore use changes one of them). The claim
+			-- timeout and a slot's end are checked after the row lock is
+			-- granted: SYSDATE is read when the row is, the statement's
+			-- clock before its wait.
+			SET v_tok = GREATEST(v_now, r_token + 1), v_exp = IF(p_expire > 0, p_expire, v_now + p_ttl);
+			UPDATE {T} SET owner = p_owner, holder = p_holder, token = v_tok, acquired_at = v_now, expire_at = v_exp
+				WHERE ` + "`key`" + ` = p_key AND token = r_token AND expire_at = r_exp AND waiting = 0 AND lim = r_lim
+					AND TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6)) <= p_left
+					AND (p_expire = 0 OR p_expire > v_now + TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6)));
+			IF ROW_COUNT() = 1 THEN
+				IF @@autocommit = 0 THEN
+					COMMIT;
+				END IF;
+				SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
+				LEAVE proc;
+			END IF;
+		END IF;
 		IF v_found = 1 AND p_limit <= 1 AND r_lim <= 1 AND r_exp > v_now AND r_holder <> p_holder THEN
 			SELECT 'busy', r_token, r_acq, r_exp, r_owner, r_exp - v_now, 0;
 			LEAVE proc;
@@ -153,7 +196,7 @@ proc: BEGIN
 		START TRANSACTION;
 		BEGIN
 			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
-			SELECT owner, holder, token, acquired_at, expire_at, lim INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim
+			SELECT owner, holder, token, acquired_at, expire_at, lim, waiting INTO r_owner, r_holder, r_token, r_acq, r_exp, r_lim, r_wait
 				FROM {T} WHERE ` + "`key`" + ` = p_key FOR UPDATE;
 		END;
 		-- The clock of every decision below: read once the row's lock is held.
@@ -173,9 +216,9 @@ proc: BEGIN
 			-- than this clock reading).
 			BEGIN
 				DECLARE CONTINUE HANDLER FOR 1062, 1213 SET v_dup = 1;
-				INSERT INTO {T} (` + "`key`" + `, owner, holder, token, acquired_at, expire_at, lim)
+				INSERT INTO {T} (` + "`key`" + `, owner, holder, token, acquired_at, expire_at, lim, waiting)
 					VALUES (p_key, IF(p_limit > 1, '', p_owner), IF(p_limit > 1, '', p_holder), v_now, v_now,
-						IF(p_limit > 1, 0, v_exp), IF(p_limit > 1, p_limit, 0));
+						IF(p_limit > 1, 0, v_exp), IF(p_limit > 1, p_limit, 0), 0);
 				IF v_dup = 0 AND p_limit > 1 THEN
 					REPLACE INTO {P} (` + "`key`" + `, holder, owner, token, acquired_at, expire_at)
 						VALUES (p_key, p_holder, p_owner, v_now, v_now, v_exp);
@@ -212,30 +255,36 @@ proc: BEGIN
 				SELECT 'won', r_token, r_acq, r_exp, NULL, NULL, 0;
 				LEAVE proc;
 			END IF;
-			CALL {p}place(p_key, p_waiter, p_wttl, v_now);
+			CALL {p}place(p_key, p_waiter, p_watcher, p_wttl, v_now);
 			COMMIT;
 			SELECT 'busy', r_token, r_acq, r_exp, r_owner, r_exp - v_now, 0;
 			LEAVE proc;
 		END IF;
 		-- Free or expired: the first live waiter's, or anyone's when
-		-- nobody live waits.
-		BEGIN
-			DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_head = NULL;
-			SELECT waiter INTO v_head FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now ORDER BY seq LIMIT 1;
-		END;
+		-- nobody live waits. The row's waiting flag is 0 only when nobody
+		-- live waits (see place): then the line is not read.
+		SET v_head = NULL;
+		IF r_wait <> 0 THEN
+			BEGIN
+				DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_head = NULL;
+				SELECT waiter INTO v_head FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now ORDER BY seq LIMIT 1;
+			END;
+		END IF;
 		IF v_head IS NULL OR v_head = p_waiter THEN
-			-- The fencing token, decided under the row's lock.
-			SET v_tok = GREATEST(v_now, r_token + 1);
-			UPDATE {T} SET owner = p_owner, holder = p_holder, token = v_tok, acquired_at = v_now, expire_at = v_exp, lim = 0
-				WHERE ` + "`key`" + ` = p_key;
+			SET r_wait = 0;
 			IF v_head IS NOT NULL THEN
 				DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND (waiter = p_waiter OR deadline <= v_now);
+				SET r_wait = EXISTS (SELECT 1 FROM {W} WHERE ` + "`key`" + ` = p_key AND deadline > v_now);
 			END IF;
+			-- The fencing token, decided under the row's lock.
+			SET v_tok = GREATEST(v_now, r_token + 1);
+			UPDATE {T} SET owner = p_owner, holder = p_holder, token = v_tok, acquired_at = v_now, expire_at = v_exp, lim = 0,
+				waiting = r_wait WHERE ` + "`key`" + ` = p_key;
 			COMMIT;
 			SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
 			LEAVE proc;
 		END IF;
-		CALL {p}place(p_key, p_waiter, p_wttl, v_now);
+		CALL {p}place(p_key, p_waiter, p_watcher, p_wttl, v_now);
 		COMMIT;
 		SELECT 'busy', NULL, NULL, NULL, NULL, NULL, 0;
 		LEAVE proc;
@@ -276,14 +325,16 @@ proc: BEGIN
 		DELETE FROM {W} WHERE ` + "`key`" + ` = p_key AND (waiter = p_waiter OR deadline <= v_now);
 		IF p_limit - v_live - 1 > 0 THEN
 			-- A permit is still free: the next in line may take it.
-			CALL {p}turn(p_key, v_now, v_wake);
+			CALL {p}turn(p_key, v_now, v_wake, v_watcher);
 		END IF;
 		COMMIT;
-		CALL {p}wake(v_wake);
+		IF v_wake = 1 THEN
+			CALL {p}wake(v_wake, v_watcher);
+		END IF;
 		SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
 		LEAVE proc;
 	END IF;
-	CALL {p}place(p_key, p_waiter, p_wttl, v_now);
+	CALL {p}place(p_key, p_waiter, p_watcher, p_wttl, v_now);
 	COMMIT;
 	IF v_live > 0 THEN
 		-- Full: the permit that expires first.
@@ -300,11 +351,33 @@ END`,
 	// The first live waiter is told. Its one row: whether a live lease of
 	// p_holder was found.
 	"release": `(IN p_key VARBINARY(1024), IN p_holder VARBINARY(255), IN p_keep BIGINT, IN p_limit INT)
-BEGIN
+proc: BEGIN
 	DECLARE v_now, r_exp BIGINT;
 	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
+	DECLARE v_watcher VARBINARY(64) DEFAULT '';
 	DECLARE r_lim INT;
-	{begin}
+	DECLARE r_wait INT DEFAULT 1;
+	DECLARE v_sys DATETIME(6);
+	DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+	IF p_limit <= 1 AND p_keep <= 0 THEN
+		-- A live mutex lease of p_holder that nobody waits on is ended by
+		-- one conditional UPDATE, its expiry compared with the clock once
+		-- the row is locked (the statement's start, plus the time SYSDATE
+		-- says passed since).
+		SET v_now = {now}, v_sys = SYSDATE(6);
+		UPDATE {T} SET owner = '', holder = '', expire_at = 0
+			WHERE ` + "`key`" + ` = p_key AND holder = p_holder AND waiting = 0 AND lim <= 1
+				AND expire_at > v_now + TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6));
+		IF ROW_COUNT() = 1 THEN
+			IF @@autocommit = 0 THEN
+				COMMIT;
+			END IF;
+			SELECT 1;
+			LEAVE proc;
+		END IF;
+	END IF;
+	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+	START TRANSACTION;
 	BEGIN
 		DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 		SET v_found = 1;
@@ -314,7 +387,7 @@ BEGIN
 				SELECT expire_at INTO r_exp FROM {P} WHERE ` + "`key`" + ` = p_key AND holder = p_holder;
 			END IF;
 		ELSE
-			SELECT expire_at INTO r_exp FROM {T} WHERE ` + "`key`" + ` = p_key AND holder = p_holder FOR UPDATE;
+			SELECT expire_at, waiting INTO r_exp, r_wait FROM {T} WHERE ` + "`key`" + ` = p_key AND holder = p_holder FOR UPDATE;
 		END IF;
 	END;
 	SET v_now = {now};
@@ -332,11 +405,16 @@ BEGIN
 			ELSE
 				UPDATE {T} SET owner = '', holder = '', expire_at = 0 WHERE ` + "`key`" + ` = p_key;
 			END IF;
-			CALL {p}turn(p_key, v_now, v_wake);
+			IF r_wait <> 0 THEN
+				-- Someone may wait (a mutex's flag is 0 only when nobody does).
+				CALL {p}turn(p_key, v_now, v_wake, v_watcher);
+			END IF;
 		END IF;
 	END IF;
 	COMMIT;
-	CALL {p}wake(v_wake);
+	IF v_wake = 1 THEN
+		CALL {p}wake(v_wake, v_watcher);
+	END IF;
 	SELECT v_live;
 END`,
 
@@ -370,6 +448,7 @@ END`,
 proc: BEGIN
 	DECLARE v_now, r_exp BIGINT;
 	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
+	DECLARE v_watcher VARBINARY(64) DEFAULT '';
 	DECLARE r_lim INT;
 	DECLARE v_head VARBINARY(255);
 	{begin}
@@ -390,14 +469,16 @@ proc: BEGIN
 		IF r_lim > 1 THEN
 			SELECT COUNT(*) INTO v_live FROM {P} WHERE ` + "`key`" + ` = p_key AND expire_at > v_now;
 			IF v_live < r_lim THEN
-				CALL {p}turn(p_key, v_now, v_wake);
+				CALL {p}turn(p_key, v_now, v_wake, v_watcher);
 			END IF;
 		ELSEIF r_exp <= v_now THEN
-			CALL {p}turn(p_key, v_now, v_wake);
+			CALL {p}turn(p_key, v_now, v_wake, v_watcher);
 		END IF;
 	END IF;
 	COMMIT;
-	CALL {p}wake(v_wake);
+	IF v_wake = 1 THEN
+		CALL {p}wake(v_wake, v_watcher);
+	END IF;
 END`,
 
 	// force ends p_key's lease whoever holds it (every permit of a
@@ -407,6 +488,7 @@ END`,
 BEGIN
 	DECLARE v_now, r_exp BIGINT;
 	DECLARE v_found, v_live, v_wake BIGINT DEFAULT 0;
+	DECLARE v_watcher VARBINARY(64) DEFAULT '';
 	DECLARE r_lim INT;
 	{begin}
 	BEGIN
@@ -424,12 +506,31 @@ BEGIN
 			UPDATE {T} SET owner = '', holder = '', expire_at = 0 WHERE ` + "`key`" + ` = p_key;
 		END IF;
 		IF v_live = 1 THEN
-			CALL {p}turn(p_key, v_now, v_wake);
+			CALL {p}turn(p_key, v_now, v_wake, v_watcher);
 		END IF;
 	END IF;
 	COMMIT;
-	CALL {p}wake(v_wake);
+	IF v_wake = 1 THEN
+		CALL {p}wake(v_wake, v_watcher);
+	END IF;
 	SELECT v_live;
+END`,
+
+	// watch is one wait of a watcher (see Backend.WatchTurns): it sends
+	// the turns with an id above p_last, and those in (p_low, p_last] listed
+	// in p_gaps (ids the watcher has not seen: turns that commit after a
+	// later one), as its first result set, which the server sends before
+	// it goes on; then, unless a turn above those has committed since, it
+	// waits up to p_poll seconds for the named lock p_wait (held by the
+	// watcher's other connection, so the wait ends only by its timeout or
+	// by KILL QUERY, see wake). Its second result set: the GET_LOCK
+	// result (1: the holding connection is gone), 0 when it did not wait.
+	"watch": `(IN p_low BIGINT, IN p_last BIGINT, IN p_gaps TEXT, IN p_wait VARCHAR(64), IN p_poll DOUBLE)
+BEGIN
+	DECLARE v_max BIGINT;
+	SELECT COALESCE(MAX(id), 0) INTO v_max FROM {N};
+	SELECT id, ` + "`key`" + `, waiter FROM {N} WHERE id > p_low AND id <= v_max AND (id > p_last OR FIND_IN_SET(id, p_gaps) > 0) ORDER BY id;
+	SELECT IF(EXISTS (SELECT 1 FROM {N} WHERE id > v_max), 0, GET_LOCK(p_wait, p_poll));
 END`,
 
 	// prune deletes, at most p_batch of each: ended rows whose token is

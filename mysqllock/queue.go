@@ -2,8 +2,10 @@ package mysqllock
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -37,19 +39,21 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 }
 
 // WatchTurns implements core.Queuer. It takes two connections of the pool
-// for as long as it runs: one waits, in a lock wait (see holdWaitLock)
-// between reads of the table's log of turns, for a lock the other holds;
-// the waiting one holds a named lock of its own, registered in the
-// table's watchers table. A release (ForceRelease, Leave, a grant that leaves
-// a permit free) that tells a waiter its turn writes it to the log and,
-// after its commit and in the same CALL, ends the wait of every watcher of
-// the table with KILL QUERY (which needs no privilege for the user's own
-// connections): each reads the new turns and waits again. When the kill
-// is refused (a watcher connected as another user) or falls between two
-// of the watcher's statements (or ends one of its reads, which it then
-// sends again), the wait ends by itself within
-// defaultWatchPoll, or at once when the log already holds a turn it has not
-// read. Under WithoutListen it returns core.ErrUnsupported at once.
+// for as long as it runs: one waits, in a lock wait (see holdWaitLock), for
+// a lock the other holds, each wait one CALL that first sends the turns of
+// the table's log not read yet; the waiting one holds a named lock of its
+// own, registered in the table's watchers table and named, while the
+// watcher runs, by the places this Backend's waiters take. A release
+// (ForceRelease, Leave, a grant that leaves a permit free) that tells a
+// waiter its turn writes it to the log and, after its commit and in the
+// same CALL, ends the wait of the watcher the waiter's place names with
+// KILL QUERY (which needs no privilege for the user's own connections), or
+// of every watcher of the table when the place names none or one that is
+// gone: the watcher reads the new turns in its next wait's CALL. When the
+// kill is refused (a watcher connected as another user) or falls between
+// two of the watcher's CALLs, the next CALL sends the turn before it waits;
+// otherwise the wait ends by itself within defaultWatchPoll. Under
+// WithoutListen it returns core.ErrUnsupported at once.
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	if b.cfg.noListen {
 		return core.ErrUnsupported
@@ -70,7 +74,9 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	if err != nil {
 		return fmt.Errorf("mysqllock: watch: %w", err)
 	}
+	mine := &self
 	defer func() {
+		b.watching.CompareAndSwap(mine, nil)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		b.db.ExecContext(ctx, "DELETE FROM "+b.n.watchers+" WHERE name = ?", self)
@@ -79,36 +85,41 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO "+b.n.watchers+" (name) VALUES ('"+self+"')"); err != nil {
 		return fmt.Errorf("mysqllock: watch: %w", err)
 	}
+	// From now on this Backend's waiters name this watcher when they
+	// queue (and the engine's ready below makes every waiter try again,
+	// which rewrites the places that named none or an earlier one), so
+	// that their turns wake it alone.
+	b.watching.Store(mine)
 	var last int64
 	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(id), 0) FROM "+b.n.turns).Scan(&last); err != nil {
 		return fmt.Errorf("mysqllock: watch: %w", err)
 	}
 	ready()
 	// Turns commit in an order their ids (AUTO_INCREMENT, taken at the
-	// insert) need not follow: each read looks back turnLookback ids and
-	// skips those it has seen.
+	// insert) need not follow: each read looks back turnLookback ids for
+	// those it has not seen (the gaps below the last id it read).
 	seen := map[int64]bool{}
+	poll := strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)
 	for {
 		low := max(last-turnLookback, 0)
-		lows := strconv.FormatInt(low, 10)
+		// One CALL (see watch in procs.go) streams the turns not seen yet,
+		// then waits: one round trip per wake-up. Its arguments are the
+		// server's ids and the watcher's lock name, formatted into the
+		// statement (no user data): no prepare.
+		call := "CALL " + b.n.proc("watch") + "(" + strconv.FormatInt(low, 10) + ", " + strconv.FormatInt(last, 10) +
+			", '" + gaps(seen, low, last) + "', '" + name + "', " + poll + ")"
+		var slept sql.NullInt64
 		var err error
-		last, err = b.readTurns(ctx, conn, "SELECT id, `key`, waiter FROM "+b.n.turns+" WHERE id > "+lows+" ORDER BY id", last, seen, fn)
+		last, slept, err = b.watchOnce(ctx, conn, call, last, seen, fn)
 		for id := range seen {
-			if id <= low {
+			if id <= max(last-turnLookback, 0) {
 				delete(seen, id)
 			}
 		}
-		if err == nil {
-			// The ids are the server's, formatted into the statement (no
-			// user data): one round trip, no prepare.
-			var slept sql.NullInt64
-			err = conn.QueryRowContext(ctx, "SELECT IF(EXISTS (SELECT 1 FROM "+b.n.turns+" WHERE id > "+
-				strconv.FormatInt(last, 10)+"), 0, GET_LOCK('"+name+"', "+strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)+"))").Scan(&slept)
-			if err == nil && slept.Valid && slept.Int64 == 1 {
-				// The lock's holding connection is gone.
-				conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')")
-				return errors.New("mysqllock: watch: the connection holding the watcher's wait lock was lost")
-			}
+		if err == nil && slept.Valid && slept.Int64 == 1 {
+			// The lock's holding connection is gone.
+			conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')")
+			return errors.New("mysqllock: watch: the connection holding the watcher's wait lock was lost")
 		}
 		switch {
 		case err == nil, interrupted(err):
@@ -118,6 +129,59 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 			return fmt.Errorf("mysqllock: watch: %w", err)
 		}
 	}
+}
+
+// gaps lists, comma-separated, the ids in (low, last] not in seen: the
+// turns that may still commit (or were rolled back).
+func gaps(seen map[int64]bool, low, last int64) string {
+	var out []byte
+	for id := low + 1; id <= last; id++ {
+		if !seen[id] {
+			if len(out) > 0 {
+				out = append(out, ',')
+			}
+			out = strconv.AppendInt(out, id, 10)
+		}
+	}
+	return string(out)
+}
+
+// watchOnce runs one CALL of watch: it hands each turn of its first result
+// set to fn as it arrives (the server sends that result set before it
+// waits), then reads the wait's result. It returns the last id seen and
+// the wait's GET_LOCK result (NULL when it did not wait or was killed).
+func (b *Backend) watchOnce(ctx context.Context, conn *sql.Conn, call string, last int64, seen map[int64]bool,
+	fn func(key, waiter string)) (int64, sql.NullInt64, error) {
+	var slept sql.NullInt64
+	rows, err := conn.QueryContext(ctx, call)
+	if err != nil {
+		return last, slept, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var key, waiter []byte
+		if err := rows.Scan(&id, &key, &waiter); err != nil {
+			return last, slept, err
+		}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		last = max(last, id)
+		fn(string(key), string(waiter))
+	}
+	if rows.NextResultSet() && rows.Next() {
+		if err := rows.Scan(&slept); err != nil {
+			return last, slept, err
+		}
+	}
+	for rows.NextResultSet() { // the CALL's own status
+	}
+	if err := rows.Err(); err != nil {
+		return last, slept, err
+	}
+	return last, slept, rows.Close()
 }
 
 // holdWaitLock takes a second connection of the pool and holds on it the
@@ -140,13 +204,18 @@ func (b *Backend) holdWaitLock(ctx context.Context) (*sql.Conn, string, error) {
 }
 
 // lockOwnName takes, on conn, a named lock that holds the connection's id,
-// so unique on the server while the connection lives, and returns its name.
+// so unique on the server while the connection lives, and a random part,
+// so that a connection that gets the id of a dead one after a server
+// restart never takes the name a waiter's place still holds; it returns
+// the name.
 func lockOwnName(ctx context.Context, conn *sql.Conn) (string, error) {
 	var id int64
 	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
 		return "", err
 	}
-	name := "dislock-watch:" + strconv.FormatInt(id, 10)
+	var r [8]byte
+	rand.Read(r[:])
+	name := "dislock-watch:" + strconv.FormatInt(id, 10) + ":" + hex.EncodeToString(r[:])
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('"+name+"', 0)").Scan(&got); err != nil || got.Int64 != 1 {
 		releaseNamed(conn, name)
@@ -179,28 +248,6 @@ func releaseNamed(conn *sql.Conn, name string) {
 // turnLookback is how many ids before the last one read each read of the
 // turns looks at again, for the turns that committed after a later one.
 const turnLookback = 256
-
-func (b *Backend) readTurns(ctx context.Context, conn *sql.Conn, read string, last int64, seen map[int64]bool, fn func(key, waiter string)) (int64, error) {
-	rows, err := conn.QueryContext(ctx, read)
-	if err != nil {
-		return last, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id int64
-		var key, waiter []byte
-		if err := rows.Scan(&id, &key, &waiter); err != nil {
-			return last, err
-		}
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		last = max(last, id)
-		fn(string(key), string(waiter))
-	}
-	return last, rows.Err()
-}
 
 // interrupted reports a statement ended by KILL QUERY (ER_QUERY_INTERRUPTED).
 func interrupted(err error) bool {

@@ -52,13 +52,22 @@ func (n names) proc(name string) string {
 //     (holder ” and expire_at 0 once released: the row stays, ended, with
 //     the key's last fencing token, until pruned a day later). A
 //     semaphore's row is its header: lim > 1, holder ”, the key's last
-//     token; its permits are rows of <table>_permits.
+//     token; its permits are rows of <table>_permits. Its waiting flag is
+//     1 whenever a live waiter is in the key's line (place sets it; a grant
+//     that leaves nobody live in line clears it; a 1 with nobody in line
+//     only costs a read), so that claims and releases of keys nobody waits
+//     on skip the line. Rows of version 1 get 1 when Migrate adds the
+//     column.
 //   - <table>_waiters holds the line of each key: each waiter's place
-//     (seq) and the place's deadline.
+//     (seq), the place's deadline and the named lock of the watcher that
+//     serves the waiter (watcher, ” when unknown), the one a turn wakes.
+//     (Tables of version 1 lack the column: Migrate adds it, see
+//     addedColumns.)
 //   - <table>_turns is the log of the turns told, which every watcher of
 //     the table reads (see Backend.WatchTurns), kept for a minute.
 //   - <table>_watchers names the locks (GET_LOCK) the table's watchers
-//     hold on their waiting connections, for the releases to find them.
+//     hold on their waiting connections, for the releases to find them
+//     when a waiter's place names no live watcher.
 func tablesSQL(n names) []string {
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + n.table + ` (
@@ -69,6 +78,7 @@ func tablesSQL(n names) []string {
 	acquired_at BIGINT          NOT NULL,
 	expire_at   BIGINT          NOT NULL,
 	lim         INT             NOT NULL DEFAULT 0,
+	waiting     TINYINT         NOT NULL DEFAULT 1,
 	PRIMARY KEY (` + "`key`" + `)
 ) ENGINE=InnoDB`,
 		`CREATE TABLE IF NOT EXISTS ` + n.permits + ` (
@@ -85,6 +95,7 @@ func tablesSQL(n names) []string {
 	waiter   VARBINARY(255)  NOT NULL,
 	seq      BIGINT          NOT NULL,
 	deadline BIGINT          NOT NULL,
+	watcher  VARBINARY(64)   NOT NULL DEFAULT '',
 	PRIMARY KEY (` + "`key`" + `, waiter),
 	KEY by_seq (` + "`key`" + `, seq)
 ) ENGINE=InnoDB`,
@@ -163,6 +174,9 @@ func migrate(ctx context.Context, db *sql.DB, n names) error {
 				return err
 			}
 		}
+		if err := addColumns(ctx, conn, n); err != nil {
+			return err
+		}
 		have, err := procVersions(ctx, conn, n)
 		if err != nil {
 			return err
@@ -182,6 +196,47 @@ func migrate(ctx context.Context, db *sql.DB, n names) error {
 	}()
 	if err != nil {
 		return fmt.Errorf("mysqllock: migrate table %s: %w", n.table, err)
+	}
+	return nil
+}
+
+// addedColumn is a column that a later version of the package added to a
+// table CREATE TABLE IF NOT EXISTS leaves as it was.
+type addedColumn struct {
+	table  func(names) string // quoted
+	suffix string             // the table's suffix ("_waiters")
+	column string
+	def    string // its definition in ALTER TABLE … ADD COLUMN
+}
+
+// addedColumns: version 2 names each waiter's watcher, so that a turn
+// wakes that one watcher instead of all, and flags the keys someone may
+// wait on, so that the claim and release of a key nobody waits on do not
+// read its line.
+var addedColumns = []addedColumn{
+	{func(n names) string { return n.waiters }, "_waiters", "watcher", "VARBINARY(64) NOT NULL DEFAULT ''"},
+	// 1 for the rows there are: someone may wait on them.
+	{func(n names) string { return n.table }, "", "waiting", "TINYINT NOT NULL DEFAULT 1"},
+}
+
+// addColumns adds to the tables made by an earlier version the columns
+// this one reads (MySQL has no ADD COLUMN IF NOT EXISTS: the catalogue
+// says which are missing). Processes of the earlier version keep working
+// on the table until their procedures are replaced: the new columns have
+// defaults.
+func addColumns(ctx context.Context, conn *sql.Conn, n names) error {
+	for _, c := range addedColumns {
+		var have int
+		if err := conn.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?`,
+			n.schema, n.base+c.suffix, c.column).Scan(&have); err != nil {
+			return err
+		}
+		if have == 0 {
+			if _, err := conn.ExecContext(ctx, "ALTER TABLE "+c.table(n)+" ADD COLUMN "+quote(c.column)+" "+c.def); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -211,6 +266,17 @@ WHERE ROUTINE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND ROUTINE_TYPE = 'P
 	return have, rows.Err()
 }
 
+// added reports whether column c of table t is one an earlier version did
+// not make (Migrate adds it).
+func added(t, base, c string) bool {
+	for _, a := range addedColumns {
+		if t == base+a.suffix && c == a.column {
+			return true
+		}
+	}
+	return false
+}
+
 func schemaErr(table, format string, args ...any) error {
 	return fmt.Errorf("%w: table %s: %s", ErrSchema, table, fmt.Sprintf(format, args...))
 }
@@ -229,9 +295,9 @@ func (b *Backend) checkSchema(ctx context.Context) error {
 		return schemaErr(b.n.table, "no database selected; fix: name one in the DSN (…/dbname) or in WithTable(\"dbname.table\")")
 	}
 	want := map[string][]string{
-		b.n.base:               {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim"},
+		b.n.base:               {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim", "waiting"},
 		b.n.base + "_permits":  {"key", "holder", "owner", "token", "acquired_at", "expire_at"},
-		b.n.base + "_waiters":  {"key", "waiter", "seq", "deadline"},
+		b.n.base + "_waiters":  {"key", "waiter", "seq", "deadline", "watcher"},
 		b.n.base + "_turns":    {"id", "key", "waiter", "at"},
 		b.n.base + "_watchers": {"name"},
 	}
@@ -263,6 +329,9 @@ WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?, ?, ?)`, db.String, b.n.base, 
 			return schemaErr(b.n.table, "table %s does not exist (or is not visible to this user); %s", quote(t), fixHint)
 		}
 		for _, c := range want[t] {
+			if !cols[c] && added(t, b.n.base, c) {
+				return schemaErr(b.n.table, "table %s has no column %s: it was made by an earlier version of mysqllock; %s", quote(t), c, fixHint)
+			}
 			if !cols[c] {
 				return schemaErr(b.n.table, "table %s has no column %s: it was not made by mysqllock.Migrate; fix: name another table with WithTable, or drop it and migrate", quote(t), c)
 			}
