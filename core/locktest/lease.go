@@ -17,7 +17,9 @@ func testStaleSession(t *testing.T, e *env) {
 	stale := a.fault.ownerToken(k)
 	a.fault.down.Store(true) // a is cut off; its lease runs out
 	waitDone(t, rule, s, 5*e.ttl)
-	s2, err := b.l.Acquire(ctxT(t, 10*e.ttl+5*time.Second), k)
+	// The new holder's lease must outlast the rule's remaining steps
+	// without depending on timely renewals on a busy machine.
+	s2, err := b.l.Acquire(ctxT(t, 10*e.ttl+5*time.Second), k, core.TTL(checkTTL))
 	if err != nil {
 		t.Fatalf("rule %q: b could not take over: %v", rule, err)
 	}
