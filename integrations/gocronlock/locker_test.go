@@ -115,6 +115,7 @@ func testTicks(t *testing.T, e *env, tc tickCase) {
 	var (
 		mu       sync.Mutex
 		skips    = make([]int, len(offs))
+		late     int // claims undone for a reply past their deadline: each may cost its tick
 		stopping atomic.Bool // set before the schedulers shut down
 	)
 	scheds := make([]*scheduler, len(offs))
@@ -161,6 +162,9 @@ func testTicks(t *testing.T, e *env, tc tickCase) {
 				}
 				mu.Lock()
 				skips[i]++
+				if errors.Is(err, core.ErrLeaseLost) {
+					late++
+				}
 				mu.Unlock()
 			})))
 		_, err = s.NewJob(def, gocron.NewTask(func(ctx context.Context) {
@@ -233,11 +237,14 @@ func testTicks(t *testing.T, e *env, tc tickCase) {
 	if len(short) > 0 {
 		t.Errorf("ticks ran twice: %v", short)
 	}
-	if len(long) > 0 {
-		t.Errorf("ticks did not run: %v", long)
-	}
 	mu.Lock()
 	defer mu.Unlock()
+	// A claim the store answered too late is undone, rightly: no tick
+	// may start twice, so that tick may start nowhere. Only such a claim
+	// excuses a missed tick.
+	if len(long) > late {
+		t.Errorf("ticks did not run: %v (%d claims answered too late)", long, late)
+	}
 	total := 0
 	for _, n := range skips {
 		total += n
