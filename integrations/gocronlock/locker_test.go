@@ -115,7 +115,7 @@ func testTicks(t *testing.T, e *env, tc tickCase) {
 	var (
 		mu       sync.Mutex
 		skips    = make([]int, len(offs))
-		late     int // claims undone for a reply past their deadline: each may cost its tick
+		late     int         // claims undone for a reply past their deadline: each may cost its tick
 		stopping atomic.Bool // set before the schedulers shut down
 	)
 	scheds := make([]*scheduler, len(offs))
