@@ -67,6 +67,13 @@ type Harness struct {
 	// a slow store; keep TTL/3 well above a round trip.
 	TTL time.Duration
 
+	// ExpiryLag is how late after a lease's TTL the store may still hold
+	// it when nobody renewed it: its expiry's granularity (etcd's lessor
+	// looks for expired leases every 500ms and revokes them through
+	// consensus). The rules that bound when an unrenewed key frees allow
+	// it beyond their usual second. Default 0.
+	ExpiryLag time.Duration
+
 	// Capabilities the backend lacks: cases that need them are skipped
 	// with this reason in the log rather than forked.
 	NoFencing    bool // tokens are 0

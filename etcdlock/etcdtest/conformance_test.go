@@ -28,6 +28,9 @@ func uniquePrefix(name string) string {
 func harness(t *testing.T, prefix string, newClient func(t testing.TB) *clientv3.Client) locktest.Harness {
 	admin := newClient(t)
 	return locktest.Harness{
+		// etcd's lessor looks for expired leases every 500ms and revokes
+		// them by a consensus write; its lease TTLs are whole seconds.
+		ExpiryLag: 500 * time.Millisecond,
 		NewBackend: func(t testing.TB) core.Backend {
 			b, err := etcdlock.NewBackend(newClient(t), etcdlock.WithPrefix(prefix))
 			if err != nil {
