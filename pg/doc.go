@@ -293,11 +293,12 @@
 // claim only when fewer live waiters are queued before it than permits are
 // free, so a TryAcquire never takes a permit a waiter is owed; a waiter
 // answered busy takes its place there (a full semaphore's repeated busy
-// tries by a waiter whose place is fresh stay reads). A permit's release
-// notifies the first live waiter by name, or with the bare key when nobody
-// is queued; a grant that leaves a permit free notifies the next live
-// waiter by name, in the grant's transaction. Not on the legacy table, which
-// has no queue.
+// tries by a waiter whose place is fresh stay reads). The turns are a
+// mutex's: a permit's release and a ForceRelease notify the first live
+// waiter by name, and nobody when nobody is queued; a Leave of the first
+// waiter while a permit is free, and a grant that leaves a permit free (in
+// the grant's transaction), notify the next live waiter by name. Not on
+// the legacy table, which has no queue.
 //
 // # Durability modes
 //

@@ -12,14 +12,21 @@ import (
 // column (schema.go); the statements are in sql.go.
 
 // Leave implements core.Queuer: one statement takes waiter out of key's
-// queue; when waiter was first in line and the key is free, the next live
-// waiter is notified in the same statement. On the legacy table, which has
-// no queue, it does nothing.
+// queue; when waiter was first in line and the key can be claimed (it is
+// free, or a semaphore with a permit free), the next live waiter is
+// notified in the same statement. On the legacy table, which has no queue,
+// it does nothing.
 func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 	if !b.stmt.queue || waiter == "" {
 		return nil
 	}
-	if _, err := b.pool.Exec(ctx, b.stmt.leave, key, waiter, b.notifyChannel()); err != nil {
+	stmt := b.stmt.leave
+	if b.sem.isReady() {
+		// Only a process that found the permits table queues on a
+		// semaphore; the statement reads it.
+		stmt = b.sem.stmt.leave
+	}
+	if _, err := b.pool.Exec(ctx, stmt, key, waiter, b.notifyChannel()); err != nil {
 		return fmt.Errorf("pg: leave: %w", poolerHint(err))
 	}
 	return nil
@@ -27,8 +34,9 @@ func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 
 // WatchTurns implements core.Queuer: Watch, with the waiter whose turn it
 // is. A release, ForceRelease, Leave or a semaphore grant that leaves a
-// permit free notifies only when a live waiter is queued, naming the first; the legacy table's releases, and those of older
-// versions of this package, name none (waiter "").
+// permit free notifies only when a live waiter is queued, naming the
+// first; the legacy table's releases, and those of older versions of this
+// package, name none (waiter "").
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	return b.watch(ctx, ready, func(payload string) {
 		key, waiter := parseTurn(payload)

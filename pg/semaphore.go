@@ -207,6 +207,13 @@ func (s *semaphores) check(ctx context.Context, q interface {
 	return nil
 }
 
+// isReady reports whether the permits table was found, usable.
+func (s *semaphores) isReady() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ready
+}
+
 // missing is the error of a permit claim without a permits table.
 func (s *semaphores) missing() error {
 	return fmt.Errorf("%w: %w: table %s does not exist (or is not visible to this role): semaphores (core.Limit > 1) keep their permits there; fix: call pg.Migrate(ctx, pool) (with the same WithTable), use WithAutoMigrate, or run the SQL from PermitsSchemaSQL",
@@ -272,6 +279,7 @@ type semStatements struct {
 	forceLock, force     string
 	holders, list        string
 	prune                string
+	leave                string // "" on the legacy table (no queue)
 }
 
 func buildSemStatements(t, p string, legacy, async bool) semStatements {
@@ -407,12 +415,14 @@ UNION ALL
 (SELECT 3, owner, token, acquired_at, expire_at, %[5]s FROM %[2]s WHERE key = $1::text AND expire_at > now() ORDER BY expire_at, token LIMIT 1)`,
 		t, p, exp, semSetting, remaining, hh(""), tok, acq, ahead, setQueue, dequeue, signal, signalled)
 
-	// A permit's release names the header's first live waiter (see
-	// WatchTurns), or none (the bare key) when nobody is queued.
-	releasePayload := "$1::text"
+	// A permit's release, and a ForceRelease, tell the header's first live
+	// waiter (see WatchTurns), and only when one is queued, as a mutex's
+	// release does; on the legacy table, which has no queue, they notify
+	// with the bare key.
+	turn, queued := "$1::text", ""
 	if !legacy {
 		head := "(SELECT " + qHead("h.waiters") + " FROM " + t + " h WHERE h.key = $1::text)"
-		releasePayload = "coalesce(" + turnPayload("$1::text", head) + ", $1::text)"
+		turn, queued = turnPayload("$1::text", head), " AND "+head+" IS NOT NULL"
 	}
 
 	// releaseLock ($1 key, $2 owner token) locks the header of a key that
@@ -442,9 +452,9 @@ RETURNING set_config('%[5]s', %[6]s::text, true)`, t, p, isHdr, ac, semSetting, 
 ), hu AS (
 	UPDATE %[1]s SET expire_at = (SELECT until FROM rest) WHERE key = $1::text AND %[3]s AND %[4]s AND expire_at > (SELECT until FROM rest)
 ), n AS (
-	SELECT pg_notify($3::text, %[5]s) FROM d WHERE live AND $3::text <> ''
+	SELECT pg_notify($3::text, %[5]s) FROM d WHERE live AND $3::text <> ''%[6]s
 )
-SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, t, p, isHdr, locked, releasePayload)
+SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, t, p, isHdr, locked, turn, queued)
 
 	// keep ($1 key, $2 owner token, $3 µs), after releaseLock, sets a live
 	// permit's expiry to now + $3 (min hold, slot mode) and keeps the
@@ -479,8 +489,8 @@ SELECT key, holder FROM p`, t, p, ac, hh("h."))
 
 	// forceLock ($1 key) locks a semaphore's header; force ($1 key, $2
 	// channel) then deletes every permit and ends the header (keeping its
-	// last token, as release does), and notifies
-	// when a live permit was among them. Its row says whether the key was
+	// last token and its queue, as release does), and notifies when a live
+	// permit was among them. Its row says whether the key was
 	// a semaphore (locked), and whether a live permit was freed.
 	s.forceLock = fmt.Sprintf(`UPDATE %[1]s SET expire_at = expire_at WHERE key = $1::text AND %[2]s
 RETURNING set_config('%[3]s', %[4]s::text, true)`, t, isHdr, semSetting, tok)
@@ -489,9 +499,17 @@ RETURNING set_config('%[3]s', %[4]s::text, true)`, t, isHdr, semSetting, tok)
 ), h AS (
 	UPDATE %[1]s SET expire_at = '-infinity' WHERE key = $1::text AND %[3]s AND %[4]s
 ), n AS (
-	SELECT pg_notify($2::text, $1::text) WHERE %[4]s AND $2::text <> '' AND EXISTS (SELECT 1 FROM d WHERE live)
+	SELECT pg_notify($2::text, %[5]s) WHERE %[4]s AND $2::text <> '' AND EXISTS (SELECT 1 FROM d WHERE live)%[6]s
 )
-SELECT %[4]s, EXISTS (SELECT 1 FROM d WHERE live), (SELECT count(*) FROM n)`, t, p, isHdr, locked)
+SELECT %[4]s, EXISTS (SELECT 1 FROM d WHERE live), (SELECT count(*) FROM n)`, t, p, isHdr, locked, turn, queued)
+
+	// leave is Leave ($1 key, $2 waiter, $3 channel) once the permits table
+	// is in place: the key of a semaphore can be claimed while a permit is
+	// free, not only once its header expired.
+	if !legacy {
+		s.leave = leaveSQL(t, `(l.expire_at <= now() OR (starts_with(l.holder, '`+semMark+`')
+		AND (SELECT count(*) FROM `+p+` WHERE key = $1::text AND expire_at > now()) < split_part(l.holder, ':', 3)::int))`)
+	}
 
 	// prune deletes the expired permits of keys whose header is gone (see
 	// Backend.prune): a semaphore whose holders all crashed.

@@ -96,6 +96,24 @@ func qWith(q, w, d string) string {
 		ELSE replace(` + q + `::text, ` + entry(old) + `::text, ` + entry(d) + `::text)::jsonb END`
 }
 
+// leaveSQL is the statement of Leave ($1 key, $2 waiter, $3 channel) on
+// table: it takes $2 out of the key's queue and, when $2 was first in line
+// and the key can be claimed (claimable, a condition on the row l as
+// updated), notifies the next live waiter.
+func leaveSQL(table, claimable string) string {
+	return fmt.Sprintf(`WITH cur AS (
+	SELECT %[2]s AS head FROM %[1]s WHERE key = $1::text
+), upd AS (
+	UPDATE %[1]s AS l SET waiters = %[3]s
+	WHERE l.key = $1::text AND l.waiters IS NOT NULL
+		AND EXISTS (SELECT 1 FROM jsonb_array_elements(l.waiters) AS x(e) WHERE e->>'w' = $2::text)%[5]s
+	RETURNING l.key, %[7]s AS free, %[4]s AS head
+)
+SELECT pg_notify($3::text, %[6]s) FROM upd
+WHERE $3::text <> '' AND free AND head IS NOT NULL AND (SELECT head FROM cur) = $2::text`,
+		table, qHead("waiters"), qWithout("l.waiters", "$2::text"), qHead("waiters"), asyncClause, turnPayload("key", "head"), claimable)
+}
+
 // turnPayload is the notification of a turn: the waiter's length in bytes,
 // a colon, the waiter and the key (see parseTurn).
 func turnPayload(key, waiter string) string {
@@ -338,17 +356,7 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`,
 	// Leave takes $2 out of the queue of $1. When $2 was first in line and
 	// the key is free, the next live waiter is told. The row stays when its
 	// queue empties, with its token (see prune).
-	s.leave = fmt.Sprintf(`WITH cur AS (
-	SELECT %[2]s AS head FROM %[1]s WHERE key = $1::text
-), upd AS (
-	UPDATE %[1]s AS l SET waiters = %[3]s
-	WHERE l.key = $1::text AND l.waiters IS NOT NULL
-		AND EXISTS (SELECT 1 FROM jsonb_array_elements(l.waiters) AS x(e) WHERE e->>'w' = $2::text)%[5]s
-	RETURNING l.key, l.expire_at <= now() AS free, %[4]s AS head
-)
-SELECT pg_notify($3::text, %[6]s) FROM upd
-WHERE $3::text <> '' AND free AND head IS NOT NULL AND (SELECT head FROM cur) = $2::text`,
-		table, qHead("waiters"), qWithout("l.waiters", "$2::text"), qHead("waiters"), asyncClause, turnPayload("key", "head"))
+	s.leave = leaveSQL(table, "l.expire_at <= now()")
 
 	// prune ($1 the horizon in µs, $2 the most rows to delete) deletes
 	// ended rows (free or expired, nobody live in line) whose token is
