@@ -194,7 +194,9 @@ type ReleaseRequest struct {
 //     store's now + req.WaiterTTL — whatever the reason, a held key, a full
 //     semaphore, someone else's turn, or a free or new key lost to a
 //     concurrent claim. A grant takes req.Waiter out of line.
-//     (QueueWaitNamesItself, QueueNoBarging, QueueHandoffPrompt.)
+//     (QueueWaitNamesItself, QueueNoBarging,
+//     QueueSemaphoreGrantsByFreePermits, QueueDeadWaiterSkipped,
+//     QueueHandoffPrompt.)
 //   - A waiter whose place expired (its process died or stopped trying) is
 //     not live: it is skipped, and dropped by whoever rewrites the queue
 //     next. (QueueDeadWaiterSkipped.)
@@ -202,12 +204,14 @@ type ReleaseRequest struct {
 //     of its own process at least; a store may tell every process —
 //     whenever the grant rule may now let it in: a Release of a key with
 //     live waiters, ForceRelease, a Leave of the first waiter of a
-//     claimable key, and a grant that leaves a permit free. Nothing else
-//     sends a turn: a release with nobody queued sends nothing, and a lease
-//     that expires sends nothing (waiters poll at the holder's expiry, and
-//     the first live one gets the key). (QueueNoBarging,
+//     claimable key (a semaphore with a permit free is one), and a grant
+//     that leaves a permit free; of a mutex and of a semaphore alike.
+//     Nothing else sends a turn: a release with nobody queued sends
+//     nothing. A lease that expires need send nothing (waiters poll at the
+//     holder's expiry, and the first live one gets the key); a store may
+//     tell the first live waiter then. (QueueNoBarging,
 //     QueueLeaveOfFirstPassesTurn, QueueSemaphoreGrantPassesTurn,
-//     QueueOneWakePerRelease, QueueHandoffPrompt.)
+//     QueueSemaphoreTurns, QueueOneWakePerRelease, QueueHandoffPrompt.)
 //
 // A Backend that wraps a Queuer must be a Queuer itself, forwarding
 // WatchTurns and Leave: waiters behind a wrapper that hides them are never

@@ -106,6 +106,7 @@ func Run(t *testing.T, h Harness) {
 		{"QueueNoBargingOnSemaphore", testQueueSemaphore},
 		{"QueueSemaphoreGrantsByFreePermits", testQueueSemaphoreGrant},
 		{"QueueSemaphoreGrantPassesTurn", testQueueSemaphoreGrantPassesTurn},
+		{"QueueSemaphoreTurns", testQueueSemaphoreTurns},
 		{"QueueLeaveOfFirstPassesTurn", testQueueLeavePassesTurn},
 		{"QueueOneWakePerRelease", testQueueOneWake},
 		{"QueueHandoffPrompt", testQueueHandoffPrompt},
