@@ -138,17 +138,16 @@ func (f *faultBackend) queuedSince(t time.Time) bool {
 	return false
 }
 
-// lastQueued returns when the latest acquire sent with a Waiter was
-// answered busy (zero if none was).
-func (f *faultBackend) lastQueued() time.Time {
+// busySince reports whether an acquire was answered busy at or after t.
+func (f *faultBackend) busySince(t time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := len(f.sent) - 1; i >= 0; i-- {
-		if a := f.sent[i]; a.busy && a.waiter != "" {
-			return a.answered
+		if a := f.sent[i]; a.busy && !a.answered.Before(t) {
+			return true
 		}
 	}
-	return time.Time{}
+	return false
 }
 
 // renewCalls returns the number of leases of every Renew call so far.

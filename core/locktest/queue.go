@@ -96,6 +96,19 @@ func startWait(t *testing.T, rule string, p *proc, ctx context.Context, key stri
 	return out
 }
 
+// queueRaw queues waiter on key, which another holds, with one claim sent
+// by b whose place is kept for wttl, and checks that the claim was
+// answered busy; who names the waiter (in the messages and as the claim's
+// Owner).
+func queueRaw(t *testing.T, rule, who string, b core.Backend, key, waiter string, wttl time.Duration) {
+	t.Helper()
+	_, err := b.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{
+		Key: key, Owner: who, OwnerToken: rand.Text(), TTL: checkTTL, Waiter: waiter, WaiterTTL: wttl})
+	if !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("rule %q: %s's attempt = %v, want busy", rule, who, err)
+	}
+}
+
 // waitResult is the outcome of a wait started in the background: its
 // session, its error and when it returned.
 type waitResult struct {
@@ -104,22 +117,30 @@ type waitResult struct {
 	at  time.Time
 }
 
-// acquiredAt waits for the result of a wait on res, up to limit, and
-// returns when the wait acquired, its session released. A failed wait
-// fails t; one with no result within limit fails t with late.
-func acquiredAt(t *testing.T, rule string, res <-chan waitResult, limit time.Duration, late string) time.Time {
+// acquired waits for the result of a wait on res, up to limit, and returns
+// it: the wait acquired. A failed wait fails t; one with no result within
+// limit fails t with late.
+func acquired(t *testing.T, rule string, res <-chan waitResult, limit time.Duration, late string) waitResult {
 	t.Helper()
 	select {
 	case r := <-res:
 		if r.err != nil {
 			t.Fatalf("rule %q: %v", rule, r.err)
 		}
-		r.s.Release(context.Background())
-		return r.at
+		return r
 	case <-time.After(limit):
 		t.Fatalf("rule %q: %s", rule, late)
-		return time.Time{}
+		return waitResult{}
 	}
+}
+
+// acquiredAt is acquired with the session released: it returns when the
+// wait acquired.
+func acquiredAt(t *testing.T, rule string, res <-chan waitResult, limit time.Duration, late string) time.Time {
+	t.Helper()
+	r := acquired(t, rule, res, limit, late)
+	r.s.Release(context.Background())
+	return r.at
 }
 
 // testQueueWaiterID checks rule "a waiting Acquire on a Queuer names itself
@@ -238,32 +259,19 @@ func testQueueDeadWaiter(t *testing.T, e *env) {
 			}
 			k := base + "/" + where
 			s := mustAcquire(t, a, k, core.TTL(checkTTL))
-			dead := "dead-" + rand.Text()
 			sent := time.Now()
-			_, err := raw.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{
-				Key: k, Owner: "dead waiter", OwnerToken: rand.Text(), TTL: e.ttl, Waiter: dead, WaiterTTL: wttl})
-			if !errors.Is(err, core.ErrNotAcquired) {
-				t.Fatalf("rule %q: the dead waiter's attempt = %v, want busy", rule, err)
-			}
+			queueRaw(t, rule, "the dead waiter", raw, k, "dead-"+rand.Text(), wttl)
 			res := startWait(t, rule, w, ctxT(t, 30*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
 			s.Release(context.Background()) // the turn goes to the dead waiter
-			var r waitResult
-			select {
-			case r = <-res:
-			case <-time.After(wttl + 10*time.Second):
-				t.Fatalf("rule %q: the waiter behind a dead one did not get the key within %v", rule, wttl+10*time.Second)
-			}
-			if r.err != nil {
-				t.Fatalf("rule %q: %v", rule, r.err)
-			}
-			defer r.s.Release(context.Background())
+			limit := wttl + 10*time.Second
+			at := acquiredAt(t, rule, res, limit, fmt.Sprintf("the waiter behind a dead one did not get the key within %v", limit))
 			// The store kept the dead waiter's place until at least sent +
 			// wttl (its clock ran from after sent); allow 50ms for its
 			// resolution.
-			if d := r.at.Sub(sent); d < wttl-50*time.Millisecond {
+			if d := at.Sub(sent); d < wttl-50*time.Millisecond {
 				t.Errorf("rule %q: the waiter behind got the key %v after the dead one queued, before its WaiterTTL %v", rule, d, wttl)
 			}
-			if d := r.at.Sub(sent); d > wttl+3*time.Second {
+			if d := at.Sub(sent); d > wttl+3*time.Second {
 				t.Errorf("rule %q: the waiter behind got the key only %v after the dead one queued (WaiterTTL %v)", rule, d, wttl)
 			}
 		})
@@ -386,53 +394,23 @@ func (l *turnLog) expect(t *testing.T, rule, what, waiter string) {
 func testQueueNoBarging(t *testing.T, e *env) {
 	const rule = "on a Queuer a caller that did not wait never overtakes a queued waiter, nor after a ForceRelease or the expiry of the holder's lease; a release or a ForceRelease tells the first waiter, a grant takes it out of line; a Leave while the key is held and a release with nobody queued send no turn; a free key with waiters is not held"
 	holder, waiter, other := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
-	k := e.key(t)
+	q := newRawQueue(t, e, rule, 0)
+	k, ctx := q.key, q.ctx
 	// Turns are read where the waiters queued: a store need tell no other
 	// process (core.Queuer).
 	turns := watchTurns(t, rule, waiter, k)
-	ctx := ctxT(t, 30*time.Second)
-	req := func(waiterID string) core.AcquireRequest {
-		r := core.AcquireRequest{Key: k, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL}
-		if waiterID != "" {
-			r.Waiter, r.WaiterTTL = waiterID, checkTTL
-		}
-		return r
-	}
-	busy := func(b core.Backend, r core.AcquireRequest, what string) {
-		t.Helper()
-		if _, err := b.TryAcquire(ctx, r); !errors.Is(err, core.ErrNotAcquired) {
-			if err == nil {
-				b.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: r.OwnerToken})
-			}
-			t.Fatalf("rule %q: %s: TryAcquire = %v, want busy", rule, what, err)
-		}
-	}
-	grant := func(b core.Backend, r core.AcquireRequest, what string) core.Lease {
-		t.Helper()
-		l, err := b.TryAcquire(ctx, r)
-		if err != nil {
-			t.Fatalf("rule %q: %s: TryAcquire = %v, want granted", rule, what, err)
-		}
-		return l
-	}
-	release := func(b core.Backend, r core.AcquireRequest) {
-		t.Helper()
-		if err := b.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: r.OwnerToken}); err != nil {
-			t.Fatal(err)
-		}
-	}
 
-	h := req("")
-	l0 := grant(holder, h, "the first claim")
+	h := q.req("")
+	l0 := q.grant(holder, h, "the first claim")
 	w0, w1, w2 := "w0-"+rand.Text(), "w1-"+rand.Text(), "w2-"+rand.Text()
-	busy(other, req(w0), "a waiter on a held key")
-	busy(waiter, req(w1), "a second waiter on a held key")
+	q.busy(other, q.req(w0), "a waiter on a held key")
+	q.busy(waiter, q.req(w1), "a second waiter on a held key")
 	// A turn sent for this Leave would name w1 and come before the
 	// release's: the turns that follow would each be one behind.
 	if err := other.Leave(ctx, k, w0); err != nil {
 		t.Errorf("rule %q: Leave = %v", rule, err)
 	}
-	release(holder, h)
+	q.release(holder, h)
 	turns.expect(t, rule, "release with a waiter queued", w1)
 	adm, isAdmin := other.(core.Admin)
 	isAdmin = isAdmin && !e.h.NoAdmin
@@ -445,23 +423,23 @@ func testQueueNoBarging(t *testing.T, e *env) {
 			t.Errorf("rule %q: List of a free key with a waiter = %+v %v, want it absent", rule, list, err)
 		}
 	}
-	busy(other, req(""), "a TryAcquire without Waiter while a waiter is queued on the free key")
-	busy(waiter, req(w2), "a second waiter while the first is queued on the free key")
-	g1 := req(w1)
-	l1 := grant(waiter, g1, "the first waiter on the free key")
+	q.busy(other, q.req(""), "a TryAcquire without Waiter while a waiter is queued on the free key")
+	q.busy(waiter, q.req(w2), "a second waiter while the first is queued on the free key")
+	g1 := q.req(w1)
+	l1 := q.grant(waiter, g1, "the first waiter on the free key")
 	if !e.h.NoFencing && l1.Token <= l0.Token {
 		t.Errorf("rule %q: token %d after %d", rule, l1.Token, l0.Token)
 	}
-	release(waiter, g1)
+	q.release(waiter, g1)
 	turns.expect(t, rule, "release with the second waiter queued", w2)
-	busy(holder, req(""), "a TryAcquire without Waiter while the second waiter is queued")
-	g2 := req(w2)
-	grant(waiter, g2, "the second waiter")
-	release(waiter, g2) // nobody queued: no turn
+	q.busy(holder, q.req(""), "a TryAcquire without Waiter while the second waiter is queued")
+	g2 := q.req(w2)
+	q.grant(waiter, g2, "the second waiter")
+	q.release(waiter, g2) // nobody queued: no turn
 	// Both grants took their waiter out of line: the key is anyone's.
-	h = req("")
-	grant(holder, h, "a TryAcquire once every waiter got its turn")
-	release(holder, h) // nobody queued: no turn
+	h = q.req("")
+	q.grant(holder, h, "a TryAcquire once every waiter got its turn")
+	q.release(holder, h) // nobody queued: no turn
 	if err := holder.Leave(ctx, k, "nobody-"+rand.Text()); err != nil {
 		t.Errorf("rule %q: Leave of a waiter not in line = %v, want nil", rule, err)
 	}
@@ -470,46 +448,46 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	// expected, which would come first, is caught.
 	freshTurn := func(what string) string {
 		t.Helper()
-		h := req("")
-		grant(holder, h, "a claim")
+		h := q.req("")
+		q.grant(holder, h, "a claim")
 		w := "w-" + rand.Text()
-		busy(waiter, req(w), "a waiter")
-		release(holder, h)
+		q.busy(waiter, q.req(w), "a waiter")
+		q.release(holder, h)
 		turns.expect(t, rule, what, w)
 		return w
 	}
 	w3 := freshTurn("the first turn after a release with nobody queued")
 	// The queue outlives its holder: a ForceRelease tells the first waiter.
-	g3 := req(w3)
-	grant(waiter, g3, "the waiter told its turn")
+	g3 := q.req(w3)
+	q.grant(waiter, g3, "the waiter told its turn")
 	w4 := "w4-" + rand.Text()
-	busy(waiter, req(w4), "a second waiter of the holder's process")
+	q.busy(waiter, q.req(w4), "a second waiter of the holder's process")
 	if isAdmin {
 		if released, err := adm.ForceRelease(ctx, k); err != nil || !released {
 			t.Fatalf("rule %q: ForceRelease = %v %v", rule, released, err)
 		}
 		turns.expect(t, rule, "ForceRelease with a waiter queued", w4)
-		busy(holder, req(""), "a TryAcquire without Waiter after a ForceRelease, a waiter queued")
+		q.busy(holder, q.req(""), "a TryAcquire without Waiter after a ForceRelease, a waiter queued")
 	} else {
-		release(waiter, g3)
+		q.release(waiter, g3)
 		turns.expect(t, rule, "release with a waiter queued", w4)
 	}
-	g4 := req(w4)
-	grant(waiter, g4, "the waiter told by the ForceRelease")
-	release(waiter, g4)
+	g4 := q.req(w4)
+	q.grant(waiter, g4, "the waiter told by the ForceRelease")
+	q.release(waiter, g4)
 	// A lease that expires keeps the queue too: the waiter, trying again,
 	// gets the key, and a caller that did not wait is busy until it does.
 	// The store need not tell the waiter when the lease runs out, but may
 	// (a ZooKeeper waiter's backend times the holder's lease).
-	short := req("")
+	short := q.req("")
 	short.TTL = 300 * time.Millisecond
-	grant(holder, short, "a short lease")
+	q.grant(holder, short, "a short lease")
 	w5 := "w5-" + rand.Text()
 	turns.skip = map[string]bool{w5: true}
-	g5 := req(w5)
-	busy(waiter, g5, "a waiter on a short lease")
+	g5 := q.req(w5)
+	q.busy(waiter, g5, "a waiter on a short lease")
 	granted := waitFor(t, func() bool {
-		busy(holder, req(""), "a TryAcquire without Waiter, a waiter queued, before and after the lease expired")
+		q.busy(holder, q.req(""), "a TryAcquire without Waiter, a waiter queued, before and after the lease expired")
 		_, err := waiter.TryAcquire(ctx, g5)
 		if err != nil && !errors.Is(err, core.ErrNotAcquired) {
 			t.Fatalf("rule %q: the waiter's try = %v", rule, err)
@@ -519,7 +497,7 @@ func testQueueNoBarging(t *testing.T, e *env) {
 	if !granted {
 		t.Fatalf("rule %q: the waiter did not get the key within 10s of the holder's lease of %v", rule, short.TTL)
 	}
-	release(waiter, g5)
+	q.release(waiter, g5)
 	w6 := freshTurn("the first turn after an expiry and a release with nobody queued")
 	if err := waiter.Leave(ctx, k, w6); err != nil {
 		t.Errorf("rule %q: Leave = %v", rule, err)
@@ -534,43 +512,16 @@ func testQueueSemaphore(t *testing.T, e *env) {
 	if _, ok := holder.(core.SemaphoreBackend); !ok {
 		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
 	}
-	k := e.key(t)
-	ctx := ctxT(t, 30*time.Second)
-	req := func(waiterID string) core.AcquireRequest {
-		r := core.AcquireRequest{Key: k, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL, Limit: 2}
-		if waiterID != "" {
-			r.Waiter, r.WaiterTTL = waiterID, checkTTL
-		}
-		return r
-	}
-	p1, p2 := req(""), req("")
-	for _, p := range []core.AcquireRequest{p1, p2} {
-		if _, err := holder.TryAcquire(ctx, p); err != nil {
-			t.Fatalf("rule %q: permit: %v", rule, err)
-		}
-	}
-	defer holder.Release(context.Background(), core.ReleaseRequest{Key: k, OwnerToken: p2.OwnerToken, Limit: 2})
+	q := newRawQueue(t, e, rule, 2)
+	q.grant(holder, q.req(""), "a permit")
+	q.grant(holder, q.req(""), "a permit")
 	w := "w-" + rand.Text()
-	if _, err := waiter.TryAcquire(ctx, req(w)); !errors.Is(err, core.ErrNotAcquired) {
-		t.Fatalf("rule %q: a waiter on a full semaphore: %v, want busy", rule, err)
-	}
-	if err := holder.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: p1.OwnerToken, Limit: 2}); err != nil {
-		t.Fatal(err)
-	}
-	barger := req("")
-	if _, err := other.TryAcquire(ctx, barger); !errors.Is(err, core.ErrNotAcquired) {
-		if err == nil {
-			other.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: barger.OwnerToken, Limit: 2})
-		}
-		t.Fatalf("rule %q: a TryAcquire without Waiter took the permit freed for a waiter: %v", rule, err)
-	}
-	g := req(w)
-	if _, err := waiter.TryAcquire(ctx, g); err != nil {
-		t.Fatalf("rule %q: the waiter's claim of the freed permit: %v", rule, err)
-	}
-	if err := waiter.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: g.OwnerToken, Limit: 2}); err != nil {
-		t.Fatal(err)
-	}
+	q.busy(waiter, q.req(w), "a waiter on a full semaphore")
+	q.release(holder, q.held[0])
+	q.busy(other, q.req(""), "a TryAcquire without Waiter, the permit freed for a waiter")
+	g := q.req(w)
+	q.grant(waiter, g, "the waiter's claim of the freed permit")
+	q.release(waiter, g)
 }
 
 // testQueueLeavePassesTurn checks rule "when the first waiter of a free key
@@ -584,22 +535,13 @@ func testQueueLeavePassesTurn(t *testing.T, e *env) {
 	k := e.key(t)
 	s := mustAcquire(t, a, k, core.TTL(checkTTL))
 	first := "first-" + rand.Text()
-	if _, err := raw.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{
-		Key: k, Owner: "first", OwnerToken: rand.Text(), TTL: e.ttl, Waiter: first, WaiterTTL: time.Minute}); !errors.Is(err, core.ErrNotAcquired) {
-		t.Fatalf("rule %q: the first waiter's attempt = %v, want busy", rule, err)
-	}
+	queueRaw(t, rule, "the first waiter", raw, k, first, time.Minute)
 	res := startWait(t, rule, w, ctxT(t, 30*time.Second), k, core.Backoff(20*time.Second, 20*time.Second))
 	s.Release(context.Background()) // the turn is the first waiter's, who is not listening
 	// Leave soon after one of w's attempts was answered busy: its next
 	// refresh of its place is then a good while away, so only the turn
-	// Leave sends explains a prompt wake (the Observer's Wake).
-	if time.Since(w.fault.lastQueued()) > queueRefresh/3 {
-		n := w.fault.queuedBusy.Load()
-		if !waitFor(t, func() bool { return w.fault.queuedBusy.Load() > n }, 10*time.Second) {
-			t.Fatalf("rule %q: the waiter stopped trying", rule)
-		}
-	}
-	expectWokenBy(t, rule, "the first waiter's Leave", log, res, func() {
+	// Leave sends explains a prompt wake.
+	expectWokenAfterBusy(t, rule, "the first waiter's Leave", w, time.Now().Add(-queueRefresh/3), log, res, func() {
 		if err := raw.Leave(ctxT(t, 10*time.Second), k, first); err != nil {
 			t.Fatalf("rule %q: Leave = %v", rule, err)
 		}
@@ -782,15 +724,70 @@ func handoffPrompt(t *testing.T, e *env, rule string, ps []*proc, limit int) {
 	}
 }
 
+// rawQueue is the set-up of the rules that check the queue with raw
+// Backend calls: claims of one fresh key — of a mutex, or of permits of a
+// semaphore of limit when limit > 1 — and checks of their answers.
+type rawQueue struct {
+	t         *testing.T
+	rule, key string
+	limit     int
+	ctx       context.Context
+	held      []core.AcquireRequest // the claims granted, in order
+}
+
+func newRawQueue(t *testing.T, e *env, rule string, limit int) *rawQueue {
+	return &rawQueue{t: t, rule: rule, key: e.key(t), limit: limit, ctx: ctxT(t, 30*time.Second)}
+}
+
+// req is a new claim of the key, queued as waiter unless waiter is empty.
+func (q *rawQueue) req(waiter string) core.AcquireRequest {
+	r := core.AcquireRequest{Key: q.key, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL, Limit: q.limit}
+	if waiter != "" {
+		r.Waiter, r.WaiterTTL = waiter, checkTTL
+	}
+	return r
+}
+
+// grant checks that b grants r (what names it) and releases it when the
+// rule ends.
+func (q *rawQueue) grant(b core.Backend, r core.AcquireRequest, what string) core.Lease {
+	q.t.Helper()
+	l, err := b.TryAcquire(q.ctx, r)
+	if err != nil {
+		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want granted", q.rule, what, err)
+	}
+	q.held = append(q.held, r)
+	q.t.Cleanup(func() {
+		b.Release(context.Background(), core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: q.limit})
+	})
+	return l
+}
+
+// busy checks that b answers r (what names it) busy; a grant is undone.
+func (q *rawQueue) busy(b core.Backend, r core.AcquireRequest, what string) {
+	q.t.Helper()
+	if _, err := b.TryAcquire(q.ctx, r); !errors.Is(err, core.ErrNotAcquired) {
+		if err == nil {
+			b.Release(q.ctx, core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: q.limit})
+		}
+		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want busy", q.rule, what, err)
+	}
+}
+
+// release releases the lease r claimed, with b.
+func (q *rawQueue) release(b core.Backend, r core.AcquireRequest) {
+	q.t.Helper()
+	if err := b.Release(q.ctx, core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: q.limit}); err != nil {
+		q.t.Fatalf("rule %q: release: %v", q.rule, err)
+	}
+}
+
 // semQueue is the raw set-up of the semaphore grant rules: a limit-3
 // semaphore on a fresh key, a holder's three permits, and a turn log.
 type semQueue struct {
-	t            *testing.T
-	rule, key    string
+	*rawQueue
 	holder, wait queueBackend
 	turns        *turnLog
-	ctx          context.Context
-	held         []core.AcquireRequest
 }
 
 const semQueueLimit = 3
@@ -801,52 +798,18 @@ func newSemQueue(t *testing.T, e *env, rule string) *semQueue {
 	if _, ok := holder.(core.SemaphoreBackend); !ok {
 		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
 	}
-	q := &semQueue{t: t, rule: rule, key: e.key(t), holder: holder, wait: wait, ctx: ctxT(t, 30*time.Second)}
+	q := &semQueue{rawQueue: newRawQueue(t, e, rule, semQueueLimit), holder: holder, wait: wait}
 	q.turns = watchTurns(t, rule, wait, q.key) // where the waiters queued
 	for range semQueueLimit {
-		r := q.req("")
-		q.grant(holder, r, "a holder's permit")
+		q.grant(holder, q.req(""), "a holder's permit")
 	}
 	return q
 }
 
-func (q *semQueue) req(waiter string) core.AcquireRequest {
-	r := core.AcquireRequest{Key: q.key, Owner: "raw", OwnerToken: rand.Text(), TTL: checkTTL, Limit: semQueueLimit}
-	if waiter != "" {
-		r.Waiter, r.WaiterTTL = waiter, checkTTL
-	}
-	return r
-}
-
-func (q *semQueue) grant(b core.Backend, r core.AcquireRequest, what string) core.Lease {
-	q.t.Helper()
-	l, err := b.TryAcquire(q.ctx, r)
-	if err != nil {
-		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want granted", q.rule, what, err)
-	}
-	q.held = append(q.held, r)
-	q.t.Cleanup(func() {
-		b.Release(context.Background(), core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: semQueueLimit})
-	})
-	return l
-}
-
-func (q *semQueue) busy(b core.Backend, r core.AcquireRequest, what string) {
-	q.t.Helper()
-	if _, err := b.TryAcquire(q.ctx, r); !errors.Is(err, core.ErrNotAcquired) {
-		if err == nil {
-			b.Release(q.ctx, core.ReleaseRequest{Key: q.key, OwnerToken: r.OwnerToken, Limit: semQueueLimit})
-		}
-		q.t.Fatalf("rule %q: %s: TryAcquire = %v, want busy", q.rule, what, err)
-	}
-}
-
-// releaseHeld releases the holder's i-th permit.
+// releaseHeld releases the i-th permit granted, with the holder's backend.
 func (q *semQueue) releaseHeld(i int) {
 	q.t.Helper()
-	if err := q.holder.Release(q.ctx, core.ReleaseRequest{Key: q.key, OwnerToken: q.held[i].OwnerToken, Limit: semQueueLimit}); err != nil {
-		q.t.Fatalf("rule %q: release: %v", q.rule, err)
-	}
+	q.release(q.holder, q.held[i])
 }
 
 // testQueueSemaphoreGrant checks rule "on a Queuer semaphore a waiter is

@@ -347,15 +347,7 @@ func testSemCrash(t *testing.T, e *env) {
 	}
 	start := time.Now()
 	a.fault.down.Store(true) // a "crashes": no renewal reaches the store
-	var r waitResult
-	select {
-	case r = <-got:
-	case <-time.After(10*e.ttl + 10*time.Second):
-		t.Fatalf("rule %q: the waiter never got the permit", rule)
-	}
-	if r.err != nil {
-		t.Fatalf("rule %q: %v", rule, r.err)
-	}
+	r := acquired(t, rule, got, 10*e.ttl+10*time.Second, "the waiter never got the permit")
 	sc := r.s
 	defer sc.Release(context.Background())
 	if d := r.at.Sub(start); d > e.ttl+time.Second+e.h.ExpiryLag {
@@ -440,32 +432,32 @@ func subscribe(t *testing.T, rule string, a, b *proc, key string) {
 	}
 }
 
-// waitNotified starts acquire (a wait of b with a long poll backoff), waits
-// until its first attempt is answered busy, calls release right away and
-// checks that the wait acquires promptly, woken by a notification
-// (expectWokenBy). Right after a busy answer the wait's next poll is far
-// off — 20s of backoff, or on a Queuer the refresh of its place in line a
-// third of the queue TTL later.
+// waitNotified starts acquire (a wait of b with a long poll backoff) and
+// checks that release, called once the wait was answered busy, wakes it
+// (expectWokenAfterBusy).
 func waitNotified(t *testing.T, rule string, b *proc, log *acquireLog, release func(), acquire func(context.Context) (core.Session, error)) {
 	t.Helper()
 	got := make(chan waitResult, 1)
-	n := b.fault.busies.Load()
+	start := time.Now()
 	go func() {
 		s, err := acquire(ctxT(t, 30*time.Second))
 		got <- waitResult{s, err, time.Now()}
 	}()
-	if !waitFor(t, func() bool { return b.fault.busies.Load() > n }, 10*time.Second) {
-		t.Fatalf("rule %q: the waiter was never answered busy", rule)
-	}
-	expectWokenBy(t, rule, "the release", log, got, release)
+	expectWokenAfterBusy(t, rule, "the release", b, start, log, got, release)
 }
 
-// expectWokenBy calls act and checks that the wait whose result comes on
-// res acquires within 2s of it, woken by a notification: the wait's next
-// poll is far off, so only act's notification explains a prompt wake, and
+// expectWokenAfterBusy waits until an attempt of p's wait, whose result
+// comes on res, was answered busy at or after since, then calls act and
+// checks that the wait acquires within 2s of it, woken by a notification:
+// right after a busy answer the wait's next poll is far off — its long
+// backoff, or on a Queuer the refresh of its place in line a third of the
+// queue TTL later — so only act's notification explains a prompt wake, and
 // the Observer's Wake (log) must say so. The session is released.
-func expectWokenBy(t *testing.T, rule, what string, log *acquireLog, res <-chan waitResult, act func()) {
+func expectWokenAfterBusy(t *testing.T, rule, what string, p *proc, since time.Time, log *acquireLog, res <-chan waitResult, act func()) {
 	t.Helper()
+	if !waitFor(t, func() bool { return p.fault.busySince(since) }, 10*time.Second) {
+		t.Fatalf("rule %q: the wait was not answered busy (it stopped trying)", rule)
+	}
 	at := time.Now()
 	act()
 	got := acquiredAt(t, rule, res, 15*time.Second, "the wait did not acquire within 15s of "+what+" (its next poll was further off)")
