@@ -3,7 +3,6 @@ package pg_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
@@ -85,48 +84,17 @@ func TestConformanceSimpleProtocolAsync(t *testing.T) {
 // TestConformanceLegacy runs the suite on the 3-column key_value table of
 // the older tool: everything but fencing tokens and the waiter queue (the
 // table has no column for it; its Backend grants a free key to whoever
-// comes and notifies every release), so the suite sees no Queuer.
+// comes and notifies every release with the bare key), so the suite runs
+// the engine over it as over a core.Watcher (NoQueue).
 func TestConformanceLegacy(t *testing.T) {
 	admin, table := adminAndTable(t, pg.WithLegacyTable())
 	ident := pgx.Identifier{table}.Sanitize()
 	h := harness(t, admin, table, pg.WithLegacyTable())
-	h.NewBackend = func(tb testing.TB) core.Backend {
-		return noQueue{newBackendPool(tb, table, noFlushWait(tb), pg.WithLegacyTable())}
-	}
 	h.NoFencing = true
+	h.NoQueue = true
 	h.Steal = func(ctx context.Context, key string) error {
 		_, err := admin.Exec(ctx, `UPDATE `+ident+` SET value = 'stolen' WHERE key = $1 AND expire_at > now()`, key)
 		return err
 	}
 	locktest.Run(t, h)
 }
-
-// noQueue is a Backend without its core.Queuer methods (Watch, Admin and
-// ClaimBounder kept): the legacy table's Backend as the suite should see it.
-type noQueue struct{ b *pg.Backend }
-
-func (n noQueue) Name() string { return n.b.Name() }
-func (n noQueue) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
-	return n.b.TryAcquire(ctx, req)
-}
-func (n noQueue) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
-	return n.b.Renew(ctx, reqs)
-}
-func (n noQueue) Release(ctx context.Context, req core.ReleaseRequest) error {
-	return n.b.Release(ctx, req)
-}
-func (n noQueue) Now(ctx context.Context, key string) (time.Time, error) { return n.b.Now(ctx, key) }
-func (n noQueue) Close() error                                           { return n.b.Close() }
-func (n noQueue) Watch(ctx context.Context, ready func(), fn func(string)) error {
-	return n.b.Watch(ctx, ready, fn)
-}
-func (n noQueue) Inspect(ctx context.Context, key string) (core.Info, bool, error) {
-	return n.b.Inspect(ctx, key)
-}
-func (n noQueue) List(ctx context.Context, prefix string) ([]core.Info, error) {
-	return n.b.List(ctx, prefix)
-}
-func (n noQueue) ForceRelease(ctx context.Context, key string) (bool, error) {
-	return n.b.ForceRelease(ctx, key)
-}
-func (n noQueue) ClaimBound() time.Duration { return n.b.ClaimBound() }

@@ -91,7 +91,7 @@ func testAcquireCtx(t *testing.T, e *env) {
 	// which the engine's Leave takes out before Acquire returns, or, when
 	// the store is slow to answer, within core.DeadlineSlack and then in
 	// the background (a TryAcquire never overtakes a queued waiter).
-	if _, q := b.fault.Backend.(core.Queuer); q && !waitFor(t, func() bool { return b.fault.leavesDone.Load() >= 1 }, 10*time.Second) {
+	if b.fault.queues() && !waitFor(t, func() bool { return b.fault.leavesDone.Load() >= 1 }, 10*time.Second) {
 		t.Fatalf("rule %q: the wait that gave up did not leave the store's queue", rule)
 	}
 	s2 := mustAcquire(t, c, k)

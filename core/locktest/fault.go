@@ -49,6 +49,7 @@ type faultBackend struct {
 	frozen   atomic.Pointer[chan struct{}]
 	thawed   atomic.Int64
 	closed   atomic.Bool  // Close was called: every call fails
+	noQueue  bool         // Harness.NoQueue: the engine is not given core.Queuer
 	attempts atomic.Int64 // TryAcquire calls
 	watching atomic.Bool  // a Watch or WatchTurns subscription is in place
 	readyAt  atomic.Int64 // when the latest subscription came up (UnixNano)
@@ -312,7 +313,9 @@ func (f *faultBackend) ForceRelease(ctx context.Context, key string) (bool, erro
 // wrapper that claimed one its backend lacks (or hid one it has) would test
 // another engine than the one the backend runs under. faultBackend itself
 // has none of their methods; each comes from one of the parts below, and
-// backend composes the parts the wrapped backend has. The Admin calls stay
+// backend composes the parts the wrapped backend has. The one exception is
+// Harness.NoQueue: a core.Queuer whose store keeps no queue is given as a
+// core.Watcher. The Admin calls stay
 // on faultBackend (answering ErrUnsupported for a backend without them),
 // as the engine only forwards them.
 
@@ -414,11 +417,18 @@ func (p boundPart) ClaimBound() time.Duration {
 	return p.f.Backend.(core.ClaimBounder).ClaimBound()
 }
 
+// queues reports whether the engine is given core.Queuer: the wrapped
+// backend is one, and the harness did not say its store keeps no queue.
+func (f *faultBackend) queues() bool {
+	_, q := f.Backend.(core.Queuer)
+	return q && !f.noQueue
+}
+
 // backend returns f with exactly the optional interfaces of the backend it
 // wraps: what the engine under test is given.
 func (f *faultBackend) backend() core.Backend {
 	_, watch := f.Backend.(core.Watcher)
-	_, queue := f.Backend.(core.Queuer)
+	queue := f.queues()
 	_, sem := f.Backend.(core.SemaphoreBackend)
 	_, bound := f.Backend.(core.ClaimBounder)
 	w, q, s, b := watchPart{f}, queuePart{watchPart{f}}, semPart{f}, boundPart{f}

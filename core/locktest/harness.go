@@ -81,4 +81,8 @@ type Harness struct {
 	NoWatch      bool // no release notifications
 	NoAdmin      bool // no Inspect/List/ForceRelease
 	NoSlots      bool // ForSlot unsupported
+	// NoQueue: the backend is a core.Queuer, but its store keeps no
+	// waiter queue (pg's legacy table): the suite gives the engine the
+	// backend as a plain core.Watcher and skips the Queue rules.
+	NoQueue bool
 }

@@ -34,16 +34,19 @@ const queueRefresh = 600 * time.Millisecond
 // no queue.
 func queueProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
-	skipQueueWithoutWatch(t, e)
+	skipQueue(t, e)
 	return procsWith[core.Queuer](t, e, n, "backend keeps no waiter queue (not a core.Queuer)", opts...)
 }
 
-// skipQueueWithoutWatch skips a queue rule on a harness without release
-// notifications: turns are notifications, so the rules cannot tell a turn
-// from a poll there.
-func skipQueueWithoutWatch(t *testing.T, e *env) {
+// skipQueue skips a queue rule on a harness whose store keeps no queue
+// (NoQueue), or has no release notifications: turns are notifications, so
+// the rules cannot tell a turn from a poll there.
+func skipQueue(t *testing.T, e *env) {
 	t.Helper()
-	if e.h.NoWatch {
+	switch {
+	case e.h.NoQueue:
+		t.Skip("the store keeps no waiter queue (NoQueue)")
+	case e.h.NoWatch:
 		t.Skip("queue turns need release notifications (NoWatch)")
 	}
 }
@@ -58,7 +61,7 @@ type queueBackend interface {
 // rule when the backend keeps no queue.
 func rawQueuer(t *testing.T, e *env) queueBackend {
 	t.Helper()
-	skipQueueWithoutWatch(t, e)
+	skipQueue(t, e)
 	q, ok := e.h.NewBackend(t).(queueBackend)
 	if !ok {
 		t.Skip("backend keeps no waiter queue (not a core.Queuer)")

@@ -164,6 +164,7 @@ func procsWith[I any](t *testing.T, e *env, n int, lacks string, opts ...core.Cl
 func (e *env) proc(t *testing.T, opts ...core.ClientOption) *proc {
 	t.Helper()
 	fb := newFault(e.h.NewBackend(t))
+	fb.noQueue = e.h.NoQueue
 	all := append([]core.ClientOption{core.WithDefaults(core.TTL(e.ttl))}, e.h.ClientOptions...)
 	c, err := core.New(fb.backend(), append(all, opts...)...)
 	if err != nil {
