@@ -114,40 +114,6 @@ func queueRaw(t *testing.T, rule, who string, b core.Backend, key, waiter string
 	}
 }
 
-// waitResult is the outcome of a wait started in the background: its
-// session, its error and when it returned.
-type waitResult struct {
-	s   core.Session
-	err error
-	at  time.Time
-}
-
-// acquired waits for the result of a wait on res, up to limit, and returns
-// it: the wait acquired. A failed wait fails t; one with no result within
-// limit fails t with late.
-func acquired(t *testing.T, rule string, res <-chan waitResult, limit time.Duration, late string) waitResult {
-	t.Helper()
-	select {
-	case r := <-res:
-		if r.err != nil {
-			t.Fatalf("rule %q: %v", rule, r.err)
-		}
-		return r
-	case <-time.After(limit):
-		t.Fatalf("rule %q: %s", rule, late)
-		return waitResult{}
-	}
-}
-
-// acquiredAt is acquired with the session released: it returns when the
-// wait acquired.
-func acquiredAt(t *testing.T, rule string, res <-chan waitResult, limit time.Duration, late string) time.Time {
-	t.Helper()
-	r := acquired(t, rule, res, limit, late)
-	r.s.Release(context.Background())
-	return r.at
-}
-
 // testQueueWaiterID checks rule "a waiting Acquire on a Queuer names itself
 // with one Waiter on all its attempts, another per Acquire, leaves the queue
 // when it gives up, and TryAcquire sends no Waiter".

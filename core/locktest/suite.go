@@ -41,7 +41,8 @@ func Run(t *testing.T, h Harness) {
 	// contexts, waiters, keys and options), release.go (Release and
 	// Close), lease.go (renewal, expiry and loss), tokens.go (fencing, also
 	// under a race, and ambiguous claims), slot.go, session.go, admin.go,
-	// check.go, semaphore.go and queue*.go.
+	// check.go, semaphore*.go and queue*.go; wait.go has the helpers of
+	// waits.
 	cases := []struct {
 		name string
 		fn   func(*testing.T, *env)
