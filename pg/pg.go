@@ -38,7 +38,7 @@ var (
 	_ core.ClaimBounder = (*Backend)(nil)
 	_ core.Queuer       = (*Backend)(nil)
 
-	_ core.SemaphoreBackend = (*Backend)(nil) // semaphore.go
+	_ core.SemaphoreBackend = (*Backend)(nil) // semaphore_admin.go
 )
 
 // NewBackend returns a Backend on pool, which stays the caller's: Close does
@@ -164,7 +164,7 @@ func (b *Backend) claimConn(ctx context.Context, start time.Time) (*pgxpool.Conn
 // the server (see WithClaimTimeout): one round trip, one transaction.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if req.Limit > 1 {
-		return b.tryAcquirePermit(ctx, req) // semaphore.go
+		return b.tryAcquirePermit(ctx, req) // semaphore_lease.go
 	}
 	start := time.Now()
 	if err := core.ValidateKey(req.Key); err != nil {
@@ -281,7 +281,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 		return nil, nil
 	}
 	if hasPermits(reqs) {
-		return b.renewWithPermits(ctx, reqs) // semaphore.go
+		return b.renewWithPermits(ctx, reqs) // semaphore_lease.go
 	}
 	keys := make([]string, len(reqs))
 	holders := make([]string, len(reqs))
@@ -325,7 +325,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // pruneAfter).
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Limit > 1 {
-		return b.releasePermit(ctx, req) // semaphore.go
+		return b.releasePermit(ctx, req) // semaphore_lease.go
 	}
 	if req.Keep > 0 {
 		tag, err := b.pool.Exec(ctx, b.stmt.keep, req.Key, req.OwnerToken, micro(req.Keep))
@@ -429,7 +429,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (core.Info, bool, err
 	}
 	info.Token, info.AcquiredAt, info.Remaining = uint64(token), acquired.Time, time.Duration(left)*time.Microsecond
 	if semLimit(info.Owner) > 0 {
-		return b.inspectPermits(ctx, key) // a semaphore: its oldest permit (semaphore.go)
+		return b.inspectPermits(ctx, key) // a semaphore: its oldest permit (semaphore_admin.go)
 	}
 	return info, true, nil
 }
@@ -445,7 +445,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]core.Info, error) 
 	if err != nil {
 		return nil, fmt.Errorf("pg: list: %w", err)
 	}
-	return b.listPermits(ctx, prefix, list) // semaphores: one Info per permit (semaphore.go)
+	return b.listPermits(ctx, prefix, list) // semaphores: one Info per permit (semaphore_admin.go)
 }
 
 // scanInfos reads the holders of rows (key, owner, token, acquired_at,
@@ -479,7 +479,7 @@ func scanInfos(rows pgx.Rows, limits bool) ([]core.Info, error) {
 // ForceRelease implements core.Admin: ends key's row whoever holds it
 // (keeping its token; the legacy table's is deleted) and notifies waiters. The holder learns of it at its next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (bool, error) {
-	if handled, released, err := b.forceReleasePermits(ctx, key); handled || err != nil { // semaphore.go
+	if handled, released, err := b.forceReleasePermits(ctx, key); handled || err != nil { // semaphore_admin.go
 		return released, err
 	}
 	var (
