@@ -214,8 +214,12 @@ type ReleaseRequest struct {
 //     QueueSemaphoreTurns, QueueOneWakePerRelease, QueueHandoffPrompt.)
 //
 // A Backend that wraps a Queuer must be a Queuer itself, forwarding
-// WatchTurns and Leave: waiters behind a wrapper that hides them are never
-// queued, so no release tells them anything and they only poll.
+// WatchTurns and Leave (and KeepsQueue, when it wraps a QueueKeeper):
+// waiters behind a wrapper that hides them are never queued, so no release
+// tells them anything and they only poll.
+//
+// A Backend type whose store keeps a queue in some configurations only is a
+// QueueKeeper, and says at run time whether it does.
 type Queuer interface {
 	Watcher
 	// WatchTurns is Watch for a Queuer: fn gets the key and the waiter whose
@@ -226,6 +230,39 @@ type Queuer interface {
 	// When waiter was first in line and the key can be claimed, the next
 	// live waiter is told. Leaving a queue one is not in is not an error.
 	Leave(ctx context.Context, key, waiter string) error
+}
+
+// QueueKeeper is implemented by a Queuer whose store keeps a waiter queue
+// in some configurations only: pg's Backend on the legacy table, which has
+// no column for one, is one type with its Backend on the full table. When
+// KeepsQueue reports false, the engine runs the backend as a Watcher that
+// is not a Queuer (see QueuerOf): an Acquire sends no Waiter and no Leave,
+// the subscription is Watch's, and a release wakes one waiter per process,
+// a wake-up that a waiter which gave up did not use passing to the next
+// waiter of its process, as on any Watcher. (Run as a Queuer, such a store
+// would see the queue's protocol and keep none of it: no release would be
+// handed on to the next waiter, and a wake-up not used would be lost.)
+type QueueKeeper interface {
+	Queuer
+	// KeepsQueue reports whether the store keeps the waiters of a key in
+	// line by the Queuer's contract. The answer is fixed for the
+	// backend's life.
+	KeepsQueue() bool
+}
+
+// QueuerOf returns b as the Queuer the engine runs it as: b when it is a
+// Queuer, unless it is a QueueKeeper whose KeepsQueue reports false; nil
+// and false otherwise. The engine (New) and the conformance suite decide by
+// it whether a backend keeps a waiter queue.
+func QueuerOf(b Backend) (Queuer, bool) {
+	q, ok := b.(Queuer)
+	if !ok {
+		return nil, false
+	}
+	if k, ok := b.(QueueKeeper); ok && !k.KeepsQueue() {
+		return nil, false
+	}
+	return q, true
 }
 
 // SemaphoreBackend is implemented by backends that also hold semaphores: a

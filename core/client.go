@@ -97,7 +97,7 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		workStop: make(chan struct{}),
 	}
 	c.watcher, _ = b.(Watcher)
-	c.queuer, _ = b.(Queuer)
+	c.queuer, _ = QueuerOf(b)
 	return c, nil
 }
 

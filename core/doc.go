@@ -78,7 +78,8 @@
 // # Waiting in line
 //
 // Acquire waits until the key is free or ctx ends. On a backend that is a
-// Queuer (memlock, redislock, pg) the store keeps the waiters of a key in a
+// Queuer (memlock, redislock, pg; not pg's legacy table, a QueueKeeper that
+// keeps no queue: see QueuerOf) the store keeps the waiters of a key in a
 // first-in, first-out queue: a busy answer puts the waiter in line, a
 // release tells the first waiter in line — across all processes — that its
 // turn has come, and only that waiter claims. One release costs one claim,
