@@ -102,7 +102,10 @@
 //
 // The legacy table (WithLegacyTable) has no queue: a free key goes to
 // whoever comes first, and every release notifies with the bare key, as
-// before. Processes of earlier versions sharing a table ignore the queue:
+// before. Its Backend says so (KeepsQueue, core.QueueKeeper), and the
+// engine runs it as a core.Watcher, not a core.Queuer: a release wakes one
+// waiter of each process, and a wake-up that a waiter which gave up did
+// not use passes to the next waiter of its process. Processes of earlier versions sharing a table ignore the queue:
 // they may take a free key out of turn, and their releases drop the queue
 // (its waiters poll and queue again).
 //

@@ -17,7 +17,10 @@ import (
 
 // Backend is the PostgreSQL store. It implements core.Backend, core.Watcher,
 // core.Queuer (waiters wait in line on the lock row; see the package doc),
-// core.Admin and core.SemaphoreBackend and is safe for concurrent use.
+// core.Admin and core.SemaphoreBackend and is safe for concurrent use. On
+// the legacy table (WithLegacyTable), which keeps no queue, it says so
+// (core.QueueKeeper), and the engine runs it as a core.Watcher that is not
+// a core.Queuer.
 type Backend struct {
 	pool    *pgxpool.Pool
 	ownPool bool // Open created the pool; Close closes it
@@ -37,6 +40,7 @@ var (
 	_ core.Admin        = (*Backend)(nil)
 	_ core.ClaimBounder = (*Backend)(nil)
 	_ core.Queuer       = (*Backend)(nil)
+	_ core.QueueKeeper  = (*Backend)(nil) // queue.go
 
 	_ core.SemaphoreBackend = (*Backend)(nil) // semaphore_admin.go
 )

@@ -8,14 +8,22 @@ import (
 )
 
 // This file holds the parts of core.Queuer that are not in TryAcquire and
-// Release: Leave and WatchTurns. The queue lives in the lock row's waiters
-// column (schema.go); the statements are in sql.go.
+// Release: Leave and WatchTurns, and KeepsQueue (core.QueueKeeper). The
+// queue lives in the lock row's waiters column (schema.go); the statements
+// are in sql.go.
+
+// KeepsQueue implements core.QueueKeeper: false on the legacy table, which
+// has no column for a queue, so that the engine runs the Backend as a
+// core.Watcher there (core.QueuerOf): it sends no Waiter and no Leave, and
+// a release's notification, which every process gets, wakes one waiter of
+// each process, a wake-up not used passing to the next.
+func (b *Backend) KeepsQueue() bool { return b.stmt.queue }
 
 // Leave implements core.Queuer: one statement takes waiter out of key's
 // queue; when waiter was first in line and the key can be claimed (it is
 // free, or a semaphore with a permit free), the next live waiter is
-// notified in the same statement. On the legacy table, which has no queue,
-// it does nothing.
+// notified in the same statement. On the legacy table, which has no queue
+// (KeepsQueue), it does nothing.
 func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 	if !b.stmt.queue || waiter == "" {
 		return nil

@@ -397,3 +397,106 @@ func expectEnded(t *testing.T, admin *pgxpool.Pool, table, key string) {
 		t.Fatalf("ended rows of the free key %q with nobody queued: %d (%v), want 1", key, n, err)
 	}
 }
+
+// legacyRecorder is a Backend on the legacy table that records what the
+// engine asks of it: the Waiter of every claim, the Leave calls and whether
+// it subscribed through WatchTurns.
+type legacyRecorder struct {
+	*pg.Backend
+	mu      sync.Mutex
+	waiters []string
+	leaves  int
+	turns   bool
+}
+
+func (r *legacyRecorder) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	r.mu.Lock()
+	r.waiters = append(r.waiters, req.Waiter)
+	r.mu.Unlock()
+	return r.Backend.TryAcquire(ctx, req)
+}
+
+func (r *legacyRecorder) Leave(ctx context.Context, key, waiter string) error {
+	r.mu.Lock()
+	r.leaves++
+	r.mu.Unlock()
+	return r.Backend.Leave(ctx, key, waiter)
+}
+
+func (r *legacyRecorder) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
+	r.mu.Lock()
+	r.turns = true
+	r.mu.Unlock()
+	return r.Backend.WatchTurns(ctx, ready, fn)
+}
+
+// TestLegacyTableRunsWithoutQueue: the legacy table keeps no waiter queue,
+// so the engine runs its Backend as a core.Watcher, not a core.Queuer: a
+// wait sends no Waiter, one that gives up sends no Leave (a wake-up it did
+// not use passes to the next waiter of its process instead), and the
+// subscription is Watch's. A wait still gets the key once it is released.
+func TestLegacyTableRunsWithoutQueue(t *testing.T) {
+	_, table := adminAndTable(t, pg.WithLegacyTable())
+	holder := newClient(t, newBackend(t, table, pg.WithLegacyTable()))
+	rec := &legacyRecorder{Backend: newBackend(t, table, pg.WithLegacyTable())}
+	waiter := newClient(t, rec)
+	key := testenv.Name("legacy-noqueue-")
+	s, err := holder.TryAcquire(ctxT(t), key)
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := waiter.Acquire(ctx, key); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Acquire of a held key = %v, want ErrNotAcquired", err)
+	}
+	got := acquireAsync(ctxT(t), waiter, key)
+	if err := s.Release(ctxT(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if r := <-got; r.err != nil {
+		t.Fatalf("wait after the release: %v", r.err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for i, w := range rec.waiters {
+		if w != "" {
+			t.Errorf("claim %d of %d carried Waiter %q: the engine ran the queue protocol on a table without a queue", i+1, len(rec.waiters), w)
+		}
+	}
+	if rec.leaves != 0 {
+		t.Errorf("%d Leave calls, want none", rec.leaves)
+	}
+	if rec.turns {
+		t.Error("the engine subscribed through WatchTurns, want Watch")
+	}
+}
+
+// TestLegacyTableLockerKeepsNoQueue: the Locker that New returns runs the
+// queue protocol on the full table only; on the legacy table its Backend is
+// run as a core.Watcher.
+func TestLegacyTableLockerKeepsNoQueue(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		opts  []pg.Option
+		queue bool
+	}{
+		{"full", nil, true},
+		{"legacy", []pg.Option{pg.WithLegacyTable()}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			table := freshTable(t, c.opts...)
+			l, err := pg.New(ctxT(t), newPool(t, nil), append([]pg.Option{pg.WithTable(table)}, c.opts...)...)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			t.Cleanup(func() { _ = l.Close() })
+			if _, q := core.QueuerOf(l.Backend()); q != c.queue {
+				t.Errorf("the engine runs the Backend as a core.Queuer: %v, want %v", q, c.queue)
+			}
+			if _, w := l.Backend().(core.Watcher); !w {
+				t.Error("the Backend is not a core.Watcher")
+			}
+		})
+	}
+}
