@@ -84,14 +84,14 @@ func TestConformanceSimpleProtocolAsync(t *testing.T) {
 // TestConformanceLegacy runs the suite on the 3-column key_value table of
 // the older tool: everything but fencing tokens and the waiter queue (the
 // table has no column for it; its Backend grants a free key to whoever
-// comes and notifies every release with the bare key), so the suite runs
-// the engine over it as over a core.Watcher (NoQueue).
+// comes and notifies every release with the bare key, and says it keeps no
+// queue, so that the engine runs it as a core.Watcher and the Queue rules
+// are skipped).
 func TestConformanceLegacy(t *testing.T) {
 	admin, table := adminAndTable(t, pg.WithLegacyTable())
 	ident := pgx.Identifier{table}.Sanitize()
 	h := harness(t, admin, table, pg.WithLegacyTable())
 	h.NoFencing = true
-	h.NoQueue = true
 	h.Steal = func(ctx context.Context, key string) error {
 		_, err := admin.Exec(ctx, `UPDATE `+ident+` SET value = 'stolen' WHERE key = $1 AND expire_at > now()`, key)
 		return err

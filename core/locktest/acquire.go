@@ -94,6 +94,23 @@ func testAcquireCtx(t *testing.T, e *env) {
 	if b.fault.queues() && !waitFor(t, func() bool { return b.fault.leavesDone.Load() >= 1 }, 10*time.Second) {
 		t.Fatalf("rule %q: the wait that gave up did not leave the store's queue", rule)
 	}
+	if !b.fault.queues() {
+		// A backend the engine does not run as a core.Queuer (among them a
+		// core.QueueKeeper whose store keeps no queue) is asked nothing of
+		// the queue's protocol.
+		const rule = "a wait on a backend that keeps no waiter queue sends no Waiter and no Leave"
+		if n := b.fault.leaves.Load(); n != 0 {
+			t.Errorf("rule %q: %d Leave calls", rule, n)
+		}
+		b.fault.mu.Lock()
+		for _, a := range b.fault.sent {
+			if a.waiter != "" {
+				t.Errorf("rule %q: an attempt carried Waiter %q", rule, a.waiter)
+				break
+			}
+		}
+		b.fault.mu.Unlock()
+	}
 	s2 := mustAcquire(t, c, k)
 	s2.Release(context.Background())
 }

@@ -49,7 +49,6 @@ type faultBackend struct {
 	frozen   atomic.Pointer[chan struct{}]
 	thawed   atomic.Int64
 	closed   atomic.Bool  // Close was called: every call fails
-	noQueue  bool         // Harness.NoQueue: the engine is not given core.Queuer
 	attempts atomic.Int64 // TryAcquire calls
 	watching atomic.Bool  // a Watch or WatchTurns subscription is in place
 	readyAt  atomic.Int64 // when the latest subscription came up (UnixNano)
@@ -313,11 +312,13 @@ func (f *faultBackend) ForceRelease(ctx context.Context, key string) (bool, erro
 // wrapper that claimed one its backend lacks (or hid one it has) would test
 // another engine than the one the backend runs under. faultBackend itself
 // has none of their methods; each comes from one of the parts below, and
-// backend composes the parts the wrapped backend has. The one exception is
-// Harness.NoQueue: a core.Queuer whose store keeps no queue is given as a
-// core.Watcher. The Admin calls stay
-// on faultBackend (answering ErrUnsupported for a backend without them),
-// as the engine only forwards them.
+// backend composes the parts the wrapped backend has. queuePart forwards
+// core.QueueKeeper's KeepsQueue too (true for a core.Queuer that is not a
+// core.QueueKeeper, which is what core.QueuerOf makes of one), so that the
+// engine decides by it whether to run the queue's protocol, as it does on
+// the bare backend. The Admin calls stay on faultBackend (answering
+// ErrUnsupported for a backend without them), as the engine only forwards
+// them.
 
 // watchPart adds core.Watcher.
 type watchPart struct{ f *faultBackend }
@@ -389,6 +390,10 @@ func polledGrants(fs []*faultBackend, keys map[string]bool) (polled, grants int)
 	return polled, grants
 }
 
+// KeepsQueue forwards core.QueueKeeper: whether the engine runs the wrapped
+// backend as a core.Queuer.
+func (p queuePart) KeepsQueue() bool { return p.f.queues() }
+
 func (p queuePart) Leave(ctx context.Context, key, waiter string) error {
 	f := p.f
 	if err := f.unusable(); err != nil {
@@ -417,18 +422,18 @@ func (p boundPart) ClaimBound() time.Duration {
 	return p.f.Backend.(core.ClaimBounder).ClaimBound()
 }
 
-// queues reports whether the engine is given core.Queuer: the wrapped
-// backend is one, and the harness did not say its store keeps no queue.
+// queues reports whether the engine runs the wrapped backend as a
+// core.Queuer (core.QueuerOf): it is one and keeps a waiter queue.
 func (f *faultBackend) queues() bool {
-	_, q := f.Backend.(core.Queuer)
-	return q && !f.noQueue
+	_, q := core.QueuerOf(f.Backend)
+	return q
 }
 
 // backend returns f with exactly the optional interfaces of the backend it
 // wraps: what the engine under test is given.
 func (f *faultBackend) backend() core.Backend {
 	_, watch := f.Backend.(core.Watcher)
-	queue := f.queues()
+	_, queue := f.Backend.(core.Queuer)
 	_, sem := f.Backend.(core.SemaphoreBackend)
 	_, bound := f.Backend.(core.ClaimBounder)
 	w, q, s, b := watchPart{f}, queuePart{watchPart{f}}, semPart{f}, boundPart{f}

@@ -32,6 +32,11 @@ type queueOnly struct{ watchOnly }
 func (queueOnly) WatchTurns(context.Context, func(), func(string, string)) error { return nil }
 func (queueOnly) Leave(context.Context, string, string) error                    { return nil }
 
+// keeps is core.QueueKeeper's KeepsQueue.
+type keeps bool
+
+func (k keeps) KeepsQueue() bool { return bool(k) }
+
 type semOnly struct{}
 
 func (semOnly) Holders(context.Context, string) ([]core.Info, error) { return nil, nil }
@@ -39,6 +44,40 @@ func (semOnly) Holders(context.Context, string) ([]core.Info, error) { return ni
 type boundOnly struct{}
 
 func (boundOnly) ClaimBound() time.Duration { return 7 * time.Second }
+
+// The wrapper of a core.Queuer answers KeepsQueue as core.QueuerOf answers
+// of the backend it wraps, so that the engine runs the queue's protocol on
+// it exactly when it would on the bare backend.
+func TestFaultForwardsKeepsQueue(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		b    core.Backend
+		want bool
+	}{
+		{"Queuer", struct {
+			bareBackend
+			queueOnly
+		}{}, true},
+		{"QueueKeeper keeping a queue", struct {
+			bareBackend
+			queueOnly
+			keeps
+		}{keeps: true}, true},
+		{"QueueKeeper keeping none", struct {
+			bareBackend
+			queueOnly
+			keeps
+		}{keeps: false}, false},
+	} {
+		w := newFault(c.b).backend()
+		if _, ok := w.(core.Queuer); !ok {
+			t.Errorf("%s: the wrapper hides core.Queuer", c.name)
+		}
+		if _, q := core.QueuerOf(w); q != c.want {
+			t.Errorf("%s: the engine would run the wrapper as a core.Queuer: %v, want %v", c.name, q, c.want)
+		}
+	}
+}
 
 func TestFaultForwardsExactlyTheOptionalInterfaces(t *testing.T) {
 	for _, c := range []struct {

@@ -13,17 +13,19 @@
 // answering, a crashed holder, lost replies) are injected by locktest itself
 // through a Backend wrapper, so a backend needs no test hooks for them. The
 // wrapper has exactly the optional interfaces of the backend it wraps
-// (core.Watcher, core.Queuer, core.SemaphoreBackend, core.ClaimBounder), so
-// the engine under test runs as it would on the bare backend.
+// (core.Watcher, core.Queuer, core.SemaphoreBackend, core.ClaimBounder), and
+// forwards core.QueueKeeper's answer, so the engine under test runs as it
+// would on the bare backend.
 //
 // Rules of optional capabilities run when the backend implements them and
 // are skipped, with the reason, when it does not: the Semaphore rules for a
 // core.SemaphoreBackend (at most n holders, racing tries all granted while
 // permits are free, tokens across permits, a crashed permit, wake-ups,
 // limit mismatches, Holders and the Admin calls per permit, batched
-// renewal, min hold), the Queue rules for a core.Queuer (FIFO across
-// processes, dead and cancelled waiters, no barging, one wake per
-// release). The Check rules (Session.Check) run on every backend, and so does
+// renewal, min hold), the Queue rules for a backend that the engine runs
+// as a core.Queuer (core.QueuerOf: a core.Queuer, unless it is a
+// core.QueueKeeper that keeps no queue; FIFO across processes, dead and
+// cancelled waiters, no barging, one wake per release). The Check rules (Session.Check) run on every backend, and so does
 // the token race (TokensIncreaseUnderRace: many processes race for one key,
 // and no holder's token may fail to exceed its predecessors'), whose
 // semaphore half needs a core.SemaphoreBackend.
@@ -81,8 +83,4 @@ type Harness struct {
 	NoWatch      bool // no release notifications
 	NoAdmin      bool // no Inspect/List/ForceRelease
 	NoSlots      bool // ForSlot unsupported
-	// NoQueue: the backend is a core.Queuer, but its store keeps no
-	// waiter queue (pg's legacy table): the suite gives the engine the
-	// backend as a plain core.Watcher and skips the Queue rules.
-	NoQueue bool
 }

@@ -13,14 +13,15 @@ import (
 	"github.com/dislock/dislock/core"
 )
 
-// Rules of store-side waiter queues. They run when the backend is a
-// core.Queuer and are skipped otherwise. Each clause of core.Queuer's
-// contract (the grant rule, places in line, dead waiters, turns) names the
-// rules that check it: the waits through the engine here, the grant rule in
-// queue_grant.go, the turns in queue_turns.go; the set-ups they share are
-// here. A waiting Acquire on a Queuer
-// sends every attempt with one Waiter id and the engine's queue TTL (2s),
-// and re-attempts at least every third of it to keep its place in line.
+// Rules of store-side waiter queues. They run when the engine runs the
+// backend as a core.Queuer (core.QueuerOf) and are skipped otherwise. Each
+// clause of core.Queuer's contract (the grant rule, places in line, dead
+// waiters, turns) names the rules that check it: the waits through the
+// engine here, the grant rule in queue_grant.go, the turns in
+// queue_turns.go; the set-ups they share are here. A waiting Acquire on a
+// Queuer sends every attempt with one Waiter id and the engine's queue TTL
+// (2s), and re-attempts at least every third of it to keep its place in
+// line.
 //
 // Existing rules that take a key right after a wait on it ended
 // (AcquireHonoursContext) rely on the engine's Leave having run before
@@ -32,23 +33,29 @@ import (
 // of attempts err on the generous side).
 const queueRefresh = 600 * time.Millisecond
 
+// noQueue is why a queue rule is skipped on a backend that keeps no queue.
+const noQueue = "backend keeps no waiter queue (core.QueuerOf: not a core.Queuer, or a core.QueueKeeper that keeps none)"
+
+// keepsQueue reports whether the engine runs b as a core.Queuer.
+func keepsQueue(b core.Backend) bool {
+	_, q := core.QueuerOf(b)
+	return q
+}
+
 // queueProcs returns n processes, or skips the rule when the backend keeps
 // no queue.
 func queueProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
 	skipQueue(t, e)
-	return procsWith[core.Queuer](t, e, n, "backend keeps no waiter queue (not a core.Queuer)", opts...)
+	return procsIf(t, e, n, keepsQueue, noQueue, opts...)
 }
 
-// skipQueue skips a queue rule on a harness whose store keeps no queue
-// (NoQueue), or has no release notifications: turns are notifications, so
-// the rules cannot tell a turn from a poll there.
+// skipQueue skips a queue rule on a harness without release notifications:
+// turns are notifications, so the rules cannot tell a turn from a poll
+// there.
 func skipQueue(t *testing.T, e *env) {
 	t.Helper()
-	switch {
-	case e.h.NoQueue:
-		t.Skip("the store keeps no waiter queue (NoQueue)")
-	case e.h.NoWatch:
+	if e.h.NoWatch {
 		t.Skip("queue turns need release notifications (NoWatch)")
 	}
 }
@@ -65,8 +72,8 @@ func rawQueuer(t *testing.T, e *env) queueBackend {
 	t.Helper()
 	skipQueue(t, e)
 	q, ok := e.h.NewBackend(t).(queueBackend)
-	if !ok {
-		t.Skip("backend keeps no waiter queue (not a core.Queuer)")
+	if !ok || !keepsQueue(q) {
+		t.Skip(noQueue)
 	}
 	return q
 }

@@ -150,8 +150,15 @@ func (e *env) pair(t *testing.T) (a, b *proc, k string) {
 // the backend is not an I: a rule of an optional interface.
 func procsWith[I any](t *testing.T, e *env, n int, lacks string, opts ...core.ClientOption) []*proc {
 	t.Helper()
+	return procsIf(t, e, n, func(b core.Backend) bool { _, ok := b.(I); return ok }, lacks, opts...)
+}
+
+// procsIf returns n processes (proc), or skips the rule with lacks when has
+// reports false of the backend.
+func procsIf(t *testing.T, e *env, n int, has func(core.Backend) bool, lacks string, opts ...core.ClientOption) []*proc {
+	t.Helper()
 	ps := []*proc{e.proc(t, opts...)}
-	if _, ok := ps[0].fault.Backend.(I); !ok {
+	if !has(ps[0].fault.Backend) {
 		t.Skip(lacks)
 	}
 	for len(ps) < n {
@@ -165,7 +172,6 @@ func procsWith[I any](t *testing.T, e *env, n int, lacks string, opts ...core.Cl
 func (e *env) proc(t *testing.T, opts ...core.ClientOption) *proc {
 	t.Helper()
 	fb := newFault(e.h.NewBackend(t))
-	fb.noQueue = e.h.NoQueue
 	all := append([]core.ClientOption{core.WithDefaults(core.TTL(e.ttl))}, e.h.ClientOptions...)
 	c, err := core.New(fb.backend(), append(all, opts...)...)
 	if err != nil {
