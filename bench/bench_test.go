@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/zktest"
 )
 
 // each runs bench once per contender, as sub-benchmarks named store/contender.
@@ -41,8 +42,8 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 		return st, h.cmds.Load
 	}
 	if s == "zk" {
-		cnt := &zkCounter{}
-		return zkStore(b, cnt), cnt.reqs.Load
+		cnt := &zktest.Counter{}
+		return zkStore(b, cnt), cnt.Reqs.Load
 	}
 	if s == "mysql" {
 		var n atomic.Int64

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
 )
@@ -61,7 +62,7 @@ type store struct {
 	// writes returns the server's write transactions so far (ZooKeeper
 	// only; nil elsewhere).
 	writes func() int64
-	zk     *zkCounter // ZooKeeper: counts the contenders' sessions
+	zk     *zktest.Counter // ZooKeeper: counts the contenders' sessions
 }
 
 // redisStore connects to the benchmark's Redis; hook may be nil.

@@ -11,11 +11,8 @@ package zklock_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"net"
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +20,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/benchtest"
+	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -35,28 +33,8 @@ func benchServer(b *testing.B) string {
 }
 
 // counter counts the requests written on the connections it dialed (every
-// frame but pings, xid -2).
-type counter struct{ n atomic.Int64 }
-
-func (c *counter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return &countConn{Conn: nc, n: &c.n}, nil
-}
-
-type countConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-func (c *countConn) Write(p []byte) (int, error) {
-	if len(p) >= 8 && int32(binary.BigEndian.Uint32(p[4:8])) != -2 {
-		c.n.Add(1)
-	}
-	return c.Conn.Write(p)
-}
+// frame but pings).
+type counter = zktest.Counter
 
 func benchConn(b *testing.B, connect string, cnt *counter) *zk.Conn {
 	b.Helper()
@@ -64,20 +42,11 @@ func benchConn(b *testing.B, connect string, cnt *counter) *zk.Conn {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var conn *zk.Conn
+	var dial zk.Dialer
 	if cnt != nil {
-		conn, _, err = zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}), zk.WithDialer(cnt.dial))
-	} else {
-		conn, _, err = zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}))
+		dial = cnt.Dial
 	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(conn.Close)
-	if _, _, err := conn.Exists("/"); err != nil { // wait for the session
-		b.Fatal(err)
-	}
-	return conn
+	return zktest.Session(b, servers, 10*time.Second, dial)
 }
 
 func benchLocker(b *testing.B, connect, root string, cnt *counter) *core.Client {
@@ -85,7 +54,7 @@ func benchLocker(b *testing.B, connect, root string, cnt *counter) *core.Client 
 	opts := []zklock.Option{zklock.WithRoot(root), zklock.WithSessionTimeout(15 * time.Second),
 		zklock.WithClientOptions(core.WithDefaults(core.TTL(10 * time.Second)))}
 	if cnt != nil {
-		opts = append(opts, zklock.WithDialer(cnt.dial))
+		opts = append(opts, zklock.WithDialer(cnt.Dial))
 	}
 	l, err := zklock.New(context.Background(), connect, opts...)
 	if err != nil {
@@ -112,9 +81,9 @@ func exists(c *zk.Conn) func() error {
 // so that the ratio holds under the same load (benchtest.Interleaved).
 func interleaved(b *testing.B, c *zk.Conn, cnt *counter, op func() error) {
 	existsRTT(b, c) // warm up
-	n0 := cnt.n.Load()
+	n0 := cnt.Reqs.Load()
 	benchtest.Interleaved(b, "rtt", exists(c), op)
-	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(b.N), "req/op")
+	b.ReportMetric(float64(cnt.Reqs.Load()-n0)/float64(b.N), "req/op")
 }
 
 func BenchmarkExists(b *testing.B) {
@@ -223,7 +192,7 @@ func BenchmarkZkLockHandoff(b *testing.B) {
 func handoff(b *testing.B, raw *zk.Conn, cnt *counter, mk func(i int) (func(context.Context) error, func() error)) {
 	const waiters = 16
 	rtt := existsRTT(b, raw)
-	n0 := cnt.n.Load()
+	n0 := cnt.Reqs.Load()
 	lat, acquired := benchtest.Handoff(b, waiters, mk)
 	rtt = (rtt + existsRTT(b, raw)) / 2 // before and after: the load may change
 	if len(lat) == 0 {
@@ -234,7 +203,7 @@ func handoff(b *testing.B, raw *zk.Conn, cnt *counter, mk func(i int) (func(cont
 	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(p(0.5))/float64(rtt), "p50-x-rtt")
 	b.ReportMetric(float64(p(0.99))/float64(rtt), "p99-x-rtt")
-	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(acquired), "req/acq")
+	b.ReportMetric(float64(cnt.Reqs.Load()-n0)/float64(acquired), "req/acq")
 	b.ReportMetric(float64(rtt.Microseconds())/1000, "rtt-ms")
 }
 
