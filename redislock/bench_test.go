@@ -283,12 +283,9 @@ func benchHandoff(b *testing.B, procs int) {
 	before := commandCalls(b, admin)
 	lat, _ := benchtest.Handoff(b, waiters, benchtest.Turns(lockers, "handoff"))
 	after := commandCalls(b, admin)
-	if len(lat) == 0 {
+	if _, _, ok := benchtest.ReportHandoff(b, lat); !ok {
 		return
 	}
-	p := func(q float64) float64 { return float64(benchtest.Quantile(lat, q).Microseconds()) / 1000 }
-	b.ReportMetric(p(0.5), "p50-ms")
-	b.ReportMetric(p(0.99), "p99-ms")
 	b.ReportMetric(float64(scriptCalls(before, after))/float64(b.N), "req/acq")
 	b.ReportMetric(float64(ping.Microseconds())/1000, "ping-ms")
 }

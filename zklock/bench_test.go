@@ -195,14 +195,12 @@ func handoff(b *testing.B, raw *zk.Conn, cnt *counter, mk func(i int) (func(cont
 	n0 := cnt.Reqs.Load()
 	lat, acquired := benchtest.Handoff(b, waiters, mk)
 	rtt = (rtt + existsRTT(b, raw)) / 2 // before and after: the load may change
-	if len(lat) == 0 {
+	p50, p99, ok := benchtest.ReportHandoff(b, lat)
+	if !ok {
 		return
 	}
-	p := func(q float64) time.Duration { return benchtest.Quantile(lat, q) }
-	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
-	b.ReportMetric(float64(p(0.5))/float64(rtt), "p50-x-rtt")
-	b.ReportMetric(float64(p(0.99))/float64(rtt), "p99-x-rtt")
+	b.ReportMetric(float64(p50)/float64(rtt), "p50-x-rtt")
+	b.ReportMetric(float64(p99)/float64(rtt), "p99-x-rtt")
 	b.ReportMetric(float64(cnt.Reqs.Load()-n0)/float64(acquired), "req/acq")
 	b.ReportMetric(float64(rtt.Microseconds())/1000, "rtt-ms")
 }

@@ -135,6 +135,20 @@ func Quantile(lat []time.Duration, q float64) time.Duration {
 	return lat[int(q*float64(len(lat)-1))]
 }
 
+// ReportHandoff reports the median and the 99th percentile of the sorted
+// hand-off latencies lat in milliseconds (p50-ms, p99-ms) and returns them,
+// for the backend's ratios to its own round trips. With no latencies it
+// reports nothing and returns ok false.
+func ReportHandoff(b *testing.B, lat []time.Duration) (p50, p99 time.Duration, ok bool) {
+	if len(lat) == 0 {
+		return 0, 0, false
+	}
+	p50, p99 = Quantile(lat, 0.5), Quantile(lat, 0.99)
+	b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+	return p50, p99, true
+}
+
 // Hold claims n sessions with claim, lets one renew interval pass (the
 // acquisitions settle into one renewal batch), calls mark, then sleeps b.N
 // intervals: the benchmark's iterations, with the timer running. It fails
