@@ -71,20 +71,6 @@ func zkConnect(tb testing.TB) string {
 	return zkRun.connect
 }
 
-// zkConn opens a session, counted by cnt when not nil, closed when tb ends.
-func zkConn(tb testing.TB, connect string, cnt *zktest.Counter) *zk.Conn {
-	tb.Helper()
-	servers, _, err := zklock.ParseServers(connect)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var dial zk.Dialer
-	if cnt != nil {
-		dial = cnt.Dial
-	}
-	return zktest.Session(tb, servers, zkSession, dial)
-}
-
 var zxidLine = regexp.MustCompile(`Zxid: 0x([0-9a-f]+)`)
 
 // zkWrites returns the server's transactions so far (the low 32 bits of
@@ -116,7 +102,7 @@ func zkWrites(tb testing.TB, connect string) func() int64 {
 func zkStore(tb testing.TB, cnt *zktest.Counter) *store {
 	tb.Helper()
 	connect := zkConnect(tb)
-	raw := zkConn(tb, connect, nil)
+	raw := zktest.Session(tb, connect, zkSession, nil)
 	return &store{name: "zk", url: connect, zk: cnt, writes: zkWrites(tb, connect),
 		rt: func(context.Context) error {
 			_, _, err := raw.Exists("/")
@@ -133,7 +119,7 @@ func zkContenderFor(tb testing.TB, st *store, which string) *contender {
 	case "dislock":
 		return dislockContender(tb, newDislockZK(tb, st))
 	case "zklock":
-		return zkLockContender(zkConn(tb, st.url, st.zk), root+"/zklock")
+		return zkLockContender(zktest.Session(tb, st.url, zkSession, st.zk), root+"/zklock")
 	}
 	tb.Fatalf("no contender zk/%s", which)
 	return nil

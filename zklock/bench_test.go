@@ -37,16 +37,7 @@ func benchServer(b *testing.B) string {
 type counter = zktest.Counter
 
 func benchConn(b *testing.B, connect string, cnt *counter) *zk.Conn {
-	b.Helper()
-	servers, _, err := zklock.ParseServers(connect)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var dial zk.Dialer
-	if cnt != nil {
-		dial = cnt.Dial
-	}
-	return zktest.Session(b, servers, 10*time.Second, dial)
+	return zktest.Session(b, connect, 10*time.Second, cnt)
 }
 
 func benchLocker(b *testing.B, connect, root string, cnt *counter) *core.Client {

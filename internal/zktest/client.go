@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/dislock/dislock/zklock"
 )
 
 // Counter counts the frames written on the connections it dials:
@@ -45,13 +47,18 @@ type Quiet struct{}
 // Printf implements zk.Logger.
 func (Quiet) Printf(string, ...any) {}
 
-// Session opens a quiet session on servers with the given session timeout,
-// dialed by dial (nil: a plain TCP dial), waits until it is established and
-// closes it when tb ends.
-func Session(tb testing.TB, servers []string, timeout time.Duration, dial zk.Dialer) *zk.Conn {
+// Session opens a quiet session on the servers of connect (a zklock
+// connect string) with the given session timeout, counted by cnt when not
+// nil, waits until it is established and closes it when tb ends.
+func Session(tb testing.TB, connect string, timeout time.Duration, cnt *Counter) *zk.Conn {
 	tb.Helper()
-	if dial == nil {
-		dial = net.DialTimeout
+	servers, _, err := zklock.ParseServers(connect)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dial := net.DialTimeout
+	if cnt != nil {
+		dial = cnt.Dial
 	}
 	c, _, err := zk.Connect(servers, timeout, zk.WithLogInfo(false), zk.WithLogger(Quiet{}), zk.WithDialer(dial))
 	if err != nil {
