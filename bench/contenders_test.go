@@ -121,7 +121,7 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 	case "pg/dislock-nonotify":
 		return dislockContender(tb, newDislockPG(tb, st.pool, pg.WithoutNotify(), pg.WithoutListen()))
 	case "pg/ttlrow":
-		return ttlRowContender(tb, st.pool)
+		return pgTTLRowContender(tb, st.pool)
 	case "pg/advisory":
 		return advisoryContender(st.pool)
 	case "mysql/dislock":
@@ -321,7 +321,7 @@ func ttlRowTable(tb testing.TB, pool *pgxpool.Pool) string {
 	return table
 }
 
-func ttlRowContender(tb testing.TB, pool *pgxpool.Pool) *contender {
+func pgTTLRowContender(tb testing.TB, pool *pgxpool.Pool) *contender {
 	tb.Helper()
 	table := ttlRowTable(tb, pool)
 	acquire := `INSERT INTO ` + table + ` AS t (key, owner, expire_at)
@@ -331,34 +331,51 @@ WHERE t.expire_at < now()`
 	release := `DELETE FROM ` + table + ` WHERE key = $1 AND owner = $2`
 	extend := `UPDATE ` + table + ` SET expire_at = now() + $3 * interval '1 millisecond'
 WHERE key = $1 AND owner = $2`
+	return ttlRowContender(
+		func(ctx context.Context, key string, ttl time.Duration) (string, error) {
+			owner := rand.Text()
+			tag, err := pool.Exec(ctx, acquire, key, owner, ttl.Milliseconds())
+			if err != nil {
+				return "", err
+			}
+			if tag.RowsAffected() != 1 {
+				return "", errBusy
+			}
+			return owner, nil
+		},
+		func(ctx context.Context, key, owner string) error {
+			_, err := pool.Exec(ctx, release, key, owner)
+			return err
+		},
+		func(ctx context.Context, key, owner string, ttl time.Duration) (int64, error) {
+			tag, err := pool.Exec(ctx, extend, key, owner, ttl.Milliseconds())
+			return tag.RowsAffected(), err
+		})
+}
+
+// ttlRowContender is a plain TTL-row lock: take claims a key for a new
+// owner (errBusy while another owner's row is live), release deletes the
+// owner's row and extend renews it, reporting the rows it updated.
+func ttlRowContender(take func(ctx context.Context, key string, ttl time.Duration) (owner string, err error),
+	release func(ctx context.Context, key, owner string) error,
+	extend func(ctx context.Context, key, owner string, ttl time.Duration) (int64, error)) *contender {
 	try := func(ctx context.Context, key string) (unlockFunc, error) {
-		owner := rand.Text()
-		tag, err := pool.Exec(ctx, acquire, key, owner, ttl.Milliseconds())
+		owner, err := take(ctx, key, ttl)
 		if err != nil {
 			return nil, err
 		}
-		if tag.RowsAffected() != 1 {
-			return nil, errBusy
-		}
-		return func(ctx context.Context) error {
-			_, err := pool.Exec(ctx, release, key, owner)
-			return err
-		}, nil
+		return func(ctx context.Context) error { return release(ctx, key, owner) }, nil
 	}
 	return &contender{
 		try: try,
 		lease: func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
-			owner := rand.Text()
-			tag, err := pool.Exec(ctx, acquire, key, owner, ttl.Milliseconds())
+			owner, err := take(ctx, key, ttl)
 			if err != nil {
 				return nil, err
 			}
-			if tag.RowsAffected() != 1 {
-				return nil, errBusy
-			}
 			return func(ctx context.Context) error {
-				tag, err := pool.Exec(ctx, extend, key, owner, ttl.Milliseconds())
-				if err == nil && tag.RowsAffected() != 1 {
+				n, err := extend(ctx, key, owner, ttl)
+				if err == nil && n != 1 {
 					err = fmt.Errorf("TTL row %q lost", key)
 				}
 				return err

@@ -258,35 +258,18 @@ ON DUPLICATE KEY UPDATE owner = IF(expire_at < NOW(6), VALUES(owner), owner),
 		}
 		return owner, nil
 	}
-	try := func(ctx context.Context, key string) (unlockFunc, error) {
-		owner, err := take(ctx, key, ttl)
-		if err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error {
+	return ttlRowContender(take,
+		func(ctx context.Context, key, owner string) error {
 			_, err := db.ExecContext(ctx, release, key, owner)
 			return err
-		}, nil
-	}
-	return &contender{
-		try: try,
-		lease: func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
-			owner, err := take(ctx, key, ttl)
-			if err != nil {
-				return nil, err
-			}
-			return func(ctx context.Context) error {
-				res, err := db.ExecContext(ctx, extend, ttl.Microseconds(), key, owner)
-				if err == nil {
-					if n, _ := res.RowsAffected(); n != 1 {
-						err = fmt.Errorf("TTL row %q lost", key)
-					}
-				}
-				return err
-			}, nil
 		},
-		wait: pollWait(try),
-	}
+		func(ctx context.Context, key, owner string, ttl time.Duration) (int64, error) {
+			res, err := db.ExecContext(ctx, extend, ttl.Microseconds(), key, owner)
+			if err != nil {
+				return 0, err
+			}
+			return res.RowsAffected()
+		})
 }
 
 // ---- GET_LOCK / RELEASE_LOCK on a pinned connection ----
