@@ -17,6 +17,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
 )
@@ -89,19 +90,11 @@ func dropMySQLAtExit(cfg *mysql.Config) {
 			{"SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME LIKE ?", "DROP PROCEDURE IF EXISTS "},
 			{"SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE ?", "DROP TABLE IF EXISTS "},
 		} {
-			rows, err := db.QueryContext(ctx, q.list, like)
+			names, err := mysqltest.Names(ctx, db, q.list, like)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "bench: list mysql objects: %v\n", err)
 				return
 			}
-			var names []string
-			for rows.Next() {
-				var n string
-				if rows.Scan(&n) == nil {
-					names = append(names, n)
-				}
-			}
-			rows.Close()
 			for _, n := range names {
 				if _, err := db.ExecContext(ctx, q.drop+"`"+n+"`"); err != nil {
 					fmt.Fprintf(os.Stderr, "bench: drop %s: %v\n", n, err)
