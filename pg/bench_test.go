@@ -34,24 +34,43 @@ func select1(b *testing.B, pool *pgxpool.Pool, par int) time.Duration {
 	}
 	var ops atomic.Int64
 	stop := time.Now().Add(500 * time.Millisecond)
-	var wg sync.WaitGroup
 	start := time.Now()
-	for range par {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(stop) {
-				var one int
-				if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+	onPar(b, par, func() bool { return !time.Now().Before(stop) }, func(int) error {
+		var one int
+		err := pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+		if err == nil {
+			ops.Add(1)
+		}
+		return err
+	})
+	return time.Since(start) / time.Duration(ops.Load())
+}
+
+// onPar runs op on par goroutines, w being the goroutine's number, each
+// until done says stop or op fails (which fails b).
+func onPar(b *testing.B, par int, done func() bool, op func(w int) error) {
+	var wg sync.WaitGroup
+	for w := range par {
+		wg.Go(func() {
+			for !done() {
+				if err := op(w); err != nil {
 					b.Error(err)
 					return
 				}
-				ops.Add(1)
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	return time.Since(start) / time.Duration(ops.Load())
+}
+
+// reportWaits sorts waits and reports their median and 90th percentile
+// (p50_ms, p90_ms); it returns the median.
+func reportWaits(b *testing.B, waits []time.Duration) time.Duration {
+	slices.Sort(waits)
+	p50 := waits[len(waits)/2]
+	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
+	b.ReportMetric(float64(waits[len(waits)*9/10].Microseconds())/1000, "p90_ms")
+	return p50
 }
 
 func benchPool(b *testing.B, conns int32) *pgxpool.Pool {
@@ -288,10 +307,7 @@ func benchHandoff(b *testing.B, opts ...pg.Option) {
 	if len(gaps) == 0 {
 		return
 	}
-	slices.Sort(gaps)
-	p50 := gaps[len(gaps)/2]
-	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
-	b.ReportMetric(float64(gaps[len(gaps)*9/10].Microseconds())/1000, "p90_ms")
+	p50 := reportWaits(b, gaps)
 	b.ReportMetric(float64(p50)/float64(base), "p50_x_select1")
 }
 
@@ -343,9 +359,7 @@ func BenchmarkHandoffFreshKey(b *testing.B) {
 				wg.Wait()
 			}
 			b.StopTimer()
-			slices.Sort(waits)
-			b.ReportMetric(float64(waits[len(waits)/2].Microseconds())/1000, "p50_ms")
-			b.ReportMetric(float64(waits[len(waits)*9/10].Microseconds())/1000, "p90_ms")
+			reportWaits(b, waits)
 		})
 	}
 }

@@ -3,7 +3,7 @@ package pg_test
 import (
 	"context"
 	"fmt"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,21 +62,9 @@ func BenchmarkPermitAcquireRelease(b *testing.B) {
 							}
 						}
 					} else {
-						var wg sync.WaitGroup
-						per := b.N/par + 1
-						for w := range par {
-							wg.Add(1)
-							go func() {
-								defer wg.Done()
-								for range per {
-									if err := op(w); err != nil {
-										b.Error(err)
-										return
-									}
-								}
-							}()
-						}
-						wg.Wait()
+						var left atomic.Int64
+						left.Store(int64(b.N))
+						onPar(b, par, func() bool { return left.Add(-1) < 0 }, op)
 					}
 					reportRatio(b, base)
 				})
