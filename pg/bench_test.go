@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -121,15 +122,11 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 		b.Run(mode.name, func(b *testing.B) {
 			pool := benchPool(b, 4)
 			l := benchLocker(b, pool, benchTable(b, pool), mode.opts...)
-			ctx := context.Background()
+			op := benchtest.AcquireRelease(l, "k")
 			base := select1(b, pool, 1)
 			b.ResetTimer()
 			for b.Loop() {
-				s, err := l.TryAcquire(ctx, "k")
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := s.Release(ctx); err != nil {
+				if err := op(); err != nil {
 					b.Fatal(err)
 				}
 			}
