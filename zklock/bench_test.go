@@ -40,12 +40,14 @@ func benchConn(b *testing.B, connect string, cnt *counter) *zk.Conn {
 	return zktest.Session(b, connect, 10*time.Second, cnt)
 }
 
-func benchLocker(b *testing.B, connect, root string, cnt *counter) *core.Client {
+// benchLocker is a Locker under root whose session dials with dial (nil:
+// the default), closed when b ends.
+func benchLocker(b *testing.B, connect, root string, dial zk.Dialer) *core.Client {
 	b.Helper()
 	opts := []zklock.Option{zklock.WithRoot(root), zklock.WithSessionTimeout(15 * time.Second),
 		zklock.WithClientOptions(core.WithDefaults(core.TTL(10 * time.Second)))}
-	if cnt != nil {
-		opts = append(opts, zklock.WithDialer(cnt.Dial))
+	if dial != nil {
+		opts = append(opts, zklock.WithDialer(dial))
 	}
 	l, err := zklock.New(context.Background(), connect, opts...)
 	if err != nil {
@@ -111,7 +113,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 	connect := benchServer(b)
 	raw := benchConn(b, connect, nil)
 	var cnt counter
-	l := benchLocker(b, connect, testRoot(), &cnt)
+	l := benchLocker(b, connect, testRoot(), cnt.Dial)
 	interleaved(b, raw, &cnt, benchtest.AcquireRelease(l, "uncontended"))
 }
 
@@ -145,7 +147,7 @@ func BenchmarkHandoff(b *testing.B) {
 			var cnt counter
 			lockers := make([]core.Locker, procs)
 			for i := range lockers {
-				lockers[i] = benchLocker(b, connect, root, &cnt)
+				lockers[i] = benchLocker(b, connect, root, cnt.Dial)
 			}
 			handoff(b, benchConn(b, connect, nil), &cnt, benchtest.Turns(lockers, "handoff"))
 		})
@@ -218,7 +220,7 @@ func BenchmarkSemaphore(b *testing.B) {
 			raw := benchConn(b, connect, nil)
 			var cnt counter
 			root := testRoot()
-			l := benchLocker(b, connect, root, &cnt)
+			l := benchLocker(b, connect, root, cnt.Dial)
 			ctx := context.Background()
 			if bc.held > 0 {
 				other := benchLocker(b, connect, root, nil)
