@@ -33,35 +33,11 @@ func select1(b *testing.B, pool *pgxpool.Pool, par int) time.Duration {
 		var one int
 		_ = pool.QueryRow(ctx, "SELECT 1").Scan(&one)
 	}
-	var ops atomic.Int64
-	stop := time.Now().Add(500 * time.Millisecond)
-	start := time.Now()
-	onPar(b, par, func() bool { return !time.Now().Before(stop) }, func(int) error {
+	rate := benchtest.Rate(b, par, 500*time.Millisecond, func() error {
 		var one int
-		err := pool.QueryRow(ctx, "SELECT 1").Scan(&one)
-		if err == nil {
-			ops.Add(1)
-		}
-		return err
+		return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
 	})
-	return time.Since(start) / time.Duration(ops.Load())
-}
-
-// onPar runs op on par goroutines, w being the goroutine's number, each
-// until done says stop or op fails (which fails b).
-func onPar(b *testing.B, par int, done func() bool, op func(w int) error) {
-	var wg sync.WaitGroup
-	for w := range par {
-		wg.Go(func() {
-			for !done() {
-				if err := op(w); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	return time.Duration(float64(time.Second) / rate)
 }
 
 // reportWaits sorts waits and reports their median and 90th percentile

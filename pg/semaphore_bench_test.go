@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/pg"
 )
 
@@ -64,7 +65,7 @@ func BenchmarkPermitAcquireRelease(b *testing.B) {
 					} else {
 						var left atomic.Int64
 						left.Store(int64(b.N))
-						onPar(b, par, func() bool { return left.Add(-1) < 0 }, op)
+						benchtest.Parallel(b, par, func() bool { return left.Add(-1) < 0 }, op)
 					}
 					reportRatio(b, base)
 				})

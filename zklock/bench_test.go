@@ -82,12 +82,7 @@ func interleaved(b *testing.B, c *zk.Conn, cnt *counter, op func() error) {
 func BenchmarkExists(b *testing.B) {
 	c := benchConn(b, benchServer(b), nil)
 	existsRTT(b, c)
-	b.ResetTimer()
-	for range b.N {
-		if _, _, err := c.Exists("/"); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchtest.Loop(b, exists(c))
 }
 
 // BenchmarkSetData is one write (a quorum write on an ensemble): what every

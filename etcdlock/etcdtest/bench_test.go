@@ -136,13 +136,7 @@ func benchRoundTrip(b *testing.B, latency func(*testing.B, *clientv3.Client) tim
 	op func(*clientv3.Client) func() error) {
 	cli := benchClient(b, benchEndpoints(b), nil)
 	latency(b, cli)
-	do := op(cli)
-	b.ResetTimer()
-	for range b.N {
-		if err := do(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchtest.Loop(b, op(cli))
 }
 
 // interleaved runs op b.N times, each after one Get on cli, timing both,
