@@ -25,19 +25,22 @@ import (
 // attempts_per_select1: attempts per second ÷ SELECT 1 per second).
 
 // select1 returns the mean time of one SELECT 1 with par goroutines sharing
-// pool, measured over about 300ms.
+// pool, measured over about 500ms.
 func select1(b *testing.B, pool *pgxpool.Pool, par int) time.Duration {
 	b.Helper()
-	ctx := context.Background()
+	op := selectOne(pool)
 	for range 20 { // warm the pool's connections
-		var one int
-		_ = pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+		_ = op()
 	}
-	rate := benchtest.Rate(b, par, 500*time.Millisecond, func() error {
+	return time.Duration(float64(time.Second) / benchtest.Rate(b, par, 500*time.Millisecond, op))
+}
+
+// selectOne is one SELECT 1 on pool.
+func selectOne(pool *pgxpool.Pool) func() error {
+	return func() error {
 		var one int
-		return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
-	})
-	return time.Duration(float64(time.Second) / rate)
+		return pool.QueryRow(context.Background(), "SELECT 1").Scan(&one)
+	}
 }
 
 // reportWaits sorts waits and reports their median and 90th percentile
@@ -77,15 +80,7 @@ func reportRatio(b *testing.B, base time.Duration) {
 }
 
 func BenchmarkSelect1(b *testing.B) {
-	pool := benchPool(b, 4)
-	ctx := context.Background()
-	b.ResetTimer()
-	for b.Loop() {
-		var one int
-		if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchtest.Loop(b, selectOne(benchPool(b, 4)))
 }
 
 // Uncontended TryAcquire + Release through the Locker, durable (default)

@@ -33,10 +33,8 @@ func BenchmarkPermitAcquireRelease(b *testing.B) {
 					l := benchLocker(b, pool, benchTable(b, pool), mode.opts...)
 					ctx := context.Background()
 					base := select1(b, pool, par)
-					op := func(w int) error {
-						var one int
-						return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
-					}
+					one := selectOne(pool)
+					op := func(int) error { return one() }
 					switch kind {
 					case "mutex":
 						op = func(w int) error {
