@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -431,27 +430,18 @@ func BenchmarkDistinctKeys(b *testing.B) {
 	run := func(b *testing.B, cli *clientv3.Client, cnt *counter, op func(key string) error) {
 		get := getLatency(b, cli)
 		n0, m0 := cnt.requests(), cnt.streamMsgs.Load()
+		keys := make([]string, workers)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("k%d", i)
+		}
 		var next atomic.Int64
-		var wg sync.WaitGroup
-		var failed atomic.Value
 		b.ResetTimer()
 		start := time.Now()
-		for i := range workers {
-			key := fmt.Sprintf("k%d", i)
-			wg.Go(func() {
-				for next.Add(1) <= int64(b.N) {
-					if err := op(key); err != nil {
-						failed.Store(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		benchtest.Parallel(b, workers, func() bool { return next.Add(1) > int64(b.N) }, func(w int) error { return op(keys[w]) })
 		el := time.Since(start)
 		b.StopTimer()
-		if err, _ := failed.Load().(error); err != nil {
-			b.Fatal(err)
+		if b.Failed() {
+			b.FailNow()
 		}
 		rate := float64(b.N) / el.Seconds()
 		b.ReportMetric(rate, "acq/s")
