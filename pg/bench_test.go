@@ -83,13 +83,17 @@ func BenchmarkSelect1(b *testing.B) {
 	benchtest.Loop(b, selectOne(benchPool(b, 4)))
 }
 
+// commitModes are the commit modes the benchmarks compare: durable (the
+// default) and WithAsyncCommit.
+var commitModes = []struct {
+	name string
+	opts []pg.Option
+}{{"durable", nil}, {"async", []pg.Option{pg.WithAsyncCommit()}}}
+
 // Uncontended TryAcquire + Release through the Locker, durable (default)
 // and with WithAsyncCommit.
 func BenchmarkTryAcquireRelease(b *testing.B) {
-	for _, mode := range []struct {
-		name string
-		opts []pg.Option
-	}{{"durable", nil}, {"async", []pg.Option{pg.WithAsyncCommit()}}} {
+	for _, mode := range commitModes {
 		b.Run(mode.name, func(b *testing.B) {
 			pool := benchPool(b, 4)
 			l := benchLocker(b, pool, benchTable(b, pool), mode.opts...)
@@ -220,8 +224,9 @@ func BenchmarkHotKey64(b *testing.B) {
 // processes through LISTEN/NOTIFY) take turns on one key; the metric is the
 // time from the start of Release to the next holder's acquisition.
 func BenchmarkHandoff16(b *testing.B) {
-	b.Run("durable", func(b *testing.B) { benchHandoff(b) })
-	b.Run("async", func(b *testing.B) { benchHandoff(b, pg.WithAsyncCommit()) })
+	for _, mode := range commitModes {
+		b.Run(mode.name, func(b *testing.B) { benchHandoff(b, mode.opts...) })
+	}
 }
 
 func benchHandoff(b *testing.B, opts ...pg.Option) {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/benchtest"
-	"github.com/dislock/dislock/pg"
 )
 
 // Acquire + release of one permit of a semaphore of 4 against a mutex and
@@ -21,10 +20,7 @@ import (
 //     busy, but serialised on the key's header row), the mutexes take 4
 //     distinct keys.
 func BenchmarkPermitAcquireRelease(b *testing.B) {
-	for _, mode := range []struct {
-		name string
-		opts []pg.Option
-	}{{"durable", nil}, {"async", []pg.Option{pg.WithAsyncCommit()}}} {
+	for _, mode := range commitModes {
 		for _, par := range []int{1, 4} {
 			for _, kind := range []string{"select1", "mutex", "permit4"} {
 				name := fmt.Sprintf("%s/%s/par%d", mode.name, kind, par)
