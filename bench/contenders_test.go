@@ -405,38 +405,26 @@ func pollWait(try func(ctx context.Context, key string) (unlockFunc, error)) fun
 // ---- pg_try_advisory_lock / pg_advisory_lock (session-level) ----
 
 func advisoryContender(pool *pgxpool.Pool) *contender {
-	// The lock lives as long as the connection that took it, so a holder
-	// keeps a connection of the pool until it unlocks.
 	take := func(ctx context.Context, key, fn string) (unlockFunc, error) {
-		conn, err := pool.Acquire(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var ok bool
-		if fn == "pg_advisory_lock" {
-			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", key)
-			ok = err == nil
-		} else {
-			err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key).Scan(&ok)
-		}
-		if err != nil || !ok {
-			conn.Release()
-			if err == nil {
-				err = errBusy
-			}
-			return nil, err
-		}
-		return func(ctx context.Context) error {
-			defer conn.Release()
-			var released bool
-			if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key).Scan(&released); err != nil {
-				return err
-			}
-			if !released {
-				return fmt.Errorf("advisory lock %q was not held", key)
-			}
-			return nil
-		}, nil
+		return connLock(ctx, pool.Acquire, (*pgxpool.Conn).Release,
+			func(conn *pgxpool.Conn) (ok bool, err error) {
+				if fn == "pg_advisory_lock" {
+					_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", key)
+					return err == nil, err
+				}
+				err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key).Scan(&ok)
+				return ok, err
+			},
+			func(ctx context.Context, conn *pgxpool.Conn) error {
+				var released bool
+				if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key).Scan(&released); err != nil {
+					return err
+				}
+				if !released {
+					return fmt.Errorf("advisory lock %q was not held", key)
+				}
+				return nil
+			})
 	}
 	return &contender{
 		try: func(ctx context.Context, key string) (unlockFunc, error) {
@@ -444,6 +432,30 @@ func advisoryContender(pool *pgxpool.Pool) *contender {
 		},
 		wait: func(ctx context.Context, key string) (unlockFunc, error) { return take(ctx, key, "pg_advisory_lock") },
 	}
+}
+
+// connLock takes a lock that lives as long as the connection that took it,
+// so a holder keeps a connection of the pool until it unlocks: open takes
+// the connection, lock tries the lock on it (false: busy), unlock gives the
+// lock up and put gives the connection back, after the unlock or a lock
+// not taken.
+func connLock[C any](ctx context.Context, open func(context.Context) (C, error), put func(C),
+	lock func(C) (bool, error), unlock func(context.Context, C) error) (unlockFunc, error) {
+	conn, err := open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ok, err := lock(conn); err != nil || !ok {
+		put(conn)
+		if err == nil {
+			err = errBusy
+		}
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		defer put(conn)
+		return unlock(ctx, conn)
+	}, nil
 }
 
 var droppedTables = map[string]bool{}

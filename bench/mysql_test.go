@@ -278,33 +278,24 @@ func getLockName(key string) string {
 }
 
 func getLockContender(db *sql.DB) *contender {
-	// The lock lives as long as the connection that took it, so a holder
-	// keeps a connection of the pool until it unlocks.
 	take := func(ctx context.Context, key string, timeout int) (unlockFunc, error) {
 		lock := getLockName(key)
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var ok sql.NullInt64
-		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, timeout).Scan(&ok); err != nil || ok.Int64 != 1 {
-			conn.Close()
-			if err == nil {
-				err = errBusy
-			}
-			return nil, err
-		}
-		return func(ctx context.Context) error {
-			defer conn.Close()
-			var released sql.NullInt64
-			if err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", lock).Scan(&released); err != nil {
-				return err
-			}
-			if released.Int64 != 1 {
-				return fmt.Errorf("GET_LOCK %q was not held", strings.TrimSpace(lock))
-			}
-			return nil
-		}, nil
+		return connLock(ctx, db.Conn, func(conn *sql.Conn) { conn.Close() },
+			func(conn *sql.Conn) (bool, error) {
+				var ok sql.NullInt64
+				err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, timeout).Scan(&ok)
+				return ok.Int64 == 1, err
+			},
+			func(ctx context.Context, conn *sql.Conn) error {
+				var released sql.NullInt64
+				if err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", lock).Scan(&released); err != nil {
+					return err
+				}
+				if released.Int64 != 1 {
+					return fmt.Errorf("GET_LOCK %q was not held", strings.TrimSpace(lock))
+				}
+				return nil
+			})
 	}
 	return &contender{
 		try:  func(ctx context.Context, key string) (unlockFunc, error) { return take(ctx, key, 0) },
