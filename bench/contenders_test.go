@@ -168,23 +168,29 @@ func newDislockPG(tb testing.TB, pool *pgxpool.Pool, extra ...pg.Option) *core.C
 
 func dislockContender(tb testing.TB, l core.Locker) *contender {
 	tb.Helper()
-	grab := func(s core.Session, err error) (unlockFunc, error) {
-		if errors.Is(err, core.ErrNotAcquired) {
-			return nil, errBusy
-		}
-		if err != nil {
-			return nil, err
-		}
-		return s.Release, nil
-	}
 	return &contender{
 		try: func(ctx context.Context, key string) (unlockFunc, error) {
-			return grab(l.TryAcquire(ctx, key, core.TTL(ttl)))
+			s, err := l.TryAcquire(ctx, key, core.TTL(ttl))
+			return held(s, err, core.ErrNotAcquired, core.Session.Release)
 		},
 		wait: func(ctx context.Context, key string) (unlockFunc, error) {
-			return grab(l.Acquire(ctx, key, core.TTL(ttl)))
+			s, err := l.Acquire(ctx, key, core.TTL(ttl))
+			return held(s, err, core.ErrNotAcquired, core.Session.Release)
 		},
 	}
+}
+
+// held is a contender's answer to a library's claim that returned lock l
+// and err: errBusy when err is the library's busy, err, or the release of
+// l.
+func held[L any](l L, err, busy error, release func(L, context.Context) error) (unlockFunc, error) {
+	if errors.Is(err, busy) {
+		return nil, errBusy
+	}
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { return release(l, ctx) }, nil
 }
 
 // ---- github.com/bsm/redislock ----
@@ -197,13 +203,7 @@ func bsmContender(c *redis.Client) *contender {
 	prefix := name("bsm") + ":"
 	obtain := func(ctx context.Context, key string, opt *bsm.Options) (unlockFunc, error) {
 		l, err := cl.Obtain(ctx, prefix+key, ttl, opt)
-		if errors.Is(err, bsm.ErrNotObtained) {
-			return nil, errBusy
-		}
-		if err != nil {
-			return nil, err
-		}
-		return l.Release, nil
+		return held(l, err, bsm.ErrNotObtained, (*bsm.Lock).Release)
 	}
 	return &contender{
 		try: func(ctx context.Context, key string) (unlockFunc, error) {
