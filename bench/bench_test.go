@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/zktest"
 )
 
 // each runs bench once per contender, as sub-benchmarks named store/contender.
@@ -41,8 +42,8 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 		return st, h.cmds.Load
 	}
 	if s == "zk" {
-		cnt := &zkCounter{}
-		return zkStore(b, cnt), cnt.reqs.Load
+		cnt := &zktest.Counter{}
+		return zkStore(b, cnt), cnt.Reqs.Load
 	}
 	if s == "mysql" {
 		var n atomic.Int64
@@ -364,14 +365,18 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	b.ResetTimer()
 	for g := range waiters {
 		wg.Go(func() {
+			// fail records err and lets the others finish.
+			fail := func(err error) {
+				errs[g] = err
+				mu.Lock()
+				acquired = b.N
+				turn.Broadcast()
+				mu.Unlock()
+			}
 			for remaining.Add(-1) >= 0 {
 				u, err := cs[g].wait(ctx, key)
 				if err != nil {
-					errs[g] = err
-					mu.Lock()
-					acquired = b.N // let the others finish
-					turn.Broadcast()
-					mu.Unlock()
+					fail(err)
 					return
 				}
 				now := time.Now()
@@ -400,11 +405,7 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 				releasedAt = time.Now()
 				mu.Unlock()
 				if err := u(ctx); err != nil {
-					errs[g] = err
-					mu.Lock()
-					acquired = b.N // let the others finish
-					turn.Broadcast()
-					mu.Unlock()
+					fail(err)
 					return
 				}
 				// Join the back of the queue: wait until someone else has

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
 )
@@ -61,7 +62,7 @@ type store struct {
 	// writes returns the server's write transactions so far (ZooKeeper
 	// only; nil elsewhere).
 	writes func() int64
-	zk     *zkCounter // ZooKeeper: counts the contenders' sessions
+	zk     *zktest.Counter // ZooKeeper: counts the contenders' sessions
 }
 
 // redisStore connects to the benchmark's Redis; hook may be nil.
@@ -120,7 +121,7 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 	case "pg/dislock-nonotify":
 		return dislockContender(tb, newDislockPG(tb, st.pool, pg.WithoutNotify(), pg.WithoutListen()))
 	case "pg/ttlrow":
-		return ttlRowContender(tb, st.pool)
+		return pgTTLRowContender(tb, st.pool)
 	case "pg/advisory":
 		return advisoryContender(st.pool)
 	case "mysql/dislock":
@@ -167,23 +168,29 @@ func newDislockPG(tb testing.TB, pool *pgxpool.Pool, extra ...pg.Option) *core.C
 
 func dislockContender(tb testing.TB, l core.Locker) *contender {
 	tb.Helper()
-	grab := func(s core.Session, err error) (unlockFunc, error) {
-		if errors.Is(err, core.ErrNotAcquired) {
-			return nil, errBusy
-		}
-		if err != nil {
-			return nil, err
-		}
-		return s.Release, nil
-	}
 	return &contender{
 		try: func(ctx context.Context, key string) (unlockFunc, error) {
-			return grab(l.TryAcquire(ctx, key, core.TTL(ttl)))
+			s, err := l.TryAcquire(ctx, key, core.TTL(ttl))
+			return held(s, err, core.ErrNotAcquired, core.Session.Release)
 		},
 		wait: func(ctx context.Context, key string) (unlockFunc, error) {
-			return grab(l.Acquire(ctx, key, core.TTL(ttl)))
+			s, err := l.Acquire(ctx, key, core.TTL(ttl))
+			return held(s, err, core.ErrNotAcquired, core.Session.Release)
 		},
 	}
+}
+
+// held is a contender's answer to a library's claim that returned lock l
+// and err: errBusy when err is the library's busy, err, or the release of
+// l.
+func held[L any](l L, err, busy error, release func(L, context.Context) error) (unlockFunc, error) {
+	if errors.Is(err, busy) {
+		return nil, errBusy
+	}
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { return release(l, ctx) }, nil
 }
 
 // ---- github.com/bsm/redislock ----
@@ -196,13 +203,7 @@ func bsmContender(c *redis.Client) *contender {
 	prefix := name("bsm") + ":"
 	obtain := func(ctx context.Context, key string, opt *bsm.Options) (unlockFunc, error) {
 		l, err := cl.Obtain(ctx, prefix+key, ttl, opt)
-		if errors.Is(err, bsm.ErrNotObtained) {
-			return nil, errBusy
-		}
-		if err != nil {
-			return nil, err
-		}
-		return l.Release, nil
+		return held(l, err, bsm.ErrNotObtained, (*bsm.Lock).Release)
 	}
 	return &contender{
 		try: func(ctx context.Context, key string) (unlockFunc, error) {
@@ -320,7 +321,7 @@ func ttlRowTable(tb testing.TB, pool *pgxpool.Pool) string {
 	return table
 }
 
-func ttlRowContender(tb testing.TB, pool *pgxpool.Pool) *contender {
+func pgTTLRowContender(tb testing.TB, pool *pgxpool.Pool) *contender {
 	tb.Helper()
 	table := ttlRowTable(tb, pool)
 	acquire := `INSERT INTO ` + table + ` AS t (key, owner, expire_at)
@@ -330,34 +331,51 @@ WHERE t.expire_at < now()`
 	release := `DELETE FROM ` + table + ` WHERE key = $1 AND owner = $2`
 	extend := `UPDATE ` + table + ` SET expire_at = now() + $3 * interval '1 millisecond'
 WHERE key = $1 AND owner = $2`
+	return ttlRowContender(
+		func(ctx context.Context, key string, ttl time.Duration) (string, error) {
+			owner := rand.Text()
+			tag, err := pool.Exec(ctx, acquire, key, owner, ttl.Milliseconds())
+			if err != nil {
+				return "", err
+			}
+			if tag.RowsAffected() != 1 {
+				return "", errBusy
+			}
+			return owner, nil
+		},
+		func(ctx context.Context, key, owner string) error {
+			_, err := pool.Exec(ctx, release, key, owner)
+			return err
+		},
+		func(ctx context.Context, key, owner string, ttl time.Duration) (int64, error) {
+			tag, err := pool.Exec(ctx, extend, key, owner, ttl.Milliseconds())
+			return tag.RowsAffected(), err
+		})
+}
+
+// ttlRowContender is a plain TTL-row lock: take claims a key for a new
+// owner (errBusy while another owner's row is live), release deletes the
+// owner's row and extend renews it, reporting the rows it updated.
+func ttlRowContender(take func(ctx context.Context, key string, ttl time.Duration) (owner string, err error),
+	release func(ctx context.Context, key, owner string) error,
+	extend func(ctx context.Context, key, owner string, ttl time.Duration) (int64, error)) *contender {
 	try := func(ctx context.Context, key string) (unlockFunc, error) {
-		owner := rand.Text()
-		tag, err := pool.Exec(ctx, acquire, key, owner, ttl.Milliseconds())
+		owner, err := take(ctx, key, ttl)
 		if err != nil {
 			return nil, err
 		}
-		if tag.RowsAffected() != 1 {
-			return nil, errBusy
-		}
-		return func(ctx context.Context) error {
-			_, err := pool.Exec(ctx, release, key, owner)
-			return err
-		}, nil
+		return func(ctx context.Context) error { return release(ctx, key, owner) }, nil
 	}
 	return &contender{
 		try: try,
 		lease: func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
-			owner := rand.Text()
-			tag, err := pool.Exec(ctx, acquire, key, owner, ttl.Milliseconds())
+			owner, err := take(ctx, key, ttl)
 			if err != nil {
 				return nil, err
 			}
-			if tag.RowsAffected() != 1 {
-				return nil, errBusy
-			}
 			return func(ctx context.Context) error {
-				tag, err := pool.Exec(ctx, extend, key, owner, ttl.Milliseconds())
-				if err == nil && tag.RowsAffected() != 1 {
+				n, err := extend(ctx, key, owner, ttl)
+				if err == nil && n != 1 {
 					err = fmt.Errorf("TTL row %q lost", key)
 				}
 				return err
@@ -387,38 +405,26 @@ func pollWait(try func(ctx context.Context, key string) (unlockFunc, error)) fun
 // ---- pg_try_advisory_lock / pg_advisory_lock (session-level) ----
 
 func advisoryContender(pool *pgxpool.Pool) *contender {
-	// The lock lives as long as the connection that took it, so a holder
-	// keeps a connection of the pool until it unlocks.
 	take := func(ctx context.Context, key, fn string) (unlockFunc, error) {
-		conn, err := pool.Acquire(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var ok bool
-		if fn == "pg_advisory_lock" {
-			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", key)
-			ok = err == nil
-		} else {
-			err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key).Scan(&ok)
-		}
-		if err != nil || !ok {
-			conn.Release()
-			if err == nil {
-				err = errBusy
-			}
-			return nil, err
-		}
-		return func(ctx context.Context) error {
-			defer conn.Release()
-			var released bool
-			if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key).Scan(&released); err != nil {
-				return err
-			}
-			if !released {
-				return fmt.Errorf("advisory lock %q was not held", key)
-			}
-			return nil
-		}, nil
+		return connLock(ctx, pool.Acquire, (*pgxpool.Conn).Release,
+			func(conn *pgxpool.Conn) (ok bool, err error) {
+				if fn == "pg_advisory_lock" {
+					_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", key)
+					return err == nil, err
+				}
+				err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key).Scan(&ok)
+				return ok, err
+			},
+			func(ctx context.Context, conn *pgxpool.Conn) error {
+				var released bool
+				if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key).Scan(&released); err != nil {
+					return err
+				}
+				if !released {
+					return fmt.Errorf("advisory lock %q was not held", key)
+				}
+				return nil
+			})
 	}
 	return &contender{
 		try: func(ctx context.Context, key string) (unlockFunc, error) {
@@ -426,6 +432,30 @@ func advisoryContender(pool *pgxpool.Pool) *contender {
 		},
 		wait: func(ctx context.Context, key string) (unlockFunc, error) { return take(ctx, key, "pg_advisory_lock") },
 	}
+}
+
+// connLock takes a lock that lives as long as the connection that took it,
+// so a holder keeps a connection of the pool until it unlocks: open takes
+// the connection, lock tries the lock on it (false: busy), unlock gives the
+// lock up and put gives the connection back, after the unlock or a lock
+// not taken.
+func connLock[C any](ctx context.Context, open func(context.Context) (C, error), put func(C),
+	lock func(C) (bool, error), unlock func(context.Context, C) error) (unlockFunc, error) {
+	conn, err := open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ok, err := lock(conn); err != nil || !ok {
+		put(conn)
+		if err == nil {
+			err = errBusy
+		}
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		defer put(conn)
+		return unlock(ctx, conn)
+	}, nil
 }
 
 var droppedTables = map[string]bool{}

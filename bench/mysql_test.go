@@ -17,6 +17,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
 )
@@ -89,19 +90,11 @@ func dropMySQLAtExit(cfg *mysql.Config) {
 			{"SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME LIKE ?", "DROP PROCEDURE IF EXISTS "},
 			{"SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE ?", "DROP TABLE IF EXISTS "},
 		} {
-			rows, err := db.QueryContext(ctx, q.list, like)
+			names, err := mysqltest.Names(ctx, db, q.list, like)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "bench: list mysql objects: %v\n", err)
 				return
 			}
-			var names []string
-			for rows.Next() {
-				var n string
-				if rows.Scan(&n) == nil {
-					names = append(names, n)
-				}
-			}
-			rows.Close()
 			for _, n := range names {
 				if _, err := db.ExecContext(ctx, q.drop+"`"+n+"`"); err != nil {
 					fmt.Fprintf(os.Stderr, "bench: drop %s: %v\n", n, err)
@@ -258,35 +251,18 @@ ON DUPLICATE KEY UPDATE owner = IF(expire_at < NOW(6), VALUES(owner), owner),
 		}
 		return owner, nil
 	}
-	try := func(ctx context.Context, key string) (unlockFunc, error) {
-		owner, err := take(ctx, key, ttl)
-		if err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error {
+	return ttlRowContender(take,
+		func(ctx context.Context, key, owner string) error {
 			_, err := db.ExecContext(ctx, release, key, owner)
 			return err
-		}, nil
-	}
-	return &contender{
-		try: try,
-		lease: func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
-			owner, err := take(ctx, key, ttl)
-			if err != nil {
-				return nil, err
-			}
-			return func(ctx context.Context) error {
-				res, err := db.ExecContext(ctx, extend, ttl.Microseconds(), key, owner)
-				if err == nil {
-					if n, _ := res.RowsAffected(); n != 1 {
-						err = fmt.Errorf("TTL row %q lost", key)
-					}
-				}
-				return err
-			}, nil
 		},
-		wait: pollWait(try),
-	}
+		func(ctx context.Context, key, owner string, ttl time.Duration) (int64, error) {
+			res, err := db.ExecContext(ctx, extend, ttl.Microseconds(), key, owner)
+			if err != nil {
+				return 0, err
+			}
+			return res.RowsAffected()
+		})
 }
 
 // ---- GET_LOCK / RELEASE_LOCK on a pinned connection ----
@@ -302,33 +278,24 @@ func getLockName(key string) string {
 }
 
 func getLockContender(db *sql.DB) *contender {
-	// The lock lives as long as the connection that took it, so a holder
-	// keeps a connection of the pool until it unlocks.
 	take := func(ctx context.Context, key string, timeout int) (unlockFunc, error) {
 		lock := getLockName(key)
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var ok sql.NullInt64
-		if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, timeout).Scan(&ok); err != nil || ok.Int64 != 1 {
-			conn.Close()
-			if err == nil {
-				err = errBusy
-			}
-			return nil, err
-		}
-		return func(ctx context.Context) error {
-			defer conn.Close()
-			var released sql.NullInt64
-			if err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", lock).Scan(&released); err != nil {
-				return err
-			}
-			if released.Int64 != 1 {
-				return fmt.Errorf("GET_LOCK %q was not held", strings.TrimSpace(lock))
-			}
-			return nil
-		}, nil
+		return connLock(ctx, db.Conn, func(conn *sql.Conn) { conn.Close() },
+			func(conn *sql.Conn) (bool, error) {
+				var ok sql.NullInt64
+				err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, timeout).Scan(&ok)
+				return ok.Int64 == 1, err
+			},
+			func(ctx context.Context, conn *sql.Conn) error {
+				var released sql.NullInt64
+				if err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", lock).Scan(&released); err != nil {
+					return err
+				}
+				if released.Int64 != 1 {
+					return fmt.Errorf("GET_LOCK %q was not held", strings.TrimSpace(lock))
+				}
+				return nil
+			})
 	}
 	return &contender{
 		try:  func(ctx context.Context, key string) (unlockFunc, error) { return take(ctx, key, 0) },

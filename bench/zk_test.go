@@ -2,9 +2,7 @@ package bench
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"net"
 	"os"
 	"regexp"
 	"strconv"
@@ -73,62 +71,6 @@ func zkConnect(tb testing.TB) string {
 	return zkRun.connect
 }
 
-// zkCounter counts the frames written on the connections it dialed:
-// requests, and pings (xid -2) apart.
-type zkCounter struct{ reqs, pings atomic.Int64 }
-
-func (c *zkCounter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return &zkCountConn{Conn: nc, c: c}, nil
-}
-
-type zkCountConn struct {
-	net.Conn
-	c *zkCounter
-}
-
-func (cc *zkCountConn) Write(p []byte) (int, error) {
-	if len(p) >= 8 {
-		if int32(binary.BigEndian.Uint32(p[4:8])) == -2 {
-			cc.c.pings.Add(1)
-		} else {
-			cc.c.reqs.Add(1)
-		}
-	}
-	return cc.Conn.Write(p)
-}
-
-type zkQuiet struct{}
-
-func (zkQuiet) Printf(string, ...any) {}
-
-// zkConn opens a session, counted by cnt when not nil, closed when tb ends.
-func zkConn(tb testing.TB, connect string, cnt *zkCounter) *zk.Conn {
-	tb.Helper()
-	servers, _, err := zklock.ParseServers(connect)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
-		return net.DialTimeout(network, addr, timeout)
-	}
-	if cnt != nil {
-		dial = cnt.dial
-	}
-	c, _, err := zk.Connect(servers, zkSession, zk.WithLogInfo(false), zk.WithLogger(zkQuiet{}), zk.WithDialer(dial))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(c.Close)
-	if _, _, err := c.Exists("/"); err != nil { // wait for the session
-		tb.Fatal(err)
-	}
-	return c
-}
-
 var zxidLine = regexp.MustCompile(`Zxid: 0x([0-9a-f]+)`)
 
 // zkWrites returns the server's transactions so far (the low 32 bits of
@@ -157,10 +99,10 @@ func zkWrites(tb testing.TB, connect string) func() int64 {
 
 // zkStore connects to the benchmark's ZooKeeper; its contenders' sessions
 // are counted by cnt.
-func zkStore(tb testing.TB, cnt *zkCounter) *store {
+func zkStore(tb testing.TB, cnt *zktest.Counter) *store {
 	tb.Helper()
 	connect := zkConnect(tb)
-	raw := zkConn(tb, connect, nil)
+	raw := zktest.Session(tb, connect, zkSession, nil)
 	return &store{name: "zk", url: connect, zk: cnt, writes: zkWrites(tb, connect),
 		rt: func(context.Context) error {
 			_, _, err := raw.Exists("/")
@@ -175,20 +117,27 @@ func zkContenderFor(tb testing.TB, st *store, which string) *contender {
 	root := "/" + run.id
 	switch which {
 	case "dislock":
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		l, err := zklock.New(ctx, st.url, zklock.WithRoot(root), zklock.WithSessionTimeout(zkSession),
-			zklock.WithDialer(st.zk.dial), zklock.WithLogger(zkQuiet{}))
-		if err != nil {
-			tb.Fatalf("zklock.New: %v", err)
-		}
-		tb.Cleanup(func() { _ = l.Close() })
-		return dislockContender(tb, l)
+		return dislockContender(tb, newDislockZK(tb, st))
 	case "zklock":
-		return zkLockContender(zkConn(tb, st.url, st.zk), root+"/zklock")
+		return zkLockContender(zktest.Session(tb, st.url, zkSession, st.zk), root+"/zklock")
 	}
 	tb.Fatalf("no contender zk/%s", which)
 	return nil
+}
+
+// newDislockZK is a zklock Locker under this run's root node, on a session
+// of its own counted by st, closed when tb ends.
+func newDislockZK(tb testing.TB, st *store) *core.Client {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := zklock.New(ctx, st.url, zklock.WithRoot("/"+run.id), zklock.WithSessionTimeout(zkSession),
+		zklock.WithDialer(st.zk.Dial), zklock.WithLogger(zktest.Quiet{}))
+	if err != nil {
+		tb.Fatalf("zklock.New: %v", err)
+	}
+	tb.Cleanup(func() { _ = l.Close() })
+	return l
 }
 
 // zkLockContender is go-zookeeper's zk.Lock on c, a lock node per key under
@@ -216,23 +165,15 @@ func zkLockContender(c *zk.Conn, base string) *contender {
 // server's writes.
 func zkHold(b *testing.B, which string) {
 	ctx := bg(b)
-	cnt := &zkCounter{}
+	cnt := &zktest.Counter{}
 	st := zkStore(b, cnt)
 	keys := make([]string, leases)
 	for i := range keys {
 		keys[i] = name(which, "hold", fmt.Sprint(i))
 	}
-	take := func(ctx context.Context, key string) error {
-		_, err := zkContenderFor(b, st, which).lease(ctx, key, holdTTL)
-		return err
-	}
+	var take func(ctx context.Context, key string) error
 	if which == "dislock" {
-		l, err := zklock.New(ctx, st.url, zklock.WithRoot("/"+run.id), zklock.WithSessionTimeout(zkSession),
-			zklock.WithDialer(st.zk.dial), zklock.WithLogger(zkQuiet{}))
-		if err != nil {
-			b.Fatalf("zklock.New: %v", err)
-		}
-		b.Cleanup(func() { _ = l.Close() })
+		l := newDislockZK(b, st)
 		take = func(ctx context.Context, key string) error {
 			_, err := l.TryAcquire(ctx, key, core.TTL(holdTTL))
 			return err
@@ -251,10 +192,10 @@ func zkHold(b *testing.B, which string) {
 		b.Fatal(err)
 	}
 	time.Sleep(renewInterval * 3 / 2)
-	w0, r0, p0 := st.writes(), cnt.reqs.Load(), cnt.pings.Load()
+	w0, r0, p0 := st.writes(), cnt.Reqs.Load(), cnt.Pings.Load()
 	elapsed := heldWindow(b)
 	intervals := elapsed.Seconds() / renewInterval.Seconds()
 	b.ReportMetric(float64(st.writes()-w0)/intervals, "srv-writes/interval")
-	b.ReportMetric(float64(cnt.reqs.Load()-r0)/intervals, "client-reqs/interval")
-	b.ReportMetric(float64(cnt.pings.Load()-p0)/intervals, "client-pings/interval")
+	b.ReportMetric(float64(cnt.Reqs.Load()-r0)/intervals, "client-reqs/interval")
+	b.ReportMetric(float64(cnt.Pings.Load()-p0)/intervals, "client-pings/interval")
 }

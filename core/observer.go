@@ -222,56 +222,55 @@ type multiObserver []Observer
 var _ RenewBatchObserver = multiObserver(nil)
 
 func (m multiObserver) RenewBatchStart(ctx context.Context, e RenewBatchStartEvent) context.Context {
-	for _, o := range m {
+	return startAll(m, ctx, e, func(o Observer, ctx context.Context, e RenewBatchStartEvent) context.Context {
 		if b, ok := o.(RenewBatchObserver); ok {
-			ctx = b.RenewBatchStart(ctx, e)
+			return b.RenewBatchStart(ctx, e)
 		}
-	}
-	return ctx
+		return ctx
+	})
 }
 func (m multiObserver) RenewBatchEnd(ctx context.Context, e RenewBatchEndEvent) {
-	for _, o := range m {
+	endAll(m, ctx, e, func(o Observer, ctx context.Context, e RenewBatchEndEvent) {
 		if b, ok := o.(RenewBatchObserver); ok {
 			b.RenewBatchEnd(ctx, e)
 		}
-	}
+	})
 }
 
 func (m multiObserver) AcquireStart(ctx context.Context, e AcquireStartEvent) context.Context {
-	for _, o := range m {
-		ctx = o.AcquireStart(ctx, e)
-	}
-	return ctx
+	return startAll(m, ctx, e, Observer.AcquireStart)
 }
 func (m multiObserver) AcquireEnd(ctx context.Context, e AcquireEndEvent) {
-	for _, o := range m {
-		o.AcquireEnd(ctx, e)
-	}
+	endAll(m, ctx, e, Observer.AcquireEnd)
 }
 func (m multiObserver) RenewStart(ctx context.Context, e RenewStartEvent) context.Context {
-	for _, o := range m {
-		ctx = o.RenewStart(ctx, e)
-	}
-	return ctx
+	return startAll(m, ctx, e, Observer.RenewStart)
 }
 func (m multiObserver) RenewEnd(ctx context.Context, e RenewEndEvent) {
-	for _, o := range m {
-		o.RenewEnd(ctx, e)
-	}
+	endAll(m, ctx, e, Observer.RenewEnd)
 }
 func (m multiObserver) ReleaseStart(ctx context.Context, e ReleaseStartEvent) context.Context {
+	return startAll(m, ctx, e, Observer.ReleaseStart)
+}
+func (m multiObserver) ReleaseEnd(ctx context.Context, e ReleaseEndEvent) {
+	endAll(m, ctx, e, Observer.ReleaseEnd)
+}
+func (m multiObserver) Lost(ctx context.Context, e LostEvent) {
+	endAll(m, ctx, e, Observer.Lost)
+}
+
+// startAll runs the Start hook start of every observer of m in order, each
+// receiving the context the previous one returned.
+func startAll[E any](m multiObserver, ctx context.Context, e E, start func(Observer, context.Context, E) context.Context) context.Context {
 	for _, o := range m {
-		ctx = o.ReleaseStart(ctx, e)
+		ctx = start(o, ctx, e)
 	}
 	return ctx
 }
-func (m multiObserver) ReleaseEnd(ctx context.Context, e ReleaseEndEvent) {
+
+// endAll runs the hook end of every observer of m in order.
+func endAll[E any](m multiObserver, ctx context.Context, e E, end func(Observer, context.Context, E)) {
 	for _, o := range m {
-		o.ReleaseEnd(ctx, e)
-	}
-}
-func (m multiObserver) Lost(ctx context.Context, e LostEvent) {
-	for _, o := range m {
-		o.Lost(ctx, e)
+		end(o, ctx, e)
 	}
 }

@@ -266,7 +266,13 @@ func WithReleaseTimeout(d time.Duration) ClientOption {
 // own config type and its errors their own prefix ("zklock.WithRoot: ..."):
 // a shared helper would need both as parameters, would have to be exported
 // API of core (which users would see and not need), and would read worse
-// than the copy.
+// than the copy. This is a deliberate choice, and covers the plumbing
+// around the options too (the config's errs field, invalidOption, the loop
+// that applies the options and reports the first error): zklock,
+// asynqlock and gocronlock copy checked; pg, mysqllock, etcdlock and
+// redislock, where only a few options can be invalid, append to errs in
+// those options. Backends may import only core, not each other, so pg's and
+// mysqllock's identical lines stay two copies as well.
 func checked[C errRecorder](err error, set func(C)) func(C) {
 	if err != nil {
 		return func(c C) { c.recordErr(err) }

@@ -278,6 +278,20 @@ func (c *claim) giveUp(ctx context.Context) (wait func()) {
 	return wg.Wait
 }
 
+// claimTxn is the transaction of a claim on lock key k with permit keys in
+// [lo, hi): if k does not exist, guard holds and the queue allows
+// (qcmp), put putKey with value bound to the claim's lease (with the
+// queue's writes); otherwise read k, the permits (oldest first) and the
+// queue.
+func (c *claim) claimTxn(ctx context.Context, k, lo, hi, putKey, value string, guard clientv3.Cmp, qcmp []clientv3.Cmp) clientv3.Txn {
+	return c.b.cli.Txn(ctx).
+		If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0), guard}, qcmp...)...).
+		Then(append([]clientv3.Op{clientv3.OpPut(putKey, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))}, c.queueThen()...)...).
+		Else(append([]clientv3.Op{clientv3.OpGet(k),
+			clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))},
+			c.queueElse()...)...)
+}
+
 // mutex claims the lock key: if neither it nor any permit key of the same
 // key exists, put it bound to the claim's lease; otherwise read both.
 func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Lease, error) {
@@ -286,14 +300,8 @@ func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Le
 	lo, hi := b.permitRange(key)
 	for attempt := 0; attempt < 3; attempt++ {
 		resp, err := c.commit(ctx, func() clientv3.Txn {
-			return b.cli.Txn(ctx).
-				If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
-					clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)}, // no permits
-					c.queueCmp(true, 0)...)...).
-				Then(append([]clientv3.Op{clientv3.OpPut(k, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))}, c.queueThen()...)...).
-				Else(append([]clientv3.Op{clientv3.OpGet(k),
-					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))},
-					c.queueElse()...)...)
+			noPermits := clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)
+			return c.claimTxn(ctx, k, lo, hi, k, value, noPermits, c.queueCmp(true, 0))
 		})
 		if err != nil {
 			return core.Lease{}, err

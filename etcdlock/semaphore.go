@@ -140,12 +140,7 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 		base := v
 		qcmp := c.queueCmp(first, qv.rev)
 		resp, err := c.commit(ctx, func() clientv3.Txn {
-			return b.cli.Txn(ctx).
-				If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0), guard}, qcmp...)...).
-				Then(append([]clientv3.Op{clientv3.OpPut(c.h.ekey, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))}, c.queueThen()...)...).
-				Else(append([]clientv3.Op{clientv3.OpGet(k),
-					clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))},
-					c.queueElse()...)...)
+			return c.claimTxn(ctx, k, lo, hi, c.h.ekey, value, guard, qcmp)
 		})
 		if err != nil {
 			return core.Lease{}, err

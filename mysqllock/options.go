@@ -41,6 +41,9 @@ type config struct {
 	errs          []error
 }
 
+// newConfig applies opts and reports the first invalid one. Like every
+// package with options, mysqllock keeps its own option plumbing: see core's
+// checked for why.
 func newConfig(opts []Option) (config, error) {
 	c := config{table: DefaultTable, claimTimeout: DefaultClaimTimeout, watchPoll: defaultWatchPoll}
 	for _, o := range opts {

@@ -327,10 +327,7 @@ proc: BEGIN
 			-- A permit is still free: the next in line may take it.
 			CALL {p}turn(p_key, v_now, v_wake, v_watcher);
 		END IF;
-		COMMIT;
-		IF v_wake = 1 THEN
-			CALL {p}wake(v_wake, v_watcher);
-		END IF;
+		{commit}
 		SELECT 'won', v_tok, v_now, v_exp, NULL, NULL, 0;
 		LEAVE proc;
 	END IF;
@@ -411,10 +408,7 @@ proc: BEGIN
 			END IF;
 		END IF;
 	END IF;
-	COMMIT;
-	IF v_wake = 1 THEN
-		CALL {p}wake(v_wake, v_watcher);
-	END IF;
+	{commit}
 	SELECT v_live;
 END`,
 
@@ -475,10 +469,7 @@ proc: BEGIN
 			CALL {p}turn(p_key, v_now, v_wake, v_watcher);
 		END IF;
 	END IF;
-	COMMIT;
-	IF v_wake = 1 THEN
-		CALL {p}wake(v_wake, v_watcher);
-	END IF;
+	{commit}
 END`,
 
 	// force ends p_key's lease whoever holds it (every permit of a
@@ -509,10 +500,7 @@ BEGIN
 			CALL {p}turn(p_key, v_now, v_wake, v_watcher);
 		END IF;
 	END IF;
-	COMMIT;
-	IF v_wake = 1 THEN
-		CALL {p}wake(v_wake, v_watcher);
-	END IF;
+	{commit}
 	SELECT v_live;
 END`,
 
@@ -580,6 +568,14 @@ const beginTx = `DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL;
 	SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 	START TRANSACTION;`
 
+// commitWake ({commit}) commits the procedure's transaction, then wakes the
+// watcher that turn named: only after the commit, so that the woken watcher
+// reads the turn.
+const commitWake = `COMMIT;
+	IF v_wake = 1 THEN
+		CALL {p}wake(v_wake, v_watcher);
+	END IF;`
+
 // procSQL returns the CREATE PROCEDURE statement of procedure name.
 func (n names) procSQL(name string) string {
 	body := procBodies[name]
@@ -588,7 +584,7 @@ func (n names) procSQL(name string) string {
 		i = j
 	}
 	body = body[:i] + characteristics + body[i:]
-	body = strings.NewReplacer("{firstToExpire}", firstToExpire, "{begin}", beginTx).Replace(body)
+	body = strings.NewReplacer("{firstToExpire}", firstToExpire, "{begin}", beginTx, "{commit}", commitWake).Replace(body)
 	r := strings.NewReplacer("{p}turn", n.proc("turn"), "{p}wake", n.proc("wake"), "{p}place", n.proc("place"),
 		"{T}", n.table, "{P}", n.permits, "{W}", n.waiters, "{N}", n.turns, "{R}", n.watchers, "{version}", procVersion, "{now}", nowSQL, "{items}", itemsTable)
 	return "CREATE PROCEDURE " + n.proc(name) + r.Replace(body)

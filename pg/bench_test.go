@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,34 +25,32 @@ import (
 // attempts_per_select1: attempts per second ÷ SELECT 1 per second).
 
 // select1 returns the mean time of one SELECT 1 with par goroutines sharing
-// pool, measured over about 300ms.
+// pool, measured over about 500ms.
 func select1(b *testing.B, pool *pgxpool.Pool, par int) time.Duration {
 	b.Helper()
-	ctx := context.Background()
+	op := selectOne(pool)
 	for range 20 { // warm the pool's connections
+		_ = op()
+	}
+	return time.Duration(float64(time.Second) / benchtest.Rate(b, par, 500*time.Millisecond, op))
+}
+
+// selectOne is one SELECT 1 on pool.
+func selectOne(pool *pgxpool.Pool) func() error {
+	return func() error {
 		var one int
-		_ = pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+		return pool.QueryRow(context.Background(), "SELECT 1").Scan(&one)
 	}
-	var ops atomic.Int64
-	stop := time.Now().Add(500 * time.Millisecond)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range par {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(stop) {
-				var one int
-				if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-					b.Error(err)
-					return
-				}
-				ops.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	return time.Since(start) / time.Duration(ops.Load())
+}
+
+// reportWaits sorts waits and reports their median and 90th percentile
+// (p50_ms, p90_ms); it returns the median.
+func reportWaits(b *testing.B, waits []time.Duration) time.Duration {
+	slices.Sort(waits)
+	p50 := waits[len(waits)/2]
+	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
+	b.ReportMetric(float64(waits[len(waits)*9/10].Microseconds())/1000, "p90_ms")
+	return p50
 }
 
 func benchPool(b *testing.B, conns int32) *pgxpool.Pool {
@@ -81,36 +80,28 @@ func reportRatio(b *testing.B, base time.Duration) {
 }
 
 func BenchmarkSelect1(b *testing.B) {
-	pool := benchPool(b, 4)
-	ctx := context.Background()
-	b.ResetTimer()
-	for b.Loop() {
-		var one int
-		if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchtest.Loop(b, selectOne(benchPool(b, 4)))
 }
+
+// commitModes are the commit modes the benchmarks compare: durable (the
+// default) and WithAsyncCommit.
+var commitModes = []struct {
+	name string
+	opts []pg.Option
+}{{"durable", nil}, {"async", []pg.Option{pg.WithAsyncCommit()}}}
 
 // Uncontended TryAcquire + Release through the Locker, durable (default)
 // and with WithAsyncCommit.
 func BenchmarkTryAcquireRelease(b *testing.B) {
-	for _, mode := range []struct {
-		name string
-		opts []pg.Option
-	}{{"durable", nil}, {"async", []pg.Option{pg.WithAsyncCommit()}}} {
+	for _, mode := range commitModes {
 		b.Run(mode.name, func(b *testing.B) {
 			pool := benchPool(b, 4)
 			l := benchLocker(b, pool, benchTable(b, pool), mode.opts...)
-			ctx := context.Background()
+			op := benchtest.AcquireRelease(l, "k")
 			base := select1(b, pool, 1)
 			b.ResetTimer()
 			for b.Loop() {
-				s, err := l.TryAcquire(ctx, "k")
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := s.Release(ctx); err != nil {
+				if err := op(); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -233,8 +224,9 @@ func BenchmarkHotKey64(b *testing.B) {
 // processes through LISTEN/NOTIFY) take turns on one key; the metric is the
 // time from the start of Release to the next holder's acquisition.
 func BenchmarkHandoff16(b *testing.B) {
-	b.Run("durable", func(b *testing.B) { benchHandoff(b) })
-	b.Run("async", func(b *testing.B) { benchHandoff(b, pg.WithAsyncCommit()) })
+	for _, mode := range commitModes {
+		b.Run(mode.name, func(b *testing.B) { benchHandoff(b, mode.opts...) })
+	}
 }
 
 func benchHandoff(b *testing.B, opts ...pg.Option) {
@@ -288,10 +280,7 @@ func benchHandoff(b *testing.B, opts ...pg.Option) {
 	if len(gaps) == 0 {
 		return
 	}
-	slices.Sort(gaps)
-	p50 := gaps[len(gaps)/2]
-	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
-	b.ReportMetric(float64(gaps[len(gaps)*9/10].Microseconds())/1000, "p90_ms")
+	p50 := reportWaits(b, gaps)
 	b.ReportMetric(float64(p50)/float64(base), "p50_x_select1")
 }
 
@@ -343,9 +332,7 @@ func BenchmarkHandoffFreshKey(b *testing.B) {
 				wg.Wait()
 			}
 			b.StopTimer()
-			slices.Sort(waits)
-			b.ReportMetric(float64(waits[len(waits)/2].Microseconds())/1000, "p50_ms")
-			b.ReportMetric(float64(waits[len(waits)*9/10].Microseconds())/1000, "p90_ms")
+			reportWaits(b, waits)
 		})
 	}
 }

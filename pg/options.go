@@ -48,6 +48,9 @@ type config struct {
 	errs         []error
 }
 
+// newConfig applies opts and reports the first invalid one. Like every
+// package with options, pg keeps its own option plumbing: see core's
+// checked for why.
 func newConfig(opts []Option) (config, error) {
 	c := config{table: pgx.Identifier{DefaultTable}, claimTimeout: DefaultClaimTimeout}
 	for _, o := range opts {

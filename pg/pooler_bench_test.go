@@ -2,7 +2,6 @@ package pg_test
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
 
@@ -95,10 +94,7 @@ func benchBouncerHandoff(b *testing.B, bn *bouncer, opts ...pg.Option) {
 	}
 	b.StopTimer()
 	_ = holder.Release(ctx)
-	slices.Sort(gaps)
-	p50 := gaps[len(gaps)/2]
-	b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
-	b.ReportMetric(float64(gaps[len(gaps)*9/10].Microseconds())/1000, "p90_ms")
+	p50 := reportWaits(b, gaps)
 	b.ReportMetric(float64(gaps[len(gaps)-1].Microseconds())/1000, "max_ms")
 	b.ReportMetric(float64(p50)/float64(base), "p50_x_select1")
 	b.ReportMetric(float64(base.Microseconds()), "select1_µs")

@@ -3,12 +3,12 @@ package pg_test
 import (
 	"context"
 	"fmt"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/pg"
+	"github.com/dislock/dislock/internal/benchtest"
 )
 
 // Acquire + release of one permit of a semaphore of 4 against a mutex and
@@ -20,10 +20,7 @@ import (
 //     busy, but serialised on the key's header row), the mutexes take 4
 //     distinct keys.
 func BenchmarkPermitAcquireRelease(b *testing.B) {
-	for _, mode := range []struct {
-		name string
-		opts []pg.Option
-	}{{"durable", nil}, {"async", []pg.Option{pg.WithAsyncCommit()}}} {
+	for _, mode := range commitModes {
 		for _, par := range []int{1, 4} {
 			for _, kind := range []string{"select1", "mutex", "permit4"} {
 				name := fmt.Sprintf("%s/%s/par%d", mode.name, kind, par)
@@ -32,10 +29,8 @@ func BenchmarkPermitAcquireRelease(b *testing.B) {
 					l := benchLocker(b, pool, benchTable(b, pool), mode.opts...)
 					ctx := context.Background()
 					base := select1(b, pool, par)
-					op := func(w int) error {
-						var one int
-						return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
-					}
+					one := selectOne(pool)
+					op := func(int) error { return one() }
 					switch kind {
 					case "mutex":
 						op = func(w int) error {
@@ -62,21 +57,9 @@ func BenchmarkPermitAcquireRelease(b *testing.B) {
 							}
 						}
 					} else {
-						var wg sync.WaitGroup
-						per := b.N/par + 1
-						for w := range par {
-							wg.Add(1)
-							go func() {
-								defer wg.Done()
-								for range per {
-									if err := op(w); err != nil {
-										b.Error(err)
-										return
-									}
-								}
-							}()
-						}
-						wg.Wait()
+						var left atomic.Int64
+						left.Store(int64(b.N))
+						benchtest.Parallel(b, par, func() bool { return left.Add(-1) < 0 }, op)
 					}
 					reportRatio(b, base)
 				})

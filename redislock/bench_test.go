@@ -15,7 +15,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -59,36 +58,13 @@ func pinger(c *redis.Client) func() error {
 
 // pingRate is PINGs per second with g goroutines.
 func pingRate(b *testing.B, c *redis.Client, g int) float64 {
-	ctx := context.Background()
-	var n atomic.Int64
-	stop := time.Now().Add(500 * time.Millisecond)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range g {
-		wg.Go(func() {
-			for time.Now().Before(stop) {
-				if err := c.Ping(ctx).Err(); err != nil {
-					b.Error(err)
-					return
-				}
-				n.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	return float64(n.Load()) / time.Since(start).Seconds()
+	return benchtest.Rate(b, g, 500*time.Millisecond, pinger(c))
 }
 
 func BenchmarkPing(b *testing.B) {
 	c := benchClient(b, benchRedis(b))
-	ctx := context.Background()
 	pingLatency(b, c)
-	b.ResetTimer()
-	for range b.N {
-		if err := c.Ping(ctx).Err(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchtest.Loop(b, pinger(c))
 }
 
 // interleaved runs op b.N times, each after one PING on c, timing both, so
@@ -113,15 +89,7 @@ func BenchmarkRawSetNXDel(b *testing.B) {
 // BenchmarkTryAcquireRelease: one uncontended TryAcquire + Release.
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	c := benchClient(b, benchRedis(b))
-	ctx := context.Background()
-	l := newLocker(b, c, "bench")
-	interleaved(b, c, func() error {
-		s, err := l.TryAcquire(ctx, "uncontended")
-		if err != nil {
-			return err
-		}
-		return s.Release(ctx)
-	})
+	interleaved(b, c, benchtest.AcquireRelease(newLocker(b, c, "bench"), "uncontended"))
 }
 
 const parallelG = 64
@@ -283,12 +251,9 @@ func benchHandoff(b *testing.B, procs int) {
 	before := commandCalls(b, admin)
 	lat, _ := benchtest.Handoff(b, waiters, benchtest.Turns(lockers, "handoff"))
 	after := commandCalls(b, admin)
-	if len(lat) == 0 {
+	if _, _, ok := benchtest.ReportHandoff(b, lat); !ok {
 		return
 	}
-	p := func(q float64) float64 { return float64(benchtest.Quantile(lat, q).Microseconds()) / 1000 }
-	b.ReportMetric(p(0.5), "p50-ms")
-	b.ReportMetric(p(0.99), "p99-ms")
 	b.ReportMetric(float64(scriptCalls(before, after))/float64(b.N), "req/acq")
 	b.ReportMetric(float64(ping.Microseconds())/1000, "ping-ms")
 }

@@ -11,11 +11,8 @@ package zklock_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"net"
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +20,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/benchtest"
+	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -35,57 +33,21 @@ func benchServer(b *testing.B) string {
 }
 
 // counter counts the requests written on the connections it dialed (every
-// frame but pings, xid -2).
-type counter struct{ n atomic.Int64 }
-
-func (c *counter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return &countConn{Conn: nc, n: &c.n}, nil
-}
-
-type countConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-func (c *countConn) Write(p []byte) (int, error) {
-	if len(p) >= 8 && int32(binary.BigEndian.Uint32(p[4:8])) != -2 {
-		c.n.Add(1)
-	}
-	return c.Conn.Write(p)
-}
+// frame but pings).
+type counter = zktest.Counter
 
 func benchConn(b *testing.B, connect string, cnt *counter) *zk.Conn {
-	b.Helper()
-	servers, _, err := zklock.ParseServers(connect)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var conn *zk.Conn
-	if cnt != nil {
-		conn, _, err = zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}), zk.WithDialer(cnt.dial))
-	} else {
-		conn, _, err = zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}))
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(conn.Close)
-	if _, _, err := conn.Exists("/"); err != nil { // wait for the session
-		b.Fatal(err)
-	}
-	return conn
+	return zktest.Session(b, connect, 10*time.Second, cnt)
 }
 
-func benchLocker(b *testing.B, connect, root string, cnt *counter) *core.Client {
+// benchLocker is a Locker under root whose session dials with dial (nil:
+// the default), closed when b ends.
+func benchLocker(b *testing.B, connect, root string, dial zk.Dialer) *core.Client {
 	b.Helper()
 	opts := []zklock.Option{zklock.WithRoot(root), zklock.WithSessionTimeout(15 * time.Second),
 		zklock.WithClientOptions(core.WithDefaults(core.TTL(10 * time.Second)))}
-	if cnt != nil {
-		opts = append(opts, zklock.WithDialer(cnt.dial))
+	if dial != nil {
+		opts = append(opts, zklock.WithDialer(dial))
 	}
 	l, err := zklock.New(context.Background(), connect, opts...)
 	if err != nil {
@@ -112,20 +74,15 @@ func exists(c *zk.Conn) func() error {
 // so that the ratio holds under the same load (benchtest.Interleaved).
 func interleaved(b *testing.B, c *zk.Conn, cnt *counter, op func() error) {
 	existsRTT(b, c) // warm up
-	n0 := cnt.n.Load()
+	n0 := cnt.Reqs.Load()
 	benchtest.Interleaved(b, "rtt", exists(c), op)
-	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(b.N), "req/op")
+	b.ReportMetric(float64(cnt.Reqs.Load()-n0)/float64(b.N), "req/op")
 }
 
 func BenchmarkExists(b *testing.B) {
 	c := benchConn(b, benchServer(b), nil)
 	existsRTT(b, c)
-	b.ResetTimer()
-	for range b.N {
-		if _, _, err := c.Exists("/"); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchtest.Loop(b, exists(c))
 }
 
 // BenchmarkSetData is one write (a quorum write on an ensemble): what every
@@ -151,7 +108,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 	connect := benchServer(b)
 	raw := benchConn(b, connect, nil)
 	var cnt counter
-	l := benchLocker(b, connect, testRoot(), &cnt)
+	l := benchLocker(b, connect, testRoot(), cnt.Dial)
 	interleaved(b, raw, &cnt, benchtest.AcquireRelease(l, "uncontended"))
 }
 
@@ -185,7 +142,7 @@ func BenchmarkHandoff(b *testing.B) {
 			var cnt counter
 			lockers := make([]core.Locker, procs)
 			for i := range lockers {
-				lockers[i] = benchLocker(b, connect, root, &cnt)
+				lockers[i] = benchLocker(b, connect, root, cnt.Dial)
 			}
 			handoff(b, benchConn(b, connect, nil), &cnt, benchtest.Turns(lockers, "handoff"))
 		})
@@ -223,18 +180,16 @@ func BenchmarkZkLockHandoff(b *testing.B) {
 func handoff(b *testing.B, raw *zk.Conn, cnt *counter, mk func(i int) (func(context.Context) error, func() error)) {
 	const waiters = 16
 	rtt := existsRTT(b, raw)
-	n0 := cnt.n.Load()
+	n0 := cnt.Reqs.Load()
 	lat, acquired := benchtest.Handoff(b, waiters, mk)
 	rtt = (rtt + existsRTT(b, raw)) / 2 // before and after: the load may change
-	if len(lat) == 0 {
+	p50, p99, ok := benchtest.ReportHandoff(b, lat)
+	if !ok {
 		return
 	}
-	p := func(q float64) time.Duration { return benchtest.Quantile(lat, q) }
-	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
-	b.ReportMetric(float64(p(0.5))/float64(rtt), "p50-x-rtt")
-	b.ReportMetric(float64(p(0.99))/float64(rtt), "p99-x-rtt")
-	b.ReportMetric(float64(cnt.n.Load()-n0)/float64(acquired), "req/acq")
+	b.ReportMetric(float64(p50)/float64(rtt), "p50-x-rtt")
+	b.ReportMetric(float64(p99)/float64(rtt), "p99-x-rtt")
+	b.ReportMetric(float64(cnt.Reqs.Load()-n0)/float64(acquired), "req/acq")
 	b.ReportMetric(float64(rtt.Microseconds())/1000, "rtt-ms")
 }
 
@@ -260,7 +215,7 @@ func BenchmarkSemaphore(b *testing.B) {
 			raw := benchConn(b, connect, nil)
 			var cnt counter
 			root := testRoot()
-			l := benchLocker(b, connect, root, &cnt)
+			l := benchLocker(b, connect, root, cnt.Dial)
 			ctx := context.Background()
 			if bc.held > 0 {
 				other := benchLocker(b, connect, root, nil)

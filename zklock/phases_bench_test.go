@@ -50,13 +50,7 @@ func BenchmarkHandoffPhases(b *testing.B) {
 	ctx := context.Background()
 	ls := make([]*core.Client, 2)
 	for i := range ls {
-		l, err := zklock.New(ctx, connect, zklock.WithRoot(root), zklock.WithSessionTimeout(15*time.Second),
-			zklock.WithClientOptions(core.WithDefaults(core.TTL(10*time.Second))), zklock.WithDialer(wire.dialer(i)))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { l.Close() })
-		ls[i] = l
+		ls[i] = benchLocker(b, connect, root, wire.dialer(i))
 	}
 	servers, _, err := zklock.ParseServers(connect)
 	if err != nil {

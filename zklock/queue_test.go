@@ -91,7 +91,7 @@ func TestWaitersOfOneLockerWaitInLine(t *testing.T) {
 func TestFirstUseOfAKeyCreatesItsContainerFirst(t *testing.T) {
 	t.Parallel()
 	var cnt counter
-	b := newBackend(t, singleConnect(t), testRoot(), zklock.WithDialer(cnt.dial))
+	b := newBackend(t, singleConnect(t), testRoot(), zklock.WithDialer(cnt.Dial))
 	ctx := ctxT(t, 30*time.Second)
 	acquire := func(key string) {
 		t.Helper()
@@ -105,9 +105,9 @@ func TestFirstUseOfAKeyCreatesItsContainerFirst(t *testing.T) {
 	}
 	acquire("first") // creates the root's nodes
 	for _, key := range []string{"new", "new"} {
-		n0 := cnt.n.Load()
+		n0 := cnt.Reqs.Load()
 		acquire(key)
-		if n := cnt.n.Load() - n0; n > 3 {
+		if n := cnt.Reqs.Load() - n0; n > 3 {
 			t.Errorf("acquire and release of key %q: %d requests, want at most 3", key, n)
 		}
 	}

@@ -328,11 +328,7 @@ type verdict struct {
 // ran out without a renewal are deleted (guarded by their version, so a
 // renewal in between wins); holds that ended are deleted.
 func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now int64, drop func() <-chan error) (verdict, error) {
-	var names []string
-	var err error
-	if cerr := b.call(ctx, func() { names, _, err = b.conn.Children(parent) }, nil); cerr != nil {
-		return verdict{}, cerr
-	}
+	names, _, err := b.childrenStat(ctx, parent)
 	if err != nil {
 		return verdict{}, err
 	}
@@ -390,14 +386,7 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 	sort.Slice(lower, func(i, j int) bool { return lower[i].seq < lower[j].seq })
 	for _, l := range lower {
 		p := parent + "/" + l.name
-		var (
-			data []byte
-			st   *zk.Stat
-			ch   <-chan zk.Event
-		)
-		if cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil); cerr != nil {
-			return v, cerr
-		}
+		data, st, ch, err := b.getW(ctx, p)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
@@ -422,11 +411,7 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		}
 		// Not renewed within its TTL: the holder's renew deadline passed
 		// long ago. Delete exactly the version we judged.
-		var derr error
-		if cerr := b.call(ctx, func() { derr = b.conn.Delete(p, st.Version) }, nil); cerr != nil {
-			return v, cerr
-		}
-		switch {
+		switch derr := b.deleteVersion(ctx, p, st.Version); {
 		case derr == nil, errors.Is(derr, zk.ErrNoNode):
 			v.mismatch = 0
 			continue
@@ -443,6 +428,43 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 	}
 	v.retry = true
 	return v, nil
+}
+
+// childrenStat reads the children of parent and its stat, within ctx;
+// unlike children, it reports a missing parent (zk.ErrNoNode).
+func (b *Backend) childrenStat(ctx context.Context, parent string) ([]string, *zk.Stat, error) {
+	var (
+		names []string
+		st    *zk.Stat
+		err   error
+	)
+	if cerr := b.call(ctx, func() { names, st, err = b.conn.Children(parent) }, nil); cerr != nil {
+		return nil, nil, cerr
+	}
+	return names, st, err
+}
+
+// getW reads node p and sets a watch on it, within ctx.
+func (b *Backend) getW(ctx context.Context, p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
+	var (
+		data []byte
+		st   *zk.Stat
+		ch   <-chan zk.Event
+		err  error
+	)
+	if cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil); cerr != nil {
+		return nil, nil, nil, cerr
+	}
+	return data, st, ch, err
+}
+
+// deleteVersion deletes node p if it is still at version, within ctx.
+func (b *Backend) deleteVersion(ctx context.Context, p string, version int32) error {
+	var err error
+	if cerr := b.call(ctx, func() { err = b.conn.Delete(p, version) }, nil); cerr != nil {
+		return cerr
+	}
+	return err
 }
 
 // forget drops the record of a claim.

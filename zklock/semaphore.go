@@ -38,12 +38,7 @@ var _ core.SemaphoreBackend = (*Backend)(nil)
 // when the key node was written after it, another permit may have been
 // granted since, and regrant says so.
 func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours child, now int64, limit int, mine int64) (verdict, error) {
-	var names []string
-	var err error
-	var pst *zk.Stat
-	if cerr := b.call(ctx, func() { names, pst, err = b.conn.Children(parent) }, nil); cerr != nil {
-		return verdict{}, cerr
-	}
+	names, pst, err := b.childrenStat(ctx, parent)
 	if err != nil {
 		return verdict{}, err
 	}
@@ -106,14 +101,7 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 			break
 		}
 		p := parent + "/" + l.name
-		var (
-			data []byte
-			st   *zk.Stat
-			ch   <-chan zk.Event
-		)
-		if cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil); cerr != nil {
-			return verdict{}, cerr
-		}
+		data, st, ch, err := b.getW(ctx, p)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
@@ -131,10 +119,7 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 			if exp <= now {
 				// Not renewed within its TTL: delete exactly the version
 				// judged; a renewal in between keeps it in force.
-				var derr error
-				if cerr := b.call(ctx, func() { derr = b.conn.Delete(p, st.Version) }, nil); cerr != nil {
-					return verdict{}, cerr
-				}
+				derr := b.deleteVersion(ctx, p, st.Version)
 				if derr == nil || errors.Is(derr, zk.ErrNoNode) {
 					continue
 				}

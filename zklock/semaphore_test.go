@@ -61,15 +61,15 @@ func TestSemMismatchLeavesNoNode(t *testing.T) {
 func TestSemRenewBatch(t *testing.T) {
 	connect := singleConnect(t)
 	var cnt counter
-	b := newBackend(t, connect, testRoot(), zklock.WithSessionTimeout(30*time.Second), zklock.WithDialer(cnt.dial))
+	b := newBackend(t, connect, testRoot(), zklock.WithSessionTimeout(30*time.Second), zklock.WithDialer(cnt.Dial))
 	ctx := ctxT(t, 60*time.Second)
 	// A TTL the 40 claims cannot outlast on a busy machine: the first
 	// leases are still held when the renewal is counted.
 	const ttl = 15 * time.Second
 	reqs := benchtest.MixedClaims(t, ctx, b, ttl)
-	n0 := cnt.n.Load()
+	n0 := cnt.Reqs.Load()
 	benchtest.RenewAll(t, ctx, b, reqs)
-	if n := cnt.n.Load() - n0; n != 1 {
+	if n := cnt.Reqs.Load() - n0; n != 1 {
 		t.Fatalf("renewal of %d leases: %d requests, want 1", len(reqs), n)
 	}
 }

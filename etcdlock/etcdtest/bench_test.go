@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -136,13 +135,7 @@ func benchRoundTrip(b *testing.B, latency func(*testing.B, *clientv3.Client) tim
 	op func(*clientv3.Client) func() error) {
 	cli := benchClient(b, benchEndpoints(b), nil)
 	latency(b, cli)
-	do := op(cli)
-	b.ResetTimer()
-	for range b.N {
-		if err := do(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchtest.Loop(b, op(cli))
 }
 
 // interleaved runs op b.N times, each after one Get on cli, timing both,
@@ -177,15 +170,7 @@ func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() err
 // Slack, half a renew interval).
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	uncontended(b, func(cli *clientv3.Client) func() error {
-		l := newLocker(b, cli, uniquePrefix("bench"))
-		ctx := context.Background()
-		return func() error {
-			s, err := l.TryAcquire(ctx, "uncontended")
-			if err != nil {
-				return err
-			}
-			return s.Release(ctx)
-		}
+		return benchtest.AcquireRelease(newLocker(b, cli, uniquePrefix("bench")), "uncontended")
 	})
 }
 
@@ -197,45 +182,70 @@ func uncontended(b *testing.B, mk func(cli *clientv3.Client) func() error) {
 	interleaved(b, cli, cnt, mk(cli))
 }
 
+// session is a concurrency.Session of the given TTL (seconds) on cli,
+// closed when b ends.
+func session(b *testing.B, cli *clientv3.Client, ttl int) *concurrency.Session {
+	b.Helper()
+	s, err := concurrency.NewSession(cli, concurrency.WithTTL(ttl))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// tryLockUnlock is one TryLock and Unlock of m.
+func tryLockUnlock(ctx context.Context, m *concurrency.Mutex) error {
+	if err := m.TryLock(ctx); err != nil {
+		return err
+	}
+	return m.Unlock(ctx)
+}
+
 // BenchmarkConcurrencyMutex is etcd's concurrency package doing the same:
 // a session (lease grant and its keepalive stream), Mutex.TryLock, Unlock,
 // and the session's Close (revoke).
 func BenchmarkConcurrencyMutex(b *testing.B) {
-	cfg := benchEndpoints(b)
-	cnt := &counter{}
-	cli := benchClient(b, cfg, cnt)
-	prefix := uniquePrefix("bench-mutex")
-	ctx := context.Background()
-	interleaved(b, cli, cnt, func() error {
-		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
-		if err != nil {
-			return err
+	uncontended(b, func(cli *clientv3.Client) func() error {
+		prefix := uniquePrefix("bench-mutex")
+		return func() error {
+			sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+			if err != nil {
+				return err
+			}
+			if err := tryLockUnlock(context.Background(), concurrency.NewMutex(sess, prefix+"uncontended")); err != nil {
+				sess.Close()
+				return err
+			}
+			return sess.Close()
 		}
-		m := concurrency.NewMutex(sess, prefix+"uncontended")
-		if err := m.TryLock(ctx); err != nil {
-			sess.Close()
-			return err
-		}
-		if err := m.Unlock(ctx); err != nil {
-			sess.Close()
-			return err
-		}
-		return sess.Close()
 	})
 }
 
-// handoffStats reports the hand-off latencies: from the start of a release
-// to the return of the next holder's acquire.
-func handoffStats(b *testing.B, lat []time.Duration, get, put time.Duration) {
-	if len(lat) == 0 {
+// handoff runs benchtest.Handoff with the waiters mk makes, whose clients
+// cnt counts, and reports the hand-off latencies (from the start of a
+// release to the return of the next holder's acquire), also as ratios to a
+// Get (get) and a Put (put) measured before, and per acquisition the
+// requests (unary calls and streams opened; the keepalives on a stream are
+// not counted) and the server writes (Raft entries applied; 0 when writes
+// is nil).
+func handoff(b *testing.B, cnt *counter, writes func() uint64, get, put time.Duration, mk func(i int) (func(context.Context) error, func() error)) {
+	const waiters = 16
+	if writes == nil {
+		writes = func() uint64 { return 0 }
+	}
+	reqs0, w0 := cnt.requests(), writes()
+	lat, n := benchtest.Handoff(b, waiters, mk)
+	if p50, _, ok := benchtest.ReportHandoff(b, lat); ok {
+		b.ReportMetric(float64(p50)/float64(get), "p50-x-get")
+		b.ReportMetric(float64(p50)/float64(put), "p50-x-put")
+		b.ReportMetric(float64(get.Microseconds())/1000, "get-ms")
+	}
+	if n == 0 {
 		return
 	}
-	p := func(q float64) time.Duration { return benchtest.Quantile(lat, q) }
-	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
-	b.ReportMetric(float64(p(0.5))/float64(get), "p50-x-get")
-	b.ReportMetric(float64(p(0.5))/float64(put), "p50-x-put")
-	b.ReportMetric(float64(get.Microseconds())/1000, "get-ms")
+	b.ReportMetric(float64(cnt.requests()-reqs0)/float64(n), "req/acq")
+	b.ReportMetric(float64(writes()-w0)/float64(n), "writes/acq")
 }
 
 // BenchmarkHandoff: 16 waiters on one key, each holding it ~1 ms, in one
@@ -247,7 +257,6 @@ func BenchmarkHandoff(b *testing.B) {
 }
 
 func benchHandoff(b *testing.B, procs int) {
-	const waiters = 16
 	cfg, writes := benchWrites(b)
 	probe := benchClient(b, cfg, nil)
 	get, put := getLatency(b, probe), putLatency(b, probe)
@@ -257,26 +266,7 @@ func benchHandoff(b *testing.B, procs int) {
 	for i := range lockers {
 		lockers[i] = newLocker(b, benchClient(b, cfg, cnt), prefix, core.WithDefaults(core.TTL(10*time.Second)))
 	}
-	if writes == nil {
-		writes = func() uint64 { return 0 }
-	}
-	u0, s0, w0 := cnt.unary.Load(), cnt.streams.Load(), writes()
-	lat, n := benchtest.Handoff(b, waiters, benchtest.Turns(lockers, "handoff"))
-	handoffStats(b, lat, get, put)
-	perAcquisition(b, cnt, u0+s0, writes, w0, n)
-}
-
-// perAcquisition reports the requests (unary calls and streams opened; the
-// keepalives on a stream are not counted) and the server writes (Raft
-// entries applied) per acquisition since reqs0 and w0.
-func perAcquisition(b *testing.B, cnt *counter, reqs0 int64, writes func() uint64, w0 uint64, n int64) {
-	if n == 0 {
-		return
-	}
-	b.ReportMetric(float64(cnt.unary.Load()+cnt.streams.Load()-reqs0)/float64(n), "req/acq")
-	if writes != nil {
-		b.ReportMetric(float64(writes()-w0)/float64(n), "writes/acq")
-	}
+	handoff(b, cnt, writes, get, put, benchtest.Turns(lockers, "handoff"))
 }
 
 // BenchmarkConcurrencyMutexHandoff: the same with concurrency.Mutex, 16
@@ -284,29 +274,18 @@ func perAcquisition(b *testing.B, cnt *counter, reqs0 int64, writes func() uint6
 func BenchmarkConcurrencyMutexHandoff(b *testing.B) {
 	const waiters = 16
 	cfg, writes := benchWrites(b)
-	if writes == nil {
-		writes = func() uint64 { return 0 }
-	}
 	probe := benchClient(b, cfg, nil)
 	get, put := getLatency(b, probe), putLatency(b, probe)
 	prefix := uniquePrefix("bench-mutex-handoff")
 	cnt := &counter{}
 	sessions := make([]*concurrency.Session, waiters)
 	for i := range sessions {
-		s, err := concurrency.NewSession(benchClient(b, cfg, cnt), concurrency.WithTTL(10))
-		if err != nil {
-			b.Fatal(err)
-		}
-		sessions[i] = s
-		b.Cleanup(func() { s.Close() })
+		sessions[i] = session(b, benchClient(b, cfg, cnt), 10)
 	}
-	u0, s0, w0 := cnt.unary.Load(), cnt.streams.Load(), writes()
-	lat, n := benchtest.Handoff(b, waiters, func(i int) (func(context.Context) error, func() error) {
+	handoff(b, cnt, writes, get, put, func(i int) (func(context.Context) error, func() error) {
 		m := concurrency.NewMutex(sessions[i], prefix+"handoff")
 		return m.Lock, func() error { return m.Unlock(context.Background()) }
 	})
-	handoffStats(b, lat, get, put)
-	perAcquisition(b, cnt, u0+s0, writes, w0, n)
 }
 
 // BenchmarkHold1000: one Locker holds 1,000 leases (TTL 1.5 s, so 2 s
@@ -420,23 +399,13 @@ func BenchmarkHotKeyTry(b *testing.B) {
 		report(b, w0)
 	})
 	b.Run("mutex", func(b *testing.B) {
-		hs, err := concurrency.NewSession(benchClient(b, cfg, nil), concurrency.WithTTL(30))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer hs.Close()
-		hm := concurrency.NewMutex(hs, prefix+"mutex-hot")
+		hm := concurrency.NewMutex(session(b, benchClient(b, cfg, nil), 30), prefix+"mutex-hot")
 		if err := hm.Lock(ctx); err != nil {
 			b.Fatal(err)
 		}
 		cnt := &counter{}
 		cli := benchClient(b, cfg, cnt)
-		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer sess.Close()
-		m := concurrency.NewMutex(sess, prefix+"mutex-hot")
+		m := concurrency.NewMutex(session(b, cli, 30), prefix+"mutex-hot")
 		w0 := w()
 		interleaved(b, cli, cnt, func() error {
 			if err := m.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
@@ -461,27 +430,18 @@ func BenchmarkDistinctKeys(b *testing.B) {
 	run := func(b *testing.B, cli *clientv3.Client, cnt *counter, op func(key string) error) {
 		get := getLatency(b, cli)
 		n0, m0 := cnt.requests(), cnt.streamMsgs.Load()
+		keys := make([]string, workers)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("k%d", i)
+		}
 		var next atomic.Int64
-		var wg sync.WaitGroup
-		var failed atomic.Value
 		b.ResetTimer()
 		start := time.Now()
-		for i := range workers {
-			key := fmt.Sprintf("k%d", i)
-			wg.Go(func() {
-				for next.Add(1) <= int64(b.N) {
-					if err := op(key); err != nil {
-						failed.Store(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		benchtest.Parallel(b, workers, func() bool { return next.Add(1) > int64(b.N) }, func(w int) error { return op(keys[w]) })
 		el := time.Since(start)
 		b.StopTimer()
-		if err, _ := failed.Load().(error); err != nil {
-			b.Fatal(err)
+		if b.Failed() {
+			b.FailNow()
 		}
 		rate := float64(b.N) / el.Seconds()
 		b.ReportMetric(rate, "acq/s")
@@ -505,17 +465,9 @@ func BenchmarkDistinctKeys(b *testing.B) {
 	b.Run("mutex", func(b *testing.B) {
 		cnt := &counter{}
 		cli := benchClient(b, cfg, cnt)
-		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer sess.Close()
+		sess := session(b, cli, 30)
 		run(b, cli, cnt, func(key string) error {
-			m := concurrency.NewMutex(sess, prefix+"mutex-"+key)
-			if err := m.TryLock(ctx); err != nil {
-				return err
-			}
-			return m.Unlock(ctx)
+			return tryLockUnlock(ctx, concurrency.NewMutex(sess, prefix+"mutex-"+key))
 		})
 	})
 }
@@ -525,18 +477,7 @@ func BenchmarkDistinctKeys(b *testing.B) {
 // Unlock only.
 func BenchmarkConcurrencyMutexSession(b *testing.B) {
 	uncontended(b, func(cli *clientv3.Client) func() error {
-		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { sess.Close() })
-		m := concurrency.NewMutex(sess, uniquePrefix("bench-mutex-session")+"uncontended")
-		ctx := context.Background()
-		return func() error {
-			if err := m.TryLock(ctx); err != nil {
-				return err
-			}
-			return m.Unlock(ctx)
-		}
+		m := concurrency.NewMutex(session(b, cli, 30), uniquePrefix("bench-mutex-session")+"uncontended")
+		return func() error { return tryLockUnlock(context.Background(), m) }
 	})
 }

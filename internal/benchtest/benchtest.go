@@ -1,9 +1,10 @@
 // Package benchtest holds the loops the backends' benchmarks share: a store
-// round trip timed serially, an operation timed against one in the same
-// run, a hand-off among waiters on one key, and a Locker holding many
-// leases over renew intervals; and the mixed leases whose batch renewal the
-// backends' request-count tests renew. Each backend keeps its own probe
-// (PING, Get, Exists), request counts and metric names.
+// round trip timed serially or on many goroutines at once, an operation
+// timed against one in the same run, a hand-off among waiters on one key,
+// and a Locker holding many leases over renew intervals; and the mixed
+// leases whose batch renewal the backends' request-count tests renew. Each
+// backend keeps its own probe (PING, Get, Exists, SELECT 1), request counts
+// and metric names.
 package benchtest
 
 import (
@@ -31,6 +32,52 @@ func Mean(b *testing.B, warm, n int, op func() error) time.Duration {
 		}
 	}
 	return time.Since(start) / time.Duration(n)
+}
+
+// Loop resets the timer and calls op b.N times, failing b at its first
+// error: the benchmark of a plain round trip to the store, once the caller
+// has warmed its client up.
+func Loop(b *testing.B, op func() error) {
+	b.Helper()
+	b.ResetTimer()
+	for range b.N {
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// Parallel runs op on g goroutines, w being the goroutine's number, each
+// until done says stop or op fails (which fails tb).
+func Parallel(tb testing.TB, g int, done func() bool, op func(w int) error) {
+	var wg sync.WaitGroup
+	for w := range g {
+		wg.Go(func() {
+			for !done() {
+				if err := op(w); err != nil {
+					tb.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Rate runs op on g goroutines for d and returns the calls that succeeded
+// per second: a store's round trips per second at that concurrency.
+func Rate(tb testing.TB, g int, d time.Duration, op func() error) float64 {
+	var n atomic.Int64
+	stop := time.Now().Add(d)
+	start := time.Now()
+	Parallel(tb, g, func() bool { return !time.Now().Before(stop) }, func(int) error {
+		err := op()
+		if err == nil {
+			n.Add(1)
+		}
+		return err
+	})
+	return float64(n.Load()) / time.Since(start).Seconds()
 }
 
 // Interleaved runs op b.N times, each after one probe (a plain round trip
@@ -133,6 +180,20 @@ func Turns(lockers []core.Locker, key string) func(i int) (func(context.Context)
 // Quantile returns the q quantile (0 to 1) of sorted latencies lat.
 func Quantile(lat []time.Duration, q float64) time.Duration {
 	return lat[int(q*float64(len(lat)-1))]
+}
+
+// ReportHandoff reports the median and the 99th percentile of the sorted
+// hand-off latencies lat in milliseconds (p50-ms, p99-ms) and returns them,
+// for the backend's ratios to its own round trips. With no latencies it
+// reports nothing and returns ok false.
+func ReportHandoff(b *testing.B, lat []time.Duration) (p50, p99 time.Duration, ok bool) {
+	if len(lat) == 0 {
+		return 0, 0, false
+	}
+	p50, p99 = Quantile(lat, 0.5), Quantile(lat, 0.99)
+	b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+	return p50, p99, true
 }
 
 // Hold claims n sessions with claim, lets one renew interval pass (the

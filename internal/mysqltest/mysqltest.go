@@ -55,20 +55,12 @@ func DropAtCleanup(t testing.TB, db *sql.DB, name string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		rows, err := db.QueryContext(ctx, `SELECT ROUTINE_NAME FROM information_schema.ROUTINES
+		procs, err := Names(ctx, db, `SELECT ROUTINE_NAME FROM information_schema.ROUTINES
 WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME LIKE CONCAT(?, '\_%')`, name)
 		if err != nil {
 			t.Errorf("drop lock table %s: %v", name, err)
 			return
 		}
-		var procs []string
-		for rows.Next() {
-			var p string
-			if rows.Scan(&p) == nil {
-				procs = append(procs, p)
-			}
-		}
-		rows.Close()
 		for _, p := range procs {
 			if _, err := db.ExecContext(ctx, "DROP PROCEDURE IF EXISTS `"+p+"`"); err != nil {
 				t.Errorf("drop procedure %s: %v", p, err)
@@ -78,4 +70,22 @@ WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAM
 			t.Errorf("drop lock table %s: %v", name, err)
 		}
 	})
+}
+
+// Names returns the first column of the rows that query q with args
+// selects on db: the names of the tables or procedures to drop.
+func Names(ctx context.Context, db *sql.DB, q string, args ...any) ([]string, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var n string
+		if rows.Scan(&n) == nil {
+			names = append(names, n)
+		}
+	}
+	return names, rows.Err()
 }
