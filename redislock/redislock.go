@@ -397,16 +397,15 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Limit > 1 {
 		return b.semRelease(ctx, req) // semaphore.go
 	}
-	var keep int64
-	if req.Keep > 0 {
-		keep = max(req.Keep.Milliseconds(), 1)
-	}
 	var token string // the release script checks the lease by it when known
 	if req.Token != 0 {
 		token = strconv.FormatUint(req.Token, 10)
 	}
-	n, err := releaseScript.run(ctx, b.client, b.keys(req.Key),
-		req.OwnerToken, keep, b.channel, req.Key, token).Int()
+	args := []any{req.OwnerToken, token}
+	if req.Keep > 0 {
+		args = append(args, max(req.Keep.Milliseconds(), 1))
+	}
+	n, err := releaseScript.run(ctx, b.client, b.keys(req.Key), args...).Int()
 	if isWrongType(err) {
 		// The key holds a semaphore: the token may be one of its permits
 		// (a Release without Limit).
