@@ -11,9 +11,9 @@
 -- A plain claim (no slot end, no waiter) sends ARGV[1] to ARGV[3] only.
 --
 -- Replies:
---   n  (an integer) the caller holds a lease claimed now, expiring after
---     the TTL asked for; n is both its fencing token and its acquired_us,
---     the server time in µs
+--   "n"  (a string of digits) the caller holds a lease claimed now,
+--     expiring after the TTL asked for; n is both its fencing token and
+--     its acquired_us, the server time in µs
 --   {1, token, acquired_us}  the same, with a token above the server time
 --     (the last token was not below it)
 --   {1, token, acquired_us, pttl, time_s, time_us}  the caller holds the lock
@@ -25,43 +25,39 @@
 --
 -- A claim is GET, TIME, SET; the waiter queue is read only when the record
 -- says someone may be queued, or when there is no record. The two common
--- cases come first, before the prelude (scripts.go), and take nothing
--- apart: a plain claim of a key nobody waits for (a tombstone with no
--- flags, or no record and no queue), and a try (no waiter id) on a lock
--- whose holder already knows to publish its release. The first formats
--- no number: the token is the TIME reply's digits, and the reply an
--- integer.
+-- cases come first, before the prelude (scripts.go), and take the record
+-- apart with one match each, since every Lua operation costs the server
+-- about as much as a small command: a plain claim of a key nobody waits
+-- for (a tombstone with no flags, or no record and no queue), which
+-- formats no number (the token is the TIME reply's digits, and the reply
+-- that string), and a try (no waiter id) on a lock whose holder already
+-- knows to publish its release.
 local v = redis.call('GET', KEYS[1])
-local f = v and string.byte(v, 1)
+local last = v and not ARGV[4] and string.match(v, '^0|(%d+)$')
 
-if not ARGV[4] and (f == 48 and string.byte(v, 2) == 124 and not string.find(v, '|', 3, true)
-    or not v and redis.call('EXISTS', KEYS[2]) == 0) then
+if last or not v and not ARGV[4] and redis.call('EXISTS', KEYS[2]) == 0 then
   local t = redis.call('TIME')
   local s, us = t[1], t[2]
-  local nowus = s * 1000000 + us
   if #us < 6 then
     us = string.sub('00000', #us) .. us
   end
   local now = s .. us
-  local last = v and tonumber(string.sub(v, 3))
-  if last and last >= nowus then
-    local token = string.format('%d', last + 1)
+  -- Both are decimal digits without leading zeros.
+  if last and (#last > #now or #last == #now and last >= now) then
+    local token = string.format('%d', tonumber(last) + 1)
     redis.call('SET', KEYS[1], '0|' .. token .. '|' .. now .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
     return {1, token, now}
   end
   redis.call('SET', KEYS[1], '0|' .. now .. '|' .. now .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
-  return nowus
+  return now
 end
-if (f == 49 or f == 51) and (ARGV[5] or '') == '' and string.byte(v, 2) == 124 then
+if v and (ARGV[5] or '') == '' then
   -- Held, and flagged REC_NOTIFY already: a try that loses writes
   -- nothing.
-  local b = string.find(v, '|', 3, true)
-  local c = b and string.find(v, '|', b + 1, true)
-  local d = c and string.find(v, '|', c + 1, true)
-  if d and string.sub(v, c + 1, d - 1) ~= ARGV[1] then
+  local token, acq, otoken, owner = string.match(v, '^[13]|(%d+)|(%d+)|([^|]*)|(.*)$')
+  if otoken and otoken ~= ARGV[1] then
     local t = redis.call('TIME')
-    return {0, string.sub(v, 3, b - 1), string.sub(v, b + 1, c - 1), redis.call('PTTL', KEYS[1]),
-      t[1], t[2], string.sub(v, d + 1)}
+    return {0, token, acq, redis.call('PTTL', KEYS[1]), t[1], t[2], owner}
   end
 end
 --@prelude

@@ -196,9 +196,13 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err != nil {
 		return core.Lease{}, err
 	}
-	if n, ok := reply.(int64); ok {
-		// A fresh claim whose token and acquired-at are both n, the
+	if s, ok := reply.(string); ok {
+		// A fresh claim whose token and acquired-at are both s, the
 		// server's clock in µs.
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			return core.Lease{}, fmt.Errorf("unexpected script reply %q", s)
+		}
 		now := time.UnixMicro(n)
 		return core.Lease{Token: uint64(n), AcquiredAt: now, ExpiresAt: now.Add(time.Duration(ttl) * time.Millisecond)}, nil
 	}

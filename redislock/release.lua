@@ -16,8 +16,8 @@
 -- a value that is not (another owner's record, a tombstone, or something
 -- that is no dislock record at all) is never touched. With the token known
 -- the common release comes first, before the prelude (scripts.go), and is
--- checked without taking the record apart: GET, then SET (and PUBLISH when
--- someone was answered busy). The release channel hears of it only when
+-- checked with one match: GET, then SET (and PUBLISH when someone was
+-- answered busy). The release channel hears of it only when
 -- the record says someone waits.
 
 -- names returns the release channel and the lock's key, read from the
@@ -31,19 +31,15 @@ local function names()
 end
 
 local v = redis.call('GET', KEYS[1])
-if not ARGV[3] and ARGV[2] ~= '' and v and string.byte(v, 2) == 124 then
+if v and not ARGV[3] then
   -- This lease's, and nobody queued (flags 0, or REC_NOTIFY alone).
-  local f, b = string.byte(v, 1), 3 + #ARGV[2]
-  if (f == 48 or f == 49) and string.byte(v, b) == 124 and string.sub(v, 3, b - 1) == ARGV[2] then
-    local c = string.find(v, '|', b + 1, true)
-    local e = c and c + #ARGV[1] + 1
-    if e and string.byte(v, e) == 124 and string.sub(v, c + 1, e - 1) == ARGV[1] then
-      redis.call('SET', KEYS[1], '0|' .. ARGV[2], 'KEEPTTL', 'XX')
-      if f == 49 then
-        redis.call('PUBLISH', names())
-      end
-      return 1
+  local f, token, otoken = string.match(v, '^([01])|(%d+)|%d+|([^|]*)|')
+  if token == ARGV[2] and otoken == ARGV[1] then
+    redis.call('SET', KEYS[1], '0|' .. token, 'KEEPTTL', 'XX')
+    if f == '1' then
+      redis.call('PUBLISH', names())
     end
+    return 1
   end
 end
 --@prelude
