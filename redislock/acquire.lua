@@ -4,12 +4,18 @@
 -- KEYS[2]  the key's waiter queue, KEYS[3] its deadlines (queue.lua)
 -- ARGV[1]  owner token: random per session, guards renew and release
 -- ARGV[2]  owner: human-readable metadata
--- ARGV[3]  TTL in milliseconds (used when ARGV[4] is "0")
+-- ARGV[3]  TTL in milliseconds (used when ARGV[4] is "0" or absent)
 -- ARGV[4]  absolute expiry in Unix milliseconds on this server's clock, or "0"
 -- ARGV[5]  waiter id of a waiting Acquire, or ""
 -- ARGV[6]  how long the waiter keeps its place, in milliseconds
+-- A plain claim (no slot end, no waiter) sends ARGV[1] to ARGV[3] only.
 --
 -- Replies:
+--   "n"  (a string of digits) the caller holds a lease claimed now,
+--     expiring after the TTL asked for; n is both its fencing token and
+--     its acquired_us, the server time in µs
+--   {1, token, acquired_us}  the same, with a token above the server time
+--     (the last token was not below it)
 --   {1, token, acquired_us, pttl, time_s, time_us}  the caller holds the lock
 --     (pttl is -3 for a fresh claim: the expiry is the one asked for)
 --   {0, token, acquired_us, pttl, time_s, time_us, owner}  another owner
@@ -19,44 +25,46 @@
 --
 -- A claim is GET, TIME, SET; the waiter queue is read only when the record
 -- says someone may be queued, or when there is no record. The two common
--- cases come first, before the prelude (scripts.go), and take nothing
--- apart: a claim over a tombstone that nobody waits for, and a try (no
--- waiter id) on a lock whose holder already knows to publish its release.
+-- cases come first, before the prelude (scripts.go), and take the record
+-- apart with one match each, since every Lua operation costs the server
+-- about as much as a small command: a plain claim of a key nobody waits
+-- for (a tombstone with no flags, or no record and no queue), which
+-- formats no number (the token is the TIME reply's digits, and the reply
+-- that string), and a try (no waiter id) on a lock whose holder already
+-- knows to publish its release.
 local v = redis.call('GET', KEYS[1])
-local t = redis.call('TIME')
+local last = v and not ARGV[4] and string.match(v, '^0|(%d+)$')
 
-if v and string.byte(v, 2) == 124 then
-  local f = string.byte(v, 1)
-  if f == 48 and ARGV[4] == '0' and not string.find(v, '|', 3, true) then
-    -- A tombstone with no flags (nobody waits), not a slot.
-    local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local token = tonumber(string.sub(v, 3))
-    if token and token >= nowus then
-      token = token + 1
-    else
-      token = nowus
-    end
-    token = string.format('%.0f', token)
-    local acq = string.format('%.0f', nowus)
-    redis.call('SET', KEYS[1], '0|' .. token .. '|' .. acq .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
-    return {1, token, acq, -3, t[1], t[2]}
+if last or not v and not ARGV[4] and redis.call('EXISTS', KEYS[2]) == 0 then
+  local t = redis.call('TIME')
+  local s, us = t[1], t[2]
+  if #us < 6 then
+    us = string.sub('00000', #us) .. us
   end
-  if (f == 49 or f == 51) and ARGV[5] == '' then
-    -- Held, and flagged REC_NOTIFY already: a try that loses writes
-    -- nothing.
-    local b = string.find(v, '|', 3, true)
-    local c = b and string.find(v, '|', b + 1, true)
-    local d = c and string.find(v, '|', c + 1, true)
-    if d and string.sub(v, c + 1, d - 1) ~= ARGV[1] then
-      return {0, string.sub(v, 3, b - 1), string.sub(v, b + 1, c - 1), redis.call('PTTL', KEYS[1]),
-        t[1], t[2], string.sub(v, d + 1)}
-    end
+  local now = s .. us
+  -- Both are decimal digits without leading zeros.
+  if last and (#last > #now or #last == #now and last >= now) then
+    local token = string.format('%d', tonumber(last) + 1)
+    redis.call('SET', KEYS[1], '0|' .. token .. '|' .. now .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+    return {1, token, now}
+  end
+  redis.call('SET', KEYS[1], '0|' .. now .. '|' .. now .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+  return now
+end
+if v and (ARGV[5] or '') == '' then
+  -- Held, and flagged REC_NOTIFY already: a try that loses writes
+  -- nothing.
+  local token, acq, otoken, owner = string.match(v, '^[13]|(%d+)|(%d+)|([^|]*)|(.*)$')
+  if otoken and otoken ~= ARGV[1] then
+    local t = redis.call('TIME')
+    return {0, token, acq, redis.call('PTTL', KEYS[1]), t[1], t[2], owner}
   end
 end
 --@prelude
 
 local r = rec_parse(v)
-local waiter = ARGV[5]
+local waiter = ARGV[5] or ''
+local t = redis.call('TIME')
 local nowms, nowus = server_time(t)
 
 if r and r.held then
@@ -81,7 +89,7 @@ if r and r.held then
   return {0, r.token, r.acq, pttl, t[1], t[2], r.owner}
 end
 
-local expat = tonumber(ARGV[4])
+local expat = tonumber(ARGV[4] or '0')
 if expat > 0 and expat <= nowms then
   -- The slot this claim is for is already over on the server clock:
   -- whoever held it let it expire, so the claim is refused, not granted.

@@ -521,6 +521,73 @@ func TestWatchGetsKeyOfTurn(t *testing.T) {
 	}
 }
 
+// TestReleaseNamesOddKeys: the release script reads the release channel and
+// the lock's key from the record's Redis key, so a key with the escaped
+// characters reaches the watchers as it is: the plain message of a release
+// someone was answered busy for (by lease token, and without it), and a
+// waiter's turn.
+func TestReleaseNamesOddKeys(t *testing.T) {
+	const rule = "a release publishes the lock's own key on the prefix's channel"
+	c := sharedRedis(t)
+	prefix := testenv.Name("dislocktest-")
+	b := newBackend(t, c, prefix)
+	ctx, cancel := context.WithCancel(ctxT(t, 30*time.Second))
+	type msg struct{ key, waiter string }
+	msgs := make(chan msg, 8)
+	ready := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.WatchTurns(ctx, func() { close(ready) }, func(key, waiter string) { msgs <- msg{key, waiter} })
+	}()
+	defer func() { cancel(); <-done }()
+	<-ready
+	want := func(m msg) {
+		t.Helper()
+		select {
+		case got := <-msgs:
+			if got != m {
+				t.Fatalf("rule %q: Watch got %+v, want %+v", rule, got, m)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("rule %q: no message, want %+v", rule, m)
+		}
+	}
+	for _, k := range []string{"odd/%7D}{%25%}", "odd/}", "odd/%"} {
+		for _, byToken := range []bool{true, false} {
+			l, err := b.TryAcquire(ctx, acquireReq(k, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.TryAcquire(ctx, acquireReq(k, 1)); !isBusy(err, true) {
+				t.Fatal(err)
+			}
+			rel := core.ReleaseRequest{Key: k, OwnerToken: ownerToken(0)}
+			if byToken {
+				rel.Token = l.Token
+			}
+			if err := b.Release(ctx, rel); err != nil {
+				t.Fatal(err)
+			}
+			want(msg{k, ""})
+		}
+		l, err := b.TryAcquire(ctx, acquireReq(k, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.TryAcquire(ctx, waitReq(k, 1, "w", 10*time.Second)); !isBusy(err, true) {
+			t.Fatal(err)
+		}
+		if err := b.Release(ctx, core.ReleaseRequest{Key: k, OwnerToken: ownerToken(0), Token: l.Token}); err != nil {
+			t.Fatal(err)
+		}
+		want(msg{k, "w"})
+		if err := b.Leave(ctx, k, "w"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // Rule: a permit's release with nobody in line publishes only when a claim
 // was answered busy since the key was last free (such callers poll and are
 // told by the bare key); the turns of waiters in line are the locktest

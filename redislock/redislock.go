@@ -182,15 +182,33 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		}
 	}
 	ttl := max(req.TTL.Milliseconds(), 1)
-	waiterTTL := max(req.WaiterTTL.Milliseconds(), 1)
-	cmd := acquireScript.claim(ctx, b.client, b.keys(req.Key),
-		req.OwnerToken, req.Owner, ttl, expireAt, req.Waiter, waiterTTL)
-	vals, err := cmd.Slice()
+	args := []any{req.OwnerToken, req.Owner, ttl}
+	if expireAt != 0 || req.Waiter != "" {
+		// A plain claim leaves these out: the server then builds fewer
+		// script arguments, and the script knows it has the common case.
+		args = append(args, expireAt, req.Waiter, max(req.WaiterTTL.Milliseconds(), 1))
+	}
+	cmd := acquireScript.claim(ctx, b.client, b.keys(req.Key), args...)
+	reply, err := cmd.Result()
 	if isWrongType(err) {
 		return b.heldAsSemaphore(ctx, req) // semaphore.go
 	}
 	if err != nil {
 		return core.Lease{}, err
+	}
+	if s, ok := reply.(string); ok {
+		// A fresh claim whose token and acquired-at are both s, the
+		// server's clock in µs.
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			return core.Lease{}, fmt.Errorf("unexpected script reply %q", s)
+		}
+		now := time.UnixMicro(n)
+		return core.Lease{Token: uint64(n), AcquiredAt: now, ExpiresAt: now.Add(time.Duration(ttl) * time.Millisecond)}, nil
+	}
+	vals, ok := reply.([]any)
+	if !ok {
+		return core.Lease{}, fmt.Errorf("unexpected script reply %v", reply)
 	}
 	if len(vals) == 1 {
 		switch code, _ := vals[0].(int64); code {
@@ -239,9 +257,22 @@ func (h holder) info(key string) core.Info {
 	return i
 }
 
-// parseHolder reads {mine, token, acquired_us, pttl, time_s, time_us[, owner]}.
+// parseHolder reads {mine, token, acquired_us, pttl, time_s, time_us[, owner]},
+// or {1, token, acquired_us}: a fresh claim made at acquired_us.
 func parseHolder(v []any) (holder, error) {
 	var h holder
+	if len(v) == 3 {
+		mine, err1 := toInt(v[0])
+		tok, err2 := toInt(v[1])
+		acq, err3 := toInt(v[2])
+		if err := errors.Join(err1, err2, err3); err != nil || mine != 1 {
+			return h, fmt.Errorf("unexpected script reply %v", v)
+		}
+		h.mine, h.token, h.pttl = true, uint64(tok), -3
+		h.acquired = time.UnixMicro(acq)
+		h.now = h.acquired
+		return h, nil
+	}
 	if len(v) < 6 {
 		return h, fmt.Errorf("unexpected script reply %v", v)
 	}
@@ -370,16 +401,15 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Limit > 1 {
 		return b.semRelease(ctx, req) // semaphore.go
 	}
-	var keep int64
-	if req.Keep > 0 {
-		keep = max(req.Keep.Milliseconds(), 1)
-	}
 	var token string // the release script checks the lease by it when known
 	if req.Token != 0 {
 		token = strconv.FormatUint(req.Token, 10)
 	}
-	n, err := releaseScript.run(ctx, b.client, b.keys(req.Key),
-		req.OwnerToken, keep, b.channel, req.Key, token).Int()
+	args := []any{req.OwnerToken, token}
+	if req.Keep > 0 {
+		args = append(args, max(req.Keep.Milliseconds(), 1))
+	}
+	n, err := releaseScript.run(ctx, b.client, b.keys(req.Key), args...).Int()
 	if isWrongType(err) {
 		// The key holds a semaphore: the token may be one of its permits
 		// (a Release without Limit).
