@@ -158,6 +158,7 @@ func TestComposedObservers(t *testing.T) {
 // TestConformanceComposed runs the locktest suite with two otel Observers
 // composed: they change no behaviour, and both see the same events.
 func TestConformanceComposed(t *testing.T) {
+	t.Parallel() // its own store and providers; the suites mostly wait on timers
 	f1, f2 := newFixture(t), newFixture(t)
 	store := memlock.NewStore()
 	locktest.Run(t, locktest.Harness{

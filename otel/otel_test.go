@@ -1139,6 +1139,7 @@ func TestDefaultsToGlobalProviders(t *testing.T) {
 // TestConformance runs the locktest suite over memlock with the observer
 // installed: the observer changes no behaviour.
 func TestConformance(t *testing.T) {
+	t.Parallel() // its own store and providers; the suites mostly wait on timers
 	f := newFixture(t, dlotel.WithRenewSpans(true))
 	store := memlock.NewStore()
 	const ttl = 600 * time.Millisecond

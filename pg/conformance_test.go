@@ -53,6 +53,7 @@ func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option)
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // each suite has its own table; the suites mostly wait on timers
 	admin, table := adminAndTable(t)
 	locktest.Run(t, harness(t, admin, table))
 }
@@ -61,6 +62,7 @@ func TestConformance(t *testing.T) {
 // (QueryExecModeExec) and no notifications (WithoutNotify, WithoutListen),
 // as behind PgBouncer in transaction mode: waiters poll.
 func TestConformanceExecMode(t *testing.T) {
+	t.Parallel() // each suite has its own table; the suites mostly wait on timers
 	admin, table := adminAndTable(t)
 	h := harness(t, admin, table)
 	h.NewBackend = func(tb testing.TB) core.Backend {
@@ -73,6 +75,7 @@ func TestConformanceExecMode(t *testing.T) {
 // TestConformanceSimpleProtocolAsync runs the suite over the simple query
 // protocol with asynchronous commit.
 func TestConformanceSimpleProtocolAsync(t *testing.T) {
+	t.Parallel() // each suite has its own table; the suites mostly wait on timers
 	admin, table := adminAndTable(t)
 	h := harness(t, admin, table)
 	h.NewBackend = func(tb testing.TB) core.Backend {
@@ -88,6 +91,7 @@ func TestConformanceSimpleProtocolAsync(t *testing.T) {
 // queue, so that the engine runs it as a core.Watcher and the Queue rules
 // are skipped).
 func TestConformanceLegacy(t *testing.T) {
+	t.Parallel() // each suite has its own table; the suites mostly wait on timers
 	admin, table := adminAndTable(t, pg.WithLegacyTable())
 	ident := pgx.Identifier{table}.Sanitize()
 	h := harness(t, admin, table, pg.WithLegacyTable())

@@ -40,6 +40,7 @@ func harness(t *testing.T, prefix string, newClient func(t testing.TB) redis.Uni
 }
 
 func TestConformanceRedis(t *testing.T) {
+	t.Parallel() // each suite has its own keys; the suites mostly wait on timers
 	opt, err := redis.ParseURL(testenv.Redis(t))
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +54,7 @@ func TestConformanceRedis(t *testing.T) {
 }
 
 func TestConformanceMiniredis(t *testing.T) {
+	t.Parallel() // each suite has its own keys; the suites mostly wait on timers
 	m := newMiniredis(t)
 	prefix := testenv.Name("dislocktest-")
 	locktest.Run(t, harness(t, prefix, func(t testing.TB) redis.UniversalClient {
@@ -67,6 +69,7 @@ func TestCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
 	}
+	t.Parallel()
 	addrs := clusterAddrs(t)
 	newClient := func(t testing.TB) redis.UniversalClient {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})

@@ -83,6 +83,7 @@ func harness(t *testing.T, connect string, adminAuth []string, opts ...zklock.Op
 const conformanceSession = 95 * time.Second
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // each suite has its own key prefix; the suites mostly wait on timers
 	locktest.Run(t, harness(t, singleConnect(t), nil))
 }
 
@@ -90,6 +91,7 @@ func TestConformanceEnsemble(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node ensemble")
 	}
+	t.Parallel()
 	locktest.Run(t, harness(t, ensemble(t, 3).Connect(), nil))
 }
 

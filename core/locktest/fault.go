@@ -353,7 +353,10 @@ func (p queuePart) WatchTurns(ctx context.Context, ready func(), fn func(key, wa
 // polledGrants returns how many acquires of keys with a Waiter were
 // granted without a turn: not the wait's first attempt, and no turn for its
 // waiter (or for any waiter of its key) was told to any of fs since the
-// wait's attempt before it was sent — a grant at the fallback poll.
+// wait's attempt before it was sent — a grant at the fallback poll. A grant
+// whose own turn, naming its waiter, is told after the attempt was sent is
+// no poll grant: the store had sent that turn, and the poll merely came
+// first (on a busy machine a turn's delivery can outlast the poll's wait).
 func polledGrants(fs []*faultBackend, keys map[string]bool) (polled, grants int) {
 	var sent []sentAcquire
 	var turns []turnSeen
@@ -378,7 +381,8 @@ func polledGrants(fs []*faultBackend, keys map[string]bool) (polled, grants int)
 		grants++
 		told := false
 		for _, t := range turns {
-			if t.key == a.key && (t.waiter == a.waiter || t.waiter == "") && t.at.After(before) && !t.at.After(a.sent) {
+			if t.key == a.key && (t.waiter == a.waiter || t.waiter == "") && t.at.After(before) && !t.at.After(a.sent) ||
+				t.key == a.key && t.waiter == a.waiter && t.at.After(a.sent) {
 				told = true
 				break
 			}

@@ -422,8 +422,9 @@ func testSemMismatch(t *testing.T, e *env) {
 			}
 		}
 		// A wait ends with the mismatch in its error, whether it ends at
-		// once or when ctx does.
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		// once or when ctx does. ctx leaves the first attempt time for its
+		// answer on a busy machine (100ms did not always on etcd).
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		s, err := b.l.Acquire(ctx, key, opts...)
 		if err == nil {

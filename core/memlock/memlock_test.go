@@ -28,6 +28,7 @@ func harness(store *memlock.Store) locktest.Harness {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // each suite has its own keys; the suites mostly wait on timers
 	locktest.Run(t, harness(memlock.NewStore()))
 }
 
@@ -36,6 +37,7 @@ func TestConformance(t *testing.T) {
 type passThrough struct{ core.Locker }
 
 func TestConformanceWrapped(t *testing.T) {
+	t.Parallel() // each suite has its own keys; the suites mostly wait on timers
 	h := harness(memlock.NewStore())
 	h.Wrap = func(l core.Locker) core.Locker { return passThrough{l} }
 	h.NoAdmin = true // the wrapper hides Admin, as decorators may
