@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/redistest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/redislock"
 )
@@ -321,6 +322,9 @@ func testOddKeys(t *testing.T, c redis.UniversalClient, slotOf func(string) int6
 		info, ok, err := l.Inspect(ctx, k)
 		if err != nil || !ok || info.Key != k || info.Token != s.Token() {
 			t.Fatalf("rule %q: Inspect(%q) = %+v %v %v", rule, k, info, ok, err)
+		}
+		if doc := redistest.LockKey(prefix, k); doc != redislock.LockKey(prefix, k) {
+			t.Fatalf("the Redis key of %q is %q, not %q as documented", k, redislock.LockKey(prefix, k), doc)
 		}
 		if slotOf != nil {
 			lock := redislock.LockKey(prefix, k)
