@@ -34,7 +34,7 @@ func noFlushWait(tb testing.TB, edits ...func(*pgxpool.Config)) func(*pgxpool.Co
 // harness runs the conformance suite on a fresh table; opts configure every
 // Backend (exec mode, legacy table, async commit).
 func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option) locktest.Harness {
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	return locktest.Harness{
 		// Behind a transaction pooler, LISTEN cannot work: waiters poll.
 		NoWatch: throughPooler(t),
@@ -88,7 +88,7 @@ func TestConformanceSimpleProtocolAsync(t *testing.T) {
 // comes and notifies every release), so the suite sees no Queuer.
 func TestConformanceLegacy(t *testing.T) {
 	admin, table := adminAndTable(t, pg.WithLegacyTable())
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	h := harness(t, admin, table, pg.WithLegacyTable())
 	h.NewBackend = func(tb testing.TB) core.Backend {
 		return noQueue{newBackendPool(tb, table, noFlushWait(tb), pg.WithLegacyTable())}

@@ -65,10 +65,9 @@ func openPool(t testing.TB, url string, edit func(*pgxpool.Config)) *pgxpool.Poo
 // cleanup, and returns its name as given to pg.WithTable.
 func newTable(t testing.TB, admin *pgxpool.Pool, opts ...pg.Option) string {
 	t.Helper()
-	name := testenv.Name("dislock_test_")
+	// Dropped at cleanup even when its check fails.
+	name := scratchTable(t, admin, "dislock_test_")
 	opts = append([]pg.Option{pg.WithTable(name), pg.WithAutoMigrate()}, opts...)
-	// Registered first, so that a table whose check fails is dropped too.
-	dropAtCleanup(t, admin, pgx.Identifier{name})
 	b, err := pg.NewBackend(ctxT(t), admin, opts...)
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
@@ -91,6 +90,17 @@ func adminAndTable(t testing.TB, opts ...pg.Option) (*pgxpool.Pool, string) {
 	admin := newPool(t, nil)
 	return admin, newTable(t, admin, opts...)
 }
+
+// scratchTable returns a fresh table name that starts with prefix; a table
+// of that name (and its permits table) is dropped at cleanup.
+func scratchTable(t testing.TB, admin *pgxpool.Pool, prefix string) string {
+	name := testenv.Name(prefix)
+	dropAtCleanup(t, admin, pgx.Identifier{name})
+	return name
+}
+
+// quoted is the SQL identifier of the table name.
+func quoted(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 func dropAtCleanup(t testing.TB, admin *pgxpool.Pool, ident pgx.Identifier) {
 	t.Cleanup(func() {

@@ -90,7 +90,7 @@ func TestCounter16Contenders(t *testing.T) {
 // locked by a failed try.
 func TestBusyTryWritesNothing(t *testing.T) {
 	admin, table := adminAndTable(t)
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	a := newClient(t, newBackend(t, table))
 	b := newBackend(t, table)
 	ctx := ctxT(t)
@@ -125,11 +125,10 @@ func TestBusyTryWritesNothing(t *testing.T) {
 func TestBadTableNames(t *testing.T) {
 	admin := newPool(t, nil)
 	ctx := ctxT(t)
-	canary := testenv.Name("canary_")
+	canary := scratchTable(t, admin, "canary_")
 	if _, err := admin.Exec(ctx, `CREATE TABLE `+canary+` (x int)`); err != nil {
 		t.Fatal(err)
 	}
-	dropAtCleanup(t, admin, pgx.Identifier{canary})
 	suffix := testenv.Name("")
 	for _, name := range []string{
 		"locks; DROP TABLE " + canary + ";--" + suffix,
@@ -222,7 +221,7 @@ func TestSchemaCheck(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			name := testenv.Name("dislock_bad_")
-			ident := pgx.Identifier{name}.Sanitize()
+			ident := quoted(name)
 			if c.ddl != "" {
 				if _, err := admin.Exec(ctx, strings.Replace(c.ddl, "%s", ident, 1)); err != nil {
 					t.Fatal(err)
@@ -246,7 +245,7 @@ func TestSchemaCheck(t *testing.T) {
 func TestRoleWithoutDelete(t *testing.T) {
 	needDirect(t, "it connects as a role of its own")
 	admin, table := adminAndTable(t)
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	ctx := ctxT(t)
 	role := testenv.Name("dislock_role_")
 	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
@@ -402,8 +401,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	fresh := testenv.Name("dislock_open_")
-	dropAtCleanup(t, admin, pgx.Identifier{fresh})
+	fresh := scratchTable(t, admin, "dislock_open_")
 	if _, err := pg.Open(ctx, testURL(t), pg.WithTable(fresh)); !errors.Is(err, pg.ErrSchema) {
 		t.Fatalf("Open on a missing table: %v, want ErrSchema", err)
 	}
@@ -479,8 +477,7 @@ func TestConnectionRefusedFailsFast(t *testing.T) {
 func TestPackageMigrate(t *testing.T) {
 	admin := newPool(t, nil)
 	ctx := ctxT(t)
-	name := testenv.Name("dislock_mig_")
-	dropAtCleanup(t, admin, pgx.Identifier{name})
+	name := scratchTable(t, admin, "dislock_mig_")
 
 	_, err := pg.New(ctx, admin, pg.WithTable(name))
 	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), "pg.Migrate(ctx, pool)") {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,7 +135,7 @@ func queueOf(t *testing.T, admin *pgxpool.Pool, table, key string) []string {
 	t.Helper()
 	var ids []string
 	err := admin.QueryRow(ctxT(t), `SELECT coalesce(array_agg(e->>'w' ORDER BY i), '{}')
-FROM `+pgx.Identifier{table}.Sanitize()+`, jsonb_array_elements(waiters) WITH ORDINALITY AS x(e, i) WHERE key = $1`, key).Scan(&ids)
+FROM `+quoted(table)+`, jsonb_array_elements(waiters) WITH ORDINALITY AS x(e, i) WHERE key = $1`, key).Scan(&ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +146,7 @@ FROM `+pgx.Identifier{table}.Sanitize()+`, jsonb_array_elements(waiters) WITH OR
 func rowVersion(t *testing.T, admin *pgxpool.Pool, table, key string) string {
 	t.Helper()
 	var v string
-	if err := admin.QueryRow(ctxT(t), `SELECT xmin::text FROM `+pgx.Identifier{table}.Sanitize()+` WHERE key = $1`, key).Scan(&v); err != nil {
+	if err := admin.QueryRow(ctxT(t), `SELECT xmin::text FROM `+quoted(table)+` WHERE key = $1`, key).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
 	return v
@@ -265,7 +264,7 @@ func TestQueueWithoutNotify(t *testing.T) {
 // an error naming the statement that adds it; Migrate adds it.
 func TestQueueColumnMissing(t *testing.T) {
 	admin, table := adminAndTable(t)
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	ctx := ctxT(t)
 	if _, err := admin.Exec(ctx, `ALTER TABLE `+ident+` DROP COLUMN waiters`); err != nil {
 		t.Fatal(err)
@@ -364,10 +363,9 @@ func TestQueueExecMode(t *testing.T) {
 // clock tokens.
 func TestSchemaTokenAlwaysIdentity(t *testing.T) {
 	admin := newPool(t, nil)
-	table := testenv.Name("dislock_test_always_")
-	ident := pgx.Identifier{table}.Sanitize()
+	table := scratchTable(t, admin, "dislock_test_always_")
+	ident := quoted(table)
 	ctx := ctxT(t)
-	dropAtCleanup(t, admin, pgx.Identifier{table})
 	if _, err := admin.Exec(ctx, `CREATE TABLE `+ident+` (key text PRIMARY KEY, owner text NOT NULL, holder text NOT NULL,
 	token bigint GENERATED ALWAYS AS IDENTITY, acquired_at timestamptz NOT NULL, expire_at timestamptz NOT NULL, waiters jsonb)`); err != nil {
 		t.Fatal(err)
@@ -392,7 +390,7 @@ func TestSchemaTokenAlwaysIdentity(t *testing.T) {
 func expectEnded(t *testing.T, admin *pgxpool.Pool, table, key string) {
 	t.Helper()
 	var n int
-	if err := admin.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+`
+	if err := admin.QueryRow(ctxT(t), `SELECT count(*) FROM `+quoted(table)+`
 	WHERE key = $1 AND holder = '' AND expire_at = '-infinity' AND waiters IS NULL`, key).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("ended rows of the free key %q with nobody queued: %d (%v), want 1", key, n, err)
 	}
