@@ -150,9 +150,7 @@ func TestBusyMarksOnce(t *testing.T) {
 // keeps the counter, and stay larger once it is gone.
 func TestTokensAcrossTombstones(t *testing.T) {
 	const rule = "tokens strictly increase across releases, ForceRelease and a deleted record"
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	b := newBackend(t, c, prefix)
 	var last uint64
 	claim := func(i int) {
@@ -207,9 +205,7 @@ func TestTokensAcrossTombstones(t *testing.T) {
 // new holder's record back untouched, TTL included.
 func TestStaleReleaseRestores(t *testing.T) {
 	const rule = "a stale release leaves the new holder's record and TTL as they were"
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	b := newBackend(t, c, prefix)
 	if _, err := b.TryAcquire(ctx, acquireReq("k", 0)); err != nil {
 		t.Fatal(err)
@@ -256,9 +252,7 @@ func TestStaleReleaseRestores(t *testing.T) {
 // permit's release (a semaphore's set lives at the same key).
 func TestReleaseLeavesForeignValue(t *testing.T) {
 	const rule = "a release leaves a foreign value at the lock key as it was, TTL included, and answers lease lost"
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	b, other := newBackend(t, c, prefix), newBackend(t, c, prefix)
 	k := redislock.LockKey(prefix, "k")
 	defer c.Del(ctx, k)
@@ -295,9 +289,7 @@ func TestReleaseLeavesForeignValue(t *testing.T) {
 // never a second grant.
 func TestOldRecordFailsLoudly(t *testing.T) {
 	const rule = "a lock hash of the old layout makes acquire fail, not grant"
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	k := redislock.LockKey(prefix, "k")
 	if err := c.HSet(ctx, k, "otoken", "old", "owner", "old", "token", "7").Err(); err != nil {
 		t.Fatal(err)
@@ -330,9 +322,8 @@ func newClientOn(t testing.TB, addr string) *redis.Client {
 // TestRenewChecksWholeOwnerToken: renew matches the owner token exactly,
 // not a prefix of it nor one it is a prefix of.
 func TestRenewChecksWholeOwnerToken(t *testing.T) {
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	b := newBackend(t, c, testenv.Name("dislocktest-"))
+	c, ctx, prefix := onShared(t)
+	b := newBackend(t, c, prefix)
 	req := acquireReq("k", 0)
 	req.OwnerToken, req.Owner = "token", "owner|with|bars"
 	if _, err := b.TryAcquire(ctx, req); err != nil {
@@ -489,10 +480,9 @@ func TestQueueKeysGone(t *testing.T) {
 
 // TestWatchGetsKeyOfTurn: a plain Watch consumer hears a turn as its key.
 func TestWatchGetsKeyOfTurn(t *testing.T) {
-	c := sharedRedis(t)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	b := newBackend(t, c, prefix)
-	ctx, cancel := context.WithCancel(ctxT(t, 30*time.Second))
+	ctx, cancel := context.WithCancel(ctx)
 	keys := make(chan string, 8)
 	ready := make(chan struct{})
 	done := make(chan struct{})

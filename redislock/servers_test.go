@@ -31,6 +31,13 @@ func sharedRedis(t testing.TB) *redis.Client {
 	return c
 }
 
+// onShared is where most tests on the machine's Redis start: a client on it
+// (sharedRedis), a context of 30 s and a key prefix of the test's own.
+func onShared(t testing.TB) (*redis.Client, context.Context, string) {
+	t.Helper()
+	return sharedRedis(t), ctxT(t, 30*time.Second), testenv.Name("dislocktest-")
+}
+
 // newMiniredis starts a miniredis whose TTLs run on the real clock.
 func newMiniredis(t testing.TB) *miniredis.Miniredis {
 	t.Helper()
