@@ -18,11 +18,7 @@ func TestMain(m *testing.M) {
 }
 
 // ctxT returns a context bounded for one test step.
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return testenv.Context(t, 30*time.Second) }
 
 // testDSN is the test server's DSN (DISLOCK_TEST_MYSQL or the default).
 func testDSN(t testing.TB) string {

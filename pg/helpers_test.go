@@ -19,11 +19,7 @@ func TestMain(m *testing.M) {
 }
 
 // ctxT returns a context bounded for one test step.
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return testenv.Context(t, 30*time.Second) }
 
 // newPool returns a small pool on the test server, closed at cleanup. edit
 // may change its config first.

@@ -49,7 +49,7 @@ func acquireReq(key string, i int) core.AcquireRequest {
 func TestCommandsPerAcquireRelease(t *testing.T) {
 	const rule = "an uncontended acquire + release costs at most 7 server commands and publishes nothing"
 	c := privateClient(t)
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	b := newBackend(t, c, testenv.Name("dislocktest-"))
 
 	before := commandCalls(t, c)
@@ -109,7 +109,7 @@ func TestCommandsPerAcquireRelease(t *testing.T) {
 func TestBusyMarksOnce(t *testing.T) {
 	const rule = "a busy answer writes at most once per holder; the release then publishes, once"
 	c := privateClient(t)
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	b := newBackend(t, c, testenv.Name("dislocktest-"))
 	if _, err := b.TryAcquire(ctx, acquireReq("k", 0)); err != nil {
 		t.Fatal(err)
@@ -418,7 +418,7 @@ func newQueueEnv(t *testing.T) *queueEnv {
 	c := sharedRedis(t)
 	prefix := testenv.Name("dislocktest-")
 	b := newBackend(t, c, prefix)
-	return &queueEnv{t: t, c: c, b: b, prefix: prefix, turns: watchTurns(t, b), ctx: ctxT(t, 60*time.Second)}
+	return &queueEnv{t: t, c: c, b: b, prefix: prefix, turns: watchTurns(t, b), ctx: testenv.Context(t, 60*time.Second)}
 }
 
 func (e *queueEnv) grant(req core.AcquireRequest) core.Lease {

@@ -35,7 +35,7 @@ func sharedRedis(t testing.TB) *redis.Client {
 // (sharedRedis), a context of 30 s and a key prefix of the test's own.
 func onShared(t testing.TB) (*redis.Client, context.Context, string) {
 	t.Helper()
-	return sharedRedis(t), ctxT(t, 30*time.Second), testenv.Name("dislocktest-")
+	return sharedRedis(t), testenv.Context(t, 30*time.Second), testenv.Name("dislocktest-")
 }
 
 // newMiniredis starts a miniredis whose TTLs run on the real clock.

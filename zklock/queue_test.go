@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -38,7 +39,7 @@ func TestWaitersOfOneLockerWaitInLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	ctx := ctxT(t, 60*time.Second)
+	ctx := testenv.Context(t, 60*time.Second)
 	s, err := l.Acquire(ctx, "hot")
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func TestFirstUseOfAKeyCreatesItsContainerFirst(t *testing.T) {
 	t.Parallel()
 	var cnt counter
 	b := newBackend(t, singleConnect(t), testRoot(), zklock.WithDialer(cnt.dial))
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	acquire := func(key string) {
 		t.Helper()
 		req := core.AcquireRequest{Key: key, Owner: "t", OwnerToken: key + "-token", TTL: time.Second}
@@ -138,7 +139,7 @@ func TestQueueGrantWithoutReadOnlyAfterTheNodeBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lX.Close()
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	const key = "grant-without-read"
 	sX, err := lX.Acquire(ctx, key)
 	if err != nil {
@@ -187,7 +188,7 @@ func TestQueueExpiredPlaceSparesTheWaitsNewNode(t *testing.T) {
 		<-resume
 		return func() { close(deleted) }
 	})
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	req := core.AcquireRequest{Key: "expired-place", Owner: "w", OwnerToken: "w-token", TTL: time.Second, Waiter: "w", WaiterTTL: 20 * time.Millisecond}
 	zklock.UncertainPlace(b, req)
 	select {

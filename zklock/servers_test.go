@@ -1,7 +1,6 @@
 package zklock_test
 
 import (
-	"context"
 	"net/url"
 	"os"
 	"strings"
@@ -109,12 +108,6 @@ func rawConn(t testing.TB, connect string) *zk.Conn {
 	return conn
 }
 
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // testRoot is a root znode unique to one test.
 func testRoot() string { return "/" + testenv.Name("dislocktest-") }
 
@@ -122,7 +115,7 @@ func testRoot() string { return "/" + testenv.Name("dislocktest-") }
 func newBackend(t testing.TB, connect, root string, opts ...zklock.Option) *zklock.Backend {
 	t.Helper()
 	all := append([]zklock.Option{zklock.WithRoot(root), zklock.WithSessionTimeout(2 * time.Second)}, opts...)
-	b, err := zklock.NewBackend(ctxT(t, 30*time.Second), connect, all...)
+	b, err := zklock.NewBackend(testenv.Context(t, 30*time.Second), connect, all...)
 	if err != nil {
 		t.Fatal(err)
 	}
