@@ -62,7 +62,7 @@ func TestAuthCreatorAll(t *testing.T) {
 	cred, want := digest()
 	b := newBackend(t, connect, root, zklock.WithAuth("digest", []byte(cred)))
 	l := newLocker(t, b, core.TTL(time.Second))
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 
 	s, err := l.TryAcquire(ctx, "k")
 	if err != nil {
@@ -178,7 +178,7 @@ func TestAuthAfterReconnect(t *testing.T) {
 	t.Parallel()
 	var d dropper
 	b, connect, _ := authBackend(t, d.dial, 4*time.Second)
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	acquire := func(key string) {
 		t.Helper()
 		if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: key, Owner: "o", OwnerToken: "tok-" + key, TTL: 2 * time.Second}); err != nil {
@@ -253,7 +253,7 @@ func TestWithACL(t *testing.T) {
 	readers := zk.WorldACL(zk.PermRead)
 	acl := append(zk.DigestACL(zk.PermAll, user, pw), readers...)
 	b := newBackend(t, connect, root, zklock.WithAuth("digest", []byte(cred)), zklock.WithACL(acl))
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "t", TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestAuthAfterSessionExpiry(t *testing.T) {
 	t.Parallel()
 	var cut cutter
 	b, connect, cred := authBackend(t, cut.dial, 1200*time.Millisecond)
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "a", Owner: "o", OwnerToken: "tok-a", TTL: 700 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}

@@ -141,7 +141,7 @@ func TestParseURL(t *testing.T) {
 // dialling, without quoting it.
 func TestNewTakesURL(t *testing.T) {
 	connect := singleConnect(t)
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	root := testRoot()
 	l, err := zklock.New(ctx, "zk://"+connect+"?session_timeout=6", zklock.WithRoot(root))
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/integrations/gocronlock"
-	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -20,7 +19,7 @@ import (
 // returned nil and the campaign retried in silence, never electing.
 func TestCampaignRejectsTTLBeyondTheSession(t *testing.T) {
 	t.Parallel()
-	l, err := zklock.New(testenv.Context(t, 30*time.Second), singleConnect(t), zklock.WithRoot(testRoot()))
+	l, err := zklock.New(ctxT(t, 30*time.Second), singleConnect(t), zklock.WithRoot(testRoot()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -172,18 +171,18 @@ func TestSessionTimeoutAndTTL(t *testing.T) {
 	if got := newBackend(t, connect, root, zklock.WithSessionTimeout(10*time.Minute)).SessionTimeout(); got != 120*time.Second {
 		t.Fatalf("clamped session timeout = %v, want 120s", got)
 	}
-	_, err := b.TryAcquire(testenv.Context(t, 10*time.Second), core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "tok", TTL: 2100 * time.Millisecond})
+	_, err := b.TryAcquire(ctxT(t, 10*time.Second), core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "tok", TTL: 2100 * time.Millisecond})
 	if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "TTL") || !strings.Contains(err.Error(), "session timeout 3s") {
 		t.Fatalf("a TTL above 2/3 of the session timeout: got %v, want ErrInvalidOption naming the TTL and the session timeout", err)
 	}
 	// New's default TTL is 2/3 of the granted session timeout.
-	l, err := zklock.New(testenv.Context(t, 10*time.Second), connect, zklock.WithRoot(root), zklock.WithSessionTimeout(3*time.Second))
+	l, err := zklock.New(ctxT(t, 10*time.Second), connect, zklock.WithRoot(root), zklock.WithSessionTimeout(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	before := time.Now()
-	s, err := l.TryAcquire(testenv.Context(t, 10*time.Second), "default-ttl")
+	s, err := l.TryAcquire(ctxT(t, 10*time.Second), "default-ttl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,10 +191,10 @@ func TestSessionTimeoutAndTTL(t *testing.T) {
 		t.Errorf("deadline %v after acquire, want about 1.33s (TTL 2s)", d)
 	}
 	s.Release(context.Background())
-	if _, err := zklock.NewBackend(testenv.Context(t, time.Second), "", zklock.WithRoot(root)); !errors.Is(err, core.ErrInvalidOption) {
+	if _, err := zklock.NewBackend(ctxT(t, time.Second), "", zklock.WithRoot(root)); !errors.Is(err, core.ErrInvalidOption) {
 		t.Errorf("empty connect string: %v", err)
 	}
-	if _, err := zklock.NewBackend(testenv.Context(t, time.Second), connect, zklock.WithRoot("relative")); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithRoot") {
+	if _, err := zklock.NewBackend(ctxT(t, time.Second), connect, zklock.WithRoot("relative")); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "WithRoot") {
 		t.Errorf("bad root: %v", err)
 	}
 }
@@ -225,7 +224,7 @@ func TestConnectionCut(t *testing.T) {
 	other := newLocker(t, newBackend(t, connect, root), core.TTL(ttl))
 
 	t.Run("ShortCutIsNotALoss", func(t *testing.T) {
-		s, err := holder.TryAcquire(testenv.Context(t, 10*time.Second), "short")
+		s, err := holder.TryAcquire(ctxT(t, 10*time.Second), "short")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,13 +237,13 @@ func TestConnectionCut(t *testing.T) {
 			t.Fatalf("a cut shorter than the renew deadline ended the session: %v", s.Err())
 		case <-time.After(2 * ttl):
 		}
-		if _, err := other.TryAcquire(testenv.Context(t, 10*time.Second), "short"); !errors.Is(err, core.ErrNotAcquired) {
+		if _, err := other.TryAcquire(ctxT(t, 10*time.Second), "short"); !errors.Is(err, core.ErrNotAcquired) {
 			t.Fatalf("the lock must still be held after the cut healed: %v", err)
 		}
 	})
 
 	t.Run("LossBeforeTakeover", func(t *testing.T) {
-		s, err := holder.TryAcquire(testenv.Context(t, 10*time.Second), "long")
+		s, err := holder.TryAcquire(ctxT(t, 10*time.Second), "long")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,7 +252,7 @@ func TestConnectionCut(t *testing.T) {
 		cutAt := time.Now()
 		cut.cut.Store(true)
 		defer cut.cut.Store(false)
-		s2, err := other.Acquire(testenv.Context(t, 20*time.Second), "long", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
+		s2, err := other.Acquire(ctxT(t, 20*time.Second), "long", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +285,7 @@ func TestSessionExpiry(t *testing.T) {
 	var cut cutter
 	b := newBackend(t, connect, root, zklock.WithSessionTimeout(1200*time.Millisecond), zklock.WithDialer(cut.dial))
 	admin := rawConn(t, connect)
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	var reqs []core.RenewRequest
 	for _, k := range []string{"e1", "e2", "e3"} {
 		tok := "tok-" + k
@@ -331,7 +330,7 @@ func TestLeaderKill(t *testing.T) {
 	a := newLocker(t, newBackend(t, connect, root, zklock.WithSessionTimeout(4*time.Second)), core.TTL(ttl))
 	bb := newBackend(t, connect, root, zklock.WithSessionTimeout(4*time.Second))
 	b := newLocker(t, bb, core.TTL(ttl))
-	s, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "leader")
+	s, err := a.TryAcquire(ctxT(t, 10*time.Second), "leader")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +350,7 @@ func TestLeaderKill(t *testing.T) {
 	// Until the holder's session ends, nobody else gets the lock.
 	start := time.Now()
 	for time.Since(start) < 2*ttl {
-		s2, err := b.TryAcquire(testenv.Context(t, 10*time.Second), "leader")
+		s2, err := b.TryAcquire(ctxT(t, 10*time.Second), "leader")
 		if err == nil {
 			if s.Err() == nil {
 				t.Fatalf("two holders after the leader died (tokens %d, %d)", s.Token(), s2.Token())
@@ -366,7 +365,7 @@ func TestLeaderKill(t *testing.T) {
 	if err := s.Release(context.Background()); err != nil {
 		t.Logf("release after the failover: %v", err)
 	}
-	s2, err := b.Acquire(testenv.Context(t, 30*time.Second), "leader", core.Backoff(10*time.Millisecond, 200*time.Millisecond))
+	s2, err := b.Acquire(ctxT(t, 30*time.Second), "leader", core.Backoff(10*time.Millisecond, 200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,16 +389,16 @@ func TestFromConn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := l.TryAcquire(testenv.Context(t, 10*time.Second), "from-conn")
+	s, err := l.TryAcquire(ctxT(t, 10*time.Second), "from-conn")
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := newLocker(t, newBackend(t, connect, root), core.TTL(time.Second))
-	if _, err := other.TryAcquire(testenv.Context(t, 10*time.Second), "from-conn"); !errors.Is(err, core.ErrNotAcquired) {
+	if _, err := other.TryAcquire(ctxT(t, 10*time.Second), "from-conn"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("second holder: %v", err)
 	}
 	// The default TTL is 2/3 of the stated session timeout.
-	if info, ok, err := l.Inspect(testenv.Context(t, 10*time.Second), "from-conn"); err != nil || !ok ||
+	if info, ok, err := l.Inspect(ctxT(t, 10*time.Second), "from-conn"); err != nil || !ok ||
 		info.ExpiresAt.Sub(info.AcquiredAt) < 3200*time.Millisecond || info.ExpiresAt.Sub(info.AcquiredAt) > 3500*time.Millisecond {
 		t.Fatalf("Inspect = %+v %v %v, want a TTL of about 3.33s", info, ok, err)
 	}
@@ -412,7 +411,7 @@ func TestFromConn(t *testing.T) {
 	if _, _, err := conn.Exists("/"); err != nil {
 		t.Fatalf("Close closed the caller's connection: %v", err)
 	}
-	s2, err := other.TryAcquire(testenv.Context(t, 10*time.Second), "from-conn")
+	s2, err := other.TryAcquire(ctxT(t, 10*time.Second), "from-conn")
 	if err != nil {
 		t.Fatalf("after Close: %v", err)
 	}
@@ -431,7 +430,7 @@ func TestCallsBoundedByContext(t *testing.T) {
 	connect := ensemble(t, 1).Connect()
 	var cut cutter
 	b := newBackend(t, connect, testRoot(), zklock.WithSessionTimeout(10*time.Second), zklock.WithDialer(cut.dial))
-	if _, err := b.Now(testenv.Context(t, 10*time.Second), "k"); err != nil {
+	if _, err := b.Now(ctxT(t, 10*time.Second), "k"); err != nil {
 		t.Fatal(err)
 	}
 	cut.cut.Store(true)
@@ -470,25 +469,25 @@ func TestMinHoldInspect(t *testing.T) {
 	root := testRoot()
 	a := newLocker(t, newBackend(t, connect, root), core.TTL(time.Second))
 	b := newLocker(t, newBackend(t, connect, root), core.TTL(time.Second))
-	s, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "held", core.MinHold(1500*time.Millisecond), core.WithOwner("min-hold"))
+	s, err := a.TryAcquire(ctxT(t, 10*time.Second), "held", core.MinHold(1500*time.Millisecond), core.WithOwner("min-hold"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	info, ok, err := b.Inspect(testenv.Context(t, 10*time.Second), "held")
+	info, ok, err := b.Inspect(ctxT(t, 10*time.Second), "held")
 	if err != nil || !ok || info.Owner != "min-hold" || info.Token != s.Token() {
 		t.Fatalf("Inspect after a release under min hold = %+v %v %v", info, ok, err)
 	}
 	if d := info.ExpiresAt.Sub(info.AcquiredAt); d < 1400*time.Millisecond || d > 1700*time.Millisecond {
 		t.Errorf("hold lasts %v from the acquisition, want about 1.5s", d)
 	}
-	list, err := b.List(testenv.Context(t, 10*time.Second), "")
+	list, err := b.List(ctxT(t, 10*time.Second), "")
 	if err != nil || len(list) != 1 || list[0].Key != "held" {
 		t.Errorf("List = %+v %v", list, err)
 	}
-	s2, err := b.Acquire(testenv.Context(t, 10*time.Second), "held", core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+	s2, err := b.Acquire(ctxT(t, 10*time.Second), "held", core.Backoff(10*time.Millisecond, 100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +495,7 @@ func TestMinHoldInspect(t *testing.T) {
 		t.Errorf("token %d after %d", s2.Token(), s.Token())
 	}
 	s2.Release(context.Background())
-	if _, ok, err := b.Inspect(testenv.Context(t, 10*time.Second), "held"); err != nil || ok {
+	if _, ok, err := b.Inspect(ctxT(t, 10*time.Second), "held"); err != nil || ok {
 		t.Errorf("Inspect after the last release: held=%v err=%v", ok, err)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -84,7 +83,7 @@ func TestKillHolderProcess(t *testing.T) {
 		t.Fatalf("holder process: %q", held)
 	}
 	other := newLocker(t, newBackend(t, connect, root), core.TTL(killTTL))
-	if _, err := other.TryAcquire(testenv.Context(t, 10*time.Second), key); !errors.Is(err, core.ErrNotAcquired) {
+	if _, err := other.TryAcquire(ctxT(t, 10*time.Second), key); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("the key is not busy while the holder process lives: %v", err)
 	}
 	time.Sleep(killTTL) // a few renewals
@@ -92,7 +91,7 @@ func TestKillHolderProcess(t *testing.T) {
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := other.Acquire(testenv.Context(t, 30*time.Second), key, core.Backoff(10*time.Millisecond, 50*time.Millisecond))
+	s, err := other.Acquire(ctxT(t, 30*time.Second), key, core.Backoff(10*time.Millisecond, 50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

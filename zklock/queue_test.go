@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -39,7 +38,7 @@ func TestWaitersOfOneLockerWaitInLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	ctx := testenv.Context(t, 60*time.Second)
+	ctx := ctxT(t, 60*time.Second)
 	s, err := l.Acquire(ctx, "hot")
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +92,7 @@ func TestFirstUseOfAKeyCreatesItsContainerFirst(t *testing.T) {
 	t.Parallel()
 	var cnt counter
 	b := newBackend(t, singleConnect(t), testRoot(), zklock.WithDialer(cnt.dial))
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	acquire := func(key string) {
 		t.Helper()
 		req := core.AcquireRequest{Key: key, Owner: "t", OwnerToken: key + "-token", TTL: time.Second}
@@ -139,7 +138,7 @@ func TestQueueGrantWithoutReadOnlyAfterTheNodeBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lX.Close()
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	const key = "grant-without-read"
 	sX, err := lX.Acquire(ctx, key)
 	if err != nil {
@@ -188,7 +187,7 @@ func TestQueueExpiredPlaceSparesTheWaitsNewNode(t *testing.T) {
 		<-resume
 		return func() { close(deleted) }
 	})
-	ctx := testenv.Context(t, 30*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	req := core.AcquireRequest{Key: "expired-place", Owner: "w", OwnerToken: "w-token", TTL: time.Second, Waiter: "w", WaiterTTL: 20 * time.Millisecond}
 	zklock.UncertainPlace(b, req)
 	select {

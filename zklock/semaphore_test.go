@@ -8,7 +8,6 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/benchtest"
-	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -30,7 +29,7 @@ func TestSemMismatchLeavesNoNode(t *testing.T) {
 	for i := range bs {
 		bs[i] = newBackend(t, connect, root, zklock.WithSessionTimeout(30*time.Second))
 	}
-	ctx := testenv.Context(t, 60*time.Second)
+	ctx := ctxT(t, 60*time.Second)
 	if _, err := bs[0].TryAcquire(ctx, core.AcquireRequest{Key: "m", OwnerToken: "mutex", TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +62,7 @@ func TestSemRenewBatch(t *testing.T) {
 	connect := singleConnect(t)
 	var cnt counter
 	b := newBackend(t, connect, testRoot(), zklock.WithSessionTimeout(30*time.Second), zklock.WithDialer(cnt.dial))
-	ctx := testenv.Context(t, 60*time.Second)
+	ctx := ctxT(t, 60*time.Second)
 	// A TTL the 40 claims cannot outlast on a busy machine: the first
 	// leases are still held when the renewal is counted.
 	const ttl = 15 * time.Second

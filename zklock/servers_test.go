@@ -1,6 +1,7 @@
 package zklock_test
 
 import (
+	"context"
 	"net/url"
 	"os"
 	"strings"
@@ -108,6 +109,9 @@ func rawConn(t testing.TB, connect string) *zk.Conn {
 	return conn
 }
 
+// ctxT is testenv.Context: a context that ends after d, or with the test.
+func ctxT(t testing.TB, d time.Duration) context.Context { return testenv.Context(t, d) }
+
 // testRoot is a root znode unique to one test.
 func testRoot() string { return "/" + testenv.Name("dislocktest-") }
 
@@ -115,7 +119,7 @@ func testRoot() string { return "/" + testenv.Name("dislocktest-") }
 func newBackend(t testing.TB, connect, root string, opts ...zklock.Option) *zklock.Backend {
 	t.Helper()
 	all := append([]zklock.Option{zklock.WithRoot(root), zklock.WithSessionTimeout(2 * time.Second)}, opts...)
-	b, err := zklock.NewBackend(testenv.Context(t, 30*time.Second), connect, all...)
+	b, err := zklock.NewBackend(ctxT(t, 30*time.Second), connect, all...)
 	if err != nil {
 		t.Fatal(err)
 	}
