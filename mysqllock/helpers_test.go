@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
@@ -66,14 +65,4 @@ func newBackend(t testing.TB, table string, opts ...mysqllock.Option) *mysqllock
 	}
 	t.Cleanup(func() { _ = b.Close() })
 	return b
-}
-
-func newClient(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Client {
-	t.Helper()
-	c, err := core.New(b, opts...)
-	if err != nil {
-		t.Fatalf("core.New: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }
