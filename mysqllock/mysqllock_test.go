@@ -2,7 +2,6 @@ package mysqllock_test
 
 import (
 	"errors"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +16,7 @@ import (
 // DSN cannot be parsed or the server cannot be reached.
 func TestOpenKeepsSecrets(t *testing.T) {
 	const secret = testenv.Secret
-	ctx := ctxT(t)
-	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return mysqllock.Open(ctx, dsn) },
+	testenv.OpenKeepsSecret(t, mysqllock.Open,
 		"mysql://user:"+secret+"@127.0.0.1:1/db?timeout=1s",
 		"mysql://user:"+secret+"@127.0.0.1:bad/db",
 		"mysql://user:"+secret+"@127.0.0.1:1/db?nosuchparam=%zz",

@@ -3,7 +3,6 @@ package pg_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net/url"
 	"runtime"
 	"strings"
@@ -367,8 +366,7 @@ func TestWatchUnavailable(t *testing.T) {
 // Rule: Open never puts the connection string in an error.
 func TestOpenKeepsSecrets(t *testing.T) {
 	const secret = testenv.Secret
-	ctx := ctxT(t)
-	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return pg.Open(ctx, dsn) },
+	testenv.OpenKeepsSecret(t, pg.Open,
 		"postgres://user:"+secret+"@127.0.0.1:1/db?connect_timeout=1",
 		"postgres://user:"+secret+"@127.0.0.1:bad/db",
 		"host=127.0.0.1 port=1 password="+secret+" connect_timeout=1",
