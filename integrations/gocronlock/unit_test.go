@@ -13,6 +13,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/gocronlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // Rule: invalid options, and options that do not apply to a constructor,
@@ -50,11 +51,7 @@ func TestOptionsRejected(t *testing.T) {
 // up front, naming the option.
 func TestLimitRejected(t *testing.T) {
 	l := newMemStore(t).open()
-	plain, err := core.New(mutexOnly{memlock.NewStore().Backend()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
+	plain := testenv.MutexOnlyLocker(t)
 	fn := func(context.Context, core.Session) error { return nil }
 	cases := map[string]error{}
 	_, cases["Locker Limit(0)"] = gocronlock.NewLocker(l, gocronlock.Limit(0))
