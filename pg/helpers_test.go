@@ -95,6 +95,28 @@ func scratchTable(t testing.TB, admin *pgxpool.Pool, prefix string) string {
 	return name
 }
 
+// loginRole creates a login role of the test's own with the privileges
+// grants (each "<privileges> ON <table>"), dropped with what it owns at
+// cleanup, and returns its name and a pool that connects as it.
+func loginRole(t testing.TB, admin *pgxpool.Pool, grants ...string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := ctxT(t)
+	role := testenv.Name("dislock_role_")
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	for _, g := range grants {
+		if _, err := admin.Exec(ctx, `GRANT `+g+` TO `+role); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return role, newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+}
+
 // quoted is the SQL identifier of the table name.
 func quoted(name string) string { return pgx.Identifier{name}.Sanitize() }
 

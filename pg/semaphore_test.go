@@ -1,7 +1,6 @@
 package pg_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -389,18 +388,7 @@ func TestPermitsRolePrivileges(t *testing.T) {
 	ident := quoted(table)
 	permits := quoted(table + "_permits")
 	ctx := ctxT(t)
-	role := testenv.Name("dislock_role_")
-	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
-	})
-	if _, err := admin.Exec(ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON `+ident+` TO `+role+`; GRANT SELECT, INSERT ON `+permits+` TO `+role); err != nil {
-		t.Fatal(err)
-	}
-	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+	role, pool := loginRole(t, admin, `SELECT, INSERT, UPDATE, DELETE ON `+ident, `SELECT, INSERT ON `+permits)
 	b, err := pg.NewBackend(ctx, pool, pg.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
