@@ -1,58 +1,35 @@
 package pg_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// turn is one notification WatchTurns delivered.
-type turn struct{ key, waiter string }
-
 // watchTurns subscribes b's WatchTurns until the test ends and returns the
 // channel of the turns it delivers, once the subscription is in place.
-func watchTurns(t *testing.T, b *pg.Backend) <-chan turn {
-	t.Helper()
-	ch := make(chan turn, 64)
-	ready := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		var once sync.Once
-		err := b.WatchTurns(ctx, func() { once.Do(func() { close(ready) }) }, func(key, waiter string) {
-			ch <- turn{key, waiter}
-		})
-		if ctx.Err() == nil {
-			t.Errorf("WatchTurns: %v", err)
-		}
-	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	select {
-	case <-ready:
-	case <-time.After(15 * time.Second):
-		t.Fatal("WatchTurns never ready")
-	}
-	return ch
+func watchTurns(t *testing.T, b *pg.Backend) <-chan testenv.Turn {
+	turns, _ := testenv.WatchTurns(t, b)
+	return turns
 }
 
 // nextTurn returns the next turn for one of keys (others are skipped), or
 // fails after 10s.
-func nextTurn(t *testing.T, ch <-chan turn, key string) turn {
+func nextTurn(t *testing.T, ch <-chan testenv.Turn, key string) testenv.Turn {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
 		select {
 		case tr := <-ch:
-			if tr.key == key {
+			if tr.Key == key {
 				return tr
 			}
 		case <-deadline:
@@ -63,7 +40,7 @@ func nextTurn(t *testing.T, ch <-chan turn, key string) turn {
 
 // noTurn fails when a turn for key arrives: it releases sentinel (which has
 // a queued waiter) and expects that turn first, so no sleep decides.
-func noTurn(t *testing.T, b *pg.Backend, ch <-chan turn, key string) {
+func noTurn(t *testing.T, b *pg.Backend, ch <-chan testenv.Turn, key string) {
 	t.Helper()
 	ctx := ctxT(t)
 	sentinel := key + "-sentinel"
@@ -78,7 +55,7 @@ func noTurn(t *testing.T, b *pg.Backend, ch <-chan turn, key string) {
 	for {
 		select {
 		case tr := <-ch:
-			switch tr.key {
+			switch tr.Key {
 			case key:
 				t.Fatalf("turn %+v notified, want none", tr)
 			case sentinel:
@@ -294,7 +271,7 @@ func TestQueueLegacyTable(t *testing.T) {
 	tryAs(t, b, k, "h", "", 0)
 	tryAs(t, b, k, "t1", "w1", 0, "busy")
 	release(t, b, k, "h")
-	if tr := nextTurn(t, turns, k); tr.waiter != "" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "" {
 		t.Fatalf("turn %+v, want no waiter", tr)
 	}
 	tryAs(t, b, k, "x", "", 0) // no queue to respect
@@ -302,7 +279,7 @@ func TestQueueLegacyTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(t, b, k, "x")
-	if tr := nextTurn(t, turns, k); tr.waiter != "" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "" {
 		t.Fatalf("turn %+v, want no waiter", tr)
 	}
 }
@@ -317,7 +294,7 @@ func TestQueueTurnPayload(t *testing.T) {
 		tryAs(t, b, k, "h", "", 0)
 		tryAs(t, b, k, "t", w, 0, "busy")
 		release(t, b, k, "h")
-		if tr := nextTurn(t, turns, k); tr.waiter != w {
+		if tr := nextTurn(t, turns, k); tr.Waiter != w {
 			t.Fatalf("turn %+v, want waiter %s", tr, w)
 		}
 	}
@@ -336,21 +313,21 @@ func TestQueueExecMode(t *testing.T) {
 	tryAs(t, b, k, "t2", "w2", 0, "busy")
 	tryAs(t, b, k, "t3", "w3", 0, "busy")
 	release(t, b, k, "h")
-	if tr := nextTurn(t, turns, k); tr.waiter != "w1" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "w1" {
 		t.Fatalf("turn %+v, want w1", tr)
 	}
 	tryAs(t, b, k, "t2", "w2", 0, "turn")
 	if err := b.Leave(ctx, k, "w1"); err != nil {
 		t.Fatal(err)
 	}
-	if tr := nextTurn(t, turns, k); tr.waiter != "w2" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "w2" {
 		t.Fatalf("turn after Leave %+v, want w2", tr)
 	}
 	tryAs(t, b, k, "t2", "w2", 0)
 	if ok, err := b.ForceRelease(ctx, k); err != nil || !ok {
 		t.Fatalf("ForceRelease = %v, %v", ok, err)
 	}
-	if tr := nextTurn(t, turns, k); tr.waiter != "w3" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "w3" {
 		t.Fatalf("turn after ForceRelease %+v, want w3", tr)
 	}
 	tryAs(t, b, k, "t3", "w3", 0)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -343,35 +342,13 @@ func TestRenewChecksWholeOwnerToken(t *testing.T) {
 	}
 }
 
-type turn struct{ key, waiter string }
-
 // watchTurns runs b.WatchTurns until the test ends and returns its turns.
-func watchTurns(t *testing.T, b *redislock.Backend) <-chan turn {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	turns := make(chan turn, 64)
-	ready := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		err := b.WatchTurns(ctx, func() { close(ready) }, func(key, waiter string) {
-			turns <- turn{key, waiter}
-		})
-		if ctx.Err() == nil {
-			t.Errorf("WatchTurns: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	select {
-	case <-ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("WatchTurns not ready")
-	}
+func watchTurns(t *testing.T, b *redislock.Backend) <-chan testenv.Turn {
+	turns, _ := testenv.WatchTurns(t, b)
 	return turns
 }
 
-func nextTurn(t *testing.T, turns <-chan turn) turn {
+func nextTurn(t *testing.T, turns <-chan testenv.Turn) testenv.Turn {
 	t.Helper()
 	select {
 	case tn := <-turns:
@@ -379,17 +356,17 @@ func nextTurn(t *testing.T, turns <-chan turn) turn {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no turn published")
 	}
-	return turn{}
+	return testenv.Turn{}
 }
 
 // noTurn checks that nothing was published by the calls made so far: it
 // publishes a marker of its own and expects it first.
-func noTurn(t *testing.T, c redis.UniversalClient, prefix string, turns <-chan turn) {
+func noTurn(t *testing.T, c redis.UniversalClient, prefix string, turns <-chan testenv.Turn) {
 	t.Helper()
 	if err := c.Publish(context.Background(), prefix+":released", "marker").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if tn := nextTurn(t, turns); tn.key != "marker" {
+	if tn := nextTurn(t, turns); tn.Key != "marker" {
 		t.Fatalf("published %+v, want nothing", tn)
 	}
 }
@@ -410,7 +387,7 @@ type queueEnv struct {
 	c      redis.UniversalClient
 	b      *redislock.Backend
 	prefix string
-	turns  <-chan turn
+	turns  <-chan testenv.Turn
 	ctx    context.Context
 }
 
@@ -447,7 +424,7 @@ func (e *queueEnv) release(key string, i int) {
 
 func (e *queueEnv) wantTurn(key, waiter string) {
 	e.t.Helper()
-	if tn := nextTurn(e.t, e.turns); tn != (turn{key, waiter}) {
+	if tn := nextTurn(e.t, e.turns); tn != (testenv.Turn{Key: key, Waiter: waiter}) {
 		e.t.Fatalf("turn %+v, want %s/%s", tn, key, waiter)
 	}
 }
