@@ -114,6 +114,16 @@ func (s *sweep) tryAcquire(l core.Locker, key string) (core.Session, error) {
 	return nil, err
 }
 
+// proxyFaults runs the faults every backend's sweep makes through its
+// proxy px (holdThenCut, then dropReplies) on keys of a fresh name, and
+// returns that name for the backend's own faults.
+func (s *sweep) proxyFaults(l core.Locker, px *Proxy) (key string) {
+	key = "sweep-" + fmt.Sprint(time.Now().UnixNano())
+	s.holdThenCut(l, px, key)
+	s.dropReplies(l, px, key+"-drop")
+	return key
+}
+
 // holdThenCut acquires key on l, cuts the proxy, waits for the loss, then
 // tries everything that can fail while cut, and restores the proxy.
 func (s *sweep) holdThenCut(l core.Locker, px *Proxy, key string) {
@@ -197,9 +207,7 @@ func TestSecretSweepPG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := "sweep-" + fmt.Sprint(time.Now().UnixNano())
-	s.holdThenCut(l, px, key)
-	s.dropReplies(l, px, key+"-drop")
+	key := s.proxyFaults(l, px)
 	// Killed server connections.
 	sess, err := l.TryAcquire(ctx, key+"-kill")
 	if err == nil {
@@ -289,9 +297,7 @@ func TestSecretSweepRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := "sweep-" + fmt.Sprint(time.Now().UnixNano())
-	s.holdThenCut(l, px, key)
-	s.dropReplies(l, px, key+"-drop")
+	key := s.proxyFaults(l, px)
 	// A paused server.
 	sess, err := s.tryAcquire(l, key+"-pause")
 	if err == nil {
