@@ -44,9 +44,11 @@ return 1
 `)
 
 // Steal makes the lock of key under prefix, when held, another owner's
-// (owner token "stolen", owner "thief", next token); it keeps the TTL.
-func Steal(ctx context.Context, c redis.UniversalClient, prefix, key string) error {
-	return steal.Run(ctx, c, []string{LockKey(prefix, key)}).Err()
+// (owner token "stolen", owner "thief", next token); it keeps the TTL. It
+// reports whether the lock was held.
+func Steal(ctx context.Context, c redis.UniversalClient, prefix, key string) (bool, error) {
+	n, err := steal.Run(ctx, c, []string{LockKey(prefix, key)}).Int()
+	return n == 1, err
 }
 
 // Clients returns a newClient for Harness: each call makes a client with
@@ -72,7 +74,8 @@ func Harness(keyPrefix, prefix string, admin redis.UniversalClient, newClient fu
 			return b
 		},
 		Steal: func(ctx context.Context, key string) error {
-			return Steal(ctx, admin, prefix, key)
+			_, err := Steal(ctx, admin, prefix, key)
+			return err
 		},
 		Delete: func(ctx context.Context, key string) error {
 			return admin.Del(ctx, LockKey(prefix, key)).Err()
