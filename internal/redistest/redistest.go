@@ -7,6 +7,8 @@ package redistest
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,6 +16,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/redislock"
 )
 
@@ -82,4 +85,22 @@ func Harness(keyPrefix, prefix string, admin redis.UniversalClient, newClient fu
 		},
 		KeyPrefix: keyPrefix,
 	}
+}
+
+// ClusterPort returns a loopback port that is free now, and whose Cluster
+// bus port (port + 10000) is free too: a port for a private Cluster node.
+func ClusterPort(t testing.TB) int {
+	t.Helper()
+	for range 100 {
+		port := testenv.FreePort(t)
+		if port+10000 > 65535 {
+			continue
+		}
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000)); err == nil {
+			l.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port pair for a Cluster node")
+	return 0
 }
