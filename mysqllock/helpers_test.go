@@ -56,6 +56,21 @@ func adminAndTable(t testing.TB) (*sql.DB, string) {
 	return admin, newTable(t, admin)
 }
 
+// lockRow locks the row of key in table FOR UPDATE, in a transaction of
+// admin that the caller ends.
+func lockRow(t testing.TB, admin *sql.DB, table, key string) *sql.Tx {
+	t.Helper()
+	ctx := ctxT(t)
+	tx, err := admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM `"+table+"` WHERE `key` = ? FOR UPDATE", key); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // newBackend returns a Backend on its own pool (a separate process).
 func newBackend(t testing.TB, table string, opts ...mysqllock.Option) *mysqllock.Backend {
 	t.Helper()
