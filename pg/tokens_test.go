@@ -296,22 +296,14 @@ func claimBehindLock(t *testing.T, admin *pgxpool.Pool, b *pg.Backend, table str
 	first.OwnerToken, first.TTL, first.ExpireAt = testenv.Name("tok"), time.Minute, time.Time{}
 	expiredRow(t, admin, b, table, first)
 	tx := lockRow(t, admin, table, req.Key)
-	type result struct {
-		l   core.Lease
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		l, err := b.TryAcquire(context.Background(), req)
-		done <- result{l, err}
-	}()
+	done := testenv.Async(func() (core.Lease, error) { return b.TryAcquire(context.Background(), req) })
 	waitLockWait(t, admin, table)
 	meanwhile(tx)
 	if err := tx.Commit(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	r := <-done
-	return r.l, r.err
+	return r.V, r.Err
 }
 
 // Rule: a claim's token is decided under the row's lock. A claim reads the

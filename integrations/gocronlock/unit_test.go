@@ -381,21 +381,13 @@ func (j *cronJob) NextRun() (time.Time, error) {
 // within limit.
 func lockWithin(t *testing.T, l *gocronlock.Locker, job string, limit time.Duration) gocron.Lock {
 	t.Helper()
-	type result struct {
-		lock gocron.Lock
-		err  error
-	}
-	got := make(chan result, 1)
-	go func() {
-		lock, err := l.Lock(context.Background(), job)
-		got <- result{lock, err}
-	}()
+	got := testenv.Async(func() (gocron.Lock, error) { return l.Lock(context.Background(), job) })
 	select {
 	case r := <-got:
-		if r.err != nil {
-			t.Fatalf("Lock(%q): %v", job, r.err)
+		if r.Err != nil {
+			t.Fatalf("Lock(%q): %v", job, r.Err)
 		}
-		return r.lock
+		return r.V
 	case <-time.After(limit):
 		t.Fatalf("Lock(%q) still waiting on the scheduler after %v", job, limit)
 		return nil
