@@ -190,10 +190,7 @@ func TestSecretSweepPG(t *testing.T) {
 	ignore := goleakIgnore()
 	s := newSweep(t)
 	h := NewHarness(s.logs)
-	px, err := h.Add("pg-sweep", u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "pg-sweep", u.Host)
 	ctx := context.Background()
 	proxied := viaProxy(u, px.Addr(), "", sentinelPW)
 	app := "dislock-chaos-sweep"
@@ -283,10 +280,7 @@ func TestSecretSweepRedis(t *testing.T) {
 	other := startRedis(t, "a-different-password")
 	s := newSweep(t)
 	h := NewHarness(s.logs)
-	px, err := h.Add("redis-sweep", srv.addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "redis-sweep", srv.addr())
 	rt := &redisTarget{srv: srv, addr: srv.addr(), pass: sentinelPW}
 	rt.base, _ = rt.base.Parse("redis://127.0.0.1/0")
 	ctx := context.Background()
