@@ -53,10 +53,7 @@ func proxiedPGConfig(t testing.TB, u *url.URL, px *Proxy, app string) *pgxpool.C
 
 func pgSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
 	u := pgURL(t)
-	px, err := h.Add("pg", u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "pg", u.Host)
 	app := "dislock-chaos-" + strings.TrimSuffix(prefix, "-")
 	ctx := context.Background()
 	direct := directPool(t, u, "dislock-chaos-direct")
@@ -240,10 +237,7 @@ return out
 
 func redisSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
 	rt := newRedisTarget(t)
-	px, err := h.Add("redis", rt.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "redis", rt.addr)
 	rprefix := "dislock-" + strings.TrimSuffix(prefix, "-")
 	direct := rt.directClient()
 	admin, err := redislock.New(direct, redislock.WithPrefix(rprefix))

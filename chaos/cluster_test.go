@@ -3,34 +3,16 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
 
-// freeClusterPort returns a free loopback port whose Cluster bus port
-// (port + 10000) is free too.
-func freeClusterPort(t testing.TB) int {
-	t.Helper()
-	for range 100 {
-		port := freePort(t)
-		if port+10000 > 65535 {
-			continue
-		}
-		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000)); err == nil {
-			l.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port pair for a Cluster node")
-	return 0
-}
+	"github.com/dislock/dislock/internal/redistest"
+)
 
 // clusterTopo is a private Redis Cluster of three masters, each with one
 // replica, on loopback ports; node timeout 1s, so a killed master is
@@ -45,7 +27,7 @@ func startClusterTopo(t *testing.T) *clusterTopo {
 	ct := &clusterTopo{}
 	var addrs []string
 	for range 6 {
-		p := startRedisProc(t, freeClusterPort(t), append(dataNodeArgs(), "--cluster-enabled", "yes",
+		p := startRedisProc(t, redistest.ClusterPort(t), append(dataNodeArgs(), "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000")...)
 		ct.nodes = append(ct.nodes, p)
 		addrs = append(addrs, p.addr())

@@ -79,6 +79,17 @@ func viaProxy(u *url.URL, addr, user, pass string) string {
 
 func freePort(t testing.TB) int { return testenv.FreePort(t) }
 
+// addProxy puts a proxy named name in front of upstream (Harness.Add),
+// failing t when it cannot.
+func addProxy(t testing.TB, h *Harness, name, upstream string) *Proxy {
+	t.Helper()
+	px, err := h.Add(name, upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return px
+}
+
 // startRedis starts a private redis-server on a free loopback port,
 // without persistence (a restart empties it, and pausing it disturbs no one
 // else), with password pass; or returns nil when the binary is missing.

@@ -177,10 +177,7 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 			t.Fatalf("enable authentication: %v", err)
 		}
 	}
-	px, err := h.Add("etcd", m.client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "etcd", m.client)
 	eprefix := "dislock-chaos/" + strings.TrimSuffix(prefix, "-") + "/"
 	adminCli, err := direct("root", sentinelPW)
 	if err != nil {

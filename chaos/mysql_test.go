@@ -123,10 +123,7 @@ func mysqlDeleteLocks(ctx context.Context, db *sql.DB, table string, keys []stri
 
 func mysqlSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
 	mt := newMySQLTarget(t)
-	px, err := h.Add("mysql", mt.cfg.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "mysql", mt.cfg.Addr)
 	ctx := context.Background()
 	direct := mt.direct(t)
 	admin, err := mysqllock.New(ctx, direct, mysqllock.WithTable(mysqlTable), mysqllock.WithAutoMigrate())

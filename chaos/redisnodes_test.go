@@ -14,9 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/core/locktest"
-	"github.com/dislock/dislock/redislock"
+	"github.com/dislock/dislock/internal/redistest"
 )
 
 // redisProc is one redis-server process (a data node or a sentinel) of a
@@ -166,53 +164,6 @@ func waitFor(within time.Duration, what string, cond func() (bool, error)) error
 	}
 }
 
-var redisKeyEscaper = strings.NewReplacer("%", "%25", "}", "%7D")
-
-// redisLockKey is the Redis key of lock key under prefix (redislock's
-// documented layout).
-func redisLockKey(prefix, key string) string {
-	return prefix + ":{" + redisKeyEscaper.Replace(key) + "}"
-}
-
-// redisHarness is the conformance harness over clients made by newClient;
-// Steal and Delete act with plain Redis commands through admin.
-func redisHarness(prefix string, admin redis.UniversalClient, newClient func(t testing.TB) redis.UniversalClient) locktest.Harness {
-	return locktest.Harness{
-		NewBackend: func(t testing.TB) core.Backend {
-			b, err := redislock.NewBackend(newClient(t), redislock.WithPrefix(prefix))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		},
-		Steal: func(ctx context.Context, key string) error {
-			return redisSteal.Run(ctx, admin, []string{redisLockKey(prefix, key)}).Err()
-		},
-		Delete: func(ctx context.Context, key string) error {
-			return admin.Del(ctx, redisLockKey(prefix, key)).Err()
-		},
-		KeyPrefix: "chaos:",
-	}
-}
-
-// redisSteal makes a held lock another owner's, with the next token, as an
-// operator could: the record is "<flags>|<token>|<acquired>|<owner
-// token>|<owner>" (redislock's documented layout).
-var redisSteal = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-local f, at = {}, 1
-while #f < 4 do
-  local bar = string.find(v, '|', at, true)
-  if not bar then return 0 end
-  f[#f + 1] = string.sub(v, at, bar - 1)
-  at = bar + 1
-end
-local tok = string.format('%.0f', tonumber(f[2]) + 1)
-redis.call('SET', KEYS[1], f[1] .. '|' .. tok .. '|' .. f[3] .. '|stolen|thief', 'KEEPTTL')
-return 1
-`)
-
 // redisRecordToken is the fencing token in a lock record, held or a
 // tombstone ("<flags>|<token>[|...]").
 func redisRecordToken(v string) (uint64, error) {
@@ -228,7 +179,7 @@ func redisLookup(c redis.UniversalClient, prefix string) lookup {
 		cmds := make([]*redis.StringCmd, len(keys))
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, k := range keys {
-				cmds[i] = p.Get(ctx, redisLockKey(prefix, k))
+				cmds[i] = p.Get(ctx, redistest.LockKey(prefix, k))
 			}
 			return nil
 		})

@@ -114,6 +114,16 @@ func (s *sweep) tryAcquire(l core.Locker, key string) (core.Session, error) {
 	return nil, err
 }
 
+// proxyFaults runs the faults every backend's sweep makes through its
+// proxy px (holdThenCut, then dropReplies) on keys of a fresh name, and
+// returns that name for the backend's own faults.
+func (s *sweep) proxyFaults(l core.Locker, px *Proxy) (key string) {
+	key = "sweep-" + fmt.Sprint(time.Now().UnixNano())
+	s.holdThenCut(l, px, key)
+	s.dropReplies(l, px, key+"-drop")
+	return key
+}
+
 // holdThenCut acquires key on l, cuts the proxy, waits for the loss, then
 // tries everything that can fail while cut, and restores the proxy.
 func (s *sweep) holdThenCut(l core.Locker, px *Proxy, key string) {
@@ -180,10 +190,7 @@ func TestSecretSweepPG(t *testing.T) {
 	ignore := goleakIgnore()
 	s := newSweep(t)
 	h := NewHarness(s.logs)
-	px, err := h.Add("pg-sweep", u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "pg-sweep", u.Host)
 	ctx := context.Background()
 	proxied := viaProxy(u, px.Addr(), "", sentinelPW)
 	app := "dislock-chaos-sweep"
@@ -197,9 +204,7 @@ func TestSecretSweepPG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := "sweep-" + fmt.Sprint(time.Now().UnixNano())
-	s.holdThenCut(l, px, key)
-	s.dropReplies(l, px, key+"-drop")
+	key := s.proxyFaults(l, px)
 	// Killed server connections.
 	sess, err := l.TryAcquire(ctx, key+"-kill")
 	if err == nil {
@@ -275,10 +280,7 @@ func TestSecretSweepRedis(t *testing.T) {
 	other := startRedis(t, "a-different-password")
 	s := newSweep(t)
 	h := NewHarness(s.logs)
-	px, err := h.Add("redis-sweep", srv.addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "redis-sweep", srv.addr())
 	rt := &redisTarget{srv: srv, addr: srv.addr(), pass: sentinelPW}
 	rt.base, _ = rt.base.Parse("redis://127.0.0.1/0")
 	ctx := context.Background()
@@ -289,9 +291,7 @@ func TestSecretSweepRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := "sweep-" + fmt.Sprint(time.Now().UnixNano())
-	s.holdThenCut(l, px, key)
-	s.dropReplies(l, px, key+"-drop")
+	key := s.proxyFaults(l, px)
 	// A paused server.
 	sess, err := s.tryAcquire(l, key+"-pause")
 	if err == nil {

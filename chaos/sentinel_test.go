@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/internal/redistest"
 	"github.com/dislock/dislock/redislock"
 )
 
@@ -119,14 +120,9 @@ func (st *sentinelTopo) masterAddr(ctx context.Context) (addr string, ok bool, e
 func TestChaosSentinel(t *testing.T) {
 	st := startSentinelTopo(t)
 	t.Run("Conformance", func(t *testing.T) {
-		newClient := func(t testing.TB) redis.UniversalClient {
-			c := redis.NewFailoverClient(st.failoverOptions())
-			t.Cleanup(func() { c.Close() })
-			return c
-		}
-		prefix := runPrefix("sentinel-lt")
-		h := redisHarness(strings.TrimSuffix(prefix, "-"), newClient(t), newClient)
-		locktest.Run(t, h)
+		newClient := redistest.Clients(func() *redis.Client { return redis.NewFailoverClient(st.failoverOptions()) })
+		prefix := strings.TrimSuffix(runPrefix("sentinel-lt"), "-")
+		locktest.Run(t, redistest.Harness("chaos:", prefix, newClient(t), newClient))
 	})
 	t.Run("Failovers", func(t *testing.T) { sentinelFailovers(t, st) })
 }
@@ -230,7 +226,7 @@ func redisFailovers[C redis.UniversalClient](t *testing.T, name, topo string, ne
 	env := &backendEnv{name: name, admin: admin, keyPrefix: prefix, newLocker: redisLockers(newClient, rprefix)}
 	defer withRegister(t, env, keys)()
 	switched := map[string]time.Duration{}
-	probe, faults := steps(ctx, adminC, probeC, redisLockKey(rprefix, keys[0]), switched)
+	probe, faults := steps(ctx, adminC, probeC, redistest.LockKey(rprefix, keys[0]), switched)
 	env.probe = probe
 	w, endWitness := startWitness(t, rec, logs, prefix, 25*time.Millisecond, env.newLocker)
 	defer endWitness()

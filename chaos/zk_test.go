@@ -32,10 +32,7 @@ func (zkLogger) Printf(format string, v ...any) { fmt.Fprintf(libLogs, format+"\
 func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv {
 	ens := zktest.ForTest(t, false)
 	node := ens.Nodes[0]
-	px, err := h.Add("zookeeper", node.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := addProxy(t, h, "zookeeper", node.Addr())
 	ctx := context.Background()
 	root := "/dislock-chaos-" + strings.TrimSuffix(prefix, "-")
 	admin, err := zklock.New(ctx, node.Addr(), zklock.WithRoot(root), zklock.WithSessionTimeout(10*time.Second),

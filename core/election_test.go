@@ -109,19 +109,11 @@ func TestCampaignReturnsWhatTheBackendRejects(t *testing.T) {
 func TestCampaignWaitsForTheFirstAnswer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t)
-		e, err := core.CampaignContext(context.Background(), cs[0], "leader")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		e := campaign(t, context.Background(), cs[0], "leader")
 		if !e.IsLeader() {
 			t.Fatal("not leader right after CampaignContext on a free key")
 		}
-		standby, err := core.CampaignContext(context.Background(), cs[1], "leader")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer standby.Close()
+		standby := campaign(t, context.Background(), cs[1], "leader")
 		select {
 		case <-standby.Ready():
 		default:
@@ -133,11 +125,7 @@ func TestCampaignWaitsForTheFirstAnswer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		start := time.Now()
-		slow, err := core.CampaignContext(ctx, cs[1], "other")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer slow.Close()
+		slow := campaign(t, ctx, cs[1], "other")
 		if d := time.Since(start); d != time.Second {
 			t.Fatalf("CampaignContext took %v, want the ctx's 1s", d)
 		}
@@ -186,11 +174,7 @@ func TestCampaignReportsFailures(t *testing.T) {
 
 		// Default: the Locker's logger. A standby whose store fails while
 		// it waits reports it within one TTL.
-		standby, err := core.CampaignContext(context.Background(), cs[1], "leader")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer standby.Close()
+		campaign(t, context.Background(), cs[1], "leader")
 		synctest.Wait()
 		bs[1].SetDown(true)
 		time.Sleep(31 * time.Second)
@@ -222,11 +206,7 @@ func TestOnRevokedCauseOfClose(t *testing.T) {
 		}
 
 		var log2 electionLog
-		e2, err := core.CampaignContext(context.Background(), cs[1], "leader", log2.opts()...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e2.Close()
+		campaign(t, context.Background(), cs[1], "leader", log2.opts()...)
 		cs[1].Close()
 		time.Sleep(2 * time.Second) // one retry pause
 		log2.mu.Lock()
@@ -246,11 +226,7 @@ func TestOnRevokedCauseOfClose(t *testing.T) {
 func TestObserve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, _ := newPair(t)
-		a, err := core.CampaignContext(context.Background(), cs[0], "leader", core.WithLockOptions(core.WithOwner("a")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
+		a := campaign(t, context.Background(), cs[0], "leader", core.WithLockOptions(core.WithOwner("a")))
 		b, err := core.CampaignContext(context.Background(), cs[1], "leader", core.WithLockOptions(core.WithOwner("b")))
 		if err != nil {
 			t.Fatal(err)
@@ -276,17 +252,9 @@ func TestObserve(t *testing.T) {
 			t.Fatalf("channel open after Close: %+v", got)
 		}
 		// The channel also closes when ctx ends.
-		c, err := core.CampaignContext(context.Background(), cs[0], "leader", core.WithLockOptions(core.WithOwner("c")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		campaign(t, context.Background(), cs[0], "leader", core.WithLockOptions(core.WithOwner("c")))
 		ctx, cancel := context.WithCancel(context.Background())
-		w, err := core.CampaignContext(ctx, cs[1], "leader", core.WithAdmin(cs[1]))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Close()
+		w := campaign(t, ctx, cs[1], "leader", core.WithAdmin(cs[1]))
 		ch, _ := w.Observe(ctx)
 		if got := <-ch; got.Owner != "c" {
 			t.Fatalf("leader %q, want c", got.Owner)
@@ -302,11 +270,7 @@ func TestObserve(t *testing.T) {
 func TestObserveUnsupported(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, _ := newPair(t)
-		e, err := core.CampaignContext(context.Background(), lockerOnly{cs[0]}, "leader")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		e := campaign(t, context.Background(), lockerOnly{cs[0]}, "leader")
 		if _, err := e.Observe(context.Background()); !errors.Is(err, core.ErrUnsupported) {
 			t.Fatalf("Observe without an Admin: %v", err)
 		}
@@ -319,11 +283,7 @@ type lockerOnly struct{ core.Locker }
 // The first-round wait costs IsLeader nothing later.
 func TestIsLeaderAfterReadyAllocatesNothing(t *testing.T) {
 	_, cs, _ := newPair(t)
-	e, err := core.CampaignContext(context.Background(), cs[0], "leader")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := campaign(t, context.Background(), cs[0], "leader")
 	var leading atomic.Bool
 	if n := testing.AllocsPerRun(1000, func() {
 		select {

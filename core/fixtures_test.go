@@ -63,3 +63,15 @@ func holdN(t *testing.T, l core.Locker, prefix string, n int, opts ...core.Optio
 	}
 	return ss
 }
+
+// campaign joins the election of key on l (CampaignContext), failing the
+// test if it cannot; the Election is closed when the test ends.
+func campaign(t *testing.T, ctx context.Context, l core.Locker, key string, opts ...core.ElectionOption) *core.Election {
+	t.Helper()
+	e, err := core.CampaignContext(ctx, l, key, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
@@ -18,11 +17,7 @@ func TestMain(m *testing.M) {
 }
 
 // ctxT returns a context bounded for one test step.
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return testenv.Context(t, 30*time.Second) }
 
 // testDSN is the test server's DSN (DISLOCK_TEST_MYSQL or the default).
 func testDSN(t testing.TB) string {
@@ -61,6 +56,21 @@ func adminAndTable(t testing.TB) (*sql.DB, string) {
 	return admin, newTable(t, admin)
 }
 
+// lockRow locks the row of key in table FOR UPDATE, in a transaction of
+// admin that the caller ends.
+func lockRow(t testing.TB, admin *sql.DB, table, key string) *sql.Tx {
+	t.Helper()
+	ctx := ctxT(t)
+	tx, err := admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM `"+table+"` WHERE `key` = ? FOR UPDATE", key); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // newBackend returns a Backend on its own pool (a separate process).
 func newBackend(t testing.TB, table string, opts ...mysqllock.Option) *mysqllock.Backend {
 	t.Helper()
@@ -70,14 +80,4 @@ func newBackend(t testing.TB, table string, opts ...mysqllock.Option) *mysqllock
 	}
 	t.Cleanup(func() { _ = b.Close() })
 	return b
-}
-
-func newClient(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Client {
-	t.Helper()
-	c, err := core.New(b, opts...)
-	if err != nil {
-		t.Fatalf("core.New: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }

@@ -2,7 +2,6 @@ package mysqllock_test
 
 import (
 	"errors"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +16,7 @@ import (
 // DSN cannot be parsed or the server cannot be reached.
 func TestOpenKeepsSecrets(t *testing.T) {
 	const secret = testenv.Secret
-	ctx := ctxT(t)
-	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return mysqllock.Open(ctx, dsn) },
+	testenv.OpenKeepsSecret(t, mysqllock.Open,
 		"mysql://user:"+secret+"@127.0.0.1:1/db?timeout=1s",
 		"mysql://user:"+secret+"@127.0.0.1:bad/db",
 		"mysql://user:"+secret+"@127.0.0.1:1/db?nosuchparam=%zz",
@@ -150,16 +148,10 @@ func TestClaimTimeoutRefusedOnServer(t *testing.T) {
 	if err := b.Release(ctx, core.ReleaseRequest{Key: "blocked", OwnerToken: "first"}); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := admin.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM `"+table+"` WHERE `key` = 'blocked' FOR UPDATE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, admin, table, "blocked")
 	req.OwnerToken = "second"
 	start := time.Now()
-	_, err = b.TryAcquire(ctx, req)
+	_, err := b.TryAcquire(ctx, req)
 	if err == nil || errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("TryAcquire behind a row lock = %v, want a failure", err)
 	}
@@ -193,13 +185,7 @@ func TestReleaseDecidesAfterTheRowLock(t *testing.T) {
 	if _, err := b.TryAcquire(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := admin.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.ExecContext(ctx, "SELECT 1 FROM `"+table+"` WHERE `key` = 'late' FOR UPDATE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, admin, table, "late")
 	done := make(chan error, 1)
 	go func() { done <- b.Release(ctx, core.ReleaseRequest{Key: "late", OwnerToken: "o"}) }()
 	// The duration under test, not a synchronisation: the lease must run

@@ -1,11 +1,11 @@
 package mysqllock_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
 )
 
@@ -22,24 +22,8 @@ func TestTurnWakesTheWaitersWatcher(t *testing.T) {
 	holder := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute))
 	waiter := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute))
 	stray := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute)) // no watcher
-	type turn struct{ key, waiter string }
-	watch := func(b *mysqllock.Backend) (<-chan turn, func()) {
-		ch := make(chan turn, 8)
-		wctx, cancel := context.WithCancel(context.Background())
-		ready, done := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(done)
-			b.WatchTurns(wctx, func() { close(ready) }, func(k, w string) { ch <- turn{k, w} })
-		}()
-		select {
-		case <-ready:
-		case <-done:
-			t.Fatal("WatchTurns ended before it was ready")
-		}
-		return ch, func() { cancel(); <-done }
-	}
-	mine, stop1 := watch(waiter)
-	other, stop2 := watch(holder)
+	mine, stop1 := testenv.WatchTurns(t, waiter)
+	other, stop2 := testenv.WatchTurns(t, holder)
 	// Both watchers in their minute-long lock wait: their waiting
 	// connections, named by the watchers table, run GET_LOCK.
 	for deadline := time.Now().Add(20 * time.Second); ; {
@@ -73,7 +57,7 @@ func TestTurnWakesTheWaitersWatcher(t *testing.T) {
 	}
 	select {
 	case got := <-mine:
-		if got != (turn{"k", "w1"}) {
+		if got != (testenv.Turn{Key: "k", Waiter: "w1"}) {
 			t.Errorf("the waiter's process: turn %+v, want k/w1", got)
 		}
 	case <-time.After(20 * time.Second):
@@ -92,8 +76,8 @@ func TestTurnWakesTheWaitersWatcher(t *testing.T) {
 	}
 	// w2's place names no watcher: every watcher is woken, and reads the
 	// turns it has not read (other: w1's too).
-	for name, ch := range map[string]<-chan turn{"the waiter's process": mine, "another process": other} {
-		for got := (turn{}); got != (turn{"k", "w2"}); {
+	for name, ch := range map[string]<-chan testenv.Turn{"the waiter's process": mine, "another process": other} {
+		for got := (testenv.Turn{}); got != (testenv.Turn{Key: "k", Waiter: "w2"}); {
 			select {
 			case got = <-ch:
 			case <-time.After(20 * time.Second):

@@ -39,7 +39,7 @@ var claimModes = []struct {
 func blockExpiredRow(t *testing.T, admin *pgxpool.Pool, table, key string, legacy bool) (rollback func()) {
 	t.Helper()
 	ctx := ctxT(t)
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	ins := `INSERT INTO ` + ident + ` (key, owner, holder, acquired_at, expire_at)
 		VALUES ($1, 'old', 'old-token', now() - interval '1 minute', now() - interval '1 second')`
 	if legacy {
@@ -73,7 +73,7 @@ func rowHolder(t *testing.T, admin *pgxpool.Pool, table, key string, legacy bool
 		col = "split_part(value, ' ', 1)"
 	}
 	var holder string
-	err := admin.QueryRow(ctxT(t), `SELECT `+col+` FROM `+pgx.Identifier{table}.Sanitize()+` WHERE key = $1`, key).Scan(&holder)
+	err := admin.QueryRow(ctxT(t), `SELECT `+col+` FROM `+quoted(table)+` WHERE key = $1`, key).Scan(&holder)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func noFlushWait(tb testing.TB, edits ...func(*pgxpool.Config)) func(*pgxpool.Co
 // harness runs the conformance suite on a fresh table; opts configure every
 // Backend (exec mode, legacy table, async commit).
 func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option) locktest.Harness {
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	return locktest.Harness{
 		// Behind a transaction pooler, LISTEN cannot work: waiters poll.
 		NoWatch: throughPooler(t),
@@ -93,7 +93,7 @@ func TestConformanceSimpleProtocolAsync(t *testing.T) {
 func TestConformanceLegacy(t *testing.T) {
 	t.Parallel() // each suite has its own table; the suites mostly wait on timers
 	admin, table := adminAndTable(t, pg.WithLegacyTable())
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	h := harness(t, admin, table, pg.WithLegacyTable())
 	h.NoFencing = true
 	h.Steal = func(ctx context.Context, key string) error {

@@ -12,7 +12,6 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -170,7 +169,7 @@ func TestTerminateBackendLossSignalled(t *testing.T) {
 func TestStatementTimeout(t *testing.T) {
 	needDirect(t, "it sets statement_timeout as a startup parameter")
 	admin, table := adminAndTable(t)
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	ctx := ctxT(t)
 	// An expired row whose lock another transaction holds: the acquire's
 	// takeover has to wait for it.

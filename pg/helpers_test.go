@@ -19,11 +19,7 @@ func TestMain(m *testing.M) {
 }
 
 // ctxT returns a context bounded for one test step.
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return testenv.Context(t, 30*time.Second) }
 
 // newPool returns a small pool on the test server, closed at cleanup. edit
 // may change its config first.
@@ -65,10 +61,9 @@ func openPool(t testing.TB, url string, edit func(*pgxpool.Config)) *pgxpool.Poo
 // cleanup, and returns its name as given to pg.WithTable.
 func newTable(t testing.TB, admin *pgxpool.Pool, opts ...pg.Option) string {
 	t.Helper()
-	name := testenv.Name("dislock_test_")
+	// Dropped at cleanup even when its check fails.
+	name := scratchTable(t, admin, "dislock_test_")
 	opts = append([]pg.Option{pg.WithTable(name), pg.WithAutoMigrate()}, opts...)
-	// Registered first, so that a table whose check fails is dropped too.
-	dropAtCleanup(t, admin, pgx.Identifier{name})
 	b, err := pg.NewBackend(ctxT(t), admin, opts...)
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
@@ -91,6 +86,39 @@ func adminAndTable(t testing.TB, opts ...pg.Option) (*pgxpool.Pool, string) {
 	admin := newPool(t, nil)
 	return admin, newTable(t, admin, opts...)
 }
+
+// scratchTable returns a fresh table name that starts with prefix; a table
+// of that name (and its permits table) is dropped at cleanup.
+func scratchTable(t testing.TB, admin *pgxpool.Pool, prefix string) string {
+	name := testenv.Name(prefix)
+	dropAtCleanup(t, admin, pgx.Identifier{name})
+	return name
+}
+
+// loginRole creates a login role of the test's own with the privileges
+// grants (each "<privileges> ON <table>"), dropped with what it owns at
+// cleanup, and returns its name and a pool that connects as it.
+func loginRole(t testing.TB, admin *pgxpool.Pool, grants ...string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := ctxT(t)
+	role := testenv.Name("dislock_role_")
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	for _, g := range grants {
+		if _, err := admin.Exec(ctx, `GRANT `+g+` TO `+role); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return role, newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+}
+
+// quoted is the SQL identifier of the table name.
+func quoted(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 func dropAtCleanup(t testing.TB, admin *pgxpool.Pool, ident pgx.Identifier) {
 	t.Cleanup(func() {

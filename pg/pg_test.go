@@ -3,7 +3,6 @@ package pg_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net/url"
 	"runtime"
 	"strings"
@@ -90,7 +89,7 @@ func TestCounter16Contenders(t *testing.T) {
 // locked by a failed try.
 func TestBusyTryWritesNothing(t *testing.T) {
 	admin, table := adminAndTable(t)
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	a := newClient(t, newBackend(t, table))
 	b := newBackend(t, table)
 	ctx := ctxT(t)
@@ -125,11 +124,10 @@ func TestBusyTryWritesNothing(t *testing.T) {
 func TestBadTableNames(t *testing.T) {
 	admin := newPool(t, nil)
 	ctx := ctxT(t)
-	canary := testenv.Name("canary_")
+	canary := scratchTable(t, admin, "canary_")
 	if _, err := admin.Exec(ctx, `CREATE TABLE `+canary+` (x int)`); err != nil {
 		t.Fatal(err)
 	}
-	dropAtCleanup(t, admin, pgx.Identifier{canary})
 	suffix := testenv.Name("")
 	for _, name := range []string{
 		"locks; DROP TABLE " + canary + ";--" + suffix,
@@ -222,7 +220,7 @@ func TestSchemaCheck(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			name := testenv.Name("dislock_bad_")
-			ident := pgx.Identifier{name}.Sanitize()
+			ident := quoted(name)
 			if c.ddl != "" {
 				if _, err := admin.Exec(ctx, strings.Replace(c.ddl, "%s", ident, 1)); err != nil {
 					t.Fatal(err)
@@ -246,20 +244,9 @@ func TestSchemaCheck(t *testing.T) {
 func TestRoleWithoutDelete(t *testing.T) {
 	needDirect(t, "it connects as a role of its own")
 	admin, table := adminAndTable(t)
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	ctx := ctxT(t)
-	role := testenv.Name("dislock_role_")
-	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
-	})
-	if _, err := admin.Exec(ctx, `GRANT SELECT, INSERT, UPDATE ON `+ident+` TO `+role); err != nil {
-		t.Fatal(err)
-	}
-	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+	role, pool := loginRole(t, admin, `SELECT, INSERT, UPDATE ON `+ident)
 	_, err := pg.NewBackend(ctx, pool, pg.WithTable(table))
 	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), "DELETE") || !strings.Contains(err.Error(), ident) {
 		t.Fatalf("NewBackend = %v, want ErrSchema naming DELETE and %s", err, ident)
@@ -368,8 +355,7 @@ func TestWatchUnavailable(t *testing.T) {
 // Rule: Open never puts the connection string in an error.
 func TestOpenKeepsSecrets(t *testing.T) {
 	const secret = testenv.Secret
-	ctx := ctxT(t)
-	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return pg.Open(ctx, dsn) },
+	testenv.OpenKeepsSecret(t, pg.Open,
 		"postgres://user:"+secret+"@127.0.0.1:1/db?connect_timeout=1",
 		"postgres://user:"+secret+"@127.0.0.1:bad/db",
 		"host=127.0.0.1 port=1 password="+secret+" connect_timeout=1",
@@ -402,8 +388,7 @@ func TestOpenAndSchemaSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	fresh := testenv.Name("dislock_open_")
-	dropAtCleanup(t, admin, pgx.Identifier{fresh})
+	fresh := scratchTable(t, admin, "dislock_open_")
 	if _, err := pg.Open(ctx, testURL(t), pg.WithTable(fresh)); !errors.Is(err, pg.ErrSchema) {
 		t.Fatalf("Open on a missing table: %v, want ErrSchema", err)
 	}
@@ -479,8 +464,7 @@ func TestConnectionRefusedFailsFast(t *testing.T) {
 func TestPackageMigrate(t *testing.T) {
 	admin := newPool(t, nil)
 	ctx := ctxT(t)
-	name := testenv.Name("dislock_mig_")
-	dropAtCleanup(t, admin, pgx.Identifier{name})
+	name := scratchTable(t, admin, "dislock_mig_")
 
 	_, err := pg.New(ctx, admin, pg.WithTable(name))
 	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), "pg.Migrate(ctx, pool)") {

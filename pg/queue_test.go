@@ -1,11 +1,9 @@
 package pg_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,44 +14,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// turn is one notification WatchTurns delivered.
-type turn struct{ key, waiter string }
-
 // watchTurns subscribes b's WatchTurns until the test ends and returns the
 // channel of the turns it delivers, once the subscription is in place.
-func watchTurns(t *testing.T, b *pg.Backend) <-chan turn {
-	t.Helper()
-	ch := make(chan turn, 64)
-	ready := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		var once sync.Once
-		err := b.WatchTurns(ctx, func() { once.Do(func() { close(ready) }) }, func(key, waiter string) {
-			ch <- turn{key, waiter}
-		})
-		if ctx.Err() == nil {
-			t.Errorf("WatchTurns: %v", err)
-		}
-	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	select {
-	case <-ready:
-	case <-time.After(15 * time.Second):
-		t.Fatal("WatchTurns never ready")
-	}
-	return ch
+func watchTurns(t *testing.T, b *pg.Backend) <-chan testenv.Turn {
+	turns, _ := testenv.WatchTurns(t, b)
+	return turns
 }
 
 // nextTurn returns the next turn for one of keys (others are skipped), or
 // fails after 10s.
-func nextTurn(t *testing.T, ch <-chan turn, key string) turn {
+func nextTurn(t *testing.T, ch <-chan testenv.Turn, key string) testenv.Turn {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
 		select {
 		case tr := <-ch:
-			if tr.key == key {
+			if tr.Key == key {
 				return tr
 			}
 		case <-deadline:
@@ -64,7 +40,7 @@ func nextTurn(t *testing.T, ch <-chan turn, key string) turn {
 
 // noTurn fails when a turn for key arrives: it releases sentinel (which has
 // a queued waiter) and expects that turn first, so no sleep decides.
-func noTurn(t *testing.T, b *pg.Backend, ch <-chan turn, key string) {
+func noTurn(t *testing.T, b *pg.Backend, ch <-chan testenv.Turn, key string) {
 	t.Helper()
 	ctx := ctxT(t)
 	sentinel := key + "-sentinel"
@@ -79,7 +55,7 @@ func noTurn(t *testing.T, b *pg.Backend, ch <-chan turn, key string) {
 	for {
 		select {
 		case tr := <-ch:
-			switch tr.key {
+			switch tr.Key {
 			case key:
 				t.Fatalf("turn %+v notified, want none", tr)
 			case sentinel:
@@ -136,7 +112,7 @@ func queueOf(t *testing.T, admin *pgxpool.Pool, table, key string) []string {
 	t.Helper()
 	var ids []string
 	err := admin.QueryRow(ctxT(t), `SELECT coalesce(array_agg(e->>'w' ORDER BY i), '{}')
-FROM `+pgx.Identifier{table}.Sanitize()+`, jsonb_array_elements(waiters) WITH ORDINALITY AS x(e, i) WHERE key = $1`, key).Scan(&ids)
+FROM `+quoted(table)+`, jsonb_array_elements(waiters) WITH ORDINALITY AS x(e, i) WHERE key = $1`, key).Scan(&ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +123,7 @@ FROM `+pgx.Identifier{table}.Sanitize()+`, jsonb_array_elements(waiters) WITH OR
 func rowVersion(t *testing.T, admin *pgxpool.Pool, table, key string) string {
 	t.Helper()
 	var v string
-	if err := admin.QueryRow(ctxT(t), `SELECT xmin::text FROM `+pgx.Identifier{table}.Sanitize()+` WHERE key = $1`, key).Scan(&v); err != nil {
+	if err := admin.QueryRow(ctxT(t), `SELECT xmin::text FROM `+quoted(table)+` WHERE key = $1`, key).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
 	return v
@@ -265,7 +241,7 @@ func TestQueueWithoutNotify(t *testing.T) {
 // an error naming the statement that adds it; Migrate adds it.
 func TestQueueColumnMissing(t *testing.T) {
 	admin, table := adminAndTable(t)
-	ident := pgx.Identifier{table}.Sanitize()
+	ident := quoted(table)
 	ctx := ctxT(t)
 	if _, err := admin.Exec(ctx, `ALTER TABLE `+ident+` DROP COLUMN waiters`); err != nil {
 		t.Fatal(err)
@@ -295,7 +271,7 @@ func TestQueueLegacyTable(t *testing.T) {
 	tryAs(t, b, k, "h", "", 0)
 	tryAs(t, b, k, "t1", "w1", 0, "busy")
 	release(t, b, k, "h")
-	if tr := nextTurn(t, turns, k); tr.waiter != "" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "" {
 		t.Fatalf("turn %+v, want no waiter", tr)
 	}
 	tryAs(t, b, k, "x", "", 0) // no queue to respect
@@ -303,7 +279,7 @@ func TestQueueLegacyTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(t, b, k, "x")
-	if tr := nextTurn(t, turns, k); tr.waiter != "" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "" {
 		t.Fatalf("turn %+v, want no waiter", tr)
 	}
 }
@@ -318,7 +294,7 @@ func TestQueueTurnPayload(t *testing.T) {
 		tryAs(t, b, k, "h", "", 0)
 		tryAs(t, b, k, "t", w, 0, "busy")
 		release(t, b, k, "h")
-		if tr := nextTurn(t, turns, k); tr.waiter != w {
+		if tr := nextTurn(t, turns, k); tr.Waiter != w {
 			t.Fatalf("turn %+v, want waiter %s", tr, w)
 		}
 	}
@@ -337,21 +313,21 @@ func TestQueueExecMode(t *testing.T) {
 	tryAs(t, b, k, "t2", "w2", 0, "busy")
 	tryAs(t, b, k, "t3", "w3", 0, "busy")
 	release(t, b, k, "h")
-	if tr := nextTurn(t, turns, k); tr.waiter != "w1" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "w1" {
 		t.Fatalf("turn %+v, want w1", tr)
 	}
 	tryAs(t, b, k, "t2", "w2", 0, "turn")
 	if err := b.Leave(ctx, k, "w1"); err != nil {
 		t.Fatal(err)
 	}
-	if tr := nextTurn(t, turns, k); tr.waiter != "w2" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "w2" {
 		t.Fatalf("turn after Leave %+v, want w2", tr)
 	}
 	tryAs(t, b, k, "t2", "w2", 0)
 	if ok, err := b.ForceRelease(ctx, k); err != nil || !ok {
 		t.Fatalf("ForceRelease = %v, %v", ok, err)
 	}
-	if tr := nextTurn(t, turns, k); tr.waiter != "w3" {
+	if tr := nextTurn(t, turns, k); tr.Waiter != "w3" {
 		t.Fatalf("turn after ForceRelease %+v, want w3", tr)
 	}
 	tryAs(t, b, k, "t3", "w3", 0)
@@ -364,10 +340,9 @@ func TestQueueExecMode(t *testing.T) {
 // clock tokens.
 func TestSchemaTokenAlwaysIdentity(t *testing.T) {
 	admin := newPool(t, nil)
-	table := testenv.Name("dislock_test_always_")
-	ident := pgx.Identifier{table}.Sanitize()
+	table := scratchTable(t, admin, "dislock_test_always_")
+	ident := quoted(table)
 	ctx := ctxT(t)
-	dropAtCleanup(t, admin, pgx.Identifier{table})
 	if _, err := admin.Exec(ctx, `CREATE TABLE `+ident+` (key text PRIMARY KEY, owner text NOT NULL, holder text NOT NULL,
 	token bigint GENERATED ALWAYS AS IDENTITY, acquired_at timestamptz NOT NULL, expire_at timestamptz NOT NULL, waiters jsonb)`); err != nil {
 		t.Fatal(err)
@@ -392,7 +367,7 @@ func TestSchemaTokenAlwaysIdentity(t *testing.T) {
 func expectEnded(t *testing.T, admin *pgxpool.Pool, table, key string) {
 	t.Helper()
 	var n int
-	if err := admin.QueryRow(ctxT(t), `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+`
+	if err := admin.QueryRow(ctxT(t), `SELECT count(*) FROM `+quoted(table)+`
 	WHERE key = $1 AND holder = '' AND expire_at = '-infinity' AND waiters IS NULL`, key).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("ended rows of the free key %q with nobody queued: %d (%v), want 1", key, n, err)
 	}

@@ -7,36 +7,17 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/internal/redistest"
 	"github.com/dislock/dislock/internal/testenv"
-	"github.com/dislock/dislock/redislock"
 )
 
-// harness builds a locktest harness over clients made by newClient, each
+// harness is the conformance harness over clients made by newClient, each
 // acting as a separate process. Steal and Delete act with plain Redis
-// commands, as another process or an operator would.
+// commands on the documented layout, as another process or an operator
+// would.
 func harness(t *testing.T, prefix string, newClient func(t testing.TB) redis.UniversalClient) locktest.Harness {
-	admin := newClient(t)
-	// The key layout is the backend's: ask it for the Redis key.
-	lockKey := func(key string) string { return redislock.LockKey(prefix, key) }
-	return locktest.Harness{
-		NewBackend: func(t testing.TB) core.Backend {
-			b, err := redislock.NewBackend(newClient(t), redislock.WithPrefix(prefix))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		},
-		Steal: func(ctx context.Context, key string) error {
-			_, err := redislock.Steal(ctx, admin, prefix, key)
-			return err
-		},
-		Delete: func(ctx context.Context, key string) error {
-			return admin.Del(ctx, lockKey(key)).Err()
-		},
-		KeyPrefix: "redislock:",
-	}
+	return redistest.Harness("redislock:", prefix, newClient(t), newClient)
 }
 
 func TestConformanceRedis(t *testing.T) {
@@ -46,22 +27,14 @@ func TestConformanceRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := testenv.Name("dislocktest-")
-	locktest.Run(t, harness(t, prefix, func(t testing.TB) redis.UniversalClient {
-		c := redis.NewClient(opt)
-		t.Cleanup(func() { c.Close() })
-		return c
-	}))
+	locktest.Run(t, harness(t, prefix, redistest.Clients(func() *redis.Client { return redis.NewClient(opt) })))
 }
 
 func TestConformanceMiniredis(t *testing.T) {
 	t.Parallel() // each suite has its own keys; the suites mostly wait on timers
 	m := newMiniredis(t)
 	prefix := testenv.Name("dislocktest-")
-	locktest.Run(t, harness(t, prefix, func(t testing.TB) redis.UniversalClient {
-		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { c.Close() })
-		return c
-	}))
+	locktest.Run(t, harness(t, prefix, redistest.Clients(func() *redis.Client { return redis.NewClient(&redis.Options{Addr: m.Addr()}) })))
 }
 
 // TestCluster runs against a 3-master Redis Cluster (see clusterAddrs).
@@ -71,11 +44,7 @@ func TestCluster(t *testing.T) {
 	}
 	t.Parallel()
 	addrs := clusterAddrs(t)
-	newClient := func(t testing.TB) redis.UniversalClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	newClient := redistest.Clients(func() *redis.ClusterClient { return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}) })
 	t.Run("Conformance", func(t *testing.T) {
 		h := harness(t, testenv.Name("dislocktest-"), newClient)
 		h.TTL = time.Second

@@ -16,15 +16,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/redistest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/redislock"
 )
-
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 func newBackend(t testing.TB, c redis.UniversalClient, prefix string) *redislock.Backend {
 	t.Helper()
@@ -52,7 +47,7 @@ func ownerToken(i int) string { return fmt.Sprintf("owner-token-%d", i) }
 // restart or failover) every operation, single or pipelined, still works.
 func testScriptFlush(t *testing.T, c redis.UniversalClient, flush func(ctx context.Context) error) {
 	const rule = "SCRIPT FLUSH between acquire and renew/release changes nothing"
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	prefix := testenv.Name("dislocktest-")
 	b := newBackend(t, c, prefix)
 
@@ -227,7 +222,7 @@ func TestLostAcquireReply(t *testing.T) {
 	o.MaxRetries = 3
 	r := newLostReply(t, o, false)
 	l := r.l
-	ctx := ctxT(t, 20*time.Second)
+	ctx := testenv.Context(t, 20*time.Second)
 	const key = "lost-reply"
 	r.armed.Store(true)
 	s, err := l.TryAcquire(ctx, key)
@@ -261,7 +256,7 @@ func TestLostAcquireReplyThenRefused(t *testing.T) {
 	o := *opt
 	o.MaxRetries, o.DialerRetries = 1, 1 // few refused dials: a short test
 	r := newLostReply(t, o, true)
-	ctx := ctxT(t, 20*time.Second)
+	ctx := testenv.Context(t, 20*time.Second)
 	const key = "lost-reply-refused"
 
 	r.armed.Store(true)
@@ -292,7 +287,7 @@ func TestOddKeys(t *testing.T) {
 // when set, reports the server's hash slot of a Redis key.
 func testOddKeys(t *testing.T, c redis.UniversalClient, slotOf func(string) int64) {
 	const rule = "keys of any valid bytes round-trip; all Redis keys of a lock share a hash slot"
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	prefix := testenv.Name("dislocktest-")
 	l := newLocker(t, c, prefix)
 	base := "odd/"
@@ -321,6 +316,9 @@ func testOddKeys(t *testing.T, c redis.UniversalClient, slotOf func(string) int6
 		info, ok, err := l.Inspect(ctx, k)
 		if err != nil || !ok || info.Key != k || info.Token != s.Token() {
 			t.Fatalf("rule %q: Inspect(%q) = %+v %v %v", rule, k, info, ok, err)
+		}
+		if doc := redistest.LockKey(prefix, k); doc != redislock.LockKey(prefix, k) {
+			t.Fatalf("the Redis key of %q is %q, not %q as documented", k, redislock.LockKey(prefix, k), doc)
 		}
 		if slotOf != nil {
 			lock := redislock.LockKey(prefix, k)
@@ -385,7 +383,7 @@ func TestRestartWithoutPersistence(t *testing.T) {
 	prefix := testenv.Name("dislocktest-")
 	ttl := 1500 * time.Millisecond
 	l := newLocker(t, c, prefix, core.TTL(ttl))
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	s, err := l.TryAcquire(ctx, "restart")
 	if err != nil {
 		t.Fatal(err)
@@ -421,7 +419,7 @@ func TestWatchFailsWithoutPubSub(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- b.Watch(ctxT(t, 10*time.Second), func() {}, func(string) {}) }()
+	go func() { done <- b.Watch(testenv.Context(t, 10*time.Second), func() {}, func(string) {}) }()
 	select {
 	case err := <-done:
 		if err == nil || errors.Is(err, context.DeadlineExceeded) {
@@ -434,7 +432,7 @@ func TestWatchFailsWithoutPubSub(t *testing.T) {
 	// A waiter still gets the lock soon after a release, by polling.
 	l1 := newLocker(t, c, prefix, core.TTL(10*time.Second), core.Backoff(10*time.Millisecond, 50*time.Millisecond))
 	l2 := newLocker(t, c, prefix, core.TTL(10*time.Second), core.Backoff(10*time.Millisecond, 50*time.Millisecond))
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	s, err := l1.TryAcquire(ctx, "poll")
 	if err != nil {
 		t.Fatal(err)
@@ -470,7 +468,7 @@ func TestWatchBlackHole(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	err = b.Watch(ctxT(t, 20*time.Second), func() { t.Error("ready called") }, func(string) {})
+	err = b.Watch(testenv.Context(t, 20*time.Second), func() { t.Error("ready called") }, func(string) {})
 	if err == nil || time.Since(start) > 3*time.Second {
 		t.Fatalf("rule %q: Watch = %v after %v", rule, err, time.Since(start))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,7 +48,7 @@ func acquireReq(key string, i int) core.AcquireRequest {
 func TestCommandsPerAcquireRelease(t *testing.T) {
 	const rule = "an uncontended acquire + release costs at most 7 server commands and publishes nothing"
 	c := privateClient(t)
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	b := newBackend(t, c, testenv.Name("dislocktest-"))
 
 	before := commandCalls(t, c)
@@ -109,7 +108,7 @@ func TestCommandsPerAcquireRelease(t *testing.T) {
 func TestBusyMarksOnce(t *testing.T) {
 	const rule = "a busy answer writes at most once per holder; the release then publishes, once"
 	c := privateClient(t)
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	b := newBackend(t, c, testenv.Name("dislocktest-"))
 	if _, err := b.TryAcquire(ctx, acquireReq("k", 0)); err != nil {
 		t.Fatal(err)
@@ -150,9 +149,7 @@ func TestBusyMarksOnce(t *testing.T) {
 // keeps the counter, and stay larger once it is gone.
 func TestTokensAcrossTombstones(t *testing.T) {
 	const rule = "tokens strictly increase across releases, ForceRelease and a deleted record"
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	b := newBackend(t, c, prefix)
 	var last uint64
 	claim := func(i int) {
@@ -207,9 +204,7 @@ func TestTokensAcrossTombstones(t *testing.T) {
 // new holder's record back untouched, TTL included.
 func TestStaleReleaseRestores(t *testing.T) {
 	const rule = "a stale release leaves the new holder's record and TTL as they were"
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	b := newBackend(t, c, prefix)
 	if _, err := b.TryAcquire(ctx, acquireReq("k", 0)); err != nil {
 		t.Fatal(err)
@@ -256,9 +251,7 @@ func TestStaleReleaseRestores(t *testing.T) {
 // permit's release (a semaphore's set lives at the same key).
 func TestReleaseLeavesForeignValue(t *testing.T) {
 	const rule = "a release leaves a foreign value at the lock key as it was, TTL included, and answers lease lost"
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	b, other := newBackend(t, c, prefix), newBackend(t, c, prefix)
 	k := redislock.LockKey(prefix, "k")
 	defer c.Del(ctx, k)
@@ -295,9 +288,7 @@ func TestReleaseLeavesForeignValue(t *testing.T) {
 // never a second grant.
 func TestOldRecordFailsLoudly(t *testing.T) {
 	const rule = "a lock hash of the old layout makes acquire fail, not grant"
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	k := redislock.LockKey(prefix, "k")
 	if err := c.HSet(ctx, k, "otoken", "old", "owner", "old", "token", "7").Err(); err != nil {
 		t.Fatal(err)
@@ -330,9 +321,8 @@ func newClientOn(t testing.TB, addr string) *redis.Client {
 // TestRenewChecksWholeOwnerToken: renew matches the owner token exactly,
 // not a prefix of it nor one it is a prefix of.
 func TestRenewChecksWholeOwnerToken(t *testing.T) {
-	c := sharedRedis(t)
-	ctx := ctxT(t, 30*time.Second)
-	b := newBackend(t, c, testenv.Name("dislocktest-"))
+	c, ctx, prefix := onShared(t)
+	b := newBackend(t, c, prefix)
 	req := acquireReq("k", 0)
 	req.OwnerToken, req.Owner = "token", "owner|with|bars"
 	if _, err := b.TryAcquire(ctx, req); err != nil {
@@ -352,35 +342,13 @@ func TestRenewChecksWholeOwnerToken(t *testing.T) {
 	}
 }
 
-type turn struct{ key, waiter string }
-
 // watchTurns runs b.WatchTurns until the test ends and returns its turns.
-func watchTurns(t *testing.T, b *redislock.Backend) <-chan turn {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	turns := make(chan turn, 64)
-	ready := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		err := b.WatchTurns(ctx, func() { close(ready) }, func(key, waiter string) {
-			turns <- turn{key, waiter}
-		})
-		if ctx.Err() == nil {
-			t.Errorf("WatchTurns: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	select {
-	case <-ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("WatchTurns not ready")
-	}
+func watchTurns(t *testing.T, b *redislock.Backend) <-chan testenv.Turn {
+	turns, _ := testenv.WatchTurns(t, b)
 	return turns
 }
 
-func nextTurn(t *testing.T, turns <-chan turn) turn {
+func nextTurn(t *testing.T, turns <-chan testenv.Turn) testenv.Turn {
 	t.Helper()
 	select {
 	case tn := <-turns:
@@ -388,17 +356,17 @@ func nextTurn(t *testing.T, turns <-chan turn) turn {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no turn published")
 	}
-	return turn{}
+	return testenv.Turn{}
 }
 
 // noTurn checks that nothing was published by the calls made so far: it
 // publishes a marker of its own and expects it first.
-func noTurn(t *testing.T, c redis.UniversalClient, prefix string, turns <-chan turn) {
+func noTurn(t *testing.T, c redis.UniversalClient, prefix string, turns <-chan testenv.Turn) {
 	t.Helper()
 	if err := c.Publish(context.Background(), prefix+":released", "marker").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if tn := nextTurn(t, turns); tn.key != "marker" {
+	if tn := nextTurn(t, turns); tn.Key != "marker" {
 		t.Fatalf("published %+v, want nothing", tn)
 	}
 }
@@ -419,7 +387,7 @@ type queueEnv struct {
 	c      redis.UniversalClient
 	b      *redislock.Backend
 	prefix string
-	turns  <-chan turn
+	turns  <-chan testenv.Turn
 	ctx    context.Context
 }
 
@@ -427,7 +395,7 @@ func newQueueEnv(t *testing.T) *queueEnv {
 	c := sharedRedis(t)
 	prefix := testenv.Name("dislocktest-")
 	b := newBackend(t, c, prefix)
-	return &queueEnv{t: t, c: c, b: b, prefix: prefix, turns: watchTurns(t, b), ctx: ctxT(t, 60*time.Second)}
+	return &queueEnv{t: t, c: c, b: b, prefix: prefix, turns: watchTurns(t, b), ctx: testenv.Context(t, 60*time.Second)}
 }
 
 func (e *queueEnv) grant(req core.AcquireRequest) core.Lease {
@@ -456,7 +424,7 @@ func (e *queueEnv) release(key string, i int) {
 
 func (e *queueEnv) wantTurn(key, waiter string) {
 	e.t.Helper()
-	if tn := nextTurn(e.t, e.turns); tn != (turn{key, waiter}) {
+	if tn := nextTurn(e.t, e.turns); tn != (testenv.Turn{Key: key, Waiter: waiter}) {
 		e.t.Fatalf("turn %+v, want %s/%s", tn, key, waiter)
 	}
 }
@@ -489,10 +457,9 @@ func TestQueueKeysGone(t *testing.T) {
 
 // TestWatchGetsKeyOfTurn: a plain Watch consumer hears a turn as its key.
 func TestWatchGetsKeyOfTurn(t *testing.T) {
-	c := sharedRedis(t)
-	prefix := testenv.Name("dislocktest-")
+	c, ctx, prefix := onShared(t)
 	b := newBackend(t, c, prefix)
-	ctx, cancel := context.WithCancel(ctxT(t, 30*time.Second))
+	ctx, cancel := context.WithCancel(ctx)
 	keys := make(chan string, 8)
 	ready := make(chan struct{})
 	done := make(chan struct{})

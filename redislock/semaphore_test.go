@@ -37,7 +37,7 @@ func acq(key, otoken string, limit int, ttl time.Duration) core.AcquireRequest {
 func TestSemaphoreMutexLeaseOnSemaphoreKey(t *testing.T) {
 	cs, prefix := semClients(t, 1)
 	b := newBackend(t, cs[0], prefix)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	for _, k := range []string{"mx/a", "mx/b", "mx/c"} {
 		if _, err := b.TryAcquire(ctx, acq(k, "m-"+k, 0, 10*time.Second)); err != nil {
 			t.Fatal(err)
@@ -84,7 +84,7 @@ func TestSemaphoreRenew1000OneRoundTrip(t *testing.T) {
 	hook := &countHook{}
 	c.AddHook(hook)
 	b := newBackend(t, c, "sem1000")
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	var reqs []core.RenewRequest
 	for i := range 1000 {
 		key, limit := "one", 1000
@@ -151,7 +151,7 @@ func TestSemaphoreRenew1000OneRoundTrip(t *testing.T) {
 // (TestCluster runs it).
 func testSemaphoreCluster(t *testing.T, c redis.UniversalClient) {
 	b := newBackend(t, c, testenv.Name("dislocktest-semc-"))
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	var reqs []core.RenewRequest
 	for i := range 300 {
 		key := fmt.Sprint("c/", i%30)
@@ -243,7 +243,7 @@ func BenchmarkSemaphoreHold1000(b *testing.B) {
 func TestSemaphoreExpiredPermitsThenMutex(t *testing.T) {
 	cs, prefix := semClients(t, 1)
 	b := newBackend(t, cs[0], prefix)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	if _, err := b.TryAcquire(ctx, acq("em", "long", 3, 20*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestSemaphoreExpiredPermitsThenMutex(t *testing.T) {
 func TestSemaphoreLegacyFence(t *testing.T) {
 	cs, prefix := semClients(t, 1)
 	b := newBackend(t, cs[0], prefix)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := testenv.Context(t, 10*time.Second)
 	const ahead = uint64(1) << 52 // above the server time in µs, exact in Lua
 	if err := cs[0].Set(ctx, redislock.LockKey(prefix, "legacy")+":fence", ahead, time.Minute).Err(); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dislock/dislock/internal/redistest"
 	"github.com/dislock/dislock/internal/testenv"
 )
 
@@ -31,6 +32,13 @@ func sharedRedis(t testing.TB) *redis.Client {
 	return c
 }
 
+// onShared is where most tests on the machine's Redis start: a client on it
+// (sharedRedis), a context of 30 s and a key prefix of the test's own.
+func onShared(t testing.TB) (*redis.Client, context.Context, string) {
+	t.Helper()
+	return sharedRedis(t), testenv.Context(t, 30*time.Second), testenv.Name("dislocktest-")
+}
+
 // newMiniredis starts a miniredis whose TTLs run on the real clock.
 func newMiniredis(t testing.TB) *miniredis.Miniredis {
 	t.Helper()
@@ -41,32 +49,6 @@ func newMiniredis(t testing.TB) *miniredis.Miniredis {
 	}
 	t.Cleanup(m.Close)
 	return m
-}
-
-// freePort returns a loopback port that is free now, and whose Cluster bus
-// port (port + 10000) is free too.
-func freePort(t testing.TB) int {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if port+10000 > 65535 {
-			l.Close()
-			continue
-		}
-		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
-		l.Close()
-		if err != nil {
-			continue
-		}
-		bus.Close()
-		return port
-	}
-	t.Fatal("no free port pair")
-	return 0
 }
 
 const redisServerBin = "redis-server"
@@ -99,7 +81,7 @@ func (p *privateRedis) Addr() string { return "127.0.0.1:" + strconv.Itoa(p.port
 func startPrivateRedis(t testing.TB, extra ...string) *privateRedis {
 	t.Helper()
 	needBinary(t, redisServerBin)
-	p := &privateRedis{t: t, port: freePort(t), dir: t.TempDir()}
+	p := &privateRedis{t: t, port: redistest.ClusterPort(t), dir: t.TempDir()}
 	p.args = append([]string{"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", p.dir, "--protected-mode", "no"}, extra...)
 	p.start()

@@ -109,11 +109,8 @@ func rawConn(t testing.TB, connect string) *zk.Conn {
 	return conn
 }
 
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
+// ctxT is testenv.Context: a context that ends after d, or with the test.
+func ctxT(t testing.TB, d time.Duration) context.Context { return testenv.Context(t, d) }
 
 // testRoot is a root znode unique to one test.
 func testRoot() string { return "/" + testenv.Name("dislocktest-") }

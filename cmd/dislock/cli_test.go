@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/dislock/dislock/internal/redistest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 )
@@ -130,23 +131,6 @@ func pgFixture(t *testing.T) *fixture {
 	}
 }
 
-// redisSteal makes a held lock another owner's (owner token and owner
-// "thief", same token), keeping its TTL: the record is
-// "<flags>|<token>|<acquired>|<owner token>|<owner>".
-var redisSteal = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-local at, n = 1, 0
-while n < 3 do
-  local bar = string.find(v, '|', at, true)
-  if not bar then return 0 end
-  at, n = bar + 1, n + 1
-end
-if not string.find(v, '|', at, true) then return 0 end
-redis.call('SET', KEYS[1], string.sub(v, 1, at - 1) .. 'thief|thief', 'KEEPTTL')
-return 1
-`)
-
 func redisFixture(t *testing.T) *fixture {
 	u := testenv.Redis(t)
 	opt, err := redis.ParseURL(u)
@@ -160,7 +144,8 @@ func redisFixture(t *testing.T) *fixture {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, k := range keys {
-			client.Del(context.Background(), "dislock:{"+k+"}", "dislock:{"+k+"}:q", "dislock:{"+k+"}:qd")
+			lock := redistest.LockKey("dislock", k)
+			client.Del(context.Background(), lock, lock+":q", lock+":qd")
 		}
 		client.Close()
 	})
@@ -169,7 +154,7 @@ func redisFixture(t *testing.T) *fixture {
 		held: func(t *testing.T, key string) bool {
 			// A held lock's record has five fields; a released one's
 			// tombstone two (redislock's documented layout).
-			v, err := client.Get(context.Background(), "dislock:{"+key+"}").Result()
+			v, err := client.Get(context.Background(), redistest.LockKey("dislock", key)).Result()
 			if err == redis.Nil {
 				return false
 			}
@@ -184,9 +169,8 @@ func redisFixture(t *testing.T) *fixture {
 			mu.Unlock()
 		},
 		steal: func(t *testing.T, key string) {
-			n, err := redisSteal.Run(context.Background(), client, []string{"dislock:{" + key + "}"}).Int()
-			if err != nil || n != 1 {
-				t.Fatalf("steal %s: %v (%d: the lock was not held)", key, err, n)
+			if held, err := redistest.Steal(context.Background(), client, "dislock", key); err != nil || !held {
+				t.Fatalf("steal %s: %v (held: %v)", key, err, held)
 			}
 		},
 	}

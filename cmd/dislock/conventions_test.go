@@ -252,11 +252,7 @@ func TestNoGraceMessageWithoutGrace(t *testing.T) {
 // directives (go.work joins the modules of a clone) and does not require
 // the test-only etcdtest module.
 func TestInstallable(t *testing.T) {
-	b, err := os.ReadFile("go.mod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(testenv.ReadFile(t, "go.mod"), "\n") {
 		line = strings.TrimSpace(line)
 		if strings.HasPrefix(line, "replace") || strings.Contains(line, "etcdlock/etcdtest") {
 			t.Errorf("go.mod: %q stops go install github.com/dislock/dislock/cmd/dislock@VERSION", line)

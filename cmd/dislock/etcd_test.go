@@ -9,20 +9,10 @@ import (
 	"github.com/dislock/dislock/etcdlock/etcdtest"
 )
 
-// etcdURL is an etcd:// URL on a private embedded etcd server, or
-// DISLOCK_TEST_ETCD when set.
-func etcdURL(t *testing.T) string {
-	t.Helper()
-	if u := etcdtest.Shared(t); u != "" {
-		return u
-	}
-	return etcdtest.Start(t, 1).URL()
-}
-
 // TestEtcd runs a command under an etcd lock, and the operator subcommands
 // status, list and release --force on it.
 func TestEtcd(t *testing.T) {
-	f := &fixture{name: "etcd", url: etcdURL(t)}
+	f := &fixture{name: "etcd", url: etcdtest.URL(t)}
 	t.Run("RunAndBusy", func(t *testing.T) { testRunAndBusy(t, f) })
 	t.Run("ScheduleSlot", func(t *testing.T) {
 		// One run per slot: a second start in the same hourly slot finds it

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dislock/dislock/internal/redistest"
 	"github.com/dislock/dislock/internal/testenv"
 )
 
@@ -180,7 +181,7 @@ func TestWaitInLine(t *testing.T) {
 	client := redis.NewClient(opt)
 	defer client.Close()
 	key := f.newKey(t)
-	queue := "dislock:{" + leasePrefix + key + "}:q"
+	queue := redistest.LockKey("dislock", leasePrefix+key) + ":q"
 	inLine := func(n int64) {
 		t.Helper()
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {

@@ -17,11 +17,8 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
-
-// mutexOnly hides every optional interface of a backend: a store without
-// semaphores.
-type mutexOnly struct{ core.Backend }
 
 // limitInv is the invocation of a lease run of key under LOCK_LIMIT=n.
 func limitInv(t *testing.T, key string, n int) *invocation {
@@ -38,7 +35,7 @@ func limitInv(t *testing.T, key string, n int) *invocation {
 // error (exit 2) naming LOCK_LIMIT and the backend, and nothing is taken.
 func TestLimitNeedsSemaphores(t *testing.T) {
 	store := memlock.NewStore()
-	l, err := core.New(mutexOnly{store.Backend()})
+	l, err := core.New(testenv.MutexOnly{Backend: store.Backend()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // TestBusyTryIsARead checks that a claim of a key this backend last saw
@@ -30,11 +31,11 @@ func TestBusyTryIsARead(t *testing.T) {
 			opts = append(opts, core.Limit(limit))
 		}
 		for range limit {
-			s, err := holder.TryAcquire(ctxT(t, 5*time.Second), key, opts...)
+			s, err := holder.TryAcquire(testenv.Context(t, 5*time.Second), key, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Release(ctxT(t, 5*time.Second))
+			defer s.Release(testenv.Context(t, 5*time.Second))
 		}
 		req := core.AcquireRequest{Key: key, Owner: "t", TTL: 5 * time.Second}
 		if limit > 1 {
@@ -44,7 +45,7 @@ func TestBusyTryIsARead(t *testing.T) {
 		for i := range 4 {
 			before := c.Applied(0)
 			req.OwnerToken = "tok" + string(rune('a'+i))
-			_, err := b.TryAcquire(ctxT(t, 5*time.Second), req)
+			_, err := b.TryAcquire(testenv.Context(t, 5*time.Second), req)
 			if !errors.Is(err, core.ErrNotAcquired) {
 				t.Fatalf("limit %d, try %d: %v, want busy", limit, i, err)
 			}

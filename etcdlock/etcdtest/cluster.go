@@ -383,6 +383,17 @@ func Shared(t testing.TB) string {
 	return raw
 }
 
+// URL is the etcd:// URL of the server t runs on: DISLOCK_TEST_ETCD when
+// it is set (Shared), otherwise a private one-member cluster's, stopped when
+// t ends.
+func URL(t testing.TB) string {
+	t.Helper()
+	if u := Shared(t); u != "" {
+		return u
+	}
+	return Start(t, 1).URL()
+}
+
 // WaitHealthy waits until a linearizable read through cli succeeds.
 func WaitHealthy(t testing.TB, cli *clientv3.Client, within time.Duration) {
 	t.Helper()

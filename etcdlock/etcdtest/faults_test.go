@@ -17,17 +17,12 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // faultTTL is the lease of the fault tests: long enough that an election
 // (100 ms here) fits many times into the margin TTL - RenewDeadline.
 const faultTTL = 2 * time.Second
-
-func ctxT(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // sendTimes wraps a Backend and records the send time of every TryAcquire
 // that succeeded: the store applied that acquire no earlier.
@@ -64,7 +59,7 @@ func handOver(t *testing.T, s core.Session, other *core.Client, key, what string
 	if err := s.Release(context.Background()); err != nil {
 		t.Fatalf("Release after %s: %v", what, err)
 	}
-	s2, err := other.TryAcquire(ctxT(t, 10*time.Second), key)
+	s2, err := other.TryAcquire(testenv.Context(t, 10*time.Second), key)
 	if err != nil {
 		t.Fatalf("free lock not acquired after %s: %v", what, err)
 	}
@@ -87,7 +82,7 @@ func newLocker(t testing.TB, cli *clientv3.Client, prefix string, opts ...core.C
 // holdJob acquires the key "job" through l, or fails the test.
 func holdJob(t *testing.T, l *core.Client) core.Session {
 	t.Helper()
-	s, err := l.TryAcquire(ctxT(t, 10*time.Second), "job")
+	s, err := l.TryAcquire(testenv.Context(t, 10*time.Second), "job")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,10 +169,10 @@ func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault f
 // holds the key.
 func staleReleaseKeepsNewHolder(t *testing.T, lost, taken core.Session, admin core.Admin) {
 	t.Helper()
-	if err := lost.Release(ctxT(t, 10*time.Second)); err != nil {
+	if err := lost.Release(testenv.Context(t, 10*time.Second)); err != nil {
 		t.Fatalf("Release of the lost session: %v", err)
 	}
-	info, held, err := admin.Inspect(ctxT(t, 10*time.Second), taken.Key())
+	info, held, err := admin.Inspect(testenv.Context(t, 10*time.Second), taken.Key())
 	if err != nil || !held || info.Token != taken.Token() {
 		t.Fatalf("after the old holder's release the key is %+v (held %v, %v), want token %d", info, held, err, taken.Token())
 	}
@@ -227,7 +222,7 @@ func TestLeaderKilled(t *testing.T) {
 		c.Kill(lead)
 		deadline := time.Now().Add(2 * faultTTL)
 		for time.Now().Before(deadline) {
-			_, err := other.TryAcquire(ctxT(t, 5*time.Second), "job")
+			_, err := other.TryAcquire(testenv.Context(t, 5*time.Second), "job")
 			if err == nil {
 				t.Fatal("another process acquired a lock whose holder is alive")
 			}
@@ -253,7 +248,7 @@ func TestRollingRestart(t *testing.T) {
 		c.Restart(i)
 		etcdtest.WaitHealthy(t, c.Client(t, i), 10*time.Second)
 		t.Logf("member %d restarted and healthy after %v", i, time.Since(start).Round(time.Millisecond))
-		if _, err := other.TryAcquire(ctxT(t, 10*time.Second), "job"); !errors.Is(err, core.ErrNotAcquired) {
+		if _, err := other.TryAcquire(testenv.Context(t, 10*time.Second), "job"); !errors.Is(err, core.ErrNotAcquired) {
 			t.Fatalf("after restarting member %d: TryAcquire = %v, want busy (holder: %v)", i, err, s.Err())
 		}
 		if s.Err() != nil {
@@ -282,7 +277,7 @@ func TestSingleMemberRestart(t *testing.T) {
 		t.Fatalf("no renewal after the restart: err %v", s.Err())
 	}
 	other := newLocker(t, cli, prefix)
-	if _, err := other.TryAcquire(ctxT(t, 10*time.Second), "job"); !errors.Is(err, core.ErrNotAcquired) {
+	if _, err := other.TryAcquire(testenv.Context(t, 10*time.Second), "job"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("TryAcquire after restart = %v, want busy", err)
 	}
 	handOver(t, s, other, "job", "the restart")
@@ -307,18 +302,18 @@ func TestCompaction(t *testing.T) {
 	got := make(chan core.Session, 1)
 	go func() {
 		// Polls every 20 s: only the watch can wake it in time.
-		s2, err := b.Acquire(ctxT(t, 30*time.Second), "job", core.Backoff(20*time.Second, 20*time.Second))
+		s2, err := b.Acquire(testenv.Context(t, 30*time.Second), "job", core.Backoff(20*time.Second, 20*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
 		got <- s2
 	}()
 	time.Sleep(200 * time.Millisecond) // the waiter subscribes (not an assertion)
-	resp, err := cli.Get(ctxT(t, 5*time.Second), "compaction")
+	resp, err := cli.Get(testenv.Context(t, 5*time.Second), "compaction")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Compact(ctxT(t, 5*time.Second), resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+	if _, err := cli.Compact(testenv.Context(t, 5*time.Second), resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second) // several renewals after the compaction
@@ -341,7 +336,7 @@ func TestCompaction(t *testing.T) {
 		if s2.Token() <= s.Token() {
 			t.Errorf("token %d after %d", s2.Token(), s.Token())
 		}
-		info, held, err := b.Inspect(ctxT(t, 5*time.Second), "job")
+		info, held, err := b.Inspect(testenv.Context(t, 5*time.Second), "job")
 		if err != nil || !held || info.Token != s2.Token() {
 			t.Errorf("Inspect after compaction = %+v %v %v", info, held, err)
 		}
@@ -398,7 +393,7 @@ func TestLostReply(t *testing.T) {
 	// reply was lost, if any, is gone.
 	noLeases := func(t *testing.T) {
 		t.Helper()
-		ctx := ctxT(t, 5*time.Second)
+		ctx := testenv.Context(t, 5*time.Second)
 		ls, err := admin.Leases(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -420,7 +415,7 @@ func TestLostReply(t *testing.T) {
 	}
 	free := func(t *testing.T, key string) {
 		t.Helper()
-		s, err := b.TryAcquire(ctxT(t, 5*time.Second), key)
+		s, err := b.TryAcquire(testenv.Context(t, 5*time.Second), key)
 		if err != nil {
 			t.Fatalf("%s not free: %v", key, err)
 		}
@@ -432,7 +427,7 @@ func TestLostReply(t *testing.T) {
 	}
 	t.Run("Claim", func(t *testing.T) {
 		drop.arm(isClaim)
-		_, err := a.TryAcquire(ctxT(t, 10*time.Second), "claim")
+		_, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "claim")
 		if err == nil || errors.Is(err, core.ErrNotAcquired) || drop.dropped.Load() != 1 {
 			t.Fatalf("TryAcquire = %v, want a backend error (dropped %d)", err, drop.dropped.Load())
 		}
@@ -442,7 +437,7 @@ func TestLostReply(t *testing.T) {
 	t.Run("Grant", func(t *testing.T) {
 		drop.dropped.Store(0)
 		drop.arm(func(method string, _ any) bool { return method == "/etcdserverpb.Lease/LeaseGrant" })
-		_, err := a.TryAcquire(ctxT(t, 10*time.Second), "grant")
+		_, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "grant")
 		if err == nil || drop.dropped.Load() != 1 {
 			t.Fatalf("TryAcquire = %v, want a backend error (dropped %d)", err, drop.dropped.Load())
 		}
@@ -450,7 +445,7 @@ func TestLostReply(t *testing.T) {
 		free(t, "grant")
 	})
 	t.Run("Release", func(t *testing.T) {
-		s, err := a.TryAcquire(ctxT(t, 10*time.Second), "release")
+		s, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "release")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -476,11 +471,11 @@ func TestLostReply(t *testing.T) {
 	t.Run("ClaimAfterBusy", func(t *testing.T) {
 		// A claim whose reply is lost is answered busy on a retry with a new
 		// owner token, and is undone by its own token.
-		s, err := b.TryAcquire(ctxT(t, 10*time.Second), "busy")
+		s, err := b.TryAcquire(testenv.Context(t, 10*time.Second), "busy")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := a.TryAcquire(ctxT(t, 10*time.Second), "busy"); !errors.Is(err, core.ErrNotAcquired) {
+		if _, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "busy"); !errors.Is(err, core.ErrNotAcquired) {
 			t.Fatalf("TryAcquire of a held key = %v", err)
 		}
 		s.Release(context.Background())
@@ -491,23 +486,23 @@ func TestLostReply(t *testing.T) {
 		// keeps all its permits free, and later claims see it right.
 		drop.dropped.Store(0)
 		drop.arm(isClaim)
-		_, err := a.TryAcquire(ctxT(t, 10*time.Second), "permit", core.Limit(2))
+		_, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "permit", core.Limit(2))
 		if err == nil || errors.Is(err, core.ErrNotAcquired) || drop.dropped.Load() != 1 {
 			t.Fatalf("TryAcquire = %v, want a backend error (dropped %d)", err, drop.dropped.Load())
 		}
-		if hs, err := b.Holders(ctxT(t, 5*time.Second), "permit"); err != nil || len(hs) != 0 {
+		if hs, err := b.Holders(testenv.Context(t, 5*time.Second), "permit"); err != nil || len(hs) != 0 {
 			t.Fatalf("holders after the undo: %+v, %v", hs, err)
 		}
 		noLeases(t)
 		var ss []core.Session
 		for _, l := range []*core.Client{a, b} {
-			s, err := l.TryAcquire(ctxT(t, 5*time.Second), "permit", core.Limit(2))
+			s, err := l.TryAcquire(testenv.Context(t, 5*time.Second), "permit", core.Limit(2))
 			if err != nil {
 				t.Fatalf("permit after the undo: %v", err)
 			}
 			ss = append(ss, s)
 		}
-		if _, err := a.TryAcquire(ctxT(t, 5*time.Second), "permit", core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
+		if _, err := a.TryAcquire(testenv.Context(t, 5*time.Second), "permit", core.Limit(2)); !errors.Is(err, core.ErrNotAcquired) {
 			t.Fatalf("third permit of 2: %v", err)
 		}
 		for _, s := range ss {

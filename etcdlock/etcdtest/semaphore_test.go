@@ -10,6 +10,7 @@ import (
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/internal/benchtest"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // The rules of semaphores are core/locktest's Semaphore rules, which
@@ -30,7 +31,7 @@ func TestSemRenewBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testenv.Context(t, 30*time.Second)
 	// A TTL the 40 claims cannot outlast on a busy machine: the first
 	// leases are still held when the renewals are counted.
 	const ttl = 30 * time.Second

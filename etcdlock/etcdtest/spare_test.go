@@ -10,12 +10,13 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // keyLease returns the lease the lock key k is bound to, and its TTL.
 func keyLease(t *testing.T, cli *clientv3.Client, k string) (clientv3.LeaseID, int64) {
 	t.Helper()
-	ctx := ctxT(t, 5*time.Second)
+	ctx := testenv.Context(t, 5*time.Second)
 	resp, err := cli.Get(ctx, k)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("Get %s: %v %v", k, resp, err)
@@ -51,7 +52,7 @@ func TestSharedLease(t *testing.T) {
 
 	var ss []core.Session
 	for _, k := range []string{"a", "b", "c"} {
-		s, err := l.TryAcquire(ctxT(t, 5*time.Second), k)
+		s, err := l.TryAcquire(testenv.Context(t, 5*time.Second), k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,14 +66,14 @@ func TestSharedLease(t *testing.T) {
 		}
 	}
 
-	if ok, err := other.ForceRelease(ctxT(t, 5*time.Second), "a"); err != nil || !ok {
+	if ok, err := other.ForceRelease(testenv.Context(t, 5*time.Second), "a"); err != nil || !ok {
 		t.Fatalf("ForceRelease: %v %v", ok, err)
 	}
 	lostWithin(t, ss[0], 5*time.Second, "after ForceRelease")
 	// Two renewals later the other sessions still hold their keys.
 	time.Sleep(2500 * time.Millisecond)
 	for _, s := range ss[1:] {
-		if err := s.Check(ctxT(t, 5*time.Second)); err != nil {
+		if err := s.Check(testenv.Context(t, 5*time.Second)); err != nil {
 			t.Fatalf("session %q ended with the forced release of another key: %v", s.Key(), err)
 		}
 	}
@@ -81,13 +82,13 @@ func TestSharedLease(t *testing.T) {
 	}
 
 	// The lease revoked: every session on it is lost.
-	if _, err := admin.Revoke(ctxT(t, 5*time.Second), lease); err != nil {
+	if _, err := admin.Revoke(testenv.Context(t, 5*time.Second), lease); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range ss[1:] {
 		lostWithin(t, s, 5*time.Second, "after the lease was revoked")
 	}
-	s, err := l.TryAcquire(ctxT(t, 5*time.Second), "d")
+	s, err := l.TryAcquire(testenv.Context(t, 5*time.Second), "d")
 	if err != nil {
 		t.Fatalf("claim after the shared lease was revoked: %v", err)
 	}
@@ -114,18 +115,18 @@ func TestSharedLeaseSweepsUnrenewed(t *testing.T) {
 	left := core.AcquireRequest{Key: "left", Owner: "t", OwnerToken: "left-token", TTL: ttl}
 	kept := core.AcquireRequest{Key: "kept", Owner: "t", OwnerToken: "kept-token", TTL: ttl}
 	for _, r := range []core.AcquireRequest{left, kept} {
-		if _, err := b.TryAcquire(ctxT(t, 5*time.Second), r); err != nil {
+		if _, err := b.TryAcquire(testenv.Context(t, 5*time.Second), r); err != nil {
 			t.Fatal(err)
 		}
 	}
 	claimed := time.Now()
 	renew := []core.RenewRequest{{Key: kept.Key, OwnerToken: kept.OwnerToken, TTL: ttl}}
 	for time.Since(claimed) < 3*time.Second {
-		res, err := b.Renew(ctxT(t, 5*time.Second), renew)
+		res, err := b.Renew(testenv.Context(t, 5*time.Second), renew)
 		if err != nil || res[0] != nil {
 			t.Fatalf("renew: %v %v", res, err)
 		}
-		resp, err := admin.Get(ctxT(t, 5*time.Second), prefix+"left")
+		resp, err := admin.Get(testenv.Context(t, 5*time.Second), prefix+"left")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"regexp"
 	"strconv"
 	"testing"
@@ -32,22 +31,14 @@ func TestQuickstartMySQL(t *testing.T) {
 // TestQuickstartEtcd runs the quick start on etcd: DISLOCK_TEST_ETCD when
 // set, otherwise a private embedded server.
 func TestQuickstartEtcd(t *testing.T) {
-	u := etcdtest.Shared(t)
-	if u == "" {
-		u = etcdtest.Start(t, 1).URL()
-	}
-	quickstartOn(t, "ETCD_URL", u, "etcd")
+	quickstartOn(t, "ETCD_URL", etcdtest.URL(t), "etcd")
 }
 
 // TestQuickstartZooKeeper runs the quick start on ZooKeeper: DISLOCK_TEST_ZK
 // when set, otherwise a private standalone server (stopped by PID when the
 // test ends). Under CI a missing ZooKeeper install fails the test.
 func TestQuickstartZooKeeper(t *testing.T) {
-	u := os.Getenv("DISLOCK_TEST_ZK")
-	if u == "" {
-		u = "zk://" + zktest.ForTest(t, false).Connect()
-	}
-	quickstartOn(t, "ZK_URL", u, "ZooKeeper")
+	quickstartOn(t, "ZK_URL", zktest.URL(t, false), "ZooKeeper")
 }
 
 // quickstartOn runs the quick start with only env set (to url) of the

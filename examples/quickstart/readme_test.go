@@ -1,28 +1,23 @@
 package main
 
 import (
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // The README's quick start is the body of core's Example, which the core
 // tests compile and run: this keeps the two from drifting apart.
 func TestReadmeQuickStartIsTheExample(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	example, err := os.ReadFile("../../core/example_test.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, block, ok := strings.Cut(string(readme), "```go\n")
+	readme := testenv.ReadFile(t, "../../README.md")
+	example := testenv.ReadFile(t, "../../core/example_test.go")
+	_, block, ok := strings.Cut(readme, "```go\n")
 	if !ok {
 		t.Fatal("README has no Go block")
 	}
 	block, _, _ = strings.Cut(block, "```")
-	_, body, ok := strings.Cut(string(example), "func Example() {\n")
+	_, body, ok := strings.Cut(example, "func Example() {\n")
 	if !ok {
 		t.Fatal("core/example_test.go has no Example")
 	}

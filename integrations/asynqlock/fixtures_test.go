@@ -251,16 +251,22 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
-// busyCounter is an asynq ErrorHandler that reports busy bounces.
-func busyCounter(ch chan<- error) asynq.ErrorHandler {
+// reportErrors is an asynq ErrorHandler that sends on ch the task errors
+// for which which holds, dropping those that find ch full.
+func reportErrors(ch chan<- error, which func(error) bool) asynq.ErrorHandler {
 	return asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
-		if errors.Is(err, core.ErrNotAcquired) {
+		if which(err) {
 			select {
 			case ch <- err:
 			default:
 			}
 		}
 	})
+}
+
+// busyCounter is an asynq ErrorHandler that reports busy bounces.
+func busyCounter(ch chan<- error) asynq.ErrorHandler {
+	return reportErrors(ch, func(err error) bool { return errors.Is(err, core.ErrNotAcquired) })
 }
 
 // byAccount enqueues a task whose key (with ByHeader("account")) is acct.

@@ -3,38 +3,14 @@ package asynqlock_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/asynqlock"
 )
-
-// mutexOnly hides every optional interface of a backend: a store without
-// semaphores.
-type mutexOnly struct{ core.Backend }
-
-// TestWithLimit_NeedsSemaphores: Limit(n > 1) on a Locker whose backend
-// has no semaphores fails in New, naming the option; Limit(1) is a
-// mutex and works anywhere.
-func TestWithLimit_NeedsSemaphores(t *testing.T) {
-	c, err := core.New(mutexOnly{memlock.NewStore().Backend()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, err = asynqlock.New(c, asynqlock.Limit(3))
-	if !errors.Is(err, core.ErrInvalidOption) || !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "Limit") {
-		t.Errorf("err = %v, want ErrInvalidOption and ErrUnsupported naming Limit", err)
-	}
-	if _, err := asynqlock.New(c, asynqlock.Limit(1)); err != nil {
-		t.Errorf("Limit(1) on a mutex-only backend: %v", err)
-	}
-}
 
 // TestMiddleware_Limit: under Limit(3) three tasks of a key run at once
 // (each with its own permit and fencing token) and a fourth is busy; when

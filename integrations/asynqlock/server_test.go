@@ -190,11 +190,7 @@ func TestServers_LeaseLoss(t *testing.T) {
 	done := make(chan struct{}, 1)
 	failures := make(chan error, 10)
 	cfg := wired()
-	cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
-		if asynqlock.IsFailure(err) {
-			failures <- err
-		}
-	})
+	cfg.ErrorHandler = reportErrors(failures, asynqlock.IsFailure)
 	e.serve(cfg, asynqlock.MustNew(l, asynqlock.LockOptions(core.TTL(300*time.Millisecond)), asynqlock.BusyDelay(0, 0)),
 		func(ctx context.Context, _ *asynq.Task) error {
 			if n, _ := asynq.GetRetryCount(ctx); n > 0 {
@@ -236,11 +232,7 @@ func TestServers_PanicReleases(t *testing.T) {
 	store, l, _ := lockers(t)
 	panicked := make(chan error, 1)
 	cfg := wired()
-	cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
-		if asynq.IsPanicError(err) {
-			panicked <- err
-		}
-	})
+	cfg.ErrorHandler = reportErrors(panicked, asynq.IsPanicError)
 	key := asynqlock.DefaultPrefix + "job"
 	e.serve(cfg, asynqlock.MustNew(l), func(context.Context, *asynq.Task) error {
 		if !store.Held(key) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/integrations/asynqlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 func TestKeyFuncs(t *testing.T) {
@@ -81,6 +82,20 @@ func TestNew_InvalidOptions(t *testing.T) {
 		if _, err := asynqlock.New(l, asynqlock.Limit(n)); !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "Limit") {
 			t.Errorf("Limit(%d): err = %v, want ErrInvalidOption naming Limit", n, err)
 		}
+	}
+}
+
+// TestWithLimit_NeedsSemaphores: Limit(n > 1) on a Locker whose backend
+// has no semaphores fails in New, naming the option; Limit(1) is a
+// mutex and works anywhere.
+func TestWithLimit_NeedsSemaphores(t *testing.T) {
+	c := testenv.MutexOnlyLocker(t)
+	_, err := asynqlock.New(c, asynqlock.Limit(3))
+	if !errors.Is(err, core.ErrInvalidOption) || !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "Limit") {
+		t.Errorf("err = %v, want ErrInvalidOption and ErrUnsupported naming Limit", err)
+	}
+	if _, err := asynqlock.New(c, asynqlock.Limit(1)); err != nil {
+		t.Errorf("Limit(1) on a mutex-only backend: %v", err)
 	}
 }
 

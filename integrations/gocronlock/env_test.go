@@ -397,10 +397,6 @@ func (l *errorLog) take() []error {
 	return errs
 }
 
-// mutexOnly hides every optional interface of a backend: a store without
-// semaphores.
-type mutexOnly struct{ core.Backend }
-
 // quiet is an OnError that fails the test on anything but ErrNoSchedule
 // (the plain leases these tests take on purpose).
 func quiet(t *testing.T) gocronlock.Option {

@@ -3,7 +3,6 @@ package gocronlock_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,53 +10,8 @@ import (
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/gocronlock"
 )
-
-// Rule: a limit out of range, a limit where it does not apply (the
-// Elector), and a limit above 1 on a store without semaphores are rejected
-// up front, naming the option.
-func TestLimitRejected(t *testing.T) {
-	l := newMemStore(t).open()
-	plain, err := core.New(mutexOnly{memlock.NewStore().Backend()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
-	fn := func(context.Context, core.Session) error { return nil }
-	cases := map[string]error{}
-	_, cases["Locker Limit(0)"] = gocronlock.NewLocker(l, gocronlock.Limit(0))
-	_, cases["Locker Limit(MaxLimit+1)"] = gocronlock.NewLocker(l, gocronlock.Limit(core.MaxLimit+1))
-	_, cases["Wrap Limit(-1)"] = gocronlock.Wrap(l, "k", fn, gocronlock.Limit(-1))
-	_, cases["Elector Limit"] = gocronlock.NewElector(l, "k", gocronlock.Limit(2))
-	_, cases["Locker Limit on a mutex-only store"] = gocronlock.NewLocker(plain, gocronlock.Limit(2))
-	_, cases["Wrap Limit on a mutex-only store"] = gocronlock.Wrap(plain, "k", fn, gocronlock.Limit(2))
-	k, err := gocronlock.NewLocker(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cases["Locker.Limit(-1)"] = k.Limit("job", -1)
-	kp, err := gocronlock.NewLocker(plain, gocronlock.Limit(1))
-	if err != nil {
-		t.Fatalf("Limit(1) on a mutex-only store: %v", err)
-	}
-	cases["Locker.Limit on a mutex-only store"] = kp.Limit("job", 3)
-	for name, err := range cases {
-		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "Limit") {
-			t.Errorf("%s: got %v, want core.ErrInvalidOption naming Limit", name, err)
-		}
-		if strings.Contains(name, "mutex-only") && !errors.Is(err, core.ErrUnsupported) {
-			t.Errorf("%s: got %v, want core.ErrUnsupported too", name, err)
-		}
-	}
-	if err := k.Limit("bad\x00", 2); !errors.Is(err, core.ErrInvalidKey) {
-		t.Errorf("Locker.Limit with a bad job name: %v", err)
-	}
-	if err := kp.Limit("job", 1); err != nil {
-		t.Errorf("Locker.Limit(1) on a mutex-only store: %v", err)
-	}
-}
 
 // Rule: with Limit(2), two runs of a lease-mode job hold its lock at once,
 // on two schedulers, each with its own fencing token; a third is refused

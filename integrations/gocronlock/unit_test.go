@@ -13,6 +13,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/integrations/gocronlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // Rule: invalid options, and options that do not apply to a constructor,
@@ -42,6 +43,46 @@ func TestOptionsRejected(t *testing.T) {
 	}
 	if _, err := gocronlock.Wrap(l, "bad\x00key", fn); !errors.Is(err, core.ErrInvalidKey) {
 		t.Errorf("Wrap with a NUL in the key: %v, want core.ErrInvalidKey", err)
+	}
+}
+
+// Rule: a limit out of range, a limit where it does not apply (the
+// Elector), and a limit above 1 on a store without semaphores are rejected
+// up front, naming the option.
+func TestLimitRejected(t *testing.T) {
+	l := newMemStore(t).open()
+	plain := testenv.MutexOnlyLocker(t)
+	fn := func(context.Context, core.Session) error { return nil }
+	cases := map[string]error{}
+	_, cases["Locker Limit(0)"] = gocronlock.NewLocker(l, gocronlock.Limit(0))
+	_, cases["Locker Limit(MaxLimit+1)"] = gocronlock.NewLocker(l, gocronlock.Limit(core.MaxLimit+1))
+	_, cases["Wrap Limit(-1)"] = gocronlock.Wrap(l, "k", fn, gocronlock.Limit(-1))
+	_, cases["Elector Limit"] = gocronlock.NewElector(l, "k", gocronlock.Limit(2))
+	_, cases["Locker Limit on a mutex-only store"] = gocronlock.NewLocker(plain, gocronlock.Limit(2))
+	_, cases["Wrap Limit on a mutex-only store"] = gocronlock.Wrap(plain, "k", fn, gocronlock.Limit(2))
+	k, err := gocronlock.NewLocker(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases["Locker.Limit(-1)"] = k.Limit("job", -1)
+	kp, err := gocronlock.NewLocker(plain, gocronlock.Limit(1))
+	if err != nil {
+		t.Fatalf("Limit(1) on a mutex-only store: %v", err)
+	}
+	cases["Locker.Limit on a mutex-only store"] = kp.Limit("job", 3)
+	for name, err := range cases {
+		if !errors.Is(err, core.ErrInvalidOption) || !strings.Contains(err.Error(), "Limit") {
+			t.Errorf("%s: got %v, want core.ErrInvalidOption naming Limit", name, err)
+		}
+		if strings.Contains(name, "mutex-only") && !errors.Is(err, core.ErrUnsupported) {
+			t.Errorf("%s: got %v, want core.ErrUnsupported too", name, err)
+		}
+	}
+	if err := k.Limit("bad\x00", 2); !errors.Is(err, core.ErrInvalidKey) {
+		t.Errorf("Locker.Limit with a bad job name: %v", err)
+	}
+	if err := kp.Limit("job", 1); err != nil {
+		t.Errorf("Locker.Limit(1) on a mutex-only store: %v", err)
 	}
 }
 
@@ -340,21 +381,13 @@ func (j *cronJob) NextRun() (time.Time, error) {
 // within limit.
 func lockWithin(t *testing.T, l *gocronlock.Locker, job string, limit time.Duration) gocron.Lock {
 	t.Helper()
-	type result struct {
-		lock gocron.Lock
-		err  error
-	}
-	got := make(chan result, 1)
-	go func() {
-		lock, err := l.Lock(context.Background(), job)
-		got <- result{lock, err}
-	}()
+	got := testenv.Async(func() (gocron.Lock, error) { return l.Lock(context.Background(), job) })
 	select {
 	case r := <-got:
-		if r.err != nil {
-			t.Fatalf("Lock(%q): %v", job, r.err)
+		if r.Err != nil {
+			t.Fatalf("Lock(%q): %v", job, r.Err)
 		}
-		return r.lock
+		return r.V
 	case <-time.After(limit):
 		t.Fatalf("Lock(%q) still waiting on the scheduler after %v", job, limit)
 		return nil

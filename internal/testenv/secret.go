@@ -2,9 +2,9 @@ package testenv
 
 import (
 	"context"
-	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dislock/dislock/core"
 )
@@ -17,10 +17,11 @@ const Secret = "s3cr3t-sentinel-pw"
 // fail on each of targets, whose password is Secret, and none of its errors
 // may contain Secret or "127.0.0.1:bad" (the host of a target that cannot
 // be parsed, which a quoted target would show).
-func OpenKeepsSecret(t testing.TB, open func(target string) (io.Closer, error), targets ...string) {
+func OpenKeepsSecret[O any](t testing.TB, open func(ctx context.Context, target string, opts ...O) (*core.Client, error), targets ...string) {
 	t.Helper()
+	ctx := Context(t, 30*time.Second)
 	for _, target := range targets {
-		c, err := open(target)
+		c, err := open(ctx, target)
 		if err == nil {
 			_ = c.Close()
 			t.Fatalf("Open succeeded on a bad target")

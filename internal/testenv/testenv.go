@@ -116,3 +116,14 @@ func dial(t testing.TB, env, host string) {
 func Name(prefix string) string {
 	return prefix + strings.ToLower(rand.Text()[:10])
 }
+
+// ReadFile returns the contents of the file at path, failing t when it
+// cannot be read.
+func ReadFile(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

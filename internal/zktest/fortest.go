@@ -1,6 +1,7 @@
 package zktest
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -37,4 +38,14 @@ func ForTest(t testing.TB, stock bool) *Ensemble {
 	}
 	t.Cleanup(e.Stop)
 	return e
+}
+
+// URL is the zk:// URL of the server t runs on: DISLOCK_TEST_ZK when it is
+// set, otherwise a private server's (ForTest with stock).
+func URL(t testing.TB, stock bool) string {
+	t.Helper()
+	if u := os.Getenv("DISLOCK_TEST_ZK"); u != "" {
+		return u
+	}
+	return "zk://" + ForTest(t, stock).Connect()
 }
