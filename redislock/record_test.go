@@ -498,7 +498,7 @@ func TestReleaseNamesOddKeys(t *testing.T) {
 	c := sharedRedis(t)
 	prefix := testenv.Name("dislocktest-")
 	b := newBackend(t, c, prefix)
-	ctx, cancel := context.WithCancel(ctxT(t, 30*time.Second))
+	ctx, cancel := context.WithCancel(testenv.Context(t, 30*time.Second))
 	type msg struct{ key, waiter string }
 	msgs := make(chan msg, 8)
 	ready := make(chan struct{})
