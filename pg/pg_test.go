@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/url"
 	"runtime"
 	"strings"
@@ -366,18 +367,37 @@ func TestWatchUnavailable(t *testing.T) {
 }
 
 // Rule: Open never puts the connection string in an error.
+//
+// The outcome depends on nothing outside the test: every target that could
+// connect at all names a port the test saw closed, and Open looks for a lock
+// table no run creates, so that even a target that did reach a server (a
+// port taken in between, a default Unix socket) fails on the missing table,
+// whatever earlier runs left in the OS user's database.
 func TestOpenKeepsSecrets(t *testing.T) {
 	const secret = testenv.Secret
 	ctx := ctxT(t)
-	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return pg.Open(ctx, dsn) },
-		"postgres://user:"+secret+"@127.0.0.1:1/db?connect_timeout=1",
+	host, port, err := net.SplitHostPort(testenv.ClosedAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := testenv.Name("dislock_nowhere_")
+	open := func(dsn string) (io.Closer, error) { return pg.Open(ctx, dsn, pg.WithTable(table)) }
+	// A TCP target, so that the bad sslmode is a parse error: on a Unix
+	// socket pgx ignores sslmode.
+	badSSLMode := "host=" + host + " port=" + port + " password=" + secret + " sslmode=nonsense"
+	testenv.OpenKeepsSecret(t, open,
+		"postgres://user:"+secret+"@"+net.JoinHostPort(host, port)+"/db?connect_timeout=1",
 		"postgres://user:"+secret+"@127.0.0.1:bad/db",
-		"host=127.0.0.1 port=1 password="+secret+" connect_timeout=1",
-		// A TCP target, so that the bad sslmode is a parse error: on the
-		// default Unix socket pgx ignores sslmode, and a lock table in the
-		// OS user's database would let the Open succeed.
-		"host=127.0.0.1 port=1 password="+secret+" sslmode=nonsense",
+		"host="+host+" port="+port+" password="+secret+" connect_timeout=1",
+		badSSLMode,
+		// No host: the default Unix socket and the OS user's database.
+		"password="+secret+" connect_timeout=1",
 	)
+	// The bad sslmode reaches the parser, whose own message would quote
+	// the connection string, rather than failing to connect.
+	if _, err := open(badSSLMode); !errors.Is(err, core.ErrInvalidOption) {
+		t.Errorf("bad sslmode: %v, want an error matching ErrInvalidOption", err)
+	}
 }
 
 // Rule: Open returns a Locker, as New does, that owns its pool: its Close
