@@ -25,10 +25,69 @@ const (
 )
 
 // PG returns the PostgreSQL URL for tests, failing (CI) or skipping the test
-// when the server does not accept connections.
+// when the server does not accept connections. DISLOCK_TEST_PG may also be
+// a keyword/value connection string ("host=… user=… dbname=…").
 func PG(t testing.TB) string {
 	t.Helper()
-	return need(t, "DISLOCK_TEST_PG", DefaultPG, "5432")
+	raw := os.Getenv("DISLOCK_TEST_PG")
+	if raw == "" || strings.Contains(raw, "://") {
+		if u, err := url.Parse(raw); err == nil && u.Host == "" && strings.HasPrefix(u.Query().Get("host"), "/") {
+			return raw // a Unix socket (postgres:///db?host=/run/postgresql): the test's own connection says
+		}
+		return need(t, "DISLOCK_TEST_PG", DefaultPG, "5432")
+	}
+	host, port := pgKeywordAddr(raw)
+	if strings.HasPrefix(host, "/") {
+		return raw // a Unix socket: the test's own connection says
+	}
+	dial(t, "DISLOCK_TEST_PG", net.JoinHostPort(host, port))
+	return raw
+}
+
+// pgKeywordAddr returns the first host and port of a keyword/value
+// PostgreSQL connection string, with libpq's defaults (PGHOST, PGPORT,
+// localhost, 5432) for those it does not name. Values may be quoted with
+// single quotes.
+func pgKeywordAddr(raw string) (host, port string) {
+	kv := map[string]string{}
+	for rest := strings.TrimSpace(raw); rest != ""; rest = strings.TrimSpace(rest) {
+		key, after, ok := strings.Cut(rest, "=")
+		if !ok {
+			break
+		}
+		key, after = strings.TrimSpace(key), strings.TrimLeft(after, " \t")
+		var val string
+		if strings.HasPrefix(after, "'") {
+			var b strings.Builder
+			i := 1
+			for ; i < len(after) && after[i] != '\''; i++ {
+				if after[i] == '\\' && i+1 < len(after) {
+					i++
+				}
+				b.WriteByte(after[i])
+			}
+			val, rest = b.String(), after[min(i+1, len(after)):]
+		} else {
+			val, rest, _ = strings.Cut(after, " ")
+		}
+		kv[key] = val
+	}
+	host, port = kv["host"], kv["port"]
+	if host == "" {
+		host = os.Getenv("PGHOST")
+	}
+	if port == "" {
+		port = os.Getenv("PGPORT")
+	}
+	host, _, _ = strings.Cut(host, ",")
+	port, _, _ = strings.Cut(port, ",")
+	if host == "" {
+		host = "localhost"
+	}
+	if port == "" {
+		port = "5432"
+	}
+	return host, port
 }
 
 // Redis returns the Redis URL for tests, failing (CI) or skipping the test
