@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -318,16 +317,12 @@ func TestWatchUnavailable(t *testing.T) {
 	// The test server's config as given, and with sslmode=prefer (the
 	// default when the URL has none), whose TLS fallbacks each carry an
 	// address of their own.
-	prefer, err := url.Parse(testenv.PG(t))
+	preferCfg, err := pgx.ParseConfig(withParam(t, testenv.PG(t), "sslmode", "prefer"))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatal("DISLOCK_TEST_PG with sslmode=prefer cannot be parsed")
 	}
-	q := prefer.Query()
-	q.Set("sslmode", "prefer")
-	prefer.RawQuery = q.Encode()
-	preferCfg, err := pgx.ParseConfig(prefer.String())
-	if err != nil {
-		t.Fatal(err)
+	if preferCfg.Host != admin.Config().ConnConfig.Host {
+		t.Fatalf("sslmode=prefer config: host %q, want the test server's", preferCfg.Host)
 	}
 	var b *pg.Backend
 	for _, base := range []*pgx.ConnConfig{admin.Config().ConnConfig, preferCfg} {

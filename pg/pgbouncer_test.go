@@ -213,15 +213,23 @@ func testURL(t testing.TB) string {
 	if !throughPooler(t) {
 		return raw
 	}
-	if !strings.Contains(raw, "://") { // keyword/value form
-		return raw + " default_query_exec_mode=exec"
+	return withParam(t, raw, "default_query_exec_mode", "exec")
+}
+
+// withParam returns the connection string raw (DISLOCK_TEST_PG: a URL or
+// the keyword/value form) with the parameter key set to value, which
+// needs no quoting.
+func withParam(t testing.TB, raw, key, value string) string {
+	t.Helper()
+	if !strings.Contains(raw, "://") { // keyword/value form: the last setting wins
+		return raw + " " + key + "=" + value
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		t.Fatal("DISLOCK_TEST_PG cannot be parsed")
 	}
 	q := u.Query()
-	q.Set("default_query_exec_mode", "exec")
+	q.Set(key, value)
 	u.RawQuery = q.Encode()
 	return u.String()
 }
