@@ -18,13 +18,18 @@ import (
 func TestOpenKeepsSecrets(t *testing.T) {
 	const secret = testenv.Secret
 	ctx := ctxT(t)
-	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return mysqllock.Open(ctx, dsn) },
-		"mysql://user:"+secret+"@127.0.0.1:1/db?timeout=1s",
+	// A port the test saw closed, and a lock table no run creates: the
+	// outcome does not depend on what listens on the machine or on what
+	// earlier runs left in a database.
+	addr := testenv.ClosedAddr(t)
+	table := testenv.Name("dislock_nowhere_")
+	testenv.OpenKeepsSecret(t, func(dsn string) (io.Closer, error) { return mysqllock.Open(ctx, dsn, mysqllock.WithTable(table)) },
+		"mysql://user:"+secret+"@"+addr+"/db?timeout=1s",
 		"mysql://user:"+secret+"@127.0.0.1:bad/db",
-		"mysql://user:"+secret+"@127.0.0.1:1/db?nosuchparam=%zz",
-		"user:"+secret+"@tcp(127.0.0.1:1)/db?timeout=1s",
-		"user:"+secret+"@tcp(127.0.0.1:1/db",
-		"user:"+secret+"@tcp(127.0.0.1:1)/db?parseTime=notabool",
+		"mysql://user:"+secret+"@"+addr+"/db?nosuchparam=%zz",
+		"user:"+secret+"@tcp("+addr+")/db?timeout=1s",
+		"user:"+secret+"@tcp("+addr+"/db",
+		"user:"+secret+"@tcp("+addr+")/db?parseTime=notabool",
 	)
 }
 
