@@ -2,6 +2,7 @@ package pg_test
 
 import (
 	"context"
+	"crypto/rand"
 	"os"
 	"testing"
 	"time"
@@ -169,4 +170,35 @@ func init() {
 func newBackendPool(t testing.TB, table string, edit func(*pgxpool.Config), opts ...pg.Option) *pg.Backend {
 	t.Helper()
 	return backendOn(t, newPool(t, edit), table, opts...)
+}
+
+// loginRole creates a role that can log in to the test server with a
+// password of its own and use the schema the tests' tables are made in
+// (the URL's search_path), dropped with what it owns at cleanup, and
+// returns its name (an identifier that needs no quoting) and a pool config
+// edit that connects as it. The test is skipped when the URL's role may not
+// create roles.
+func loginRole(t testing.TB, admin *pgxpool.Pool) (string, func(*pgxpool.Config)) {
+	t.Helper()
+	ctx := ctxT(t)
+	var may bool
+	if err := admin.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&may); err != nil {
+		t.Fatal(err)
+	}
+	if !may {
+		t.Skip("DISLOCK_TEST_PG's role may not create roles (CREATEROLE); this test connects as a role of its own")
+	}
+	role := testenv.Name("dislock_role_")
+	password := rand.Text()
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD '`+password+`'`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	if _, err := admin.Exec(ctx, `DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO `+role+`', current_schema()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	return role, func(c *pgxpool.Config) { c.ConnConfig.User, c.ConnConfig.Password = role, password }
 }

@@ -248,18 +248,11 @@ func TestRoleWithoutDelete(t *testing.T) {
 	admin, table := adminAndTable(t)
 	ident := pgx.Identifier{table}.Sanitize()
 	ctx := ctxT(t)
-	role := testenv.Name("dislock_role_")
-	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
-	})
+	role, asRole := loginRole(t, admin)
 	if _, err := admin.Exec(ctx, `GRANT SELECT, INSERT, UPDATE ON `+ident+` TO `+role); err != nil {
 		t.Fatal(err)
 	}
-	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+	pool := newPool(t, asRole)
 	_, err := pg.NewBackend(ctx, pool, pg.WithTable(table))
 	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), "DELETE") || !strings.Contains(err.Error(), ident) {
 		t.Fatalf("NewBackend = %v, want ErrSchema naming DELETE and %s", err, ident)

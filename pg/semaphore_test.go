@@ -1,7 +1,6 @@
 package pg_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -390,18 +389,11 @@ func TestPermitsRolePrivileges(t *testing.T) {
 	ident := pgx.Identifier{table}.Sanitize()
 	permits := pgx.Identifier{table + "_permits"}.Sanitize()
 	ctx := ctxT(t)
-	role := testenv.Name("dislock_role_")
-	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
-	})
+	role, asRole := loginRole(t, admin)
 	if _, err := admin.Exec(ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON `+ident+` TO `+role+`; GRANT SELECT, INSERT ON `+permits+` TO `+role); err != nil {
 		t.Fatal(err)
 	}
-	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
+	pool := newPool(t, asRole)
 	b, err := pg.NewBackend(ctx, pool, pg.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
