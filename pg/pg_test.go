@@ -130,11 +130,17 @@ func TestBadTableNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	dropAtCleanup(t, admin, pgx.Identifier{canary})
+	// A schema-qualified name in the schema the test server's URL uses
+	// (its search_path), which need not be public.
+	var schema string
+	if err := admin.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatalf("current_schema: %v", err)
+	}
 	suffix := testenv.Name("")
 	for _, name := range []string{
 		"locks; DROP TABLE " + canary + ";--" + suffix,
 		`odd "name" ` + suffix,
-		`public.Mixed Case ` + suffix,
+		schema + `.Mixed Case ` + suffix,
 	} {
 		t.Run("", func(t *testing.T) {
 			parts := strings.SplitN(name, ".", 2)
