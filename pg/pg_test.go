@@ -316,7 +316,7 @@ func TestWatchUnavailable(t *testing.T) {
 	// The test server's config as given, and with sslmode=prefer (the
 	// default when the URL has none), whose TLS fallbacks each carry an
 	// address of their own.
-	preferCfg, err := pgx.ParseConfig(withParam(t, testenv.PG(t), "sslmode", "prefer"))
+	preferCfg, err := pgx.ParseConfig(testenv.PGParam(t, testenv.PG(t), "sslmode", "prefer"))
 	if err != nil {
 		t.Fatal("DISLOCK_TEST_PG with sslmode=prefer cannot be parsed")
 	}

@@ -213,25 +213,7 @@ func testURL(t testing.TB) string {
 	if !throughPooler(t) {
 		return raw
 	}
-	return withParam(t, raw, "default_query_exec_mode", "exec")
-}
-
-// withParam returns the connection string raw (DISLOCK_TEST_PG: a URL or
-// the keyword/value form) with the parameter key set to value, which
-// needs no quoting.
-func withParam(t testing.TB, raw, key, value string) string {
-	t.Helper()
-	if !strings.Contains(raw, "://") { // keyword/value form: the last setting wins
-		return raw + " " + key + "=" + value
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal("DISLOCK_TEST_PG cannot be parsed")
-	}
-	q := u.Query()
-	q.Set(key, value)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return testenv.PGParam(t, raw, "default_query_exec_mode", "exec")
 }
 
 // needDirect skips a test that needs a direct connection to the server

@@ -44,6 +44,24 @@ func PG(t testing.TB) string {
 	return raw
 }
 
+// PGParam returns the PostgreSQL connection string raw (a URL or the
+// keyword/value form) with the parameter key set to value, replacing the
+// value raw gives it. value must need no quoting.
+func PGParam(t testing.TB, raw, key, value string) string {
+	t.Helper()
+	if !strings.Contains(raw, "://") { // keyword/value form: the last setting wins
+		return raw + " " + key + "=" + value
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal("the PostgreSQL URL cannot be parsed")
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // pgKeywordAddr returns the first host and port of a keyword/value
 // PostgreSQL connection string, with libpq's defaults (PGHOST, PGPORT,
 // localhost, 5432) for those it does not name. Values may be quoted with
@@ -67,8 +85,10 @@ func pgKeywordAddr(raw string) (host, port string) {
 				b.WriteByte(after[i])
 			}
 			val, rest = b.String(), after[min(i+1, len(after)):]
+		} else if end := strings.IndexAny(after, " \t\n\r\v\f"); end >= 0 {
+			val, rest = after[:end], after[end:]
 		} else {
-			val, rest, _ = strings.Cut(after, " ")
+			val, rest = after, ""
 		}
 		kv[key] = val
 	}

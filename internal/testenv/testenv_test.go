@@ -15,6 +15,7 @@ func TestPGKeywordAddr(t *testing.T) {
 		{`password='a\'b c' host=h2`, "h2", "5432"},
 		{"host=a,b port=7,8", "a", "7"},
 		{"dbname=test", "localhost", "5432"},
+		{"host=h3\tport=9", "h3", "9"},
 	} {
 		if host, port := pgKeywordAddr(c.dsn); host != c.host || port != c.port {
 			t.Errorf("pgKeywordAddr(%q) = %q, %q, want %q, %q", c.dsn, host, port, c.host, c.port)
@@ -24,5 +25,19 @@ func TestPGKeywordAddr(t *testing.T) {
 	t.Setenv("PGPORT", "7777")
 	if host, port := pgKeywordAddr("dbname=test"); host != "envhost" || port != "7777" {
 		t.Errorf("pgKeywordAddr without host and port = %q, %q, want PGHOST and PGPORT", host, port)
+	}
+}
+
+// Rule: PGParam sets a parameter in either form, over the value the string
+// gives it.
+func TestPGParam(t *testing.T) {
+	for _, c := range []struct{ raw, want string }{
+		{"postgres://u@h/db", "postgres://u@h/db?search_path=s"},
+		{"postgres://u@h/db?search_path=app&sslmode=disable", "postgres://u@h/db?search_path=s&sslmode=disable"},
+		{"host=h dbname=db search_path=app", "host=h dbname=db search_path=app search_path=s"},
+	} {
+		if got := PGParam(t, c.raw, "search_path", "s"); got != c.want {
+			t.Errorf("PGParam(%q) = %q, want %q", c.raw, got, c.want)
+		}
 	}
 }
