@@ -31,18 +31,30 @@ func (l *runContexts) Lock(ctx context.Context, job string) (gocron.Lock, error)
 
 // hookScheduler is a real gocron scheduler whose first request named at
 // ("Jobs", or "NextRun" of one of the jobs it lists) calls hook before it
-// is made.
+// is made; done is closed once that request has returned.
 type hookScheduler struct {
 	gocron.Scheduler
 	at   string
 	once sync.Once
 	hook func()
+	done chan struct{}
+}
+
+// hooked calls the hook if request is the one hooked and not made yet, and
+// returns a func to call once request has returned.
+func (s *hookScheduler) hooked(request string) func() {
+	first := false
+	if s.at == request {
+		s.once.Do(func() { first = true; s.hook() })
+	}
+	if first {
+		return func() { close(s.done) }
+	}
+	return func() {}
 }
 
 func (s *hookScheduler) Jobs() []gocron.Job {
-	if s.at == "Jobs" {
-		s.once.Do(s.hook)
-	}
+	defer s.hooked("Jobs")()
 	jobs := s.Scheduler.Jobs()
 	for i, j := range jobs {
 		jobs[i] = hookJob{Job: j, s: s}
@@ -56,9 +68,7 @@ type hookJob struct {
 }
 
 func (j hookJob) NextRun() (time.Time, error) {
-	if j.s.at == "NextRun" {
-		j.s.once.Do(j.s.hook)
-	}
+	defer j.s.hooked("NextRun")()
 	return j.Job.NextRun()
 }
 
@@ -81,7 +91,7 @@ func TestAttachStopJobsNotHeldUp(t *testing.T) {
 				took time.Duration
 			}
 			stopped := make(chan result, 1)
-			hs := &hookScheduler{Scheduler: s, at: at}
+			hs := &hookScheduler{Scheduler: s, at: at, done: make(chan struct{})}
 			hs.hook = func() {
 				// The run's Lock is on its way: stop the jobs now, and let
 				// the request go on once the stop has cancelled the run.
@@ -124,6 +134,10 @@ func TestAttachStopJobsNotHeldUp(t *testing.T) {
 			if reports := log.take(); len(reports) != 0 {
 				t.Errorf("reports at StopJobs, want none: %v", reports)
 			}
+			// The hooked request, which the run gave up on, ends once the
+			// scheduler's loop answers it (gocron's own requests do not end
+			// at its Shutdown).
+			within(t, hs.done, 10*time.Second, "end of the hooked request")
 		})
 	}
 }

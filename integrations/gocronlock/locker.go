@@ -266,7 +266,9 @@ func (k *Locker) lookUp(ctx context.Context, s gocron.Scheduler, job string) (lo
 				r.found = append(r.found, j)
 			}
 		}
-		if len(r.found) == 0 || !k.needLocation(job, r.found[0].Schedule()) {
+		if len(r.found) == 0 || !k.needLocation(job, r.found[0].Schedule()) || ctx.Err() != nil {
+			// A job's own requests are bounded by gocron's second only, not
+			// by its shutdown: none once the run has been given up.
 			return
 		}
 		// A last run is the scheduler's clock read in its location; a next
