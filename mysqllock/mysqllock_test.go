@@ -1,6 +1,7 @@
 package mysqllock_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -16,13 +17,21 @@ import (
 // DSN cannot be parsed or the server cannot be reached.
 func TestOpenKeepsSecrets(t *testing.T) {
 	const secret = testenv.Secret
-	testenv.OpenKeepsSecret(t, mysqllock.Open,
-		"mysql://user:"+secret+"@127.0.0.1:1/db?timeout=1s",
+	// A port the test saw closed, and a lock table no run creates: the
+	// outcome does not depend on what listens on the machine or on what
+	// earlier runs left in a database.
+	addr := testenv.ClosedAddr(t)
+	table := testenv.Name("dislock_nowhere_")
+	open := func(ctx context.Context, dsn string, opts ...mysqllock.Option) (*core.Client, error) {
+		return mysqllock.Open(ctx, dsn, append(opts, mysqllock.WithTable(table))...)
+	}
+	testenv.OpenKeepsSecret(t, open,
+		"mysql://user:"+secret+"@"+addr+"/db?timeout=1s",
 		"mysql://user:"+secret+"@127.0.0.1:bad/db",
-		"mysql://user:"+secret+"@127.0.0.1:1/db?nosuchparam=%zz",
-		"user:"+secret+"@tcp(127.0.0.1:1)/db?timeout=1s",
-		"user:"+secret+"@tcp(127.0.0.1:1/db",
-		"user:"+secret+"@tcp(127.0.0.1:1)/db?parseTime=notabool",
+		"mysql://user:"+secret+"@"+addr+"/db?nosuchparam=%zz",
+		"user:"+secret+"@tcp("+addr+")/db?timeout=1s",
+		"user:"+secret+"@tcp("+addr+"/db",
+		"user:"+secret+"@tcp("+addr+")/db?parseTime=notabool",
 	)
 }
 

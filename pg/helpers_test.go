@@ -2,6 +2,7 @@ package pg_test
 
 import (
 	"context"
+	"crypto/rand"
 	"os"
 	"testing"
 	"time"
@@ -95,28 +96,6 @@ func scratchTable(t testing.TB, admin *pgxpool.Pool, prefix string) string {
 	return name
 }
 
-// loginRole creates a login role of the test's own with the privileges
-// grants (each "<privileges> ON <table>"), dropped with what it owns at
-// cleanup, and returns its name and a pool that connects as it.
-func loginRole(t testing.TB, admin *pgxpool.Pool, grants ...string) (string, *pgxpool.Pool) {
-	t.Helper()
-	ctx := ctxT(t)
-	role := testenv.Name("dislock_role_")
-	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
-	})
-	for _, g := range grants {
-		if _, err := admin.Exec(ctx, `GRANT `+g+` TO `+role); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return role, newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User = role })
-}
-
 // quoted is the SQL identifier of the table name.
 func quoted(name string) string { return pgx.Identifier{name}.Sanitize() }
 
@@ -197,4 +176,40 @@ func init() {
 func newBackendPool(t testing.TB, table string, edit func(*pgxpool.Config), opts ...pg.Option) *pg.Backend {
 	t.Helper()
 	return backendOn(t, newPool(t, edit), table, opts...)
+}
+
+// loginRole creates a role that can log in to the test server with a
+// password of its own, use the schema the tests' tables are made in (the
+// URL's search_path) and has the privileges grants (each "<privileges> ON
+// <table>"), dropped with what it owns at cleanup, and returns its name (an
+// identifier that needs no quoting) and a pool that connects as it. The
+// test is skipped when the URL's role may not create roles.
+func loginRole(t testing.TB, admin *pgxpool.Pool, grants ...string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := ctxT(t)
+	var may bool
+	if err := admin.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&may); err != nil {
+		t.Fatal(err)
+	}
+	if !may {
+		t.Skip("DISLOCK_TEST_PG's role may not create roles (CREATEROLE); this test connects as a role of its own")
+	}
+	role := testenv.Name("dislock_role_")
+	password := rand.Text()
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD '`+password+`'`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	if _, err := admin.Exec(ctx, `DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO `+role+`', current_schema()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range grants {
+		if _, err := admin.Exec(ctx, `GRANT `+g+` TO `+role); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return role, newPool(t, func(c *pgxpool.Config) { c.ConnConfig.User, c.ConnConfig.Password = role, password })
 }

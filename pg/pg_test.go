@@ -3,7 +3,7 @@ package pg_test
 import (
 	"context"
 	"errors"
-	"net/url"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -128,11 +128,17 @@ func TestBadTableNames(t *testing.T) {
 	if _, err := admin.Exec(ctx, `CREATE TABLE `+canary+` (x int)`); err != nil {
 		t.Fatal(err)
 	}
+	// A schema-qualified name in the schema the test server's URL uses
+	// (its search_path), which need not be public.
+	var schema string
+	if err := admin.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatalf("current_schema: %v", err)
+	}
 	suffix := testenv.Name("")
 	for _, name := range []string{
 		"locks; DROP TABLE " + canary + ";--" + suffix,
 		`odd "name" ` + suffix,
-		`public.Mixed Case ` + suffix,
+		schema + `.Mixed Case ` + suffix,
 	} {
 		t.Run("", func(t *testing.T) {
 			parts := strings.SplitN(name, ".", 2)
@@ -304,16 +310,12 @@ func TestWatchUnavailable(t *testing.T) {
 	// The test server's config as given, and with sslmode=prefer (the
 	// default when the URL has none), whose TLS fallbacks each carry an
 	// address of their own.
-	prefer, err := url.Parse(testenv.PG(t))
+	preferCfg, err := pgx.ParseConfig(testenv.PGParam(t, testenv.PG(t), "sslmode", "prefer"))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatal("DISLOCK_TEST_PG with sslmode=prefer cannot be parsed")
 	}
-	q := prefer.Query()
-	q.Set("sslmode", "prefer")
-	prefer.RawQuery = q.Encode()
-	preferCfg, err := pgx.ParseConfig(prefer.String())
-	if err != nil {
-		t.Fatal(err)
+	if preferCfg.Host != admin.Config().ConnConfig.Host {
+		t.Fatalf("sslmode=prefer config: host %q, want the test server's", preferCfg.Host)
 	}
 	var b *pg.Backend
 	for _, base := range []*pgx.ConnConfig{admin.Config().ConnConfig, preferCfg} {
@@ -353,17 +355,38 @@ func TestWatchUnavailable(t *testing.T) {
 }
 
 // Rule: Open never puts the connection string in an error.
+//
+// The outcome depends on nothing outside the test: every target that could
+// connect at all names a port the test saw closed, and Open looks for a lock
+// table no run creates, so that even a target that did reach a server (a
+// port taken in between, a default Unix socket) fails on the missing table,
+// whatever earlier runs left in the OS user's database.
 func TestOpenKeepsSecrets(t *testing.T) {
 	const secret = testenv.Secret
-	testenv.OpenKeepsSecret(t, pg.Open,
-		"postgres://user:"+secret+"@127.0.0.1:1/db?connect_timeout=1",
+	host, port, err := net.SplitHostPort(testenv.ClosedAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := testenv.Name("dislock_nowhere_")
+	open := func(ctx context.Context, dsn string, opts ...pg.Option) (*core.Client, error) {
+		return pg.Open(ctx, dsn, append(opts, pg.WithTable(table))...)
+	}
+	// A TCP target, so that the bad sslmode is a parse error: on a Unix
+	// socket pgx ignores sslmode.
+	badSSLMode := "host=" + host + " port=" + port + " password=" + secret + " sslmode=nonsense"
+	testenv.OpenKeepsSecret(t, open,
+		"postgres://user:"+secret+"@"+net.JoinHostPort(host, port)+"/db?connect_timeout=1",
 		"postgres://user:"+secret+"@127.0.0.1:bad/db",
-		"host=127.0.0.1 port=1 password="+secret+" connect_timeout=1",
-		// A TCP target, so that the bad sslmode is a parse error: on the
-		// default Unix socket pgx ignores sslmode, and a lock table in the
-		// OS user's database would let the Open succeed.
-		"host=127.0.0.1 port=1 password="+secret+" sslmode=nonsense",
+		"host="+host+" port="+port+" password="+secret+" connect_timeout=1",
+		badSSLMode,
+		// No host: the default Unix socket and the OS user's database.
+		"password="+secret+" connect_timeout=1",
 	)
+	// The bad sslmode reaches the parser, whose own message would quote
+	// the connection string, rather than failing to connect.
+	if _, err := open(ctxT(t), badSSLMode); !errors.Is(err, core.ErrInvalidOption) {
+		t.Errorf("bad sslmode: %v, want an error matching ErrInvalidOption", err)
+	}
 }
 
 // Rule: Open returns a Locker, as New does, that owns its pool: its Close

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,8 +92,15 @@ func runBouncer(t testing.TB, bin string, cc *pgx.ConnConfig) (*bouncer, error) 
 	// flush, as the direct conformance pools do (noFlushWait): these
 	// suites are about leases, and a checkpoint's fsync on a shared
 	// machine outlasts the suite's 600ms TTL's renewals.
+	// The test URL's run-time parameters (search_path) too, which the
+	// pooler would not pass on from a client's start-up: set on each
+	// server connection, dollar-quoted for the ini file's quotes.
+	setup := "SET synchronous_commit = off"
+	for _, k := range slices.Sorted(maps.Keys(cc.RuntimeParams)) {
+		setup += fmt.Sprintf("; SELECT set_config($dislock$%s$dislock$, $dislock$%s$dislock$, false)", k, cc.RuntimeParams[k])
+	}
 	ini := fmt.Sprintf(`[databases]
-%s = host=%s port=%d dbname=%s connect_query='SET synchronous_commit = off'
+%s = host=%s port=%d dbname=%s connect_query='%s'
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -106,7 +115,7 @@ server_tls_sslmode = %s
 ignore_startup_parameters = extra_float_digits
 logfile =
 pidfile =
-`, quoteIni(db), cc.Host, cc.Port, quoteIni(db), port, authType, filepath.Join(dir, "userlist.txt"), serverTLS)
+`, quoteIni(db), cc.Host, cc.Port, quoteIni(db), setup, port, authType, filepath.Join(dir, "userlist.txt"), serverTLS)
 	userlist := quoteAuth(cc.User) + " " + quoteAuth(cc.Password) + "\n"
 	iniPath := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(iniPath, []byte(ini), 0o600); err != nil {
@@ -213,17 +222,7 @@ func testURL(t testing.TB) string {
 	if !throughPooler(t) {
 		return raw
 	}
-	if !strings.Contains(raw, "://") { // keyword/value form
-		return raw + " default_query_exec_mode=exec"
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal("DISLOCK_TEST_PG cannot be parsed")
-	}
-	q := u.Query()
-	q.Set("default_query_exec_mode", "exec")
-	u.RawQuery = q.Encode()
-	return u.String()
+	return testenv.PGParam(t, raw, "default_query_exec_mode", "exec")
 }
 
 // needDirect skips a test that needs a direct connection to the server

@@ -65,11 +65,7 @@ func TestConventions(t *testing.T) {
 		t.Cleanup(func() {
 			conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 		})
-		sep := "?"
-		if strings.Contains(u, "?") {
-			sep = "&"
-		}
-		env := none.baseEnv(urlVar + "=" + u + sep + "search_path=" + schema)
+		env := none.baseEnv(urlVar + "=" + testenv.PGParam(t, u, "search_path", schema))
 		p := run(t, env, "status", "--url-env", urlVar, leasePrefix+"job")
 		expectCode(t, p, exitFree)
 		if !strings.Contains(p.stdout.String(), "\tfree") {

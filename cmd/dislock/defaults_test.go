@@ -159,11 +159,7 @@ func schemaFixture(t *testing.T, prefix string) (f *fixture, conn *pgx.Conn, sch
 		conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 		conn.Close(context.Background())
 	})
-	sep := "?"
-	if strings.Contains(u, "?") {
-		sep = "&"
-	}
-	return &fixture{url: u + sep + "search_path=" + schema}, conn, schema
+	return &fixture{url: testenv.PGParam(t, u, "search_path", schema)}, conn, schema
 }
 
 // A LOCK_TABLE that does not exist is exit 2 with the statement that creates

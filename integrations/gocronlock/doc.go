@@ -63,6 +63,29 @@
 //	s, _ := gocron.NewScheduler(gocron.WithDistributedLocker(locker))
 //	_ = locker.Attach(s) // schedules come from s's jobs, by name
 //
+// Cron slots are computed in the scheduler's location. gocron shows it only
+// in the times of its runs, so a scheduler made with gocron.WithLocation
+// should be attached with the same location, which the Locker then uses
+// from the first run on:
+//
+//	s, _ := gocron.NewScheduler(gocron.WithLocation(berlin), gocron.WithDistributedLocker(locker))
+//	_ = locker.Attach(s, berlin)
+//
+// Without it the Locker learns the location from the times of the job's
+// runs (a job started with gocron.WithStartDateTime at a time in another
+// location shows that location until one of its runs has started); a run for
+// which no time shows it takes no slot lock rather than guess one, and is
+// reported as a job without a schedule.
+//
+// A run looks its job up in the attached scheduler at most a second, and
+// never after gocron cancelled the run's context: gocron's loop does not
+// answer while it stops its jobs (StopJobs, Shutdown), and a run waiting on
+// it would hold the stop up until gocron's stop timeout, making StopJobs
+// fail. A run that the stop cancelled, or that finds the scheduler
+// shutting down, is skipped with the context's error (context.Canceled)
+// and nothing is reported to OnError; a run the scheduler did not answer in
+// time takes the schedule its job had at an earlier run.
+//
 // Cron jobs (gocron.CronJob, with or without seconds) and duration jobs
 // (gocron.DurationJob) are found this way. For other kinds, or without
 // Attach, register the schedule: Locker.Schedule(name, core.Every(d)) for

@@ -35,7 +35,7 @@ type Locker struct {
 	schedules map[string]core.Schedule
 	attached  gocron.Scheduler
 	derived   map[string]derived // schedules taken from attached, by job name
-	loc       *time.Location     // attached's location, once seen in a run's time
+	loc       *time.Location     // attached's location: given to Attach, or seen in a last run's time
 	limits    map[string]int     // limits registered with Limit, by job name
 	warned    map[string]bool    // jobs reported with ErrNoSchedule
 }
@@ -103,24 +103,44 @@ func (k *Locker) Limit(job string, n int) error {
 // was installed in with gocron.WithDistributedLocker or
 // gocron.WithDistributedJobLocker, so that no job needs Schedule: at a run,
 // the job is looked up by name (gocron.WithName) among s.Jobs(), and a
-// gocron.CronJob (with or without seconds, in the scheduler's location) or
-// a gocron.DurationJob takes slot locks as if registered with Schedule
-// (Cron, core.Every). A schedule registered with Schedule wins. Jobs of
-// other kinds (daily, weekly, monthly, random durations, one-time), jobs
-// whose name several jobs with different schedules share, and jobs not
-// found fall back to the Slot and MinHold options, or else to a plain lease
-// reported with ErrNoSchedule. Give each job a unique name. A run waits at
-// most a second for s to list its jobs (s does not answer while it stops
-// them), then takes the schedule its job had at an earlier run. Cron slots
-// are computed in s's location, which s shows in the times of its runs.
-func (k *Locker) Attach(s gocron.Scheduler) error {
+// gocron.CronJob (with or without seconds) or a gocron.DurationJob takes
+// slot locks as if registered with Schedule (Cron, core.Every). A schedule
+// registered with Schedule wins. Jobs of other kinds (daily, weekly,
+// monthly, random durations, one-time), jobs whose name several jobs with
+// different schedules share, and jobs not found fall back to the Slot and
+// MinHold options, or else to a plain lease reported with ErrNoSchedule.
+// Give each job a unique name.
+//
+// Cron slots are computed in s's location. Pass it as loc when s was made
+// with gocron.WithLocation (gocron's default is time.Local); without loc the
+// Locker learns it from the times of s's runs (a job's last run, or else
+// its next run, for that run only), and a run that cannot see it takes no
+// slot lock, as if its job had no schedule, rather than guess.
+//
+// A run waits for s at most a second, and never past its context, which
+// gocron cancels when it stops the job (StopJobs, Shutdown): s does not
+// answer while it stops its jobs, and a run waiting on it would hold the
+// stop up. A run whose context ended, or whose scheduler is shutting down,
+// is skipped with an error, without a report to OnError; a run that s did
+// not answer in time takes the schedule its job had at an earlier run.
+func (k *Locker) Attach(s gocron.Scheduler, loc ...*time.Location) error {
 	if s == nil {
 		return invalid("Attach", "nil scheduler")
+	}
+	if len(loc) > 1 {
+		return invalid("Attach", "%d locations: give the scheduler's one location at most", len(loc))
+	}
+	var given *time.Location
+	if len(loc) == 1 {
+		if loc[0] == nil {
+			return invalid("Attach", "nil location")
+		}
+		given = loc[0]
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.attached = s
-	k.loc = nil
+	k.loc = given
 	clear(k.derived)
 	return nil
 }
@@ -131,60 +151,76 @@ func (k *Locker) Attach(s gocron.Scheduler) error {
 // run waiting on it would hold up that stop.
 const lookupTimeout = time.Second
 
+// errShuttingDown is the error of a run whose attached scheduler lists no
+// jobs at all, as gocron answers only once it is shutting down (and about to
+// cancel the run's context): it matches context.Canceled.
+var errShuttingDown = fmt.Errorf("the attached scheduler is shutting down: %w", context.Canceled)
+
+// lookup is what a run learned from the attached scheduler.
+type lookup struct {
+	listed bool           // the scheduler listed its jobs (false: it is shutting down)
+	found  []gocron.Job   // its jobs of the run's name
+	loc    *time.Location // its location as seen in found[0]'s run times, when looked for
+	exact  bool           // loc is from a last run: the scheduler's clock in its location
+}
+
 // fromScheduler returns the schedule of job in the attached scheduler, or
-// nil and why there is none. It costs one request to the scheduler's loop
-// per run, and more only when the job's schedule changed. A scheduler that
-// does not answer within lookupTimeout (or before ctx ends) leaves the run
-// with the schedule derived last for job, if any.
-func (k *Locker) fromScheduler(ctx context.Context, job string) (core.Schedule, string) {
+// nil and why there is none; an error when the run must not go on: its
+// context ended, or the scheduler is shutting down. It costs one request
+// to the scheduler's loop per run, and more only while the scheduler's
+// location is unknown and the job's schedule is not derived yet. A
+// scheduler that does not answer within lookupTimeout leaves the run with
+// the schedule derived last for job, if any.
+func (k *Locker) fromScheduler(ctx context.Context, job string) (core.Schedule, string, error) {
 	k.mu.RLock()
 	s := k.attached
 	k.mu.RUnlock()
 	if s == nil {
-		return nil, ""
+		return nil, "", nil
 	}
-	jobs, ok := schedulerJobs(ctx, s)
-	if !ok {
+	r, answered := k.lookUp(ctx, s, job)
+	if ctx.Err() != nil {
+		return nil, "", context.Cause(ctx)
+	}
+	if answered && !r.listed {
+		return nil, "", errShuttingDown
+	}
+	if !answered {
 		k.mu.RLock()
 		d, cached := k.derived[job]
 		k.mu.RUnlock()
 		if cached {
-			return d.sched, d.why
+			return d.sched, d.why, nil
 		}
-		return nil, fmt.Sprintf("the attached scheduler did not list its jobs within %v", lookupTimeout)
+		return nil, fmt.Sprintf("the attached scheduler did not list its jobs within %v", lookupTimeout), nil
 	}
-	var found []gocron.Job
-	for _, j := range jobs {
-		if j.Name() == job {
-			found = append(found, j)
-		}
+	if len(r.found) == 0 {
+		return nil, "the attached scheduler has no job of that name", nil
 	}
-	if len(found) == 0 {
-		return nil, "the attached scheduler has no job of that name"
-	}
-	desc := describe(found[0].Schedule())
-	for _, j := range found[1:] {
+	desc := describe(r.found[0].Schedule())
+	for _, j := range r.found[1:] {
 		if describe(j.Schedule()) != desc {
-			return nil, "several jobs of the attached scheduler have that name, with different schedules"
+			return nil, "several jobs of the attached scheduler have that name, with different schedules", nil
 		}
 	}
 	k.mu.RLock()
 	d, ok := k.derived[job]
 	k.mu.RUnlock()
 	if ok && d.desc == desc {
-		return d.sched, d.why
+		return d.sched, d.why, nil
 	}
 	d = derived{desc: desc}
 	keep := true
-	switch v := found[0].Schedule().(type) {
+	switch v := r.found[0].Schedule().(type) {
 	case gocron.CronJobSchedule:
-		// gocron computes runs in the scheduler's location, which it shows
-		// only in the times of its runs: learn it from the job's next run,
-		// or an earlier one of any job. Until it is known, a crontab
-		// without its own TZ= is read in time.Local for this run only.
-		loc := k.schedulerLocation(found[0])
-		if loc == nil {
-			loc, keep = time.Local, hasTZ(v.Crontab)
+		var loc *time.Location
+		if !hasTZ(v.Crontab) {
+			loc, keep = k.location(r)
+		}
+		if loc == nil && !hasTZ(v.Crontab) {
+			d.why = "the attached scheduler's location is not known yet: it shows in the times of its runs; pass it to Attach"
+			keep = false
+			break
 		}
 		sched, err := Cron(v.Crontab, cronFields(v.Crontab) == 6, loc)
 		if err != nil {
@@ -206,38 +242,83 @@ func (k *Locker) fromScheduler(ctx context.Context, job string) (core.Schedule, 
 		k.derived[job] = d
 		k.mu.Unlock()
 	}
-	return d.sched, d.why
+	return d.sched, d.why, nil
 }
 
-// schedulerJobs returns s.Jobs(), or false when s has not answered within
-// lookupTimeout or before ctx ended. The call it gave up on ends when the
-// scheduler's loop answers, or at its Shutdown.
-func schedulerJobs(ctx context.Context, s gocron.Scheduler) ([]gocron.Job, bool) {
-	got := make(chan []gocron.Job, 1)
-	go func() { got <- s.Jobs() }()
+// lookUp lists s's jobs of the name job and, when a schedule is to be
+// derived for a cron job in a location not known yet, looks for the
+// location in the job's run times. It gives up (false) after lookupTimeout
+// or when ctx ends; the requests it gave up on end when the scheduler's
+// loop answers them, at its Shutdown, or after gocron's own one-second
+// bound on a job's request.
+func (k *Locker) lookUp(ctx context.Context, s gocron.Scheduler, job string) (lookup, bool) {
+	got := make(chan lookup, 1)
+	go func() {
+		var r lookup
+		defer func() { got <- r }()
+		jobs := s.Jobs()
+		if jobs == nil {
+			return // gocron lists no jobs only once it is shutting down
+		}
+		r.listed = true
+		for _, j := range jobs {
+			if j.Name() == job {
+				r.found = append(r.found, j)
+			}
+		}
+		if len(r.found) == 0 || !k.needLocation(job, r.found[0].Schedule()) || ctx.Err() != nil {
+			// A job's own requests are bounded by gocron's second only, not
+			// by its shutdown: none once the run has been given up.
+			return
+		}
+		// A last run is the scheduler's clock read in its location; a next
+		// run is too, unless the job was started at a time given in
+		// another location (gocron.WithStartDateTime).
+		if last, err := r.found[0].LastRun(); err == nil && !last.IsZero() {
+			r.loc, r.exact = last.Location(), true
+		} else if next, err := r.found[0].NextRun(); err == nil && !next.IsZero() {
+			r.loc = next.Location()
+		}
+	}()
 	t := time.NewTimer(lookupTimeout)
 	defer t.Stop()
 	select {
-	case jobs := <-got:
-		return jobs, true
+	case r := <-got:
+		return r, true
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	return nil, false
+	return lookup{}, false
 }
 
-// schedulerLocation returns the attached scheduler's location as seen in
-// j's next run, or as learned earlier; nil while it is unknown.
-func (k *Locker) schedulerLocation(j gocron.Job) *time.Location {
-	if next, err := j.NextRun(); err == nil && !next.IsZero() {
-		k.mu.Lock()
-		k.loc = next.Location()
-		k.mu.Unlock()
-		return next.Location()
+// needLocation reports whether a run of job with schedule js must find the
+// attached scheduler's location: a cron job without its own TZ=, whose
+// schedule is not derived yet, on a scheduler whose location is not known.
+func (k *Locker) needLocation(job string, js gocron.JobSchedule) bool {
+	v, ok := js.(gocron.CronJobSchedule)
+	if !ok || hasTZ(v.Crontab) {
+		return false
 	}
 	k.mu.RLock()
 	defer k.mu.RUnlock()
-	return k.loc
+	d, derived := k.derived[job]
+	return k.loc == nil && !(derived && d.desc == describe(js))
+}
+
+// location returns the attached scheduler's location: the one given to
+// Attach, or learned from a last run, or else the one r saw (remembered
+// when it came from a last run). exact reports whether a schedule derived
+// in it may be kept for later runs; nil when it is unknown.
+func (k *Locker) location(r lookup) (loc *time.Location, exact bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.loc != nil {
+		return k.loc, true
+	}
+	if r.loc != nil && r.exact {
+		k.loc = r.loc
+	}
+	return r.loc, r.exact
 }
 
 // hasTZ reports whether crontab names its own location.
@@ -311,8 +392,16 @@ func (k *Locker) Lock(ctx context.Context, job string) (gocron.Lock, error) {
 		limit = k.cfg.limit
 	}
 	if sched == nil {
-		var why string
-		sched, why = k.fromScheduler(ctx, job)
+		var (
+			why string
+			err error
+		)
+		sched, why, err = k.fromScheduler(ctx, job)
+		if err != nil {
+			// gocron is stopping the job: the run is skipped, as its lock
+			// attempt would be, and there is nothing to report.
+			return nil, fmt.Errorf("gocronlock: %s: no lock attempt: %w", key, err)
+		}
 		if sched == nil && k.cfg.slot == nil && k.cfg.minHold <= 0 {
 			k.warnNoSchedule(job, key, why)
 		}

@@ -25,10 +25,89 @@ const (
 )
 
 // PG returns the PostgreSQL URL for tests, failing (CI) or skipping the test
-// when the server does not accept connections.
+// when the server does not accept connections. DISLOCK_TEST_PG may also be
+// a keyword/value connection string ("host=… user=… dbname=…").
 func PG(t testing.TB) string {
 	t.Helper()
-	return need(t, "DISLOCK_TEST_PG", DefaultPG, "5432")
+	raw := os.Getenv("DISLOCK_TEST_PG")
+	if raw == "" || strings.Contains(raw, "://") {
+		if u, err := url.Parse(raw); err == nil && u.Host == "" && strings.HasPrefix(u.Query().Get("host"), "/") {
+			return raw // a Unix socket (postgres:///db?host=/run/postgresql): the test's own connection says
+		}
+		return need(t, "DISLOCK_TEST_PG", DefaultPG, "5432")
+	}
+	host, port := pgKeywordAddr(raw)
+	if strings.HasPrefix(host, "/") {
+		return raw // a Unix socket: the test's own connection says
+	}
+	dial(t, "DISLOCK_TEST_PG", net.JoinHostPort(host, port))
+	return raw
+}
+
+// PGParam returns the PostgreSQL connection string raw (a URL or the
+// keyword/value form) with the parameter key set to value, replacing the
+// value raw gives it. value must need no quoting.
+func PGParam(t testing.TB, raw, key, value string) string {
+	t.Helper()
+	if !strings.Contains(raw, "://") { // keyword/value form: the last setting wins
+		return raw + " " + key + "=" + value
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal("the PostgreSQL URL cannot be parsed")
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// pgKeywordAddr returns the first host and port of a keyword/value
+// PostgreSQL connection string, with libpq's defaults (PGHOST, PGPORT,
+// localhost, 5432) for those it does not name. Values may be quoted with
+// single quotes.
+func pgKeywordAddr(raw string) (host, port string) {
+	kv := map[string]string{}
+	for rest := strings.TrimSpace(raw); rest != ""; rest = strings.TrimSpace(rest) {
+		key, after, ok := strings.Cut(rest, "=")
+		if !ok {
+			break
+		}
+		key, after = strings.TrimSpace(key), strings.TrimLeft(after, " \t")
+		var val string
+		if strings.HasPrefix(after, "'") {
+			var b strings.Builder
+			i := 1
+			for ; i < len(after) && after[i] != '\''; i++ {
+				if after[i] == '\\' && i+1 < len(after) {
+					i++
+				}
+				b.WriteByte(after[i])
+			}
+			val, rest = b.String(), after[min(i+1, len(after)):]
+		} else if end := strings.IndexAny(after, " \t\n\r\v\f"); end >= 0 {
+			val, rest = after[:end], after[end:]
+		} else {
+			val, rest = after, ""
+		}
+		kv[key] = val
+	}
+	host, port = kv["host"], kv["port"]
+	if host == "" {
+		host = os.Getenv("PGHOST")
+	}
+	if port == "" {
+		port = os.Getenv("PGPORT")
+	}
+	host, _, _ = strings.Cut(host, ",")
+	port, _, _ = strings.Cut(port, ",")
+	if host == "" {
+		host = "localhost"
+	}
+	if port == "" {
+		port = "5432"
+	}
+	return host, port
 }
 
 // Redis returns the Redis URL for tests, failing (CI) or skipping the test
