@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 )
 
@@ -231,28 +232,6 @@ func (o *errObserver) AcquireEnd(_ context.Context, e core.AcquireEndEvent) {
 func (o *errObserver) RenewEnd(_ context.Context, e core.RenewEndEvent)     { o.errs.err(e.Err) }
 func (o *errObserver) ReleaseEnd(_ context.Context, e core.ReleaseEndEvent) { o.errs.err(e.Err) }
 
-// wakeObserver records what woke each acquisition.
-type wakeObserver struct {
-	core.NopObserver
-	mu    sync.Mutex
-	wakes map[string]core.Wake
-}
-
-func (o *wakeObserver) AcquireEnd(_ context.Context, e core.AcquireEndEvent) {
-	if e.Session == nil {
-		return
-	}
-	o.mu.Lock()
-	o.wakes[e.Key] = e.Wake
-	o.mu.Unlock()
-}
-
-func (o *wakeObserver) wake(key string) core.Wake {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.wakes[key]
-}
-
 // pgRestartWaiters restarts the server while three Lockers wait for a key
 // held by a fourth: the waiters' LISTEN connections break, they must
 // subscribe again, and each must wake on a release by notification, well
@@ -317,13 +296,13 @@ func pgRestartWaiters(t *testing.T, srv *pgServer) {
 	}
 	const waiters = 3
 	var retries atomic.Int64
-	obs := make([]*wakeObserver, waiters)
+	obs := make([]*testenv.Wakes, waiters)
 	results := make(chan result, waiters)
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	parked := make([]*parkedBackend, waiters)
 	for i := range waiters {
-		obs[i] = &wakeObserver{wakes: map[string]core.Wake{}}
+		obs[i] = &testenv.Wakes{}
 		l, pb := newLocker(waiterApp, core.Observers(obs[i], &errObserver{errs: logs}))
 		parked[i] = pb
 		go func() {
@@ -399,7 +378,7 @@ func pgRestartWaiters(t *testing.T, srv *pgServer) {
 		}
 		wake := r.at.Sub(releasedAt)
 		wakes = append(wakes, wake)
-		if got := obs[r.i].wake(key); got != core.WakeNotify {
+		if got := obs[r.i].Of(key); got != core.WakeNotify {
 			t.Errorf("waiter %d was woken by %q, want a notification", r.i, got)
 		}
 		if wake > 2*time.Second {

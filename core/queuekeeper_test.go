@@ -10,6 +10,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // releaseHub is the notifications of a store that keeps no waiter queue, as
@@ -111,22 +112,6 @@ func (u *unqueued) Leave(context.Context, string, string) error {
 	return nil
 }
 
-// wakes records, by key, the Wake of the latest acquisition that acquired.
-type wakes struct {
-	core.NopObserver
-	mu  sync.Mutex
-	end map[string]core.Wake
-}
-
-func (w *wakes) AcquireEnd(_ context.Context, e core.AcquireEndEvent) {
-	if e.Session == nil {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.end[e.Key] = e.Wake
-}
-
 // QueuerOf: a Queuer whose KeepsQueue reports false is run as a Watcher; a
 // plain Queuer, and one that keeps a queue, as a Queuer.
 func TestQueuerOf(t *testing.T) {
@@ -163,7 +148,7 @@ func TestQueueKeeperWithoutQueueRunsAsWatcher(t *testing.T) {
 	defer cancel()
 	holder := newClient(t, newUnqueued(st, hub))
 	u := newUnqueued(st, hub)
-	obs := &wakes{end: map[string]core.Wake{}}
+	obs := &testenv.Wakes{}
 	c := newClient(t, u, core.WithObserver(obs))
 	slow := core.Backoff(10*time.Second, 10*time.Second) // only a wake-up explains a prompt attempt
 
@@ -250,10 +235,7 @@ func TestQueueKeeperWithoutQueueRunsAsWatcher(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("the second wait: %v", err)
 	}
-	obs.mu.Lock()
-	wake := obs.end[key]
-	obs.mu.Unlock()
-	if wake != core.WakeNotify {
+	if wake := obs.Of(key); wake != core.WakeNotify {
 		t.Errorf("the second wait acquired on a %q wake, want the release's wake-up passed on (%q)", wake, core.WakeNotify)
 	}
 	if n := u.waiters.Load(); n != 0 {
