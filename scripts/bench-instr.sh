@@ -8,15 +8,12 @@
 # -benchtime 1000x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/port.sh
 
 command -v valgrind >/dev/null || { echo "bench-instr: valgrind not found (apt-get install valgrind)" >&2; exit 1; }
 command -v redis-server >/dev/null || { echo "bench-instr: redis-server not found" >&2; exit 1; }
 
-port=""
-for p in $(seq 16400 16420); do
-  if ! timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$p" 2>/dev/null; then port=$p; break; fi
-done
-[ -n "$port" ] || { echo "bench-instr: no free port in 16400-16420" >&2; exit 1; }
+port=$(free_port 16400 16420) || { echo "bench-instr: no free port in 16400-16420" >&2; exit 1; }
 dir=$(mktemp -d)
 valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" \
   redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --hz 1 --dir "$dir" \

@@ -16,6 +16,7 @@
 # Extra arguments go to `go test` (e.g. -bench Handoff, -benchtime 2s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/port.sh
 
 bash scripts/services.sh
 
@@ -28,11 +29,7 @@ trap cleanup EXIT
 
 if [ -z "${DISLOCK_BENCH_REDIS:-}" ]; then
   if command -v redis-server >/dev/null; then
-    port=""
-    for p in $(seq 16379 16399); do
-      if ! timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$p" 2>/dev/null; then port=$p; break; fi
-    done
-    [ -n "$port" ] || { echo "bench: no free port in 16379-16399 for a private redis-server" >&2; exit 1; }
+    port=$(free_port 16379 16399) || { echo "bench: no free port in 16379-16399 for a private redis-server" >&2; exit 1; }
     dir=$(mktemp -d)
     redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --dir "$dir" \
       --logfile "$dir/redis.log" >/dev/null &
