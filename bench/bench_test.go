@@ -70,6 +70,20 @@ func bg(b *testing.B) context.Context {
 	return ctx
 }
 
+// cycle returns one uncontended acquire + release of key with c's try; an
+// error of either fails b.
+func (c *contender) cycle(ctx context.Context, b *testing.B, key string) func() {
+	return func() {
+		u, err := c.try(ctx, key)
+		if err != nil {
+			b.Fatalf("acquire: %v", err)
+		}
+		if err := u(ctx); err != nil {
+			b.Fatalf("release: %v", err)
+		}
+	}
+}
+
 // BenchmarkUncontended: one goroutine acquires and releases a free key. The
 // raw round trip is measured in chunks interleaved with the lock's, so a
 // change of machine load during the run affects both alike. x-rtt is the
@@ -85,15 +99,7 @@ func BenchmarkUncontended(b *testing.B) {
 		c := contenderFor(b, st, which)
 		ctx := bg(b)
 		key := name(which, "uncontended")
-		op := func() {
-			u, err := c.try(ctx, key)
-			if err != nil {
-				b.Fatalf("acquire: %v", err)
-			}
-			if err := u(ctx); err != nil {
-				b.Fatalf("release: %v", err)
-			}
-		}
+		op := c.cycle(ctx, b, key)
 		op() // warm up connections and statement caches
 		meanRTT(ctx, b, st.rt, 10)
 		const chunk = 50

@@ -28,15 +28,7 @@ func BenchmarkServerInstructions(b *testing.B) {
 		c := contenderFor(b, st, which)
 		ctx := bg(b)
 		key := name(which, "instr")
-		op := func() {
-			u, err := c.try(ctx, key)
-			if err != nil {
-				b.Fatalf("acquire: %v", err)
-			}
-			if err := u(ctx); err != nil {
-				b.Fatalf("release: %v", err)
-			}
-		}
+		op := c.cycle(ctx, b, key)
 		op() // first use of the key, connections and scripts
 		ping := serverInstructions(b, pid, out, func() {
 			for range b.N {
