@@ -103,16 +103,7 @@ func mysqlDeleteLocks(ctx context.Context, db *sql.DB, table string, keys []stri
 		return nil, err
 	}
 	removed := map[string][]uint64{}
-	for rows.Next() {
-		var k string
-		var tok int64
-		if err := rows.Scan(&k, &tok); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		removed[k] = append(removed[k], uint64(tok))
-	}
-	if err := rows.Err(); err != nil {
+	if err := eachToken(rows, func(k string, tok uint64) { removed[k] = append(removed[k], tok) }); err != nil {
 		return nil, err
 	}
 	if _, err := tx.ExecContext(ctx, "DELETE FROM "+from+where, args...); err != nil {

@@ -95,15 +95,23 @@ func TestChaosMySQLCrash(t *testing.T) {
 
 // scanTokens reads (key, token) rows into a map.
 func scanTokens(rows *sql.Rows) (map[string]uint64, error) {
-	defer rows.Close()
 	out := map[string]uint64{}
+	if err := eachToken(rows, func(k string, tok uint64) { out[k] = tok }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// eachToken calls add with each (key, token) row of rows, and closes rows.
+func eachToken(rows *sql.Rows, add func(key string, token uint64)) error {
+	defer rows.Close()
 	for rows.Next() {
 		var k string
 		var tok int64
 		if err := rows.Scan(&k, &tok); err != nil {
-			return nil, err
+			return err
 		}
-		out[k] = uint64(tok)
+		add(k, uint64(tok))
 	}
-	return out, rows.Err()
+	return rows.Err()
 }

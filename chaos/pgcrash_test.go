@@ -131,17 +131,13 @@ func pgCrashRun(t *testing.T, srv *pgServer, mode pgMode) {
 			return nil, err
 		}
 		out := map[string]uint64{}
-		for rows.Next() {
-			var k string
-			var tok int64
-			if err := rows.Scan(&k, &tok); err != nil {
-				rows.Close()
-				return nil, err
-			}
+		var k string
+		var tok int64
+		_, err = pgx.ForEachRow(rows, []any{&k, &tok}, func() error {
 			out[k] = uint64(tok)
-		}
-		rows.Close()
-		return out, rows.Err()
+			return nil
+		})
+		return out, err
 	}
 	figs := w.measure(t, rec.History(), look)
 	if len(figs) != 1 {
