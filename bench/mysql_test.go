@@ -85,12 +85,15 @@ func dropMySQLAtExit(cfg *mysql.Config) {
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		like := run.id + "%"
+		// run.id is letters, digits and '_': written into the statement,
+		// which go-sql-driver then sends as a plain query, not a
+		// server-side prepared statement.
+		like := "'" + run.id + "%'"
 		for _, q := range []struct{ list, drop string }{
-			{"SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME LIKE ?", "DROP PROCEDURE IF EXISTS "},
-			{"SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE ?", "DROP TABLE IF EXISTS "},
+			{"SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME LIKE " + like, "DROP PROCEDURE IF EXISTS "},
+			{"SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE " + like, "DROP TABLE IF EXISTS "},
 		} {
-			names, err := mysqltest.Names(ctx, db, q.list, like)
+			names, err := mysqltest.Names(ctx, db, q.list)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "bench: list mysql objects: %v\n", err)
 				return

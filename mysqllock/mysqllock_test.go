@@ -207,3 +207,59 @@ func TestReleaseDecidesAfterTheRowLock(t *testing.T) {
 		t.Fatalf("Release of a lease that expired while it waited for the row lock = %v, want ErrLeaseGone", err)
 	}
 }
+
+// Rule: Migrate and the schema check read the catalogue without preparing
+// statements on the server (MariaDB 10.11 was seen to crash executing a
+// prepared read of information_schema.ROUTINES): on a pool of one
+// connection, WithAutoMigrate then NewBackend prepare only the three CALLs
+// a Backend keeps. A table named "database.table" is checked in that
+// database, missing and outdated procedures still named with the fix.
+func TestCatalogueReadsNotPrepared(t *testing.T) {
+	ctx := ctxT(t)
+	db := newDB(t)
+	db.SetMaxOpenConns(1)
+	var dbName string
+	if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&dbName); err != nil {
+		t.Fatal(err)
+	}
+	own := testenv.Name("dislock_cat_")
+	mysqltest.DropAtCleanup(t, db, own)
+	prepared := func() int {
+		var name string
+		var n int
+		if err := db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_stmt_prepare'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := prepared()
+	b, err := mysqllock.NewBackend(ctx, db, mysqllock.WithTable(dbName+"."+own), mysqllock.WithAutoMigrate())
+	if err != nil {
+		t.Fatalf("NewBackend with WithAutoMigrate on %s.%s: %v", dbName, own, err)
+	}
+	_ = b.Close()
+	if got := prepared() - before; got != 3 {
+		t.Errorf("Migrate and NewBackend prepared %d statements, want 3 (the CALLs)", got)
+	}
+	if _, err := db.ExecContext(ctx, "ALTER PROCEDURE `"+own+"_renew` COMMENT 'dislock mysqllock 0'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mysqllock.NewBackend(ctx, db, mysqllock.WithTable(dbName+"."+own)); !errors.Is(err, mysqllock.ErrSchema) ||
+		!strings.Contains(err.Error(), "another version") || !strings.Contains(err.Error(), "mysqllock.Migrate") {
+		t.Fatalf("NewBackend with an old procedure: %v, want ErrSchema naming the fix", err)
+	}
+	if _, err := db.ExecContext(ctx, "DROP PROCEDURE `"+own+"_renew`"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mysqllock.NewBackend(ctx, db, mysqllock.WithTable(own)); !errors.Is(err, mysqllock.ErrSchema) ||
+		!strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "mysqllock.Migrate") {
+		t.Fatalf("NewBackend with a missing procedure: %v, want ErrSchema naming the fix", err)
+	}
+	if err := mysqllock.Migrate(ctx, db, mysqllock.WithTable(dbName+"."+own)); err != nil {
+		t.Fatalf("Migrate over a missing procedure: %v", err)
+	}
+	if b, err = mysqllock.NewBackend(ctx, db, mysqllock.WithTable(own)); err != nil {
+		t.Fatalf("NewBackend after Migrate: %v", err)
+	}
+	_ = b.Close()
+}

@@ -37,6 +37,33 @@ func newNames(schema, table string) names {
 	}
 }
 
+// The reads of the catalogue (information_schema) below take no
+// arguments: the names they look for are written into the statement as
+// literals, so that go-sql-driver sends them as plain queries (the text
+// protocol) instead of preparing them on the server. MariaDB 10.11 was
+// seen to crash (SIGSEGV in ha_maria::drop_table, freeing the statement's
+// temporary table) while executing the prepared form of the read of
+// information_schema.ROUTINES under concurrent DDL, kills and disconnects.
+
+// lit returns s as a string literal. s is a name WithTable accepted, with
+// a suffix of this package: ASCII letters, digits, '_' and '$' only, which
+// need no escaping in any sql_mode; lit panics on anything else.
+func lit(s string) string {
+	if err := checkIdent(s, 64); err != "" {
+		panic("mysqllock: unchecked name in a statement: " + err)
+	}
+	return "'" + s + "'"
+}
+
+// schemaExpr is the database of the table in a statement: the literal of
+// the configured one, or DATABASE(), the connection's.
+func (n names) schemaExpr() string {
+	if n.schema == "" {
+		return "DATABASE()"
+	}
+	return lit(n.schema)
+}
+
 // proc returns the quoted name of the table's procedure name.
 func (n names) proc(name string) string {
 	if n.schema == "" {
@@ -225,17 +252,34 @@ var addedColumns = []addedColumn{
 // on the table until their procedures are replaced: the new columns have
 // defaults.
 func addColumns(ctx context.Context, conn *sql.Conn, n names) error {
+	var cond []string
 	for _, c := range addedColumns {
-		var have int
-		if err := conn.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
-WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?`,
-			n.schema, n.base+c.suffix, c.column).Scan(&have); err != nil {
+		cond = append(cond, "(TABLE_NAME = "+lit(n.base+c.suffix)+" AND COLUMN_NAME = "+lit(c.column)+")")
+	}
+	rows, err := conn.QueryContext(ctx, `SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = `+n.schemaExpr()+` AND (`+strings.Join(cond, " OR ")+`)`)
+	if err != nil {
+		return err
+	}
+	have := map[[2]string]bool{}
+	for rows.Next() {
+		var t, c string
+		if err := rows.Scan(&t, &c); err != nil {
+			rows.Close()
 			return err
 		}
-		if have == 0 {
-			if _, err := conn.ExecContext(ctx, "ALTER TABLE "+c.table(n)+" ADD COLUMN "+quote(c.column)+" "+c.def); err != nil {
-				return err
-			}
+		have[[2]string{strings.ToLower(t), strings.ToLower(c)}] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, c := range addedColumns {
+		if have[[2]string{strings.ToLower(n.base + c.suffix), c.column}] {
+			continue
+		}
+		if _, err := conn.ExecContext(ctx, "ALTER TABLE "+c.table(n)+" ADD COLUMN "+quote(c.column)+" "+c.def); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -248,9 +292,12 @@ type querier interface {
 // procVersions returns the comment (version) of each of the table's
 // procedures that exists, by suffix.
 func procVersions(ctx context.Context, q querier, n names) (map[string]string, error) {
+	in := make([]string, len(procNames))
+	for i, p := range procNames {
+		in[i] = lit(n.base + "_" + p)
+	}
 	rows, err := q.QueryContext(ctx, `SELECT ROUTINE_NAME, ROUTINE_COMMENT FROM information_schema.ROUTINES
-WHERE ROUTINE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME LIKE ?`,
-		n.schema, strings.NewReplacer(`\`, `\\`, `_`, `\_`, `%`, `\%`).Replace(n.base)+`\_%`)
+WHERE ROUTINE_SCHEMA = `+n.schemaExpr()+` AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME IN (`+strings.Join(in, ", ")+`)`)
 	if err != nil {
 		return nil, err
 	}
@@ -287,22 +334,29 @@ const fixHint = "fix: call mysqllock.Migrate(ctx, db) (with the same WithTable),
 // checkSchema verifies that the tables have the columns the procedures use
 // and that every procedure is of this version.
 func (b *Backend) checkSchema(ctx context.Context) error {
-	var db sql.NullString
-	if err := b.db.QueryRowContext(ctx, `SELECT COALESCE(NULLIF(?, ''), DATABASE())`, b.n.schema).Scan(&db); err != nil {
-		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
+	if b.n.schema == "" {
+		var db sql.NullString
+		if err := b.db.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&db); err != nil {
+			return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
+		}
+		if !db.Valid {
+			return schemaErr(b.n.table, "no database selected; fix: name one in the DSN (…/dbname) or in WithTable(\"dbname.table\")")
+		}
 	}
-	if !db.Valid {
-		return schemaErr(b.n.table, "no database selected; fix: name one in the DSN (…/dbname) or in WithTable(\"dbname.table\")")
-	}
+	tables := []string{b.n.base, b.n.base + "_permits", b.n.base + "_waiters", b.n.base + "_turns", b.n.base + "_watchers"}
 	want := map[string][]string{
-		b.n.base:               {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim", "waiting"},
-		b.n.base + "_permits":  {"key", "holder", "owner", "token", "acquired_at", "expire_at"},
-		b.n.base + "_waiters":  {"key", "waiter", "seq", "deadline", "watcher"},
-		b.n.base + "_turns":    {"id", "key", "waiter", "at"},
-		b.n.base + "_watchers": {"name"},
+		tables[0]: {"key", "owner", "holder", "token", "acquired_at", "expire_at", "lim", "waiting"},
+		tables[1]: {"key", "holder", "owner", "token", "acquired_at", "expire_at"},
+		tables[2]: {"key", "waiter", "seq", "deadline", "watcher"},
+		tables[3]: {"id", "key", "waiter", "at"},
+		tables[4]: {"name"},
+	}
+	in := make([]string, len(tables))
+	for i, t := range tables {
+		in[i] = lit(t)
 	}
 	rows, err := b.db.QueryContext(ctx, `SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS
-WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?, ?, ?)`, db.String, b.n.base, b.n.base+"_permits", b.n.base+"_waiters", b.n.base+"_turns", b.n.base+"_watchers")
+WHERE TABLE_SCHEMA = `+b.n.schemaExpr()+` AND TABLE_NAME IN (`+strings.Join(in, ", ")+`)`)
 	if err != nil {
 		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
 	}
@@ -323,7 +377,7 @@ WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?, ?, ?)`, db.String, b.n.base, 
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("mysqllock: check table %s: %w", b.n.table, err)
 	}
-	for _, t := range []string{b.n.base, b.n.base + "_permits", b.n.base + "_waiters", b.n.base + "_turns", b.n.base + "_watchers"} {
+	for _, t := range tables {
 		cols := have[strings.ToLower(t)]
 		if cols == nil {
 			return schemaErr(b.n.table, "table %s does not exist (or is not visible to this user); %s", quote(t), fixHint)

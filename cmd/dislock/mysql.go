@@ -71,9 +71,17 @@ func mysqlTable(ctx context.Context, db *sql.DB, name string, named bool, use ta
 	} else {
 		quoted = "`" + schema + "`.`" + tbl + "`"
 	}
+	// The names passed SchemaSQL's check (ASCII letters, digits, '_' and
+	// '$'): they are written into the statement as literals, which
+	// go-sql-driver then sends as a plain query instead of preparing it on
+	// the server (as mysqllock reads the catalogue).
+	inSchema := "DATABASE()"
+	if dotted {
+		inSchema = "'" + schema + "'"
+	}
 	var n int
 	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.TABLES
-WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?`, schema, tbl).Scan(&n); err != nil {
+WHERE TABLE_SCHEMA = `+inSchema+` AND TABLE_NAME = '`+tbl+`'`).Scan(&n); err != nil {
 		return nil, fmt.Errorf("mysql: look up table %s: %w", quoted, err)
 	}
 	create := fmt.Sprintf("let dislock create it with %s=1 (--%s)", specCreate.env, specCreate.flag)
