@@ -22,6 +22,7 @@ type Client struct {
 	b       Backend
 	name    string
 	cfg     clientConfig
+	base    config // cfg.defaults resolved: the config of an acquisition without options of its own
 	obs     Observer
 	watcher Watcher
 	queuer  Queuer // the store keeps waiters in line (nil: it does not)
@@ -79,13 +80,14 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 	if len(cfg.errs) > 0 {
 		return nil, cfg.errs[0]
 	}
-	if _, err := resolve(cfg.defaults, nil); err != nil {
+	base, err := resolve(cfg.defaults, nil)
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	closing, stopAcquire := context.WithCancel(context.Background())
 	c := &Client{
-		b: b, name: b.Name(), cfg: cfg, obs: cfg.observer,
+		b: b, name: b.Name(), cfg: cfg, base: base, obs: cfg.observer,
 		ctx: ctx, cancel: cancel, closing: closing, stopAcquire: stopAcquire,
 		sessions: make(map[*session]struct{}),
 		owed:     make(map[*session]struct{}),
@@ -126,9 +128,11 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
-	cfg, err := resolve(c.cfg.defaults, opts)
-	if err != nil {
-		return nil, err
+	cfg := c.base
+	if len(opts) > 0 {
+		if cfg, err = resolve(c.cfg.defaults, opts); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.limit > 1 {
 		if _, ok := c.b.(SemaphoreBackend); !ok {
