@@ -418,13 +418,12 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token, limit: req.Limit,
 		slot: cfg.schedule != nil, ttl: cfg.ttl, interval: cfg.renewInterval,
 		renewDeadline: cfg.renewDeadline, minHold: cfg.minHold,
-		acquiredAt: sent,
-		done:       make(chan struct{}),
+		acquiredAt: sent, userCtx: userCtx,
+		done: make(chan struct{}),
 	}
 	if c.obs != nil {
 		s.obsCtx = context.WithoutCancel(ctx)
 	}
-	s.ctx, s.cancel = context.WithCancelCause(detach(userCtx)) // the session outlives the caller's ctx
 	if s.slot {
 		base := lease.AcquiredAt
 		if base.IsZero() {

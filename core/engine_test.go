@@ -525,3 +525,36 @@ func TestAcquireReplyAfterDeadline(t *testing.T) {
 		}
 	})
 }
+
+// A session's Context carries the acquiring ctx's values, outlives it, and
+// ends with the session's cause, whether it was asked for before the
+// session ended or only after.
+func TestSessionContextBeforeAndAfterEnd(t *testing.T) {
+	type key struct{}
+	_, cs, _ := newPair(t)
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	var ss [2]core.Session
+	for i, k := range []string{"early", "late"} {
+		s, err := cs[0].TryAcquire(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss[i] = s
+	}
+	early, late := ss[0], ss[1]
+	ectx := early.Context()
+	cancel()
+	if err := ectx.Err(); err != nil {
+		t.Fatalf("the session's Context ended with the acquiring ctx: %v", err)
+	}
+	early.Release(context.Background())
+	late.Release(context.Background())
+	for name, sctx := range map[string]context.Context{"asked before the end": ectx, "asked after the end": late.Context()} {
+		if !errors.Is(context.Cause(sctx), core.ErrReleased) {
+			t.Errorf("Context %s: cause %v, want ErrReleased", name, context.Cause(sctx))
+		}
+		if v := sctx.Value(key{}); v != "v" {
+			t.Errorf("Context %s: value %v, want the acquiring ctx's", name, v)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,8 +20,8 @@ type session struct {
 	renewDeadline, minHold time.Duration
 	acquiredAt             time.Time       // local, monotonic
 	obsCtx                 context.Context // the observer's context (nil without an observer)
-	ctx                    context.Context
-	cancel                 context.CancelCauseFunc
+	userCtx                context.Context // the acquiring ctx: the values of the session's Context
+	ctx                    atomic.Pointer[sessionCtx]
 	done                   chan struct{}
 
 	mu         sync.Mutex
@@ -37,12 +38,37 @@ type session struct {
 
 var _ Session = (*session)(nil)
 
-func (s *session) Key() string              { return s.key }
-func (s *session) Token() uint64            { return s.token }
-func (s *session) Owner() string            { return s.owner }
-func (s *session) Context() context.Context { return s.ctx }
-func (s *session) Done() <-chan struct{}    { return s.done }
+func (s *session) Key() string           { return s.key }
+func (s *session) Token() uint64         { return s.token }
+func (s *session) Owner() string         { return s.owner }
+func (s *session) Done() <-chan struct{} { return s.done }
 
+// sessionCtx is a session's Context, made at its first call.
+type sessionCtx struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// Context implements Session. The context is made at the first call, so
+// that a session whose holder never asks for it costs none: it is
+// cancelled at once when the session has ended, else by end.
+func (s *session) Context() context.Context {
+	if x := s.ctx.Load(); x != nil {
+		return x.ctx
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if x := s.ctx.Load(); x != nil {
+		return x.ctx
+	}
+	x := new(sessionCtx)
+	x.ctx, x.cancel = context.WithCancelCause(detach(s.userCtx)) // the session outlives the caller's ctx
+	if s.err != nil {
+		x.cancel(s.err)
+	}
+	s.ctx.Store(x)
+	return x.ctx
+}
 func (s *session) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -89,7 +115,10 @@ func (s *session) end(cause error, owesRelease bool, before func()) bool {
 	if before != nil {
 		before()
 	}
-	s.cancel(cause)
+	// A Context made from now on is cancelled when it is made.
+	if x := s.ctx.Load(); x != nil {
+		x.cancel(cause)
+	}
 	close(s.done)
 	return true
 }
