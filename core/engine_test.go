@@ -192,6 +192,26 @@ func TestReleaseInFlightLosesAtDeadline(t *testing.T) {
 	})
 }
 
+// A session whose Release is in flight is renewed no more: no renewal may
+// follow the release.
+func TestReleaseInFlightIsNotRenewed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(3*time.Second))) // renewals every 1s
+		s := hold(t, cs[0], "k")
+		time.Sleep(900 * time.Millisecond)
+		renews := bs[0].Stats().Renews
+		bs[0].SetLatency(10 * time.Second)
+		released := make(chan error, 1)
+		go func() { released <- s.Release(context.Background()) }()
+		time.Sleep(time.Second) // past the renewal that was due
+		if n := bs[0].Stats().Renews - renews; n != 0 {
+			t.Errorf("%d renewals sent while the release was in flight", n)
+		}
+		bs[0].SetLatency(0)
+		<-released
+	})
+}
+
 func TestTransientRenewFailureIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))

@@ -145,10 +145,10 @@ func (s *session) lose(reason error, owesRelease bool) {
 func (s *session) Release(ctx context.Context) error { return s.release(ctx, ErrReleased) }
 
 // release gives the lease up and ends the session with cause (ErrReleased,
-// or ErrClosed from Close). A session still held is taken off the renewer
-// and ended only once the store has answered, so that a store that finds
-// nothing of this lease's (Gone: force-released, expired, taken over) ends
-// it as lost instead, and the caller hears of it. A session that already
+// or ErrClosed from Close). A session still held is renewed no more, and
+// ended only once the store has answered (or as lost at its deadline), so
+// that a store that finds nothing of this lease's (Gone: force-released,
+// expired, taken over) ends it as lost instead, and the caller hears of it. A session that already
 // ended owes at most the store's release of a key it may still hold (lost
 // at its renew deadline, or an earlier release that failed); a Gone answer
 // then means that there is nothing left to free.
@@ -163,11 +163,13 @@ func (s *session) release(ctx context.Context, cause error) error {
 		return nil
 	}
 	c := s.c
-	if held {
-		c.unregister(s, false) // no renewal from now on
-	} else {
+	if !held {
 		c.forget(s)
 	}
+	// A session still held stays with the renewer until it ends: renewed
+	// no more (releasing), it is still ended as lost at its deadline, as
+	// it would have been without the Release, if the store has not
+	// answered by then.
 	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken, Limit: s.limit, Token: s.token}
 	heldFor := time.Since(s.acquiredAt)
 	kept := s.slot
@@ -186,19 +188,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 			echo = c.expectEcho(s.key)
 		}
 		rctx, cancel := context.WithTimeout(detach(ctx), c.cfg.releaseTimeout)
-		var late *time.Timer
-		if held {
-			// The session stays held until the store answers, but not past
-			// its deadline: a release still in flight then ends it as lost,
-			// as the renewer would have.
-			late = time.AfterFunc(time.Until(s.Deadline()), func() {
-				s.lose(errors.New("renew deadline passed while the release was in flight"), false)
-			})
-		}
 		err = c.b.Release(rctx, req)
-		if late != nil {
-			late.Stop()
-		}
 		cancel()
 		if err != nil {
 			c.dropEcho(s.key, echo)
