@@ -33,7 +33,8 @@ type Client struct {
 
 	closing     context.Context // cancelled when Close starts: ends waits and cuts claims short
 	stopAcquire context.CancelFunc
-	acquiring   sync.WaitGroup // acquisitions in flight (the store calls they leave running are counted in calls)
+	bgOpCtx     context.Context // the opContext of context.Background(), made once
+	acquiring   sync.WaitGroup  // acquisitions in flight (the store calls they leave running are counted in calls)
 
 	mu         sync.Mutex
 	closed     bool
@@ -98,6 +99,7 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		work:     make(chan runner),
 		workStop: make(chan struct{}),
 	}
+	c.bgOpCtx = closingCtx{context.Background(), closing}
 	c.watcher, _ = b.(Watcher)
 	c.queuer, _ = QueuerOf(b)
 	return c, nil
@@ -294,6 +296,9 @@ func (c *Client) leave(bud *budget, ctx context.Context, key, waiter string) {
 // opContext returns the context of an acquisition's store calls: ctx,
 // also ended by Close; cancel and stop free it once the acquisition ends.
 func (c *Client) opContext(ctx context.Context) (opCtx context.Context, cancel func(), stop func() bool) {
+	if ctx == context.Background() {
+		return c.bgOpCtx, func() {}, func() bool { return false }
+	}
 	if neverEnds(ctx) {
 		return closingCtx{ctx, c.closing}, func() {}, func() bool { return false }
 	}
