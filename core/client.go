@@ -22,6 +22,7 @@ type Client struct {
 	b       Backend
 	name    string
 	cfg     clientConfig
+	base    config // cfg.defaults resolved: the config of an acquisition without options of its own
 	obs     Observer
 	watcher Watcher
 	queuer  Queuer // the store keeps waiters in line (nil: it does not)
@@ -32,7 +33,8 @@ type Client struct {
 
 	closing     context.Context // cancelled when Close starts: ends waits and cuts claims short
 	stopAcquire context.CancelFunc
-	acquiring   sync.WaitGroup // acquisitions in flight (the store calls they leave running are counted in calls)
+	bgOpCtx     context.Context // the opContext of context.Background(), made once
+	acquiring   sync.WaitGroup  // acquisitions in flight (the store calls they leave running are counted in calls)
 
 	mu         sync.Mutex
 	closed     bool
@@ -79,13 +81,14 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 	if len(cfg.errs) > 0 {
 		return nil, cfg.errs[0]
 	}
-	if _, err := resolve(cfg.defaults, nil); err != nil {
+	base, err := resolve(cfg.defaults, nil)
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	closing, stopAcquire := context.WithCancel(context.Background())
 	c := &Client{
-		b: b, name: b.Name(), cfg: cfg, obs: cfg.observer,
+		b: b, name: b.Name(), cfg: cfg, base: base, obs: cfg.observer,
 		ctx: ctx, cancel: cancel, closing: closing, stopAcquire: stopAcquire,
 		sessions: make(map[*session]struct{}),
 		owed:     make(map[*session]struct{}),
@@ -96,6 +99,7 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		work:     make(chan runner),
 		workStop: make(chan struct{}),
 	}
+	c.bgOpCtx = closingCtx{context.Background(), closing}
 	c.watcher, _ = b.(Watcher)
 	c.queuer, _ = QueuerOf(b)
 	return c, nil
@@ -126,9 +130,11 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
-	cfg, err := resolve(c.cfg.defaults, opts)
-	if err != nil {
-		return nil, err
+	cfg := c.base
+	if len(opts) > 0 {
+		if cfg, err = resolve(c.cfg.defaults, opts); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.limit > 1 {
 		if _, ok := c.b.(SemaphoreBackend); !ok {
@@ -290,6 +296,9 @@ func (c *Client) leave(bud *budget, ctx context.Context, key, waiter string) {
 // opContext returns the context of an acquisition's store calls: ctx,
 // also ended by Close; cancel and stop free it once the acquisition ends.
 func (c *Client) opContext(ctx context.Context) (opCtx context.Context, cancel func(), stop func() bool) {
+	if ctx == context.Background() {
+		return c.bgOpCtx, func() {}, func() bool { return false }
+	}
 	if neverEnds(ctx) {
 		return closingCtx{ctx, c.closing}, func() {}, func() bool { return false }
 	}
@@ -414,13 +423,12 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 		c: c, key: key, owner: cfg.owner, ownerToken: req.OwnerToken, token: lease.Token, limit: req.Limit,
 		slot: cfg.schedule != nil, ttl: cfg.ttl, interval: cfg.renewInterval,
 		renewDeadline: cfg.renewDeadline, minHold: cfg.minHold,
-		acquiredAt: sent,
-		done:       make(chan struct{}),
+		acquiredAt: sent, userCtx: userCtx,
+		done: make(chan struct{}),
 	}
 	if c.obs != nil {
 		s.obsCtx = context.WithoutCancel(ctx)
 	}
-	s.ctx, s.cancel = context.WithCancelCause(detach(userCtx)) // the session outlives the caller's ctx
 	if s.slot {
 		base := lease.AcquiredAt
 		if base.IsZero() {

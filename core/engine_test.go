@@ -192,6 +192,26 @@ func TestReleaseInFlightLosesAtDeadline(t *testing.T) {
 	})
 }
 
+// A session whose Release is in flight is renewed no more: no renewal may
+// follow the release.
+func TestReleaseInFlightIsNotRenewed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(3*time.Second))) // renewals every 1s
+		s := hold(t, cs[0], "k")
+		time.Sleep(900 * time.Millisecond)
+		renews := bs[0].Stats().Renews
+		bs[0].SetLatency(10 * time.Second)
+		released := make(chan error, 1)
+		go func() { released <- s.Release(context.Background()) }()
+		time.Sleep(time.Second) // past the renewal that was due
+		if n := bs[0].Stats().Renews - renews; n != 0 {
+			t.Errorf("%d renewals sent while the release was in flight", n)
+		}
+		bs[0].SetLatency(0)
+		<-released
+	})
+}
+
 func TestTransientRenewFailureIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, cs, bs := newPair(t, core.WithDefaults(core.TTL(30*time.Second)))
@@ -524,4 +544,37 @@ func TestAcquireReplyAfterDeadline(t *testing.T) {
 			t.Fatal("the late claim was left held")
 		}
 	})
+}
+
+// A session's Context carries the acquiring ctx's values, outlives it, and
+// ends with the session's cause, whether it was asked for before the
+// session ended or only after.
+func TestSessionContextBeforeAndAfterEnd(t *testing.T) {
+	type key struct{}
+	_, cs, _ := newPair(t)
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	var ss [2]core.Session
+	for i, k := range []string{"early", "late"} {
+		s, err := cs[0].TryAcquire(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss[i] = s
+	}
+	early, late := ss[0], ss[1]
+	ectx := early.Context()
+	cancel()
+	if err := ectx.Err(); err != nil {
+		t.Fatalf("the session's Context ended with the acquiring ctx: %v", err)
+	}
+	early.Release(context.Background())
+	late.Release(context.Background())
+	for name, sctx := range map[string]context.Context{"asked before the end": ectx, "asked after the end": late.Context()} {
+		if !errors.Is(context.Cause(sctx), core.ErrReleased) {
+			t.Errorf("Context %s: cause %v, want ErrReleased", name, context.Cause(sctx))
+		}
+		if v := sctx.Value(key{}); v != "v" {
+			t.Errorf("Context %s: value %v, want the acquiring ctx's", name, v)
+		}
+	}
 }

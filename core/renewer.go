@@ -63,7 +63,7 @@ func (c *Client) renewLoop() {
 			if s.deadline.Before(next) {
 				next = s.deadline
 			}
-			if !s.slot && !s.inflight {
+			if !s.slot && !s.inflight && !s.releasing {
 				if !now.Before(s.nextRenew) {
 					anyDue = true
 					if trig == 0 || s.interval < trig {
@@ -83,7 +83,7 @@ func (c *Client) renewLoop() {
 			var groups map[uint64]*renewBatch
 			for s := range c.sessions {
 				s.mu.Lock()
-				if !s.slot && !s.inflight && now.Before(s.deadline) && s.nextRenew.Sub(now) <= max(s.interval/2, min(s.interval, trig)) {
+				if !s.slot && !s.inflight && !s.releasing && now.Before(s.deadline) && s.nextRenew.Sub(now) <= max(s.interval/2, min(s.interval, trig)) {
 					s.inflight = true
 					s.lastSent = now
 					if s.group == 0 {
@@ -141,10 +141,18 @@ func (c *Client) renewLoop() {
 // hold the key — the network may be slow rather than down — and keeps it
 // until its TTL runs out: the margin TTL − RenewDeadline is the holder's, to
 // stop its work. Only the holder's Release on the lost session (meaning: the
-// work has stopped) frees the key early.
+// work has stopped) frees the key early. A session whose Release is in
+// flight owes none: that Release is it.
 func (c *Client) expire(s *session) {
 	if s.slot {
 		s.lose(errors.New("slot ended"), false)
+		return
+	}
+	s.mu.Lock()
+	releasing := s.releasing
+	s.mu.Unlock()
+	if releasing {
+		s.lose(errors.New("renew deadline passed while the release was in flight"), false)
 		return
 	}
 	s.lose(errors.New("renew deadline passed without a successful renewal"), true)

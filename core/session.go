@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,8 +20,8 @@ type session struct {
 	renewDeadline, minHold time.Duration
 	acquiredAt             time.Time       // local, monotonic
 	obsCtx                 context.Context // the observer's context (nil without an observer)
-	ctx                    context.Context
-	cancel                 context.CancelCauseFunc
+	userCtx                context.Context // the acquiring ctx: the values of the session's Context
+	ctx                    atomic.Pointer[sessionCtx]
 	done                   chan struct{}
 
 	mu         sync.Mutex
@@ -37,12 +38,37 @@ type session struct {
 
 var _ Session = (*session)(nil)
 
-func (s *session) Key() string              { return s.key }
-func (s *session) Token() uint64            { return s.token }
-func (s *session) Owner() string            { return s.owner }
-func (s *session) Context() context.Context { return s.ctx }
-func (s *session) Done() <-chan struct{}    { return s.done }
+func (s *session) Key() string           { return s.key }
+func (s *session) Token() uint64         { return s.token }
+func (s *session) Owner() string         { return s.owner }
+func (s *session) Done() <-chan struct{} { return s.done }
 
+// sessionCtx is a session's Context, made at its first call.
+type sessionCtx struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// Context implements Session. The context is made at the first call, so
+// that a session whose holder never asks for it costs none: it is
+// cancelled at once when the session has ended, else by end.
+func (s *session) Context() context.Context {
+	if x := s.ctx.Load(); x != nil {
+		return x.ctx
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if x := s.ctx.Load(); x != nil {
+		return x.ctx
+	}
+	x := new(sessionCtx)
+	x.ctx, x.cancel = context.WithCancelCause(detach(s.userCtx)) // the session outlives the caller's ctx
+	if s.err != nil {
+		x.cancel(s.err)
+	}
+	s.ctx.Store(x)
+	return x.ctx
+}
 func (s *session) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -89,7 +115,10 @@ func (s *session) end(cause error, owesRelease bool, before func()) bool {
 	if before != nil {
 		before()
 	}
-	s.cancel(cause)
+	// A Context made from now on is cancelled when it is made.
+	if x := s.ctx.Load(); x != nil {
+		x.cancel(cause)
+	}
 	close(s.done)
 	return true
 }
@@ -116,10 +145,10 @@ func (s *session) lose(reason error, owesRelease bool) {
 func (s *session) Release(ctx context.Context) error { return s.release(ctx, ErrReleased) }
 
 // release gives the lease up and ends the session with cause (ErrReleased,
-// or ErrClosed from Close). A session still held is taken off the renewer
-// and ended only once the store has answered, so that a store that finds
-// nothing of this lease's (Gone: force-released, expired, taken over) ends
-// it as lost instead, and the caller hears of it. A session that already
+// or ErrClosed from Close). A session still held is renewed no more, and
+// ended only once the store has answered (or as lost at its deadline), so
+// that a store that finds nothing of this lease's (Gone: force-released,
+// expired, taken over) ends it as lost instead, and the caller hears of it. A session that already
 // ended owes at most the store's release of a key it may still hold (lost
 // at its renew deadline, or an earlier release that failed); a Gone answer
 // then means that there is nothing left to free.
@@ -134,11 +163,13 @@ func (s *session) release(ctx context.Context, cause error) error {
 		return nil
 	}
 	c := s.c
-	if held {
-		c.unregister(s, false) // no renewal from now on
-	} else {
+	if !held {
 		c.forget(s)
 	}
+	// A session still held stays with the renewer until it ends: renewed
+	// no more (releasing), it is still ended as lost at its deadline, as
+	// it would have been without the Release, if the store has not
+	// answered by then.
 	req := ReleaseRequest{Key: s.key, OwnerToken: s.ownerToken, Limit: s.limit, Token: s.token}
 	heldFor := time.Since(s.acquiredAt)
 	kept := s.slot
@@ -157,19 +188,7 @@ func (s *session) release(ctx context.Context, cause error) error {
 			echo = c.expectEcho(s.key)
 		}
 		rctx, cancel := context.WithTimeout(detach(ctx), c.cfg.releaseTimeout)
-		var late *time.Timer
-		if held {
-			// The session stays held until the store answers, but not past
-			// its deadline: a release still in flight then ends it as lost,
-			// as the renewer would have.
-			late = time.AfterFunc(time.Until(s.Deadline()), func() {
-				s.lose(errors.New("renew deadline passed while the release was in flight"), false)
-			})
-		}
 		err = c.b.Release(rctx, req)
-		if late != nil {
-			late.Stop()
-		}
 		cancel()
 		if err != nil {
 			c.dropEcho(s.key, echo)
