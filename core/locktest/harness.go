@@ -65,8 +65,11 @@ type Harness struct {
 	// time against one server never collide. Run adds a random part.
 	KeyPrefix string
 
-	// TTL is the lease used by timing cases (default 600ms). Raise it for
-	// a slow store; keep TTL/3 well above a round trip.
+	// TTL is the lease used by timing cases (default 1s: its renew
+	// deadline, 2/3 of it, leaves a renewal room for a stall of over half
+	// a second, which a busy machine's scheduler or a store's fsync can
+	// cause; 600ms lost leases that way). Raise it for a slow store; keep
+	// TTL/3 well above a round trip.
 	TTL time.Duration
 
 	// ExpiryLag is how late after a lease's TTL the store may still hold

@@ -35,7 +35,7 @@ func Run(t *testing.T, h Harness) {
 	}
 	e := &env{t: t, h: h, prefix: h.KeyPrefix + "lt-" + strings.ToLower(rand.Text()[:8]) + ":", ttl: h.TTL}
 	if e.ttl <= 0 {
-		e.ttl = 600 * time.Millisecond
+		e.ttl = time.Second
 	}
 	// The rules live in files by topic: acquire.go (exclusion, busy,
 	// contexts, waiters, keys and options), release.go (Release and
