@@ -93,7 +93,9 @@ func (c *contender) cycle(ctx context.Context, b *testing.B, key string) func() 
 // starts), or that of the PostgreSQL processes serving the pool (from
 // /proc, when the server runs on this machine; 10 ms ticks). On Redis,
 // srv-cmds/op and srv-cmd-µs/op come from INFO commandstats (see
-// cmdProfile), and the log has the profile command by command.
+// cmdProfile), and the log has the profile command by command. On a store
+// that counts its writes (ZooKeeper), srv-writes/op is the server's writes per acquire+release
+// (store.writes), read outside the timed loops.
 func BenchmarkUncontended(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, reqs func() int64) {
 		c := contenderFor(b, st, which)
@@ -104,7 +106,7 @@ func BenchmarkUncontended(b *testing.B) {
 		meanRTT(ctx, b, st.rt, 10)
 		const chunk = 50
 		var rttTime, opTime time.Duration
-		var opReqs int64
+		var opReqs, opWrites int64
 		var opCPU, srvCPU time.Duration
 		var prof cmdProfile
 		b.ResetTimer()
@@ -112,6 +114,10 @@ func BenchmarkUncontended(b *testing.B) {
 			n := min(chunk, b.N-done)
 			b.StopTimer()
 			rttTime += meanRTT(ctx, b, st.rt, n) * time.Duration(n)
+			var w0 int64
+			if st.writes != nil {
+				w0 = st.writes()
+			}
 			b.StartTimer()
 			var srv0 time.Duration
 			var stats0 map[string]cmdStat
@@ -128,6 +134,9 @@ func BenchmarkUncontended(b *testing.B) {
 			}
 			opTime += time.Since(start)
 			opCPU += cpuTime() - cpu0
+			if st.writes != nil {
+				opWrites += st.writes() - w0
+			}
 			if st.serverCPU != nil {
 				srvCPU += must(st.serverCPU(ctx)) - srv0
 			}
@@ -141,6 +150,9 @@ func BenchmarkUncontended(b *testing.B) {
 		b.ReportMetric(float64(opTime)/float64(rttTime), "x-rtt")
 		b.ReportMetric(float64(rttTime.Microseconds())/float64(b.N), "rtt-µs")
 		b.ReportMetric(float64(opReqs)/float64(b.N), "reqs/op")
+		if st.writes != nil {
+			b.ReportMetric(float64(opWrites)/float64(b.N), "srv-writes/op")
+		}
 		b.ReportMetric(float64(opCPU.Microseconds())/float64(b.N), "cpu-µs/op")
 		if st.serverCPU != nil {
 			b.ReportMetric(float64(srvCPU.Microseconds())/float64(b.N), "srv-cpu-µs/op")
@@ -232,6 +244,9 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 // BenchmarkHotKey: 64 goroutines try-lock one key, releasing when they get
 // it. x-rtt is attempts per second divided by raw round trips per second
 // from 64 goroutines: how close a failed try comes to one cheap round trip.
+// acq/try is the share of the tries that won. On a store that counts its
+// writes, busy-srv-writes/try is the server's writes per failed try
+// (busyWrites).
 func BenchmarkHotKey(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
 		if st.name == "zk" && which == "zklock" {
@@ -252,13 +267,45 @@ func BenchmarkHotKey(b *testing.B) {
 			return u(ctx)
 		})
 		b.ReportMetric(perSec*float64(won.Load())/float64(b.N), "acq/s")
+		b.ReportMetric(float64(won.Load())/float64(b.N), "acq/try")
+		if st.writes != nil {
+			busyWrites(b, st, which, c, key)
+		}
 	})
+}
+
+// busyTries is how many failed tries busyWrites counts.
+const busyTries = 100
+
+// busyWrites reports busy-srv-writes/try: the server's writes per failed
+// try, as busyTries tries in a row by another contender (another process)
+// while c holds key. The hot loop's srv-writes/op mixes the failed tries
+// with the acquisitions and releases of the tries that won.
+func busyWrites(b *testing.B, st *store, which string, c *contender, key string) {
+	ctx := bg(b)
+	u, err := c.try(ctx, key)
+	if err != nil {
+		b.Fatalf("hold the hot key: %v", err)
+	}
+	other := contenderFor(b, st, which)
+	w0 := st.writes()
+	for range busyTries {
+		if _, err := other.try(ctx, key); !errors.Is(err, errBusy) {
+			b.Fatalf("try on a held key: %v, want busy", err)
+		}
+	}
+	b.ReportMetric(float64(st.writes()-w0)/busyTries, "busy-srv-writes/try")
+	if err := u(ctx); err != nil {
+		b.Fatalf("release the hot key: %v", err)
+	}
 }
 
 // parallelVsRTT runs b.N calls of op on 64 goroutines, in rounds alternating
 // with as many raw round trips on the same goroutines, so that a change of
 // machine load affects both alike. It reports x-rtt, op's rate divided by the
-// round trips' rate, and returns op's rate per second.
+// round trips' rate, and returns op's rate per second. On a store that
+// counts its writes it reports srv-writes/op, the server's writes per call
+// of op, the round trips' rounds left out.
 func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker int) error) float64 {
 	ctx := bg(b)
 	const rounds = 4
@@ -268,6 +315,7 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 	}
 	var rttTime, opTime, srvCPU time.Duration
 	var rttN int
+	var writes int64
 	b.ResetTimer()
 	for r := range rounds {
 		n := b.N/rounds + min(1, max(0, b.N%rounds-r)) // the calls of this round
@@ -282,6 +330,10 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 		if st.serverCPU != nil {
 			srv0 = must(st.serverCPU(ctx))
 		}
+		var w0 int64
+		if st.writes != nil {
+			w0 = st.writes()
+		}
 		b.StartTimer()
 		d, err = parallelRun(ctx, parallelism, n, op)
 		if err != nil {
@@ -292,6 +344,9 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 		if st.serverCPU != nil {
 			srvCPU += must(st.serverCPU(ctx)) - srv0
 		}
+		if st.writes != nil {
+			writes += st.writes() - w0
+		}
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -299,6 +354,9 @@ func parallelVsRTT(b *testing.B, st *store, op func(ctx context.Context, worker 
 	b.ReportMetric(perSec/(float64(rttN)/rttTime.Seconds()), "x-rtt")
 	if st.serverCPU != nil {
 		b.ReportMetric(float64(srvCPU.Microseconds())/float64(b.N), "srv-cpu-µs/op")
+	}
+	if st.writes != nil {
+		b.ReportMetric(float64(writes)/float64(b.N), "srv-writes/op")
 	}
 	return perSec
 }
