@@ -30,10 +30,10 @@ func each(b *testing.B, names map[string][]string, bench func(b *testing.B, st *
 }
 
 // stores are the servers the benchmarks run on, in order.
-var stores = []string{"redis", "pg", "mysql", "zk"}
+var stores = []string{"redis", "pg", "mysql", "etcd", "zk"}
 
-// counted connects to store s ("redis", "pg" or "mysql") with a client
-// that counts its requests.
+// counted connects to store s ("redis", "pg", "mysql", "etcd" or "zk") with
+// a client that counts its requests.
 func counted(b *testing.B, s string) (*store, func() int64) {
 	if s == "redis" {
 		h := &commandCount{}
@@ -44,6 +44,10 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 	if s == "zk" {
 		cnt := &zktest.Counter{}
 		return zkStore(b, cnt), cnt.Reqs.Load
+	}
+	if s == "etcd" {
+		cnt := &etcdCounter{}
+		return etcdStore(b, cnt), cnt.reqs
 	}
 	if s == "mysql" {
 		var n atomic.Int64
@@ -62,7 +66,8 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-var all = map[string][]string{"redis": redisContenders, "pg": pgContenders, "mysql": mysqlContenders, "zk": zkContenders}
+var all = map[string][]string{"redis": redisContenders, "pg": pgContenders, "mysql": mysqlContenders,
+	"etcd": etcdContenders, "zk": zkContenders}
 
 func bg(b *testing.B) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -93,8 +98,8 @@ func (c *contender) cycle(ctx context.Context, b *testing.B, key string) func() 
 // starts), or that of the PostgreSQL processes serving the pool (from
 // /proc, when the server runs on this machine; 10 ms ticks). On Redis,
 // srv-cmds/op and srv-cmd-µs/op come from INFO commandstats (see
-// cmdProfile), and the log has the profile command by command. On a store
-// that counts its writes (ZooKeeper), srv-writes/op is the server's writes per acquire+release
+// cmdProfile), and the log has the profile command by command. On etcd and
+// ZooKeeper, srv-writes/op is the server's writes per acquire+release
 // (store.writes), read outside the timed loops.
 func BenchmarkUncontended(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, reqs func() int64) {
@@ -225,7 +230,7 @@ func (p *cmdProfile) report(b *testing.B) {
 // op, as in BenchmarkUncontended, the round trips' rounds left out.
 func BenchmarkParallelDistinctKeys(b *testing.B) {
 	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
-		c := contenderFor(b, st, which)
+		c := parallelContenderFor(b, st, which)
 		keys := make([]string, parallelism)
 		for i := range keys {
 			keys[i] = name(which, "distinct", fmt.Sprint(i))
@@ -252,7 +257,7 @@ func BenchmarkHotKey(b *testing.B) {
 		if st.name == "zk" && which == "zklock" {
 			b.Skip("zk.Lock has no try-lock")
 		}
-		c := contenderFor(b, st, which)
+		c := parallelContenderFor(b, st, which)
 		key := name(which, "hot")
 		var won atomic.Int64
 		perSec := parallelVsRTT(b, st, func(ctx context.Context, _ int) error {
@@ -369,6 +374,7 @@ var handoffContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "dislock-async", "ttlrow", "advisory"},
 	"zk":    {"dislock", "zklock"},
+	"etcd":  {"dislock", "mutex"},
 	"mysql": {"dislock", "ttlrow", "getlock"},
 }
 
@@ -533,6 +539,7 @@ var holdContenders = map[string][]string{
 	"redis": {"dislock", "bsm", "redsync"},
 	"pg":    {"dislock", "ttlrow"},
 	"zk":    {"dislock", "zklock"},
+	"etcd":  {"dislock", "mutex"},
 	"mysql": {"dislock", "ttlrow"},
 }
 
@@ -557,6 +564,10 @@ var holdRuns atomic.Int64
 func hold(b *testing.B, s, which string) {
 	if s == "zk" {
 		zkHold(b, which)
+		return
+	}
+	if s == "etcd" {
+		etcdHold(b, which)
 		return
 	}
 	ctx := bg(b)

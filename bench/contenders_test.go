@@ -40,7 +40,7 @@ type contender struct {
 
 // store is what the contenders of one server share in one benchmark.
 type store struct {
-	name string // "pg", "redis" or "mysql"
+	name string // "pg", "redis", "mysql", "etcd" or "zk"
 	url  string
 	rt   roundTrip
 	pool *pgxpool.Pool
@@ -59,10 +59,11 @@ type store struct {
 	// counted).
 	commands func(ctx context.Context) (map[string]cmdStat, error)
 	sent     func() map[string]int64
-	// writes returns the server's write transactions so far (ZooKeeper
-	// only; nil elsewhere).
+	// writes returns the server's write transactions so far (ZooKeeper:
+	// the zxid; etcd: the Raft entries applied; nil elsewhere).
 	writes func() int64
 	zk     *zktest.Counter // ZooKeeper: counts the contenders' sessions
+	etcd   *etcdCounter    // etcd: counts the contenders' clients
 }
 
 // redisStore connects to the benchmark's Redis; hook may be nil.
@@ -105,6 +106,9 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 	if st.name == "zk" {
 		return zkContenderFor(tb, st, which)
 	}
+	if st.name == "etcd" {
+		return etcdContenderFor(tb, st, which, 1)
+	}
 	switch st.name + "/" + which {
 	case "redis/dislock":
 		return dislockContender(tb, newDislockRedis(tb, st.rdb, ""))
@@ -133,6 +137,17 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 	}
 	tb.Fatalf("no contender %s/%s", st.name, which)
 	return nil
+}
+
+// parallelContenderFor is contenderFor for a contender that many goroutines
+// (parallelism) drive at once: an etcd Mutex gets a session for each (see
+// mutexContender).
+func parallelContenderFor(tb testing.TB, st *store, which string) *contender {
+	tb.Helper()
+	if st.name == "etcd" {
+		return etcdContenderFor(tb, st, which, parallelism)
+	}
+	return contenderFor(tb, st, which)
 }
 
 // ---- dislock ----

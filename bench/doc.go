@@ -1,8 +1,11 @@
 // Package bench compares dislock with the locks people use today, on the
 // same servers and in the same run: github.com/bsm/redislock and
 // github.com/go-redsync/redsync/v4 on Redis; a plain two-statement TTL-row
-// lock and pg_try_advisory_lock on PostgreSQL; and the raw round trip of each
-// server (Redis PING, PostgreSQL SELECT 1).
+// lock and pg_try_advisory_lock on PostgreSQL; a TTL row and GET_LOCK on
+// MySQL; etcd's concurrency.Mutex and go-zookeeper's zk.Lock, each on a
+// private server the benchmarks start; and the raw round trip of each
+// server (Redis PING, PostgreSQL SELECT 1, MySQL SELECT 1, etcd Get,
+// ZooKeeper Exists).
 //
 // Every benchmark reports its result as a ratio to the raw round trip it
 // measured itself (the x-rtt metric), so numbers from different machines can

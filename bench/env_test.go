@@ -47,6 +47,9 @@ var run struct {
 }
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(etcdServeEnv); dir != "" {
+		os.Exit(serveEtcd(dir)) // the private etcd server's process (etcdURL)
+	}
 	run.id = "dlbench_" + strings.ToLower(rand.Text()[:8])
 	code := m.Run()
 	run.mu.Lock()

@@ -23,6 +23,8 @@ func TestSmoke(t *testing.T) {
 					st = redisStore(t, nil)
 				case "mysql":
 					st = mysqlStore(t, nil)
+				case "etcd":
+					st = etcdStore(t, &etcdCounter{})
 				default:
 					st = pgStore(t, serverURL(t, "pg"), nil)
 				}
