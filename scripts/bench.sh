@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the comparative benchmarks of the nested module bench/ (dislock vs
-# bsm/redislock, redsync, a plain TTL-row lock and PostgreSQL advisory locks)
+# bsm/redislock, redsync, a plain TTL-row lock, PostgreSQL advisory locks,
+# MySQL GET_LOCK, etcd's concurrency.Mutex and go-zookeeper's zk.Lock)
 # and prints the machine, the server versions, the raw `go test -bench`
 # output and a summary. Results are also written to bench/results/ (ignored
 # by git), and bench/chart.svg (shown in BENCHMARKS.md) is redrawn from
@@ -13,6 +14,11 @@
 # the end; statement counts are the client's).
 # Redis: DISLOCK_BENCH_REDIS; when unset, a private redis-server on a free
 # loopback port, so that INFO commandstats and CPU counts see only this run.
+# etcd: DISLOCK_BENCH_ETCD (an etcd:// URL); when unset, the benchmarks start
+# a private embedded etcd (go.etcd.io/etcd/server/v3, the client's version)
+# in a process of their own on loopback ports, stopped at the end.
+# ZooKeeper: DISLOCK_BENCH_ZK (host:port); when unset, the benchmarks start
+# a private standalone server (when installed: scripts/zookeeper.sh).
 # Extra arguments go to `go test` (e.g. -bench Handoff, -benchtime 2s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +74,16 @@ out=bench/results/bench-$(date -u +%Y%m%dT%H%M%SZ).txt
   echo "postgres: $(psql "$PG_URL" -Atc 'SHOW server_version' 2>/dev/null || echo unknown)"
   echo "mysql:    $(mysql_version || echo unknown)"
   echo "redis:    $(redis_version || echo unknown)$([ -n "$redis_pid" ] && echo ' (private instance for this run)')"
+  if [ -n "${DISLOCK_BENCH_ETCD:-}" ]; then
+    echo "etcd:     DISLOCK_BENCH_ETCD"
+  else
+    echo "etcd:     $(cd bench && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3) (embedded, private for this run, no fsync)"
+  fi
+  if [ -n "${DISLOCK_BENCH_ZK:-}" ]; then
+    echo "zk:       DISLOCK_BENCH_ZK"
+  else
+    echo "zk:       $(dpkg-query -W -f '${Version}' zookeeper 2>/dev/null || echo unknown) (private for this run, forceSync=no)"
+  fi
   echo
 } | tee "$out"
 
