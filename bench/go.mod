@@ -2,11 +2,15 @@ module github.com/dislock/dislock/bench
 
 go 1.26.0
 
-replace github.com/dislock/dislock => ../
+replace (
+	github.com/dislock/dislock => ../
+	github.com/dislock/dislock/etcdlock => ../etcdlock
+)
 
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/dislock/dislock v0.0.0-00010101000000-000000000000
+	github.com/dislock/dislock/etcdlock v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/go-zookeeper/zk v1.0.4
@@ -76,7 +80,6 @@ require (
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/dislock/dislock/etcdlock v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -85,5 +88,3 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
-
-replace github.com/dislock/dislock/etcdlock => ../etcdlock
