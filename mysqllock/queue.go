@@ -39,21 +39,22 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 }
 
 // WatchTurns implements core.Queuer. It takes two connections of the pool
-// for as long as it runs: one waits, in a lock wait (see holdWaitLock), for
-// a lock the other holds, each wait one CALL that first sends the turns of
-// the table's log not read yet; the waiting one holds a named lock of its
-// own, registered in the table's watchers table and named, while the
-// watcher runs, by the places this Backend's waiters take. A release
-// (ForceRelease, Leave, a grant that leaves a permit free) that tells a
-// waiter its turn writes it to the log and, after its commit and in the
-// same CALL, ends the wait of the watcher the waiter's place names with
-// KILL QUERY (which needs no privilege for the user's own connections), or
-// of every watcher of the table when the place names none or one that is
-// gone: the watcher reads the new turns in its next wait's CALL. When the
-// kill is refused (a watcher connected as another user) or falls between
-// two of the watcher's CALLs, the next CALL sends the turn before it waits;
-// otherwise the wait ends by itself within defaultWatchPoll. Under
-// WithoutListen it returns core.ErrUnsupported at once.
+// for as long as it runs: one holds a lock (see holdWaitLock), the other
+// runs one CALL of watch that, in a loop, sends the turns of the table's
+// log not read yet and then waits for that lock; the waiting one holds a
+// named lock of its own, registered in the table's watchers table and
+// named, while the watcher runs, by the places this Backend's waiters
+// take. A release (ForceRelease, Leave, a grant that leaves a permit free)
+// that tells a waiter its turn writes it to the log and, after its commit
+// and in the same CALL, ends the wait of the watcher the waiter's place
+// names with KILL QUERY (which needs no privilege for the user's own
+// connections), or of every watcher of the table when the place names none
+// or one that is gone: the loop reads the new turns and waits again, in
+// the same CALL (a server that ends the CALL on the kill instead gets the
+// next CALL, which reads them first). When the kill is refused (a watcher
+// connected as another user) the wait ends by itself within
+// defaultWatchPoll. Under WithoutListen it returns core.ErrUnsupported at
+// once.
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	if b.cfg.noListen {
 		return core.ErrUnsupported
@@ -102,27 +103,25 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	poll := strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)
 	for {
 		low := max(last-turnLookback, 0)
-		// One CALL (see watch in procs.go) streams the turns not seen yet,
-		// then waits: one round trip per wake-up. Its arguments are the
-		// server's ids and the watcher's lock name, formatted into the
-		// statement (no user data): no prepare.
+		// One CALL (see watch in procs.go) streams the turns not seen yet
+		// and waits for more, in a loop that a wake-up does not end: no
+		// request per wake-up. Its arguments are the server's ids and the
+		// watcher's lock name, formatted into the statement (no user
+		// data): no prepare.
 		call := "CALL " + b.n.proc("watch") + "(" + strconv.FormatInt(low, 10) + ", " + strconv.FormatInt(last, 10) +
 			", '" + gaps(seen, low, last) + "', '" + name + "', " + poll + ")"
-		var slept sql.NullInt64
+		var gone bool
 		var err error
-		last, slept, err = b.watchOnce(ctx, conn, call, last, seen, fn)
-		for id := range seen {
-			if id <= max(last-turnLookback, 0) {
-				delete(seen, id)
-			}
-		}
-		if err == nil && slept.Valid && slept.Int64 == 1 {
+		last, gone, err = b.watchCall(ctx, conn, call, last, seen, fn)
+		if gone {
 			// The lock's holding connection is gone.
 			conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')")
 			return errors.New("mysqllock: watch: the connection holding the watcher's wait lock was lost")
 		}
 		switch {
 		case err == nil, interrupted(err):
+			// A server that ends the CALL on a kill, or at its limit on a
+			// statement's time: call again.
 		case ctx.Err() != nil:
 			return ctx.Err()
 		default:
@@ -146,42 +145,63 @@ func gaps(seen map[int64]bool, low, last int64) string {
 	return string(out)
 }
 
-// watchOnce runs one CALL of watch: it hands each turn of its first result
-// set to fn as it arrives (the server sends that result set before it
-// waits), then reads the wait's result. It returns the last id seen and
-// the wait's GET_LOCK result (NULL when it did not wait or was killed).
-func (b *Backend) watchOnce(ctx context.Context, conn *sql.Conn, call string, last int64, seen map[int64]bool,
-	fn func(key, waiter string)) (int64, sql.NullInt64, error) {
-	var slept sql.NullInt64
+// watchCall runs one CALL of watch, which lasts until its connection
+// ends (ctx's end closes it) unless the server ends it: it hands each turn
+// of each result set of three columns to fn as it arrives (once: seen
+// holds the ids handed over, those turnLookback ids below the last one
+// dropped), and reports a one-column row 'gone' (the wait's lock was
+// taken: its holding connection is gone). It returns the last id seen.
+func (b *Backend) watchCall(ctx context.Context, conn *sql.Conn, call string, last int64, seen map[int64]bool,
+	fn func(key, waiter string)) (int64, bool, error) {
+	b.watchCalls.Add(1)
 	rows, err := conn.QueryContext(ctx, call)
 	if err != nil {
-		return last, slept, err
+		return last, false, err
 	}
 	defer rows.Close()
-	for rows.Next() {
-		var id int64
-		var key, waiter []byte
-		if err := rows.Scan(&id, &key, &waiter); err != nil {
-			return last, slept, err
+	gone := false
+	for {
+		cols, err := rows.Columns()
+		if err != nil {
+			return last, gone, err
 		}
-		if seen[id] {
-			continue
+		switch len(cols) {
+		case 3:
+			for rows.Next() {
+				var id int64
+				var key, waiter []byte
+				if err := rows.Scan(&id, &key, &waiter); err != nil {
+					return last, gone, err
+				}
+				if seen[id] {
+					continue
+				}
+				seen[id] = true
+				last = max(last, id)
+				fn(string(key), string(waiter))
+			}
+			for id := range seen {
+				if id <= max(last-turnLookback, 0) {
+					delete(seen, id)
+				}
+			}
+		default:
+			for rows.Next() {
+				var status sql.NullString
+				if err := rows.Scan(&status); err != nil {
+					return last, gone, err
+				}
+				gone = gone || status.String == "gone"
+			}
 		}
-		seen[id] = true
-		last = max(last, id)
-		fn(string(key), string(waiter))
-	}
-	if rows.NextResultSet() && rows.Next() {
-		if err := rows.Scan(&slept); err != nil {
-			return last, slept, err
+		if !rows.NextResultSet() {
+			break
 		}
-	}
-	for rows.NextResultSet() { // the CALL's own status
 	}
 	if err := rows.Err(); err != nil {
-		return last, slept, err
+		return last, gone, err
 	}
-	return last, slept, rows.Close()
+	return last, gone, rows.Close()
 }
 
 // holdWaitLock takes a second connection of the pool and holds on it the
@@ -249,8 +269,11 @@ func releaseNamed(conn *sql.Conn, name string) {
 // turns looks at again, for the turns that committed after a later one.
 const turnLookback = 256
 
-// interrupted reports a statement ended by KILL QUERY (ER_QUERY_INTERRUPTED).
+// interrupted reports a statement ended by KILL QUERY (ER_QUERY_INTERRUPTED)
+// or by a limit of the server on a statement's time (MariaDB's
+// max_statement_time, ER_STATEMENT_TIMEOUT; MySQL's ER_QUERY_TIMEOUT): the
+// watcher calls again.
 func interrupted(err error) bool {
 	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1317
+	return errors.As(err, &me) && (me.Number == 1317 || me.Number == 1969 || me.Number == 3024)
 }

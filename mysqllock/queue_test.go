@@ -1,6 +1,8 @@
 package mysqllock_test
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,5 +95,71 @@ func TestTurnWakesTheWaitersWatcher(t *testing.T) {
 	}
 	if n != 0 {
 		t.Errorf("%d watchers still registered after both stopped", n)
+	}
+}
+
+// Rule: a watcher's subscription is one CALL that a wake-up does not end
+// (on MariaDB, whose procedures' handlers take the KILL QUERY of the wait):
+// turns that wake it again and again, and a backlog of more turns than one
+// read of the loop takes, all reach it, each once, without another CALL.
+func TestWatchIsOneCallAcrossWakeUps(t *testing.T) {
+	admin, table := adminAndTable(t)
+	ctx := ctxT(t)
+	var version string
+	if err := admin.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	holder := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute))
+	waiter := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute))
+	turns, _ := testenv.WatchTurns(t, waiter)
+	next := func(want testenv.Turn, what string) {
+		t.Helper()
+		select {
+		case got := <-turns:
+			if got != want {
+				t.Fatalf("%s: turn %+v, want %+v", what, got, want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: no turn within 20s (the wait lasts a minute): the release did not wake the watcher", what)
+		}
+	}
+	for i := range 5 {
+		h := core.AcquireRequest{Key: "k", Owner: "h", OwnerToken: "h", TTL: time.Minute}
+		if _, err := holder.TryAcquire(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		w := core.AcquireRequest{Key: "k", Owner: "w", OwnerToken: "w", TTL: time.Minute, Waiter: "w", WaiterTTL: time.Minute}
+		if _, err := waiter.TryAcquire(ctx, w); err == nil {
+			t.Fatal("the waiter was granted a held key")
+		}
+		if err := holder.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "h"}); err != nil {
+			t.Fatal(err)
+		}
+		next(testenv.Turn{Key: "k", Waiter: "w"}, "hand-off "+strconv.Itoa(i))
+		if _, err := waiter.TryAcquire(ctx, w); err != nil {
+			t.Fatalf("the waiter told its turn: %v", err)
+		}
+		if err := waiter.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "w"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 100 turns at once (more than a read takes), then a wake-up of every
+	// watcher of the table.
+	if _, err := admin.ExecContext(ctx, "INSERT INTO `"+table+"_turns` (`key`, waiter, at) WITH RECURSIVE s (n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 100) SELECT 'b', CONCAT('w', n), 0 FROM s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.ExecContext(ctx, "CALL `"+table+"_wake`(1, '')"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 100; i++ {
+		next(testenv.Turn{Key: "b", Waiter: "w" + strconv.Itoa(i)}, "backlog")
+	}
+	select {
+	case got := <-turns:
+		t.Errorf("turn %+v after the backlog: sent twice or never sent", got)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if n := mysqllock.WatchCalls(waiter); n != 1 && strings.Contains(version, "MariaDB") {
+		t.Errorf("%d CALLs of watch for 6 wake-ups on %s, want 1", n, version)
 	}
 }
