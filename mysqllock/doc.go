@@ -99,15 +99,16 @@
 // A watcher (one per Locker while anyone waits) holds two pool
 // connections: one holds a named lock (GET_LOCK), the other waits for it
 // with a timeout, so a KILL QUERY ends the wait at once. The waiting
-// connection runs one CALL (<table>_watch) for as long as the watcher
-// runs: a loop that sends the turns the watcher has not read as a result
-// set (the server sends it before it goes on) and then waits. The
-// procedure's handler takes the kill (ER_QUERY_INTERRUPTED) and the loop
-// reads the turns again: a wake-up costs no request, as a notification on
-// a LISTEN connection costs none on PostgreSQL. (A server whose
-// procedures cannot catch a kill ends the CALL instead, and the watcher
-// calls again: one request per wake-up. MariaDB 10.11 catches it; MySQL 8
-// was not tested.) The waiting connection holds a named lock of its own
+// connection runs a CALL (<table>_watch) that lasts about 20s (a server
+// that holds a procedure while a CALL runs it keeps Migrate's replacement
+// of it waiting no longer than that), then the next: a loop that sends the
+// turns the watcher has not read as a result set (the server sends it
+// before it goes on) and then waits. The procedure's handler takes the
+// kill (ER_QUERY_INTERRUPTED) and the loop reads the turns again: a
+// wake-up costs no request, as a notification on a LISTEN connection
+// costs none on PostgreSQL. (A server whose procedures cannot catch a kill
+// ends the CALL instead, and the watcher calls again: one request per
+// wake-up. MariaDB 10.11 catches it; MySQL 8 was not tested.) The waiting connection holds a named lock of its own
 // (its connection id and a random part), listed in <table>_watchers and
 // named by the places of its Locker's waiters: a release kills the
 // connection IS_USED_LOCK names, so never a connection that merely took
@@ -117,8 +118,9 @@
 // engine's own polling still runs. A hand-off with 16 waiting processes
 // costs 3 requests per acquisition once their watchers run (the busy try
 // that queues the waiter, its claim, the release; a watcher's start costs
-// 7 statements, once per Locker) and a p50 of about 3ms on a loaded
-// test machine. WithoutListen turns the watchers off: waiters poll.
+// 7 statements, once per Locker, and a CALL every 20s) and a p50 of about
+// 3ms on a loaded test machine. WithoutListen turns the watchers off:
+// waiters poll.
 //
 // # Upgrading
 //

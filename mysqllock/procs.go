@@ -505,12 +505,13 @@ BEGIN
 END`,
 
 	// watch is a watcher's subscription (see Backend.WatchTurns): one CALL
-	// that runs until its connection ends, in a loop that sends the turns
+	// that runs for p_life seconds, in a loop that sends the turns
 	// not sent yet as a result set (id, key, waiter) and then, unless a
 	// turn above those has committed since, waits up to p_poll seconds for
 	// the named lock p_wait (held by the watcher's other connection, so
-	// the wait ends only by its timeout or by KILL QUERY, see wake). The
-	// kill ends the wait, not the CALL: the handler takes the
+	// the wait ends only by its timeout or by KILL QUERY, see wake), until
+	// it has run p_life seconds (then it ends after a read). The kill ends
+	// the wait, not the CALL: the handler takes the
 	// interruption (ER_QUERY_INTERRUPTED, whatever statement it hit) and
 	// the loop reads the turns again, so that a wake-up costs the watcher
 	// no request. A wait that times out sends a one-column row 'tick' (so
@@ -524,9 +525,10 @@ END`,
 	// twice (a kill that hit the loop after it sent them); never not at
 	// all. A server that ends the whole CALL on a kill (the handler does
 	// not apply) ends it with the error: the watcher then calls again.
-	"watch": `(IN p_low BIGINT, IN p_last BIGINT, IN p_gaps TEXT, IN p_wait VARCHAR(64), IN p_poll DOUBLE)
+	"watch": `(IN p_low BIGINT, IN p_last BIGINT, IN p_gaps TEXT, IN p_wait VARCHAR(64), IN p_poll DOUBLE, IN p_life DOUBLE)
 BEGIN
 	DECLARE v_last, v_low, v_max, v_top, v_id, v_got, v_n BIGINT DEFAULT 0;
+	DECLARE v_end DOUBLE;
 	DECLARE v_gaps, v_keep, v_rest, v_ids TEXT DEFAULT '';
 	DECLARE v_err, v_errno INT DEFAULT 0;
 	DECLARE CONTINUE HANDLER FOR SQLEXCEPTION
@@ -539,7 +541,7 @@ BEGIN
 	END;
 	-- Not seen yet: the ids above v_last and those in (v_low, v_last]
 	-- listed in v_gaps.
-	SET v_low = p_low, v_last = p_last, v_gaps = p_gaps;
+	SET v_low = p_low, v_last = p_last, v_gaps = p_gaps, v_end = UNIX_TIMESTAMP(SYSDATE(6)) + p_life;
 	turns: LOOP
 		SET v_err = 0;
 		SELECT COALESCE(MAX(id), 0) INTO v_max FROM {N};
@@ -578,6 +580,12 @@ BEGIN
 		END IF;
 		IF v_err = 0 THEN
 			SET v_gaps = v_keep, v_last = GREATEST(v_last, v_max), v_low = GREATEST(GREATEST(v_last, v_max) - 256, 0);
+		END IF;
+		IF v_err = 0 AND v_n < 40 AND UNIX_TIMESTAMP(SYSDATE(6)) >= v_end THEN
+			-- Done, right after a read: a CALL holds the procedure (its
+			-- metadata lock) while it runs, and Migrate's replacement of
+			-- it waits for every CALL to end.
+			LEAVE turns;
 		END IF;
 		IF v_err = 0 THEN
 			-- A kill before or during the wait (a turn of one of this

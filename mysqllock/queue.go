@@ -101,6 +101,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	// those it has not seen (the gaps below the last id it read).
 	seen := map[int64]bool{}
 	poll := strconv.FormatFloat(b.cfg.watchPoll.Seconds(), 'f', 3, 64)
+	life := strconv.FormatFloat(b.cfg.watchLife.Seconds(), 'f', 3, 64)
 	for {
 		low := max(last-turnLookback, 0)
 		// One CALL (see watch in procs.go) streams the turns not seen yet
@@ -109,7 +110,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		// watcher's lock name, formatted into the statement (no user
 		// data): no prepare.
 		call := "CALL " + b.n.proc("watch") + "(" + strconv.FormatInt(low, 10) + ", " + strconv.FormatInt(last, 10) +
-			", '" + gaps(seen, low, last) + "', '" + name + "', " + poll + ")"
+			", '" + gaps(seen, low, last) + "', '" + name + "', " + poll + ", " + life + ")"
 		var gone bool
 		var err error
 		last, gone, err = b.watchCall(ctx, conn, call, last, seen, fn)
@@ -120,8 +121,8 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		}
 		switch {
 		case err == nil, interrupted(err):
-			// A server that ends the CALL on a kill, or at its limit on a
-			// statement's time: call again.
+			// The CALL's life is over; or a server ended it on a kill, or
+			// at its limit on a statement's time: call again.
 		case ctx.Err() != nil:
 			return ctx.Err()
 		default:
@@ -145,8 +146,8 @@ func gaps(seen map[int64]bool, low, last int64) string {
 	return string(out)
 }
 
-// watchCall runs one CALL of watch, which lasts until its connection
-// ends (ctx's end closes it) unless the server ends it: it hands each turn
+// watchCall runs one CALL of watch, which lasts about watchLife unless ctx's end
+// (which closes the connection) or the server ends it: it hands each turn
 // of each result set of three columns to fn as it arrives (once: seen
 // holds the ids handed over, those turnLookback ids below the last one
 // dropped), and reports a one-column row 'gone' (the wait's lock was
@@ -264,6 +265,11 @@ func releaseNamed(conn *sql.Conn, name string) {
 		conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
 }
+
+// watchLife is how long a CALL of watch runs (it ends after the first read
+// past it, so at most a watch poll longer): Migrate's replacement of the
+// procedure waits for the CALLs that run it, about this long.
+const watchLife = 20 * time.Second
 
 // turnLookback is how many ids before the last one read each read of the
 // turns looks at again, for the turns that committed after a later one.

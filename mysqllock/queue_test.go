@@ -1,6 +1,7 @@
 package mysqllock_test
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -161,5 +162,89 @@ func TestWatchIsOneCallAcrossWakeUps(t *testing.T) {
 	}
 	if n := mysqllock.WatchCalls(waiter); n != 1 && strings.Contains(version, "MariaDB") {
 		t.Errorf("%d CALLs of watch for 6 wake-ups on %s, want 1", n, version)
+	}
+}
+
+// Rule: a watcher's CALL of watch ends after its life (at the first read
+// past it) and the watcher calls again; replacing the procedure (as Migrate
+// does for another version) while a watcher runs neither hangs (MariaDB
+// does not hold the procedure for a running CALL; a server that does
+// holds it for the CALL's life) nor leaves the waiters unserved.
+func TestWatchCallLife(t *testing.T) {
+	_, table := adminAndTable(t)
+	b := newBackend(t, table, mysqllock.WithWatchPoll(200*time.Millisecond), mysqllock.WithWatchLife(500*time.Millisecond))
+	_, stop := testenv.WatchTurns(t, b)
+	time.Sleep(2 * time.Second) // the CALLs of 2s of watching
+	stop()
+	if n := mysqllock.WatchCalls(b); n < 2 || n > 6 {
+		t.Errorf("%d CALLs of watch in 2s with a life of 0.5s and a poll of 0.2s, want 2 to 6", n)
+	}
+}
+
+// TestReplaceWatchWhileWatching: see TestWatchCallLife.
+func TestReplaceWatchWhileWatching(t *testing.T) {
+	admin, table := adminAndTable(t)
+	ctx := ctxT(t)
+	opts := []mysqllock.Option{mysqllock.WithTable(table), mysqllock.WithWatchPoll(300 * time.Millisecond),
+		mysqllock.WithWatchLife(time.Second)}
+	holder, err := mysqllock.New(ctx, newDB(t), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close() })
+	waiter, err := mysqllock.New(ctx, newDB(t), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { waiter.Close() })
+	s, err := holder.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		s, err := waiter.Acquire(ctx, "k")
+		if err == nil {
+			s.Release(ctx)
+		}
+		got <- err
+	}()
+	// The waiter's watcher in its wait.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var n int
+		if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST AS p JOIN `"+table+
+			"_watchers` AS w ON p.ID = SUBSTRING_INDEX(SUBSTRING_INDEX(w.name, ':', 2), ':', -1) WHERE p.INFO LIKE '%GET_LOCK(%'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter's watcher not in its wait after 20s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition
+	}
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := admin.ExecContext(dctx, "DROP PROCEDURE `"+table+"_watch`"); err != nil {
+		t.Fatalf("DROP PROCEDURE of watch while a watcher runs: %v (after %v)", err, time.Since(start))
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("DROP PROCEDURE of watch waited %v for the watcher's CALL, whose life is 1s", took)
+	}
+	if err := mysqllock.Migrate(ctx, admin, mysqllock.WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("the waiter: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter did not get the key within 15s of its release")
 	}
 }
