@@ -118,7 +118,7 @@
 // engine's own polling still runs. A hand-off with 16 waiting processes
 // costs 3 requests per acquisition once their watchers run (the busy try
 // that queues the waiter, its claim, the release; a watcher's start costs
-// 7 statements, once per Locker, and a CALL every 20s) and a p50 of about
+// 3 statements, once per Locker, and a CALL every 20s) and a p50 of about
 // 3ms on a loaded test machine. WithoutListen turns the watchers off:
 // waiters poll.
 //

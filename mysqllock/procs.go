@@ -521,11 +521,15 @@ END`,
 	// sends the turns with an id above p_last and those in (p_low,
 	// p_last] listed in p_gaps: the ids the watcher has not seen (turns
 	// that commit after a later one, or that a kill cut from a result
-	// set); the loop keeps the same account itself. A turn may be sent
+	// set); the loop keeps the same account itself. A first CALL (p_last
+	// -1) registers the watcher as p_self in the watchers table, reads
+	// the log's last id and sends it in a row ('ready', id) before the
+	// loop. A turn may be sent
 	// twice (a kill that hit the loop after it sent them); never not at
 	// all. A server that ends the whole CALL on a kill (the handler does
 	// not apply) ends it with the error: the watcher then calls again.
-	"watch": `(IN p_low BIGINT, IN p_last BIGINT, IN p_gaps TEXT, IN p_wait VARCHAR(64), IN p_poll DOUBLE, IN p_life DOUBLE)
+	"watch": `(IN p_low BIGINT, IN p_last BIGINT, IN p_gaps TEXT, IN p_wait VARCHAR(64), IN p_poll DOUBLE, IN p_life DOUBLE,
+	IN p_self VARCHAR(64))
 BEGIN
 	DECLARE v_last, v_low, v_max, v_top, v_id, v_got, v_n BIGINT DEFAULT 0;
 	DECLARE v_end DOUBLE;
@@ -542,6 +546,24 @@ BEGIN
 	-- Not seen yet: the ids above v_last and those in (v_low, v_last]
 	-- listed in v_gaps.
 	SET v_low = p_low, v_last = p_last, v_gaps = p_gaps, v_end = UNIX_TIMESTAMP(SYSDATE(6)) + p_life;
+	IF p_last < 0 THEN
+		-- A watcher's first CALL registers it (by the named lock its
+		-- connection holds, p_self) and starts at the end of the log.
+		registering: LOOP
+			SET v_err = 0;
+			INSERT IGNORE INTO {R} (name) VALUES (p_self);
+			IF v_err = 0 THEN
+				SELECT COALESCE(MAX(id), 0) INTO v_last FROM {N};
+			END IF;
+			IF v_err = 0 THEN
+				SELECT 'ready', v_last;
+			END IF;
+			IF v_err = 0 THEN
+				LEAVE registering;
+			END IF;
+		END LOOP;
+		SET v_low = GREATEST(v_last - 256, 0), v_gaps = '';
+	END IF;
 	turns: LOOP
 		SET v_err = 0;
 		SELECT COALESCE(MAX(id), 0) INTO v_max FROM {N};

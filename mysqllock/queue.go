@@ -83,19 +83,22 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		b.db.ExecContext(ctx, "DELETE FROM "+b.n.watchers+" WHERE name = ?", self)
 		releaseNamed(conn, self)
 	}()
-	if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO "+b.n.watchers+" (name) VALUES ('"+self+"')"); err != nil {
-		return fmt.Errorf("mysqllock: watch: %w", err)
-	}
 	// From now on this Backend's waiters name this watcher when they
-	// queue (and the engine's ready below makes every waiter try again,
-	// which rewrites the places that named none or an earlier one), so
-	// that their turns wake it alone.
+	// queue (and the engine's ready, once the first CALL has registered
+	// the watcher, makes every waiter try again, which rewrites the
+	// places that named none or an earlier one), so that their turns wake
+	// it alone. A turn of theirs before the CALL reads the log is read
+	// by it.
 	b.watching.Store(mine)
-	var last int64
-	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(id), 0) FROM "+b.n.turns).Scan(&last); err != nil {
-		return fmt.Errorf("mysqllock: watch: %w", err)
+	last := int64(-1) // the first CALL registers the watcher and starts at the log's end
+	started := false
+	onReady := func(at int64) {
+		if !started {
+			started = true
+			last = at
+			ready()
+		}
 	}
-	ready()
 	// Turns commit in an order their ids (AUTO_INCREMENT, taken at the
 	// insert) need not follow: each read looks back turnLookback ids for
 	// those it has not seen (the gaps below the last id it read).
@@ -104,16 +107,19 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	life := strconv.FormatFloat(b.cfg.watchLife.Seconds(), 'f', 3, 64)
 	for {
 		low := max(last-turnLookback, 0)
+		if !started {
+			last = -1
+		}
 		// One CALL (see watch in procs.go) streams the turns not seen yet
 		// and waits for more, in a loop that a wake-up does not end: no
 		// request per wake-up. Its arguments are the server's ids and the
 		// watcher's lock name, formatted into the statement (no user
 		// data): no prepare.
 		call := "CALL " + b.n.proc("watch") + "(" + strconv.FormatInt(low, 10) + ", " + strconv.FormatInt(last, 10) +
-			", '" + gaps(seen, low, last) + "', '" + name + "', " + poll + ", " + life + ")"
+			", '" + gaps(seen, low, last) + "', '" + name + "', " + poll + ", " + life + ", '" + self + "')"
 		var gone bool
 		var err error
-		last, gone, err = b.watchCall(ctx, conn, call, last, seen, fn)
+		last, gone, err = b.watchCall(ctx, conn, call, last, seen, onReady, fn)
 		if gone {
 			// The lock's holding connection is gone.
 			conn.ExecContext(ctx, "DO RELEASE_LOCK('"+name+"')")
@@ -146,14 +152,15 @@ func gaps(seen map[int64]bool, low, last int64) string {
 	return string(out)
 }
 
-// watchCall runs one CALL of watch, which lasts about watchLife unless ctx's end
-// (which closes the connection) or the server ends it: it hands each turn
-// of each result set of three columns to fn as it arrives (once: seen
-// holds the ids handed over, those turnLookback ids below the last one
-// dropped), and reports a one-column row 'gone' (the wait's lock was
-// taken: its holding connection is gone). It returns the last id seen.
+// watchCall runs one CALL of watch, which lasts about watchLife unless
+// ctx's end (which closes the connection) or the server ends it: it hands
+// each turn of each result set of three columns to fn as it arrives (once:
+// seen holds the ids handed over, those turnLookback ids below the last one
+// dropped), the id of a row ('ready', id) of a first CALL to ready, and
+// reports a one-column row 'gone' (the wait's lock was taken: its holding
+// connection is gone). It returns the last id seen.
 func (b *Backend) watchCall(ctx context.Context, conn *sql.Conn, call string, last int64, seen map[int64]bool,
-	fn func(key, waiter string)) (int64, bool, error) {
+	ready func(last int64), fn func(key, waiter string)) (int64, bool, error) {
 	b.watchCalls.Add(1)
 	rows, err := conn.QueryContext(ctx, call)
 	if err != nil {
@@ -167,6 +174,16 @@ func (b *Backend) watchCall(ctx context.Context, conn *sql.Conn, call string, la
 			return last, gone, err
 		}
 		switch len(cols) {
+		case 2:
+			for rows.Next() {
+				var status string
+				var at int64
+				if err := rows.Scan(&status, &at); err != nil {
+					return last, gone, err
+				}
+				ready(at)
+				last = max(last, at)
+			}
 		case 3:
 			for rows.Next() {
 				var id int64
@@ -230,20 +247,23 @@ func (b *Backend) holdWaitLock(ctx context.Context) (*sql.Conn, string, error) {
 // restart never takes the name a waiter's place still holds; it returns
 // the name.
 func lockOwnName(ctx context.Context, conn *sql.Conn) (string, error) {
-	var id int64
-	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
-		return "", err
-	}
 	var r [8]byte
 	rand.Read(r[:])
-	name := "dislock-watch:" + strconv.FormatInt(id, 10) + ":" + hex.EncodeToString(r[:])
+	part := hex.EncodeToString(r[:])
+	// One statement: CONNECTION_ID() is the same in both places.
+	var id int64
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('"+name+"', 0)").Scan(&got); err != nil || got.Int64 != 1 {
-		releaseNamed(conn, name)
-		if err == nil {
-			err = errors.New("the named lock " + name + " is held elsewhere")
-		}
+	err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), GET_LOCK(CONCAT('dislock-watch:', CONNECTION_ID(), ':"+part+"'), 0)").
+		Scan(&id, &got)
+	if err != nil {
+		// Whether it took the lock is unknown: the connection goes.
+		conn.Raw(func(any) error { return driver.ErrBadConn })
 		return "", err
+	}
+	name := "dislock-watch:" + strconv.FormatInt(id, 10) + ":" + part
+	if got.Int64 != 1 {
+		releaseNamed(conn, name)
+		return "", errors.New("the named lock " + name + " is held elsewhere")
 	}
 	return name, nil
 }
