@@ -534,15 +534,10 @@ BEGIN
 	DECLARE v_last, v_low, v_max, v_top, v_id, v_got, v_n BIGINT DEFAULT 0;
 	DECLARE v_end DOUBLE;
 	DECLARE v_gaps, v_keep, v_rest, v_ids TEXT DEFAULT '';
-	DECLARE v_err, v_errno INT DEFAULT 0;
-	DECLARE CONTINUE HANDLER FOR SQLEXCEPTION
-	BEGIN
-		GET DIAGNOSTICS CONDITION 1 v_errno = MYSQL_ERRNO;
-		IF v_errno <> 1317 THEN
-			RESIGNAL;
-		END IF;
-		SET v_err = 1;
-	END;
+	DECLARE v_err INT DEFAULT 0;
+	-- ER_QUERY_INTERRUPTED: a kill, taken whatever statement it hit (any
+	-- other error ends the CALL).
+	DECLARE CONTINUE HANDLER FOR 1317 SET v_err = 1;
 	-- Not seen yet: the ids above v_last and those in (v_low, v_last]
 	-- listed in v_gaps.
 	SET v_low = p_low, v_last = p_last, v_gaps = p_gaps, v_end = UNIX_TIMESTAMP(SYSDATE(6)) + p_life;

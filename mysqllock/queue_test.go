@@ -248,3 +248,60 @@ func TestReplaceWatchWhileWatching(t *testing.T) {
 		t.Fatal("the waiter did not get the key within 15s of its release")
 	}
 }
+
+// Rule: kills that land anywhere in the watcher's loop (in its reads, in
+// the sending of turns, in its account of them) lose no turn and hand none
+// over twice: 300 turns written one by one while another connection kills
+// the watcher's statements as fast as it can all reach it, once each.
+func TestWatchUnderKills(t *testing.T) {
+	admin, table := adminAndTable(t)
+	ctx := ctxT(t)
+	b := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute))
+	turns, _ := testenv.WatchTurns(t, b)
+	stop := make(chan struct{})
+	killed := make(chan int)
+	go func() {
+		n := 0
+		defer func() { killed <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := admin.ExecContext(ctx, "CALL `"+table+"_wake`(1, '')"); err != nil {
+				t.Error(err)
+				return
+			}
+			n++
+		}
+	}()
+	const total = 300
+	go func() {
+		for i := 1; i <= total; i++ {
+			if _, err := admin.ExecContext(ctx, "INSERT INTO `"+table+"_turns` (`key`, waiter, at) VALUES ('k', ?, 0)", "w"+strconv.Itoa(i)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	got := map[string]int{}
+	for len(got) < total {
+		select {
+		case turn := <-turns:
+			got[turn.Waiter]++
+			if got[turn.Waiter] > 1 {
+				t.Fatalf("turn of %s handed over twice", turn.Waiter)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%d of %d turns within 20s of the last", len(got), total)
+		}
+	}
+	close(stop)
+	t.Logf("%d wakes of every watcher; %d CALLs of watch", <-killed, mysqllock.WatchCalls(b))
+	select {
+	case turn := <-turns:
+		t.Errorf("turn %+v after all %d", turn, total)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
