@@ -108,7 +108,9 @@
 // wake-up costs no request, as a notification on a LISTEN connection
 // costs none on PostgreSQL. (A server whose procedures cannot catch a kill
 // ends the CALL instead, and the watcher calls again: one request per
-// wake-up. MariaDB 10.11 catches it; MySQL 8 was not tested.) The waiting connection holds a named lock of its own
+// wake-up. MariaDB 10.11 catches it, but for a kill that lands while the
+// handler runs, which only a storm of kills makes common; MySQL 8 was not
+// tested.) The waiting connection holds a named lock of its own
 // (its connection id and a random part), listed in <table>_watchers and
 // named by the places of its Locker's waiters: a release kills the
 // connection IS_USED_LOCK names, so never a connection that merely took
