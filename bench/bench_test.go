@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -51,7 +52,10 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 	}
 	if s == "mysql" {
 		var n atomic.Int64
-		return mysqlStore(b, &n), n.Load
+		kinds := &statementKinds{}
+		st := mysqlStoreKinds(b, &n, kinds)
+		st.sent = kinds.snapshot
+		return st, n.Load
 	}
 	t := &statementCount{}
 	return pgStore(b, benchPG(b), t), t.n.Load
@@ -383,8 +387,11 @@ var handoffContenders = map[string][]string{
 // another has taken it. Latency is from
 // the start of Release to the return of the next holder's acquire; p50-x-rtt
 // and p99-x-rtt divide it by the mean raw round trip. reqs/acq counts the
-// client's commands (Redis) or statements (PostgreSQL) per acquisition,
-// polling included. srv-writes/acq (a store that counts its writes) is over
+// client's commands (Redis) or statements (PostgreSQL, MySQL) per
+// acquisition, polling included; steady-reqs/acq the same between the same
+// acquisitions as steady-srv-writes/acq below (each contender's first wait,
+// which starts its Locker's release subscription, left out); on MySQL and
+// Redis the log has both by kind. srv-writes/acq (a store that counts its writes) is over
 // the whole run; steady-srv-writes/acq leaves out the first 16
 // acquisitions, in which each contender uses the key for the first time,
 // and the last 16, after which the goroutines stop queueing again.
@@ -427,8 +434,14 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	)
 	remaining.Store(int64(b.N))
 	reqs0 := reqs()
+	var sent0 map[string]int64
+	if st.sent != nil {
+		sent0 = st.sent()
+	}
 	var writes0 int64
-	var steady0, steady1 int64 // the server's writes at acquisition 16 and 16 before the end
+	var steady0, steady1 int64                    // the server's writes at acquisition 16 and 16 before the end
+	var steadyReqs0, steadyReqs1 int64            // the requests then
+	var steadySent0, steadySent1 map[string]int64 // the requests by kind then
 	if st.writes != nil {
 		writes0 = st.writes()
 	}
@@ -456,16 +469,28 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 				}
 				acquired++
 				mine := acquired
-				if st.writes != nil && b.N > 4*waiters {
+				if b.N > 4*waiters {
 					switch acquired {
 					case waiters:
 						// Every goroutine has acquired once: the first use
 						// of the key by each contender is behind.
-						steady0 = st.writes()
+						steadyReqs0 = reqs()
+						if st.writes != nil {
+							steady0 = st.writes()
+						}
+						if st.sent != nil {
+							steadySent0 = st.sent()
+						}
 					case b.N - waiters:
 						// The goroutines still queue again (the last ones
 						// do not): as many waiters in line as at steady0.
-						steady1 = st.writes()
+						steadyReqs1 = reqs()
+						if st.writes != nil {
+							steady1 = st.writes()
+						}
+						if st.sent != nil {
+							steadySent1 = st.sent()
+						}
 					}
 				}
 				turn.Broadcast()
@@ -498,6 +523,12 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	// counted pool on some stores (mysql) and are no requests of the
 	// hand-off.
 	reqsN := reqs()
+	if st.sent != nil {
+		logPerAcquisition(b, "", b.N, sent0, st.sent())
+		if steadySent1 != nil {
+			logPerAcquisition(b, "steady ", b.N-2*waiters, steadySent0, steadySent1)
+		}
+	}
 	rtt := (rttBefore + meanRTT(ctx, b, st.rt, 250)) / 2 // round trips before and after
 	slices.Sort(samples)
 	p50, p99 := percentile(samples, 50), percentile(samples, 99)
@@ -506,6 +537,9 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	b.ReportMetric(float64(p50)/float64(rtt), "p50-x-rtt")
 	b.ReportMetric(float64(p99)/float64(rtt), "p99-x-rtt")
 	b.ReportMetric(float64(reqsN-reqs0)/float64(b.N), "reqs/acq")
+	if steadyReqs1 > 0 {
+		b.ReportMetric(float64(steadyReqs1-steadyReqs0)/float64(b.N-2*waiters), "steady-reqs/acq")
+	}
 	if st.writes != nil {
 		w := st.writes()
 		b.ReportMetric(float64(w-writes0)/float64(b.N), "srv-writes/acq")
@@ -513,6 +547,19 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 			b.ReportMetric(float64(steady1-steady0)/float64(b.N-2*waiters), "steady-srv-writes/acq")
 		}
 	}
+}
+
+// logPerAcquisition logs the requests per acquisition by kind (command or
+// statement), from the counts before and after n acquisitions.
+func logPerAcquisition(b *testing.B, what string, n int, before, after map[string]int64) {
+	kinds := slices.Sorted(maps.Keys(after))
+	var line strings.Builder
+	for _, k := range kinds {
+		if d := after[k] - before[k]; d > 0 {
+			fmt.Fprintf(&line, "  %s %.3f", k, float64(d)/float64(n))
+		}
+	}
+	b.Logf("%srequests per acquisition by kind:%s", what, line.String())
 }
 
 // heldWindow times b.N windows of the held leases' renewals.

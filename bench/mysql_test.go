@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,6 +31,12 @@ const mysqlConns = pgConns
 // else DISLOCK_TEST_MYSQL); a non-nil n counts the round trips the pool
 // makes (statements executed and prepared).
 func mysqlStore(tb testing.TB, n *atomic.Int64) *store {
+	return mysqlStoreKinds(tb, n, nil)
+}
+
+// mysqlStoreKinds is mysqlStore that also counts, in a non-nil kinds, the
+// statements by kind (see statementKind).
+func mysqlStoreKinds(tb testing.TB, n *atomic.Int64, kinds *statementKinds) *store {
 	tb.Helper()
 	raw := os.Getenv("DISLOCK_BENCH_MYSQL")
 	if raw == "" {
@@ -49,7 +57,7 @@ func mysqlStore(tb testing.TB, n *atomic.Int64) *store {
 	}
 	var c driver.Connector = conn
 	if n != nil {
-		c = countingConnector{Connector: conn, n: n}
+		c = countingConnector{Connector: conn, n: n, kinds: kinds}
 	}
 	newDB := func() *sql.DB {
 		db := sql.OpenDB(c)
@@ -111,7 +119,52 @@ func dropMySQLAtExit(cfg *mysql.Config) {
 
 type countingConnector struct {
 	driver.Connector
-	n *atomic.Int64
+	n     *atomic.Int64
+	kinds *statementKinds // nil: not by kind
+}
+
+// statementKinds counts statements by kind.
+type statementKinds struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+func (k *statementKinds) add(q string) {
+	if k == nil {
+		return
+	}
+	kind := statementKind(q)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil {
+		k.m = map[string]int64{}
+	}
+	k.m[kind]++
+}
+
+// snapshot returns a copy of the counts.
+func (k *statementKinds) snapshot() map[string]int64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.m)
+}
+
+// statementKind names a statement by its first word, and a CALL by its
+// procedure's suffix (the procedures of a table are <table>_<suffix>):
+// "CALL acquire", "SELECT", "DELETE" (a prepare is "PREPARE").
+func statementKind(q string) string {
+	q = strings.TrimSpace(q)
+	verb, rest, _ := strings.Cut(q, " ")
+	verb = strings.ToUpper(verb)
+	if verb != "CALL" {
+		return verb
+	}
+	proc, _, _ := strings.Cut(rest, "(")
+	proc = strings.Trim(strings.TrimSpace(proc), "`")
+	if i := strings.LastIndexByte(proc, '_'); i >= 0 {
+		proc = proc[i+1:]
+	}
+	return "CALL " + proc
 }
 
 func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -119,7 +172,7 @@ func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &countingConn{conn: conn, n: c.n}, nil
+	return &countingConn{conn: conn, n: c.n, kinds: c.kinds}, nil
 }
 
 // countingConn passes everything to the driver's connection (which has
@@ -127,8 +180,9 @@ func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 // or prepared (a driver.ErrSkip answer, "prepare it first", makes no round
 // trip and is not counted).
 type countingConn struct {
-	conn driver.Conn
-	n    *atomic.Int64
+	conn  driver.Conn
+	n     *atomic.Int64
+	kinds *statementKinds
 }
 
 func (c *countingConn) Prepare(q string) (driver.Stmt, error) {
@@ -137,11 +191,12 @@ func (c *countingConn) Prepare(q string) (driver.Stmt, error) {
 
 func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
 	c.n.Add(1)
+	c.kinds.add("PREPARE " + q)
 	st, err := c.conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return &countingStmt{Stmt: st, n: c.n}, nil
+	return &countingStmt{Stmt: st, n: c.n, kinds: c.kinds, q: q}, nil
 }
 
 func (c *countingConn) Close() error { return c.conn.Close() }
@@ -151,24 +206,26 @@ func (c *countingConn) Begin() (driver.Tx, error) {
 
 func (c *countingConn) BeginTx(ctx context.Context, o driver.TxOptions) (driver.Tx, error) {
 	c.n.Add(1)
+	c.kinds.add("BEGIN")
 	return c.conn.(driver.ConnBeginTx).BeginTx(ctx, o)
 }
 
 func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	r, err := c.conn.(driver.ExecerContext).ExecContext(ctx, q, args)
-	c.count(err)
+	c.count(q, err)
 	return r, err
 }
 
 func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
 	r, err := c.conn.(driver.QueryerContext).QueryContext(ctx, q, args)
-	c.count(err)
+	c.count(q, err)
 	return r, err
 }
 
-func (c *countingConn) count(err error) {
+func (c *countingConn) count(q string, err error) {
 	if !errors.Is(err, driver.ErrSkip) {
 		c.n.Add(1)
+		c.kinds.add(q)
 	}
 }
 
@@ -183,16 +240,20 @@ func (c *countingConn) CheckNamedValue(v *driver.NamedValue) error {
 
 type countingStmt struct {
 	driver.Stmt
-	n *atomic.Int64
+	n     *atomic.Int64
+	kinds *statementKinds
+	q     string
 }
 
 func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	s.n.Add(1)
+	s.kinds.add(s.q)
 	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 }
 
 func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	s.n.Add(1)
+	s.kinds.add(s.q)
 	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
 }
 

@@ -98,31 +98,46 @@
 //
 // A watcher (one per Locker while anyone waits) holds two pool
 // connections: one holds a named lock (GET_LOCK), the other waits for it
-// with a timeout, so a KILL QUERY ends the wait at once. Each wait is one
-// CALL (<table>_watch) that first sends the turns the watcher has not read
-// (the server sends that result before it waits) and then waits: a wake-up
-// costs the watcher one round trip. The waiting connection holds a named
-// lock of its own (its connection id and a random part), listed in
-// <table>_watchers and named by the places of its Locker's waiters: a
-// release kills the connection IS_USED_LOCK names, so never a connection
-// that merely took over a dead watcher's id. KILL QUERY needs no privilege
-// for the user's own connections; when it fails (processes connecting as
-// different users without CONNECTION_ADMIN), the wait ends by itself every
-// 2s and the engine's own polling still runs. A hand-off with 16 waiting
-// processes costs about 4.3 requests per acquisition (the busy try that
-// queues the waiter, its claim, the release, the watcher's wait) and a
-// p50 of about 3ms on a loaded test machine. WithoutListen turns the
-// watchers off: waiters poll.
+// with a timeout, so a KILL QUERY ends the wait at once. The waiting
+// connection runs a CALL (<table>_watch) that lasts about 20s (a server
+// that holds a procedure while a CALL runs it keeps Migrate's replacement
+// of it waiting no longer than that), then the next: a loop that sends the
+// turns the watcher has not read as a result set (the server sends it
+// before it goes on) and then waits. The procedure's handler takes the
+// kill (ER_QUERY_INTERRUPTED) and the loop reads the turns again: a
+// wake-up costs no request, as a notification on a LISTEN connection
+// costs none on PostgreSQL. (A server whose procedures cannot catch a kill
+// ends the CALL instead, and the watcher calls again: one request per
+// wake-up. MariaDB 10.11 catches it, but for a kill that lands while the
+// handler runs, which only a storm of kills makes common; MySQL 8 was not
+// tested.) The waiting connection holds a named lock of its own
+// (its connection id and a random part), listed in <table>_watchers and
+// named by the places of its Locker's waiters: a release kills the
+// connection IS_USED_LOCK names, so never a connection that merely took
+// over a dead watcher's id. KILL QUERY needs no privilege for the user's
+// own connections; when it fails (processes connecting as different users
+// without CONNECTION_ADMIN), the wait ends by itself every 2s and the
+// engine's own polling still runs. A hand-off with 16 waiting processes
+// costs 3 requests per acquisition once their watchers run (the busy try
+// that queues the waiter, its claim, the release; a watcher's start costs
+// 3 statements, once per Locker, and a CALL every 20s) and a p50 of about
+// 3ms on a loaded test machine. WithoutListen turns the watchers off:
+// waiters poll.
 //
 // # Upgrading
 //
-// Version 2 of the schema (this one) adds a column to the lock table (the
-// waiting flag, 1 on the rows there are) and one to <table>_waiters (the
-// watcher), and replaces the procedures: Migrate (or WithAutoMigrate) does
-// it; NewBackend on tables of version 1 fails with ErrSchema naming the
-// fix. Processes still running version 1 fail their calls once the
-// procedures are replaced (their statements have other arguments): upgrade
-// them together.
+// Version 3 of the procedures (this one) changes what <table>_watch
+// sends (a loop of result sets instead of one wait) and keeps the tables
+// of version 2: Migrate (or WithAutoMigrate) replaces the procedures, and
+// NewBackend on procedures of another version fails with ErrSchema naming
+// the fix. Processes of version 2 still claim and release once the
+// procedures are replaced, but their watchers fail (their waiters poll)
+// until they are upgraded too. Version 2 of the schema added a column to
+// the lock table (the waiting flag, 1 on the rows there are) and one to
+// <table>_waiters (the watcher): NewBackend on tables of version 1 fails
+// with ErrSchema naming the fix, and processes still running version 1
+// fail their calls once the procedures are replaced (their statements
+// have other arguments): upgrade them together.
 //
 // # Not guaranteed
 //

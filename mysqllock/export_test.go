@@ -10,3 +10,11 @@ var ProcNames = procNames
 func WithWatchPoll(d time.Duration) Option {
 	return func(c *config) { c.watchPoll = d }
 }
+
+// WatchCalls is how many CALLs of watch b's watchers made.
+func WatchCalls(b *Backend) int64 { return b.watchCalls.Load() }
+
+// WithWatchLife sets how long a CALL of watch runs.
+func WithWatchLife(d time.Duration) Option {
+	return func(c *config) { c.watchLife = d }
+}

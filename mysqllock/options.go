@@ -37,6 +37,7 @@ type config struct {
 	noListen      bool
 	claimTimeout  time.Duration
 	watchPoll     time.Duration
+	watchLife     time.Duration
 	clientOpts    []core.ClientOption
 	errs          []error
 }
@@ -45,7 +46,7 @@ type config struct {
 // package with options, mysqllock keeps its own option plumbing: see core's
 // checked for why.
 func newConfig(opts []Option) (config, error) {
-	c := config{table: DefaultTable, claimTimeout: DefaultClaimTimeout, watchPoll: defaultWatchPoll}
+	c := config{table: DefaultTable, claimTimeout: DefaultClaimTimeout, watchPoll: defaultWatchPoll, watchLife: watchLife}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)

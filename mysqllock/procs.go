@@ -31,7 +31,7 @@ const nowSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(
 // procVersion is each procedure's COMMENT: NewBackend checks it, so that a
 // table migrated by another version of this package is reported with the
 // fix (run Migrate) instead of misbehaving.
-const procVersion = "dislock mysqllock 2"
+const procVersion = "dislock mysqllock 3"
 
 // procNames are the suffixes of the procedures, in install order.
 var procNames = []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune", "watch"}
@@ -504,21 +504,121 @@ BEGIN
 	SELECT v_live;
 END`,
 
-	// watch is one wait of a watcher (see Backend.WatchTurns): it sends
-	// the turns with an id above p_last, and those in (p_low, p_last] listed
-	// in p_gaps (ids the watcher has not seen: turns that commit after a
-	// later one), as its first result set, which the server sends before
-	// it goes on; then, unless a turn above those has committed since, it
-	// waits up to p_poll seconds for the named lock p_wait (held by the
-	// watcher's other connection, so the wait ends only by its timeout or
-	// by KILL QUERY, see wake). Its second result set: the GET_LOCK
-	// result (1: the holding connection is gone), 0 when it did not wait.
-	"watch": `(IN p_low BIGINT, IN p_last BIGINT, IN p_gaps TEXT, IN p_wait VARCHAR(64), IN p_poll DOUBLE)
+	// watch is a watcher's subscription (see Backend.WatchTurns): one CALL
+	// that runs for p_life seconds, in a loop that sends the turns
+	// not sent yet as a result set (id, key, waiter) and then, unless a
+	// turn above those has committed since, waits up to p_poll seconds for
+	// the named lock p_wait (held by the watcher's other connection, so
+	// the wait ends only by its timeout or by KILL QUERY, see wake), until
+	// it has run p_life seconds (then it ends after a read). The kill ends
+	// the wait, not the CALL: the handler takes the
+	// interruption (ER_QUERY_INTERRUPTED, whatever statement it hit) and
+	// the loop reads the turns again, so that a wake-up costs the watcher
+	// no request. A wait that times out sends a one-column row 'tick' (so
+	// that a client read timeout never fires on a quiet subscription);
+	// one that gets the lock (its holding connection is gone) sends 'gone'
+	// and ends the CALL; any other error ends it too. The first read
+	// sends the turns with an id above p_last and those in (p_low,
+	// p_last] listed in p_gaps: the ids the watcher has not seen (turns
+	// that commit after a later one, or that a kill cut from a result
+	// set); the loop keeps the same account itself. A first CALL (p_last
+	// -1) registers the watcher as p_self in the watchers table, reads
+	// the log's last id and sends it in a row ('ready', id) before the
+	// loop. A turn may be sent
+	// twice (a kill that hit the loop after it sent them); never not at
+	// all. A server that ends the whole CALL on a kill (the handler does
+	// not apply) ends it with the error: the watcher then calls again.
+	"watch": `(IN p_low BIGINT, IN p_last BIGINT, IN p_gaps TEXT, IN p_wait VARCHAR(64), IN p_poll DOUBLE, IN p_life DOUBLE,
+	IN p_self VARCHAR(64))
 BEGIN
-	DECLARE v_max BIGINT;
-	SELECT COALESCE(MAX(id), 0) INTO v_max FROM {N};
-	SELECT id, ` + "`key`" + `, waiter FROM {N} WHERE id > p_low AND id <= v_max AND (id > p_last OR FIND_IN_SET(id, p_gaps) > 0) ORDER BY id;
-	SELECT IF(EXISTS (SELECT 1 FROM {N} WHERE id > v_max), 0, GET_LOCK(p_wait, p_poll));
+	DECLARE v_last, v_low, v_max, v_top, v_id, v_got, v_n BIGINT DEFAULT 0;
+	DECLARE v_end DOUBLE;
+	DECLARE v_gaps, v_keep, v_rest, v_ids TEXT DEFAULT '';
+	DECLARE v_err INT DEFAULT 0;
+	-- ER_QUERY_INTERRUPTED: a kill, taken whatever statement it hit (any
+	-- other error ends the CALL).
+	DECLARE CONTINUE HANDLER FOR 1317 SET v_err = 1;
+	-- Not seen yet: the ids above v_last and those in (v_low, v_last]
+	-- listed in v_gaps.
+	SET v_low = p_low, v_last = p_last, v_gaps = p_gaps, v_end = UNIX_TIMESTAMP(SYSDATE(6)) + p_life;
+	IF p_last < 0 THEN
+		-- A watcher's first CALL registers it (by the named lock its
+		-- connection holds, p_self) and starts at the end of the log.
+		registering: LOOP
+			SET v_err = 0;
+			INSERT IGNORE INTO {R} (name) VALUES (p_self);
+			IF v_err = 0 THEN
+				SELECT COALESCE(MAX(id), 0) INTO v_last FROM {N};
+			END IF;
+			IF v_err = 0 THEN
+				SELECT 'ready', v_last;
+			END IF;
+			IF v_err = 0 THEN
+				LEAVE registering;
+			END IF;
+		END LOOP;
+		SET v_low = GREATEST(v_last - 256, 0), v_gaps = '';
+	END IF;
+	turns: LOOP
+		SET v_err = 0;
+		SELECT COALESCE(MAX(id), 0) INTO v_max FROM {N};
+		SET v_ids = NULL, v_n = 0;
+		IF v_err = 0 THEN
+			-- At most 40 ids a read (their list fits group_concat_max_len's
+			-- default of 1024 bytes): when there are more, the read covers
+			-- the ids up to the 40th, and the next one comes at once.
+			SELECT GROUP_CONCAT(id ORDER BY id), COUNT(*), MAX(id) INTO v_ids, v_n, v_top FROM (SELECT id FROM {N}
+				WHERE id > v_low AND id <= v_max AND (id > v_last OR FIND_IN_SET(id, v_gaps) > 0) ORDER BY id LIMIT 40) AS t;
+			IF v_err = 0 AND v_n = 40 THEN
+				SET v_max = v_top;
+			END IF;
+		END IF;
+		IF v_err = 0 AND v_ids IS NOT NULL THEN
+			SELECT id, ` + "`key`" + `, waiter FROM {N} WHERE id > v_low AND id <= v_max AND FIND_IN_SET(id, v_ids) > 0 ORDER BY id;
+		END IF;
+		IF v_err = 0 THEN
+			-- Not seen yet: the gaps not read now, and the ids up to v_max
+			-- not read; those 256 or more below v_max are given up.
+			SET v_keep = '', v_rest = v_gaps;
+			WHILE v_rest <> '' DO
+				SET v_id = CAST(SUBSTRING_INDEX(v_rest, ',', 1) AS SIGNED);
+				SET v_rest = IF(LOCATE(',', v_rest) > 0, SUBSTRING(v_rest, LOCATE(',', v_rest) + 1), '');
+				IF v_id > GREATEST(v_last, v_max) - 256 AND FIND_IN_SET(v_id, COALESCE(v_ids, '')) = 0 THEN
+					SET v_keep = CONCAT(v_keep, IF(v_keep = '', '', ','), v_id);
+				END IF;
+			END WHILE;
+			SET v_id = GREATEST(v_last + 1, v_max - 255);
+			WHILE v_id <= v_max DO
+				IF FIND_IN_SET(v_id, COALESCE(v_ids, '')) = 0 THEN
+					SET v_keep = CONCAT(v_keep, IF(v_keep = '', '', ','), v_id);
+				END IF;
+				SET v_id = v_id + 1;
+			END WHILE;
+		END IF;
+		IF v_err = 0 THEN
+			SET v_gaps = v_keep, v_last = GREATEST(v_last, v_max), v_low = GREATEST(GREATEST(v_last, v_max) - 256, 0);
+		END IF;
+		IF v_err = 0 AND v_n < 40 AND UNIX_TIMESTAMP(SYSDATE(6)) >= v_end THEN
+			-- Done, right after a read: a CALL holds the procedure (its
+			-- metadata lock) while it runs, and Migrate's replacement of
+			-- it waits for every CALL to end.
+			LEAVE turns;
+		END IF;
+		IF v_err = 0 THEN
+			-- A kill before or during the wait (a turn of one of this
+			-- watcher's waiters, committed) ends it: the loop reads again.
+			-- No wait while turns may be left to read.
+			SET v_got = NULL;
+			SELECT IF(v_n >= 40 OR EXISTS (SELECT 1 FROM {N} WHERE id > v_max), 0, GET_LOCK(p_wait, p_poll)) INTO v_got;
+			IF v_err = 0 AND v_got = 1 THEN
+				SELECT 'gone';
+				LEAVE turns;
+			END IF;
+			IF v_err = 0 AND v_got = 0 AND v_n < 40 AND NOT EXISTS (SELECT 1 FROM {N} WHERE id > v_max) THEN
+				SELECT 'tick';
+			END IF;
+		END IF;
+	END LOOP;
 END`,
 
 	// prune deletes, at most p_batch of each: ended rows whose token is
