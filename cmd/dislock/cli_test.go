@@ -325,6 +325,28 @@ func waitFile(t *testing.T, path string, timeout time.Duration) string {
 	}
 }
 
+// readPIDs reads the process IDs a command wrote to path (waitFile); the
+// processes still running are killed when the test ends.
+func readPIDs(t *testing.T, path string) []int {
+	t.Helper()
+	var pids []int
+	for _, s := range strings.Fields(waitFile(t, path, 20*time.Second)) {
+		pid, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatalf("pid file %s: %v", path, err)
+		}
+		pids = append(pids, pid)
+	}
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if !processGone(pid) {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	return pids
+}
+
 func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil

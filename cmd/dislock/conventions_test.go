@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -201,12 +200,7 @@ func TestSetsidDescendantEnded(t *testing.T) {
 	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "DISLOCK_GRACE_SECONDS=1")
 	p := run(t, env, urlVar, "sh", "-c", "setsid sleep 300 >/dev/null 2>&1 </dev/null & echo $! > "+pidFile)
 	expectCode(t, p, 0)
-	pid, err := strconv.Atoi(waitFile(t, pidFile, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !processGone(pid) {
-		syscall.Kill(pid, syscall.SIGKILL)
+	if pid := readPIDs(t, pidFile)[0]; !processGone(pid) {
 		t.Fatalf("the setsid'ed process %d runs on after dislock exited: %s", pid, p.output())
 	}
 }
