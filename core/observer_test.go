@@ -233,10 +233,8 @@ func TestAcquireEndHolderAndWake(t *testing.T) {
 					b = bareBackend{b}
 				}
 				rec := &recorder{name: "waiter"}
-				holder, _ := core.New(b)
-				waiter, _ := core.New(b, core.WithObserver(rec))
-				defer holder.Close()
-				defer waiter.Close()
+				holder := newClient(t, b)
+				waiter := newClient(t, b, core.WithObserver(rec))
 				ctx := context.Background()
 				h, err := holder.TryAcquire(ctx, "k", core.WithOwner("holder-1"))
 				if err != nil {
