@@ -78,10 +78,7 @@ func TestObserverSeesEverything(t *testing.T) {
 		r1, r2 := &recorder{name: "r1"}, &recorder{name: "r2"}
 		c := newClient(t, st.Backend(), core.WithDefaults(core.TTL(30*time.Second)), core.WithObserver(r1), core.WithObserver(r2), core.WithObserver(nil))
 		ctx := context.Background()
-		s, err := c.TryAcquire(ctx, "a")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, c, "a")
 		if _, err := c.TryAcquire(ctx, "a"); !errors.Is(err, core.ErrNotAcquired) {
 			t.Fatal(err)
 		}
@@ -236,10 +233,7 @@ func TestAcquireEndHolderAndWake(t *testing.T) {
 				holder := newClient(t, b)
 				waiter := newClient(t, b, core.WithObserver(rec))
 				ctx := context.Background()
-				h, err := holder.TryAcquire(ctx, "k", core.WithOwner("holder-1"))
-				if err != nil {
-					t.Fatal(err)
-				}
+				h := hold(t, holder, "k", core.WithOwner("holder-1"))
 				if _, err := waiter.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrNotAcquired) {
 					t.Fatal(err)
 				}
