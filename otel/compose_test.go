@@ -61,10 +61,7 @@ func TestComposedObservers(t *testing.T) {
 	ctx, req := caller.Tracer("test").Start(context.Background(), "request")
 	defer req.End()
 
-	s1, err := a.TryAcquire(ctx, "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s1 := hold(t, ctx, a, "k1")
 	if _, err := b.TryAcquire(ctx, "k1"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatal(err)
 	}
@@ -75,10 +72,7 @@ func TestComposedObservers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s3, err := a.TryAcquire(ctx, "k3")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s3 := hold(t, ctx, a, "k3")
 	for _, f := range []*fixture{f1, f2} {
 		eventually(t, "a renew span", func() bool { return len(f.spans(dlotel.SpanRenew)) >= 1 })
 	}
