@@ -327,10 +327,7 @@ func TestReleaseFollowsTheCaller(t *testing.T) {
 // Lockers until the test ends, and returns the session and another Locker.
 func (f *fixture) heldElsewhere(t *testing.T) (core.Session, *core.Client) {
 	t.Helper()
-	s, err := f.locker(t).TryAcquire(context.Background(), "k", core.WithOwner("worker-7"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := hold(t, context.Background(), f.locker(t), "k", core.WithOwner("worker-7"))
 	t.Cleanup(func() { s.Release(context.Background()) })
 	return s, f.locker(t)
 }
