@@ -221,12 +221,8 @@ func TestMiddleware_BusyPolicies(t *testing.T) {
 }
 
 func TestMiddleware_WaitRunsAfterHolder(t *testing.T) {
-	_, holder, l := lockers(t)
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"t")
 	ctx := context.Background()
-	s, err := holder.TryAcquire(ctx, asynqlock.DefaultPrefix+"t")
-	if err != nil {
-		t.Fatal(err)
-	}
 	released := make(chan time.Time, 1)
 	mw := mustNew(t, l, asynqlock.OnBusy(asynqlock.Wait(10*time.Second)),
 		asynqlock.Key(func(ctx context.Context, t *asynq.Task) (string, error) {
@@ -235,7 +231,7 @@ func TestMiddleware_WaitRunsAfterHolder(t *testing.T) {
 			return asynqlock.ByType(ctx, t)
 		}))
 	var started time.Time
-	err = mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		started = time.Now()
 		return nil
 	})).ProcessTask(ctx, asynq.NewTask("t", nil))
