@@ -9,6 +9,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -47,11 +48,7 @@ func newClient(t *testing.T, b core.Backend, opts ...core.ClientOption) *core.Cl
 // cannot.
 func hold(t *testing.T, l core.Locker, key string, opts ...core.Option) core.Session {
 	t.Helper()
-	s, err := l.TryAcquire(context.Background(), key, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return testenv.Hold(t, context.Background(), l, key, opts...)
 }
 
 // holdN acquires the n keys prefix0 … prefix<n-1> on l at once.

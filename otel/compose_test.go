@@ -14,6 +14,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 	dlotel "github.com/dislock/dislock/otel"
 )
 
@@ -61,7 +62,7 @@ func TestComposedObservers(t *testing.T) {
 	ctx, req := caller.Tracer("test").Start(context.Background(), "request")
 	defer req.End()
 
-	s1 := hold(t, ctx, a, "k1")
+	s1 := testenv.Hold(t, ctx, a, "k1")
 	if _, err := b.TryAcquire(ctx, "k1"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatal(err)
 	}
@@ -72,7 +73,7 @@ func TestComposedObservers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s3 := hold(t, ctx, a, "k3")
+	s3 := testenv.Hold(t, ctx, a, "k3")
 	for _, f := range []*fixture{f1, f2} {
 		eventually(t, "a renew span", func() bool { return len(f.spans(dlotel.SpanRenew)) >= 1 })
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 	dlotel "github.com/dislock/dislock/otel"
 )
 
@@ -195,7 +196,7 @@ func TestAcquireAndRelease(t *testing.T) {
 	l := f.locker(t)
 	tr := f.tp.Tracer("test")
 	ctx, parent := tr.Start(context.Background(), "job")
-	s := hold(t, ctx, l, "reports")
+	s := testenv.Hold(t, ctx, l, "reports")
 	acq := f.span(t, dlotel.SpanAcquire)
 	if acq.Parent().SpanID() != parent.SpanContext().SpanID() {
 		t.Errorf("acquire span's parent is %v, want the caller's span", acq.Parent().SpanID())
@@ -287,7 +288,7 @@ func TestReleaseFollowsTheCaller(t *testing.T) {
 	l := f.lockerOn(t, f.tracingBackend())
 	tr := f.tp.Tracer("test")
 	actx, reqA := tr.Start(context.Background(), "request A")
-	s := hold(t, actx, l, "k")
+	s := testenv.Hold(t, actx, l, "k")
 	reqA.End()
 	bctx, reqB := tr.Start(context.Background(), "request B")
 	if err := s.Release(bctx); err != nil {
@@ -309,7 +310,7 @@ func TestReleaseFollowsTheCaller(t *testing.T) {
 	}
 
 	// Close releases with no caller: a new root linked to the acquisition.
-	hold(t, actx, l, "k2")
+	testenv.Hold(t, actx, l, "k2")
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +328,7 @@ func TestReleaseFollowsTheCaller(t *testing.T) {
 // Lockers until the test ends, and returns the session and another Locker.
 func (f *fixture) heldElsewhere(t *testing.T) (core.Session, *core.Client) {
 	t.Helper()
-	s := hold(t, context.Background(), f.locker(t), "k", core.WithOwner("worker-7"))
+	s := testenv.Hold(t, context.Background(), f.locker(t), "k", core.WithOwner("worker-7"))
 	t.Cleanup(func() { s.Release(context.Background()) })
 	return s, f.locker(t)
 }
@@ -386,7 +387,7 @@ func TestOutageIsAnError(t *testing.T) {
 	a := f.locker(t)
 	slow := f.store.Backend()
 	b := f.lockerOn(t, slow)
-	s := hold(t, context.Background(), a, "k")
+	s := testenv.Hold(t, context.Background(), a, "k")
 	defer s.Release(context.Background())
 	slow.SetLatency(300 * time.Millisecond) // the undo of the claim cut short is as slow
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -436,7 +437,7 @@ func TestWaitWake(t *testing.T) {
 			}
 			holder, waiter := f.lockerOn(t, b), f.lockerOn(t, b)
 			ctx := context.Background()
-			h := hold(t, ctx, holder, "k", core.WithOwner("worker-7"))
+			h := testenv.Hold(t, ctx, holder, "k", core.WithOwner("worker-7"))
 			go func() { time.Sleep(30 * time.Millisecond); h.Release(ctx) }()
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -456,7 +457,7 @@ func TestSlotMode(t *testing.T) {
 	f := newFixture(t)
 	l := f.locker(t)
 	ctx := context.Background()
-	s := hold(t, ctx, l, "tick", core.ForSlot(core.Every(time.Hour)))
+	s := testenv.Hold(t, ctx, l, "tick", core.ForSlot(core.Every(time.Hour)))
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +485,7 @@ func TestRenewSpans(t *testing.T) {
 	const n = 20
 	var sessions []core.Session
 	for i := range n {
-		s := hold(t, context.Background(), l, fmt.Sprintf("k%d", i))
+		s := testenv.Hold(t, context.Background(), l, fmt.Sprintf("k%d", i))
 		sessions = append(sessions, s)
 	}
 	eventually(t, "two renew spans", func() bool { return len(f.spans(dlotel.SpanRenew)) >= 2 })
@@ -563,7 +564,7 @@ func TestRenewSpans(t *testing.T) {
 func TestRenewSpansOff(t *testing.T) {
 	f := newFixture(t, dlotel.WithRenewSpans(false))
 	l := f.locker(t, core.TTL(90*time.Millisecond))
-	s := hold(t, context.Background(), l, "k")
+	s := testenv.Hold(t, context.Background(), l, "k")
 	eventually(t, "two renewals measured", func() bool {
 		return tally(f.collect(t), dlotel.MetricRenewDuration, nil) >= 2
 	})
@@ -620,7 +621,7 @@ func TestRenewFailureAndDeadline(t *testing.T) {
 func TestLeaseLost(t *testing.T) {
 	f := newFixture(t)
 	l := f.locker(t, core.TTL(150*time.Millisecond))
-	s := hold(t, context.Background(), l, "k")
+	s := testenv.Hold(t, context.Background(), l, "k")
 	if !f.store.Steal("k") {
 		t.Fatal("Steal: not held")
 	}
@@ -753,11 +754,11 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	a, b := f.locker(t), f.locker(t)
 	ctx := context.Background()
 
-	sa := hold(t, ctx, a, "a")
+	sa := testenv.Hold(t, ctx, a, "a")
 	if _, err := b.TryAcquire(ctx, "a"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatal(err)
 	}
-	sb := hold(t, ctx, a, "b")
+	sb := testenv.Hold(t, ctx, a, "b")
 	rm := f.collect(t)
 	if v := tally(rm, dlotel.MetricSessionActive, map[attribute.Key]string{dlotel.AttrBackend: "memory", dlotel.AttrMode: "try"}); v != 2 {
 		t.Errorf("active sessions %d with two held, want 2", v)
@@ -835,7 +836,7 @@ func TestSeriesDoNotGrowWithKeys(t *testing.T) {
 	ctx := context.Background()
 	cycle := func(from, to int) {
 		for i := from; i < to; i++ {
-			s := hold(t, ctx, l, fmt.Sprintf("job-%d", i))
+			s := testenv.Hold(t, ctx, l, fmt.Sprintf("job-%d", i))
 			if err := s.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -857,7 +858,7 @@ func TestMetricAttributesFn(t *testing.T) {
 	}))
 	l := f.locker(t)
 	for _, k := range []string{"backup:1", "backup:2", "report:1"} {
-		s := hold(t, context.Background(), l, k)
+		s := testenv.Hold(t, context.Background(), l, k)
 		s.Release(context.Background())
 	}
 	rm := f.collect(t)
@@ -889,7 +890,7 @@ func TestKeyModes(t *testing.T) {
 				t.Fatal("acquire did not fail")
 			}
 			fb.acquire.Store(false)
-			s := hold(t, context.Background(), l, key)
+			s := testenv.Hold(t, context.Background(), l, key)
 			s.Release(context.Background())
 			for _, sp := range f.sr.Ended() {
 				if c.attr != "" {
@@ -954,7 +955,7 @@ func (b *failing) Release(ctx context.Context, req core.ReleaseRequest) error {
 // again. It returns the lost session.
 func (f *fixture) loseLease(t *testing.T, l *core.Client, fb *failing, key string) core.Session {
 	t.Helper()
-	s := hold(t, context.Background(), l, key)
+	s := testenv.Hold(t, context.Background(), l, key)
 	fb.renew.Store(true)
 	select {
 	case <-s.Done():
@@ -1010,7 +1011,7 @@ func TestNoSecretsInTelemetry(t *testing.T) {
 	}
 	fb.acquire.Store(false)
 	// A failed release.
-	s := hold(t, ctx, l, "k2")
+	s := testenv.Hold(t, ctx, l, "k2")
 	fb.release.Store(true)
 	if err := s.Release(ctx); err == nil {
 		t.Fatal("release did not fail")
@@ -1058,17 +1059,6 @@ func TestNoSecretsInTelemetry(t *testing.T) {
 	}
 }
 
-// hold takes key on l at once (TryAcquire with ctx), failing the test if
-// it cannot.
-func hold(t *testing.T, ctx context.Context, l core.Locker, key string, opts ...core.Option) core.Session {
-	t.Helper()
-	s, err := l.TryAcquire(ctx, key, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 // holdOnce acquires and releases one key on a memlock Locker observed by
 // obs.
 func holdOnce(t *testing.T, obs core.Observer) {
@@ -1078,7 +1068,7 @@ func holdOnce(t *testing.T, obs core.Observer) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	s := hold(t, context.Background(), l, "k")
+	s := testenv.Hold(t, context.Background(), l, "k")
 	if err := s.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -1136,7 +1126,7 @@ func TestSessionEndCountedOnce(t *testing.T) {
 	fb := &failing{Backend: f.store.Backend()}
 	l := f.lockerOn(t, fb)
 	ctx := context.Background()
-	s := hold(t, ctx, l, "a")
+	s := testenv.Hold(t, ctx, l, "a")
 	if _, err := l.TryAcquire(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
@@ -1176,7 +1166,7 @@ func TestSessionEndCountedOnce(t *testing.T) {
 func TestReleaseFindsLeaseGone(t *testing.T) {
 	f := newFixture(t)
 	l := f.locker(t, core.TTL(time.Minute))
-	s := hold(t, context.Background(), l, "k")
+	s := testenv.Hold(t, context.Background(), l, "k")
 	f.store.Steal("k")
 	if err := s.Release(context.Background()); !errors.Is(err, core.ErrLeaseLost) {
 		t.Fatalf("Release = %v, want ErrLeaseLost", err)
