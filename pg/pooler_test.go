@@ -208,10 +208,7 @@ func TestPgBouncerListenFallback(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	holder := newClient(t, bouncerBackend(t, bn, table, execMode, pg.WithoutListen()))
-	s, err := holder.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, holder, "k")
 	// A waiter makes the Locker subscribe.
 	got := acquireAsync(ctx, l, "k", core.Backoff(20*time.Millisecond, 100*time.Millisecond))
 	select {
@@ -295,10 +292,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 	waiter := newClient(t, w)
 	holder := newClient(t, bouncerBackend(t, bn, table, execMode, pg.WithoutListen()))
 	for i := range 3 {
-		s, err := holder.TryAcquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, ctx, holder, "k")
 		busy := w.busy.Load()
 		got := acquireAsync(ctx, waiter, "k", core.Backoff(5*time.Second, 10*time.Second))
 		select {

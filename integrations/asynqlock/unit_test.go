@@ -392,10 +392,7 @@ func TestMiddleware_HandOff(t *testing.T) {
 	_, holder, l := lockers(t)
 	ctx := context.Background()
 	key := asynqlock.DefaultPrefix + "t"
-	s, err := holder.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, holder, key)
 	w := watchedLocker{Locker: l, acquiring: make(chan string, 1)}
 	// 8 a second, in bursts of 2.
 	mw := mustNew(t, w, asynqlock.QuickRetries(8), asynqlock.BusyDelay(10*time.Millisecond, 20*time.Millisecond))
@@ -428,13 +425,10 @@ func TestMiddleware_HandOff(t *testing.T) {
 		t.Errorf("waiter: %v", err)
 	}
 	// The line is free again: the next busy task waits.
-	s, err = holder.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = testenv.Hold(t, ctx, holder, key)
 	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	err = mw(noop()).ProcessTask(wctx, task)
+	err := mw(noop()).ProcessTask(wctx, task)
 	var b *asynqlock.BusyError
 	if len(w.acquiring) != 1 || !errors.As(err, &b) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("after the hand-off: waited %d, err = %v; want a wait that stops short of the deadline and bounces", len(w.acquiring), err)
