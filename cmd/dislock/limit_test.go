@@ -240,17 +240,9 @@ func TestStatusPermits(t *testing.T) {
 	defer l.Close()
 	ctx := context.Background()
 	for range 2 {
-		s, err := l.TryAcquire(ctx, "sem", core.Limit(3))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Release(ctx)
+		defer testenv.Hold(t, ctx, l, "sem", core.Limit(3)).Release(ctx)
 	}
-	m, err := l.TryAcquire(ctx, "mutex")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Release(ctx)
+	defer testenv.Hold(t, ctx, l, "mutex").Release(ctx)
 	var out bytes.Buffer
 	c := newCLI(&out, &bytes.Buffer{}, envOf())
 	for _, key := range []string{"sem", "mutex", "free"} {
