@@ -36,12 +36,7 @@ func newPair(t *testing.T, opts ...core.ClientOption) (*memlock.Store, [2]*core.
 // newClient returns a Locker on b, closed when the test ends.
 func newClient(t *testing.T, b core.Backend, opts ...core.ClientOption) *core.Client {
 	t.Helper()
-	c, err := core.New(b, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return testenv.Client(t, b, opts...)
 }
 
 // hold acquires key on l at once (TryAcquire), failing the test if it

@@ -49,12 +49,7 @@ func TestComposedObservers(t *testing.T) {
 	store := memlock.NewStore()
 	obs := core.Observers(f1.obs, tagObserver{}, f2.obs)
 	newLocker := func() *core.Client {
-		l, err := core.New(store.Backend(), core.WithObserver(obs), core.WithDefaults(core.TTL(150*time.Millisecond)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return l
+		return testenv.Client(t, store.Backend(), core.WithObserver(obs), core.WithDefaults(core.TTL(150*time.Millisecond)))
 	}
 	a, b := newLocker(), newLocker()
 	caller := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))

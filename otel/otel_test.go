@@ -64,12 +64,7 @@ func (f *fixture) locker(t *testing.T, opts ...core.Option) *core.Client {
 
 func (f *fixture) lockerOn(t *testing.T, b core.Backend, opts ...core.Option) *core.Client {
 	t.Helper()
-	l, err := core.New(b, core.WithObserver(f.obs), core.WithDefaults(opts...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l
+	return testenv.Client(t, b, core.WithObserver(f.obs), core.WithDefaults(opts...))
 }
 
 func (f *fixture) spans(name string) []sdktrace.ReadOnlySpan {

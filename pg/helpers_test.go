@@ -163,12 +163,7 @@ func acquireAsync(ctx context.Context, l core.Locker, key string, opts ...core.O
 
 func newClient(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Client {
 	t.Helper()
-	c, err := core.New(b, opts...)
-	if err != nil {
-		t.Fatalf("core.New: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return testenv.Client(t, b, opts...)
 }
 
 func init() {

@@ -109,11 +109,7 @@ func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault f
 		t.Fatal(err)
 	}
 	rec := &sendTimes{Backend: ob}
-	other, err := core.New(rec, core.WithDefaults(core.TTL(faultTTL)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Close() })
+	other := testenv.Client(t, rec, core.WithDefaults(core.TTL(faultTTL)))
 
 	s := holdJob(t, holder)
 	lostc := make(chan time.Time, 1)

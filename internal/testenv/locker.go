@@ -17,3 +17,14 @@ func Hold(t testing.TB, ctx context.Context, l core.Locker, key string, opts ...
 	}
 	return s
 }
+
+// Client returns a core.Client on b, closed when t ends.
+func Client(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Client {
+	t.Helper()
+	c, err := core.New(b, opts...)
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
