@@ -41,10 +41,7 @@ func TestTryDo(t *testing.T) {
 	}
 
 	// Held elsewhere: fn is skipped, without an error and without waiting.
-	s, err := a.TryAcquire(ctx, "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := hold(t, a, "job")
 	start := time.Now()
 	ran, err = core.TryDo(ctx, b, "job", func(context.Context) error {
 		t.Error("fn ran while the lock was held elsewhere")

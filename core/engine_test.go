@@ -520,10 +520,7 @@ func TestSlotClaimAfterSlotEndIsRefused(t *testing.T) {
 			t.Fatalf("claim for a slot that is over: %v, want ErrNotAcquired", err)
 		}
 		bs[1].SetLatency(0)
-		s2, err := cs[1].TryAcquire(context.Background(), "k", opts...) // the next slot
-		if err != nil {
-			t.Fatal(err)
-		}
+		s2 := hold(t, cs[1], "k", opts...) // the next slot
 		s2.Release(context.Background())
 	})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -35,23 +36,14 @@ func newPair(t *testing.T, opts ...core.ClientOption) (*memlock.Store, [2]*core.
 // newClient returns a Locker on b, closed when the test ends.
 func newClient(t *testing.T, b core.Backend, opts ...core.ClientOption) *core.Client {
 	t.Helper()
-	c, err := core.New(b, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return testenv.Client(t, b, opts...)
 }
 
 // hold acquires key on l at once (TryAcquire), failing the test if it
 // cannot.
 func hold(t *testing.T, l core.Locker, key string, opts ...core.Option) core.Session {
 	t.Helper()
-	s, err := l.TryAcquire(context.Background(), key, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return testenv.Hold(t, context.Background(), l, key, opts...)
 }
 
 // holdN acquires the n keys prefix0 … prefix<n-1> on l at once.

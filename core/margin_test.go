@@ -57,12 +57,7 @@ func (b *stallBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]e
 func newStall(t *testing.T, st *memlock.Store, opts ...core.ClientOption) (*core.Client, *stallBackend) {
 	t.Helper()
 	sb := &stallBackend{Backend: st.Backend(), inflight: make(map[string]bool)}
-	c, err := core.New(sb, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c, sb
+	return newClient(t, sb, opts...), sb
 }
 
 // A loss at the renew deadline leaves the key to the holder until the TTL:

@@ -13,11 +13,13 @@ import (
 	"github.com/dislock/dislock/core/memlock"
 )
 
-// recorder is an Observer that writes down every hook call.
+// recorder is an Observer that writes down every hook call, and keeps the
+// AcquireEnd events as they came.
 type recorder struct {
 	name   string
 	mu     sync.Mutex
 	events []string
+	ends   []core.AcquireEndEvent
 }
 
 type obsKey struct{ name string }
@@ -41,6 +43,16 @@ func (r *recorder) AcquireStart(ctx context.Context, e core.AcquireStartEvent) c
 }
 func (r *recorder) AcquireEnd(ctx context.Context, e core.AcquireEndEvent) {
 	r.add(ctx, "acquire-end %s ok=%v busy=%v attempts=%d", e.Key, e.Err == nil, errors.Is(e.Err, core.ErrNotAcquired), e.Attempts)
+	r.mu.Lock()
+	r.ends = append(r.ends, e)
+	r.mu.Unlock()
+}
+
+// lastEnd is the latest AcquireEnd event.
+func (r *recorder) lastEnd() core.AcquireEndEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ends[len(r.ends)-1]
 }
 func (r *recorder) RenewStart(ctx context.Context, e core.RenewStartEvent) context.Context {
 	r.add(ctx, "renew-start %s", e.Key)
@@ -66,10 +78,7 @@ func TestObserverSeesEverything(t *testing.T) {
 		r1, r2 := &recorder{name: "r1"}, &recorder{name: "r2"}
 		c := newClient(t, st.Backend(), core.WithDefaults(core.TTL(30*time.Second)), core.WithObserver(r1), core.WithObserver(r2), core.WithObserver(nil))
 		ctx := context.Background()
-		s, err := c.TryAcquire(ctx, "a")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, c, "a")
 		if _, err := c.TryAcquire(ctx, "a"); !errors.Is(err, core.ErrNotAcquired) {
 			t.Fatal(err)
 		}
@@ -207,25 +216,6 @@ func TestRenewBatchObserver(t *testing.T) {
 	})
 }
 
-// wakeRecorder keeps the AcquireEnd events.
-type wakeRecorder struct {
-	core.NopObserver
-	mu   sync.Mutex
-	ends []core.AcquireEndEvent
-}
-
-func (r *wakeRecorder) AcquireEnd(_ context.Context, e core.AcquireEndEvent) {
-	r.mu.Lock()
-	r.ends = append(r.ends, e)
-	r.mu.Unlock()
-}
-
-func (r *wakeRecorder) last() core.AcquireEndEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.ends[len(r.ends)-1]
-}
-
 func TestAcquireEndHolderAndWake(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -239,20 +229,15 @@ func TestAcquireEndHolderAndWake(t *testing.T) {
 				if !c.watch {
 					b = bareBackend{b}
 				}
-				rec := &wakeRecorder{}
-				holder, _ := core.New(b)
-				waiter, _ := core.New(b, core.WithObserver(rec))
-				defer holder.Close()
-				defer waiter.Close()
+				rec := &recorder{name: "waiter"}
+				holder := newClient(t, b)
+				waiter := newClient(t, b, core.WithObserver(rec))
 				ctx := context.Background()
-				h, err := holder.TryAcquire(ctx, "k", core.WithOwner("holder-1"))
-				if err != nil {
-					t.Fatal(err)
-				}
+				h := hold(t, holder, "k", core.WithOwner("holder-1"))
 				if _, err := waiter.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrNotAcquired) {
 					t.Fatal(err)
 				}
-				if e := rec.last(); e.Holder == nil || e.Holder.Owner != "holder-1" || e.Holder.Token != h.Token() || e.Wake != "" {
+				if e := rec.lastEnd(); e.Holder == nil || e.Holder.Owner != "holder-1" || e.Holder.Token != h.Token() || e.Wake != "" {
 					t.Fatalf("busy try: holder %+v wake %q", e.Holder, e.Wake)
 				}
 				go func() { time.Sleep(time.Second); h.Release(ctx) }()
@@ -261,7 +246,7 @@ func TestAcquireEndHolderAndWake(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer s.Release(ctx)
-				if e := rec.last(); e.Holder == nil || e.Holder.Owner != "holder-1" || e.Wake != c.want || e.Attempts < 2 {
+				if e := rec.lastEnd(); e.Holder == nil || e.Holder.Owner != "holder-1" || e.Wake != c.want || e.Attempts < 2 {
 					t.Fatalf("wait: holder %+v wake %q attempts %d, want wake %q", e.Holder, e.Wake, e.Attempts, c.want)
 				}
 			})

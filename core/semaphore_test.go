@@ -19,10 +19,7 @@ func TestSemaphorePermits(t *testing.T) {
 	var last uint64
 	var held []core.Session
 	for range 3 {
-		s, err := c.TryAcquire(ctx, key, core.Limit(3))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := hold(t, c, key, core.Limit(3))
 		if s.Token() <= last {
 			t.Fatalf("token %d after %d", s.Token(), last)
 		}
@@ -74,10 +71,7 @@ func TestSemaphorePermits(t *testing.T) {
 	for _, s := range held[1:] {
 		s.Release(ctx)
 	}
-	s, err := c.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := hold(t, c, key)
 	if s.Token() <= last {
 		t.Fatalf("mutex token %d after permits up to %d", s.Token(), last)
 	}
@@ -101,10 +95,7 @@ func TestCheck(t *testing.T) {
 	st := memlock.NewStore()
 	ctx := context.Background()
 	c := newClient(t, st.Backend())
-	s, err := c.TryAcquire(ctx, "check", core.TTL(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := hold(t, c, "check", core.TTL(3*time.Second))
 	d := s.Deadline()
 	time.Sleep(5 * time.Millisecond)
 	if err := s.Check(ctx); err != nil {

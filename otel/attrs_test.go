@@ -8,6 +8,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 	dlotel "github.com/dislock/dislock/otel"
 )
 
@@ -36,10 +37,7 @@ func TestBackendNames(t *testing.T) {
 	}
 	f := newFixture(t)
 	l := f.lockerOn(t, &named{Backend: f.store.Backend(), name: "pg"})
-	s, err := l.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), l, "k")
 	s.Release(context.Background())
 	for _, sp := range f.sr.Ended() {
 		wantAttrs(t, sp, map[attribute.Key]any{dlotel.AttrBackend: "postgresql"})
@@ -56,10 +54,7 @@ func TestTokenIsAlwaysAString(t *testing.T) {
 	big := f.lockerOn(t, &named{Backend: f.store.Backend(), name: "memory", base: 1 << 63})
 	ctx := context.Background()
 	for _, l := range []*core.Client{small, big} {
-		s, err := l.TryAcquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, ctx, l, "k")
 		s.Release(ctx)
 	}
 	want := []string{"1", "9223372036854775810"}
@@ -82,10 +77,7 @@ func TestWithAttributes(t *testing.T) {
 		dlotel.WithAttributes(attribute.String("tenant", "acme"), dlotel.AttrBackend.String("spoofed")))
 	l := f.locker(t)
 	ctx := context.Background()
-	s, err := l.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "k")
 	if _, err := l.TryAcquire(ctx, "k"); err == nil {
 		t.Fatal("second TryAcquire acquired")
 	}

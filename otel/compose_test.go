@@ -14,6 +14,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 	dlotel "github.com/dislock/dislock/otel"
 )
 
@@ -48,12 +49,7 @@ func TestComposedObservers(t *testing.T) {
 	store := memlock.NewStore()
 	obs := core.Observers(f1.obs, tagObserver{}, f2.obs)
 	newLocker := func() *core.Client {
-		l, err := core.New(store.Backend(), core.WithObserver(obs), core.WithDefaults(core.TTL(150*time.Millisecond)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return l
+		return testenv.Client(t, store.Backend(), core.WithObserver(obs), core.WithDefaults(core.TTL(150*time.Millisecond)))
 	}
 	a, b := newLocker(), newLocker()
 	caller := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
@@ -61,10 +57,7 @@ func TestComposedObservers(t *testing.T) {
 	ctx, req := caller.Tracer("test").Start(context.Background(), "request")
 	defer req.End()
 
-	s1, err := a.TryAcquire(ctx, "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s1 := testenv.Hold(t, ctx, a, "k1")
 	if _, err := b.TryAcquire(ctx, "k1"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatal(err)
 	}
@@ -75,10 +68,7 @@ func TestComposedObservers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s3, err := a.TryAcquire(ctx, "k3")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s3 := testenv.Hold(t, ctx, a, "k3")
 	for _, f := range []*fixture{f1, f2} {
 		eventually(t, "a renew span", func() bool { return len(f.spans(dlotel.SpanRenew)) >= 1 })
 	}

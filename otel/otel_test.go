@@ -23,6 +23,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 	dlotel "github.com/dislock/dislock/otel"
 )
 
@@ -63,12 +64,7 @@ func (f *fixture) locker(t *testing.T, opts ...core.Option) *core.Client {
 
 func (f *fixture) lockerOn(t *testing.T, b core.Backend, opts ...core.Option) *core.Client {
 	t.Helper()
-	l, err := core.New(b, core.WithObserver(f.obs), core.WithDefaults(opts...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l
+	return testenv.Client(t, b, core.WithObserver(f.obs), core.WithDefaults(opts...))
 }
 
 func (f *fixture) spans(name string) []sdktrace.ReadOnlySpan {
@@ -195,10 +191,7 @@ func TestAcquireAndRelease(t *testing.T) {
 	l := f.locker(t)
 	tr := f.tp.Tracer("test")
 	ctx, parent := tr.Start(context.Background(), "job")
-	s, err := l.TryAcquire(ctx, "reports")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "reports")
 	acq := f.span(t, dlotel.SpanAcquire)
 	if acq.Parent().SpanID() != parent.SpanContext().SpanID() {
 		t.Errorf("acquire span's parent is %v, want the caller's span", acq.Parent().SpanID())
@@ -290,10 +283,7 @@ func TestReleaseFollowsTheCaller(t *testing.T) {
 	l := f.lockerOn(t, f.tracingBackend())
 	tr := f.tp.Tracer("test")
 	actx, reqA := tr.Start(context.Background(), "request A")
-	s, err := l.TryAcquire(actx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, actx, l, "k")
 	reqA.End()
 	bctx, reqB := tr.Start(context.Background(), "request B")
 	if err := s.Release(bctx); err != nil {
@@ -315,11 +305,7 @@ func TestReleaseFollowsTheCaller(t *testing.T) {
 	}
 
 	// Close releases with no caller: a new root linked to the acquisition.
-	s2, err := l.TryAcquire(actx, "k2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = s2
+	testenv.Hold(t, actx, l, "k2")
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -337,10 +323,7 @@ func TestReleaseFollowsTheCaller(t *testing.T) {
 // Lockers until the test ends, and returns the session and another Locker.
 func (f *fixture) heldElsewhere(t *testing.T) (core.Session, *core.Client) {
 	t.Helper()
-	s, err := f.locker(t).TryAcquire(context.Background(), "k", core.WithOwner("worker-7"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), f.locker(t), "k", core.WithOwner("worker-7"))
 	t.Cleanup(func() { s.Release(context.Background()) })
 	return s, f.locker(t)
 }
@@ -399,10 +382,7 @@ func TestOutageIsAnError(t *testing.T) {
 	a := f.locker(t)
 	slow := f.store.Backend()
 	b := f.lockerOn(t, slow)
-	s, err := a.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), a, "k")
 	defer s.Release(context.Background())
 	slow.SetLatency(300 * time.Millisecond) // the undo of the claim cut short is as slow
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -452,10 +432,7 @@ func TestWaitWake(t *testing.T) {
 			}
 			holder, waiter := f.lockerOn(t, b), f.lockerOn(t, b)
 			ctx := context.Background()
-			h, err := holder.TryAcquire(ctx, "k", core.WithOwner("worker-7"))
-			if err != nil {
-				t.Fatal(err)
-			}
+			h := testenv.Hold(t, ctx, holder, "k", core.WithOwner("worker-7"))
 			go func() { time.Sleep(30 * time.Millisecond); h.Release(ctx) }()
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
@@ -475,14 +452,11 @@ func TestSlotMode(t *testing.T) {
 	f := newFixture(t)
 	l := f.locker(t)
 	ctx := context.Background()
-	s, err := l.TryAcquire(ctx, "tick", core.ForSlot(core.Every(time.Hour)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "tick", core.ForSlot(core.Every(time.Hour)))
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s, err = l.Acquire(ctx, "tock", core.ForSlot(core.Every(time.Hour)))
+	s, err := l.Acquire(ctx, "tock", core.ForSlot(core.Every(time.Hour)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,10 +480,7 @@ func TestRenewSpans(t *testing.T) {
 	const n = 20
 	var sessions []core.Session
 	for i := range n {
-		s, err := l.TryAcquire(context.Background(), fmt.Sprintf("k%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, context.Background(), l, fmt.Sprintf("k%d", i))
 		sessions = append(sessions, s)
 	}
 	eventually(t, "two renew spans", func() bool { return len(f.spans(dlotel.SpanRenew)) >= 2 })
@@ -588,10 +559,7 @@ func TestRenewSpans(t *testing.T) {
 func TestRenewSpansOff(t *testing.T) {
 	f := newFixture(t, dlotel.WithRenewSpans(false))
 	l := f.locker(t, core.TTL(90*time.Millisecond))
-	s, err := l.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), l, "k")
 	eventually(t, "two renewals measured", func() bool {
 		return tally(f.collect(t), dlotel.MetricRenewDuration, nil) >= 2
 	})
@@ -648,10 +616,7 @@ func TestRenewFailureAndDeadline(t *testing.T) {
 func TestLeaseLost(t *testing.T) {
 	f := newFixture(t)
 	l := f.locker(t, core.TTL(150*time.Millisecond))
-	s, err := l.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), l, "k")
 	if !f.store.Steal("k") {
 		t.Fatal("Steal: not held")
 	}
@@ -784,24 +749,18 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	a, b := f.locker(t), f.locker(t)
 	ctx := context.Background()
 
-	sa, err := a.TryAcquire(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sa := testenv.Hold(t, ctx, a, "a")
 	if _, err := b.TryAcquire(ctx, "a"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatal(err)
 	}
-	sb, err := a.TryAcquire(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := testenv.Hold(t, ctx, a, "b")
 	rm := f.collect(t)
 	if v := tally(rm, dlotel.MetricSessionActive, map[attribute.Key]string{dlotel.AttrBackend: "memory", dlotel.AttrMode: "try"}); v != 2 {
 		t.Errorf("active sessions %d with two held, want 2", v)
 	}
 	sa.Release(ctx)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
-	_, err = b.Acquire(wctx, "b")
+	_, err := b.Acquire(wctx, "b")
 	cancel()
 	if !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatal(err)
@@ -872,10 +831,7 @@ func TestSeriesDoNotGrowWithKeys(t *testing.T) {
 	ctx := context.Background()
 	cycle := func(from, to int) {
 		for i := from; i < to; i++ {
-			s, err := l.TryAcquire(ctx, fmt.Sprintf("job-%d", i))
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := testenv.Hold(t, ctx, l, fmt.Sprintf("job-%d", i))
 			if err := s.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -897,10 +853,7 @@ func TestMetricAttributesFn(t *testing.T) {
 	}))
 	l := f.locker(t)
 	for _, k := range []string{"backup:1", "backup:2", "report:1"} {
-		s, err := l.TryAcquire(context.Background(), k)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, context.Background(), l, k)
 		s.Release(context.Background())
 	}
 	rm := f.collect(t)
@@ -932,10 +885,7 @@ func TestKeyModes(t *testing.T) {
 				t.Fatal("acquire did not fail")
 			}
 			fb.acquire.Store(false)
-			s, err := l.TryAcquire(context.Background(), key)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := testenv.Hold(t, context.Background(), l, key)
 			s.Release(context.Background())
 			for _, sp := range f.sr.Ended() {
 				if c.attr != "" {
@@ -1000,10 +950,7 @@ func (b *failing) Release(ctx context.Context, req core.ReleaseRequest) error {
 // again. It returns the lost session.
 func (f *fixture) loseLease(t *testing.T, l *core.Client, fb *failing, key string) core.Session {
 	t.Helper()
-	s, err := l.TryAcquire(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), l, key)
 	fb.renew.Store(true)
 	select {
 	case <-s.Done():
@@ -1059,10 +1006,7 @@ func TestNoSecretsInTelemetry(t *testing.T) {
 	}
 	fb.acquire.Store(false)
 	// A failed release.
-	s, err := l.TryAcquire(ctx, "k2")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "k2")
 	fb.release.Store(true)
 	if err := s.Release(ctx); err == nil {
 		t.Fatal("release did not fail")
@@ -1119,10 +1063,7 @@ func holdOnce(t *testing.T, obs core.Observer) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	s, err := l.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), l, "k")
 	if err := s.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -1180,10 +1121,7 @@ func TestSessionEndCountedOnce(t *testing.T) {
 	fb := &failing{Backend: f.store.Backend()}
 	l := f.lockerOn(t, fb)
 	ctx := context.Background()
-	s, err := l.TryAcquire(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "a")
 	if _, err := l.TryAcquire(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
@@ -1223,10 +1161,7 @@ func TestSessionEndCountedOnce(t *testing.T) {
 func TestReleaseFindsLeaseGone(t *testing.T) {
 	f := newFixture(t)
 	l := f.locker(t, core.TTL(time.Minute))
-	s, err := l.TryAcquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), l, "k")
 	f.store.Steal("k")
 	if err := s.Release(context.Background()); !errors.Is(err, core.ErrLeaseLost) {
 		t.Fatalf("Release = %v, want ErrLeaseLost", err)

@@ -66,7 +66,7 @@ func TestConformanceExecMode(t *testing.T) {
 	admin, table := adminAndTable(t)
 	h := harness(t, admin, table)
 	h.NewBackend = func(tb testing.TB) core.Backend {
-		return newBackendPool(tb, table, noFlushWait(tb, queryMode(pgx.QueryExecModeExec)), pg.WithoutNotify(), pg.WithoutListen())
+		return newBackendPool(tb, table, noFlushWait(tb, execMode), pg.WithoutNotify(), pg.WithoutListen())
 	}
 	h.NoWatch = true
 	locktest.Run(t, h)

@@ -94,10 +94,7 @@ func TestTerminateBackendSurvives(t *testing.T) {
 	ctx := ctxT(t)
 	var sessions []core.Session
 	for _, k := range []string{"a", "b", "c"} {
-		s, err := l.TryAcquire(ctx, k, core.TTL(3*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, ctx, l, k, core.TTL(3*time.Second))
 		sessions = append(sessions, s)
 	}
 	if n := terminate(t, admin, app); n == 0 {
@@ -136,10 +133,7 @@ func TestTerminateBackendLossSignalled(t *testing.T) {
 	other := newClient(t, newBackend(t, table))
 	ctx := ctxT(t)
 	const ttl = 2 * time.Second
-	s, err := l.TryAcquire(ctx, "k", core.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "k", core.TTL(ttl))
 	down.Store(true)
 	terminate(t, admin, app)
 	cut := time.Now()
@@ -153,7 +147,7 @@ func TestTerminateBackendLossSignalled(t *testing.T) {
 		t.Fatalf("Err = %v", s.Err())
 	}
 	// The server still holds it until its expiry: the holder knew first.
-	_, err = other.TryAcquire(ctx, "k")
+	_, err := other.TryAcquire(ctx, "k")
 	if !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("lock free at the moment of loss (%v after the cut): %v", lostAfter, err)
 	}

@@ -30,7 +30,7 @@ func newPool(t testing.TB, edit func(*pgxpool.Config)) *pgxpool.Pool {
 		if throughPooler(t) {
 			// The test server is a transaction pooler: no prepared
 			// statements (edit may choose another mode that needs none).
-			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+			execMode(cfg)
 		}
 		if edit != nil {
 			edit(cfg)
@@ -123,6 +123,11 @@ func queryMode(mode pgx.QueryExecMode) func(*pgxpool.Config) {
 	return func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }
 }
 
+// execMode is the pool config edit of the configuration documented behind
+// PgBouncer in transaction mode: no prepared statements (exec mode; the
+// simple protocol works too).
+var execMode = queryMode(pgx.QueryExecModeExec)
+
 // backendOn returns a Backend of table on pool, closed at cleanup.
 func backendOn(t testing.TB, pool *pgxpool.Pool, table string, opts ...pg.Option) *pg.Backend {
 	t.Helper()
@@ -158,12 +163,7 @@ func acquireAsync(ctx context.Context, l core.Locker, key string, opts ...core.O
 
 func newClient(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Client {
 	t.Helper()
-	c, err := core.New(b, opts...)
-	if err != nil {
-		t.Fatalf("core.New: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return testenv.Client(t, b, opts...)
 }
 
 func init() {

@@ -24,10 +24,7 @@ func TestTwoPoolsExclude(t *testing.T) {
 	a := newClient(t, newBackend(t, table))
 	b := newClient(t, newBackend(t, table))
 	ctx := ctxT(t)
-	s, err := a.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, a, "k")
 	if _, err := b.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("second pool acquired a held lock: %v", err)
 	}
@@ -93,10 +90,7 @@ func TestBusyTryWritesNothing(t *testing.T) {
 	a := newClient(t, newBackend(t, table))
 	b := newBackend(t, table)
 	ctx := ctxT(t)
-	s, err := a.TryAcquire(ctx, "hot", core.TTL(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, a, "hot", core.TTL(10*time.Second))
 	defer s.Release(ctx)
 	var xmin, xmax string
 	read := func() (string, string) {
@@ -343,10 +337,7 @@ func TestWatchUnavailable(t *testing.T) {
 	}
 	// A Locker still acquires after a release, by polling.
 	l1, l2 := newClient(t, b2), newClient(t, b)
-	s, err := l1.TryAcquire(ctx, "poll")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l1, "poll")
 	got := acquireAsync(ctx, l2, "poll", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
 	_ = s.Release(ctx)
 	if r := <-got; r.err != nil {

@@ -28,7 +28,7 @@ func BenchmarkPgBouncerHandoff(b *testing.B) {
 }
 
 func benchBouncerHandoff(b *testing.B, bn *bouncer, opts ...pg.Option) {
-	admin := bouncerPool(b, bn, func(c *pgxpool.Config) { bouncerExec(c); c.MaxConns, c.MinConns = 2, 2 })
+	admin := bouncerPool(b, bn, func(c *pgxpool.Config) { execMode(c); c.MaxConns, c.MinConns = 2, 2 })
 	table := newTable(b, admin)
 	ctx := context.Background()
 	var (
@@ -36,7 +36,7 @@ func benchBouncerHandoff(b *testing.B, bn *bouncer, opts ...pg.Option) {
 		counters [2]*busyCounter
 	)
 	for i := range lockers {
-		pool := bouncerPool(b, bn, func(c *pgxpool.Config) { bouncerExec(c); c.MaxConns, c.MinConns = 4, 4 })
+		pool := bouncerPool(b, bn, func(c *pgxpool.Config) { execMode(c); c.MaxConns, c.MinConns = 4, 4 })
 		be, err := pg.NewBackend(ctx, pool, append([]pg.Option{pg.WithTable(table)}, opts...)...)
 		if err != nil {
 			b.Fatal(err)

@@ -21,10 +21,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The documented configuration behind PgBouncer in transaction mode: no
-// prepared statements (exec or simple protocol).
-func bouncerExec(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec }
-
 // bouncerPool returns a small pool through bn, closed at cleanup. edit may
 // change its config first.
 func bouncerPool(t testing.TB, bn *bouncer, edit func(*pgxpool.Config)) *pgxpool.Pool {
@@ -57,17 +53,17 @@ func bouncerBackend(t testing.TB, bn *bouncer, table string, edit func(*pgxpool.
 func TestPgBouncerConformance(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
 	bn := startBouncer(t)
-	admin := bouncerPool(t, bn, bouncerExec)
+	admin := bouncerPool(t, bn, execMode)
 	for _, v := range []struct {
 		name    string
 		edit    func(*pgxpool.Config)
 		opts    []pg.Option
 		noWatch bool
 	}{
-		{"exec-without-listen", bouncerExec, []pg.Option{pg.WithoutListen()}, true},
+		{"exec-without-listen", execMode, []pg.Option{pg.WithoutListen()}, true},
 		// DISLOCK_TEST_PG is the direct connection, unless it is itself
 		// a pooler (then LISTEN falls back and waiters poll).
-		{"simple-listen-direct", func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol },
+		{"simple-listen-direct", queryMode(pgx.QueryExecModeSimpleProtocol),
 			[]pg.Option{pg.WithListenConfig(directConfig(t))}, throughPooler(t)},
 	} {
 		t.Run(v.name, func(t *testing.T) {
@@ -199,23 +195,20 @@ func (w *watchProbe) WatchTurns(ctx context.Context, ready func(), fn func(key, 
 func TestPgBouncerListenFallback(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
 	bn := startBouncer(t)
-	table := newTable(t, bouncerPool(t, bn, bouncerExec))
+	table := newTable(t, bouncerPool(t, bn, execMode))
 	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
 	conns := &listenConns{}
-	pool := bouncerPool(t, bn, func(c *pgxpool.Config) { bouncerExec(c); conns.install(c.ConnConfig) })
+	pool := bouncerPool(t, bn, func(c *pgxpool.Config) { execMode(c); conns.install(c.ConnConfig) })
 	l, err := pg.New(ctx, pool, pg.WithTable(table),
 		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
-	holder := newClient(t, bouncerBackend(t, bn, table, bouncerExec, pg.WithoutListen()))
-	s, err := holder.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := newClient(t, bouncerBackend(t, bn, table, execMode, pg.WithoutListen()))
+	s := testenv.Hold(t, ctx, holder, "k")
 	// A waiter makes the Locker subscribe.
 	got := acquireAsync(ctx, l, "k", core.Backoff(20*time.Millisecond, 100*time.Millisecond))
 	select {
@@ -289,20 +282,17 @@ func TestPgBouncerListenConfig(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
 	needDirect(t, "WithListenConfig gets DISLOCK_TEST_PG as the direct connection")
 	bn := startBouncer(t)
-	table := newTable(t, bouncerPool(t, bn, bouncerExec))
+	table := newTable(t, bouncerPool(t, bn, execMode))
 	var logs testenv.SyncBuffer
 	obs := &listenEvents{got: make(chan struct{})}
 	ctx := ctxT(t)
-	be := bouncerBackend(t, bn, table, bouncerExec, pg.WithListenConfig(directConfig(t)),
+	be := bouncerBackend(t, bn, table, execMode, pg.WithListenConfig(directConfig(t)),
 		pg.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), pg.WithObserver(obs))
 	w := &watchProbe{busyCounter: busyCounter{Backend: be}, ready: make(chan struct{})}
 	waiter := newClient(t, w)
-	holder := newClient(t, bouncerBackend(t, bn, table, bouncerExec, pg.WithoutListen()))
+	holder := newClient(t, bouncerBackend(t, bn, table, execMode, pg.WithoutListen()))
 	for i := range 3 {
-		s, err := holder.TryAcquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, ctx, holder, "k")
 		busy := w.busy.Load()
 		got := acquireAsync(ctx, waiter, "k", core.Backoff(5*time.Second, 10*time.Second))
 		select {
@@ -342,7 +332,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 func TestPgBouncerPreparedStatementHint(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
 	bn := startBouncer(t)
-	table := newTable(t, bouncerPool(t, bn, bouncerExec))
+	table := newTable(t, bouncerPool(t, bn, execMode))
 	ctx := ctxT(t)
 	pool := bouncerPool(t, bn, func(c *pgxpool.Config) { c.MaxConns = 8 }) // pgx's default: cached prepared statements
 	var (
@@ -412,13 +402,13 @@ func TestPgBouncerClaimBound(t *testing.T) {
 	t.Parallel() // each has its own pgbouncer; the suites mostly wait on timers
 	const claimTimeout = 300 * time.Millisecond
 	bn := startBouncer(t)
-	admin := bouncerPool(t, bn, bouncerExec)
+	admin := bouncerPool(t, bn, execMode)
 	for _, m := range []struct {
 		name string
 		edit func(*pgxpool.Config)
 	}{
-		{"exec", bouncerExec},
-		{"simple", func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol }},
+		{"exec", execMode},
+		{"simple", queryMode(pgx.QueryExecModeSimpleProtocol)},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			table := newTable(t, admin)

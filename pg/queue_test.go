@@ -12,7 +12,6 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -306,7 +305,7 @@ func TestQueueTurnPayload(t *testing.T) {
 // (QueryExecModeExec, as behind PgBouncer), notifications included.
 func TestQueueExecMode(t *testing.T) {
 	table := freshTable(t)
-	b := newBackendPool(t, table, queryMode(pgx.QueryExecModeExec))
+	b := newBackendPool(t, table, execMode)
 	turns := watchTurns(t, newBackend(t, table))
 	ctx := ctxT(t)
 	k := "exec"

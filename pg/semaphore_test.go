@@ -49,10 +49,7 @@ func TestPermitsTableMissing(t *testing.T) {
 	// A short claim timeout: the engine undoes the refused claims, and
 	// Close waits for the claim bound.
 	l := newClient(t, newBackend(t, table, pg.WithClaimTimeout(100*time.Millisecond)))
-	s, err := l.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "k")
 	_ = s.Release(ctx)
 	_, err = l.TryAcquire(ctx, "k", core.Limit(2), refusedTTL)
 	if !errors.Is(err, pg.ErrSchema) || !strings.Contains(err.Error(), table+"_permits") || !strings.Contains(err.Error(), "PermitsSchemaSQL") {
@@ -225,10 +222,7 @@ func TestPermitExecModes(t *testing.T) {
 			var held []core.Session
 			for range 2 {
 				for range 2 { // twice each: cached statements are used again
-					s, err := l.TryAcquire(ctx, key, core.Limit(3), core.TTL(time.Minute))
-					if err != nil {
-						t.Fatal(err)
-					}
+					s := testenv.Hold(t, ctx, l, key, core.Limit(3), core.TTL(time.Minute))
 					held = append(held, s)
 					if len(held) == 3 {
 						if _, err := l.TryAcquire(ctx, key, core.Limit(3)); !errors.Is(err, core.ErrNotAcquired) {

@@ -20,10 +20,7 @@ import (
 func cycle(t *testing.T, l core.Locker, key string) uint64 {
 	t.Helper()
 	ctx := ctxT(t)
-	s, err := l.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, key)
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

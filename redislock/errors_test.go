@@ -13,20 +13,23 @@ import (
 	"github.com/dislock/dislock/redislock"
 )
 
+// lockerAt is a Locker with the default prefix on a client of its own made
+// with opts; both are closed when the test ends.
+func lockerAt(t *testing.T, opts *redis.Options) *core.Client {
+	t.Helper()
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	return newLocker(t, rdb, redislock.DefaultPrefix)
+}
+
 // Rule: errors carry one prefix per layer: core's "dislock: redis: acquire
 // "k": " (or release, or the store clock) wraps the driver's error, and the
 // backend adds no "redislock:" layer of its own.
 func TestErrorPrefixOnce(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
-	defer rdb.Close()
-	l, err := redislock.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := lockerAt(t, &redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
 	ctx := context.Background()
 	for _, opts := range [][]core.Option{{core.TTL(time.Second)}, {core.ForSlot(core.Every(time.Hour))}} {
-		_, err = l.TryAcquire(ctx, "prefix-once", opts...)
+		_, err := l.TryAcquire(ctx, "prefix-once", opts...)
 		if err == nil {
 			t.Fatal("acquired on an unreachable server")
 		}
@@ -55,36 +58,25 @@ func TestAuthenticationRequiredIsNamed(t *testing.T) {
 		{"no password, RESP2", redis.Options{Protocol: 2}, "authentication required"},
 		{"wrong password", redis.Options{Password: "not-" + password}, "WRONGPASS"},
 	} {
-		c.opts.Addr = p.Addr()
-		rdb := redis.NewClient(&c.opts)
-		l, err := redislock.New(rdb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		start := time.Now()
-		for _, opts := range [][]core.Option{nil, {core.ForSlot(core.Every(time.Hour))}, {core.Limit(2)}} {
-			_, err = l.TryAcquire(ctx, "auth", opts...)
-			if err == nil || !strings.Contains(err.Error(), c.want) || errors.Is(err, core.ErrNotAcquired) || strings.Contains(err.Error(), password) {
-				t.Errorf("%s %v: TryAcquire = %v, want %q", c.name, opts, err, c.want)
+		t.Run(c.name, func(t *testing.T) {
+			c.opts.Addr = p.Addr()
+			l := lockerAt(t, &c.opts)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			for _, opts := range [][]core.Option{nil, {core.ForSlot(core.Every(time.Hour))}, {core.Limit(2)}} {
+				_, err := l.TryAcquire(ctx, "auth", opts...)
+				if err == nil || !strings.Contains(err.Error(), c.want) || errors.Is(err, core.ErrNotAcquired) || strings.Contains(err.Error(), password) {
+					t.Errorf("%v: TryAcquire = %v, want %q", opts, err, c.want)
+				}
 			}
-		}
-		if took := time.Since(start); took > 5*time.Second {
-			t.Errorf("%s: %v to fail, want at once", c.name, took)
-		}
-		cancel()
-		l.Close()
-		rdb.Close()
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("%v to fail, want at once", took)
+			}
+		})
 	}
 	// With the password it works.
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), Password: password})
-	defer rdb.Close()
-	l, err := redislock.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	s, err := l.TryAcquire(context.Background(), "auth")
+	s, err := lockerAt(t, &redis.Options{Addr: p.Addr(), Password: password}).TryAcquire(context.Background(), "auth")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,13 +89,7 @@ func TestAuthenticationRequiredIsNamed(t *testing.T) {
 // MaxRetries further attempts and an undo of a claim that never left, and
 // its error names the refusal and is never busy.
 func TestConnectionRefusedFailsFast(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	defer rdb.Close()
-	l, err := redislock.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := lockerAt(t, &redis.Options{Addr: "127.0.0.1:1"})
 	for _, c := range []struct {
 		name string
 		opts []core.Option

@@ -101,10 +101,7 @@ func testScriptFlush(t *testing.T, c redis.UniversalClient, flush func(ctx conte
 
 	// Through the engine: a session survives flushes across its renewals.
 	l := newLocker(t, c, prefix, core.TTL(600*time.Millisecond))
-	s, err := l.TryAcquire(ctx, "flush/session")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "flush/session")
 	for range 3 {
 		if err := flush(ctx); err != nil {
 			t.Fatal(err)
@@ -384,10 +381,7 @@ func TestRestartWithoutPersistence(t *testing.T) {
 	ttl := 1500 * time.Millisecond
 	l := newLocker(t, c, prefix, core.TTL(ttl))
 	ctx := testenv.Context(t, 30*time.Second)
-	s, err := l.TryAcquire(ctx, "restart")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l, "restart")
 	old := s.Token()
 	p.Restart()
 	select {
@@ -398,10 +392,7 @@ func TestRestartWithoutPersistence(t *testing.T) {
 	if !errors.Is(s.Err(), core.ErrLeaseLost) {
 		t.Fatalf("rule %q: session ended with %v", rule, s.Err())
 	}
-	s2, err := l.TryAcquire(ctx, "restart")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s2 := testenv.Hold(t, ctx, l, "restart")
 	defer s2.Release(ctx)
 	if s2.Token() <= old {
 		t.Fatalf("rule %q: token %d after restart, %d before", rule, s2.Token(), old)
@@ -433,10 +424,7 @@ func TestWatchFailsWithoutPubSub(t *testing.T) {
 	l1 := newLocker(t, c, prefix, core.TTL(10*time.Second), core.Backoff(10*time.Millisecond, 50*time.Millisecond))
 	l2 := newLocker(t, c, prefix, core.TTL(10*time.Second), core.Backoff(10*time.Millisecond, 50*time.Millisecond))
 	ctx := testenv.Context(t, 10*time.Second)
-	s, err := l1.TryAcquire(ctx, "poll")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, l1, "poll")
 	got := make(chan error, 1)
 	go func() {
 		s2, err := l2.Acquire(ctx, "poll")

@@ -88,10 +88,7 @@ func TestCommandsPerAcquireRelease(t *testing.T) {
 	defer l.Close()
 	before = commandCalls(t, c)
 	for range n {
-		s, err := l.TryAcquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, ctx, l, "k")
 		if err := s.Release(ctx); err != nil {
 			t.Fatal(err)
 		}

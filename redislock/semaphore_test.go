@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/redislock"
 )
@@ -167,15 +168,7 @@ func testSemaphoreCluster(t *testing.T, c redis.UniversalClient) {
 	if _, err := b.TryAcquire(ctx, acq("c/0", "mutex", 0, time.Second)); !errors.Is(err, core.ErrLimitMismatch) {
 		t.Fatalf("mutex claim: %v", err)
 	}
-	res, err := b.Renew(ctx, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range res {
-		if r != nil {
-			t.Fatalf("permit %d: %v", i, r)
-		}
-	}
+	benchtest.RenewAll(t, ctx, b, reqs)
 	list, err := b.List(ctx, "c/")
 	if err != nil || len(list) != 300 {
 		t.Fatalf("list: %d %v", len(list), err)

@@ -95,14 +95,8 @@ func pgFixture(t *testing.T) *fixture {
 	u := testenv.PG(t)
 	table := testenv.Name("dislock_cli_")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatalf("connect to PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() {
-		conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
-		conn.Close(context.Background())
-	})
+	conn := pgConn(t, u)
+	dropAtCleanup(t, conn, table)
 	// A table named by LOCK_TABLE must exist: the CLI creates only the
 	// default one.
 	ddl, err := pg.SchemaSQL(table, false, false)
@@ -129,6 +123,28 @@ func pgFixture(t *testing.T) *fixture {
 			}
 		},
 	}
+}
+
+// pgConn is a connection to PostgreSQL at u for the test's own set-up and
+// checks; it is closed when the test ends.
+func pgConn(t *testing.T, u string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), u)
+	if err != nil {
+		t.Fatalf("connect to PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// dropAtCleanup drops table, if it exists, on conn (of pgConn) when the
+// test ends.
+func dropAtCleanup(t *testing.T, conn *pgx.Conn, table string) {
+	t.Cleanup(func() {
+		if _, err := conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize()); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
+	})
 }
 
 func redisFixture(t *testing.T) *fixture {
@@ -307,6 +323,28 @@ func waitFile(t *testing.T, path string, timeout time.Duration) string {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// readPIDs reads the process IDs a command wrote to path (waitFile); the
+// processes still running are killed when the test ends.
+func readPIDs(t *testing.T, path string) []int {
+	t.Helper()
+	var pids []int
+	for _, s := range strings.Fields(waitFile(t, path, 20*time.Second)) {
+		pid, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatalf("pid file %s: %v", path, err)
+		}
+		pids = append(pids, pid)
+	}
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if !processGone(pid) {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	return pids
 }
 
 func exists(path string) bool {
@@ -828,15 +866,9 @@ func TestLegacyTable(t *testing.T) {
 	u := testenv.PG(t)
 	table := testenv.Name("dislock_cli_legacy_")
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := pgConn(t, u)
+	dropAtCleanup(t, conn, table)
 	ident := pgx.Identifier{table}.Sanitize()
-	t.Cleanup(func() {
-		conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+ident)
-		conn.Close(context.Background())
-	})
 	if _, err := conn.Exec(ctx, "CREATE TABLE "+ident+" (key text PRIMARY KEY, value text NOT NULL, expire_at timestamptz NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}

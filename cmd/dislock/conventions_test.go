@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,21 +50,8 @@ func TestConventions(t *testing.T) {
 	t.Run("StatusOnAFreshDatabase", func(t *testing.T) {
 		// A schema no run has used stands for a fresh database: the
 		// default table is looked up on the search path.
-		u := testenv.PG(t)
-		schema := testenv.Name("dislock_fresh_")
-		conn, err := pgx.Connect(context.Background(), u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(context.Background())
-		if _, err := conn.Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		})
-		env := none.baseEnv(urlVar + "=" + testenv.PGParam(t, u, "search_path", schema))
-		p := run(t, env, "status", "--url-env", urlVar, leasePrefix+"job")
+		fresh, _, _ := schemaFixture(t, "dislock_fresh_")
+		p := run(t, fresh.baseEnv(), "status", "--url-env", urlVar, leasePrefix+"job")
 		expectCode(t, p, exitFree)
 		if !strings.Contains(p.stdout.String(), "\tfree") {
 			t.Fatalf("status on a fresh database: %s", p.output())
@@ -215,12 +200,7 @@ func TestSetsidDescendantEnded(t *testing.T) {
 	env := f.baseEnv("LOCK_KEY="+f.newKey(t), "LOCK_STRATEGY=lease", "DISLOCK_GRACE_SECONDS=1")
 	p := run(t, env, urlVar, "sh", "-c", "setsid sleep 300 >/dev/null 2>&1 </dev/null & echo $! > "+pidFile)
 	expectCode(t, p, 0)
-	pid, err := strconv.Atoi(waitFile(t, pidFile, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !processGone(pid) {
-		syscall.Kill(pid, syscall.SIGKILL)
+	if pid := readPIDs(t, pidFile)[0]; !processGone(pid) {
 		t.Fatalf("the setsid'ed process %d runs on after dislock exited: %s", pid, p.output())
 	}
 }

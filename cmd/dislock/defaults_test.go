@@ -146,18 +146,13 @@ func TestStatusListFormat(t *testing.T) {
 // connection for the test's own checks, and schema the schema's name.
 func schemaFixture(t *testing.T, prefix string) (f *fixture, conn *pgx.Conn, schema string) {
 	u := testenv.PG(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn = pgConn(t, u)
 	schema = testenv.Name(prefix)
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+	if _, err := conn.Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		conn.Close(context.Background())
 	})
 	return &fixture{url: testenv.PGParam(t, u, "search_path", schema)}, conn, schema
 }

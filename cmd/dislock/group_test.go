@@ -3,32 +3,11 @@ package main
 import (
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
-
-func readPIDs(t *testing.T, path string) []int {
-	t.Helper()
-	var pids []int
-	for _, s := range strings.Fields(waitFile(t, path, 20*time.Second)) {
-		pid, err := strconv.Atoi(s)
-		if err != nil {
-			t.Fatalf("pid file %s: %v", path, err)
-		}
-		pids = append(pids, pid)
-	}
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			if !processGone(pid) {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
-	return pids
-}
 
 // After a loss by the local renew deadline the store still holds the key
 // (here: renewals get no reply, releases on new connections go through).

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/internal/redistest"
@@ -70,7 +69,8 @@ func TestSlotForRunsThatStarted(t *testing.T) {
 func TestScheduleNeverFires(t *testing.T) {
 	u := testenv.PG(t)
 	table := testenv.Name("dislock_never_")
-	t.Cleanup(func() { dropTable(t, u, table) })
+	conn := pgConn(t, u)
+	dropAtCleanup(t, conn, table)
 	var f *fixture
 	env := f.baseEnv(urlVar+"="+u, "LOCK_KEY=never", "CRON_SCHEDULE=0 0 30 2 *", "LOCK_TABLE="+table, "DISLOCK_CREATE_TABLE=1")
 	p := run(t, env, urlVar, "true")
@@ -78,11 +78,6 @@ func TestScheduleNeverFires(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "CRON_SCHEDULE") || strings.Contains(p.stderr.String(), "ForSlot") {
 		t.Fatalf("the error does not name CRON_SCHEDULE: %s", p.output())
 	}
-	conn, err := pgx.Connect(context.Background(), u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
 	var exists bool
 	if err := conn.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
 		t.Fatal(err)

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
 	"github.com/dislock/dislock/internal/testenv"
@@ -112,20 +110,6 @@ func (f *fixture) table() string {
 	return ""
 }
 
-// dropTable drops table, if it exists, from the PostgreSQL database at u.
-func dropTable(t *testing.T, u, table string) {
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Errorf("connect to PostgreSQL: %v", err)
-		return
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize()); err != nil {
-		t.Errorf("drop %s: %v", table, err)
-	}
-}
-
 // semaphores reports whether the fixture's backend holds semaphores, as
 // the CLI opens it.
 func (f *fixture) semaphores(t *testing.T) bool {
@@ -161,7 +145,7 @@ func limitProcess(t *testing.T, f *fixture) {
 	// beside the test's PostgreSQL table (dropped at the end).
 	env := append(append([]string{}, base...), "LOCK_LIMIT=2", "DISLOCK_CREATE_TABLE=1")
 	if table := f.table(); table != "" && f.name == "pg" {
-		t.Cleanup(func() { dropTable(t, f.url, table+"_permits") })
+		dropAtCleanup(t, pgConn(t, f.url), table+"_permits")
 	}
 	marker := filepath.Join(dir, "ran")
 	admin := f.baseEnv()
@@ -256,17 +240,9 @@ func TestStatusPermits(t *testing.T) {
 	defer l.Close()
 	ctx := context.Background()
 	for range 2 {
-		s, err := l.TryAcquire(ctx, "sem", core.Limit(3))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Release(ctx)
+		defer testenv.Hold(t, ctx, l, "sem", core.Limit(3)).Release(ctx)
 	}
-	m, err := l.TryAcquire(ctx, "mutex")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Release(ctx)
+	defer testenv.Hold(t, ctx, l, "mutex").Release(ctx)
 	var out bytes.Buffer
 	c := newCLI(&out, &bytes.Buffer{}, envOf())
 	for _, key := range []string{"sem", "mutex", "free"} {

@@ -71,12 +71,7 @@ func TestOutageIsNotBusy(t *testing.T) {
 	t.Run("PGTableLockedByMigration", func(t *testing.T) {
 		t.Parallel()
 		f := pgFixture(t)
-		conn, err := pgx.Connect(context.Background(), f.url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(context.Background())
-		tx, err := conn.Begin(context.Background())
+		tx, err := pgConn(t, f.url).Begin(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -370,7 +370,9 @@ type semQueue struct {
 
 const semQueueLimit = 3
 
-func newSemQueue(t *testing.T, e *env, rule string) *semQueue {
+// newSemQueue returns a semQueue whose semaphore is full, and the names of
+// the waiters it then queued, in order: each was answered busy.
+func newSemQueue(t *testing.T, e *env, rule string, waiters int) (*semQueue, []string) {
 	t.Helper()
 	holder, wait := rawQueuer(t, e), rawQueuer(t, e)
 	if _, ok := holder.(core.SemaphoreBackend); !ok {
@@ -381,7 +383,20 @@ func newSemQueue(t *testing.T, e *env, rule string) *semQueue {
 	for range semQueueLimit {
 		q.grant(holder, q.req(""), "a holder's permit")
 	}
-	return q
+	ws := make([]string, waiters)
+	for i := range ws {
+		ws[i] = q.queueWaiter(fmt.Sprintf("waiter %d on a full semaphore", i+1))
+	}
+	return q, ws
+}
+
+// queueWaiter queues a new waiter, whose claim is answered busy (what
+// names it in the messages), and returns its name.
+func (q *semQueue) queueWaiter(what string) string {
+	q.t.Helper()
+	w := "w-" + rand.Text()
+	q.busy(q.wait, q.req(w), what)
+	return w
 }
 
 // releaseHeld releases the i-th permit granted, with the holder's backend.

@@ -158,26 +158,22 @@ func testQueueSemaphore(t *testing.T, e *env) {
 // permits are free, and answered busy otherwise".
 func testQueueSemaphoreGrant(t *testing.T, e *env) {
 	const rule = "on a Queuer semaphore a waiter is granted a permit when fewer live waiters are queued before it than permits are free, and answered busy otherwise"
-	q := newSemQueue(t, e, rule)
-	w1, w2, w3 := "w1-"+rand.Text(), "w2-"+rand.Text(), "w3-"+rand.Text()
-	q.busy(q.wait, q.req(w1), "the first waiter on a full semaphore")
-	q.busy(q.wait, q.req(w2), "the second waiter on a full semaphore")
-	q.busy(q.wait, q.req(w3), "the third waiter on a full semaphore")
+	q, w := newSemQueue(t, e, rule, 3)
 	q.releaseHeld(0)
 	q.releaseHeld(1) // two permits free, three waiters
-	q.busy(q.wait, q.req(w3), "the third waiter, two waiters before it and two permits free")
-	l2 := q.grant(q.wait, q.req(w2), "the second waiter, one waiter before it and two permits free")
-	// w2 is out of line: one permit free, w1 first, w3 behind it.
-	q.busy(q.wait, q.req(w3), "the third waiter, one waiter before it and one permit free")
+	q.busy(q.wait, q.req(w[2]), "the third waiter, two waiters before it and two permits free")
+	l2 := q.grant(q.wait, q.req(w[1]), "the second waiter, one waiter before it and two permits free")
+	// w[1] is out of line: one permit free, w[0] first, w[2] behind it.
+	q.busy(q.wait, q.req(w[2]), "the third waiter, one waiter before it and one permit free")
 	q.busy(q.holder, q.req(""), "a claim without a Waiter while live waiters hold every free permit's turn")
-	l1 := q.grant(q.wait, q.req(w1), "the first waiter, nobody before it and one permit free")
+	l1 := q.grant(q.wait, q.req(w[0]), "the first waiter, nobody before it and one permit free")
 	// Tokens increase in the order of the grants, not of the line
 	// (core.SemaphoreBackend).
 	if !e.h.NoFencing && l1.Token <= l2.Token {
 		t.Errorf("rule %q: the first waiter, granted after the second, got token %d after %d", rule, l1.Token, l2.Token)
 	}
-	q.busy(q.wait, q.req(w3), "the last waiter on a full semaphore")
-	if err := q.wait.Leave(q.ctx, q.key, w3); err != nil {
+	q.busy(q.wait, q.req(w[2]), "the last waiter on a full semaphore")
+	if err := q.wait.Leave(q.ctx, q.key, w[2]); err != nil {
 		t.Errorf("rule %q: Leave = %v", rule, err)
 	}
 }

@@ -281,21 +281,17 @@ func handoffPrompt(t *testing.T, e *env, rule string, ps []*proc, limit int) {
 // grant that leaves a permit free tells the next live waiter its turn".
 func testQueueSemaphoreGrantPassesTurn(t *testing.T, e *env) {
 	const rule = "on a Queuer semaphore a grant that leaves a permit free tells the next live waiter its turn"
-	q := newSemQueue(t, e, rule)
-	w1, w2 := "w1-"+rand.Text(), "w2-"+rand.Text()
-	q.busy(q.wait, q.req(w1), "the first waiter on a full semaphore")
-	q.busy(q.wait, q.req(w2), "the second waiter on a full semaphore")
+	q, w := newSemQueue(t, e, rule, 2)
 	q.releaseHeld(0)
-	q.turns.expect(t, rule, "a permit's release with waiters queued", w1)
+	q.turns.expect(t, rule, "a permit's release with waiters queued", w[0])
 	q.releaseHeld(1)
-	q.turns.expect(t, rule, "a second permit's release, the first waiter still in line", w1)
-	q.grant(q.wait, q.req(w1), "the first waiter, two permits free")
-	q.turns.expect(t, rule, "a grant that leaves a permit free", w2)
-	q.grant(q.wait, q.req(w2), "the second waiter, one permit free")
+	q.turns.expect(t, rule, "a second permit's release, the first waiter still in line", w[0])
+	q.grant(q.wait, q.req(w[0]), "the first waiter, two permits free")
+	q.turns.expect(t, rule, "a grant that leaves a permit free", w[1])
+	q.grant(q.wait, q.req(w[1]), "the second waiter, one permit free")
 	// The last grant left no permit free and nobody in line: no turn; the
 	// next turn on the key is the one a release sends for a new waiter.
-	w3 := "w3-" + rand.Text()
-	q.busy(q.wait, q.req(w3), "a waiter on a full semaphore")
+	w3 := q.queueWaiter("a waiter on a full semaphore")
 	q.releaseHeld(2)
 	q.turns.expect(t, rule, "the first turn after grants that left no permit free", w3)
 	if err := q.wait.Leave(q.ctx, q.key, w3); err != nil {
@@ -309,19 +305,16 @@ func testQueueSemaphoreGrantPassesTurn(t *testing.T, e *env) {
 // release with nobody queued sends none".
 func testQueueSemaphoreTurns(t *testing.T, e *env) {
 	const rule = "on a Queuer semaphore the turns are a mutex's: a permit's release, a ForceRelease and a Leave of the first waiter while a permit is free tell the first live waiter by name; a release with nobody queued sends none"
-	q := newSemQueue(t, e, rule)
-	w1, w2, w3 := "w1-"+rand.Text(), "w2-"+rand.Text(), "w3-"+rand.Text()
-	q.busy(q.wait, q.req(w1), "the first waiter on a full semaphore")
-	q.busy(q.wait, q.req(w2), "the second waiter on a full semaphore")
+	q, w := newSemQueue(t, e, rule, 2)
 	q.releaseHeld(0)
-	q.turns.expect(t, rule, "a permit's release with waiters queued", w1)
-	if err := q.wait.Leave(q.ctx, q.key, w1); err != nil {
+	q.turns.expect(t, rule, "a permit's release with waiters queued", w[0])
+	if err := q.wait.Leave(q.ctx, q.key, w[0]); err != nil {
 		t.Fatalf("rule %q: Leave = %v", rule, err)
 	}
-	q.turns.expect(t, rule, "a Leave of the first waiter while a permit is free", w2)
-	q.grant(q.wait, q.req(w2), "the second waiter, first in line, one permit free")
+	q.turns.expect(t, rule, "a Leave of the first waiter while a permit is free", w[1])
+	q.grant(q.wait, q.req(w[1]), "the second waiter, first in line, one permit free")
 	if adm, ok := q.holder.(core.Admin); ok && !e.h.NoAdmin {
-		q.busy(q.wait, q.req(w3), "a waiter on a full semaphore")
+		w3 := q.queueWaiter("a waiter on a full semaphore")
 		if released, err := adm.ForceRelease(q.ctx, q.key); err != nil || !released {
 			t.Fatalf("rule %q: ForceRelease = %v %v", rule, released, err)
 		}
@@ -340,8 +333,7 @@ func testQueueSemaphoreTurns(t *testing.T, e *env) {
 	last := len(q.held) - 1
 	q.releaseHeld(last)
 	q.grant(q.holder, q.req(""), "a permit freed with nobody queued")
-	w4 := "w4-" + rand.Text()
-	q.busy(q.wait, q.req(w4), "a waiter on a full semaphore")
+	w4 := q.queueWaiter("a waiter on a full semaphore")
 	q.releaseHeld(last + 1)
 	q.turns.expect(t, rule, "the first turn after a release with nobody queued", w4)
 	if err := q.wait.Leave(q.ctx, q.key, w4); err != nil {

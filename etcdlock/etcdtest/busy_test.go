@@ -31,10 +31,7 @@ func TestBusyTryIsARead(t *testing.T) {
 			opts = append(opts, core.Limit(limit))
 		}
 		for range limit {
-			s, err := holder.TryAcquire(testenv.Context(t, 5*time.Second), key, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := testenv.Hold(t, testenv.Context(t, 5*time.Second), holder, key, opts...)
 			defer s.Release(testenv.Context(t, 5*time.Second))
 		}
 		req := core.AcquireRequest{Key: key, Owner: "t", TTL: 5 * time.Second}

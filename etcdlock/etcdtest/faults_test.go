@@ -82,11 +82,7 @@ func newLocker(t testing.TB, cli *clientv3.Client, prefix string, opts ...core.C
 // holdJob acquires the key "job" through l, or fails the test.
 func holdJob(t *testing.T, l *core.Client) core.Session {
 	t.Helper()
-	s, err := l.TryAcquire(testenv.Context(t, 10*time.Second), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return testenv.Hold(t, testenv.Context(t, 10*time.Second), l, "job")
 }
 
 // othersThan is every member of c but member at.
@@ -113,11 +109,7 @@ func lossBeforeTakeover(t *testing.T, c *etcdtest.Cluster, holderAt int, fault f
 		t.Fatal(err)
 	}
 	rec := &sendTimes{Backend: ob}
-	other, err := core.New(rec, core.WithDefaults(core.TTL(faultTTL)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Close() })
+	other := testenv.Client(t, rec, core.WithDefaults(core.TTL(faultTTL)))
 
 	s := holdJob(t, holder)
 	lostc := make(chan time.Time, 1)
@@ -445,10 +437,7 @@ func TestLostReply(t *testing.T) {
 		free(t, "grant")
 	})
 	t.Run("Release", func(t *testing.T) {
-		s, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "release")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, testenv.Context(t, 10*time.Second), a, "release")
 		drop.dropped.Store(0)
 		drop.lease.Store(0)
 		drop.arm(func(method string, req any) bool {
@@ -471,10 +460,7 @@ func TestLostReply(t *testing.T) {
 	t.Run("ClaimAfterBusy", func(t *testing.T) {
 		// A claim whose reply is lost is answered busy on a retry with a new
 		// owner token, and is undone by its own token.
-		s, err := b.TryAcquire(testenv.Context(t, 10*time.Second), "busy")
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, testenv.Context(t, 10*time.Second), b, "busy")
 		if _, err := a.TryAcquire(testenv.Context(t, 10*time.Second), "busy"); !errors.Is(err, core.ErrNotAcquired) {
 			t.Fatalf("TryAcquire of a held key = %v", err)
 		}

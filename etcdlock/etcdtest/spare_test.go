@@ -52,10 +52,7 @@ func TestSharedLease(t *testing.T) {
 
 	var ss []core.Session
 	for _, k := range []string{"a", "b", "c"} {
-		s, err := l.TryAcquire(testenv.Context(t, 5*time.Second), k)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := testenv.Hold(t, testenv.Context(t, 5*time.Second), l, k)
 		defer s.Release(context.Background())
 		ss = append(ss, s)
 	}

@@ -51,10 +51,7 @@ func lockers(t *testing.T) (*memlock.Store, core.Locker, core.Locker) {
 func heldElsewhere(t *testing.T, key string) (core.Session, core.Locker) {
 	t.Helper()
 	_, holder, l := lockers(t)
-	s, err := holder.TryAcquire(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, context.Background(), holder, key)
 	return s, l
 }
 

@@ -221,12 +221,8 @@ func TestMiddleware_BusyPolicies(t *testing.T) {
 }
 
 func TestMiddleware_WaitRunsAfterHolder(t *testing.T) {
-	_, holder, l := lockers(t)
+	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"t")
 	ctx := context.Background()
-	s, err := holder.TryAcquire(ctx, asynqlock.DefaultPrefix+"t")
-	if err != nil {
-		t.Fatal(err)
-	}
 	released := make(chan time.Time, 1)
 	mw := mustNew(t, l, asynqlock.OnBusy(asynqlock.Wait(10*time.Second)),
 		asynqlock.Key(func(ctx context.Context, t *asynq.Task) (string, error) {
@@ -235,7 +231,7 @@ func TestMiddleware_WaitRunsAfterHolder(t *testing.T) {
 			return asynqlock.ByType(ctx, t)
 		}))
 	var started time.Time
-	err = mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	err := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		started = time.Now()
 		return nil
 	})).ProcessTask(ctx, asynq.NewTask("t", nil))
@@ -396,10 +392,7 @@ func TestMiddleware_HandOff(t *testing.T) {
 	_, holder, l := lockers(t)
 	ctx := context.Background()
 	key := asynqlock.DefaultPrefix + "t"
-	s, err := holder.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := testenv.Hold(t, ctx, holder, key)
 	w := watchedLocker{Locker: l, acquiring: make(chan string, 1)}
 	// 8 a second, in bursts of 2.
 	mw := mustNew(t, w, asynqlock.QuickRetries(8), asynqlock.BusyDelay(10*time.Millisecond, 20*time.Millisecond))
@@ -432,13 +425,10 @@ func TestMiddleware_HandOff(t *testing.T) {
 		t.Errorf("waiter: %v", err)
 	}
 	// The line is free again: the next busy task waits.
-	s, err = holder.TryAcquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = testenv.Hold(t, ctx, holder, key)
 	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	err = mw(noop()).ProcessTask(wctx, task)
+	err := mw(noop()).ProcessTask(wctx, task)
 	var b *asynqlock.BusyError
 	if len(w.acquiring) != 1 || !errors.As(err, &b) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("after the hand-off: waited %d, err = %v; want a wait that stops short of the deadline and bounces", len(w.acquiring), err)

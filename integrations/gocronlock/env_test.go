@@ -115,12 +115,7 @@ func newEnv(t *testing.T, name string) *env {
 // the test ends.
 func (e *env) locker(t *testing.T, opts ...core.ClientOption) *core.Client {
 	t.Helper()
-	c, err := core.New(e.backend(t), opts...)
-	if err != nil {
-		t.Fatalf("core.New: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return testenv.Client(t, e.backend(t), opts...)
 }
 
 // closedAtEnd returns a function that takes a constructor's results: it
@@ -142,12 +137,7 @@ func closedAtEnd(t *testing.T, what string) func(core.Backend, error) core.Backe
 func (e *env) killable(t *testing.T) (*core.Client, *cutBackend) {
 	t.Helper()
 	cb := &cutBackend{Backend: e.backend(t)}
-	c, err := core.New(cb)
-	if err != nil {
-		t.Fatalf("core.New: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c, cb
+	return testenv.Client(t, cb), cb
 }
 
 var errCut = errors.New("test: store unreachable")

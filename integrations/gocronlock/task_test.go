@@ -11,6 +11,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/integrations/gocronlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // Rule: a wrapped task whose lease is lost while it runs sees its context
@@ -82,10 +83,7 @@ func TestTaskBusyMemlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := other.TryAcquire(ctx, gocronlock.DefaultPrefix+"job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := testenv.Hold(t, ctx, other, gocronlock.DefaultPrefix+"job")
 	if err := run(ctx); !errors.Is(err, core.ErrNotAcquired) {
 		t.Errorf("busy run returned %v, want core.ErrNotAcquired", err)
 	}

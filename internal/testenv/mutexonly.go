@@ -15,10 +15,5 @@ type MutexOnly struct{ core.Backend }
 // MutexOnly, closed when t ends.
 func MutexOnlyLocker(t testing.TB) *core.Client {
 	t.Helper()
-	c, err := core.New(MutexOnly{memlock.NewStore().Backend()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return Client(t, MutexOnly{memlock.NewStore().Backend()})
 }

@@ -1,0 +1,30 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+
+	"github.com/dislock/dislock/core"
+)
+
+// Hold takes key on l at once (TryAcquire with ctx), failing t if it
+// cannot: a key the test goes on to hold.
+func Hold(t testing.TB, ctx context.Context, l core.Locker, key string, opts ...core.Option) core.Session {
+	t.Helper()
+	s, err := l.TryAcquire(ctx, key, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Client returns a core.Client on b, closed when t ends.
+func Client(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Client {
+	t.Helper()
+	c, err := core.New(b, opts...)
+	if err != nil {
+		t.Fatalf("core.New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
