@@ -29,6 +29,12 @@ func harness(t *testing.T, connect string, adminAuth []string, opts ...zklock.Op
 	var layout *zklock.Backend // for the key layout only
 	claims := func(key string) (string, []string, error) {
 		parent := layout.KeyPath(key)
+		// The admin's server may be a follower that has not yet applied
+		// the holder's claim: a read there is not linearizable. Sync
+		// first, or an ensemble's Delete and Steal may find no claim.
+		if _, err := admin.Sync(parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return parent, nil, err
+		}
 		names, _, err := admin.Children(parent)
 		if errors.Is(err, zk.ErrNoNode) {
 			return parent, nil, nil
