@@ -14,7 +14,7 @@ func TestMain(m *testing.M) {
 		return
 	}
 	code := m.Run()
-	stopServers()
+	stopServers(code != 0)
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)

@@ -2,6 +2,7 @@ package zklock_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -54,10 +55,15 @@ func ensemble(t testing.TB, n int) *zktest.Ensemble {
 	return e
 }
 
-func stopServers() {
+// stopServers stops the servers; when the tests failed, it first prints
+// the end of the ensembles' logs.
+func stopServers(failed bool) {
 	serversMu.Lock()
 	defer serversMu.Unlock()
 	for n, e := range servers {
+		if failed {
+			fmt.Fprintf(os.Stderr, "ZooKeeper servers (%d):\n%s", n, e.LogTail(40))
+		}
 		e.Stop()
 		delete(servers, n)
 	}

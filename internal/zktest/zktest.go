@@ -22,6 +22,25 @@ import (
 // ClassPath is where the Debian package installs the server.
 const ClassPath = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
 
+// simpleLogger is SLF4J's simple binding (Debian's libslf4j-java, which the
+// zookeeper package pulls in). With it on the class path a server logs its
+// warnings and its quorum state changes to zk.log; without it, SLF4J
+// falls back to logging nothing.
+const simpleLogger = "/usr/share/java/slf4j-simple.jar"
+
+// logFlags make the server log what explains a stalled ensemble: warnings,
+// and the quorum peer's state changes (elections, leading, following). Two
+// classes warn about every client connection (an "old client" without the
+// read-only flag, a socket closed without a closeSession): errors only.
+var logFlags = []string{
+	"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+	"-Dorg.slf4j.simpleLogger.log.org.apache.zookeeper.server.quorum.QuorumPeer=info",
+	"-Dorg.slf4j.simpleLogger.log.org.apache.zookeeper.server.ZooKeeperServer=error",
+	"-Dorg.slf4j.simpleLogger.log.org.apache.zookeeper.server.NIOServerCnxn=error",
+	"-Dorg.slf4j.simpleLogger.showDateTime=true",
+	"-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+}
+
 // ErrNotInstalled says java or the zookeeper package is missing.
 var ErrNotInstalled = errors.New("zktest: ZooKeeper server not installed (apt-get install zookeeper; scripts/zookeeper.sh does it)")
 
@@ -143,8 +162,14 @@ func (n *Node) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("java", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
-		"-cp", ClassPath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", filepath.Join(n.dir, "zoo.cfg"))
+	args := []string{"-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"}
+	cp := ClassPath
+	if _, err := os.Stat(simpleLogger); err == nil {
+		cp += ":" + simpleLogger
+		args = append(args, logFlags...)
+	}
+	args = append(args, "-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", filepath.Join(n.dir, "zoo.cfg"))
+	cmd := exec.Command("java", args...)
 	cmd.Dir = n.dir
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -253,6 +278,26 @@ func (e *Ensemble) Servers() []string {
 
 // Connect is the connect string "host:port,host:port...".
 func (e *Ensemble) Connect() string { return strings.Join(e.Servers(), ",") }
+
+// LogTail is the last n lines of each node's log, headed by the node's ID,
+// for a failed test to print: a quorum that was lost and elected again
+// shows there.
+func (e *Ensemble) LogTail(n int) string {
+	var b strings.Builder
+	for _, node := range e.Nodes {
+		data, err := os.ReadFile(filepath.Join(node.dir, "zk.log"))
+		if err != nil {
+			fmt.Fprintf(&b, "zk%d: %v\n", node.ID, err)
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		fmt.Fprintf(&b, "zk%d (%s), last %d of %d log lines:\n", node.ID, node.Addr(), min(n, len(lines)), len(lines))
+		for _, l := range lines[max(0, len(lines)-n):] {
+			fmt.Fprintf(&b, "  %s\n", l)
+		}
+	}
+	return b.String()
+}
 
 // Stop kills every node.
 func (e *Ensemble) Stop() {
