@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -196,13 +196,6 @@ func (b *Backend) takeTold(wkey string) bool {
 	return ok
 }
 
-// hasWaits reports whether this backend has waiters on key.
-func (b *Backend) hasWaits(key string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.waits[key]) > 0
-}
-
 // waiterLease is a lease waiter keys are bound to, and the send time of
 // its last grant or keepalive.
 type waiterLease struct {
@@ -371,18 +364,24 @@ func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 // WatchTurns implements core.Queuer with one watch on the prefix that
 // reports deletions, with the deleted key's previous value: a lock or a
 // permit released, forced or expired, or a waiter that left, was granted
-// or expired. For a key with waiters of this backend it then reads the
-// key and its queue, and tells the waiters of this backend that the grant
-// rule now lets in. The deletion of a key whose lease is gone (an expiry)
-// tells nobody.
+// or expired. For a key where a waiter of this backend may be first in
+// line it then reads the key and its queue, and tells that waiter when the
+// grant rule now lets it in.
+//
+// The watch also sees the waiter keys created and deleted while it runs,
+// with their create revisions: a waiter of this backend behind one of
+// those that is still there is not first, and its Locker reads nothing
+// (that waiter key's own deletion is another turn). So a release costs a
+// read in one process, the one whose waiter is next, not in every process
+// with a waiter in line. (Waiter keys created before the watch began are
+// not known: a Locker may read when its waiter is behind one of them.)
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify())
-	// queued counts the waiter keys of each key seen created and not yet
-	// deleted since the watch began: a key with none, and no waiter of
-	// this backend, needs no read when it is released.
-	queued := map[string]int{}
+	// queued holds, by key, the waiter keys seen created and not yet
+	// deleted since the watch began, with their create revisions.
+	queued := map[string]map[string]int64{}
 	for resp := range ch {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("etcdlock: watch: %w", err)
@@ -391,57 +390,51 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 			ready()
 		}
 		// One read per key and revision with deletions: a lock or
-		// permit released (lease, when not 0, is the holder's, which an
-		// expiry ends), or a waiter out of line.
+		// permit released, or a waiter out of line.
 		type turn struct {
 			key string
 			rev int64
 		}
-		leases := map[turn]int64{}
+		seen := map[turn]bool{}
 		var order []turn
 		locked := map[turn]bool{} // a lock key created: held at that revision
 		for _, ev := range resp.Events {
 			ekey := string(ev.Kv.Key)
 			if ev.Type != mvccpb.DELETE {
 				if key, _, ok := b.queueKey(ekey); ok && ev.IsCreate() {
-					queued[key]++
+					if queued[key] == nil {
+						queued[key] = map[string]int64{}
+					}
+					queued[key][ekey] = ev.Kv.CreateRevision
 				} else if key, ok := b.lockKey(ekey); ok && ekey == b.etcdKey(key) && ev.IsCreate() {
 					locked[turn{key, ev.Kv.ModRevision}] = true
 				}
 				continue
 			}
-			if key, _, ok := b.queueKey(ekey); ok {
-				if queued[key] > 1 {
-					queued[key]--
-				} else {
-					delete(queued, key)
+			key, _, isWaiter := b.queueKey(ekey)
+			if isWaiter {
+				if m := queued[key]; m != nil {
+					delete(m, ekey)
+					if len(m) == 0 {
+						delete(queued, key)
+					}
 				}
-				t := turn{key, ev.Kv.ModRevision}
-				if _, ok := leases[t]; !ok {
-					order = append(order, t)
+			} else {
+				var ok bool
+				if key, ok = b.lockKey(ekey); !ok {
+					continue
 				}
-				leases[t] = 0 // a waiter left: told whatever the lock's lease
-				continue
+				b.markFree(key)
 			}
-			key, ok := b.lockKey(ekey)
-			if !ok {
-				continue
-			}
-			b.markFree(key)
 			t := turn{key, ev.Kv.ModRevision}
-			if queued[key] == 0 && !b.hasWaits(key) {
-				continue
-			}
-			if _, ok := leases[t]; !ok {
+			if !seen[t] {
+				seen[t] = true
 				order = append(order, t)
-				if ev.PrevKv != nil {
-					leases[t] = ev.PrevKv.Lease
-				}
 			}
 		}
 		for _, t := range order {
-			if !locked[t] {
-				b.tellTurns(wctx, t.key, t.rev, leases[t], fn)
+			if !locked[t] && b.mayBeFirst(t.key, queued[t.key]) {
+				b.tellTurns(wctx, t.key, t.rev, fn)
 			}
 		}
 	}
@@ -451,31 +444,43 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	return errors.New("etcdlock: watch: closed")
 }
 
-// leaseGone reports whether lease id no longer exists.
-func (b *Backend) leaseGone(ctx context.Context, id int64) bool {
-	resp, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(id))
-	return err == nil && resp.TTL <= 0
+// mayBeFirst reports whether a waiter of this backend on key may be first
+// in line: one whose place is not known yet, or one that no waiter key in
+// queued (those the watch saw created and not deleted) is before.
+func (b *Backend) mayBeFirst(key string, queued map[string]int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	own := b.waits[key]
+	if len(own) == 0 {
+		return false
+	}
+	first := int64(math.MaxInt64)
+	for _, p := range own {
+		if p.rev == 0 {
+			return true
+		}
+		first = min(first, p.rev)
+	}
+	for _, rev := range queued {
+		if rev < first {
+			return false
+		}
+	}
+	return true
 }
 
 // tellTurns reads key and its queue as they were at revision rev, just
 // after the deletion seen, and when a permit was free then (the lock was
-// free), tells the first live waiter: this backend's own or another
-// process's (a store may tell every process). A grant that leaves a
-// permit free deletes its waiter's key, which tells the next one. (Read at
-// the deletion's revision, each deletion tells what it changed, and not
-// what later ones did: those tell for themselves.)
+// free), tells the first waiter in line (fn is told another process's
+// waiter too, which the engine ignores). A grant that leaves a permit free
+// deletes its waiter's key, which tells the next one. (Read at the
+// deletion's revision, each deletion tells what it changed, and not what
+// later ones did: those tell for themselves.)
 //
-// A deletion of a key whose lease, when not 0, is gone was an expiry: it
-// tells nobody (waiters poll at the holder's expiry). The lease is read
-// alongside the key.
-func (b *Backend) tellTurns(ctx context.Context, key string, rev, lease int64, fn func(key, waiter string)) {
-	var (
-		wg      sync.WaitGroup
-		expired bool
-	)
-	if lease != 0 {
-		wg.Go(func() { expired = b.leaseGone(ctx, lease) })
-	}
+// The deletion of a key whose lease expired tells the first waiter too,
+// as the Queuer contract allows: the key is free, and the waiter need not
+// wait for its poll at the holder's expiry.
+func (b *Backend) tellTurns(ctx context.Context, key string, rev int64, fn func(key, waiter string)) {
 	k := b.etcdKey(key)
 	plo, phi := b.permitRange(key)
 	qlo, qhi := b.queueRange(key)
@@ -483,8 +488,7 @@ func (b *Backend) tellTurns(ctx context.Context, key string, rev, lease int64, f
 		clientv3.OpGet(plo, clientv3.WithRange(phi), clientv3.WithRev(rev)),
 		clientv3.OpGet(qlo, clientv3.WithRange(qhi), clientv3.WithKeysOnly(), clientv3.WithRev(rev), clientv3.WithLimit(1),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))).Commit()
-	wg.Wait()
-	if err != nil || expired {
+	if err != nil {
 		return // the waiters poll
 	}
 	now := time.Now()
