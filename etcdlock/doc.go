@@ -118,16 +118,19 @@
 //   - Turns come from one watch per Locker on the prefix, with
 //     WithRequireLeader (a member cut off from its cluster ends the watch
 //     instead of going quiet, and the Locker polls until the watch is
-//     back) and the previous values of deleted keys. The watch also sees
-//     the waiter keys created and deleted, so a Locker knows when a waiter
-//     of its own is behind another that is still in line. A deletion of a
-//     lock or permit key, or of a waiter key, in a Locker with a waiter on
-//     that key that may be first in line, is followed by a read of the key
-//     and its queue at the deletion's revision; when a permit was free
-//     then, the first waiter in line is told. So a hand-off costs one read
-//     in the process whose waiter is next, not one in every process with a
-//     waiter in line. An expiry tells too: the key is free, and the first
-//     waiter need not wait for its poll at the holder's expiry.
+//     back) and the previous values of deleted keys. It starts right
+//     after a read of every waiter key under the prefix and follows their
+//     creations and deletions, so each Locker knows every key's line. The
+//     release (or expiry, or ForceRelease) of a lock whose first waiter is
+//     the Locker's own tells that waiter at once; a Locker whose waiters
+//     are behind another's does nothing. Other deletions with the
+//     Locker's waiter first (a permit, a Leave of the waiter before it)
+//     are followed by a read of the key and its queue at the deletion's
+//     revision; when a permit was free then, the first waiter is told. So
+//     a hand-off of a lock across processes costs the release and the
+//     next waiter's claim, and no read. An expiry tells too: the key is
+//     free, and the first waiter need not wait for its poll at the
+//     holder's expiry.
 //   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
 //     List reads the prefix in pages of 500; ForceRelease deletes exactly
 //     the incarnation it read (same lease, same create revision) and never

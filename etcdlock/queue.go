@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -364,24 +363,44 @@ func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 // WatchTurns implements core.Queuer with one watch on the prefix that
 // reports deletions, with the deleted key's previous value: a lock or a
 // permit released, forced or expired, or a waiter that left, was granted
-// or expired. For a key where a waiter of this backend may be first in
-// line it then reads the key and its queue, and tells that waiter when the
-// grant rule now lets it in.
+// or expired.
 //
-// The watch also sees the waiter keys created and deleted while it runs,
-// with their create revisions: a waiter of this backend behind one of
-// those that is still there is not first, and its Locker reads nothing
-// (that waiter key's own deletion is another turn). So a release costs a
-// read in one process, the one whose waiter is next, not in every process
-// with a waiter in line. (Waiter keys created before the watch began are
-// not known: a Locker may read when its waiter is behind one of them.)
+// The watch starts right after a read of every waiter key under the
+// prefix, and follows their creations and deletions: it knows the line of
+// every key, by create revision. A release (or expiry, or ForceRelease) of
+// a lock whose first waiter is this backend's tells that waiter at once,
+// unless the same watch response shows the key or its line changing again
+// after it; a Locker whose waiters are all behind another reads and tells
+// nothing. Any other deletion with this backend's waiter first — a
+// permit, a waiter key (a Leave), a lock with a later change in the same
+// response — is followed by a read of the key and its queue at the
+// deletion's revision (tellTurns). So a hand-off of a lock costs no read,
+// and no Locker with a waiter further back does anything.
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify())
-	// queued holds, by key, the waiter keys seen created and not yet
-	// deleted since the watch began, with their create revisions.
+	// queued holds, by key, the waiter keys there now, with their create
+	// revisions.
 	queued := map[string]map[string]int64{}
+	add := func(ekey string, rev int64) {
+		key, _, ok := b.queueKey(ekey)
+		if !ok {
+			return
+		}
+		if queued[key] == nil {
+			queued[key] = map[string]int64{}
+		}
+		queued[key][ekey] = rev
+	}
+	snap, err := b.cli.Get(wctx, b.prefix+queueMark, clientv3.WithRange(b.prefix+queueEnd), clientv3.WithKeysOnly())
+	if err != nil {
+		return fmt.Errorf("etcdlock: watch: read the waiters: %w", err)
+	}
+	for _, kv := range snap.Kvs {
+		add(string(kv.Key), kv.CreateRevision)
+	}
+	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify(),
+		clientv3.WithRev(snap.Header.Revision+1))
 	for resp := range ch {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("etcdlock: watch: %w", err)
@@ -389,29 +408,38 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		if resp.Created {
 			ready()
 		}
-		// One read per key and revision with deletions: a lock or
-		// permit released, or a waiter out of line.
+		// One turn per key and revision with deletions: a lock or permit
+		// released, or a waiter out of line.
 		type turn struct {
 			key string
 			rev int64
 		}
-		seen := map[turn]bool{}
+		type turnInfo struct {
+			lock bool // the lock key itself was deleted (not a permit, not a waiter)
+			last int  // the index of the turn's last event
+		}
+		turns := map[turn]*turnInfo{}
 		var order []turn
 		locked := map[turn]bool{} // a lock key created: held at that revision
-		for _, ev := range resp.Events {
+		lastEvent := map[string]int{}
+		for i, ev := range resp.Events {
 			ekey := string(ev.Kv.Key)
+			key, _, isWaiter := b.queueKey(ekey)
+			if !isWaiter {
+				var ok bool
+				if key, ok = b.lockKey(ekey); !ok {
+					continue
+				}
+			}
+			lastEvent[key] = i
 			if ev.Type != mvccpb.DELETE {
-				if key, _, ok := b.queueKey(ekey); ok && ev.IsCreate() {
-					if queued[key] == nil {
-						queued[key] = map[string]int64{}
-					}
-					queued[key][ekey] = ev.Kv.CreateRevision
-				} else if key, ok := b.lockKey(ekey); ok && ekey == b.etcdKey(key) && ev.IsCreate() {
+				if isWaiter && ev.IsCreate() {
+					add(ekey, ev.Kv.CreateRevision)
+				} else if !isWaiter && ekey == b.etcdKey(key) && ev.IsCreate() {
 					locked[turn{key, ev.Kv.ModRevision}] = true
 				}
 				continue
 			}
-			key, _, isWaiter := b.queueKey(ekey)
 			if isWaiter {
 				if m := queued[key]; m != nil {
 					delete(m, ekey)
@@ -420,20 +448,35 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 					}
 				}
 			} else {
-				var ok bool
-				if key, ok = b.lockKey(ekey); !ok {
-					continue
-				}
 				b.markFree(key)
 			}
 			t := turn{key, ev.Kv.ModRevision}
-			if !seen[t] {
-				seen[t] = true
+			ti := turns[t]
+			if ti == nil {
+				ti = &turnInfo{}
+				turns[t] = ti
 				order = append(order, t)
 			}
+			ti.lock = ti.lock || (!isWaiter && ekey == b.etcdKey(key))
+			ti.last = i
 		}
 		for _, t := range order {
-			if !locked[t] && b.mayBeFirst(t.key, queued[t.key]) {
+			if locked[t] {
+				continue
+			}
+			ti := turns[t]
+			first := b.firstOwn(t.key, queued[t.key])
+			switch {
+			case first == "":
+				// Nobody in line, or another backend's waiter first: its
+				// own Locker tells it.
+			case ti.lock && lastEvent[t.key] == ti.last:
+				// The lock is free since this deletion and nothing of the
+				// key changed after it: the first waiter, this backend's,
+				// may claim.
+				b.setTold(t.key, first)
+				fn(t.key, first)
+			default:
 				b.tellTurns(wctx, t.key, t.rev, fn)
 			}
 		}
@@ -444,29 +487,38 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	return errors.New("etcdlock: watch: closed")
 }
 
-// mayBeFirst reports whether a waiter of this backend on key may be first
-// in line: one whose place is not known yet, or one that no waiter key in
-// queued (those the watch saw created and not deleted) is before.
-func (b *Backend) mayBeFirst(key string, queued map[string]int64) bool {
+// queueEnd ends the etcd key range of every waiter key under the prefix:
+// [prefix+queueMark, prefix+queueEnd).
+const queueEnd = "\x00q\x01"
+
+// firstOwn returns the first waiter in key's line, queued (the waiter keys
+// there now), when it is this backend's, and "" otherwise. The line the
+// watch follows is complete: a waiter of this backend whose key is not in
+// it yet is queued after the deletion being handled, and its own attempt
+// sees the key as it is then.
+func (b *Backend) firstOwn(key string, queued map[string]int64) string {
+	var (
+		firstKey string
+		firstRev int64
+	)
+	for ekey, rev := range queued {
+		if firstKey == "" || rev < firstRev {
+			firstKey, firstRev = ekey, rev
+		}
+	}
+	if firstKey == "" {
+		return ""
+	}
+	_, w, ok := b.queueKey(firstKey)
+	if !ok {
+		return ""
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	own := b.waits[key]
-	if len(own) == 0 {
-		return false
+	if b.waits[key][w] == nil {
+		return ""
 	}
-	first := int64(math.MaxInt64)
-	for _, p := range own {
-		if p.rev == 0 {
-			return true
-		}
-		first = min(first, p.rev)
-	}
-	for _, rev := range queued {
-		if rev < first {
-			return false
-		}
-	}
-	return true
+	return w
 }
 
 // tellTurns reads key and its queue as they were at revision rev, just
