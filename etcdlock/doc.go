@@ -56,7 +56,11 @@
 //     a steady run of claims sends one keepalive per Slack, not one per
 //     claim, and an uncontended acquire + release is 2 requests. Without a
 //     shared lease yet, the claim is a lease grant and then the
-//     transaction: two round trips. A claim whose keepalive fails while its
+//     transaction: two round trips. A Backend grants one shared lease of a
+//     TTL at a time: claims that find none while a grant is in flight wait
+//     for it (or for their ctx, failing with core.Unclaimed: they sent
+//     nothing) and take the lease it made, so that concurrent first claims
+//     share one lease. A claim whose keepalive fails while its
 //     transaction succeeded is undone, since the lease might then expire
 //     before the session's deadline.
 //   - A busy answer costs one more round trip, reading the holder's
