@@ -321,10 +321,11 @@ func etcdStore(tb testing.TB, cnt *etcdCounter) *store {
 // server since now that are still there once the store's contenders are
 // closed (cleanups run last-in first-out: this one after theirs). A lease
 // left to expire would be a server write (its revoke) in a later
-// benchmark. dislock leaves some: a Locker's concurrent first claims each
-// grant a lease, and Close revokes only the one it still shares, so
-// TryAcquire on 16 goroutines leaves up to 15 to expire (2026-12-03). The
-// count goes to the log.
+// benchmark. (Before etcdlock granted one shared lease per TTL at a time,
+// a Locker's concurrent first claims each granted a lease, and Close
+// revoked only the one it still shared: TryAcquire on 16 goroutines left
+// up to 15 to expire. Now neither contender leaves any when it closes
+// cleanly: this is a guard.) The count goes to the log.
 func revokeLeftLeases(tb testing.TB, cli *clientv3.Client) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -108,13 +108,30 @@ type claim struct {
 // lease's expiry goes to the engine, which counts the session from it. So a
 // steady run of claims refreshes the lease once per Slack, not once per
 // claim. Slot claims get a lease of their own, never renewed.
+//
+// A Backend grants one shared lease of a TTL at a time: claims that find
+// none while a grant is in flight wait for its answer (or for their ctx)
+// and then take the lease it made, so that concurrent first claims share
+// one lease. When that grant fails they fail with it, having sent nothing
+// (core.Unclaimed); when it failed only because its own claim's context
+// ended, they try again.
 func (c *claim) start(ctx context.Context) error {
 	b, req := c.b, c.req
 	h := held{key: req.Key, ekey: b.recordKey(req.Key, req.OwnerToken, req.Limit), seconds: c.seconds}
-	if !c.slot {
-		if sh, ok := b.takeShared(c.seconds); ok {
+	c.reused, c.kaDone, c.expires = false, false, time.Time{}
+	if c.slot {
+		h.lease = newLeaseID()
+		h, err := b.grant(ctx, req.OwnerToken, h, c.seconds, false)
+		c.h = h
+		if err != nil {
+			return c.grantFailed(err)
+		}
+		return nil
+	}
+	for {
+		sh, call, lead := b.shareOrGrant(c.seconds, req.OwnerToken, h)
+		if call == nil {
 			h.lease, h.refreshed = sh.id, sh.refreshed
-			b.remember(req.OwnerToken, h) // before the claim is sent: an undo finds it
 			c.h, c.reused = h, true
 			// The key expires no earlier than the lease's refresh plus its
 			// TTL: without a refresh now, that must cover the claim's TTL
@@ -126,14 +143,26 @@ func (c *claim) start(ctx context.Context) error {
 			}
 			return nil
 		}
+		if !lead {
+			select {
+			case <-call.done:
+				if call.err != nil && !call.retry {
+					return core.Unclaimed(fmt.Errorf("lease grant: %w", call.err))
+				}
+				continue
+			case <-ctx.Done():
+				return core.Unclaimed(fmt.Errorf("lease grant: %w", ctx.Err()))
+			}
+		}
+		h.lease = newLeaseID()
+		h, err := b.grant(ctx, req.OwnerToken, h, c.seconds, true)
+		b.endGrant(c.seconds, call, err, err != nil && ctx.Err() != nil)
+		c.h = h
+		if err != nil {
+			return c.grantFailed(err)
+		}
+		return nil
 	}
-	h.lease = newLeaseID()
-	h, err := b.grant(ctx, req.OwnerToken, h, c.seconds, !c.slot)
-	c.h = h
-	if err != nil {
-		return c.grantFailed(err)
-	}
-	return nil
 }
 
 // grantFailed is the error of a claim whose lease grant failed, before
@@ -161,6 +190,7 @@ func notSent(err error) bool {
 // reused lease. A reused lease found expired is replaced by a granted one
 // and the transaction sent again.
 func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.TxnResponse, error) {
+	expired := 0 // shared leases found expired
 	for {
 		var (
 			wg     sync.WaitGroup
@@ -179,17 +209,15 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 			kaErr = c.refresh(ctx)
 		}
 		if err != nil {
-			if c.reused && isLeaseNotFound(err) {
+			if c.reused && isLeaseNotFound(err) && expired < 3 {
 				// The shared lease expired (its sessions are lost, and
-				// their renewals say so): nothing was written. Claim on a
-				// new lease, which becomes the shared one.
-				c.reused = false
+				// their renewals say so): nothing was written. Claim on
+				// the lease that replaces it: granted now, by this claim
+				// or another.
+				expired++
 				c.b.retire(c.h.lease)
-				h := c.h
-				h.lease, h.rev, h.refreshed = newLeaseID(), 0, time.Time{}
-				c.expires = time.Time{}
-				if c.h, err = c.b.grant(ctx, c.req.OwnerToken, h, c.seconds, true); err != nil {
-					return nil, c.grantFailed(err)
+				if err := c.start(ctx); err != nil {
+					return nil, err
 				}
 				continue
 			}

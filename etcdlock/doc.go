@@ -56,7 +56,11 @@
 //     a steady run of claims sends one keepalive per Slack, not one per
 //     claim, and an uncontended acquire + release is 2 requests. Without a
 //     shared lease yet, the claim is a lease grant and then the
-//     transaction: two round trips. A claim whose keepalive fails while its
+//     transaction: two round trips. A Backend grants one shared lease of a
+//     TTL at a time: claims that find none while a grant is in flight wait
+//     for it (or for their ctx, failing with core.Unclaimed: they sent
+//     nothing) and take the lease it made, so that concurrent first claims
+//     share one lease. A claim whose keepalive fails while its
 //     transaction succeeded is undone, since the lease might then expire
 //     before the session's deadline.
 //   - A busy answer costs one more round trip, reading the holder's
@@ -118,13 +122,19 @@
 //   - Turns come from one watch per Locker on the prefix, with
 //     WithRequireLeader (a member cut off from its cluster ends the watch
 //     instead of going quiet, and the Locker polls until the watch is
-//     back) and the previous values of deleted keys. A deletion of a lock
-//     or permit key with waiters, or of a waiter key, is followed by a
-//     read of the key and its queue at the deletion's revision; when a
-//     permit was free then, the first waiter in line is told, in every
-//     Locker that watches (each tells the same name; only its own
-//     process acts on it). A deletion whose key's lease is gone (an
-//     expiry) tells nobody: waiters poll at the holder's expiry.
+//     back) and the previous values of deleted keys. It starts right
+//     after a read of every waiter key under the prefix and follows their
+//     creations and deletions, so each Locker knows every key's line. The
+//     release (or expiry, or ForceRelease) of a lock whose first waiter is
+//     the Locker's own tells that waiter at once; a Locker whose waiters
+//     are behind another's does nothing. Other deletions with the
+//     Locker's waiter first (a permit, a Leave of the waiter before it)
+//     are followed by a read of the key and its queue at the deletion's
+//     revision; when a permit was free then, the first waiter is told. So
+//     a hand-off of a lock across processes costs the release and the
+//     next waiter's claim, and no read. An expiry tells too: the key is
+//     free, and the first waiter need not wait for its poll at the
+//     holder's expiry.
 //   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
 //     List reads the prefix in pages of 500; ForceRelease deletes exactly
 //     the incarnation it read (same lease, same create revision) and never

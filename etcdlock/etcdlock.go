@@ -97,6 +97,7 @@ type Backend struct {
 	held      map[string]held                 // by owner token: what this backend acquired
 	current   map[int64]*shared               // by TTL in seconds: the lease new claims take
 	leaseByID map[int64]*shared               // every shared lease in use, current or retired
+	granting  map[int64]*grantCall            // by TTL in seconds: the grant of a shared lease in flight
 	views     map[string]semView              // by key: what this backend last saw of a semaphore
 	busy      map[string]struct{}             // keys last seen held by another owner: claims read first
 	waits     map[string]map[string]*ownPlace // by key, then waiter: this backend's waiters in line
@@ -152,7 +153,7 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 	}
 	stopCtx, stop := context.WithCancel(context.Background())
 	return &Backend{cli: cli, prefix: o.prefix, stopCtx: stopCtx, stop: stop, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli),
-		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), views: make(map[string]semView), busy: make(map[string]struct{}),
+		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), granting: make(map[int64]*grantCall), views: make(map[string]semView), busy: make(map[string]struct{}),
 		waits: make(map[string]map[string]*ownPlace), wleases: make(map[int64]waiterLease), told: make(map[string]struct{})}, o, nil
 }
 

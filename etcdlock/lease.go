@@ -27,20 +27,52 @@ type shared struct {
 	current   bool      // new claims of its TTL take it
 }
 
-// takeShared returns the current lease of the given TTL, if one was
-// refreshed less than its TTL ago (an older one has expired: it is dropped).
-func (b *Backend) takeShared(seconds int64) (shared, bool) {
+// grantCall is a grant of a shared lease in flight. The claims of its TTL
+// that find no current lease meanwhile wait for it rather than grant a
+// lease each, so that concurrent first claims of a Backend share one
+// lease.
+type grantCall struct {
+	done  chan struct{} // closed when the grant has an answer
+	err   error         // the grant's failure, set before done is closed
+	retry bool          // it failed because its own claim's context ended
+}
+
+// shareOrGrant returns the current lease of the given TTL, if one was
+// refreshed less than its TTL ago (an older one has expired: it is
+// retired), and records h on it under ownerToken. Without one it returns
+// the grant in flight for that TTL, or, with lead, a new one that the
+// caller must make and end with endGrant.
+func (b *Backend) shareOrGrant(seconds int64, ownerToken string, h held) (sh shared, call *grantCall, lead bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	sh := b.current[seconds]
-	if sh == nil {
-		return shared{}, false
+	if cur := b.current[seconds]; cur != nil {
+		if time.Since(cur.refreshed) < time.Duration(seconds)*time.Second {
+			h.lease, h.refreshed = cur.id, cur.refreshed
+			b.rememberLocked(ownerToken, h) // before the claim is sent: an undo finds it
+			return *cur, nil, false
+		}
+		b.retireLocked(cur)
 	}
-	if time.Since(sh.refreshed) >= time.Duration(seconds)*time.Second {
-		b.retireLocked(sh)
-		return shared{}, false
+	if call := b.granting[seconds]; call != nil {
+		return shared{}, call, false
 	}
-	return *sh, true
+	call = &grantCall{done: make(chan struct{})}
+	b.granting[seconds] = call
+	return shared{}, call, true
+}
+
+// endGrant answers the claims waiting for call, the grant of a shared
+// lease of the given TTL: err is its failure, and retry says that it
+// failed only because the granting claim's context ended, so that they
+// try again.
+func (b *Backend) endGrant(seconds int64, call *grantCall, err error, retry bool) {
+	b.mu.Lock()
+	if b.granting[seconds] == call {
+		delete(b.granting, seconds)
+	}
+	b.mu.Unlock()
+	call.err, call.retry = err, retry
+	close(call.done)
 }
 
 // makeCurrent registers lease id, just granted (at sent) for a claim, as
@@ -140,16 +172,28 @@ func newLeaseID() int64 {
 func (b *Backend) remember(ownerToken string, h held) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if old, ok := b.held[ownerToken]; ok {
-		b.dropUserLocked(old.lease)
-	}
+	b.rememberLocked(ownerToken, h)
+}
+
+// rememberLocked is remember with b.mu held. The new record counts as a
+// user of its lease before the one it replaces stops counting: when both
+// are on one retired lease (a claim that succeeds records itself again),
+// the lease stays tracked, and is revoked with its last session. A lease
+// that the replaced record leaves unused and retired stays tracked with
+// no user: Close revokes it.
+func (b *Backend) rememberLocked(ownerToken string, h held) {
 	if h.seen.IsZero() {
 		h.seen = time.Now()
 	}
-	b.held[ownerToken] = h
 	if sh := b.leaseByID[h.lease]; sh != nil {
 		sh.users++
 	}
+	if old, ok := b.held[ownerToken]; ok {
+		if sh := b.leaseByID[old.lease]; sh != nil {
+			sh.users--
+		}
+	}
+	b.held[ownerToken] = h
 }
 
 func (b *Backend) lookup(ownerToken string) (held, bool) {
@@ -213,6 +257,12 @@ func (b *Backend) grant(ctx context.Context, ownerToken string, h held, seconds 
 		}
 		if !errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseExist) {
 			return h, err
+		}
+		if share {
+			// Someone else's lease: never revoked from here.
+			b.mu.Lock()
+			delete(b.leaseByID, h.lease)
+			b.mu.Unlock()
 		}
 		h.lease = newLeaseID() // taken by someone else: 1 in 2^63
 	}

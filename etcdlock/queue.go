@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -196,13 +195,6 @@ func (b *Backend) takeTold(wkey string) bool {
 	return ok
 }
 
-// hasWaits reports whether this backend has waiters on key.
-func (b *Backend) hasWaits(key string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.waits[key]) > 0
-}
-
 // waiterLease is a lease waiter keys are bound to, and the send time of
 // its last grant or keepalive.
 type waiterLease struct {
@@ -371,18 +363,44 @@ func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 // WatchTurns implements core.Queuer with one watch on the prefix that
 // reports deletions, with the deleted key's previous value: a lock or a
 // permit released, forced or expired, or a waiter that left, was granted
-// or expired. For a key with waiters of this backend it then reads the
-// key and its queue, and tells the waiters of this backend that the grant
-// rule now lets in. The deletion of a key whose lease is gone (an expiry)
-// tells nobody.
+// or expired.
+//
+// The watch starts right after a read of every waiter key under the
+// prefix, and follows their creations and deletions: it knows the line of
+// every key, by create revision. A release (or expiry, or ForceRelease) of
+// a lock whose first waiter is this backend's tells that waiter at once,
+// unless the same watch response shows the key or its line changing again
+// after it; a Locker whose waiters are all behind another reads and tells
+// nothing. Any other deletion with this backend's waiter first — a
+// permit, a waiter key (a Leave), a lock with a later change in the same
+// response — is followed by a read of the key and its queue at the
+// deletion's revision (tellTurns). So a hand-off of a lock costs no read,
+// and no Locker with a waiter further back does anything.
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify())
-	// queued counts the waiter keys of each key seen created and not yet
-	// deleted since the watch began: a key with none, and no waiter of
-	// this backend, needs no read when it is released.
-	queued := map[string]int{}
+	// queued holds, by key, the waiter keys there now, with their create
+	// revisions.
+	queued := map[string]map[string]int64{}
+	add := func(ekey string, rev int64) {
+		key, _, ok := b.queueKey(ekey)
+		if !ok {
+			return
+		}
+		if queued[key] == nil {
+			queued[key] = map[string]int64{}
+		}
+		queued[key][ekey] = rev
+	}
+	snap, err := b.cli.Get(wctx, b.prefix+queueMark, clientv3.WithRange(b.prefix+queueEnd), clientv3.WithKeysOnly())
+	if err != nil {
+		return fmt.Errorf("etcdlock: watch: read the waiters: %w", err)
+	}
+	for _, kv := range snap.Kvs {
+		add(string(kv.Key), kv.CreateRevision)
+	}
+	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify(),
+		clientv3.WithRev(snap.Header.Revision+1))
 	for resp := range ch {
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("etcdlock: watch: %w", err)
@@ -390,58 +408,76 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		if resp.Created {
 			ready()
 		}
-		// One read per key and revision with deletions: a lock or
-		// permit released (lease, when not 0, is the holder's, which an
-		// expiry ends), or a waiter out of line.
+		// One turn per key and revision with deletions: a lock or permit
+		// released, or a waiter out of line.
 		type turn struct {
 			key string
 			rev int64
 		}
-		leases := map[turn]int64{}
+		type turnInfo struct {
+			lock bool // the lock key itself was deleted (not a permit, not a waiter)
+			last int  // the index of the turn's last event
+		}
+		turns := map[turn]*turnInfo{}
 		var order []turn
 		locked := map[turn]bool{} // a lock key created: held at that revision
-		for _, ev := range resp.Events {
+		lastEvent := map[string]int{}
+		for i, ev := range resp.Events {
 			ekey := string(ev.Kv.Key)
+			key, _, isWaiter := b.queueKey(ekey)
+			if !isWaiter {
+				var ok bool
+				if key, ok = b.lockKey(ekey); !ok {
+					continue
+				}
+			}
+			lastEvent[key] = i
 			if ev.Type != mvccpb.DELETE {
-				if key, _, ok := b.queueKey(ekey); ok && ev.IsCreate() {
-					queued[key]++
-				} else if key, ok := b.lockKey(ekey); ok && ekey == b.etcdKey(key) && ev.IsCreate() {
+				if isWaiter && ev.IsCreate() {
+					add(ekey, ev.Kv.CreateRevision)
+				} else if !isWaiter && ekey == b.etcdKey(key) && ev.IsCreate() {
 					locked[turn{key, ev.Kv.ModRevision}] = true
 				}
 				continue
 			}
-			if key, _, ok := b.queueKey(ekey); ok {
-				if queued[key] > 1 {
-					queued[key]--
-				} else {
-					delete(queued, key)
+			if isWaiter {
+				if m := queued[key]; m != nil {
+					delete(m, ekey)
+					if len(m) == 0 {
+						delete(queued, key)
+					}
 				}
-				t := turn{key, ev.Kv.ModRevision}
-				if _, ok := leases[t]; !ok {
-					order = append(order, t)
-				}
-				leases[t] = 0 // a waiter left: told whatever the lock's lease
-				continue
+			} else {
+				b.markFree(key)
 			}
-			key, ok := b.lockKey(ekey)
-			if !ok {
-				continue
-			}
-			b.markFree(key)
 			t := turn{key, ev.Kv.ModRevision}
-			if queued[key] == 0 && !b.hasWaits(key) {
-				continue
-			}
-			if _, ok := leases[t]; !ok {
+			ti := turns[t]
+			if ti == nil {
+				ti = &turnInfo{}
+				turns[t] = ti
 				order = append(order, t)
-				if ev.PrevKv != nil {
-					leases[t] = ev.PrevKv.Lease
-				}
 			}
+			ti.lock = ti.lock || (!isWaiter && ekey == b.etcdKey(key))
+			ti.last = i
 		}
 		for _, t := range order {
-			if !locked[t] {
-				b.tellTurns(wctx, t.key, t.rev, leases[t], fn)
+			if locked[t] {
+				continue
+			}
+			ti := turns[t]
+			first := b.firstOwn(t.key, queued[t.key])
+			switch {
+			case first == "":
+				// Nobody in line, or another backend's waiter first: its
+				// own Locker tells it.
+			case ti.lock && lastEvent[t.key] == ti.last:
+				// The lock is free since this deletion and nothing of the
+				// key changed after it: the first waiter, this backend's,
+				// may claim.
+				b.setTold(t.key, first)
+				fn(t.key, first)
+			default:
+				b.tellTurns(wctx, t.key, t.rev, fn)
 			}
 		}
 	}
@@ -451,31 +487,52 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	return errors.New("etcdlock: watch: closed")
 }
 
-// leaseGone reports whether lease id no longer exists.
-func (b *Backend) leaseGone(ctx context.Context, id int64) bool {
-	resp, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(id))
-	return err == nil && resp.TTL <= 0
+// queueEnd ends the etcd key range of every waiter key under the prefix:
+// [prefix+queueMark, prefix+queueEnd).
+const queueEnd = "\x00q\x01"
+
+// firstOwn returns the first waiter in key's line, queued (the waiter keys
+// there now), when it is this backend's, and "" otherwise. The line the
+// watch follows is complete: a waiter of this backend whose key is not in
+// it yet is queued after the deletion being handled, and its own attempt
+// sees the key as it is then.
+func (b *Backend) firstOwn(key string, queued map[string]int64) string {
+	var (
+		firstKey string
+		firstRev int64
+	)
+	for ekey, rev := range queued {
+		if firstKey == "" || rev < firstRev {
+			firstKey, firstRev = ekey, rev
+		}
+	}
+	if firstKey == "" {
+		return ""
+	}
+	_, w, ok := b.queueKey(firstKey)
+	if !ok {
+		return ""
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.waits[key][w] == nil {
+		return ""
+	}
+	return w
 }
 
 // tellTurns reads key and its queue as they were at revision rev, just
 // after the deletion seen, and when a permit was free then (the lock was
-// free), tells the first live waiter: this backend's own or another
-// process's (a store may tell every process). A grant that leaves a
-// permit free deletes its waiter's key, which tells the next one. (Read at
-// the deletion's revision, each deletion tells what it changed, and not
-// what later ones did: those tell for themselves.)
+// free), tells the first waiter in line (fn is told another process's
+// waiter too, which the engine ignores). A grant that leaves a permit free
+// deletes its waiter's key, which tells the next one. (Read at the
+// deletion's revision, each deletion tells what it changed, and not what
+// later ones did: those tell for themselves.)
 //
-// A deletion of a key whose lease, when not 0, is gone was an expiry: it
-// tells nobody (waiters poll at the holder's expiry). The lease is read
-// alongside the key.
-func (b *Backend) tellTurns(ctx context.Context, key string, rev, lease int64, fn func(key, waiter string)) {
-	var (
-		wg      sync.WaitGroup
-		expired bool
-	)
-	if lease != 0 {
-		wg.Go(func() { expired = b.leaseGone(ctx, lease) })
-	}
+// The deletion of a key whose lease expired tells the first waiter too,
+// as the Queuer contract allows: the key is free, and the waiter need not
+// wait for its poll at the holder's expiry.
+func (b *Backend) tellTurns(ctx context.Context, key string, rev int64, fn func(key, waiter string)) {
 	k := b.etcdKey(key)
 	plo, phi := b.permitRange(key)
 	qlo, qhi := b.queueRange(key)
@@ -483,8 +540,7 @@ func (b *Backend) tellTurns(ctx context.Context, key string, rev, lease int64, f
 		clientv3.OpGet(plo, clientv3.WithRange(phi), clientv3.WithRev(rev)),
 		clientv3.OpGet(qlo, clientv3.WithRange(qhi), clientv3.WithKeysOnly(), clientv3.WithRev(rev), clientv3.WithLimit(1),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))).Commit()
-	wg.Wait()
-	if err != nil || expired {
+	if err != nil {
 		return // the waiters poll
 	}
 	now := time.Now()

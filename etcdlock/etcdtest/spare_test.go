@@ -2,6 +2,7 @@ package etcdtest_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -138,4 +139,63 @@ func TestSharedLeaseSweepsUnrenewed(t *testing.T) {
 		time.Sleep(300 * time.Millisecond) // a renew interval
 	}
 	t.Fatal("the key no renewal asked for was still held 3 s after its claim (2 s lease)")
+}
+
+// serverLeases returns the IDs of the leases on the server.
+func serverLeases(t *testing.T, cli *clientv3.Client) []clientv3.LeaseID {
+	t.Helper()
+	r, err := cli.Leases(testenv.Context(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("Leases: %v", err)
+	}
+	ids := make([]clientv3.LeaseID, len(r.Leases))
+	for i, l := range r.Leases {
+		ids[i] = l.ID
+	}
+	return ids
+}
+
+// TestSharedLeaseConcurrentFirstClaims checks that a Locker's first
+// claims, made at once on many goroutines, all bind their keys to one
+// lease (one grant, whose reply the others wait for), and that Close,
+// which releases them, leaves no lease on the server.
+func TestSharedLeaseConcurrentFirstClaims(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	admin := c.Client(t)
+	prefix := uniquePrefix("first")
+	l, err := etcdlock.New(c.Client(t), etcdlock.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const n = 32
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			<-start
+			_, err := l.TryAcquire(testenv.Context(t, 10*time.Second), fmt.Sprint("k", i), core.TTL(5*time.Second))
+			errs <- err
+		}()
+	}
+	close(start)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids := serverLeases(t, admin); len(ids) != 1 {
+		t.Fatalf("%d concurrent first claims left %d leases on the server, want 1: %v", n, len(ids), ids)
+	}
+	for i := range n {
+		if _, ttl := keyLease(t, admin, fmt.Sprint(prefix, "k", i)); ttl < 1 {
+			t.Fatalf("key k%d: lease TTL %d s", i, ttl)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ids := serverLeases(t, admin); len(ids) != 0 {
+		t.Fatalf("Close left %d leases on the server: %v", len(ids), ids)
+	}
 }
