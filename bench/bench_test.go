@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/internal/zktest"
 )
 
@@ -47,8 +48,8 @@ func counted(b *testing.B, s string) (*store, func() int64) {
 		return zkStore(b, cnt), cnt.Reqs.Load
 	}
 	if s == "etcd" {
-		cnt := &etcdCounter{}
-		return etcdStore(b, cnt), cnt.reqs
+		cnt := &etcdtest.Counter{}
+		return etcdStore(b, cnt), cnt.All
 	}
 	if s == "mysql" {
 		var n atomic.Int64

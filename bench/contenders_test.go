@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/pg"
 	"github.com/dislock/dislock/redislock"
@@ -62,8 +63,8 @@ type store struct {
 	// writes returns the server's write transactions so far (ZooKeeper:
 	// the zxid; etcd: the Raft entries applied; nil elsewhere).
 	writes func() int64
-	zk     *zktest.Counter // ZooKeeper: counts the contenders' sessions
-	etcd   *etcdCounter    // etcd: counts the contenders' clients
+	zk     *zktest.Counter   // ZooKeeper: counts the contenders' sessions
+	etcd   *etcdtest.Counter // etcd: counts the contenders' clients
 }
 
 // redisStore connects to the benchmark's Redis; hook may be nil.

@@ -20,10 +20,10 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
+	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/internal/testenv"
 )
 
@@ -224,45 +224,9 @@ func deleteEtcdAtExit(raw string) {
 
 var etcdCleanup sync.Map // URL -> struct{}
 
-// etcdCounter counts what the clients it is dialled into send: unary
-// calls, streams opened, and messages sent on open streams (lease
-// keepalives, watch requests).
-type etcdCounter struct{ unary, streams, streamMsgs atomic.Int64 }
-
-// reqs is everything sent so far: unary calls, streams opened and the
-// messages on them.
-func (c *etcdCounter) reqs() int64 { return c.unary.Load() + c.streams.Load() + c.streamMsgs.Load() }
-
-func (c *etcdCounter) options() []grpc.DialOption {
-	return []grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			c.unary.Add(1)
-			return invoker(ctx, method, req, reply, cc, opts...)
-		}),
-		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			c.streams.Add(1)
-			s, err := streamer(ctx, desc, cc, method, opts...)
-			if err != nil {
-				return nil, err
-			}
-			return &etcdCountStream{ClientStream: s, c: c}, nil
-		}),
-	}
-}
-
-type etcdCountStream struct {
-	grpc.ClientStream
-	c *etcdCounter
-}
-
-func (s *etcdCountStream) SendMsg(m any) error {
-	s.c.streamMsgs.Add(1)
-	return s.ClientStream.SendMsg(m)
-}
-
 // etcdClient is a client on raw (an etcd:// URL), counted by cnt when not
 // nil, closed when tb ends: one per contender, as a process has one.
-func etcdClient(tb testing.TB, raw string, cnt *etcdCounter) *clientv3.Client {
+func etcdClient(tb testing.TB, raw string, cnt *etcdtest.Counter) *clientv3.Client {
 	tb.Helper()
 	cfg, err := etcdlock.ParseURL(raw)
 	if err != nil {
@@ -270,7 +234,7 @@ func etcdClient(tb testing.TB, raw string, cnt *etcdCounter) *clientv3.Client {
 	}
 	cfg.Logger = zap.NewNop()
 	if cnt != nil {
-		cfg.DialOptions = append(cfg.DialOptions, cnt.options()...)
+		cfg.DialOptions = append(cfg.DialOptions, cnt.DialOptions()...)
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
@@ -284,7 +248,7 @@ func etcdClient(tb testing.TB, raw string, cnt *etcdCounter) *clientv3.Client {
 // counted by cnt. The round trip (a linearizable Get of a key of this run)
 // and the applied-index reads go through a client of their own, not
 // counted.
-func etcdStore(tb testing.TB, cnt *etcdCounter) *store {
+func etcdStore(tb testing.TB, cnt *etcdtest.Counter) *store {
 	tb.Helper()
 	u := etcdURL(tb)
 	raw := etcdClient(tb, u, nil)
@@ -467,7 +431,7 @@ func mutexContender(sessions []*concurrency.Session, base string) *contender {
 // those, the messages on streams (keepalives).
 func etcdHold(b *testing.B, which string) {
 	ctx := bg(b)
-	cnt := &etcdCounter{}
+	cnt := &etcdtest.Counter{}
 	st := etcdStore(b, cnt)
 	keys := make([]string, leases)
 	iter := fmt.Sprint(holdRuns.Add(1))
@@ -494,10 +458,10 @@ func etcdHold(b *testing.B, which string) {
 		b.Fatal(err)
 	}
 	time.Sleep(renewInterval * 3 / 2) // let renewals settle into their rhythm
-	w0, r0, m0 := st.writes(), cnt.reqs(), cnt.streamMsgs.Load()
+	w0, r0, m0 := st.writes(), cnt.All(), cnt.StreamMsgs.Load()
 	elapsed := heldWindow(b)
 	intervals := elapsed.Seconds() / renewInterval.Seconds()
 	b.ReportMetric(float64(st.writes()-w0)/intervals, "srv-writes/interval")
-	b.ReportMetric(float64(cnt.reqs()-r0)/intervals, "client-reqs/interval")
-	b.ReportMetric(float64(cnt.streamMsgs.Load()-m0)/intervals, "client-stream-msgs/interval")
+	b.ReportMetric(float64(cnt.All()-r0)/intervals, "client-reqs/interval")
+	b.ReportMetric(float64(cnt.StreamMsgs.Load()-m0)/intervals, "client-stream-msgs/interval")
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/dislock/dislock/etcdlock/etcdtest"
 )
 
 // TestSmoke checks that every contender acquires and releases once against
@@ -24,7 +26,7 @@ func TestSmoke(t *testing.T) {
 				case "mysql":
 					st = mysqlStore(t, nil)
 				case "etcd":
-					st = etcdStore(t, &etcdCounter{})
+					st = etcdStore(t, &etcdtest.Counter{})
 				default:
 					st = pgStore(t, serverURL(t, "pg"), nil)
 				}

@@ -19,49 +19,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/internal/benchtest"
 )
-
-// counter counts the client's requests: unary calls, streams opened and
-// messages sent on streams.
-type counter struct {
-	unary, streams, streamMsgs atomic.Int64
-}
-
-func (c *counter) options() []grpc.DialOption {
-	return []grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			c.unary.Add(1)
-			return invoker(ctx, method, req, reply, cc, opts...)
-		}),
-		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			c.streams.Add(1)
-			s, err := streamer(ctx, desc, cc, method, opts...)
-			if err != nil {
-				return nil, err
-			}
-			return &countingStream{ClientStream: s, c: c}, nil
-		}),
-	}
-}
-
-// requests is the unary calls and streams opened so far.
-func (c *counter) requests() int64 { return c.unary.Load() + c.streams.Load() }
-
-type countingStream struct {
-	grpc.ClientStream
-	c *counter
-}
-
-func (s *countingStream) SendMsg(m any) error {
-	s.c.streamMsgs.Add(1)
-	return s.ClientStream.SendMsg(m)
-}
 
 // benchEndpoints returns the endpoints benchmarks run against.
 func benchEndpoints(b *testing.B) clientv3.Config {
@@ -89,11 +52,11 @@ func benchWrites(b *testing.B) (clientv3.Config, func() uint64) {
 	return clientv3.Config{Endpoints: c.DirectEndpoints()}, func() uint64 { return c.Applied(0) }
 }
 
-func benchClient(b *testing.B, cfg clientv3.Config, cnt *counter) *clientv3.Client {
+func benchClient(b *testing.B, cfg clientv3.Config, cnt *etcdtest.Counter) *clientv3.Client {
 	b.Helper()
 	cfg.Logger = zap.NewNop()
 	if cnt != nil {
-		cfg.DialOptions = append(cfg.DialOptions, cnt.options()...)
+		cfg.DialOptions = append(cfg.DialOptions, cnt.DialOptions()...)
 	}
 	return etcdtest.NewClient(b, cfg)
 }
@@ -143,17 +106,17 @@ func benchRoundTrip(b *testing.B, latency func(*testing.B, *clientv3.Client) tim
 // when set, counts op's requests: req/op (unary calls and streams opened)
 // and msgs/op (those and the messages sent on open streams, such as
 // keepalives on the Backend's lease stream).
-func interleaved(b *testing.B, cli *clientv3.Client, cnt *counter, op func() error) {
+func interleaved(b *testing.B, cli *clientv3.Client, cnt *etcdtest.Counter, op func() error) {
 	getLatency(b, cli) // warm up
 	var reqs, msgs int64
 	counted := op
 	if cnt != nil {
 		counted = func() error {
-			n0, m0 := cnt.requests(), cnt.streamMsgs.Load()
+			n0, m0 := cnt.Requests(), cnt.StreamMsgs.Load()
 			err := op()
-			n := cnt.requests() - n0
+			n := cnt.Requests() - n0
 			reqs += n
-			msgs += n + cnt.streamMsgs.Load() - m0
+			msgs += n + cnt.StreamMsgs.Load() - m0
 			return err
 		}
 	}
@@ -177,7 +140,7 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 // uncontended runs the op that mk makes on a counted client, interleaved
 // with a Get each.
 func uncontended(b *testing.B, mk func(cli *clientv3.Client) func() error) {
-	cnt := &counter{}
+	cnt := &etcdtest.Counter{}
 	cli := benchClient(b, benchEndpoints(b), cnt)
 	interleaved(b, cli, cnt, mk(cli))
 }
@@ -229,12 +192,12 @@ func BenchmarkConcurrencyMutex(b *testing.B) {
 // requests (unary calls and streams opened; the keepalives on a stream are
 // not counted) and the server writes (Raft entries applied; 0 when writes
 // is nil).
-func handoff(b *testing.B, cnt *counter, writes func() uint64, get, put time.Duration, mk func(i int) (func(context.Context) error, func() error)) {
+func handoff(b *testing.B, cnt *etcdtest.Counter, writes func() uint64, get, put time.Duration, mk func(i int) (func(context.Context) error, func() error)) {
 	const waiters = 16
 	if writes == nil {
 		writes = func() uint64 { return 0 }
 	}
-	reqs0, w0 := cnt.requests(), writes()
+	reqs0, w0 := cnt.Requests(), writes()
 	lat, n := benchtest.Handoff(b, waiters, mk)
 	if p50, _, ok := benchtest.ReportHandoff(b, lat); ok {
 		b.ReportMetric(float64(p50)/float64(get), "p50-x-get")
@@ -244,7 +207,7 @@ func handoff(b *testing.B, cnt *counter, writes func() uint64, get, put time.Dur
 	if n == 0 {
 		return
 	}
-	b.ReportMetric(float64(cnt.requests()-reqs0)/float64(n), "req/acq")
+	b.ReportMetric(float64(cnt.Requests()-reqs0)/float64(n), "req/acq")
 	b.ReportMetric(float64(writes()-w0)/float64(n), "writes/acq")
 }
 
@@ -261,7 +224,7 @@ func benchHandoff(b *testing.B, procs int) {
 	probe := benchClient(b, cfg, nil)
 	get, put := getLatency(b, probe), putLatency(b, probe)
 	prefix := uniquePrefix("bench-handoff")
-	cnt := &counter{}
+	cnt := &etcdtest.Counter{}
 	lockers := make([]core.Locker, procs)
 	for i := range lockers {
 		lockers[i] = newLocker(b, benchClient(b, cfg, cnt), prefix, core.WithDefaults(core.TTL(10*time.Second)))
@@ -277,7 +240,7 @@ func BenchmarkConcurrencyMutexHandoff(b *testing.B) {
 	probe := benchClient(b, cfg, nil)
 	get, put := getLatency(b, probe), putLatency(b, probe)
 	prefix := uniquePrefix("bench-mutex-handoff")
-	cnt := &counter{}
+	cnt := &etcdtest.Counter{}
 	sessions := make([]*concurrency.Session, waiters)
 	for i := range sessions {
 		sessions[i] = session(b, benchClient(b, cfg, cnt), 10)
@@ -303,17 +266,17 @@ func hold1000(b *testing.B, limit int) {
 	ttl := 1500 * time.Millisecond
 	interval := ttl / 3
 	cfg := benchEndpoints(b)
-	cnt := &counter{}
+	cnt := &etcdtest.Counter{}
 	cli := benchClient(b, cfg, cnt)
 	l := newLocker(b, cli, uniquePrefix("bench-hold"), core.WithDefaults(core.TTL(ttl)))
 	ctx := context.Background()
 	var u0, s0, m0 int64
 	intervals := benchtest.Hold(b, n, interval, func(i int) (core.Session, error) {
 		return l.TryAcquire(ctx, fmt.Sprintf("hold/%d", i/limit), core.Limit(limit))
-	}, func() { u0, s0, m0 = cnt.unary.Load(), cnt.streams.Load(), cnt.streamMsgs.Load() })
-	b.ReportMetric(float64(cnt.unary.Load()-u0)/intervals, "txns/interval")
-	b.ReportMetric(float64(cnt.streams.Load()-s0)/intervals, "streams/interval")
-	b.ReportMetric(float64(cnt.streamMsgs.Load()-m0)/intervals, "keepalives/interval")
+	}, func() { u0, s0, m0 = cnt.Unary.Load(), cnt.Streams.Load(), cnt.StreamMsgs.Load() })
+	b.ReportMetric(float64(cnt.Unary.Load()-u0)/intervals, "txns/interval")
+	b.ReportMetric(float64(cnt.Streams.Load()-s0)/intervals, "streams/interval")
+	b.ReportMetric(float64(cnt.StreamMsgs.Load()-m0)/intervals, "keepalives/interval")
 }
 
 // BenchmarkSemaphore: one uncontended TryAcquire + Release of a permit of a
@@ -332,7 +295,7 @@ func BenchmarkSemaphore(b *testing.B) {
 		{"permit-of-4-3-held", []core.Option{core.Limit(4)}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			cnt := &counter{}
+			cnt := &etcdtest.Counter{}
 			cli := benchClient(b, cfg, cnt)
 			prefix := uniquePrefix("bench-sem")
 			l := newLocker(b, cli, prefix)
@@ -385,7 +348,7 @@ func BenchmarkHotKeyTry(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer s.Release(ctx)
-		cnt := &counter{}
+		cnt := &etcdtest.Counter{}
 		cli := benchClient(b, cfg, cnt)
 		l := newLocker(b, cli, prefix)
 		w0 := w()
@@ -403,7 +366,7 @@ func BenchmarkHotKeyTry(b *testing.B) {
 		if err := hm.Lock(ctx); err != nil {
 			b.Fatal(err)
 		}
-		cnt := &counter{}
+		cnt := &etcdtest.Counter{}
 		cli := benchClient(b, cfg, cnt)
 		m := concurrency.NewMutex(session(b, cli, 30), prefix+"mutex-hot")
 		w0 := w()
@@ -427,9 +390,9 @@ func BenchmarkDistinctKeys(b *testing.B) {
 	cfg, _ := benchWrites(b)
 	ctx := context.Background()
 	prefix := uniquePrefix("bench-keys")
-	run := func(b *testing.B, cli *clientv3.Client, cnt *counter, op func(key string) error) {
+	run := func(b *testing.B, cli *clientv3.Client, cnt *etcdtest.Counter, op func(key string) error) {
 		get := getLatency(b, cli)
-		n0, m0 := cnt.requests(), cnt.streamMsgs.Load()
+		n0, m0 := cnt.Requests(), cnt.StreamMsgs.Load()
 		keys := make([]string, workers)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("k%d", i)
@@ -446,12 +409,12 @@ func BenchmarkDistinctKeys(b *testing.B) {
 		rate := float64(b.N) / el.Seconds()
 		b.ReportMetric(rate, "acq/s")
 		b.ReportMetric(rate*get.Seconds(), "x-rtt-rate")
-		reqs := cnt.requests() - n0
+		reqs := cnt.Requests() - n0
 		b.ReportMetric(float64(reqs)/float64(b.N), "req/op")
-		b.ReportMetric(float64(reqs+cnt.streamMsgs.Load()-m0)/float64(b.N), "msgs/op")
+		b.ReportMetric(float64(reqs+cnt.StreamMsgs.Load()-m0)/float64(b.N), "msgs/op")
 	}
 	b.Run("dislock", func(b *testing.B) {
-		cnt := &counter{}
+		cnt := &etcdtest.Counter{}
 		cli := benchClient(b, cfg, cnt)
 		l := newLocker(b, cli, prefix)
 		run(b, cli, cnt, func(key string) error {
@@ -463,7 +426,7 @@ func BenchmarkDistinctKeys(b *testing.B) {
 		})
 	})
 	b.Run("mutex", func(b *testing.B) {
-		cnt := &counter{}
+		cnt := &etcdtest.Counter{}
 		cli := benchClient(b, cfg, cnt)
 		sess := session(b, cli, 30)
 		run(b, cli, cnt, func(key string) error {

@@ -23,9 +23,9 @@ import (
 func TestSemRenewBatch(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.Start(t, 1)
-	cnt := &counter{}
+	cnt := &etcdtest.Counter{}
 	cfg := clientv3.Config{Endpoints: c.Endpoints(), Logger: zap.NewNop()}
-	cfg.DialOptions = append(cfg.DialOptions, cnt.options()...)
+	cfg.DialOptions = append(cfg.DialOptions, cnt.DialOptions()...)
 	b, err := etcdlock.NewBackend(etcdtest.NewClient(t, cfg), etcdlock.WithPrefix(uniquePrefix("sem-renew")))
 	if err != nil {
 		t.Fatal(err)
@@ -39,9 +39,9 @@ func TestSemRenewBatch(t *testing.T) {
 	if _, err := b.Renew(ctx, reqs); err != nil { // opens the keepalive stream
 		t.Fatal(err)
 	}
-	u0, s0, m0 := cnt.unary.Load(), cnt.streams.Load(), cnt.streamMsgs.Load()
+	u0, s0, m0 := cnt.Unary.Load(), cnt.Streams.Load(), cnt.StreamMsgs.Load()
 	benchtest.RenewAll(t, ctx, b, reqs)
-	if u, s, m := cnt.unary.Load()-u0, cnt.streams.Load()-s0, cnt.streamMsgs.Load()-m0; u != 1 || s != 0 || m != 1 {
+	if u, s, m := cnt.Unary.Load()-u0, cnt.Streams.Load()-s0, cnt.StreamMsgs.Load()-m0; u != 1 || s != 0 || m != 1 {
 		t.Fatalf("renewal of %d sessions of one TTL: %d transactions, %d streams opened, %d keepalives; want 1, 0, 1 (one shared lease)", len(reqs), u, s, m)
 	}
 }
