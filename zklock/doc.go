@@ -22,6 +22,10 @@
 //
 // Supported servers: ZooKeeper 3.5 and later (container nodes and multi);
 // tested with 3.8.0 as standalone server and as a 3-node ensemble.
+// ZooKeeper 3.6 to 3.8.0 can hold a committed write's reply until another
+// request reaches the server (ZOOKEEPER-4537, fixed in 3.8.1); a call
+// unanswered after 250 ms sends a read on its session, which wakes the
+// server, and again at doubling intervals.
 //
 // # The recipe
 //

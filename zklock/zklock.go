@@ -170,6 +170,7 @@ type Backend struct {
 	done      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
+	nudging   atomic.Bool // a nudge's read is in flight
 
 	mu      sync.Mutex
 	claims  map[string]*claim        // owner token -> claim made by this backend
@@ -609,11 +610,22 @@ func (b *Backend) call(ctx context.Context, f func(), then func()) error {
 		}
 		close(fin)
 	}()
-	select {
-	case <-fin:
-		return nil
-	case <-ctx.Done():
-	case <-b.done:
+	nudge := time.NewTimer(nudgeAfter)
+	defer nudge.Stop()
+waiting:
+	for wait := nudgeAfter; ; {
+		select {
+		case <-fin:
+			return nil
+		case <-nudge.C:
+			b.nudge()
+			wait *= 2
+			nudge.Reset(wait)
+			continue
+		case <-ctx.Done():
+		case <-b.done:
+		}
+		break waiting
 	}
 	if !state.CompareAndSwap(running, abandoned) {
 		<-fin // f finished first: its results are the caller's
@@ -623,6 +635,32 @@ func (b *Backend) call(ctx context.Context, f func(), then func()) error {
 		return ctx.Err()
 	}
 	return errClosed
+}
+
+// nudgeAfter is how long a call waits for its reply before it nudges the
+// server, and then again at doubling intervals until the reply comes.
+//
+// ZooKeeper 3.6 to 3.8.0 (the version Debian 12 ships) can hold a
+// committed write until another request reaches the server: a lost
+// wake-up in its CommitProcessor (ZOOKEEPER-4537, fixed in 3.8.1). On a
+// server with no other traffic the reply then waits for the next client's
+// ping, up to a third of a session timeout, longer than a lease's
+// renewal may take. Any request that reaches the server wakes the
+// processor; the nudge is a read, which writes nothing.
+const nudgeAfter = 250 * time.Millisecond
+
+// nudge sends one cheap read on b's session, unless one is in flight.
+// Its answer does not matter: its arrival at the server does.
+func (b *Backend) nudge() {
+	if !b.nudging.CompareAndSwap(false, true) {
+		return
+	}
+	if !b.spawn(func() {
+		defer b.nudging.Store(false)
+		b.conn.Exists("/")
+	}) {
+		b.nudging.Store(false)
+	}
 }
 
 // spawn runs f on a goroutine the backend owns.
