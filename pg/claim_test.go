@@ -163,6 +163,10 @@ func TestHeldUpClaimAbortedByServer(t *testing.T) {
 			}
 			// The claim outlived its caller's ctx on the server...
 			if n := lockWaiters(t, admin, app); n != 1 {
+				if seen := time.Since(start); seen >= claimTimeout {
+					// The server may rightly have aborted it by then.
+					t.Skipf("machine too slow: the waiting claims were counted %v after the claim was sent, past the claim timeout %v", seen.Round(time.Millisecond), claimTimeout)
+				}
 				t.Fatalf("%d claims wait on the server after the caller's ctx ended, want 1", n)
 			}
 			// ...until the server aborted it.
