@@ -139,15 +139,22 @@ func procState(t *testing.T, pid int) string {
 	return f[0]
 }
 
-// waitState waits until pid is in state want.
+// waitState waits until pid is in state want, for at most timeout of the
+// time pid spends outside state D. A process in D (an uninterruptible wait,
+// such as disk I/O on a busy machine) takes a stop or a kill only once the
+// wait ends: that time does not count, up to a minute in all.
 func waitState(t *testing.T, pid int, want string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for procState(t, pid) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d in state %s, want %s", pid, procState(t, pid), want)
+	const poll = 20 * time.Millisecond
+	deadline, last := time.Now().Add(timeout), time.Now().Add(time.Minute)
+	for st := procState(t, pid); st != want; st = procState(t, pid) {
+		if st == "D" {
+			deadline = deadline.Add(poll)
 		}
-		time.Sleep(20 * time.Millisecond)
+		if now := time.Now(); now.After(deadline) || now.After(last) {
+			t.Fatalf("process %d in state %s, want %s", pid, st, want)
+		}
+		time.Sleep(poll)
 	}
 }
 
