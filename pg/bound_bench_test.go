@@ -55,7 +55,7 @@ func BenchmarkClaimBound(b *testing.B) {
 				}
 			}
 			unbounded := func(tok string) error {
-				rows, err := pool.Query(ctx, be.stmt.acquire, "k", "me", tok, micro(time.Minute), nil, "", int64(0))
+				rows, err := pool.Query(ctx, be.stmt.claim, "k", "me", tok, micro(time.Minute), nil)
 				if err != nil {
 					return err
 				}

@@ -190,11 +190,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	defer conn.Release()
 	batch := &pgx.Batch{}
 	batch.Queue(b.stmt.bound, strconv.FormatInt(left.Milliseconds(), 10))
-	if b.stmt.queue {
-		// The legacy table has no queue: the waiter is not sent.
+	if b.stmt.queue && req.Waiter != "" {
 		batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL))
 	} else {
-		batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
+		// No waiter, or the legacy table, which has no queue.
+		batch.Queue(b.stmt.claim, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
 	}
 	br := conn.SendBatch(ctx, batch)
 	lease, err := b.readAcquire(br, req)
