@@ -39,6 +39,7 @@ type Client struct {
 	mu         sync.Mutex
 	closed     bool
 	sessions   map[*session]struct{}
+	held       map[string]*session   // the mutex session of each key this client holds (see heldHere)
 	owed       map[*session]struct{} // ended, but the store may still hold the key: Close releases them
 	owedSwept  time.Time             // when owed was last swept of sessions the store has surely dropped
 	undos      []*pendingUndo        // ambiguous claims whose undo is still owed (undo.go)
@@ -91,6 +92,7 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 		b: b, name: b.Name(), cfg: cfg, base: base, obs: cfg.observer,
 		ctx: ctx, cancel: cancel, closing: closing, stopAcquire: stopAcquire,
 		sessions: make(map[*session]struct{}),
+		held:     make(map[string]*session),
 		owed:     make(map[*session]struct{}),
 		waiters:  make(map[string][]*waiter),
 		echoes:   make(map[string][]time.Time),
@@ -222,6 +224,12 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 	var failure error
 	for {
 		attempts++
+		if mode == ModeTry && cfg.limit <= 1 {
+			if h := c.heldHere(key); h != nil {
+				busy = &NotAcquiredError{Key: key, Holder: h}
+				return nil, busy
+			}
+		}
 		queued = cfg.waiter
 		ss, err := c.attempt(bud, ctx, key, cfg)
 		if err == nil {
@@ -474,6 +482,9 @@ func (c *Client) register(s *session) bool {
 		return false
 	}
 	c.sessions[s] = struct{}{}
+	if s.limit <= 1 {
+		c.held[s.key] = s
+	}
 	if !c.renewing {
 		c.renewing = true
 		c.wg.Add(1)
@@ -494,6 +505,28 @@ func (c *Client) register(s *session) bool {
 	return true
 }
 
+// heldHere returns the holder of key when a mutex session of this client
+// holds it: not ended, not being released, and before its renew deadline,
+// until which the store keeps the key for it (see Session). A TryAcquire of
+// such a key is answered busy with that holder and no store call, since the
+// store's answer could only be busy; its times are on this process's clock.
+// (Acquire asks the store, which keeps its waiters in line.)
+func (c *Client) heldHere(key string) *Info {
+	c.mu.Lock()
+	s := c.held[key]
+	c.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	left := time.Until(s.deadline)
+	if s.err != nil || s.releasing || left <= 0 {
+		return nil
+	}
+	return &Info{Key: key, Owner: s.owner, Token: s.token, AcquiredAt: s.acquiredAt, ExpiresAt: time.Now().Add(left), Remaining: left}
+}
+
 func (c *Client) kick() {
 	select {
 	case c.wake <- struct{}{}:
@@ -507,6 +540,9 @@ func (c *Client) kick() {
 func (c *Client) unregister(s *session, owe bool) {
 	c.mu.Lock()
 	delete(c.sessions, s)
+	if c.held[s.key] == s {
+		delete(c.held, s.key)
+	}
 	c.mu.Unlock()
 	if owe {
 		c.owe(s)

@@ -575,3 +575,51 @@ func TestSessionContextBeforeAndAfterEnd(t *testing.T) {
 		}
 	}
 }
+
+// A TryAcquire of a key that a live mutex session of the same client holds
+// is answered busy from that session, with no store call. A permit claim,
+// another process, and the same client once the session has ended (released
+// or lost) ask the store.
+func TestTryAcquireOfKeyHeldHereAsksNoStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, cs, bs := newPair(t, core.WithDefaults(core.TTL(3*time.Second)))
+		ctx := context.Background()
+		tries := func(i int, opts ...core.Option) (int, error) {
+			before := bs[i].Stats().Acquires
+			_, err := cs[i].TryAcquire(ctx, "k", opts...)
+			return bs[i].Stats().Acquires - before, err
+		}
+		h := hold(t, cs[0], "k", core.WithOwner("host:1"))
+		calls, err := tries(0)
+		var busy *core.NotAcquiredError
+		if !errors.As(err, &busy) || busy.Holder == nil {
+			t.Fatalf("TryAcquire of a key held here: %v, want busy with the holder", err)
+		}
+		if got := *busy.Holder; got.Owner != "host:1" || got.Token != h.Token() || got.Remaining <= 0 || got.Remaining > 3*time.Second {
+			t.Errorf("holder %+v, want owner host:1, token %d, 0 < remaining <= 3s", got, h.Token())
+		}
+		if calls != 0 {
+			t.Errorf("TryAcquire of a key held here made %d store calls, want 0", calls)
+		}
+		if calls, err := tries(0, core.Limit(2)); calls != 1 || !errors.Is(err, core.ErrLimitMismatch) {
+			t.Errorf("permit claim on a mutex held here: %d store calls, %v; want 1, a limit mismatch", calls, err)
+		}
+		if calls, err := tries(1); calls != 1 || !errors.Is(err, core.ErrNotAcquired) {
+			t.Errorf("TryAcquire from another process: %d store calls, %v; want 1, busy", calls, err)
+		}
+
+		if err := h.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		before := bs[0].Stats().Acquires
+		again, err := cs[0].TryAcquire(ctx, "k")
+		if err != nil || bs[0].Stats().Acquires-before != 1 {
+			t.Fatalf("TryAcquire after the release: %v after %d store calls; want the lock after 1", err, bs[0].Stats().Acquires-before)
+		}
+		st.Steal("k") // the lease is gone from the store: the next renewal loses it
+		<-again.Done()
+		if calls, err := tries(0); calls != 1 || !errors.Is(err, core.ErrNotAcquired) {
+			t.Errorf("TryAcquire after the session was lost: %d store calls, %v; want 1, busy", calls, err)
+		}
+	})
+}

@@ -18,7 +18,10 @@ import (
 // the store does, and make no round trip when ctx is already done.
 //
 // Locks are not reentrant: a key this process already holds reads as busy to
-// a second acquisition.
+// a second acquisition. The engine's Client answers a TryAcquire of a key
+// that one of its own mutex sessions holds (live, not being released, before
+// its renew deadline) without a round trip: busy, with that session as the
+// holder, its times on the local clock.
 type Locker interface {
 	// TryAcquire makes one attempt. A lock the store answers is held
 	// elsewhere yields an error matching ErrNotAcquired (a
