@@ -294,9 +294,7 @@ func testConcurrency(t *testing.T, e *env) {
 			}
 		}()
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range sent(&wg, errs) {
 		t.Error(err)
 	}
 }

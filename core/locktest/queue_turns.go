@@ -141,9 +141,7 @@ func testQueueOneWake(t *testing.T, e *env) {
 			}
 		}()
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range sent(&wg, errs) {
 		t.Fatal(err)
 	}
 	var attempts, allowed int64
@@ -242,9 +240,7 @@ func handoffPrompt(t *testing.T, e *env, rule string, ps []*proc, limit int) {
 		}
 		t0 := time.Now()
 		close(start)
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		for _, err := range sent(&wg, errs) {
 			t.Fatalf("rule %q: %v", rule, err)
 		}
 		// The first limit acquisitions wait for nobody; the n-th after

@@ -255,6 +255,18 @@ func waitDone(t *testing.T, rule string, s core.Session, d time.Duration) time.D
 	}
 }
 
+// sent waits for the goroutines of wg, which send their errors on errs,
+// and returns the errors they sent.
+func sent(wg *sync.WaitGroup, errs chan error) []error {
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return all
+}
+
 // waitFor polls cond every 10ms for up to d.
 func waitFor(t *testing.T, cond func() bool, d time.Duration) bool {
 	t.Helper()

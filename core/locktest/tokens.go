@@ -250,9 +250,7 @@ func raceTokens(t *testing.T, e *env, procs []*proc, limit int) {
 			})
 		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range sent(&wg, errs) {
 		t.Error(err)
 	}
 	if back > 0 {
