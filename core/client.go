@@ -600,13 +600,9 @@ func (c *Client) releaseDetached(ctx context.Context, key, ownerToken string, li
 // then closes the Backend (which frees only what the backend opened itself,
 // never the caller's pool or client).
 func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if !firstClose(&c.mu, &c.closed) {
 		return nil
 	}
-	c.closed = true
-	c.mu.Unlock()
 	c.stopAcquire()
 	c.acquiring.Wait()
 	// Store calls that acquisitions left running (calls.go), with their
@@ -654,6 +650,16 @@ func (c *Client) Close() error {
 	}
 	c.waitCalls(closeUndoWait) // a call cut loose returns once its backend is closed
 	return errors.Join(errs...)
+}
+
+// firstClose sets closed under mu and reports whether it was not set yet:
+// whether this call is the first Close, the one that does the work.
+func firstClose(mu *sync.Mutex, closed *bool) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	first := !*closed
+	*closed = true
+	return first
 }
 
 // Inspect implements Admin when the backend does.

@@ -254,13 +254,9 @@ func (e *Election) Resign() {
 // the Observe goroutines. OnRevoked, when this process led, gets
 // ErrElectionClosed.
 func (e *Election) Close() error {
-	e.closeMu.Lock()
-	if e.closed {
-		e.closeMu.Unlock()
+	if !firstClose(&e.closeMu, &e.closed) {
 		return nil
 	}
-	e.closed = true
-	e.closeMu.Unlock()
 	e.stop()
 	<-e.done
 	e.obs.Wait()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/memlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // recorder is an Observer that writes down every hook call, and keeps the
@@ -124,14 +125,7 @@ func TestAdminUnsupported(t *testing.T) {
 	}
 	// Without a Watcher, waiting still works by polling.
 	s, _ := c.TryAcquire(ctx, "k", core.TTL(time.Second))
-	go func() { time.Sleep(50 * time.Millisecond); s.Release(ctx) }()
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	s2, err := c.Acquire(wctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2.Release(ctx)
+	testenv.AcquireReleased(t, ctx, c, s, 50*time.Millisecond, 5*time.Second).Release(ctx)
 	if _, err := core.New(nil); !errors.Is(err, core.ErrInvalidOption) {
 		t.Fatalf("New(nil): %v", err)
 	}

@@ -261,18 +261,12 @@ func WithReleaseTimeout(d time.Duration) ClientOption {
 // acquisition (or New) to report: checked, with the value checks positive
 // and notNegative.
 //
-// Each package with options (core, the backends, the integrations) keeps its
-// own copy of these few lines instead of sharing one. Its options have their
-// own config type and its errors their own prefix ("zklock.WithRoot: ..."):
-// a shared helper would need both as parameters, would have to be exported
-// API of core (which users would see and not need), and would read worse
-// than the copy. This is a deliberate choice, and covers the plumbing
-// around the options too (the config's errs field, invalidOption, the loop
-// that applies the options and reports the first error): zklock,
-// asynqlock and gocronlock copy checked; pg, mysqllock, etcdlock and
-// redislock, where only a few options can be invalid, append to errs in
-// those options. Backends may import only core, not each other, so pg's and
-// mysqllock's identical lines stay two copies as well.
+// zklock, asynqlock and gocronlock share these few lines in the module's
+// internal/optcheck (their errors get their own prefix, "zklock.WithRoot:
+// ..."). core keeps its own copy: it imports only the standard library, and
+// exporting the helper from core would add API that users would see and not
+// need. pg, mysqllock, etcdlock and redislock, where only a few options can
+// be invalid, append to their config's errs in those options.
 func checked[C errRecorder](err error, set func(C)) func(C) {
 	if err != nil {
 		return func(c C) { c.recordErr(err) }

@@ -28,6 +28,18 @@ func (h *releaseHub) publish(key string) {
 	}
 }
 
+// subscribe tells ch of every release until the func it returns is called.
+func (h *releaseHub) subscribe(ch chan string) (unsubscribe func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.subs[ch] = struct{}{}
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.subs, ch)
+	}
+}
+
 // unqueued is a memlock handle run as a store without a waiter queue: a
 // Queuer type (it has WatchTurns and Leave) whose KeepsQueue reports false.
 // Its releases are told through hub. It records what the engine asks of it.
@@ -81,14 +93,7 @@ func (u *unqueued) Release(ctx context.Context, req core.ReleaseRequest) error {
 
 func (u *unqueued) Watch(ctx context.Context, ready func(), fn func(key string)) error {
 	ch := make(chan string, 16)
-	u.hub.mu.Lock()
-	u.hub.subs[ch] = struct{}{}
-	u.hub.mu.Unlock()
-	defer func() {
-		u.hub.mu.Lock()
-		delete(u.hub.subs, ch)
-		u.hub.mu.Unlock()
-	}()
+	defer u.hub.subscribe(ch)()
 	ready()
 	u.subscribed <- struct{}{}
 	for {

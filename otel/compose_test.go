@@ -61,13 +61,7 @@ func TestComposedObservers(t *testing.T) {
 	if _, err := b.TryAcquire(ctx, "k1"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatal(err)
 	}
-	go func() { time.Sleep(30 * time.Millisecond); s1.Release(ctx) }()
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	s2, err := b.Acquire(wctx, "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s2 := testenv.AcquireReleased(t, ctx, b, s1, 30*time.Millisecond, 10*time.Second)
 	s3 := testenv.Hold(t, ctx, a, "k3")
 	for _, f := range []*fixture{f1, f2} {
 		eventually(t, "a renew span", func() bool { return len(f.spans(dlotel.SpanRenew)) >= 1 })

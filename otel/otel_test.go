@@ -433,13 +433,7 @@ func TestWaitWake(t *testing.T) {
 			holder, waiter := f.lockerOn(t, b), f.lockerOn(t, b)
 			ctx := context.Background()
 			h := testenv.Hold(t, ctx, holder, "k", core.WithOwner("worker-7"))
-			go func() { time.Sleep(30 * time.Millisecond); h.Release(ctx) }()
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			s, err := waiter.Acquire(wctx, "k", core.Backoff(c.backoff, c.backoff))
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := testenv.AcquireReleased(t, ctx, waiter, h, 30*time.Millisecond, 10*time.Second, core.Backoff(c.backoff, c.backoff))
 			defer s.Release(ctx)
 			sp := f.spans(dlotel.SpanAcquire)[1]
 			wantAttrs(t, sp, map[attribute.Key]any{dlotel.AttrOutcome: "acquired", dlotel.AttrMode: "wait",

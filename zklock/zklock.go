@@ -14,6 +14,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 )
 
 // DefaultRoot is the znode under which every lock lives unless WithRoot says
@@ -45,19 +46,16 @@ type authCred struct {
 	auth   []byte
 }
 
-func invalidOption(name, format string, args ...any) error {
-	return fmt.Errorf("%w: zklock.%s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
-}
+// invalidOption returns the error of an invalid value given to option name.
+var invalidOption = optcheck.Prefix("zklock.").Invalid
+
+// RecordErr records the error of an invalid option, for the constructor to
+// report.
+func (o *options) RecordErr(err error) { o.errs = append(o.errs, err) }
 
 // checked is an Option that applies set, or records err when the value
-// given was invalid. Like core, zklock keeps its own copy of this form (see
-// core's checked for why).
-func checked(err error, set Option) Option {
-	if err != nil {
-		return func(o *options) { o.errs = append(o.errs, err) }
-	}
-	return set
-}
+// given was invalid (optcheck.Checked).
+func checked(err error, set Option) Option { return optcheck.Checked(err, set) }
 
 // WithRoot sets the znode under which locks live (default "/dislock").
 // Lockers that should see each other's locks use the same root. It must be

@@ -238,9 +238,7 @@ func testWaiterWakes(t *testing.T, e *env) {
 
 func testWaiterNotified(t *testing.T, e *env) {
 	const rule = "with release notifications a waiter wakes on the release, not on its poll timer"
-	if e.h.NoWatch {
-		t.Skip("backend has no release notifications (NoWatch)")
-	}
+	skipIf(t, e.h.NoWatch, "backend has no release notifications (NoWatch)")
 	log := &acquireLog{}
 	a, b := e.proc(t), e.proc(t, core.WithObserver(log))
 	k := e.key(t)
@@ -296,9 +294,7 @@ func testConcurrency(t *testing.T, e *env) {
 			}
 		}()
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range sent(&wg, errs) {
 		t.Error(err)
 	}
 }

@@ -9,15 +9,11 @@ import (
 )
 
 func testAdmin(t *testing.T, e *env) {
-	if e.h.NoAdmin {
-		t.Skip("backend has no Admin (NoAdmin)")
-	}
+	skipIf(t, e.h.NoAdmin, "backend has no Admin (NoAdmin)")
 	const rule = "Admin inspects, lists by prefix and force-releases; the victim learns of it at its next renewal"
 	a, b, k := e.pair(t)
 	adm, ok := b.l.(core.Admin)
-	if !ok {
-		t.Skip("the Locker under test does not expose Admin")
-	}
+	skipIf(t, !ok, "the Locker under test does not expose Admin")
 	ctx := ctxT(t, 10*time.Second)
 	if _, held, err := adm.Inspect(ctx, k); err != nil || held {
 		t.Fatalf("rule %q: Inspect free key: held=%v err=%v", rule, held, err)

@@ -72,14 +72,10 @@ func testCheckLost(t *testing.T, e *env) {
 	const rule = "Check reports a lease the store no longer has (force-released, deleted or stolen) as ErrLeaseLost and ends the session"
 	k := e.key(t)
 	t.Run("ForceRelease", func(t *testing.T) {
-		if e.h.NoAdmin {
-			t.Skip("backend has no Admin (NoAdmin)")
-		}
+		skipIf(t, e.h.NoAdmin, "backend has no Admin (NoAdmin)")
 		a, b := e.proc(t), e.proc(t)
 		adm, ok := b.l.(core.Admin)
-		if !ok {
-			t.Skip("the Locker under test does not expose Admin")
-		}
+		skipIf(t, !ok, "the Locker under test does not expose Admin")
 		s := mustAcquire(t, a, k+"/force", core.TTL(checkTTL))
 		if released, err := adm.ForceRelease(ctxT(t, 10*time.Second), s.Key()); err != nil || !released {
 			t.Fatalf("ForceRelease = %v, %v", released, err)
@@ -90,9 +86,7 @@ func testCheckLost(t *testing.T, e *env) {
 		s2.Release(context.Background())
 	})
 	t.Run("Delete", func(t *testing.T) {
-		if e.h.Delete == nil {
-			t.Skip("harness has no Delete")
-		}
+		skipIf(t, e.h.Delete == nil, "harness has no Delete")
 		a, b := e.proc(t), e.proc(t)
 		s := mustAcquire(t, a, k+"/delete", core.TTL(checkTTL))
 		if err := e.h.Delete(ctxT(t, 10*time.Second), s.Key()); err != nil {
@@ -104,9 +98,7 @@ func testCheckLost(t *testing.T, e *env) {
 		s2.Release(context.Background())
 	})
 	t.Run("Steal", func(t *testing.T) {
-		if e.h.Steal == nil {
-			t.Skip("harness has no Steal")
-		}
+		skipIf(t, e.h.Steal == nil, "harness has no Steal")
 		a := e.proc(t)
 		s := mustAcquire(t, a, k+"/steal", core.TTL(checkTTL))
 		if err := e.h.Steal(ctxT(t, 10*time.Second), s.Key()); err != nil {

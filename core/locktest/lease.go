@@ -102,17 +102,13 @@ func releaseLost(t *testing.T, s core.Session) {
 }
 
 func testLossStolen(t *testing.T, e *env) {
-	if e.h.Steal == nil {
-		t.Skip("harness has no Steal")
-	}
+	skipIf(t, e.h.Steal == nil, "harness has no Steal")
 	a, k := lossBehindBack(t, e, "a stolen lock is signalled as lost at the next renewal", "Steal", e.h.Steal)
 	mustBusy(t, "after a loss the thief still holds the key", a, k)
 }
 
 func testLossDeleted(t *testing.T, e *env) {
-	if e.h.Delete == nil {
-		t.Skip("harness has no Delete")
-	}
+	skipIf(t, e.h.Delete == nil, "harness has no Delete")
 	lossBehindBack(t, e, "a lock deleted behind the holder's back is signalled as lost", "Delete", e.h.Delete)
 }
 

@@ -50,14 +50,19 @@ func queueProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc 
 	return procsIf(t, e, n, keepsQueue, noQueue, opts...)
 }
 
+// queueSetup returns n processes (queueProcs) and the subtest's key (key):
+// the set-up most queue rules start from.
+func queueSetup(t *testing.T, e *env, n int) ([]*proc, string) {
+	t.Helper()
+	return queueProcs(t, e, n), e.key(t)
+}
+
 // skipQueue skips a queue rule on a harness without release notifications:
 // turns are notifications, so the rules cannot tell a turn from a poll
 // there.
 func skipQueue(t *testing.T, e *env) {
 	t.Helper()
-	if e.h.NoWatch {
-		t.Skip("queue turns need release notifications (NoWatch)")
-	}
+	skipIf(t, e.h.NoWatch, "queue turns need release notifications (NoWatch)")
 }
 
 // queueBackend is a Backend that keeps a waiter queue.
@@ -72,9 +77,7 @@ func rawQueuer(t *testing.T, e *env) queueBackend {
 	t.Helper()
 	skipQueue(t, e)
 	q, ok := e.h.NewBackend(t).(queueBackend)
-	if !ok || !keepsQueue(q) {
-		t.Skip(noQueue)
-	}
+	skipIf(t, !ok || !keepsQueue(q), noQueue)
 	return q
 }
 
@@ -126,9 +129,8 @@ func queueRaw(t *testing.T, rule, who string, b core.Backend, key, waiter string
 // when it gives up, and TryAcquire sends no Waiter".
 func testQueueWaiterID(t *testing.T, e *env) {
 	const rule = "a waiting Acquire on a Queuer names itself with one Waiter on all its attempts, another per Acquire, leaves the queue when it gives up, and TryAcquire sends no Waiter"
-	ps := queueProcs(t, e, 2)
+	ps, k := queueSetup(t, e, 2)
 	a, b := ps[0], ps[1]
-	k := e.key(t)
 	s := mustAcquire(t, a, k, core.TTL(checkTTL))
 	defer s.Release(context.Background())
 	mustBusy(t, rule, b, k)
@@ -175,8 +177,7 @@ func testQueueWaiterID(t *testing.T, e *env) {
 func testQueueFIFO(t *testing.T, e *env) {
 	const rule = "on a Queuer, waiters in separate processes get the key in the order they queued"
 	const waiters = 5
-	ps := queueProcs(t, e, waiters+1)
-	k := e.key(t)
+	ps, k := queueSetup(t, e, waiters+1)
 	s := mustAcquire(t, ps[0], k, core.TTL(checkTTL))
 	order := make(chan int, waiters)
 	errc := make(chan error, waiters)
@@ -219,41 +220,37 @@ func testQueueFIFO(t *testing.T, e *env) {
 // behind it".
 func testQueueDeadWaiter(t *testing.T, e *env) {
 	const rule = "a waiter that stopped trying keeps its place until its WaiterTTL runs out, and then no longer blocks the ones behind it"
-	base := e.key(t)
 	// The dead waiter is of another process, or of the waiting process
 	// itself (an earlier Acquire whose Leave was lost): the live waiter's
 	// attempts keep its own place, never the dead one's.
-	for _, where := range []string{"OtherProcess", "SameProcess"} {
-		t.Run(where, func(t *testing.T) {
-			ps := queueProcs(t, e, 2)
-			a, w := ps[0], ps[1]
-			// In the same process, the dead waiter has the WaiterTTL that
-			// the live one's attempts send (the engine's queue TTL), as
-			// an earlier Acquire of that process had.
-			var raw core.Backend = w.fault.Backend
-			wttl := 2 * time.Second
-			if where == "OtherProcess" {
-				raw, wttl = rawQueuer(t, e), e.ttl/2
-			}
-			k := base + "/" + where
-			s := mustAcquire(t, a, k, core.TTL(checkTTL))
-			sent := time.Now()
-			queueRaw(t, rule, "the dead waiter", raw, k, "dead-"+rand.Text(), wttl)
-			res := startWait(t, rule, w, ctxT(t, 30*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
-			s.Release(context.Background()) // the turn goes to the dead waiter
-			limit := wttl + 10*time.Second
-			at := acquiredAt(t, rule, res, limit, fmt.Sprintf("the waiter behind a dead one did not get the key within %v", limit))
-			// The store kept the dead waiter's place until at least sent +
-			// wttl (its clock ran from after sent); allow 50ms for its
-			// resolution.
-			if d := at.Sub(sent); d < wttl-50*time.Millisecond {
-				t.Errorf("rule %q: the waiter behind got the key %v after the dead one queued, before its WaiterTTL %v", rule, d, wttl)
-			}
-			if d := at.Sub(sent); d > wttl+3*time.Second {
-				t.Errorf("rule %q: the waiter behind got the key only %v after the dead one queued (WaiterTTL %v)", rule, d, wttl)
-			}
-		})
-	}
+	e.cases(t, []string{"OtherProcess", "SameProcess"}, func(t *testing.T, where, k string) {
+		ps := queueProcs(t, e, 2)
+		a, w := ps[0], ps[1]
+		// In the same process, the dead waiter has the WaiterTTL that
+		// the live one's attempts send (the engine's queue TTL), as
+		// an earlier Acquire of that process had.
+		var raw core.Backend = w.fault.Backend
+		wttl := 2 * time.Second
+		if where == "OtherProcess" {
+			raw, wttl = rawQueuer(t, e), e.ttl/2
+		}
+		s := mustAcquire(t, a, k, core.TTL(checkTTL))
+		sent := time.Now()
+		queueRaw(t, rule, "the dead waiter", raw, k, "dead-"+rand.Text(), wttl)
+		res := startWait(t, rule, w, ctxT(t, 30*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+		s.Release(context.Background()) // the turn goes to the dead waiter
+		limit := wttl + 10*time.Second
+		at := acquiredAt(t, rule, res, limit, fmt.Sprintf("the waiter behind a dead one did not get the key within %v", limit))
+		// The store kept the dead waiter's place until at least sent +
+		// wttl (its clock ran from after sent); allow 50ms for its
+		// resolution.
+		if d := at.Sub(sent); d < wttl-50*time.Millisecond {
+			t.Errorf("rule %q: the waiter behind got the key %v after the dead one queued, before its WaiterTTL %v", rule, d, wttl)
+		}
+		if d := at.Sub(sent); d > wttl+3*time.Second {
+			t.Errorf("rule %q: the waiter behind got the key only %v after the dead one queued (WaiterTTL %v)", rule, d, wttl)
+		}
+	})
 }
 
 // testQueueCancelled checks rule "a waiter whose ctx ends, or whose Locker
@@ -261,45 +258,41 @@ func testQueueDeadWaiter(t *testing.T, e *env) {
 // if it had never queued".
 func testQueueCancelled(t *testing.T, e *env) {
 	const rule = "a waiter whose ctx ends, or whose Locker closes, leaves the queue: the next waiter gets the key at the release, as if it had never queued"
-	base := e.key(t)
-	for _, how := range []string{"Cancel", "Close"} {
-		t.Run(how, func(t *testing.T) {
-			ps := queueProcs(t, e, 3)
-			a, w1, w2 := ps[0], ps[1], ps[2]
-			k := base + "/" + how
-			s := mustAcquire(t, a, k, core.TTL(checkTTL))
-			// w1's place would outlive the rule if it stayed: only its
-			// leaving explains w2 getting the key at the release.
-			w1.fault.waiterTTL.Store(int64(time.Minute))
-			ctx1, cancel1 := context.WithCancel(context.Background())
-			defer cancel1()
-			res1 := startWait(t, rule, w1, ctx1, k, core.Backoff(20*time.Second, 20*time.Second))
-			res2 := startWait(t, rule, w2, ctxT(t, 60*time.Second), k, core.Backoff(20*time.Second, 20*time.Second))
-			want := error(context.Canceled)
-			if how == "Close" {
-				want = core.ErrClosed
-				if err := w1.l.Close(); err != nil {
-					t.Errorf("rule %q: Close: %v", rule, err)
-				}
-			} else {
-				cancel1()
+	e.cases(t, []string{"Cancel", "Close"}, func(t *testing.T, how, k string) {
+		ps := queueProcs(t, e, 3)
+		a, w1, w2 := ps[0], ps[1], ps[2]
+		s := mustAcquire(t, a, k, core.TTL(checkTTL))
+		// w1's place would outlive the rule if it stayed: only its
+		// leaving explains w2 getting the key at the release.
+		w1.fault.waiterTTL.Store(int64(time.Minute))
+		ctx1, cancel1 := context.WithCancel(context.Background())
+		defer cancel1()
+		res1 := startWait(t, rule, w1, ctx1, k, core.Backoff(20*time.Second, 20*time.Second))
+		res2 := startWait(t, rule, w2, ctxT(t, 60*time.Second), k, core.Backoff(20*time.Second, 20*time.Second))
+		want := error(context.Canceled)
+		if how == "Close" {
+			want = core.ErrClosed
+			if err := w1.l.Close(); err != nil {
+				t.Errorf("rule %q: Close: %v", rule, err)
 			}
-			select {
-			case r := <-res1:
-				if !errors.Is(r.err, want) {
-					t.Fatalf("rule %q: the wait cut short returned %v, want %v", rule, r.err, want)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("rule %q: the wait cut short did not return", rule)
+		} else {
+			cancel1()
+		}
+		select {
+		case r := <-res1:
+			if !errors.Is(r.err, want) {
+				t.Fatalf("rule %q: the wait cut short returned %v, want %v", rule, r.err, want)
 			}
-			released := time.Now()
-			s.Release(context.Background())
-			at := acquiredAt(t, rule, res2, 15*time.Second, "the next waiter did not get the key within 15s: the wait cut short kept its place")
-			if d := at.Sub(released); d > 5*time.Second {
-				t.Errorf("rule %q: the next waiter got the key %v after the release", rule, d)
-			}
-		})
-	}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("rule %q: the wait cut short did not return", rule)
+		}
+		released := time.Now()
+		s.Release(context.Background())
+		at := acquiredAt(t, rule, res2, 15*time.Second, "the next waiter did not get the key within 15s: the wait cut short kept its place")
+		if d := at.Sub(released); d > 5*time.Second {
+			t.Errorf("rule %q: the next waiter got the key %v after the release", rule, d)
+		}
+	})
 }
 
 // rawQueue is the set-up of the rules that check the queue with raw
@@ -375,9 +368,8 @@ const semQueueLimit = 3
 func newSemQueue(t *testing.T, e *env, rule string, waiters int) (*semQueue, []string) {
 	t.Helper()
 	holder, wait := rawQueuer(t, e), rawQueuer(t, e)
-	if _, ok := holder.(core.SemaphoreBackend); !ok {
-		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
-	}
+	_, sem := holder.(core.SemaphoreBackend)
+	skipIf(t, !sem, noSemaphores)
 	q := &semQueue{rawQueue: newRawQueue(t, e, rule, semQueueLimit), holder: holder, wait: wait}
 	q.turns = watchTurns(t, rule, wait, q.key) // where the waiters queued
 	for range semQueueLimit {

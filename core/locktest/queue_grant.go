@@ -138,9 +138,8 @@ func testQueueNoBarging(t *testing.T, e *env) {
 func testQueueSemaphore(t *testing.T, e *env) {
 	const rule = "on a Queuer semaphore a queued waiter is not overtaken for a freed permit by a caller that did not wait"
 	holder, waiter, other := rawQueuer(t, e), rawQueuer(t, e), rawQueuer(t, e)
-	if _, ok := holder.(core.SemaphoreBackend); !ok {
-		t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
-	}
+	_, sem := holder.(core.SemaphoreBackend)
+	skipIf(t, !sem, noSemaphores)
 	q := newRawQueue(t, e, rule, 2)
 	q.grant(holder, q.req(""), "a permit")
 	q.grant(holder, q.req(""), "a permit")

@@ -107,8 +107,7 @@ func testQueueLeavePassesTurn(t *testing.T, e *env) {
 func testQueueOneWake(t *testing.T, e *env) {
 	const rule = "on a Queuer one release wakes one waiter across all processes: a hand-off costs at most two attempts, besides the waits' refreshes of their places"
 	const waiters = 8
-	ps := queueProcs(t, e, waiters+1)
-	k := e.key(t)
+	ps, k := queueSetup(t, e, waiters+1)
 	s := mustAcquire(t, ps[0], k, core.TTL(checkTTL))
 	ctx := ctxT(t, 60*time.Second)
 	results := make([]<-chan waitResult, waiters)
@@ -142,9 +141,7 @@ func testQueueOneWake(t *testing.T, e *env) {
 			}
 		}()
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range sent(&wg, errs) {
 		t.Fatal(err)
 	}
 	var attempts, allowed int64
@@ -179,9 +176,7 @@ func testQueueHandoffPrompt(t *testing.T, e *env) {
 		limit int
 	}{{"OneLocker", ps[:1], 1}, {"FourLockers", ps, 1}, {"SemaphoreOneLocker", ps[:1], 2}, {"SemaphoreFourLockers", ps, 2}} {
 		t.Run(c.name, func(t *testing.T) {
-			if c.limit > 1 && !sem {
-				t.Skip("backend has no semaphores (not a core.SemaphoreBackend)")
-			}
+			skipIf(t, c.limit > 1 && !sem, noSemaphores)
 			handoffPrompt(t, e, rule, c.ps, c.limit)
 		})
 	}
@@ -245,9 +240,7 @@ func handoffPrompt(t *testing.T, e *env, rule string, ps []*proc, limit int) {
 		}
 		t0 := time.Now()
 		close(start)
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		for _, err := range sent(&wg, errs) {
 			t.Fatalf("rule %q: %v", rule, err)
 		}
 		// The first limit acquisitions wait for nobody; the n-th after

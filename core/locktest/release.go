@@ -16,9 +16,7 @@ import (
 // critical section may not have been exclusive. The lease is long, so that
 // no renewal comes between the force-release and the Release.
 func testReleaseReportsGone(t *testing.T, e *env) {
-	if e.h.NoAdmin {
-		t.Skip("backend has no Admin (NoAdmin): nothing can take the key behind the holder's back")
-	}
+	skipIf(t, e.h.NoAdmin, "backend has no Admin (NoAdmin): nothing can take the key behind the holder's back")
 	const rule = "a Release that finds the lease gone from the store returns an error matching ErrLeaseLost and ErrLeaseGone, ends the session as lost and frees nothing of another owner's; a second Release returns nil"
 	const ttl = 30 * time.Second // renewals every 10s: none in between
 	cases := []struct {

@@ -21,11 +21,22 @@ import (
 // semLimit is the number of permits of most semaphore rules.
 const semLimit = 3
 
+// noSemaphores is why a semaphore rule is skipped on a backend without
+// semaphores.
+const noSemaphores = "backend has no semaphores (not a core.SemaphoreBackend)"
+
 // semProcs returns n processes, or skips the rule when the backend has no
 // semaphores.
 func semProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 	t.Helper()
-	return procsWith[core.SemaphoreBackend](t, e, n, "backend has no semaphores (not a core.SemaphoreBackend)", opts...)
+	return procsWith[core.SemaphoreBackend](t, e, n, noSemaphores, opts...)
+}
+
+// semSetup returns n processes (semProcs) and the subtest's key (key): the
+// set-up most semaphore rules start from.
+func semSetup(t *testing.T, e *env, n int) ([]*proc, string) {
+	t.Helper()
+	return semProcs(t, e, n), e.key(t)
 }
 
 // testSemUnsupported checks rule "a backend without semaphores answers
@@ -33,9 +44,8 @@ func semProcs(t *testing.T, e *env, n int, opts ...core.ClientOption) []*proc {
 func testSemUnsupported(t *testing.T, e *env) {
 	const rule = "a backend without semaphores answers Limit(n > 1) with ErrUnsupported and claims nothing"
 	a, b := e.proc(t), e.proc(t)
-	if _, ok := a.fault.Backend.(core.SemaphoreBackend); ok {
-		t.Skip("backend has semaphores: the Semaphore rules check them")
-	}
+	_, sem := a.fault.Backend.(core.SemaphoreBackend)
+	skipIf(t, sem, "backend has semaphores: the Semaphore rules check them")
 	k := e.key(t)
 	if _, err := a.l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(semLimit)); !errors.Is(err, core.ErrUnsupported) {
 		t.Fatalf("rule %q: TryAcquire = %v", rule, err)
@@ -267,12 +277,9 @@ func testSemTriesAllGranted(t *testing.T, e *env) {
 // every permit of a semaphore and across mutex use of the key".
 func testSemTokens(t *testing.T, e *env) {
 	const rule = "fencing tokens strictly increase per key across every permit of a semaphore and across mutex use of the key"
-	if e.h.NoFencing {
-		t.Skip("backend has no fencing tokens (NoFencing)")
-	}
-	ps := semProcs(t, e, 2)
+	skipIf(t, e.h.NoFencing, "backend has no fencing tokens (NoFencing)")
+	ps, k := semSetup(t, e, 2)
 	a, b := ps[0], ps[1]
-	k := e.key(t)
 	var last uint64
 	check := func(what string, s core.Session) {
 		t.Helper()
@@ -305,9 +312,8 @@ func testSemTokens(t *testing.T, e *env) {
 // the other permits stay held".
 func testSemCrash(t *testing.T, e *env) {
 	const rule = "a permit whose holder stops renewing frees within its TTL, not before, and a waiter gets it, with a greater token; the other permits stay held"
-	ps := semProcs(t, e, 4)
+	ps, k := semSetup(t, e, 4)
 	a, b, c := ps[0], ps[1], ps[2]
-	k := e.key(t)
 	claimed := time.Now() // the store keeps the permit at least a TTL from this
 	sa := mustAcquire(t, a, k, core.Limit(2), core.WithOwner("crashes"))
 	sb := mustAcquire(t, b, k, core.Limit(2), core.WithOwner("stays"))
@@ -366,9 +372,7 @@ func testSemCrash(t *testing.T, e *env) {
 // key, not on its poll timer".
 func testSemNotified(t *testing.T, e *env) {
 	const rule = "with release notifications a waiter on a full semaphore wakes on a permit's release, and on a ForceRelease of the key, not on its poll timer"
-	if e.h.NoWatch {
-		t.Skip("backend has no release notifications (NoWatch)")
-	}
+	skipIf(t, e.h.NoWatch, "backend has no release notifications (NoWatch)")
 	log := &acquireLog{}
 	ps := semProcs(t, e, 2)
 	a1, a2 := ps[0], ps[1]
@@ -400,9 +404,8 @@ func testSemNotified(t *testing.T, e *env) {
 // nothing".
 func testSemMismatch(t *testing.T, e *env) {
 	const rule = "a claim with another limit than the key's holders (a mutex counts as 1) fails with ErrLimitMismatch naming both limits, both ways, from the holder's own process too, and claims nothing"
-	ps := semProcs(t, e, 2)
+	ps, k := semSetup(t, e, 2)
 	a, b := ps[0], ps[1]
-	k := e.key(t)
 	mismatch := func(what string, key string, have, want int) {
 		t.Helper()
 		opts := []core.Option{core.Limit(want)}
@@ -462,9 +465,8 @@ func testSemMismatch(t *testing.T, e *env) {
 // undone as a permit: nothing stays held until the TTL".
 func testSemReconcile(t *testing.T, e *env) {
 	const rule = "a semaphore claim whose reply is lost is undone as a permit: nothing stays held until the TTL"
-	ps := semProcs(t, e, 3)
+	ps, k := semSetup(t, e, 3)
 	a, b, c := ps[0], ps[1], ps[2]
-	k := e.key(t)
 	a.fault.loseReply.Store(true)
 	_, err := a.l.TryAcquire(ctxT(t, 10*time.Second), k, core.Limit(2), core.TTL(60*time.Second))
 	a.fault.loseReply.Store(false)

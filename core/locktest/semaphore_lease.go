@@ -116,8 +116,7 @@ func testSemHolders(t *testing.T, e *env) {
 // ErrLeaseLost once the store dropped it".
 func testSemCheck(t *testing.T, e *env) {
 	const rule = "Check works on a permit: nil while held, and ErrLeaseLost once the store dropped it"
-	ps := semProcs(t, e, 2)
-	k := e.key(t)
+	ps, k := semSetup(t, e, 2)
 	s1 := mustAcquire(t, ps[0], k, core.Limit(2), core.TTL(checkTTL))
 	defer s1.Release(context.Background())
 	s2 := mustAcquire(t, ps[1], k, core.Limit(2), core.TTL(checkTTL))
@@ -240,9 +239,8 @@ func testSemRenewBatched(t *testing.T, e *env) {
 // limit mismatch".
 func testSemMinHold(t *testing.T, e *env) {
 	const rule = "with MinHold a permit released before the hold ends stays held as a permit until then, longer or shorter than its TTL: it is listed, counts against the limit and makes a mutex claim a limit mismatch"
-	ps := semProcs(t, e, 2)
+	ps, k := semSetup(t, e, 2)
 	a, b := ps[0], ps[1]
-	k := e.key(t)
 	// A hold far past the TTL: the store keeps the released permit for it.
 	const long = time.Minute
 	s := mustAcquire(t, a, k+"/long", core.Limit(2), core.MinHold(long))

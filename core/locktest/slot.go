@@ -10,9 +10,7 @@ import (
 )
 
 func testSlot(t *testing.T, e *env) {
-	if e.h.NoSlots {
-		t.Skip("backend has no slot mode (NoSlots)")
-	}
+	skipIf(t, e.h.NoSlots, "backend has no slot mode (NoSlots)")
 	const rule = "slot mode allows one start per slot, computed on the store's clock, and the next slot starts afresh"
 	a, b, k := e.pair(t)
 	slot := 2 * time.Second

@@ -139,11 +139,29 @@ func (e *env) key(t *testing.T) string {
 	return e.prefix + t.Name()[strings.LastIndexByte(t.Name(), '/')+1:]
 }
 
+// cases runs fn as a subtest of the rule per name, each with a key of its
+// own under the rule's key (key + "/" + name).
+func (e *env) cases(t *testing.T, names []string, fn func(t *testing.T, name, k string)) {
+	base := e.key(t)
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) { fn(t, name, base+"/"+name) })
+	}
+}
+
 // pair returns two processes (proc) and the subtest's key (key): the
 // set-up most rules start from.
 func (e *env) pair(t *testing.T) (a, b *proc, k string) {
 	t.Helper()
 	return e.proc(t), e.proc(t), e.key(t)
+}
+
+// skipIf skips the rule when cond holds: the backend or the harness lacks
+// what the rule needs, and why says what.
+func skipIf(t *testing.T, cond bool, why string) {
+	t.Helper()
+	if cond {
+		t.Skip(why)
+	}
 }
 
 // procsWith returns n processes (proc), or skips the rule with lacks when
@@ -158,9 +176,7 @@ func procsWith[I any](t *testing.T, e *env, n int, lacks string, opts ...core.Cl
 func procsIf(t *testing.T, e *env, n int, has func(core.Backend) bool, lacks string, opts ...core.ClientOption) []*proc {
 	t.Helper()
 	ps := []*proc{e.proc(t, opts...)}
-	if !has(ps[0].fault.Backend) {
-		t.Skip(lacks)
-	}
+	skipIf(t, !has(ps[0].fault.Backend), lacks)
 	for len(ps) < n {
 		ps = append(ps, e.proc(t, opts...))
 	}
@@ -237,6 +253,18 @@ func waitDone(t *testing.T, rule string, s core.Session, d time.Duration) time.D
 		t.Fatalf("rule %q: session not ended within %v", rule, d)
 		return 0
 	}
+}
+
+// sent waits for the goroutines of wg, which send their errors on errs,
+// and returns the errors they sent.
+func sent(wg *sync.WaitGroup, errs chan error) []error {
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return all
 }
 
 // waitFor polls cond every 10ms for up to d.

@@ -12,9 +12,7 @@ import (
 )
 
 func testTokens(t *testing.T, e *env) {
-	if e.h.NoFencing {
-		t.Skip("backend has no fencing tokens (NoFencing)")
-	}
+	skipIf(t, e.h.NoFencing, "backend has no fencing tokens (NoFencing)")
 	const rule = "fencing tokens strictly increase across releases and expiries, and renewals keep them"
 	a, b, k := e.pair(t)
 	var last uint64
@@ -123,9 +121,7 @@ const (
 // of many processes on one key", for a mutex and a semaphore at once (the
 // two run in parallel, each on a key of its own).
 func testTokensRace(t *testing.T, e *env) {
-	if e.h.NoFencing {
-		t.Skip("backend has no fencing tokens (NoFencing)")
-	}
+	skipIf(t, e.h.NoFencing, "backend has no fencing tokens (NoFencing)")
 	t.Run("Mutex", func(t *testing.T) {
 		t.Parallel()
 		procs := make([]*proc, raceLockers)
@@ -254,9 +250,7 @@ func raceTokens(t *testing.T, e *env, procs []*proc, limit int) {
 			})
 		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range sent(&wg, errs) {
 		t.Error(err)
 	}
 	if back > 0 {

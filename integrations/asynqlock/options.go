@@ -1,10 +1,10 @@
 package asynqlock
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 )
 
 // Defaults used when no option says otherwise.
@@ -41,34 +41,25 @@ type config struct {
 	errs           []error
 }
 
-func invalid(name, format string, args ...any) error {
-	return fmt.Errorf("%w: asynqlock: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
-}
+// optPrefix names asynqlock in the errors of its options.
+const optPrefix optcheck.Prefix = "asynqlock: "
+
+// invalid returns the error of an invalid value given to option name.
+var invalid = optPrefix.Invalid
+
+// RecordErr records the error of an invalid option, for New to report.
+func (c *config) RecordErr(err error) { c.errs = append(c.errs, err) }
 
 // checked is an Option that applies set, or records err when the value
-// given was invalid. Like core, asynqlock keeps its own copy of this form
-// (see core's checked for why).
-func checked(err error, set Option) Option {
-	if err != nil {
-		return func(c *config) { c.errs = append(c.errs, err) }
-	}
-	return set
-}
+// given was invalid (optcheck.Checked).
+func checked(err error, set Option) Option { return optcheck.Checked(err, set) }
 
 // positive is nil for v > 0, and otherwise option name's error.
-func positive(name string, v time.Duration) error {
-	if v > 0 {
-		return nil
-	}
-	return invalid(name, "must be positive, got %v", v)
-}
+func positive(name string, v time.Duration) error { return optcheck.Positive(optPrefix, name, v) }
 
 // notNegative is nil for v >= 0, and otherwise option name's error.
 func notNegative[T int | time.Duration](name string, v T) error {
-	if v >= 0 {
-		return nil
-	}
-	return invalid(name, "must not be negative, got %v", v)
+	return optcheck.NotNegative(optPrefix, name, v)
 }
 
 // Key sets how a task's lock key is derived (default ByType). The key

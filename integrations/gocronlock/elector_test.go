@@ -419,13 +419,8 @@ func TestGocronWithDistributedElector(t *testing.T) {
 		}
 		cancel()
 		for range count {
-			select {
-			case err := <-schedulersDone:
-				if err != nil {
-					t.Errorf("scheduler: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("timed out waiting for schedulers to shut down")
+			if err := within(t, schedulersDone, 10*time.Second, "scheduler shutdown"); err != nil {
+				t.Errorf("scheduler: %v", err)
 			}
 		}
 		if n := len(jobsRan); n != 0 {

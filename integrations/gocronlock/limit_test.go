@@ -26,14 +26,8 @@ func TestLockerLimitLease(t *testing.T) {
 	}
 	lb, _ := gocronlock.NewLocker(b, gocronlock.Limit(2), quiet(t))
 	ctx := context.Background()
-	l1, err := la.Lock(ctx, "sync")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l2, err := lb.Lock(ctx, "sync")
-	if err != nil {
-		t.Fatalf("second Lock under Limit(2): %v", err)
-	}
+	l1 := mustLock(t, la, "sync", "first Lock under Limit(2)")
+	l2 := mustLock(t, lb, "sync", "second Lock under Limit(2)")
 	if _, err := la.Lock(ctx, "sync"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("third Lock under Limit(2): %v, want core.ErrNotAcquired", err)
 	}
@@ -47,10 +41,7 @@ func TestLockerLimitLease(t *testing.T) {
 	if err := l1.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l3, err := la.Lock(ctx, "sync")
-	if err != nil {
-		t.Fatalf("Lock after one of two unlocked: %v", err)
-	}
+	l3 := mustLock(t, la, "sync", "Lock after one of two unlocked")
 	_ = l2.Unlock(ctx)
 	_ = l3.Unlock(ctx)
 
@@ -126,11 +117,7 @@ func TestLockerLimitMismatch(t *testing.T) {
 		}
 	}))
 	ctx := context.Background()
-	lock, err := la.Lock(ctx, "sync")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Unlock(ctx)
+	defer mustLock(t, la, "sync", "Lock under Limit(2)").Unlock(ctx)
 	if _, err := lb.Lock(ctx, "sync"); !errors.Is(err, core.ErrLimitMismatch) {
 		t.Errorf("Lock as a mutex of a job held under Limit(2): %v, want core.ErrLimitMismatch", err)
 	}

@@ -274,11 +274,7 @@ func TestShutdownReleasesLock(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.Start()
-		select {
-		case <-started:
-		case <-time.After(5 * time.Second):
-			t.Fatal("job did not start")
-		}
+		within(t, started, 5*time.Second, "job start")
 		ctx := context.Background()
 		key := gocronlock.DefaultPrefix + "busy"
 		if _, held, err := admin.Inspect(ctx, key); err != nil || !held {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 )
 
 // Defaults used when no option says otherwise.
@@ -60,15 +61,17 @@ type usedOption struct {
 	scope scope
 }
 
-func invalid(name, format string, args ...any) error {
-	return fmt.Errorf("%w: gocronlock: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
-}
+// optPrefix names gocronlock in the errors of its options.
+const optPrefix optcheck.Prefix = "gocronlock: "
+
+// invalid returns the error of an invalid value given to option name.
+var invalid = optPrefix.Invalid
 
 func (c *config) use(name string, s scope) { c.used = append(c.used, usedOption{name, s}) }
 
 // option is an Option named name, for the constructors in scope s, that
 // applies set, or records err when the value given was invalid: core's
-// checked (see there for why each package keeps its own copy), with the
+// checked (optcheck.Checked for the packages built on core), with the
 // option's use recorded first.
 func option(name string, s scope, err error, set func(*config)) Option {
 	return func(c *config) {
@@ -82,19 +85,11 @@ func option(name string, s scope, err error, set func(*config)) Option {
 }
 
 // positive is nil for d > 0, and otherwise option name's error.
-func positive(name string, d time.Duration) error {
-	if d > 0 {
-		return nil
-	}
-	return invalid(name, "must be positive, got %v", d)
-}
+func positive(name string, d time.Duration) error { return optcheck.Positive(optPrefix, name, d) }
 
 // notNegative is nil for d >= 0, and otherwise option name's error.
 func notNegative(name string, d time.Duration) error {
-	if d >= 0 {
-		return nil
-	}
-	return invalid(name, "must not be negative, got %v", d)
+	return optcheck.NotNegative(optPrefix, name, d)
 }
 
 // resolveConfig applies opts for the constructor s of a scheduler lock on

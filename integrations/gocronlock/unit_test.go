@@ -152,10 +152,7 @@ func TestLockerBusyAndUnlock(t *testing.T) {
 	}
 	lb, _ := gocronlock.NewLocker(b, gocronlock.Prefix("jobs/"))
 	ctx := context.Background()
-	lock, err := la.Lock(ctx, "sync")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := mustLock(t, la, "sync", "first Lock")
 	if !store.Held("jobs/sync") {
 		t.Errorf("key jobs/sync not held")
 	}
@@ -189,10 +186,7 @@ func TestLockerScheduleSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	lock, err := l.Lock(ctx, "hourly")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := mustLock(t, l, "hourly", "first Lock in the slot")
 	_ = lock.Unlock(ctx)
 	if _, err := l.Lock(ctx, "hourly"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Errorf("second Lock in the same slot: %v, want core.ErrNotAcquired", err)
@@ -240,10 +234,7 @@ func TestLockerFailuresReported(t *testing.T) {
 	}
 	backend.SetLatency(0)
 
-	lock, err := l.Lock(ctx, "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := mustLock(t, l, "job", "Lock on a store back to speed")
 	backend.SetDown(true)
 	if err := lock.Unlock(ctx); !errors.Is(err, memlock.ErrUnavailable) {
 		t.Errorf("Unlock on a down store: %v, want memlock.ErrUnavailable", err)
@@ -268,11 +259,7 @@ func TestLockerScheduleFromScheduler(t *testing.T) {
 	ctx := context.Background()
 	lockUnlock := func(job string) {
 		t.Helper()
-		lock, err := l.Lock(ctx, job)
-		if err != nil {
-			t.Fatalf("Lock(%q): %v", job, err)
-		}
-		if err := lock.Unlock(ctx); err != nil {
+		if err := mustLock(t, l, job, "lockUnlock").Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -377,6 +364,17 @@ func (j *cronJob) NextRun() (time.Time, error) {
 		return time.Time{}, gocron.ErrJobNotFound
 	}
 	return j.next, nil
+}
+
+// mustLock takes job's lock on l, failing the test if it cannot; what says
+// which Lock it is.
+func mustLock(t *testing.T, l *gocronlock.Locker, job, what string) gocron.Lock {
+	t.Helper()
+	lock, err := l.Lock(context.Background(), job)
+	if err != nil {
+		t.Fatalf("%s: Lock(%q): %v", what, job, err)
+	}
+	return lock
 }
 
 // lockWithin runs l.Lock(job) and fails the test if it has not returned

@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/dislock/dislock/core"
 )
@@ -12,6 +13,21 @@ import (
 func Hold(t testing.TB, ctx context.Context, l core.Locker, key string, opts ...core.Option) core.Session {
 	t.Helper()
 	s, err := l.TryAcquire(ctx, key, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// AcquireReleased releases held after delay, as its holder would, and
+// returns the session that l's Acquire of the same key (with ctx, bounded by
+// d) then gets, failing t if it gets none.
+func AcquireReleased(t testing.TB, ctx context.Context, l core.Locker, held core.Session, delay, d time.Duration, opts ...core.Option) core.Session {
+	t.Helper()
+	go func() { time.Sleep(delay); held.Release(ctx) }()
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	s, err := l.Acquire(wctx, held.Key(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
