@@ -251,9 +251,11 @@ func BenchmarkParallelDistinctKeys(b *testing.B) {
 	})
 }
 
-// BenchmarkHotKey: 64 goroutines try-lock one key, releasing when they get
-// it. x-rtt is attempts per second divided by raw round trips per second
-// from 64 goroutines: how close a failed try comes to one cheap round trip.
+// BenchmarkHotKey: 64 goroutines of one process try-lock one key, releasing
+// when they get it. x-rtt is attempts per second divided by raw round trips
+// per second from 64 goroutines. dislock answers the tries made while one of
+// the goroutines holds the key from that session, without a store call; see
+// BenchmarkBusyElsewhere for a holder in another process.
 // acq/try is the share of the tries that won. On a store that counts its
 // writes, busy-srv-writes/try is the server's writes per failed try
 // (busyWrites).
@@ -281,6 +283,42 @@ func BenchmarkHotKey(b *testing.B) {
 		if st.writes != nil {
 			busyWrites(b, st, which, c, key)
 		}
+	})
+}
+
+// BenchmarkBusyElsewhere: another process (a contender of its own) holds
+// the key for the whole run; 64 goroutines of this one try-lock it. x-rtt is
+// failed tries per second divided by raw round trips per second from 64
+// goroutines: the cost of a busy answer from the store. (In BenchmarkHotKey
+// the holder is one of the trying goroutines, whose tries dislock answers
+// from the holding session, without a store call.)
+func BenchmarkBusyElsewhere(b *testing.B) {
+	each(b, all, func(b *testing.B, st *store, which string, _ func() int64) {
+		if st.name == "zk" && which == "zklock" {
+			b.Skip("zk.Lock has no try-lock")
+		}
+		ctx := bg(b)
+		key := name(which, "busy-elsewhere")
+		u, err := contenderFor(b, st, which).try(ctx, key)
+		if err != nil {
+			b.Fatalf("hold the key: %v", err)
+		}
+		defer func() {
+			if err := u(ctx); err != nil {
+				b.Errorf("release the key: %v", err)
+			}
+		}()
+		c := parallelContenderFor(b, st, which)
+		parallelVsRTT(b, st, func(ctx context.Context, _ int) error {
+			_, err := c.try(ctx, key)
+			if errors.Is(err, errBusy) {
+				return nil
+			}
+			if err == nil {
+				return errors.New("a try won a key held by another process")
+			}
+			return err
+		})
 	})
 }
 

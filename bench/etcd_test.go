@@ -24,6 +24,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/internal/testenv"
 )
 
@@ -271,9 +272,9 @@ func etcdStore(tb testing.TB, cnt *etcdtest.Counter) *store {
 		revokeLeftLeases(tb, raw)
 	}
 	if pid := etcdRun.pid; pid != 0 && os.Getenv("DISLOCK_BENCH_ETCD") == "" {
-		if _, ok := procCPU(pid); ok {
+		if _, ok := benchtest.ProcCPU(pid); ok {
 			st.serverCPU = func(context.Context) (time.Duration, error) {
-				d, _ := procCPU(pid)
+				d, _ := benchtest.ProcCPU(pid)
 				return d, nil
 			}
 		}

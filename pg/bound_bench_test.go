@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/benchtest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,26 +31,11 @@ func BenchmarkClaimBound(b *testing.B) {
 	}{{"free-durable", false, false}, {"free-async", true, false}, {"busy", false, true}} {
 		b.Run(mode.name, func(b *testing.B) {
 			ctx := context.Background()
-			cfg, err := pgxpool.ParseConfig(testenv.PG(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			cfg.MaxConns, cfg.MinConns = 1, 1
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pool.Close()
-			table := testenv.Name("dislock_bench_")
-			opts := []Option{WithTable(table), WithAutoMigrate()}
+			var opts []Option
 			if mode.async {
 				opts = append(opts, WithAsyncCommit())
 			}
-			be, err := NewBackend(ctx, pool, opts...)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{table}.Sanitize()+", "+pgx.Identifier{table + "_permits"}.Sanitize())
+			pool, be := oneConnBackend(b, opts...)
 			if mode.busy {
 				if _, err := be.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "h", OwnerToken: "h", TTL: time.Hour}); err != nil {
 					b.Fatal(err)
@@ -63,6 +50,7 @@ func BenchmarkClaimBound(b *testing.B) {
 				return rows.Err()
 			}
 			bounded := func(tok string) error {
+				be.hints.note("k", 0) // the claim's batch, not the read of a key known held
 				_, err := be.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "me", OwnerToken: tok, TTL: time.Minute})
 				if mode.busy && errors.Is(err, core.ErrNotAcquired) {
 					return nil
@@ -97,4 +85,108 @@ func BenchmarkClaimBound(b *testing.B) {
 			b.ReportMetric(float64(spent[0].Microseconds())/float64(b.N), "select1_µs")
 		})
 	}
+}
+
+// BenchmarkStatementCPU is the server's CPU time per operation, one at a
+// time on one connection (the server process's, read from /proc: only when
+// the server runs on this machine), beside a SELECT 1 on the same
+// connection: where the server's time goes. Commits are asynchronous, so
+// that a commit's flush does not count. claim+release is a TryAcquire and
+// its Release; acquire+release the same with a waiter (the statement with
+// the queue's branches); busy/claim a try on a key held by another owner
+// (the claim's batch, which writes nothing); busy/peek the read that such a
+// try sends once the Backend knows the key held (peek.go).
+func BenchmarkStatementCPU(b *testing.B) {
+	ctx := context.Background()
+	pool, be := oneConnBackend(b, WithAsyncCommit())
+	var pid int
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		b.Fatal(err)
+	}
+	if _, ok := benchtest.ProcCPU(pid); !ok {
+		b.Skip("the server does not run on this machine")
+	}
+	if _, err := be.TryAcquire(ctx, core.AcquireRequest{Key: "held", Owner: "h", OwnerToken: "h", TTL: time.Hour}); err != nil {
+		b.Fatal(err)
+	}
+	cycle := func(waiter string) func() error {
+		return func() error {
+			tok := rand.Text()
+			req := core.AcquireRequest{Key: "free", Owner: "me", OwnerToken: tok, TTL: time.Minute, Waiter: waiter, WaiterTTL: time.Minute}
+			if _, err := be.TryAcquire(ctx, req); err != nil {
+				return err
+			}
+			return be.Release(ctx, core.ReleaseRequest{Key: "free", OwnerToken: tok})
+		}
+	}
+	busy := func(err error) error {
+		if errors.Is(err, core.ErrNotAcquired) {
+			return nil
+		}
+		return fmt.Errorf("a try of a held key: %v, want busy", err)
+	}
+	tryHeld := core.AcquireRequest{Key: "held", Owner: "me", OwnerToken: "me", TTL: time.Minute}
+	ops := []struct {
+		name string
+		op   func() error
+	}{
+		{"select1", func() error { var one int; return pool.QueryRow(ctx, "SELECT 1").Scan(&one) }},
+		{"claim+release", cycle("")},
+		{"acquire+release", cycle("w")},
+		{"busy/claim", func() error {
+			be.hints.note("held", 0) // unknown: the claim is sent
+			_, err := be.TryAcquire(ctx, tryHeld)
+			return busy(err)
+		}},
+		{"busy/peek", func() error {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			return busy(be.peek(ctx, conn, tryHeld))
+		}},
+	}
+	for _, o := range ops {
+		b.Run(o.name, func(b *testing.B) {
+			for range 20 { // prepare the statements
+				if err := o.op(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cpu0, _ := benchtest.ProcCPU(pid)
+			for b.Loop() {
+				if err := o.op(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cpu1, _ := benchtest.ProcCPU(pid)
+			b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "srv-cpu-µs/op")
+		})
+	}
+}
+
+// oneConnBackend returns a Backend with opts on a pool of one connection and
+// a table of its own, both gone when b ends.
+func oneConnBackend(b *testing.B, opts ...Option) (*pgxpool.Pool, *Backend) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.PG(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns, cfg.MinConns = 1, 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	table := testenv.Name("dislock_bench_")
+	be, err := NewBackend(ctx, pool, append([]Option{WithTable(table), WithAutoMigrate()}, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{table}.Sanitize()+", "+pgx.Identifier{table + "_permits"}.Sanitize())
+	})
+	return pool, be
 }

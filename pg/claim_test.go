@@ -2,6 +2,7 @@ package pg_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"strings"
 	"testing"
@@ -247,5 +248,77 @@ func TestClaimTimeoutOption(t *testing.T) {
 	}
 	if cb := newBackend(t, table, pg.WithClaimTimeout(5*time.Second)).ClaimBound(); cb <= 5*time.Second {
 		t.Errorf("ClaimBound with WithClaimTimeout(5s) = %v", cb)
+	}
+}
+
+// sqlLog receives the SQL of every statement a pool sends, batches
+// included (its tracer runs before the call that sends them returns).
+type sqlLog chan string
+
+// drain returns the statements sent since the last drain.
+func (l sqlLog) drain() (sent []string) {
+	for {
+		select {
+		case sql := <-l:
+			sent = append(sent, sql)
+		default:
+			return sent
+		}
+	}
+}
+
+func (l sqlLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l <- d.SQL
+	return ctx
+}
+func (l sqlLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (l sqlLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (l sqlLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	l <- d.SQL
+}
+func (l sqlLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// Rule: a TryAcquire of a key the Backend last found held by another owner
+// sends one statement, a read that takes no lock, writes nothing and sets
+// nothing, while the key stays held; once the holder has released, that
+// read finds the key free and the claim follows.
+func TestTryOfKeyHeldElsewhereIsOneRead(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	holder := newBackend(t, table)
+	log := make(sqlLog, 1000)
+	b := newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.Tracer = log })
+	req := func() core.AcquireRequest {
+		return core.AcquireRequest{Key: "k", Owner: "tryer", OwnerToken: rand.Text(), TTL: time.Minute}
+	}
+	held := core.AcquireRequest{Key: "k", Owner: "holder", OwnerToken: rand.Text(), TTL: time.Minute}
+	if _, err := holder.TryAcquire(ctxT(t), held); err != nil {
+		t.Fatal(err)
+	}
+	log.drain()
+	for i := range 3 {
+		_, err := b.TryAcquire(ctxT(t), req())
+		var busy *core.NotAcquiredError
+		if !errors.As(err, &busy) || busy.Holder == nil || busy.Holder.Owner != "holder" || busy.Holder.Remaining <= 0 {
+			t.Fatalf("try %d of a key held elsewhere: %v, want busy, held by holder", i, err)
+		}
+		sent := log.drain()
+		if i == 0 {
+			continue // the first try claims: nothing was known of the key
+		}
+		if len(sent) != 1 || !strings.HasPrefix(sent[0], "SELECT") || strings.Contains(sent[0], "set_config") || strings.Contains(sent[0], "FOR UPDATE") {
+			t.Fatalf("try %d of a key found held: sent %q, want one plain SELECT", i, sent)
+		}
+	}
+	if err := holder.Release(ctxT(t), core.ReleaseRequest{Key: "k", OwnerToken: held.OwnerToken}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TryAcquire(ctxT(t), req()); err != nil {
+		t.Fatalf("try after the release: %v", err)
+	}
+	if sent := log.drain(); len(sent) != 3 {
+		t.Fatalf("try after the release sent %d statements, want 3 (the read, then the claim's batch)", len(sent))
 	}
 }

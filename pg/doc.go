@@ -33,7 +33,15 @@
 //     row past its slot's end is refused.
 //     It is sent in one batch after a set_config of statement_timeout for
 //     that transaction only (see WithClaimTimeout): still one round trip
-//     and one transaction, in every QueryExecMode.
+//     and one transaction, in every QueryExecMode. A claim that takes no place in
+//     line (every TryAcquire) sends the statement without the queue's
+//     branches.
+//   - A TryAcquire of a key that this Backend found held by another owner,
+//     whose lease has not run out since, is first a read of the row alone
+//     (no lock, no write, no set_config): while the key stays held, that
+//     read is the whole try; when it finds the key free, the claim follows,
+//     one round trip more. (A key that this Locker's own live session
+//     holds is answered busy by the engine, with no statement at all.)
 //   - Renewal of every due session of a Locker is one UPDATE … FROM
 //     unnest(…), checked against each session's random owner token; a
 //     session missing from the result is lost at once.

@@ -32,6 +32,7 @@ type Backend struct {
 	sem     *semaphores // see semaphore.go
 
 	pruneDue prune.Schedule // see prune
+	hints    busyHints      // keys found held by others (peek.go)
 }
 
 var (
@@ -188,6 +189,11 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		return core.Lease{}, err
 	}
 	defer conn.Release()
+	if req.Waiter == "" && b.hints.held(req.Key) {
+		if err := b.peek(ctx, conn, req); err != nil {
+			return core.Lease{}, err
+		}
+	}
 	batch := &pgx.Batch{}
 	batch.Queue(b.stmt.bound, strconv.FormatInt(left.Milliseconds(), 10))
 	if b.stmt.queue && req.Waiter != "" {
@@ -203,6 +209,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if cerr := br.Close(); err == nil && cerr != nil {
 		return core.Lease{}, poolerHint(cerr)
 	}
+	b.hints.noteBusy(req, err)
 	return lease, err
 }
 
@@ -254,10 +261,7 @@ func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (cor
 		// waiter on it.
 		return core.Lease{}, core.LimitMismatch(req.Key, semLimit(deref(owner)), 1)
 	}
-	return core.Lease{}, core.Busy(req.Key, &core.Info{
-		Key: req.Key, Owner: deref(owner), Token: uint64(deref(token)), AcquiredAt: acquired.Time,
-		ExpiresAt: expire.Time, Remaining: time.Duration(deref(left)) * time.Microsecond,
-	})
+	return core.Lease{}, heldBy(req.Key, deref(owner), deref(token), acquired, expire, deref(left))
 }
 
 func deref[T any](p *T) T {

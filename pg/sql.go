@@ -12,6 +12,7 @@ import (
 type statements struct {
 	bound, acquire, renew, release, keep, now string
 	claim                                     string // acquire for a caller with no waiter: $1–$5
+	peek                                      string // read of a key's holder: $1 key, $2 owner token
 	inspect, list, forceRelease               string
 	leave                                     string // "" on the legacy table (no queue)
 	prune                                     string // "" on the legacy table (no tokens)
@@ -304,6 +305,10 @@ RETURNING l.key, r.holder`, table, lholder, ac)
 	s.keep = fmt.Sprintf(`UPDATE %[1]s SET expire_at = now() + $3%[4]s
 WHERE key = $1::text AND %[2]s = $2::text AND expire_at > now()%[3]s`, table, holder, ac, micros)
 
+	// peek reads the row alone: no lock, no write, no set_config (see
+	// peek.go). Its columns are the acquire's cur columns.
+	s.peek = fmt.Sprintf(`SELECT expire_at > now(), %[2]s = $2::text, %[3]s, %[4]s, %[5]s, expire_at, %[6]s FROM %[1]s WHERE key = $1::text`,
+		table, holder, owner, token, acquiredAt, "CASE WHEN expire_at > now() THEN "+remaining+" END")
 	s.now = `SELECT now()`
 
 	s.inspect = fmt.Sprintf(`SELECT %[2]s, %[3]s, %[4]s, expire_at, %[5]s
