@@ -6,10 +6,10 @@
 package sqlbackend
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 )
 
 // Limits of WithClaimTimeout. pg's statement_timeout counts whole
@@ -20,9 +20,10 @@ const (
 )
 
 // InvalidOption is the error of the invalid option or argument name: it
-// matches core.ErrInvalidOption and says why.
+// matches core.ErrInvalidOption and says why. The SQL backends' errors
+// name the option without a package prefix.
 func InvalidOption(name, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+	return optcheck.Prefix("").Invalid(name, format, args...)
 }
 
 // Errs collects the errors of a backend's invalid options; the backend's
