@@ -133,7 +133,7 @@ func TestWatchIsOneCallAcrossWakeUps(t *testing.T) {
 	turns, _ := testenv.WatchTurns(t, waiter)
 	next := func(want testenv.Turn, what string) {
 		t.Helper()
-		got := testenv.Receive(t, turns, 20*time.Second, what+": no turn within 20s (the wait lasts a minute): the release did not wake the watcher")
+		got := testenv.Receive(t, turns, 20*time.Second, "%s: no turn within 20s (the wait lasts a minute): the release did not wake the watcher", what)
 		if got != want {
 			t.Fatalf("%s: turn %+v, want %+v", what, got, want)
 		}

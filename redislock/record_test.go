@@ -3,7 +3,6 @@ package redislock_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -509,7 +508,7 @@ func TestReleaseNamesOddKeys(t *testing.T) {
 	<-ready
 	want := func(m msg) {
 		t.Helper()
-		if got := testenv.Receive(t, msgs, 5*time.Second, fmt.Sprintf("rule %q: no message, want %+v", rule, m)); got != m {
+		if got := testenv.Receive(t, msgs, 5*time.Second, "rule %q: no message, want %+v", rule, m); got != m {
 			t.Fatalf("rule %q: Watch got %+v, want %+v", rule, got, m)
 		}
 	}

@@ -23,14 +23,14 @@ func Async[T any](f func() (T, error)) <-chan Result[T] {
 }
 
 // Receive returns what ch gives first, waiting d at most, and fails t with
-// the message late when nothing came by then.
-func Receive[T any](t testing.TB, ch <-chan T, d time.Duration, late string) T {
+// the message of format and args (as t.Fatalf) when nothing came by then.
+func Receive[T any](t testing.TB, ch <-chan T, d time.Duration, format string, args ...any) T {
 	t.Helper()
 	select {
 	case v := <-ch:
 		return v
 	case <-time.After(d):
-		t.Fatal(late)
+		t.Fatalf(format, args...)
 		panic("unreachable")
 	}
 }
