@@ -647,6 +647,53 @@ func BenchmarkHold1000(b *testing.B) {
 // holdRuns numbers the runs of hold, for fresh keys in each.
 var holdRuns atomic.Int64
 
+// takeHeld takes the leases of a run of hold with take, each on a key of
+// its own, 16 at a time, and fails b on the first error.
+func takeHeld(ctx context.Context, b *testing.B, which string, take func(ctx context.Context, key string) error) {
+	keys := make([]string, leases)
+	iter := fmt.Sprint(holdRuns.Add(1)) // -count > 1: the last run's TTL rows may still be held
+	for i := range keys {
+		keys[i] = name(which, "hold", iter, fmt.Sprint(i))
+	}
+	var next atomic.Int64
+	if _, err := parallelRun(ctx, 16, leases, func(ctx context.Context, _ int) error {
+		return take(ctx, keys[next.Add(1)-1])
+	}); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// perInterval is a count that reportHeld reports per renew interval, in
+// unit.
+type perInterval struct {
+	unit  string
+	count func() int64
+}
+
+// reportHeld lets the renewals of the leases held settle into their
+// rhythm, times b.N windows of them (heldWindow) and reports how much each
+// count grew per renew interval.
+func reportHeld(b *testing.B, counts ...perInterval) {
+	time.Sleep(renewInterval * 3 / 2) // let renewals settle into their rhythm
+	start := make([]int64, len(counts))
+	for i, c := range counts {
+		start[i] = c.count()
+	}
+	intervals := heldWindow(b).Seconds() / renewInterval.Seconds()
+	for i, c := range counts {
+		b.ReportMetric(float64(c.count()-start[i])/intervals, c.unit)
+	}
+}
+
+// tryHeld is takeHeld's take for a dislock Locker: a TryAcquire of the
+// hold TTL, whose session dislock's renewer keeps.
+func tryHeld(l core.Locker) func(ctx context.Context, key string) error {
+	return func(ctx context.Context, key string) error {
+		_, err := l.TryAcquire(ctx, key, core.TTL(holdTTL))
+		return err
+	}
+}
+
 func hold(b *testing.B, s, which string) {
 	if s == "zk" {
 		zkHold(b, which)
@@ -715,11 +762,6 @@ func hold(b *testing.B, s, which string) {
 		refreshErr atomic.Int64
 	)
 	defer func() { stop(); wg.Wait() }()
-	keys := make([]string, leases)
-	iter := fmt.Sprint(holdRuns.Add(1)) // -count > 1: the last run's TTL rows may still be held
-	for i := range keys {
-		keys[i] = name(which, "hold", iter, fmt.Sprint(i))
-	}
 	if which == "dislock" {
 		var l core.Locker
 		if s == "redis" {
@@ -729,18 +771,11 @@ func hold(b *testing.B, s, which string) {
 		} else {
 			l = newDislockPG(b, st.pool)
 		}
-		var next atomic.Int64
-		if _, err := parallelRun(ctx, 16, leases, func(ctx context.Context, _ int) error {
-			_, err := l.TryAcquire(ctx, keys[next.Add(1)-1], core.TTL(holdTTL))
-			return err
-		}); err != nil {
-			b.Fatal(err)
-		}
+		takeHeld(ctx, b, which, tryHeld(l))
 	} else {
 		c := contenderFor(b, st, which)
-		var next atomic.Int64
-		if _, err := parallelRun(ctx, 16, leases, func(ctx context.Context, _ int) error {
-			refresh, err := c.lease(ctx, keys[next.Add(1)-1], holdTTL)
+		takeHeld(ctx, b, which, func(ctx context.Context, key string) error {
+			refresh, err := c.lease(ctx, key, holdTTL)
 			if err != nil {
 				return err
 			}
@@ -759,9 +794,7 @@ func hold(b *testing.B, s, which string) {
 				}
 			})
 			return nil
-		}); err != nil {
-			b.Fatal(err)
-		}
+		})
 	}
 	time.Sleep(renewInterval * 3 / 2) // let renewals settle into their rhythm
 	if err := settle(); err != nil {

@@ -474,21 +474,10 @@ func connLock[C any](ctx context.Context, open func(context.Context) (C, error),
 	}, nil
 }
 
-var droppedTables = map[string]bool{}
-
 // dropTableAtExit drops table (unquoted name) at exit, in case the run's
 // private database could not be made.
 func dropTableAtExit(connString, table string) {
-	run.mu.Lock()
-	seen := droppedTables[table]
-	droppedTables[table] = true
-	run.mu.Unlock()
-	if seen {
-		return
-	}
-	atExit(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+	cleanAtExit("pg table "+table, func(ctx context.Context) {
 		conn, err := pgx.Connect(ctx, connString)
 		if err != nil {
 			return // the database is gone with the run

@@ -67,6 +67,21 @@ func atExit(f func()) {
 	run.cleanups = append(run.cleanups, f)
 }
 
+var cleanupsRegistered sync.Map // key -> struct{}
+
+// cleanAtExit runs clean at exit, with a context that ends 30s later,
+// once per key: a later call with the same key does nothing.
+func cleanAtExit(key string, clean func(ctx context.Context)) {
+	if _, loaded := cleanupsRegistered.LoadOrStore(key, struct{}{}); loaded {
+		return
+	}
+	atExit(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		clean(ctx)
+	})
+}
+
 // name returns a name unique to this run, for keys, prefixes and tables.
 func name(parts ...string) string {
 	return run.id + "_" + strings.Join(parts, "_")
@@ -224,15 +239,13 @@ func newRedis(tb testing.TB, url string, hook redis.Hook) *redis.Client {
 }
 
 // deleteKeys removes this run's Redis keys (SCAN, never KEYS or FLUSHALL).
-func deleteKeys(url string) {
+func deleteKeys(ctx context.Context, url string) {
 	opt, err := redis.ParseURL(url)
 	if err != nil {
 		return
 	}
 	c := redis.NewClient(opt)
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	iter := c.Scan(ctx, 0, run.id+"*", 1000).Iterator()
 	var batch []string
 	for iter.Next(ctx) {
@@ -247,13 +260,9 @@ func deleteKeys(url string) {
 	}
 }
 
-var redisCleanup sync.Map // url -> struct{}
-
 // cleanRedisAtExit removes this run's keys from the server at url at exit.
 func cleanRedisAtExit(url string) {
-	if _, loaded := redisCleanup.LoadOrStore(url, struct{}{}); !loaded {
-		atExit(func() { deleteKeys(url) })
-	}
+	cleanAtExit("redis "+url, func(ctx context.Context) { deleteKeys(ctx, url) })
 }
 
 // roundTrip is one raw round trip of a store.

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -201,10 +200,7 @@ func serveEtcd(dir string) int {
 // deleteEtcdAtExit removes this run's keys from the server at raw (a shared
 // one: DISLOCK_BENCH_ETCD) at exit.
 func deleteEtcdAtExit(raw string) {
-	if _, loaded := etcdCleanup.LoadOrStore(raw, struct{}{}); loaded {
-		return
-	}
-	atExit(func() {
+	cleanAtExit("etcd "+raw, func(ctx context.Context) {
 		cfg, err := etcdlock.ParseURL(raw)
 		if err != nil {
 			return
@@ -215,15 +211,11 @@ func deleteEtcdAtExit(raw string) {
 			return
 		}
 		defer cli.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
 		if _, err := cli.Delete(ctx, run.id+"/", clientv3.WithPrefix()); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: delete etcd keys %s/: %v\n", run.id, err)
 		}
 	})
 }
-
-var etcdCleanup sync.Map // URL -> struct{}
 
 // etcdClient is a client on raw (an etcd:// URL), counted by cnt when not
 // nil, closed when tb ends: one per contender, as a process has one.
@@ -434,35 +426,14 @@ func etcdHold(b *testing.B, which string) {
 	ctx := bg(b)
 	cnt := &etcdtest.Counter{}
 	st := etcdStore(b, cnt)
-	keys := make([]string, leases)
-	iter := fmt.Sprint(holdRuns.Add(1))
-	for i := range keys {
-		keys[i] = name(which, "hold", iter, fmt.Sprint(i))
-	}
-	var take func(ctx context.Context, key string) error
 	if which == "dislock" {
-		l := newDislockEtcd(b, st)
-		take = func(ctx context.Context, key string) error {
-			_, err := l.TryAcquire(ctx, key, core.TTL(holdTTL))
-			return err
-		}
+		takeHeld(ctx, b, which, tryHeld(newDislockEtcd(b, st)))
 	} else {
 		s := etcdSession(b, etcdClient(b, st.url, cnt), holdTTL)
-		take = func(ctx context.Context, key string) error {
+		takeHeld(ctx, b, which, func(ctx context.Context, key string) error {
 			return concurrency.NewMutex(s, run.id+"/mutex/"+key).TryLock(ctx)
-		}
+		})
 	}
-	var next atomic.Int64
-	if _, err := parallelRun(ctx, 16, leases, func(ctx context.Context, _ int) error {
-		return take(ctx, keys[next.Add(1)-1])
-	}); err != nil {
-		b.Fatal(err)
-	}
-	time.Sleep(renewInterval * 3 / 2) // let renewals settle into their rhythm
-	w0, r0, m0 := st.writes(), cnt.All(), cnt.StreamMsgs.Load()
-	elapsed := heldWindow(b)
-	intervals := elapsed.Seconds() / renewInterval.Seconds()
-	b.ReportMetric(float64(st.writes()-w0)/intervals, "srv-writes/interval")
-	b.ReportMetric(float64(cnt.All()-r0)/intervals, "client-reqs/interval")
-	b.ReportMetric(float64(cnt.StreamMsgs.Load()-m0)/intervals, "client-stream-msgs/interval")
+	reportHeld(b, perInterval{"srv-writes/interval", st.writes}, perInterval{"client-reqs/interval", cnt.All},
+		perInterval{"client-stream-msgs/interval", cnt.StreamMsgs.Load})
 }

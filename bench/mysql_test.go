@@ -77,22 +77,15 @@ func mysqlStoreKinds(tb testing.TB, n *atomic.Int64, kinds *statementKinds) *sto
 	}}
 }
 
-var mysqlDropped atomic.Bool
-
 // dropMySQLAtExit drops this run's tables and procedures at exit.
 func dropMySQLAtExit(cfg *mysql.Config) {
-	if mysqlDropped.Swap(true) {
-		return
-	}
-	atExit(func() {
+	cleanAtExit("mysql", func(ctx context.Context) {
 		conn, err := mysql.NewConnector(cfg)
 		if err != nil {
 			return
 		}
 		db := sql.OpenDB(conn)
 		defer db.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
 		// run.id is letters, digits and '_': written into the statement,
 		// which go-sql-driver then sends as a plain query, not a
 		// server-side prepared statement.

@@ -2,12 +2,10 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"regexp"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -167,35 +165,15 @@ func zkHold(b *testing.B, which string) {
 	ctx := bg(b)
 	cnt := &zktest.Counter{}
 	st := zkStore(b, cnt)
-	keys := make([]string, leases)
-	for i := range keys {
-		keys[i] = name(which, "hold", fmt.Sprint(i))
-	}
-	var take func(ctx context.Context, key string) error
 	if which == "dislock" {
-		l := newDislockZK(b, st)
-		take = func(ctx context.Context, key string) error {
-			_, err := l.TryAcquire(ctx, key, core.TTL(holdTTL))
-			return err
-		}
+		takeHeld(ctx, b, which, tryHeld(newDislockZK(b, st)))
 	} else {
 		c := zkContenderFor(b, st, which) // one session for all 1,000
-		take = func(ctx context.Context, key string) error {
+		takeHeld(ctx, b, which, func(ctx context.Context, key string) error {
 			_, err := c.lease(ctx, key, holdTTL)
 			return err
-		}
+		})
 	}
-	var next atomic.Int64
-	if _, err := parallelRun(ctx, 16, leases, func(ctx context.Context, _ int) error {
-		return take(ctx, keys[next.Add(1)-1])
-	}); err != nil {
-		b.Fatal(err)
-	}
-	time.Sleep(renewInterval * 3 / 2)
-	w0, r0, p0 := st.writes(), cnt.Reqs.Load(), cnt.Pings.Load()
-	elapsed := heldWindow(b)
-	intervals := elapsed.Seconds() / renewInterval.Seconds()
-	b.ReportMetric(float64(st.writes()-w0)/intervals, "srv-writes/interval")
-	b.ReportMetric(float64(cnt.Reqs.Load()-r0)/intervals, "client-reqs/interval")
-	b.ReportMetric(float64(cnt.Pings.Load()-p0)/intervals, "client-pings/interval")
+	reportHeld(b, perInterval{"srv-writes/interval", st.writes}, perInterval{"client-reqs/interval", cnt.Reqs.Load},
+		perInterval{"client-pings/interval", cnt.Pings.Load})
 }

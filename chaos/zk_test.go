@@ -298,14 +298,12 @@ func (d *lateWatchesDialer) dial(network, addr string, timeout time.Duration) (n
 	if down {
 		return nil, errors.New("network cut")
 	}
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	d.conns = append(d.conns, nc)
-	d.mu.Unlock()
-	return &lateWatchesConn{Conn: nc, d: d}, nil
+	return zktest.DialWrapped(network, addr, timeout, func(nc net.Conn) net.Conn {
+		d.mu.Lock()
+		d.conns = append(d.conns, nc)
+		d.mu.Unlock()
+		return &lateWatchesConn{Conn: nc, d: d}
+	})
 }
 
 func (d *lateWatchesDialer) cut() {

@@ -265,8 +265,9 @@ func WithReleaseTimeout(d time.Duration) ClientOption {
 // internal/optcheck (their errors get their own prefix, "zklock.WithRoot:
 // ..."). core keeps its own copy: it imports only the standard library, and
 // exporting the helper from core would add API that users would see and not
-// need. pg, mysqllock, etcdlock and redislock, where only a few options can
-// be invalid, append to their config's errs in those options.
+// need. etcdlock and redislock, where only a few options can be invalid,
+// append to their config's errs in those options; pg and mysqllock, whose
+// options report errors alike, share that plumbing in internal/sqlbackend.
 func checked[C errRecorder](err error, set func(C)) func(C) {
 	if err != nil {
 		return func(c C) { c.recordErr(err) }

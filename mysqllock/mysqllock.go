@@ -16,6 +16,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/ownclient"
 	"github.com/dislock/dislock/internal/prune"
+	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -59,7 +60,7 @@ var (
 // reported here with an error matching ErrSchema that names the fix.
 func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, error) {
 	if db == nil {
-		return nil, invalidOption("db", "nil")
+		return nil, sqlbackend.InvalidOption("db", "nil")
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -218,17 +219,12 @@ func unclaimed(err error) error {
 // TryAcquire implements core.Backend: one CALL of the acquire procedure
 // (see procs.go), one round trip and one transaction.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
-	if err := core.ValidateKey(req.Key); err != nil {
+	if err := sqlbackend.CheckAcquire(req); err != nil {
 		return core.Lease{}, err
 	}
 	var expire int64
 	if !req.ExpireAt.IsZero() {
 		expire = max(req.ExpireAt.UnixMicro(), 1)
-	} else if req.TTL <= 0 {
-		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", req.TTL)
-	}
-	if req.Waiter != "" && req.WaiterTTL <= 0 {
-		return core.Lease{}, invalidOption("WaiterTTL", "must be positive with a Waiter, got %v", req.WaiterTTL)
 	}
 	limit := max(req.Limit, 1)
 	// The claim must be over on the server within the claim timeout of

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/sqlbackend"
 )
 
 // DefaultTable is the lock table used when WithTable is not given.
@@ -15,12 +16,6 @@ const DefaultTable = "dislock_locks"
 // given: far above what a healthy acquire takes, well below the TTLs locks
 // usually have.
 const DefaultClaimTimeout = 2 * time.Second
-
-// Limits of WithClaimTimeout.
-const (
-	minClaimTimeout = 10 * time.Millisecond
-	maxClaimTimeout = 24 * time.Hour
-)
 
 // maxTableLen leaves room, within MySQL's 64-character identifiers, for
 // the suffixes of the tables and procedures made for a lock table
@@ -39,27 +34,15 @@ type config struct {
 	watchPoll     time.Duration
 	watchLife     time.Duration
 	clientOpts    []core.ClientOption
-	errs          []error
+	sqlbackend.Errs
 }
 
-// newConfig applies opts and reports the first invalid one. Like every
-// package with options, mysqllock keeps its own option plumbing: see core's
-// checked for why.
+// newConfig applies opts and reports the first invalid one, with the
+// option plumbing mysqllock shares with pg (internal/sqlbackend).
 func newConfig(opts []Option) (config, error) {
 	c := config{table: DefaultTable, claimTimeout: DefaultClaimTimeout, watchPoll: defaultWatchPoll, watchLife: watchLife}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	if len(c.errs) > 0 {
-		return c, c.errs[0]
-	}
-	return c, nil
-}
-
-func invalidOption(name, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+	err := sqlbackend.Apply(&c, opts)
+	return c, err
 }
 
 // WithTable sets the lock table (default "dislock_locks"). A name with a dot
@@ -74,11 +57,11 @@ func WithTable(name string) Option {
 		if !ok {
 			schema, table = "", name
 		} else if err := checkIdent(schema, 64); err != "" {
-			c.errs = append(c.errs, invalidOption("WithTable", "database name: %s", err))
+			c.Invalid("WithTable", "database name: %s", err)
 			return
 		}
 		if err := checkIdent(table, maxTableLen); err != "" {
-			c.errs = append(c.errs, invalidOption("WithTable", "%s", err))
+			c.Invalid("WithTable", "%s", err)
 			return
 		}
 		c.schema, c.table = schema, table
@@ -126,11 +109,9 @@ func WithoutListen() Option {
 // no longer take effect.
 func WithClaimTimeout(d time.Duration) Option {
 	return func(c *config) {
-		if d < minClaimTimeout || d > maxClaimTimeout {
-			c.errs = append(c.errs, invalidOption("WithClaimTimeout", "must be between %v and %v, got %v", minClaimTimeout, maxClaimTimeout, d))
-			return
+		if c.ClaimTimeoutOK(d) {
+			c.claimTimeout = d
 		}
-		c.claimTimeout = d
 	}
 }
 

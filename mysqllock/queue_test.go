@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +12,44 @@ import (
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
 )
+
+// waitWatchersInWait waits, 20s at most, until n watchers of table are in
+// their lock wait: their waiting connections, named by the watchers table,
+// run GET_LOCK.
+func waitWatchersInWait(t *testing.T, admin *sql.DB, table string, n int) {
+	t.Helper()
+	ctx := ctxT(t)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var got int
+		if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST AS p JOIN `"+table+
+			"_watchers` AS w ON p.ID = SUBSTRING_INDEX(SUBSTRING_INDEX(w.name, ':', 2), ':', -1) WHERE p.INFO LIKE '%GET_LOCK(%'").Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d watchers in their wait after 20s", got, n)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition
+	}
+}
+
+// holdAndQueue has holder take the key "k" for a minute (owner token "h")
+// and waiter queue for it as waiter name (owner token "w"), its claim
+// answered busy. It returns the waiter's request.
+func holdAndQueue(t *testing.T, ctx context.Context, holder, waiter *mysqllock.Backend, name string) core.AcquireRequest {
+	t.Helper()
+	h := core.AcquireRequest{Key: "k", Owner: "h", OwnerToken: "h", TTL: time.Minute}
+	if _, err := holder.TryAcquire(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	w := core.AcquireRequest{Key: "k", Owner: "w", OwnerToken: "w", TTL: time.Minute, Waiter: name, WaiterTTL: time.Minute}
+	if _, err := waiter.TryAcquire(ctx, w); err == nil {
+		t.Fatal("the waiter was granted a held key")
+	}
+	return w
+}
 
 // Rule: a turn wakes at once (KILL QUERY of its lock wait, not at the end of
 // the wait) the watcher that serves the waiter, and no other: with waits of
@@ -27,30 +66,9 @@ func TestTurnWakesTheWaitersWatcher(t *testing.T) {
 	stray := newBackend(t, table, mysqllock.WithWatchPoll(time.Minute)) // no watcher
 	mine, stop1 := testenv.WatchTurns(t, waiter)
 	other, stop2 := testenv.WatchTurns(t, holder)
-	// Both watchers in their minute-long lock wait: their waiting
-	// connections, named by the watchers table, run GET_LOCK.
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		var n int
-		if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST AS p JOIN `"+table+
-			"_watchers` AS w ON p.ID = SUBSTRING_INDEX(SUBSTRING_INDEX(w.name, ':', 2), ':', -1) WHERE p.INFO LIKE '%GET_LOCK(%'").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 2 watchers in their wait after 20s", n)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition
-	}
-	h := core.AcquireRequest{Key: "k", Owner: "h", OwnerToken: "h", TTL: time.Minute}
-	if _, err := holder.TryAcquire(ctx, h); err != nil {
-		t.Fatal(err)
-	}
-	w1 := core.AcquireRequest{Key: "k", Owner: "w", OwnerToken: "w", TTL: time.Minute, Waiter: "w1", WaiterTTL: time.Minute}
-	if _, err := waiter.TryAcquire(ctx, w1); err == nil {
-		t.Fatal("the waiter was granted a held key")
-	}
+	// Both watchers in their minute-long lock wait.
+	waitWatchersInWait(t, admin, table, 2)
+	w1 := holdAndQueue(t, ctx, holder, waiter, "w1")
 	w2 := core.AcquireRequest{Key: "k", Owner: "s", OwnerToken: "s", TTL: time.Minute, Waiter: "w2", WaiterTTL: time.Minute}
 	if _, err := stray.TryAcquire(ctx, w2); err == nil {
 		t.Fatal("the second waiter was granted a held key")
@@ -115,24 +133,13 @@ func TestWatchIsOneCallAcrossWakeUps(t *testing.T) {
 	turns, _ := testenv.WatchTurns(t, waiter)
 	next := func(want testenv.Turn, what string) {
 		t.Helper()
-		select {
-		case got := <-turns:
-			if got != want {
-				t.Fatalf("%s: turn %+v, want %+v", what, got, want)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatalf("%s: no turn within 20s (the wait lasts a minute): the release did not wake the watcher", what)
+		got := testenv.Receive(t, turns, 20*time.Second, "%s: no turn within 20s (the wait lasts a minute): the release did not wake the watcher", what)
+		if got != want {
+			t.Fatalf("%s: turn %+v, want %+v", what, got, want)
 		}
 	}
 	for i := range 5 {
-		h := core.AcquireRequest{Key: "k", Owner: "h", OwnerToken: "h", TTL: time.Minute}
-		if _, err := holder.TryAcquire(ctx, h); err != nil {
-			t.Fatal(err)
-		}
-		w := core.AcquireRequest{Key: "k", Owner: "w", OwnerToken: "w", TTL: time.Minute, Waiter: "w", WaiterTTL: time.Minute}
-		if _, err := waiter.TryAcquire(ctx, w); err == nil {
-			t.Fatal("the waiter was granted a held key")
-		}
+		w := holdAndQueue(t, ctx, holder, waiter, "w")
 		if err := holder.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "h"}); err != nil {
 			t.Fatal(err)
 		}
@@ -201,29 +208,9 @@ func TestReplaceWatchWhileWatching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		s, err := waiter.Acquire(ctx, "k")
-		if err == nil {
-			s.Release(ctx)
-		}
-		got <- err
-	}()
+	got := testenv.AcquireAsync(ctx, waiter, "k")
 	// The waiter's watcher in its wait.
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		var n int
-		if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST AS p JOIN `"+table+
-			"_watchers` AS w ON p.ID = SUBSTRING_INDEX(SUBSTRING_INDEX(w.name, ':', 2), ':', -1) WHERE p.INFO LIKE '%GET_LOCK(%'").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter's watcher not in its wait after 20s")
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition
-	}
+	waitWatchersInWait(t, admin, table, 1)
 	start := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -239,13 +226,8 @@ func TestReplaceWatchWhileWatching(t *testing.T) {
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("the waiter: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the waiter did not get the key within 15s of its release")
+	if r := testenv.Receive(t, got, 15*time.Second, "the waiter did not get the key within 15s of its release"); r.Err != nil {
+		t.Fatalf("the waiter: %v", r.Err)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/dislock/dislock/internal/sqlbackend"
 )
 
 // ErrSchema is matched (errors.Is) by the errors NewBackend returns when the
@@ -169,7 +171,7 @@ func SchemaSQL(table string) ([]string, error) {
 // serialise on a named lock (GET_LOCK) held for the call.
 func Migrate(ctx context.Context, db *sql.DB, opts ...Option) error {
 	if db == nil {
-		return invalidOption("db", "nil")
+		return sqlbackend.InvalidOption("db", "nil")
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {

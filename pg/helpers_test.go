@@ -139,28 +139,6 @@ func backendOn(t testing.TB, pool *pgxpool.Pool, table string, opts ...pg.Option
 	return b
 }
 
-// waitResult is the outcome of a wait that acquireAsync started: when it
-// acquired, and the error of its Acquire or of the Release that followed.
-type waitResult struct {
-	at  time.Time
-	err error
-}
-
-// acquireAsync starts l's Acquire of key in the background and releases
-// the session at once; the outcome comes on the channel returned.
-func acquireAsync(ctx context.Context, l core.Locker, key string, opts ...core.Option) <-chan waitResult {
-	got := make(chan waitResult, 1)
-	go func() {
-		s, err := l.Acquire(ctx, key, opts...)
-		r := waitResult{at: time.Now(), err: err}
-		if err == nil {
-			r.err = s.Release(ctx)
-		}
-		got <- r
-	}()
-	return got
-}
-
 func newClient(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Client {
 	t.Helper()
 	return testenv.Client(t, b, opts...)

@@ -1,12 +1,12 @@
 package pg
 
 import (
-	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -17,13 +17,6 @@ const DefaultTable = "dislock_locks"
 // given: far above what a healthy acquire takes, well below the TTLs locks
 // usually have.
 const DefaultClaimTimeout = 2 * time.Second
-
-// Limits of WithClaimTimeout. statement_timeout counts whole milliseconds,
-// and half the timeout must be left when the statement is sent.
-const (
-	minClaimTimeout = 10 * time.Millisecond
-	maxClaimTimeout = 24 * time.Hour
-)
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1); longer names
 // would be truncated silently by the server.
@@ -45,27 +38,15 @@ type config struct {
 	pooler       poolerConfig // see pooler.go
 	claimTimeout time.Duration
 	clientOpts   []core.ClientOption
-	errs         []error
+	sqlbackend.Errs
 }
 
-// newConfig applies opts and reports the first invalid one. Like every
-// package with options, pg keeps its own option plumbing: see core's
-// checked for why.
+// newConfig applies opts and reports the first invalid one, with the
+// option plumbing pg shares with mysqllock (internal/sqlbackend).
 func newConfig(opts []Option) (config, error) {
 	c := config{table: pgx.Identifier{DefaultTable}, claimTimeout: DefaultClaimTimeout}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	if len(c.errs) > 0 {
-		return c, c.errs[0]
-	}
-	return c, nil
-}
-
-func invalidOption(name, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
+	err := sqlbackend.Apply(&c, opts)
+	return c, err
 }
 
 // WithTable sets the lock table (default "dislock_locks"). A name with a dot
@@ -79,16 +60,16 @@ func WithTable(name string) Option {
 		for _, p := range parts {
 			switch {
 			case p == "":
-				c.errs = append(c.errs, invalidOption("WithTable", "empty name or schema"))
+				c.Invalid("WithTable", "empty name or schema")
 				return
 			case len(p) > maxIdentLen:
-				c.errs = append(c.errs, invalidOption("WithTable", "%d bytes, the limit is %d", len(p), maxIdentLen))
+				c.Invalid("WithTable", "%d bytes, the limit is %d", len(p), maxIdentLen)
 				return
 			case !utf8.ValidString(p):
-				c.errs = append(c.errs, invalidOption("WithTable", "not valid UTF-8"))
+				c.Invalid("WithTable", "not valid UTF-8")
 				return
 			case strings.IndexByte(p, 0) >= 0:
-				c.errs = append(c.errs, invalidOption("WithTable", "contains a NUL byte"))
+				c.Invalid("WithTable", "contains a NUL byte")
 				return
 			}
 		}
@@ -165,7 +146,7 @@ func WithoutNotify() Option {
 func WithListenConfig(cfg *pgx.ConnConfig) Option {
 	return func(c *config) {
 		if cfg == nil {
-			c.errs = append(c.errs, invalidOption("WithListenConfig", "nil config"))
+			c.Invalid("WithListenConfig", "nil config")
 			return
 		}
 		c.listenConfig = cfg.Copy()
@@ -189,11 +170,9 @@ func WithListenConfig(cfg *pgx.ConnConfig) Option {
 // claim would outlive the bound.
 func WithClaimTimeout(d time.Duration) Option {
 	return func(c *config) {
-		if d < minClaimTimeout || d > maxClaimTimeout {
-			c.errs = append(c.errs, invalidOption("WithClaimTimeout", "must be between %v and %v, got %v", minClaimTimeout, maxClaimTimeout, d))
-			return
+		if c.ClaimTimeoutOK(d) {
+			c.claimTimeout = d
 		}
-		c.claimTimeout = d
 	}
 }
 

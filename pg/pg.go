@@ -10,6 +10,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/ownclient"
 	"github.com/dislock/dislock/internal/prune"
+	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -52,7 +53,7 @@ var (
 // with an error matching ErrSchema that names the table and the fix.
 func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backend, error) {
 	if pool == nil {
-		return nil, invalidOption("pool", "nil")
+		return nil, sqlbackend.InvalidOption("pool", "nil")
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -172,17 +173,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		return b.tryAcquirePermit(ctx, req) // semaphore_lease.go
 	}
 	start := time.Now()
-	if err := core.ValidateKey(req.Key); err != nil {
+	if err := sqlbackend.CheckAcquire(req); err != nil {
 		return core.Lease{}, err
 	}
 	var expireAt any
 	if !req.ExpireAt.IsZero() {
 		expireAt = req.ExpireAt
-	} else if req.TTL <= 0 {
-		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", req.TTL)
-	}
-	if req.Waiter != "" && req.WaiterTTL <= 0 {
-		return core.Lease{}, invalidOption("WaiterTTL", "must be positive with a Waiter, got %v", req.WaiterTTL)
 	}
 	conn, left, err := b.claimConn(ctx, start)
 	if err != nil {
@@ -373,7 +369,7 @@ const (
 	// statement is cut off by its statement_timeout, at most the longest
 	// claim timeout WithClaimTimeout accepts, whatever the timeout of the
 	// process that prunes. claimSlack is the margin.
-	pruneAfter = maxClaimTimeout + claimSlack
+	pruneAfter = sqlbackend.MaxClaimTimeout + claimSlack
 	pruneEvery = time.Minute
 	pruneBatch = 10000
 )

@@ -338,10 +338,10 @@ func TestWatchUnavailable(t *testing.T) {
 	// A Locker still acquires after a release, by polling.
 	l1, l2 := newClient(t, b2), newClient(t, b)
 	s := testenv.Hold(t, ctx, l1, "poll")
-	got := acquireAsync(ctx, l2, "poll", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
+	got := testenv.AcquireAsync(ctx, l2, "poll", core.Backoff(5*time.Millisecond, 50*time.Millisecond))
 	_ = s.Release(ctx)
-	if r := <-got; r.err != nil {
-		t.Fatalf("polling waiter: %v", r.err)
+	if r := <-got; r.Err != nil {
+		t.Fatalf("polling waiter: %v", r.Err)
 	}
 }
 

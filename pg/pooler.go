@@ -63,7 +63,7 @@ type ListenUnavailableEvent struct {
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l == nil {
-			c.errs = append(c.errs, invalidOption("WithLogger", "nil logger"))
+			c.Invalid("WithLogger", "nil logger")
 			return
 		}
 		c.pooler.logger = l

@@ -210,7 +210,7 @@ func TestPgBouncerListenFallback(t *testing.T) {
 	holder := newClient(t, bouncerBackend(t, bn, table, execMode, pg.WithoutListen()))
 	s := testenv.Hold(t, ctx, holder, "k")
 	// A waiter makes the Locker subscribe.
-	got := acquireAsync(ctx, l, "k", core.Backoff(20*time.Millisecond, 100*time.Millisecond))
+	got := testenv.AcquireAsync(ctx, l, "k", core.Backoff(20*time.Millisecond, 100*time.Millisecond))
 	select {
 	case <-obs.got:
 	case <-time.After(15 * time.Second):
@@ -251,13 +251,8 @@ func TestPgBouncerListenFallback(t *testing.T) {
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case r := <-got:
-		if r.err != nil {
-			t.Fatalf("waiter after the fallback: %v", r.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiter never acquired after the release")
+	if r := testenv.Receive(t, got, 10*time.Second, "waiter never acquired after the release"); r.Err != nil {
+		t.Fatalf("waiter after the fallback: %v", r.Err)
 	}
 	// A later subscription of the same Backend fails at once, silently.
 	b := l.Backend().(*pg.Backend)
@@ -294,7 +289,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 	for i := range 3 {
 		s := testenv.Hold(t, ctx, holder, "k")
 		busy := w.busy.Load()
-		got := acquireAsync(ctx, waiter, "k", core.Backoff(5*time.Second, 10*time.Second))
+		got := testenv.AcquireAsync(ctx, waiter, "k", core.Backoff(5*time.Second, 10*time.Second))
 		select {
 		case <-w.ready:
 		case <-time.After(10 * time.Second):
@@ -309,16 +304,11 @@ func TestPgBouncerListenConfig(t *testing.T) {
 		if err := s.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		var r waitResult
-		select {
-		case r = <-got:
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Fatal("waiter never acquired")
+		r := testenv.Receive(t, got, 15*time.Second, "waiter never acquired")
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
-		if d := r.at.Sub(released); d > 2*time.Second {
+		if d := r.V.Sub(released); d > 2*time.Second {
 			t.Errorf("round %d: hand-off took %v with a 5s poll: the waiter was not notified", i, d)
 		}
 	}

@@ -426,12 +426,12 @@ func TestLegacyTableRunsWithoutQueue(t *testing.T) {
 	if _, err := waiter.Acquire(ctx, key); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("Acquire of a held key = %v, want ErrNotAcquired", err)
 	}
-	got := acquireAsync(ctxT(t), waiter, key)
+	got := testenv.AcquireAsync(ctxT(t), waiter, key)
 	if err := s.Release(ctxT(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if r := <-got; r.err != nil {
-		t.Fatalf("wait after the release: %v", r.err)
+	if r := <-got; r.Err != nil {
+		t.Fatalf("wait after the release: %v", r.Err)
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

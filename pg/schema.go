@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -96,7 +97,7 @@ const tokenDefault = `(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 // schema.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if pool == nil {
-		return invalidOption("pool", "nil")
+		return sqlbackend.InvalidOption("pool", "nil")
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -150,7 +151,7 @@ func PermitsSchemaSQL(table string, unlogged bool) (string, error) {
 	}
 	p, ok := permitsIdent(cfg.table)
 	if !ok {
-		return "", invalidOption("WithTable", "the permits table's name would be longer than %d bytes", maxIdentLen)
+		return "", sqlbackend.InvalidOption("WithTable", "the permits table's name would be longer than %d bytes", maxIdentLen)
 	}
 	return permitsSchemaSQL(p.Sanitize(), unlogged), nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -30,13 +31,13 @@ func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest)
 		return core.Lease{}, err
 	}
 	if req.Limit > core.MaxLimit {
-		return core.Lease{}, invalidOption("Limit", "must be between 1 and %d, got %d", core.MaxLimit, req.Limit)
+		return core.Lease{}, sqlbackend.InvalidOption("Limit", "must be between 1 and %d, got %d", core.MaxLimit, req.Limit)
 	}
 	var expireAt any
 	if !req.ExpireAt.IsZero() {
 		expireAt = req.ExpireAt
 	} else if req.TTL <= 0 {
-		return core.Lease{}, invalidOption("TTL", "must be positive, got %v", req.TTL)
+		return core.Lease{}, sqlbackend.InvalidOption("TTL", "must be positive, got %v", req.TTL)
 	}
 	if err := b.semUsable(ctx); err != nil {
 		return core.Lease{}, err

@@ -425,19 +425,12 @@ func TestWatchFailsWithoutPubSub(t *testing.T) {
 	l2 := newLocker(t, c, prefix, core.TTL(10*time.Second), core.Backoff(10*time.Millisecond, 50*time.Millisecond))
 	ctx := testenv.Context(t, 10*time.Second)
 	s := testenv.Hold(t, ctx, l1, "poll")
-	got := make(chan error, 1)
-	go func() {
-		s2, err := l2.Acquire(ctx, "poll")
-		if err == nil {
-			s2.Release(ctx)
-		}
-		got <- err
-	}()
+	got := testenv.AcquireAsync(ctx, l2, "poll")
 	time.Sleep(100 * time.Millisecond) // let the waiter find the lock busy
 	start := time.Now()
 	s.Release(ctx)
-	if err := <-got; err != nil {
-		t.Fatalf("rule %q: waiter: %v", rule, err)
+	if r := <-got; r.Err != nil {
+		t.Fatalf("rule %q: waiter: %v", rule, r.Err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("rule %q: waiter took %v", rule, d)

@@ -508,13 +508,8 @@ func TestReleaseNamesOddKeys(t *testing.T) {
 	<-ready
 	want := func(m msg) {
 		t.Helper()
-		select {
-		case got := <-msgs:
-			if got != m {
-				t.Fatalf("rule %q: Watch got %+v, want %+v", rule, got, m)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("rule %q: no message, want %+v", rule, m)
+		if got := testenv.Receive(t, msgs, 5*time.Second, "rule %q: no message, want %+v", rule, m); got != m {
+			t.Fatalf("rule %q: Watch got %+v, want %+v", rule, got, m)
 		}
 	}
 	for _, k := range []string{"odd/%7D}{%25%}", "odd/}", "odd/%"} {

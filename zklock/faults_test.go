@@ -14,6 +14,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -25,14 +26,13 @@ type dropper struct {
 }
 
 func (d *dropper) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err == nil {
+	return zktest.DialWrapped(network, addr, timeout, func(nc net.Conn) net.Conn {
 		d.mu.Lock()
 		d.conns = append(d.conns, nc)
 		d.mu.Unlock()
 		d.dials.Add(1)
-	}
-	return nc, err
+		return nc
+	})
 }
 
 func (d *dropper) drop() {
@@ -83,11 +83,7 @@ func (c *cutter) dial(network, addr string, timeout time.Duration) (net.Conn, er
 		time.Sleep(timeout)
 		return nil, errors.New("cutter: network cut")
 	}
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return &cutConn{Conn: nc, c: c}, nil
+	return zktest.DialWrapped(network, addr, timeout, func(nc net.Conn) net.Conn { return &cutConn{Conn: nc, c: c} })
 }
 
 type cutConn struct {

@@ -1,12 +1,12 @@
 package zklock_test
 
 import (
-	"encoding/binary"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -35,11 +35,7 @@ func (h *holder) open() {
 }
 
 func (h *holder) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	nc, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return &heldConn{Conn: nc, h: h}, nil
+	return zktest.DialWrapped(network, addr, timeout, func(nc net.Conn) net.Conn { return &heldConn{Conn: nc, h: h} })
 }
 
 type heldConn struct {
@@ -50,7 +46,7 @@ type heldConn struct {
 func (c *heldConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	c.h.mu.Lock()
-	if c.h.gate != nil && len(p) >= 8 && int32(binary.BigEndian.Uint32(p[4:8])) != -2 { // xid -2: a ping
+	if c.h.gate != nil && len(p) >= 8 && !zktest.IsPing(p) {
 		select {
 		case c.h.sent <- struct{}{}:
 		default:

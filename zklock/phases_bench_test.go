@@ -15,6 +15,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/benchtest"
+	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -190,11 +191,7 @@ func (l *wireLog) record(conn int, write bool, op int32) {
 
 func (l *wireLog) dialer(conn int) func(network, addr string, timeout time.Duration) (net.Conn, error) {
 	return func(network, addr string, timeout time.Duration) (net.Conn, error) {
-		nc, err := net.DialTimeout(network, addr, timeout)
-		if err != nil {
-			return nil, err
-		}
-		return &wireConn{Conn: nc, l: l, id: conn}, nil
+		return zktest.DialWrapped(network, addr, timeout, func(nc net.Conn) net.Conn { return &wireConn{Conn: nc, l: l, id: conn} })
 	}
 }
 
@@ -205,7 +202,7 @@ type wireConn struct {
 }
 
 func (c *wireConn) Write(p []byte) (int, error) {
-	if len(p) >= 12 && int32(binary.BigEndian.Uint32(p[4:8])) != -2 {
+	if len(p) >= 12 && !zktest.IsPing(p) {
 		c.l.record(c.id, true, int32(binary.BigEndian.Uint32(p[8:12])))
 	}
 	return c.Conn.Write(p)

@@ -163,11 +163,7 @@ func TestSharedLeaseConcurrentFirstClaims(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	admin := c.Client(t)
 	prefix := uniquePrefix("first")
-	l, err := etcdlock.New(c.Client(t), etcdlock.WithPrefix(prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := newLocker(t, c.Client(t), prefix)
 	const n = 32
 	start := make(chan struct{})
 	errs := make(chan error, n)

@@ -4,7 +4,8 @@
 // option that records the error, for the constructor that applies the
 // options to report. It is the one copy of core's checked, positive and
 // notNegative for them; core keeps its own, as it imports only the standard
-// library.
+// library. internal/sqlbackend makes the errors of pg's and mysqllock's
+// options with Invalid too, without a prefix.
 package optcheck
 
 import (

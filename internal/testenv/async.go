@@ -1,5 +1,10 @@
 package testenv
 
+import (
+	"testing"
+	"time"
+)
+
 // Result is what a call that Async started returned.
 type Result[T any] struct {
 	V   T
@@ -15,4 +20,17 @@ func Async[T any](f func() (T, error)) <-chan Result[T] {
 		ch <- Result[T]{v, err}
 	}()
 	return ch
+}
+
+// Receive returns what ch gives first, waiting d at most, and fails t with
+// the message of format and args (as t.Fatalf) when nothing came by then.
+func Receive[T any](t testing.TB, ch <-chan T, d time.Duration, format string, args ...any) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf(format, args...)
+		panic("unreachable")
+	}
 }

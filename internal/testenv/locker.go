@@ -44,3 +44,18 @@ func Client(t testing.TB, b core.Backend, opts ...core.ClientOption) *core.Clien
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// AcquireAsync starts l's Acquire of key in a goroutine of its own and
+// releases the session at once. Its result comes once on the channel
+// returned: when the Acquire returned (V), and the error of the Acquire or
+// of the Release that followed it (Err).
+func AcquireAsync(ctx context.Context, l core.Locker, key string, opts ...core.Option) <-chan Result[time.Time] {
+	return Async(func() (time.Time, error) {
+		s, err := l.Acquire(ctx, key, opts...)
+		at := time.Now()
+		if err != nil {
+			return at, err
+		}
+		return at, s.Release(ctx)
+	})
+}

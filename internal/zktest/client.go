@@ -18,11 +18,25 @@ type Counter struct{ Reqs, Pings atomic.Int64 }
 
 // Dial is a zk.Dialer whose connections Counter counts.
 func (c *Counter) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	return DialWrapped(network, addr, timeout, func(nc net.Conn) net.Conn { return &countConn{Conn: nc, c: c} })
+}
+
+// DialWrapped dials as net.DialTimeout does (the zk.Dialer a client uses by
+// default) and gives the client the connection wrap makes of the one
+// dialed: the body of a test's zk.Dialer that watches or steers what a
+// session sends.
+func DialWrapped(network, addr string, timeout time.Duration, wrap func(net.Conn) net.Conn) (net.Conn, error) {
 	nc, err := net.DialTimeout(network, addr, timeout)
 	if err != nil {
 		return nil, err
 	}
-	return &countConn{Conn: nc, c: c}, nil
+	return wrap(nc), nil
+}
+
+// IsPing reports whether p, a frame a client writes (length, xid, …), is a
+// ping: xid -2.
+func IsPing(p []byte) bool {
+	return len(p) >= 8 && int32(binary.BigEndian.Uint32(p[4:8])) == -2
 }
 
 type countConn struct {
@@ -32,7 +46,7 @@ type countConn struct {
 
 func (cc *countConn) Write(p []byte) (int, error) {
 	if len(p) >= 8 {
-		if int32(binary.BigEndian.Uint32(p[4:8])) == -2 {
+		if IsPing(p) {
 			cc.c.Pings.Add(1)
 		} else {
 			cc.c.Reqs.Add(1)
