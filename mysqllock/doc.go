@@ -56,9 +56,11 @@
 //     LAST_INSERT_ID()). When it claims nothing the CALL follows (two
 //     round trips), and a key the CALL finds held is no longer tried so;
 //     other keys (new ones, and those of other processes) go to the CALL
-//     at once. Its release is a plain UPDATE too (owner token, waiting
-//     flag 0, expiry against the clock once the row is locked), with the
-//     CALL after it only when it ended nothing. A free key's claim and
+//     at once. The release of a lease claimed so is a plain UPDATE too
+//     (owner token, waiting flag 0, expiry against the clock once the row
+//     is locked), with the CALL after it only when it ended nothing (a
+//     waiter queued meanwhile, the lease lost); that of a lease the CALL
+//     claimed (a waiter's, a new key's) is the CALL alone. A free key's claim and
 //     release are then one statement each, as a plain TTL row's are. A slot's end is
 //     checked on the server's clock under the lock, so a claim that waited
 //     for the row past its slot's end is refused.

@@ -36,6 +36,9 @@ type Backend struct {
 	// released holds the keys whose lease this Backend lately ended:
 	// their rows are there, and likely free (see freeKeys).
 	released freeKeys
+	// fast holds the leases that freeClaimSQL claimed and that are not
+	// released yet, by key: the owner token (see releaseFast).
+	fast fastLeases
 
 	// watching is the named lock of the Backend's running watcher (see
 	// WatchTurns), nil while none runs: a waiter's place names it, so
@@ -262,6 +265,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		if n, err := res.RowsAffected(); err == nil && n == 1 {
 			if tok, err := res.LastInsertId(); err == nil && tok > 0 {
 				// The token is the server's clock of the claim.
+				b.fast.add(req.Key, req.OwnerToken)
 				return core.Lease{Token: uint64(tok), AcquiredAt: fromMicro(tok), ExpiresAt: fromMicro(tok + micro(req.TTL))}, nil
 			}
 		}
@@ -326,10 +330,13 @@ func freeReleaseSQL(n names) string {
 		" AND lim <= 1 AND expire_at > " + nowSQL + " + TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))"
 }
 
-// releaseFast runs freeReleaseSQL for a release of a mutex lease without a
-// minimum hold, and reports whether it ended the lease.
+// releaseFast runs freeReleaseSQL for a release without a minimum hold of
+// a mutex lease that freeClaimSQL claimed, and reports whether it ended
+// the lease. The release of a lease claimed by the acquire procedure (a
+// waiter's, a new key's) goes to the release procedure at once: a key
+// that someone waits on would have the UPDATE change nothing first.
 func (b *Backend) releaseFast(ctx context.Context, req core.ReleaseRequest) (bool, error) {
-	if req.Keep > 0 || req.Limit > 1 {
+	if !b.fast.take(req.Key, req.OwnerToken) || req.Keep > 0 || req.Limit > 1 {
 		return false, nil
 	}
 	res, err := b.releaseFree.ExecContext(ctx, []byte(req.Key), []byte(req.OwnerToken))
@@ -352,7 +359,38 @@ type freeKeys struct {
 	m  map[string]struct{}
 }
 
-// maxFreeKeys bounds freeKeys: when full it starts again empty.
+// fastLeases maps a key to the owner token of the lease freeClaimSQL
+// claimed of it, until its release. When full it takes no more: the
+// releases of the leases it does not hold go to the release procedure.
+type fastLeases struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (f *fastLeases) add(key, token string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = map[string]string{}
+	}
+	if len(f.m) < maxFreeKeys {
+		f.m[key] = token
+	}
+}
+
+// take reports whether token's lease of key is one freeClaimSQL claimed,
+// and forgets it.
+func (f *fastLeases) take(key, token string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.m[key]
+	if ok && t == token {
+		delete(f.m, key)
+	}
+	return ok && t == token
+}
+
+// maxFreeKeys bounds freeKeys and fastLeases: when full it starts again empty.
 const maxFreeKeys = 4096
 
 func (k *freeKeys) has(key string) bool {
