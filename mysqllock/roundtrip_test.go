@@ -53,19 +53,26 @@ func (c *countingConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// countingBackend returns a Backend on a fresh table (also returned), on
+// a pool of one connection that counts in writes the packets it writes.
+func countingBackend(t *testing.T) (*mysqllock.Backend, *atomic.Int64, string) {
+	t.Helper()
+	table := freshTable(t)
+	writes := new(atomic.Int64)
+	b, err := mysqllock.NewBackend(ctxT(t), countingDB(t, writes), mysqllock.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b, writes, table
+}
+
 // Rule: an acquire and a release are one request each (one packet written:
 // COM_STMT_EXECUTE of a CALL prepared on the connection), once the
 // connection has prepared them; a renewal of several leases is one too.
 func TestOneRequestPerOperation(t *testing.T) {
-	table := freshTable(t)
-	var writes atomic.Int64
-	db := countingDB(t, &writes)
+	b, writes, _ := countingBackend(t)
 	ctx := ctxT(t)
-	b, err := mysqllock.NewBackend(ctx, db, mysqllock.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	req := core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "t1", TTL: time.Minute}
 	// Warm the connection: its statements are prepared at first use.
 	if _, err := b.TryAcquire(ctx, req); err != nil {
@@ -175,5 +182,34 @@ func TestFreeKeyPairStatements(t *testing.T) {
 	after = counters()
 	if calls, execs := after[0]-before[0], after[2]-before[2]; calls != 2 || execs != 2 {
 		t.Errorf("2 tries of a held key: %d CALLs, %d statements; want 2, 2", calls, execs)
+	}
+}
+
+// Rule: the release of a lease that a waiter queued behind is one request
+// (the release procedure's CALL, which tells the waiter), as in a hand-off.
+func TestReleaseWithWaiterOneRequest(t *testing.T) {
+	b, writes, table := countingBackend(t)
+	ctx := ctxT(t)
+	other := newBackend(t, table)
+	for i := range 3 {
+		tok := fmt.Sprint("t", i)
+		if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: tok, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := other.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "w", OwnerToken: "w" + tok, TTL: time.Minute,
+			Waiter: "waiter" + tok, WaiterTTL: time.Minute})
+		if !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("queued try: %v, want busy", err)
+		}
+		before := writes.Load()
+		if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: tok}); err != nil {
+			t.Fatal(err)
+		}
+		if n := writes.Load() - before; i > 0 && n != 1 {
+			t.Errorf("release %d with a waiter queued: %d requests, want 1", i, n)
+		}
+		if err := other.Leave(ctx, "k", "waiter"+tok); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
