@@ -28,7 +28,8 @@
 // <table>_watchers) and ten stored procedures (<table>_acquire, …) that
 // Migrate installs. MySQL has no
 // RETURNING, so each operation that decides something is one CALL of a
-// procedure: one round trip (COM_STMT_EXECUTE of a statement that
+// procedure (but for the claim and release of a free key, below: one
+// UPDATE each): one round trip (COM_STMT_EXECUTE of a statement that
 // database/sql prepares once per pool connection), one transaction, every
 // decision taken under the key's row lock on the server's clock
 // (UTC_TIMESTAMP(6), in microseconds, read after the row lock is granted).
@@ -44,7 +45,23 @@
 //     caller that does not wait, is claimed by one conditional UPDATE of
 //     the row as that read found it (no transaction of its own, no locked
 //     read); a row changed since goes the locked way. Acquiring with the
-//     same owner token again is a success (idempotent). A slot's end is
+//     same owner token again is a success (idempotent).
+//   - The free key of a caller that does not wait: a TTL claim of a mutex
+//     key whose lease the same Backend lately ended is first a plain
+//     UPDATE (prepared once per connection, no CALL, no result set): it
+//     claims the row when its expiry and token are below the statement's
+//     clock and its waiting flag is 0, the token being that clock, decided
+//     under the row's lock and returned in the OK packet
+//     (LAST_INSERT_ID(expr), which the connection then keeps as its
+//     LAST_INSERT_ID()). When it claims nothing the CALL follows (two
+//     round trips), and a key the CALL finds held is no longer tried so;
+//     other keys (new ones, and those of other processes) go to the CALL
+//     at once. The release of a lease claimed so is a plain UPDATE too
+//     (owner token, waiting flag 0, expiry against the clock once the row
+//     is locked), with the CALL after it only when it ended nothing (a
+//     waiter queued meanwhile, the lease lost); that of a lease the CALL
+//     claimed (a waiter's, a new key's) is the CALL alone. A free key's claim and
+//     release are then one statement each, as a plain TTL row's are. A slot's end is
 //     checked on the server's clock under the lock, so a claim that waited
 //     for the row past its slot's end is refused.
 //   - Fencing tokens are decided under the row's lock: greatest(the
@@ -65,8 +82,9 @@
 //     is told, in the same transaction.
 //   - The claim timeout (WithClaimTimeout) is checked by the procedure on
 //     the server once it holds the row's lock: a claim held up past it is
-//     rolled back (the one-UPDATE claim compares SYSDATE(6), read when the
-//     row is, with the procedure's start: it does not apply), so the
+//     rolled back (the one-UPDATE claims compare SYSDATE(6), read when the
+//     row is, with the statement's or the procedure's start: they do not
+//     apply), so the
 //     engine knows when an ambiguous claim can no longer take effect
 //     (core.ClaimBounder).
 //   - Commits are durable as the server is configured

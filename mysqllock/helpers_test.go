@@ -81,3 +81,15 @@ func newBackend(t testing.TB, table string, opts ...mysqllock.Option) *mysqllock
 	t.Cleanup(func() { _ = b.Close() })
 	return b
 }
+
+// sessionStatus returns the counter name of SHOW SESSION STATUS on db (a
+// pool of one connection, so that the session is that of its calls).
+func sessionStatus(t testing.TB, db *sql.DB, name string) int64 {
+	t.Helper()
+	var got string
+	var n int64
+	if err := db.QueryRowContext(ctxT(t), "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&got, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

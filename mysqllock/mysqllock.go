@@ -30,6 +30,15 @@ type Backend struct {
 	n     names
 
 	acquire, release, renew *sql.Stmt
+	// claimFree and releaseFree are the plain statements of a free key
+	// nobody waits on (see freeClaimSQL): no CALL, no result set.
+	claimFree, releaseFree *sql.Stmt
+	// released holds the keys whose lease this Backend lately ended:
+	// their rows are there, and likely free (see freeKeys).
+	released freeKeys
+	// fast holds the leases that freeClaimSQL claimed and that are not
+	// released yet, by key: the owner token (see releaseFast).
+	fast fastLeases
 
 	// watching is the named lock of the Backend's running watcher (see
 	// WatchTurns), nil while none runs: a waiter's place names it, so
@@ -85,6 +94,8 @@ func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, erro
 		{&b.acquire, "CALL " + b.n.proc("acquire") + "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"},
 		{&b.release, "CALL " + b.n.proc("release") + "(?, ?, ?, ?)"},
 		{&b.renew, "CALL " + b.n.proc("renew") + "(?)"},
+		{&b.claimFree, freeClaimSQL(b.n)},
+		{&b.releaseFree, freeReleaseSQL(b.n)},
 	} {
 		st, err := db.PrepareContext(ctx, s.sql)
 		if err != nil {
@@ -196,7 +207,7 @@ func (b *Backend) Close() error {
 }
 
 func (b *Backend) closeStmts() {
-	for _, s := range []*sql.Stmt{b.acquire, b.release, b.renew} {
+	for _, s := range []*sql.Stmt{b.acquire, b.release, b.renew, b.claimFree, b.releaseFree} {
 		if s != nil {
 			s.Close()
 		}
@@ -217,7 +228,11 @@ func unclaimed(err error) error {
 }
 
 // TryAcquire implements core.Backend: one CALL of the acquire procedure
-// (see procs.go), one round trip and one transaction.
+// (see procs.go), one round trip and one transaction. A TTL claim of a
+// mutex by a caller that does not wait is first the one UPDATE of
+// freeClaimSQL, which claims the key when it is free and nobody waits on
+// it, when the key is one this Backend lately released (see freeKeys);
+// the CALL follows only when it did not.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if err := sqlbackend.CheckAcquire(req); err != nil {
 		return core.Lease{}, err
@@ -242,6 +257,19 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		left            sql.NullInt64
 		have            int64
 	)
+	if req.Waiter == "" && limit == 1 && expire == 0 && b.released.has(req.Key) {
+		res, err := b.claimFree.ExecContext(cctx, []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), []byte(req.Key), micro(half))
+		if err != nil {
+			return core.Lease{}, unclaimed(err)
+		}
+		if n, err := res.RowsAffected(); err == nil && n == 1 {
+			if tok, err := res.LastInsertId(); err == nil && tok > 0 {
+				// The token is the server's clock of the claim.
+				b.fast.add(req.Key, req.OwnerToken)
+				return core.Lease{Token: uint64(tok), AcquiredAt: fromMicro(tok), ExpiresAt: fromMicro(tok + micro(req.TTL))}, nil
+			}
+		}
+	}
 	watcher := "" // not NULL: the column is NOT NULL
 	if w := b.watching.Load(); w != nil && req.Waiter != "" {
 		watcher = *w
@@ -266,7 +294,125 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if have > 1 {
 		info.Limit = int(have)
 	}
+	b.released.forget(req.Key)
 	return core.Lease{}, core.Busy(req.Key, info)
+}
+
+// freeClaimSQL claims a free mutex key that nobody waits on for a TTL, in
+// one statement that reads nothing first and sends no result set (MySQL
+// has no RETURNING): the arguments are the owner, the owner token, the TTL
+// (µs), the key and the claim timeout's half (µs). It claims only a row
+// whose expiry and token are below the statement's clock (read when the
+// statement starts, before it waits for the row's lock: a row expired then
+// is expired later) and whose waiting flag is 0, and only when it has
+// waited for the row's lock no longer than the half (SYSDATE(6) is read
+// then, NOW(6) at the start). The token is that clock, so strictly above
+// the row's last; it is decided under the row's lock, and the OK packet
+// returns it (LAST_INSERT_ID(expr), which the connection keeps as its
+// LAST_INSERT_ID()). The lease runs from it for the TTL, as the row says.
+// One row affected: claimed; none: the key is missing, held, expired with
+// a waiter, a semaphore's, or its token is not below the clock, and the
+// acquire procedure decides.
+func freeClaimSQL(n names) string {
+	return "UPDATE " + n.table + " SET owner = ?, holder = ?, token = LAST_INSERT_ID(" + nowSQL + "), acquired_at = " + nowSQL +
+		", expire_at = " + nowSQL + " + ? WHERE `key` = ? AND token < " + nowSQL + " AND expire_at <= " + nowSQL +
+		" AND waiting = 0 AND lim <= 1 AND TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) <= ?"
+}
+
+// freeReleaseSQL ends the live mutex lease of an owner token (the second
+// argument; the key is the first) nobody waits on, keeping the key's
+// token, its expiry compared with the clock once the row is locked (the
+// statement's start, plus the time SYSDATE says passed since). One row
+// affected: released; none: the release procedure decides (a lease lost,
+// a waiter to tell, a permit).
+func freeReleaseSQL(n names) string {
+	return "UPDATE " + n.table + " SET owner = '', holder = '', expire_at = 0 WHERE `key` = ? AND holder = ? AND waiting = 0" +
+		" AND lim <= 1 AND expire_at > " + nowSQL + " + TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))"
+}
+
+// releaseFast runs freeReleaseSQL for a release without a minimum hold of
+// a mutex lease that freeClaimSQL claimed, and reports whether it ended
+// the lease. The release of a lease claimed by the acquire procedure (a
+// waiter's, a new key's) goes to the release procedure at once: a key
+// that someone waits on would have the UPDATE change nothing first.
+func (b *Backend) releaseFast(ctx context.Context, req core.ReleaseRequest) (bool, error) {
+	if !b.fast.take(req.Key, req.OwnerToken) || req.Keep > 0 || req.Limit > 1 {
+		return false, nil
+	}
+	res, err := b.releaseFree.ExecContext(ctx, []byte(req.Key), []byte(req.OwnerToken))
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return err == nil && n == 1, nil
+}
+
+// freeKeys is the set of keys whose lease this Backend lately ended. A
+// claim of such a key by a caller that does not wait is first the UPDATE
+// of freeClaimSQL: its row is there and, unless someone has claimed it
+// since, free. Other keys go to the acquire procedure at once, so that a
+// new key (no row to update) or a key held by another (answered from a
+// plain read) costs one round trip, not two; a busy answer takes the key
+// out of the set.
+type freeKeys struct {
+	mu sync.Mutex
+	m  map[string]struct{}
+}
+
+// fastLeases maps a key to the owner token of the lease freeClaimSQL
+// claimed of it, until its release. When full it takes no more: the
+// releases of the leases it does not hold go to the release procedure.
+type fastLeases struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (f *fastLeases) add(key, token string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = map[string]string{}
+	}
+	if len(f.m) < maxFreeKeys {
+		f.m[key] = token
+	}
+}
+
+// take reports whether token's lease of key is one freeClaimSQL claimed,
+// and forgets it.
+func (f *fastLeases) take(key, token string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.m[key]
+	if ok && t == token {
+		delete(f.m, key)
+	}
+	return ok && t == token
+}
+
+// maxFreeKeys bounds freeKeys and fastLeases: when full it starts again empty.
+const maxFreeKeys = 4096
+
+func (k *freeKeys) has(key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, ok := k.m[key]
+	return ok
+}
+
+func (k *freeKeys) add(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil || len(k.m) >= maxFreeKeys {
+		k.m = map[string]struct{}{}
+	}
+	k.m[key] = struct{}{}
+}
+
+func (k *freeKeys) forget(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.m, key)
 }
 
 // claimSlack is what ClaimBound adds to the claim timeout: the time an
@@ -331,9 +477,15 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // When no live lease of the owner token was found it answers core.Gone. A
 // prune of old ended rows follows it when one is due (see pruneAfter).
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
-	var live bool
-	if err := b.release.QueryRowContext(ctx, []byte(req.Key), []byte(req.OwnerToken), micro(req.Keep), max(req.Limit, 1)).Scan(&live); err != nil {
+	live, err := b.releaseFast(ctx, req)
+	if err == nil && !live {
+		err = b.release.QueryRowContext(ctx, []byte(req.Key), []byte(req.OwnerToken), micro(req.Keep), max(req.Limit, 1)).Scan(&live)
+	}
+	if err != nil {
 		return err
+	}
+	if req.Keep <= 0 && req.Limit <= 1 {
+		b.released.add(req.Key)
 	}
 	b.prune(ctx)
 	if !live {

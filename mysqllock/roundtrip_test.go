@@ -3,6 +3,8 @@ package mysqllock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -51,19 +53,26 @@ func (c *countingConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// countingBackend returns a Backend on a fresh table (also returned), on
+// a pool of one connection that counts in writes the packets it writes.
+func countingBackend(t *testing.T) (*mysqllock.Backend, *atomic.Int64, string) {
+	t.Helper()
+	table := freshTable(t)
+	writes := new(atomic.Int64)
+	b, err := mysqllock.NewBackend(ctxT(t), countingDB(t, writes), mysqllock.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b, writes, table
+}
+
 // Rule: an acquire and a release are one request each (one packet written:
 // COM_STMT_EXECUTE of a CALL prepared on the connection), once the
 // connection has prepared them; a renewal of several leases is one too.
 func TestOneRequestPerOperation(t *testing.T) {
-	table := freshTable(t)
-	var writes atomic.Int64
-	db := countingDB(t, &writes)
+	b, writes, _ := countingBackend(t)
 	ctx := ctxT(t)
-	b, err := mysqllock.NewBackend(ctx, db, mysqllock.WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	req := core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "t1", TTL: time.Minute}
 	// Warm the connection: its statements are prepared at first use.
 	if _, err := b.TryAcquire(ctx, req); err != nil {
@@ -101,4 +110,106 @@ func TestOneRequestPerOperation(t *testing.T) {
 	})
 	count("release", func() error { return b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "t1"}) })
 	count("release", func() error { return b.Release(ctx, core.ReleaseRequest{Key: "k2", OwnerToken: "t2"}) })
+}
+
+// Rule: on a free key that nobody waits on, a claim by a caller that does
+// not wait and its release are one UPDATE each, without a CALL or a
+// SELECT, and each claim's token is strictly above the last; a try of a
+// key held by another is one CALL once the Backend has found it held.
+func TestFreeKeyPairStatements(t *testing.T) {
+	table := freshTable(t)
+	db := newDB(t)
+	db.SetMaxOpenConns(1) // the session's counters are those of the calls
+	ctx := ctxT(t)
+	b, err := mysqllock.NewBackend(ctx, db, mysqllock.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var last uint64
+	pair := func(i int) {
+		t.Helper()
+		tok := fmt.Sprint("t", i)
+		l, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: tok, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Token <= last || !l.ExpiresAt.Equal(l.AcquiredAt.Add(time.Minute)) {
+			t.Fatalf("lease %+v after token %d", l, last)
+		}
+		last = l.Token
+		if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: tok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first claim inserts the row; the first release prunes.
+	pair(0)
+	pair(1)
+	counters := func() [3]int64 {
+		return [3]int64{sessionStatus(t, db, "Com_call_procedure"), sessionStatus(t, db, "Com_select"),
+			sessionStatus(t, db, "Com_stmt_execute")}
+	}
+	const pairs = 20
+	before := counters()
+	for i := range pairs {
+		pair(2 + i)
+	}
+	after := counters()
+	if calls, selects, execs := after[0]-before[0], after[1]-before[1], after[2]-before[2]; calls != 0 || selects != 0 || execs != 2*pairs {
+		t.Errorf("%d claims and releases of a free key: %d CALLs, %d SELECTs, %d statements; want 0, 0, %d", pairs, calls, selects, execs, 2*pairs)
+	}
+	// A release of a lease no longer held still answers so.
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "t1"}); !errors.Is(err, core.ErrLeaseGone) {
+		t.Fatalf("release of an ended lease: %v, want ErrLeaseGone", err)
+	}
+	// Held by another: the first try finds it so, the next ones are one CALL.
+	held, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "holder", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	try := func() {
+		t.Helper()
+		_, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "other", TTL: time.Minute})
+		var busy *core.NotAcquiredError
+		if !errors.As(err, &busy) || busy.Holder == nil || busy.Holder.Token != held.Token {
+			t.Fatalf("try of a held key: %v, want busy naming its holder", err)
+		}
+	}
+	try()
+	before = counters()
+	try()
+	try()
+	after = counters()
+	if calls, execs := after[0]-before[0], after[2]-before[2]; calls != 2 || execs != 2 {
+		t.Errorf("2 tries of a held key: %d CALLs, %d statements; want 2, 2", calls, execs)
+	}
+}
+
+// Rule: the release of a lease that a waiter queued behind is one request
+// (the release procedure's CALL, which tells the waiter), as in a hand-off.
+func TestReleaseWithWaiterOneRequest(t *testing.T) {
+	b, writes, table := countingBackend(t)
+	ctx := ctxT(t)
+	other := newBackend(t, table)
+	for i := range 3 {
+		tok := fmt.Sprint("t", i)
+		if _, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: tok, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := other.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "w", OwnerToken: "w" + tok, TTL: time.Minute,
+			Waiter: "waiter" + tok, WaiterTTL: time.Minute})
+		if !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("queued try: %v, want busy", err)
+		}
+		before := writes.Load()
+		if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: tok}); err != nil {
+			t.Fatal(err)
+		}
+		if n := writes.Load() - before; i > 0 && n != 1 {
+			t.Errorf("release %d with a waiter queued: %d requests, want 1", i, n)
+		}
+		if err := other.Leave(ctx, "k", "waiter"+tok); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
