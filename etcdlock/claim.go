@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -189,7 +190,7 @@ func notSent(err error) bool {
 // commit sends the transaction txn builds, together with a keepalive of a
 // reused lease. A reused lease found expired is replaced by a granted one
 // and the transaction sent again.
-func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.TxnResponse, error) {
+func (c *claim) commit(ctx context.Context, txn func() *etcdserverpb.TxnRequest) (*clientv3.TxnResponse, error) {
 	expired := 0 // shared leases found expired
 	for {
 		var (
@@ -201,7 +202,7 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 			kaSent = time.Now()
 			wg.Go(func() { kaErr = c.refresh(ctx) })
 		}
-		resp, err := txn().Commit()
+		resp, err := c.b.txns.send(ctx, txn())
 		wg.Wait()
 		if kaErr != nil && err == nil && resp.Succeeded && ctx.Err() == nil {
 			// The stream failed under the keepalive (another caller ended
@@ -307,17 +308,16 @@ func (c *claim) giveUp(ctx context.Context) (wait func()) {
 }
 
 // claimTxn is the transaction of a claim on lock key k with permit keys in
-// [lo, hi): if k does not exist, guard holds and the queue allows
-// (qcmp), put putKey with value bound to the claim's lease (with the
-// queue's writes); otherwise read k, the permits (oldest first) and the
-// queue.
-func (c *claim) claimTxn(ctx context.Context, k, lo, hi, putKey, value string, guard clientv3.Cmp, qcmp []clientv3.Cmp) clientv3.Txn {
-	return c.b.cli.Txn(ctx).
-		If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0), guard}, qcmp...)...).
-		Then(append([]clientv3.Op{clientv3.OpPut(putKey, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))}, c.queueThen()...)...).
-		Else(append([]clientv3.Op{clientv3.OpGet(k),
-			clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))},
-			c.queueElse()...)...)
+// [lo, hi): if guards hold (k does not exist, and the permits allow) and
+// the queue allows (qcmp), put putKey with value bound to the claim's
+// lease (with the queue's writes); otherwise read k, the permits (oldest
+// first) and the queue.
+func (c *claim) claimTxn(k, lo, hi, putKey, value string, guards, qcmp []*etcdserverpb.Compare) *etcdserverpb.TxnRequest {
+	return &etcdserverpb.TxnRequest{
+		Compare: append(guards, qcmp...),
+		Success: append([]*etcdserverpb.RequestOp{opPut(putKey, value, c.h.lease)}, c.queueThen()...),
+		Failure: append([]*etcdserverpb.RequestOp{opGet(k, "", false), opGet(lo, hi, false)}, c.queueElse()...),
+	}
 }
 
 // mutex claims the lock key: if neither it nor any permit key of the same
@@ -327,9 +327,11 @@ func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Le
 	k := b.etcdKey(key)
 	lo, hi := b.permitRange(key)
 	for attempt := 0; attempt < 3; attempt++ {
-		resp, err := c.commit(ctx, func() clientv3.Txn {
-			noPermits := clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)
-			return c.claimTxn(ctx, k, lo, hi, k, value, noPermits, c.queueCmp(true, 0))
+		resp, err := c.commit(ctx, func() *etcdserverpb.TxnRequest {
+			// Neither k nor a permit key exists: no key in [k, hi), which
+			// holds k and exactly the permit keys (lock keys have no NUL).
+			free := compare(etcdserverpb.Compare_CREATE, k, hi, etcdserverpb.Compare_EQUAL, 0)
+			return c.claimTxn(k, lo, hi, k, value, []*etcdserverpb.Compare{free}, c.queueCmp(true, 0))
 		})
 		if err != nil {
 			return core.Lease{}, err

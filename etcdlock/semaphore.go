@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -132,15 +133,16 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 		if attempt > 0 && time.Since(start) > bound {
 			break
 		}
-		guard := clientv3.Compare(clientv3.ModRevision(lo), "<", v.rev+1).WithRange(hi)
+		guard := compare(etcdserverpb.Compare_MOD, lo, hi, etcdserverpb.Compare_LESS, v.rev+1)
 		if v.rev != 0 && (v.limit != limit || v.count >= limit) {
 			// Full, or taken with another limit, when last seen: read.
-			guard = clientv3.Compare(clientv3.ModRevision(lo), "<", 0).WithRange(hi) // never true
+			guard = compare(etcdserverpb.Compare_MOD, lo, hi, etcdserverpb.Compare_LESS, 0) // never true
 		}
 		base := v
 		qcmp := c.queueCmp(first, qv.rev)
-		resp, err := c.commit(ctx, func() clientv3.Txn {
-			return c.claimTxn(ctx, k, lo, hi, c.h.ekey, value, guard, qcmp)
+		resp, err := c.commit(ctx, func() *etcdserverpb.TxnRequest {
+			noLock := compare(etcdserverpb.Compare_CREATE, k, "", etcdserverpb.Compare_EQUAL, 0)
+			return c.claimTxn(k, lo, hi, c.h.ekey, value, []*etcdserverpb.Compare{noLock, guard}, qcmp)
 		})
 		if err != nil {
 			return core.Lease{}, err
