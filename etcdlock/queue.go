@@ -256,10 +256,9 @@ type queueView struct {
 // waiter key was created after the read at rev (or, with rev 0, that there
 // is none).
 func (c *claim) queueCmp(first bool, rev int64) []*etcdserverpb.Compare {
-	b, key := c.b, c.req.Key
-	lo, hi := b.queueRange(key)
+	lo, hi := c.keys.qlo, c.keys.qhi
 	if c.wait.rev != 0 {
-		cmps := []*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, c.wkey, "", etcdserverpb.Compare_EQUAL, c.wait.rev)}
+		cmps := []*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, []byte(c.wkey), nil, etcdserverpb.Compare_EQUAL, c.wait.rev)}
 		if first {
 			cmps = append(cmps, compare(etcdserverpb.Compare_CREATE, lo, hi, etcdserverpb.Compare_GREATER, c.wait.rev-1))
 		}
@@ -276,18 +275,18 @@ func (c *claim) queueThen() []*etcdserverpb.RequestOp {
 	if c.wkey == "" {
 		return nil
 	}
-	return []*etcdserverpb.RequestOp{opDelete(c.wkey)}
+	return []*etcdserverpb.RequestOp{opDelete([]byte(c.wkey))}
 }
 
 // queueElse is what a claim that is not granted also does: queue its
 // waiter at the tail unless it has a place, and read the queue. The
 // responses start at index base.
 func (c *claim) queueElse() []*etcdserverpb.RequestOp {
-	lo, hi := c.b.queueRange(c.req.Key)
-	ops := []*etcdserverpb.RequestOp{opGet(lo, hi, true)}
+	ops := []*etcdserverpb.RequestOp{opGet(c.keys.qlo, c.keys.qhi, true)}
 	if c.wkey != "" {
-		ops = append(ops, opTxn([]*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, c.wkey, "", etcdserverpb.Compare_EQUAL, 0)},
-			[]*etcdserverpb.RequestOp{opPut(c.wkey, "", c.wlease)}, nil))
+		wkey := []byte(c.wkey)
+		ops = append(ops, opTxn([]*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, wkey, nil, etcdserverpb.Compare_EQUAL, 0)},
+			[]*etcdserverpb.RequestOp{opPut(wkey, nil, c.wlease)}, nil))
 	}
 	return ops
 }

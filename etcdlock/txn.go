@@ -66,6 +66,26 @@ func (s txnSender) send(ctx context.Context, r *etcdserverpb.TxnRequest) (*clien
 	return (*clientv3.TxnResponse)(resp), nil
 }
 
+// claimKeys are the etcd keys a claim's transaction names, sliced from
+// one array: the lock key k, the bounds of its permit range (lo is also
+// where that range starts after k) and of its queue.
+type claimKeys struct{ k, lo, hi, qlo, qhi []byte }
+
+// claimKeys returns the keys of etcdKey(key), permitRange(key) and
+// queueRange(key).
+func (b *Backend) claimKeys(key string) claimKeys {
+	p, n := b.prefix, len(b.prefix)+len(key)
+	q := n + len(queueMark) + 1
+	buf := make([]byte, 0, 2*(n+1)+2*q)
+	buf = append(append(append(buf, p...), key...), 0)
+	buf = append(append(append(buf, p...), key...), 1)
+	buf = append(append(append(append(buf, p...), queueMark...), key...), 0)
+	buf = append(append(append(append(buf, p...), queueMark...), key...), 1)
+	lo, hi := buf[:n+1:n+1], buf[n+1:2*n+2:2*n+2]
+	qlo, qhi := buf[2*n+2:2*n+2+q:2*n+2+q], buf[2*n+2+q:]
+	return claimKeys{k: lo[:n:n], lo: lo, hi: hi, qlo: qlo, qhi: qhi}
+}
+
 // cmpsOf and opsOf turn the protobuf compares and operations of the
 // transactions built here back into clientv3's, for a client's own KV.
 func cmpsOf(cs []*etcdserverpb.Compare) []clientv3.Cmp {
@@ -113,11 +133,8 @@ func opsOf(rs []*etcdserverpb.RequestOp) []clientv3.Op {
 
 // compare is the compare of key (with end, of every key in [key, end)) by
 // target, one of the revisions or the lease, against v.
-func compare(target etcdserverpb.Compare_CompareTarget, key, end string, result etcdserverpb.Compare_CompareResult, v int64) *etcdserverpb.Compare {
-	c := &etcdserverpb.Compare{Target: target, Result: result, Key: []byte(key)}
-	if end != "" {
-		c.RangeEnd = []byte(end)
-	}
+func compare(target etcdserverpb.Compare_CompareTarget, key, end []byte, result etcdserverpb.Compare_CompareResult, v int64) *etcdserverpb.Compare {
+	c := &etcdserverpb.Compare{Target: target, Result: result, Key: key, RangeEnd: end}
 	switch target {
 	case etcdserverpb.Compare_CREATE:
 		c.TargetUnion = &etcdserverpb.Compare_CreateRevision{CreateRevision: v}
@@ -131,22 +148,26 @@ func compare(target etcdserverpb.Compare_CompareTarget, key, end string, result 
 	return c
 }
 
+// The helpers below take keys as bytes, which the messages hold: keys
+// sliced from one array (claimKeys) cost no copy each. Nothing writes to
+// a message's bytes once it is built.
+
 // opPut puts key with value bound to lease.
-func opPut(key, value string, lease int64) *etcdserverpb.RequestOp {
-	return &etcdserverpb.RequestOp{Request: &etcdserverpb.RequestOp_RequestPut{RequestPut: &etcdserverpb.PutRequest{Key: []byte(key), Value: []byte(value), Lease: lease}}}
+func opPut(key, value []byte, lease int64) *etcdserverpb.RequestOp {
+	return &etcdserverpb.RequestOp{Request: &etcdserverpb.RequestOp_RequestPut{RequestPut: &etcdserverpb.PutRequest{Key: key, Value: value, Lease: lease}}}
 }
 
 // opDelete deletes key.
-func opDelete(key string) *etcdserverpb.RequestOp {
-	return &etcdserverpb.RequestOp{Request: &etcdserverpb.RequestOp_RequestDeleteRange{RequestDeleteRange: &etcdserverpb.DeleteRangeRequest{Key: []byte(key)}}}
+func opDelete(key []byte) *etcdserverpb.RequestOp {
+	return &etcdserverpb.RequestOp{Request: &etcdserverpb.RequestOp_RequestDeleteRange{RequestDeleteRange: &etcdserverpb.DeleteRangeRequest{Key: key}}}
 }
 
 // opGet reads key, or with end the keys in [key, end) oldest first (by
 // create revision), their keys only with keysOnly.
-func opGet(key, end string, keysOnly bool) *etcdserverpb.RequestOp {
-	r := &etcdserverpb.RangeRequest{Key: []byte(key), KeysOnly: keysOnly}
-	if end != "" {
-		r.RangeEnd = []byte(end)
+func opGet(key, end []byte, keysOnly bool) *etcdserverpb.RequestOp {
+	r := &etcdserverpb.RangeRequest{Key: key, KeysOnly: keysOnly}
+	if end != nil {
+		r.RangeEnd = end
 		r.SortOrder, r.SortTarget = etcdserverpb.RangeRequest_ASCEND, etcdserverpb.RangeRequest_CREATE
 	}
 	return &etcdserverpb.RequestOp{Request: &etcdserverpb.RequestOp_RequestRange{RequestRange: r}}
