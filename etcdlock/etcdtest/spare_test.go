@@ -200,8 +200,8 @@ func TestSharedLeaseConcurrentFirstClaims(t *testing.T) {
 
 // TestNamespacedClient checks that a Locker on a client whose KV, Watcher
 // and Lease are etcd's namespace wrappers keeps all of its keys inside the
-// namespace: its claims, busy answers, renewals and releases go through the
-// client's KV, not around it.
+// namespace: its claims, busy answers, renewals, waiters and releases go
+// through the client's KV, not around it.
 func TestNamespacedClient(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	admin := c.Client(t)
@@ -225,14 +225,28 @@ func TestNamespacedClient(t *testing.T) {
 	if _, err := other.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("TryAcquire of the held key: %v, want busy", err)
 	}
+	waited := make(chan error, 1)
+	go func() { // a waiter in line: its key, its turn, its claim
+		w, err := other.Acquire(ctx, "k")
+		if err == nil {
+			err = w.Release(ctx)
+		}
+		waited <- err
+	}()
 	time.Sleep(3 * time.Second) // renewals, past the TTL
 	if err := s.Context().Err(); err != nil {
 		t.Fatalf("the session was lost: %v", context.Cause(s.Context()))
 	}
+	if resp, err := admin.Get(ctx, ns+"locks/\x00q\x00", clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the waiter key inside the namespace: %v %v", resp, err)
+	}
 	if err := s.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if resp, err := admin.Get(ctx, ns+"locks/k"); err != nil || len(resp.Kvs) != 0 {
-		t.Fatalf("the lock key after Release: %v %v", resp, err)
+	if err := <-waited; err != nil {
+		t.Fatalf("the waiter's Acquire and Release: %v", err)
+	}
+	if resp, err := admin.Get(ctx, ns, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("keys left in the namespace: %v %v", resp, err)
 	}
 }
