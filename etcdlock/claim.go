@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -60,7 +61,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if err != nil {
 		return core.Lease{}, err
 	}
-	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), leaseOK: true}
+	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), leaseOK: true, keys: b.claimKeys(req.Key)}
 	fresh, err := c.startWait(ctx)
 	if err != nil {
 		return core.Lease{}, err
@@ -79,9 +80,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		return core.Lease{}, err
 	}
 	if req.Limit > 1 {
-		return c.permit(ctx, string(value), now)
+		return c.permit(ctx, value, now)
 	}
-	return c.mutex(ctx, string(value), now)
+	return c.mutex(ctx, value, now)
 }
 
 // claim is one TryAcquire in progress: the lease it binds its key to.
@@ -91,6 +92,7 @@ type claim struct {
 	seconds int64
 	slot    bool
 	h       held
+	keys    claimKeys // the keys its transaction names
 	wkey    string    // the waiter key of req.Waiter ("" without one)
 	wlease  int64     // the lease wkey is bound to
 	wait    wait      // what is known of the waiter's place
@@ -189,7 +191,7 @@ func notSent(err error) bool {
 // commit sends the transaction txn builds, together with a keepalive of a
 // reused lease. A reused lease found expired is replaced by a granted one
 // and the transaction sent again.
-func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.TxnResponse, error) {
+func (c *claim) commit(ctx context.Context, txn func() *etcdserverpb.TxnRequest) (*clientv3.TxnResponse, error) {
 	expired := 0 // shared leases found expired
 	for {
 		var (
@@ -201,7 +203,7 @@ func (c *claim) commit(ctx context.Context, txn func() clientv3.Txn) (*clientv3.
 			kaSent = time.Now()
 			wg.Go(func() { kaErr = c.refresh(ctx) })
 		}
-		resp, err := txn().Commit()
+		resp, err := c.b.txns.send(ctx, txn())
 		wg.Wait()
 		if kaErr != nil && err == nil && resp.Succeeded && ctx.Err() == nil {
 			// The stream failed under the keepalive (another caller ended
@@ -306,30 +308,30 @@ func (c *claim) giveUp(ctx context.Context) (wait func()) {
 	return wg.Wait
 }
 
-// claimTxn is the transaction of a claim on lock key k with permit keys in
-// [lo, hi): if k does not exist, guard holds and the queue allows
-// (qcmp), put putKey with value bound to the claim's lease (with the
-// queue's writes); otherwise read k, the permits (oldest first) and the
-// queue.
-func (c *claim) claimTxn(ctx context.Context, k, lo, hi, putKey, value string, guard clientv3.Cmp, qcmp []clientv3.Cmp) clientv3.Txn {
-	return c.b.cli.Txn(ctx).
-		If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0), guard}, qcmp...)...).
-		Then(append([]clientv3.Op{clientv3.OpPut(putKey, value, clientv3.WithLease(clientv3.LeaseID(c.h.lease)))}, c.queueThen()...)...).
-		Else(append([]clientv3.Op{clientv3.OpGet(k),
-			clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))},
-			c.queueElse()...)...)
+// claimTxn is the transaction of a claim on its lock key with its permit
+// keys (c.keys): if guards hold (the lock key does not exist, and the
+// permits allow) and the queue allows (qcmp), put putKey with value bound
+// to the claim's lease (with the queue's writes); otherwise read the lock
+// key, the permits (oldest first) and the queue.
+func (c *claim) claimTxn(putKey, value []byte, guards, qcmp []*etcdserverpb.Compare) *etcdserverpb.TxnRequest {
+	return &etcdserverpb.TxnRequest{
+		Compare: append(guards, qcmp...),
+		Success: append([]*etcdserverpb.RequestOp{opPut(putKey, value, c.h.lease)}, c.queueThen()...),
+		Failure: append([]*etcdserverpb.RequestOp{opGet(c.keys.k, nil, false), opGet(c.keys.lo, c.keys.hi, false)}, c.queueElse()...),
+	}
 }
 
 // mutex claims the lock key: if neither it nor any permit key of the same
 // key exists, put it bound to the claim's lease; otherwise read both.
-func (c *claim) mutex(ctx context.Context, value string, now time.Time) (core.Lease, error) {
+func (c *claim) mutex(ctx context.Context, value []byte, now time.Time) (core.Lease, error) {
 	b, key := c.b, c.req.Key
 	k := b.etcdKey(key)
-	lo, hi := b.permitRange(key)
 	for attempt := 0; attempt < 3; attempt++ {
-		resp, err := c.commit(ctx, func() clientv3.Txn {
-			noPermits := clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)
-			return c.claimTxn(ctx, k, lo, hi, k, value, noPermits, c.queueCmp(true, 0))
+		resp, err := c.commit(ctx, func() *etcdserverpb.TxnRequest {
+			// Neither k nor a permit key exists: no key in [k, hi), which
+			// holds k and exactly the permit keys (lock keys have no NUL).
+			free := compare(etcdserverpb.Compare_CREATE, c.keys.k, c.keys.hi, etcdserverpb.Compare_EQUAL, 0)
+			return c.claimTxn(c.keys.k, value, []*etcdserverpb.Compare{free}, c.queueCmp(true, 0))
 		})
 		if err != nil {
 			return core.Lease{}, err

@@ -181,7 +181,9 @@
 //     The lease is taken as for a lock (the shared lease,
 //     refreshed if need be alongside the first transaction).
 //   - A lock claim's transaction also requires the permit range to be
-//     empty. A lock claim that finds permits, and a permit claim that finds
+//     empty: one compare requires no key from the lock key to the end of
+//     its permit range, which holds the lock key and exactly its permits
+//     (lock keys have no NUL). A lock claim that finds permits, and a permit claim that finds
 //     the lock key or permits taken with another limit, fail with
 //     core.LimitMismatch and claim nothing.
 //   - The fencing token of a permit is its key's create_revision, like a

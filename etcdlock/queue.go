@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -254,40 +255,38 @@ type queueView struct {
 // first is set, that no waiter key is older; for any other claim, that no
 // waiter key was created after the read at rev (or, with rev 0, that there
 // is none).
-func (c *claim) queueCmp(first bool, rev int64) []clientv3.Cmp {
-	b, key := c.b, c.req.Key
-	lo, hi := b.queueRange(key)
+func (c *claim) queueCmp(first bool, rev int64) []*etcdserverpb.Compare {
+	lo, hi := c.keys.qlo, c.keys.qhi
 	if c.wait.rev != 0 {
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.wkey), "=", c.wait.rev)}
+		cmps := []*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, []byte(c.wkey), nil, etcdserverpb.Compare_EQUAL, c.wait.rev)}
 		if first {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lo), ">", c.wait.rev-1).WithRange(hi))
+			cmps = append(cmps, compare(etcdserverpb.Compare_CREATE, lo, hi, etcdserverpb.Compare_GREATER, c.wait.rev-1))
 		}
 		return cmps
 	}
 	if rev == 0 {
-		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lo), "=", 0).WithRange(hi)}
+		return []*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, lo, hi, etcdserverpb.Compare_EQUAL, 0)}
 	}
-	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lo), "<", rev+1).WithRange(hi)}
+	return []*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, lo, hi, etcdserverpb.Compare_LESS, rev+1)}
 }
 
 // queueThen is what a granted claim also does: take its waiter out of line.
-func (c *claim) queueThen() []clientv3.Op {
+func (c *claim) queueThen() []*etcdserverpb.RequestOp {
 	if c.wkey == "" {
 		return nil
 	}
-	return []clientv3.Op{clientv3.OpDelete(c.wkey)}
+	return []*etcdserverpb.RequestOp{opDelete([]byte(c.wkey))}
 }
 
 // queueElse is what a claim that is not granted also does: queue its
 // waiter at the tail unless it has a place, and read the queue. The
 // responses start at index base.
-func (c *claim) queueElse() []clientv3.Op {
-	lo, hi := c.b.queueRange(c.req.Key)
-	ops := []clientv3.Op{clientv3.OpGet(lo, clientv3.WithRange(hi), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))}
+func (c *claim) queueElse() []*etcdserverpb.RequestOp {
+	ops := []*etcdserverpb.RequestOp{opGet(c.keys.qlo, c.keys.qhi, true)}
 	if c.wkey != "" {
-		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.wkey), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(c.wkey, "", clientv3.WithLease(clientv3.LeaseID(c.wlease)))}, nil))
+		wkey := []byte(c.wkey)
+		ops = append(ops, opTxn([]*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, wkey, nil, etcdserverpb.Compare_EQUAL, 0)},
+			[]*etcdserverpb.RequestOp{opPut(wkey, nil, c.wlease)}, nil))
 	}
 	return ops
 }

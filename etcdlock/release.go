@@ -54,11 +54,12 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Keep <= 0 {
 		// Delete exactly this incarnation of the key, bound to this
 		// lease, and keep the lease for the next claim.
-		resp, err := b.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.LeaseValue(k), "=", h.lease),
-				clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev)).
-			Then(clientv3.OpDelete(k)).
-			Commit()
+		kb := []byte(k)
+		resp, err := b.txns.send(ctx, &etcdserverpb.TxnRequest{
+			Compare: []*etcdserverpb.Compare{compare(etcdserverpb.Compare_LEASE, kb, nil, etcdserverpb.Compare_EQUAL, h.lease),
+				compare(etcdserverpb.Compare_CREATE, kb, nil, etcdserverpb.Compare_EQUAL, h.rev)},
+			Success: []*etcdserverpb.RequestOp{opDelete(kb)},
+		})
 		if err != nil {
 			return err
 		}

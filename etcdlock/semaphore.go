@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -117,10 +118,8 @@ func splitPermits(kvs []*mvccpb.KeyValue, now time.Time) (live, ended []permitKV
 // sixth of its TTL (at least 100 ms) answers busy with a permit in view:
 // the engine counts a claim whose reply comes after the renew deadline as
 // lost, so it stops before that.
-func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.Lease, error) {
+func (c *claim) permit(ctx context.Context, value []byte, now time.Time) (core.Lease, error) {
 	b, key, limit := c.b, c.req.Key, c.req.Limit
-	k := b.etcdKey(key)
-	lo, hi := b.permitRange(key)
 	v := b.view(key)
 	var live []permitKV
 	var qv queueView // the queue before the claim, as last read (none yet)
@@ -132,15 +131,16 @@ func (c *claim) permit(ctx context.Context, value string, now time.Time) (core.L
 		if attempt > 0 && time.Since(start) > bound {
 			break
 		}
-		guard := clientv3.Compare(clientv3.ModRevision(lo), "<", v.rev+1).WithRange(hi)
+		guard := compare(etcdserverpb.Compare_MOD, c.keys.lo, c.keys.hi, etcdserverpb.Compare_LESS, v.rev+1)
 		if v.rev != 0 && (v.limit != limit || v.count >= limit) {
 			// Full, or taken with another limit, when last seen: read.
-			guard = clientv3.Compare(clientv3.ModRevision(lo), "<", 0).WithRange(hi) // never true
+			guard = compare(etcdserverpb.Compare_MOD, c.keys.lo, c.keys.hi, etcdserverpb.Compare_LESS, 0) // never true
 		}
 		base := v
 		qcmp := c.queueCmp(first, qv.rev)
-		resp, err := c.commit(ctx, func() clientv3.Txn {
-			return c.claimTxn(ctx, k, lo, hi, c.h.ekey, value, guard, qcmp)
+		resp, err := c.commit(ctx, func() *etcdserverpb.TxnRequest {
+			noLock := compare(etcdserverpb.Compare_CREATE, c.keys.k, nil, etcdserverpb.Compare_EQUAL, 0)
+			return c.claimTxn([]byte(c.h.ekey), value, []*etcdserverpb.Compare{noLock, guard}, qcmp)
 		})
 		if err != nil {
 			return core.Lease{}, err

@@ -2,11 +2,13 @@ package etcdtest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/namespace"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
@@ -193,5 +195,58 @@ func TestSharedLeaseConcurrentFirstClaims(t *testing.T) {
 	}
 	if ids := serverLeases(t, admin); len(ids) != 0 {
 		t.Fatalf("Close left %d leases on the server: %v", len(ids), ids)
+	}
+}
+
+// TestNamespacedClient checks that a Locker on a client whose KV, Watcher
+// and Lease are etcd's namespace wrappers keeps all of its keys inside the
+// namespace: its claims, busy answers, renewals, waiters and releases go
+// through the client's KV, not around it.
+func TestNamespacedClient(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	admin := c.Client(t)
+	ns := uniquePrefix("ns")
+	cli := c.Client(t)
+	cli.KV = namespace.NewKV(cli.KV, ns)
+	cli.Watcher = namespace.NewWatcher(cli.Watcher, ns)
+	cli.Lease = namespace.NewLease(cli.Lease, ns)
+	l := newLocker(t, cli, "locks/", core.WithDefaults(core.TTL(2*time.Second)))
+	other := newLocker(t, cli, "locks/")
+	ctx := testenv.Context(t, 10*time.Second)
+
+	s := testenv.Hold(t, ctx, l, "k")
+	resp, err := admin.Get(ctx, ns+"locks/k")
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the lock key inside the namespace: %v %v", resp, err)
+	}
+	if resp, err := admin.Get(ctx, "locks/k"); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("a lock key outside the namespace: %v %v", resp, err)
+	}
+	if _, err := other.TryAcquire(ctx, "k"); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("TryAcquire of the held key: %v, want busy", err)
+	}
+	waited := make(chan error, 1)
+	go func() { // a waiter in line: its key, its turn, its claim
+		w, err := other.Acquire(ctx, "k")
+		if err == nil {
+			err = w.Release(ctx)
+		}
+		waited <- err
+	}()
+	time.Sleep(3 * time.Second) // renewals, past the TTL
+	if err := s.Context().Err(); err != nil {
+		t.Fatalf("the session was lost: %v", context.Cause(s.Context()))
+	}
+	if resp, err := admin.Get(ctx, ns+"locks/\x00q\x00", clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the waiter key inside the namespace: %v %v", resp, err)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the waiter's Acquire and Release: %v", err)
+	}
+	if resp, err := admin.Get(ctx, ns, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("keys left in the namespace: %v %v", resp, err)
 	}
 }
