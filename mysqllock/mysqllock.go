@@ -34,11 +34,17 @@ type Backend struct {
 	// nobody waits on (see freeClaimSQL): no CALL, no result set.
 	claimFree, releaseFree *sql.Stmt
 	// released holds the keys whose lease this Backend lately ended:
-	// their rows are there, and likely free (see freeKeys).
-	released freeKeys
+	// their rows are there and, unless someone has claimed them since,
+	// free. A claim of such a key by a caller that does not wait is first
+	// the UPDATE of freeClaimSQL; other keys go to the acquire procedure
+	// at once, so that a new key (no row to update) or a key held by
+	// another (answered from a plain read) costs one round trip, not two.
+	// A busy answer takes the key out.
+	released sqlbackend.Keys[struct{}]
 	// fast holds the leases that freeClaimSQL claimed and that are not
-	// released yet, by key: the owner token (see releaseFast).
-	fast fastLeases
+	// released yet, by key: the owner token (see releaseFast). A lease
+	// it no longer holds (it was full) is released by the procedure.
+	fast sqlbackend.Keys[string]
 
 	// watching is the named lock of the Backend's running watcher (see
 	// WatchTurns), nil while none runs: a waiter's place names it, so
@@ -231,7 +237,7 @@ func unclaimed(err error) error {
 // (see procs.go), one round trip and one transaction. A TTL claim of a
 // mutex by a caller that does not wait is first the one UPDATE of
 // freeClaimSQL, which claims the key when it is free and nobody waits on
-// it, when the key is one this Backend lately released (see freeKeys);
+// it, when the key is one this Backend lately released (see Backend.released);
 // the CALL follows only when it did not.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if err := sqlbackend.CheckAcquire(req); err != nil {
@@ -257,7 +263,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		left            sql.NullInt64
 		have            int64
 	)
-	if req.Waiter == "" && limit == 1 && expire == 0 && b.released.has(req.Key) {
+	if req.Waiter == "" && limit == 1 && expire == 0 && b.isReleased(req.Key) {
 		res, err := b.claimFree.ExecContext(cctx, []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), []byte(req.Key), micro(half))
 		if err != nil {
 			return core.Lease{}, unclaimed(err)
@@ -265,7 +271,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		if n, err := res.RowsAffected(); err == nil && n == 1 {
 			if tok, err := res.LastInsertId(); err == nil && tok > 0 {
 				// The token is the server's clock of the claim.
-				b.fast.add(req.Key, req.OwnerToken)
+				b.fast.Put(req.Key, req.OwnerToken, nil)
 				return core.Lease{Token: uint64(tok), AcquiredAt: fromMicro(tok), ExpiresAt: fromMicro(tok + micro(req.TTL))}, nil
 			}
 		}
@@ -294,7 +300,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if have > 1 {
 		info.Limit = int(have)
 	}
-	b.released.forget(req.Key)
+	b.released.Delete(req.Key)
 	return core.Lease{}, core.Busy(req.Key, info)
 }
 
@@ -336,7 +342,7 @@ func freeReleaseSQL(n names) string {
 // waiter's, a new key's) goes to the release procedure at once: a key
 // that someone waits on would have the UPDATE change nothing first.
 func (b *Backend) releaseFast(ctx context.Context, req core.ReleaseRequest) (bool, error) {
-	if !b.fast.take(req.Key, req.OwnerToken) || req.Keep > 0 || req.Limit > 1 {
+	if !b.fast.CompareAndDelete(req.Key, req.OwnerToken) || req.Keep > 0 || req.Limit > 1 {
 		return false, nil
 	}
 	res, err := b.releaseFree.ExecContext(ctx, []byte(req.Key), []byte(req.OwnerToken))
@@ -347,72 +353,10 @@ func (b *Backend) releaseFast(ctx context.Context, req core.ReleaseRequest) (boo
 	return err == nil && n == 1, nil
 }
 
-// freeKeys is the set of keys whose lease this Backend lately ended. A
-// claim of such a key by a caller that does not wait is first the UPDATE
-// of freeClaimSQL: its row is there and, unless someone has claimed it
-// since, free. Other keys go to the acquire procedure at once, so that a
-// new key (no row to update) or a key held by another (answered from a
-// plain read) costs one round trip, not two; a busy answer takes the key
-// out of the set.
-type freeKeys struct {
-	mu sync.Mutex
-	m  map[string]struct{}
-}
-
-// fastLeases maps a key to the owner token of the lease freeClaimSQL
-// claimed of it, until its release. When full it takes no more: the
-// releases of the leases it does not hold go to the release procedure.
-type fastLeases struct {
-	mu sync.Mutex
-	m  map[string]string
-}
-
-func (f *fastLeases) add(key, token string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.m == nil {
-		f.m = map[string]string{}
-	}
-	if len(f.m) < maxFreeKeys {
-		f.m[key] = token
-	}
-}
-
-// take reports whether token's lease of key is one freeClaimSQL claimed,
-// and forgets it.
-func (f *fastLeases) take(key, token string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t, ok := f.m[key]
-	if ok && t == token {
-		delete(f.m, key)
-	}
-	return ok && t == token
-}
-
-// maxFreeKeys bounds freeKeys and fastLeases: when full it starts again empty.
-const maxFreeKeys = 4096
-
-func (k *freeKeys) has(key string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	_, ok := k.m[key]
+// isReleased reports whether this Backend lately ended a lease of key.
+func (b *Backend) isReleased(key string) bool {
+	_, ok := b.released.Get(key)
 	return ok
-}
-
-func (k *freeKeys) add(key string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.m == nil || len(k.m) >= maxFreeKeys {
-		k.m = map[string]struct{}{}
-	}
-	k.m[key] = struct{}{}
-}
-
-func (k *freeKeys) forget(key string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	delete(k.m, key)
 }
 
 // claimSlack is what ClaimBound adds to the claim timeout: the time an
@@ -485,7 +429,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		return err
 	}
 	if req.Keep <= 0 && req.Limit <= 1 {
-		b.released.add(req.Key)
+		b.released.Put(req.Key, struct{}{}, nil)
 	}
 	b.prune(ctx)
 	if !live {

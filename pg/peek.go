@@ -3,10 +3,10 @@ package pg
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,52 +20,30 @@ import (
 // statement that takes no lock, writes nothing and sets nothing. Only when
 // that read finds the key free, or a semaphore's, is the claim sent: a
 // round trip more, once per hold. A hint is only ever a reason to read
-// first; every answer comes from the store.
+// first; every answer comes from the store (sqlbackend.Keys, at most
+// 4,096 keys).
 
 // busyHints is the per-key instant (local clock) until which a Backend last
 // found the key held by another owner.
-type busyHints struct {
-	mu    sync.Mutex
-	until map[string]time.Time
-}
-
-// maxHints bounds busyHints: past it, the hints that ran out are dropped,
-// and all of them when none did.
-const maxHints = 4096
+type busyHints struct{ until sqlbackend.Keys[time.Time] }
 
 // held reports whether key was found held by another owner whose lease has
 // not run out since.
 func (h *busyHints) held(key string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	u, ok := h.until[key]
+	u, ok := h.until.Get(key)
 	return ok && time.Now().Before(u)
 }
 
 // note records what a claim or a read of key found: held by another owner
-// for left more (left > 0), or not.
+// for left more (left > 0), or not. A full set drops the hints that ran
+// out first.
 func (h *busyHints) note(key string, left time.Duration) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if left <= 0 {
-		delete(h.until, key)
+		h.until.Delete(key)
 		return
 	}
 	now := time.Now()
-	if len(h.until) >= maxHints {
-		for k, u := range h.until {
-			if !now.Before(u) {
-				delete(h.until, k)
-			}
-		}
-		if len(h.until) >= maxHints {
-			clear(h.until)
-		}
-	}
-	if h.until == nil {
-		h.until = make(map[string]time.Time)
-	}
-	h.until[key] = now.Add(left)
+	h.until.Put(key, now.Add(left), func(u time.Time) bool { return !now.Before(u) })
 }
 
 // noteBusy records a claim's answer err for req's key: held by another owner
