@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // After a loss by the local renew deadline the store still holds the key
@@ -15,10 +17,10 @@ import (
 // dislock's release must free it once the group is gone, before the TTL.
 func TestLossReleasedAfterGroup(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, f *fixture) {
-		var proxy *stallProxy
+		var proxy *testenv.StallProxy
 		u := f.viaProxy(t, func(target string) string {
-			proxy = newStallProxy(t, target)
-			return proxy.ln.Addr().String()
+			proxy = testenv.NewStallProxy(t, "tcp", target)
+			return proxy.Addr()
 		})
 		dir := t.TempDir()
 		pidFile := filepath.Join(dir, "pid")
@@ -34,7 +36,7 @@ func TestLossReleasedAfterGroup(t *testing.T) {
 		if !f.held(t, lockKey) {
 			t.Fatalf("the lease is not held while the command runs: %s", p.output())
 		}
-		proxy.stall()
+		proxy.StallOpen()
 		stalled := time.Now()
 
 		var goneAt, freedAt time.Time

@@ -1,7 +1,7 @@
 package main
 
-// The TCP proxies the outage tests put between dislock and its store: one
-// that cuts every connection, one that stalls the replies on some.
+// The TCP proxy the outage tests put between dislock and its store to cut
+// every connection (testenv.StallProxy stalls the replies on some).
 
 import (
 	"io"
@@ -63,130 +63,6 @@ func (p *cutProxy) cut() {
 	defer p.mu.Unlock()
 	for _, c := range p.conns {
 		c.Close()
-	}
-}
-
-// stallProxy forwards TCP connections to target. stall holds back every
-// byte the server sends on the connections open at that moment, while
-// requests still reach the server and new connections work normally: a
-// store that is reachable but answers some connections too slowly.
-type stallProxy struct {
-	ln     net.Listener
-	mu     sync.Mutex
-	conns  []*stallConn
-	closed bool
-}
-
-type stallConn struct {
-	client, server net.Conn
-	gate           chan struct{} // non-nil while stalled; closed to let replies through
-}
-
-func newStallProxy(t *testing.T, target string) *stallProxy {
-	p := &stallProxy{}
-	p.ln = forward(t, target, func(c, s net.Conn) {
-		sc := &stallConn{client: c, server: s}
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			c.Close()
-			s.Close()
-			return
-		}
-		p.conns = append(p.conns, sc)
-		p.mu.Unlock()
-		go func() {
-			io.Copy(s, c)
-			// The client hung up: nothing waits for its replies.
-			p.open(sc)
-			s.Close()
-		}()
-		go func() { p.replies(sc); c.Close() }()
-	})
-	t.Cleanup(p.close)
-	return p
-}
-
-// replies copies the server's bytes to the client, holding them back while
-// the connection is stalled. When the server hangs up, the client's
-// connection is closed at once, replies held back or not.
-func (p *stallProxy) replies(sc *stallConn) {
-	chunks := make(chan []byte, 256)
-	eof := make(chan struct{})
-	go func() {
-		defer close(eof)
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := sc.server.Read(buf)
-			if n > 0 {
-				select {
-				case chunks <- append([]byte(nil), buf[:n]...):
-				default: // a test never stalls this much: drop the connection
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for {
-		select {
-		case b := <-chunks:
-			p.mu.Lock()
-			gate := sc.gate
-			p.mu.Unlock()
-			if gate != nil {
-				select {
-				case <-gate:
-				case <-eof:
-					return
-				}
-			}
-			if _, err := sc.client.Write(b); err != nil {
-				return
-			}
-		case <-eof:
-			if len(chunks) == 0 {
-				return
-			}
-		}
-	}
-}
-
-// stall holds back the replies on every connection open now.
-func (p *stallProxy) stall() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, sc := range p.conns {
-		if sc.gate == nil {
-			sc.gate = make(chan struct{})
-		}
-	}
-}
-
-// open lets the replies on sc through.
-func (p *stallProxy) open(sc *stallConn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if sc.gate != nil {
-		close(sc.gate)
-		sc.gate = nil
-	}
-}
-
-func (p *stallProxy) close() {
-	p.ln.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	for _, sc := range p.conns {
-		if sc.gate != nil {
-			close(sc.gate)
-			sc.gate = nil
-		}
-		sc.client.Close()
-		sc.server.Close()
 	}
 }
 
