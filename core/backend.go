@@ -81,6 +81,26 @@ func isUnclaimed(err error) bool {
 	return errors.As(err, &u)
 }
 
+// ContextBound is implemented by backends whose calls return soon after
+// their ctx ends, whatever the store does: the driver watches ctx and cuts
+// a call that is still waiting for the store (pgx, go-sql-driver/mysql and
+// gRPC do; go-redis waits for its read timeout). When EndsWithContext
+// reports true, the engine makes an acquisition's store calls on the
+// caller's goroutine and counts on the backend for the bound of
+// DeadlineSlack; otherwise it hands each call to a call worker, which it
+// can leave behind when the slack has passed. The hand-off costs each
+// acquire two goroutine switches, each of which may wake another thread.
+//
+// A backend that reports true must return from TryAcquire and Now within a
+// few milliseconds of their ctx's end, also when its store stopped
+// answering in the middle of a call; the conformance suite (core/locktest)
+// checks it against a stalled store.
+type ContextBound interface {
+	// EndsWithContext reports whether the backend's calls end with their
+	// ctx as above. The answer is fixed for the backend's life.
+	EndsWithContext() bool
+}
+
 // Watcher is implemented by backends that can tell waiters a lock was
 // released, so they need not poll.
 type Watcher interface {

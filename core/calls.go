@@ -10,7 +10,8 @@ import (
 // DeadlineSlack is how long after its ctx ends TryAcquire and Acquire may
 // still keep their caller, whatever the store does: a store call that has
 // not returned by then is left to finish in the background (a claim it
-// makes after the caller left is undone by owner token), and so are the
+// makes after the caller left is undone by owner token; a ContextBound
+// backend's call has returned by then on its own), and so are the
 // undo of a claim left in doubt and a waiter's leaving the store's queue.
 // Close waits for all of them.
 const DeadlineSlack = 100 * time.Millisecond
@@ -134,6 +135,21 @@ func storeCall[T any](c *Client, bud *budget, fn func() (T, error), late func(T,
 		return t.v, t.err
 	}
 	return zero, errNoReply{}
+}
+
+// ctxCall is storeCall for a call that runs on bud's ctx: made on the
+// caller's goroutine when the backend ends its calls with their ctx (see
+// ContextBound), which then keeps the caller within bud itself.
+func ctxCall[T any](c *Client, bud *budget, fn func() (T, error), late func(T, error)) (T, error) {
+	if !c.endsWithCtx {
+		return storeCall(c, bud, fn, late)
+	}
+	if !c.startCall() {
+		var zero T
+		return zero, ErrClosed
+	}
+	defer c.endCall()
+	return fn()
 }
 
 // callTask is one store call handed to a call worker.

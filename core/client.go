@@ -26,6 +26,9 @@ type Client struct {
 	obs     Observer
 	watcher Watcher
 	queuer  Queuer // the store keeps waiters in line (nil: it does not)
+	// endsWithCtx: the backend's calls end with their ctx (ContextBound),
+	// so an acquisition makes them on its own goroutine (calls.go).
+	endsWithCtx bool
 
 	ctx    context.Context // cancelled by Close once every session is released
 	cancel context.CancelFunc
@@ -104,6 +107,9 @@ func New(b Backend, opts ...ClientOption) (*Client, error) {
 	c.bgOpCtx = closingCtx{context.Background(), closing}
 	c.watcher, _ = b.(Watcher)
 	c.queuer, _ = QueuerOf(b)
+	if cb, ok := b.(ContextBound); ok {
+		c.endsWithCtx = cb.EndsWithContext()
+	}
 	return c, nil
 }
 
@@ -390,7 +396,7 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 	}
 	var serverNow time.Time
 	if cfg.schedule != nil {
-		now, err := storeCall(c, bud, func() (time.Time, error) { return c.b.Now(ctx, key) }, nil)
+		now, err := ctxCall(c, bud, func() (time.Time, error) { return c.b.Now(ctx, key) }, nil)
 		if err != nil {
 			return nil, fmt.Errorf("dislock: %s: read store clock: %w", c.name, err)
 		}
@@ -408,7 +414,7 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 	// undo releases the claim by owner token, so that nothing stays held
 	// until its TTL; the caller waits for it within bud only.
 	undo := func() { bud.wait(c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)) }
-	lease, err := storeCall(c, bud, func() (Lease, error) { return c.b.TryAcquire(ctx, req) },
+	lease, err := ctxCall(c, bud, func() (Lease, error) { return c.b.TryAcquire(ctx, req) },
 		func(_ Lease, err error) {
 			// The caller has left: whatever the store did is undone.
 			if !claimedNothing(err) && !isUnclaimed(err) {

@@ -154,7 +154,10 @@
 // round trip. A store call that has not returned by then — a driver that
 // ignores ctx, a server that never answers — is left to finish in the
 // background, and a claim it makes after its caller left is undone by owner
-// token. The undo of a claim left in doubt and a waiter's leaving the
+// token. A backend whose driver itself ends every call with its ctx
+// (ContextBound: pg, mysqllock, etcdlock, zklock) keeps that bound on its
+// own, and its claims are made on the caller's goroutine; a claim in doubt
+// when ctx ended is undone all the same. The undo of a claim left in doubt and a waiter's leaving the
 // store's queue run in the background too: the caller waits for them only
 // while its ctx lasts (plus the slack). Close waits for all of it (for a
 // store call left running, up to 10s before it closes the backend, and as

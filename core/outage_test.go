@@ -3,6 +3,8 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -317,4 +319,73 @@ func TestCloseCutsCallOfCtxThatNeverEnds(t *testing.T) {
 			t.Fatal("the claim that landed during Close outlived it")
 		}
 	})
+}
+
+// ctxBound is a memlock handle that says whether its calls end with their
+// ctx (core.ContextBound), and tells onCaller of each claim whether it was
+// made on the goroutine of the test that called TryAcquire.
+type ctxBound struct {
+	*memlock.Backend
+	ends     bool
+	onCaller chan bool
+}
+
+func (b *ctxBound) EndsWithContext() bool { return b.ends }
+
+func (b *ctxBound) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	pc := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pc[:runtime.Callers(1, pc)])
+	caller := false
+	for f, more := frames.Next(); more && !caller; f, more = frames.Next() {
+		caller = strings.Contains(f.Function, "TestClaimOnCallerGoroutine")
+	}
+	b.onCaller <- caller
+	return b.Backend.TryAcquire(ctx, req)
+}
+
+// The claims of a backend whose calls end with their ctx are made on the
+// caller's goroutine, with no hand-off to a call worker; those of any other
+// backend are handed to one, which the caller can leave behind. Close still
+// cuts a claim of the former short, through its ctx.
+func TestClaimOnCallerGoroutine(t *testing.T) {
+	for _, ends := range []bool{true, false} {
+		t.Run(fmt.Sprint("EndsWithContext=", ends), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := &ctxBound{Backend: memlock.NewStore().Backend(), ends: ends, onCaller: make(chan bool, 1)}
+				c, err := core.New(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s, err := c.TryAcquire(context.Background(), "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := <-b.onCaller; got != ends {
+					t.Errorf("claim made on the caller's goroutine: %v, want %v", got, ends)
+				}
+				s.Release(context.Background())
+
+				b.SetLatency(time.Minute)
+				closed := make(chan error, 1)
+				go func() {
+					time.Sleep(time.Second)
+					closed <- c.Close()
+				}()
+				start := time.Now()
+				_, err = c.TryAcquire(context.Background(), "k")
+				took := time.Since(start)
+				<-b.onCaller
+				b.SetLatency(0) // for the undo of the claim cut short
+				if cerr := <-closed; cerr != nil {
+					t.Fatal(cerr)
+				}
+				if !errors.Is(err, core.ErrClosed) {
+					t.Fatalf("TryAcquire cut short by Close = %v, want ErrClosed", err)
+				}
+				if took > time.Second+core.DeadlineSlack {
+					t.Errorf("TryAcquire returned %v after Close began, want at most DeadlineSlack", took-time.Second)
+				}
+			})
+		})
+	}
 }

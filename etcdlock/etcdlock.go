@@ -131,6 +131,8 @@ var (
 	_ core.Backend = (*Backend)(nil)
 	_ core.Watcher = (*Backend)(nil)
 	_ core.Admin   = (*Backend)(nil)
+
+	_ core.ContextBound = (*Backend)(nil)
 )
 
 // NewBackend returns a Backend on cli.
@@ -160,6 +162,12 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 
 // Name implements core.Backend.
 func (b *Backend) Name() string { return "etcd" }
+
+// EndsWithContext implements core.ContextBound: a call returns soon after
+// its ctx ends, whatever the cluster does (gRPC ends a call when its ctx
+// ends, and the Backend's own waits, for a lease grant in flight, say,
+// watch ctx), so the engine makes claims on the caller's goroutine.
+func (b *Backend) EndsWithContext() bool { return true }
 
 // Close implements core.Backend: it ends the keepalive stream and revokes
 // the shared leases that no session of this backend is bound to any more

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/internal/mysqltest"
 	"github.com/dislock/dislock/mysqllock"
 )
 
@@ -25,6 +26,10 @@ func harness(admin *sql.DB, table string, opts ...mysqllock.Option) locktest.Har
 		TTL: time.Second,
 		NewBackend: func(tb testing.TB) core.Backend {
 			return newBackend(tb, table, opts...)
+		},
+		Stall: func(tb testing.TB) (core.Backend, func(), func()) {
+			db, p := mysqltest.StalledDB(tb)
+			return backendOn(tb, db, table, opts...), p.Stall, p.Resume
 		},
 		Steal: func(ctx context.Context, key string) error {
 			_, err := admin.ExecContext(ctx, `UPDATE `+q+` SET owner = 'thief', holder = 'stolen', token = token + 1

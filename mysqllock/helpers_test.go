@@ -74,7 +74,15 @@ func lockRow(t testing.TB, admin *sql.DB, table, key string) *sql.Tx {
 // newBackend returns a Backend on its own pool (a separate process).
 func newBackend(t testing.TB, table string, opts ...mysqllock.Option) *mysqllock.Backend {
 	t.Helper()
-	b, err := mysqllock.NewBackend(ctxT(t), newDB(t), append([]mysqllock.Option{mysqllock.WithTable(table)}, opts...)...)
+	return backendOn(t, newDB(t), table, opts...)
+}
+
+// backendOn returns a Backend on db and table, closed when the test ends.
+func backendOn(t testing.TB, db *sql.DB, table string, opts ...mysqllock.Option) *mysqllock.Backend {
+	t.Helper()
+	db.SetMaxOpenConns(6)
+	db.SetMaxIdleConns(6)
+	b, err := mysqllock.NewBackend(ctxT(t), db, append([]mysqllock.Option{mysqllock.WithTable(table)}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewBackend: %v", err)
 	}

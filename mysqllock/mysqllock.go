@@ -64,6 +64,7 @@ var (
 	_ core.Queuer           = (*Backend)(nil)
 	_ core.Admin            = (*Backend)(nil)
 	_ core.ClaimBounder     = (*Backend)(nil)
+	_ core.ContextBound     = (*Backend)(nil)
 	_ core.SemaphoreBackend = (*Backend)(nil)
 )
 
@@ -367,6 +368,13 @@ const claimSlack = time.Second
 // WithClaimTimeout) plus one second. An acquire that has not taken effect
 // by then, counted from the call to TryAcquire, never will.
 func (b *Backend) ClaimBound() time.Duration { return b.cfg.claimTimeout + claimSlack }
+
+// EndsWithContext implements core.ContextBound: a call returns soon after
+// its ctx ends, whatever the server does (go-sql-driver/mysql closes the
+// connection of a call whose ctx ended, and database/sql's wait for a
+// connection watches ctx), so the engine makes claims on the caller's
+// goroutine.
+func (b *Backend) EndsWithContext() bool { return true }
 
 // renewItem is one lease in renew's JSON argument.
 type renewItem struct {

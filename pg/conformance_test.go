@@ -2,10 +2,15 @@ package pg_test
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,6 +45,13 @@ func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option)
 		NewBackend: func(tb testing.TB) core.Backend {
 			return newBackendPool(tb, table, noFlushWait(tb), opts...)
 		},
+		Stall: func(tb testing.TB) (core.Backend, func(), func()) {
+			var p *testenv.StallProxy
+			b := newBackendPool(tb, table, noFlushWait(tb, func(c *pgxpool.Config) {
+				p = viaStallProxy(tb, c.ConnConfig)
+			}), opts...)
+			return b, p.Stall, p.Resume
+		},
 		Steal: func(ctx context.Context, key string) error {
 			_, err := admin.Exec(ctx, `UPDATE `+ident+` SET owner = 'thief', holder = 'stolen',
 				token = DEFAULT WHERE key = $1 AND expire_at > now()`, key)
@@ -50,6 +62,29 @@ func harness(t *testing.T, admin *pgxpool.Pool, table string, opts ...pg.Option)
 			return err
 		},
 	}
+}
+
+// viaStallProxy points cc, and its fallbacks, at a testenv.StallProxy in
+// front of its server, and returns the proxy.
+func viaStallProxy(tb testing.TB, cc *pgx.ConnConfig) *testenv.StallProxy {
+	network, addr := "tcp", net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
+	if strings.HasPrefix(cc.Host, "/") { // a Unix socket's directory
+		network, addr = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cc.Host, cc.Port)
+	}
+	p := testenv.NewStallProxy(tb, network, addr)
+	host, port, err := net.SplitHostPort(p.Addr())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cc.Host, cc.Port = host, uint16(n)
+	for _, f := range cc.Fallbacks {
+		f.Host, f.Port = host, uint16(n)
+	}
+	return p
 }
 
 func TestConformance(t *testing.T) {

@@ -41,6 +41,7 @@ var (
 	_ core.Watcher      = (*Backend)(nil)
 	_ core.Admin        = (*Backend)(nil)
 	_ core.ClaimBounder = (*Backend)(nil)
+	_ core.ContextBound = (*Backend)(nil)
 	_ core.Queuer       = (*Backend)(nil)
 	_ core.QueueKeeper  = (*Backend)(nil) // queue.go
 
@@ -267,6 +268,15 @@ func deref[T any](p *T) T {
 	}
 	return *p
 }
+
+// EndsWithContext implements core.ContextBound: a call returns soon after
+// its ctx ends, whatever the server does (pgx's default context watcher
+// sets the connection's deadline at once, and the wait for a pool
+// connection watches ctx), so the engine makes claims on the caller's
+// goroutine. A pool whose ConnConfig.BuildContextWatcherHandler waits
+// longer before it cuts a connection (pgconn.CancelRequestContextWatcherHandler
+// with a DeadlineDelay) keeps a caller that much past its ctx.
+func (b *Backend) EndsWithContext() bool { return true }
 
 // claimSlack is what ClaimBound adds to the claim timeout: the time an
 // acquire's packets may take to reach the server after they are sent, and

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -77,6 +78,23 @@ func harness(t *testing.T, connect string, adminAuth []string, opts ...zklock.Op
 			}
 			_, err = admin.Create(parent+"/l-THIEF-", zklock.ClaimData(time.Hour, "thief"), zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
 			return err
+		},
+		Stall: func(t testing.TB) (core.Backend, func(), func()) {
+			// Every server through a proxy of its own.
+			hosts, chroot, rooted := strings.Cut(connect, "/")
+			var ps testenv.StallProxies
+			var addrs []string
+			for _, h := range strings.Split(hosts, ",") {
+				p := testenv.NewStallProxy(t, "tcp", h)
+				ps = append(ps, p)
+				addrs = append(addrs, p.Addr())
+			}
+			c := strings.Join(addrs, ",")
+			if rooted {
+				c += "/" + chroot
+			}
+			b := newBackend(t, c, root, append([]zklock.Option{zklock.WithSessionTimeout(conformanceSession)}, opts...)...)
+			return b, ps.Stall, ps.Resume
 		},
 		Delete:    del,
 		KeyPrefix: "zklock:",

@@ -217,6 +217,8 @@ var (
 	_ core.Backend = (*Backend)(nil)
 	_ core.Watcher = (*Backend)(nil)
 	_ core.Admin   = (*Backend)(nil)
+
+	_ core.ContextBound = (*Backend)(nil)
 )
 
 func resolve(opts []Option) (options, error) {
@@ -545,6 +547,12 @@ func (b *Backend) Conn() *zk.Conn { return b.conn }
 
 // Name implements core.Backend.
 func (b *Backend) Name() string { return "zookeeper" }
+
+// EndsWithContext implements core.ContextBound: a call returns soon after
+// its ctx ends, whatever the ensemble does (each request to ZooKeeper is
+// waited for apart from the caller, who leaves when ctx ends), so the
+// engine makes claims on the caller's goroutine.
+func (b *Backend) EndsWithContext() bool { return true }
 
 // Close implements core.Backend. It closes the connection when the backend
 // dialed it (ending the session and deleting its claim nodes), and waits for

@@ -165,9 +165,30 @@ func testOutageNotBusy(t *testing.T, e *env) {
 	mustBusy(t, rule, b, k) // the store answers again, and says busy
 }
 
+// returnsByDeadline checks that TryAcquire and Acquire of k by p, on a ctx
+// that ends after wait, fail with the ctx's error within core.DeadlineSlack
+// of its end (plus room for a busy machine). Their claims ask for a TTL of
+// 60s, so that one the store applied stays until it is undone.
+func returnsByDeadline(t *testing.T, rule, on string, p *proc, k string, wait time.Duration) {
+	t.Helper()
+	for name, acquire := range map[string]func(context.Context, string, ...core.Option) (core.Session, error){
+		"TryAcquire": p.l.TryAcquire, "Acquire": p.l.Acquire,
+	} {
+		start := time.Now()
+		_, err := acquire(ctxT(t, wait), k, core.TTL(60*time.Second))
+		el := time.Since(start)
+		notBusy(t, rule, name+" on "+on, err, context.DeadlineExceeded)
+		if el > wait+core.DeadlineSlack+time.Second {
+			t.Errorf("rule %q: %s returned %v after its deadline", rule, name, el-wait)
+		}
+	}
+}
+
 func testDeadlineKept(t *testing.T, e *env) {
 	const rule = "the caller's deadline is kept: TryAcquire and Acquire return within core.DeadlineSlack of ctx's end even when a store call ignores ctx, and a claim that lands after its caller left is undone"
-	a, b, k := e.pair(t)
+	fa := newFault(e.h.NewBackend(t))
+	fa.ignoresCtx = true // the engine must not count on the backend here
+	a, b, k := e.procOf(t, fa), e.proc(t), e.key(t)
 	wait := e.ttl / 2
 	thaw := make(chan struct{})
 	var once sync.Once
@@ -177,18 +198,7 @@ func testDeadlineKept(t *testing.T, e *env) {
 	stop := time.AfterFunc(wait+10*time.Second, thawAll)
 	defer stop.Stop()
 	a.fault.frozen.Store(&thaw)
-	for name, acquire := range map[string]func(context.Context, string, ...core.Option) (core.Session, error){
-		"TryAcquire": a.l.TryAcquire, "Acquire": a.l.Acquire,
-	} {
-		start := time.Now()
-		_, err := acquire(ctxT(t, wait), k, core.TTL(60*time.Second))
-		el := time.Since(start)
-		notBusy(t, rule, name+" on a store call that ignores ctx", err, context.DeadlineExceeded)
-		// The slack, plus room for a busy machine.
-		if el > wait+core.DeadlineSlack+time.Second {
-			t.Errorf("rule %q: %s returned %v after its deadline", rule, name, el-wait)
-		}
-	}
+	returnsByDeadline(t, rule, "a store call that ignores ctx", a, k, wait)
 	a.fault.frozen.Store(nil)
 	thawAll() // the claims reach the store now, after their callers left
 	if !waitFor(t, func() bool { return a.fault.thawed.Load() == 2 }, 15*time.Second) {
@@ -198,6 +208,34 @@ func testDeadlineKept(t *testing.T, e *env) {
 	s, err := b.l.Acquire(ctxT(t, 10*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("rule %q: a claim that landed after its caller left was not undone: %v", rule, err)
+	}
+	s.Release(context.Background())
+}
+
+func testEndsWithContext(t *testing.T, e *env) {
+	const rule = "a backend whose calls end with their ctx does so: TryAcquire and Acquire on a store that stopped answering return within core.DeadlineSlack of ctx's end, and a claim the store applied is undone once it answers again"
+	if e.h.Stall == nil {
+		cb, ok := e.proc(t).fault.Backend.(core.ContextBound)
+		if ok && cb.EndsWithContext() {
+			t.Fatalf("rule %q: the backend says its calls end with their ctx (core.ContextBound), and Harness.Stall is not set to check it", rule)
+		}
+		t.Skip("the backend's calls are handed to the engine's call workers (not a core.ContextBound)")
+	}
+	sb, stall, resume := e.h.Stall(t)
+	if cb, ok := sb.(core.ContextBound); !ok || !cb.EndsWithContext() {
+		t.Skip("the backend's calls are handed to the engine's call workers (not a core.ContextBound)")
+	}
+	a, b, k := e.procOf(t, newFault(sb)), e.proc(t), e.key(t)
+	t.Cleanup(resume)
+	mustAcquire(t, a, e.key(t)).Release(context.Background()) // connections open
+	wait := e.ttl / 2
+	stall()
+	returnsByDeadline(t, rule, "a store that stopped answering", a, k, wait)
+	resume()
+	// A claim the store applied is undone by the engine (else held for 60s).
+	s, err := b.l.Acquire(ctxT(t, 15*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("rule %q: a claim applied while the store did not answer was not undone: %v", rule, err)
 	}
 	s.Release(context.Background())
 }

@@ -46,12 +46,16 @@ type faultBackend struct {
 	// the channel is closed and then reaches the store all the same (a
 	// driver call that does not return when its ctx ends). thawed counts
 	// the frozen acquires that have returned since.
-	frozen   atomic.Pointer[chan struct{}]
-	thawed   atomic.Int64
-	closed   atomic.Bool  // Close was called: every call fails
-	attempts atomic.Int64 // TryAcquire calls
-	watching atomic.Bool  // a Watch or WatchTurns subscription is in place
-	readyAt  atomic.Int64 // when the latest subscription came up (UnixNano)
+	frozen atomic.Pointer[chan struct{}]
+	thawed atomic.Int64
+	// ignoresCtx makes the wrapper say that its calls do not end with
+	// their ctx (core.ContextBound), whatever the wrapped backend says:
+	// set, before the engine is built on it, where frozen will be used.
+	ignoresCtx bool
+	closed     atomic.Bool  // Close was called: every call fails
+	attempts   atomic.Int64 // TryAcquire calls
+	watching   atomic.Bool  // a Watch or WatchTurns subscription is in place
+	readyAt    atomic.Int64 // when the latest subscription came up (UnixNano)
 	// waiterTTL, when positive, replaces the WaiterTTL of every acquire
 	// sent with a Waiter: a wait whose place in line would outlive any
 	// bound of a test unless it leaves the queue.
@@ -424,6 +428,13 @@ type boundPart struct{ f *faultBackend }
 
 func (p boundPart) ClaimBound() time.Duration {
 	return p.f.Backend.(core.ClaimBounder).ClaimBound()
+}
+
+// EndsWithContext is the wrapped backend's answer (core.ContextBound),
+// unless the rule makes calls that ignore their ctx (ignoresCtx).
+func (f *faultBackend) EndsWithContext() bool {
+	cb, ok := f.Backend.(core.ContextBound)
+	return ok && cb.EndsWithContext() && !f.ignoresCtx
 }
 
 // queues reports whether the engine runs the wrapped backend as a

@@ -61,6 +61,14 @@ type Harness struct {
 	Steal  func(ctx context.Context, key string) error
 	Delete func(ctx context.Context, key string) error
 
+	// Stall, when set, returns a Backend on a new connection to the store
+	// and two functions: stall makes the store stop answering it (every
+	// reply held back, on its connections open now or made later, while
+	// its requests still arrive), resume lets the replies through again. A
+	// backend that says its calls end with their ctx (core.ContextBound)
+	// must set it: the rule that checks the claim fails without it.
+	Stall func(t testing.TB) (b core.Backend, stall, resume func())
+
 	// KeyPrefix is put before every key, so suites running at the same
 	// time against one server never collide. Run adds a random part.
 	KeyPrefix string

@@ -53,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 		{"AcquireHonoursContext", testAcquireCtx},
 		{"OutageIsNeverBusy", testOutageNotBusy},
 		{"DeadlineKeptWhenStoreIgnoresContext", testDeadlineKept},
+		{"CallsEndWithContext", testEndsWithContext},
 		{"WaiterWakesAfterRelease", testWaiterWakes},
 		{"WaiterWakesByNotification", testWaiterNotified},
 		{"ReleaseIsIdempotent", testReleaseIdempotent},
@@ -187,7 +188,12 @@ func procsIf(t *testing.T, e *env, n int, has func(core.Backend) bool, lacks str
 // the test ends.
 func (e *env) proc(t *testing.T, opts ...core.ClientOption) *proc {
 	t.Helper()
-	fb := newFault(e.h.NewBackend(t))
+	return e.procOf(t, newFault(e.h.NewBackend(t)), opts...)
+}
+
+// procOf builds a process on fb.
+func (e *env) procOf(t *testing.T, fb *faultBackend, opts ...core.ClientOption) *proc {
+	t.Helper()
 	all := append([]core.ClientOption{core.WithDefaults(core.TTL(e.ttl))}, e.h.ClientOptions...)
 	c, err := core.New(fb.backend(), append(all, opts...)...)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/dislock/dislock/core/locktest"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // uniquePrefix returns a key prefix no other test uses.
@@ -22,21 +23,41 @@ func uniquePrefix(name string) string {
 	return "dislocktest/" + name + "-" + strings.ToLower(rand.Text()[:10]) + "/"
 }
 
-// harness builds a locktest harness over clients made by newClient, each
+// harness builds a locktest harness over clients made from cfg, each
 // acting as a separate process. Steal and Delete act with plain etcd
 // requests, as another process or an operator would.
-func harness(t *testing.T, prefix string, newClient func(t testing.TB) *clientv3.Client) locktest.Harness {
-	admin := newClient(t)
+func harness(t *testing.T, prefix string, cfg clientv3.Config) locktest.Harness {
+	admin := etcdtest.NewClient(t, cfg)
+	backend := func(t testing.TB, cfg clientv3.Config) core.Backend {
+		b, err := etcdlock.NewBackend(etcdtest.NewClient(t, cfg), etcdlock.WithPrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
 	return locktest.Harness{
 		// etcd's lessor looks for expired leases every 500ms and revokes
 		// them by a consensus write; its lease TTLs are whole seconds.
-		ExpiryLag: 500 * time.Millisecond,
-		NewBackend: func(t testing.TB) core.Backend {
-			b, err := etcdlock.NewBackend(newClient(t), etcdlock.WithPrefix(prefix))
-			if err != nil {
-				t.Fatal(err)
+		ExpiryLag:  500 * time.Millisecond,
+		NewBackend: func(t testing.TB) core.Backend { return backend(t, cfg) },
+		Stall: func(t testing.TB) (core.Backend, func(), func()) {
+			// Every endpoint through a proxy of its own.
+			scfg := cfg
+			scfg.Endpoints = nil
+			var ps testenv.StallProxies
+			for _, ep := range cfg.Endpoints {
+				scheme, host, ok := strings.Cut(ep, "://")
+				if !ok {
+					scheme, host = "", ep
+				}
+				p := testenv.NewStallProxy(t, "tcp", host)
+				ps = append(ps, p)
+				if scheme != "" {
+					scheme += "://"
+				}
+				scfg.Endpoints = append(scfg.Endpoints, scheme+p.Addr())
 			}
-			return b
+			return backend(t, scfg), ps.Stall, ps.Resume
 		},
 		Steal: func(ctx context.Context, key string) error {
 			return steal(ctx, admin, prefix+key)
@@ -87,27 +108,25 @@ func minTTL(t testing.TB, cli *clientv3.Client) time.Duration {
 	return max(2*time.Second, time.Duration(l.TTL)*time.Second)
 }
 
-// sharedOrSingle returns a client maker on DISLOCK_TEST_ETCD when it is set,
-// and otherwise on a private one-member cluster.
-func sharedOrSingle(t *testing.T) func(t testing.TB) *clientv3.Client {
+// sharedOrSingle returns the client config of DISLOCK_TEST_ETCD when it is
+// set, and otherwise of a private one-member cluster.
+func sharedOrSingle(t *testing.T) clientv3.Config {
 	if raw := etcdtest.Shared(t); raw != "" {
 		cfg, err := etcdlock.ParseURL(raw)
 		if err != nil {
 			t.Fatalf("DISLOCK_TEST_ETCD: %v", err)
 		}
 		cfg.Logger = zap.NewNop()
-		return func(t testing.TB) *clientv3.Client { return etcdtest.NewClient(t, cfg) }
+		return cfg
 	}
-	c := etcdtest.Start(t, 1)
-	return func(t testing.TB) *clientv3.Client { return c.Client(t) }
+	return clientv3.Config{Endpoints: etcdtest.Start(t, 1).Endpoints()}
 }
 
 // TestConformance runs the conformance suite on one member (or on
 // DISLOCK_TEST_ETCD when set).
 func TestConformance(t *testing.T) {
 	t.Parallel() // with TestConformanceCluster: the suite mostly waits
-	newClient := sharedOrSingle(t)
-	locktest.Run(t, harness(t, uniquePrefix("single"), newClient))
+	locktest.Run(t, harness(t, uniquePrefix("single"), sharedOrSingle(t)))
 }
 
 // TestConformanceCluster runs the conformance suite on a 3-member cluster,
@@ -115,5 +134,5 @@ func TestConformance(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.Start(t, 3)
-	locktest.Run(t, harness(t, uniquePrefix("cluster"), func(t testing.TB) *clientv3.Client { return c.Client(t) }))
+	locktest.Run(t, harness(t, uniquePrefix("cluster"), clientv3.Config{Endpoints: c.Endpoints()}))
 }

@@ -21,17 +21,37 @@ import (
 func DB(t testing.TB) (string, *sql.DB) {
 	t.Helper()
 	u := testenv.MySQL(t)
+	return u, open(t, parse(t, u))
+}
+
+// StalledDB is DB through a testenv.StallProxy, which it also returns.
+func StalledDB(t testing.TB) (*sql.DB, *testenv.StallProxy) {
+	t.Helper()
+	mc := parse(t, testenv.MySQL(t))
+	p := testenv.NewStallProxy(t, mc.Net, mc.Addr)
+	mc.Net, mc.Addr = "tcp", p.Addr()
+	return open(t, mc), p
+}
+
+func parse(t testing.TB, u string) *mysql.Config {
+	t.Helper()
 	mc, err := mysqllock.ParseDSN(u)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mc
+}
+
+// open returns a pool on mc, closed when the test ends.
+func open(t testing.TB, mc *mysql.Config) *sql.DB {
+	t.Helper()
 	conn, err := mysql.NewConnector(mc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	db := sql.OpenDB(conn)
 	t.Cleanup(func() { db.Close() })
-	return u, db
+	return db
 }
 
 // Table returns a new lock table's name, created by mysqllock.Migrate on db
