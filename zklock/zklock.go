@@ -217,8 +217,6 @@ var (
 	_ core.Backend = (*Backend)(nil)
 	_ core.Watcher = (*Backend)(nil)
 	_ core.Admin   = (*Backend)(nil)
-
-	_ core.ContextBound = (*Backend)(nil)
 )
 
 func resolve(opts []Option) (options, error) {
@@ -547,6 +545,8 @@ func (b *Backend) Conn() *zk.Conn { return b.conn }
 
 // Name implements core.Backend.
 func (b *Backend) Name() string { return "zookeeper" }
+
+var _ core.ContextBound = (*Backend)(nil)
 
 // EndsWithContext implements core.ContextBound: a call returns soon after
 // its ctx ends, whatever the ensemble does (each request to ZooKeeper is

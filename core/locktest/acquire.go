@@ -205,11 +205,7 @@ func testDeadlineKept(t *testing.T, e *env) {
 		t.Fatalf("rule %q: the frozen claims did not return after the thaw", rule)
 	}
 	// A claim that landed is undone by the engine (else held for 60s).
-	s, err := b.l.Acquire(ctxT(t, 10*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("rule %q: a claim that landed after its caller left was not undone: %v", rule, err)
-	}
-	s.Release(context.Background())
+	mustUndo(t, rule, "a claim that landed after its caller left", b, k)
 }
 
 func testEndsWithContext(t *testing.T, e *env) {
@@ -233,9 +229,16 @@ func testEndsWithContext(t *testing.T, e *env) {
 	returnsByDeadline(t, rule, "a store that stopped answering", a, k, wait)
 	resume()
 	// A claim the store applied is undone by the engine (else held for 60s).
-	s, err := b.l.Acquire(ctxT(t, 15*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
+	mustUndo(t, rule, "a claim applied while the store did not answer", b, k)
+}
+
+// mustUndo checks that p acquires k within 15s: the claims of k that
+// returnsByDeadline left behind were undone.
+func mustUndo(t *testing.T, rule, what string, p *proc, k string) {
+	t.Helper()
+	s, err := p.l.Acquire(ctxT(t, 15*time.Second), k, core.Backoff(10*time.Millisecond, 100*time.Millisecond))
 	if err != nil {
-		t.Fatalf("rule %q: a claim applied while the store did not answer was not undone: %v", rule, err)
+		t.Fatalf("rule %q: %s was not undone: %v", rule, what, err)
 	}
 	s.Release(context.Background())
 }
