@@ -9,8 +9,11 @@
 //
 // Every benchmark reports its result as a ratio to the raw round trip it
 // measured itself (the x-rtt metric), so numbers from different machines can
-// be compared. It is a module of its own so that the competitors stay out of
-// dislock users' builds. Run it all with scripts/bench.sh at the repository
+// be compared. BenchmarkVersus also puts dislock beside its store's peer in
+// one benchmark, in alternating rounds, and reports x-peer, the ratio of the
+// two: on a shared machine it is steadier than two x-rtt figures measured
+// seconds apart. It is a module of its own so that the competitors stay out
+// of dislock users' builds. Run it all with scripts/bench.sh at the repository
 // root; BENCHMARKS.md holds the numbers and how to read them.
 //
 // The package has no code of its own: everything is in its tests.
