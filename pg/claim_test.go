@@ -31,8 +31,8 @@ var claimModes = []claimMode{
 		opts: []pg.Option{pg.WithAsyncCommit()}},
 	{name: "describe-exec", edit: queryMode(pgx.QueryExecModeDescribeExec)},
 	{name: "legacy", opts: []pg.Option{pg.WithLegacyTable()}, tableOpts: []pg.Option{pg.WithLegacyTable()}},
-	// A higher statement_timeout of the session gives way to the claim
-	// timeout (a lower one is kept: TestStatementTimeout).
+	// A higher statement_timeout of the session does not lengthen the
+	// claim bound (a lower one applies: TestStatementTimeout).
 	{name: "session-timeout-10s", edit: func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["statement_timeout"] = "10s" }},
 }
 
