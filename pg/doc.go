@@ -152,8 +152,9 @@
 // matching ErrClaimTimeout (and core.Unclaimed: nothing was claimed, so the
 // engine owes it no undo); it is never busy. The server does not cut the
 // wait itself short: a claim waiting behind another transaction's row lock
-// waits until it gets the row, and is refused then. A statement_timeout of
-// the role or session still applies (SQLSTATE 57014).
+// waits, and holds its connection, until it gets the row (or pgx's cancel
+// request, sent when the ctx ends, arrives), and is refused then. A
+// statement_timeout of the role or session still applies (SQLSTATE 57014).
 //
 // # Not guaranteed
 //
