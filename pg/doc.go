@@ -31,9 +31,9 @@
 //     come from the database's now(); a slot's end is checked again on the
 //     server's clock under the row's lock, so a claim that waited for the
 //     row past its slot's end is refused.
-//     It is sent in one batch after a set_config of statement_timeout for
-//     that transaction only (see WithClaimTimeout): still one round trip
-//     and one transaction, in every QueryExecMode. A claim that takes no place in
+//     The statement carries its own bound (see WithClaimTimeout): one
+//     round trip and one transaction, in every QueryExecMode, and no
+//     setting beyond it. A claim that takes no place in
 //     line (every TryAcquire) sends the statement without the queue's
 //     branches.
 //   - A TryAcquire of a key that this Backend found held by another owner,
@@ -96,8 +96,8 @@
 // row (an empty holder, expire_at -infinity) that keeps the key's last token.
 //
 // Ended rows, and rows whose holder let them expire, are deleted once their
-// token is older than any claim can be on the server: a claim's statement
-// is cut off by its statement_timeout, at most the longest claim timeout
+// token is older than any claim can be on the server: the server refuses a
+// claim's write past its claim timeout, at most the longest one
 // WithClaimTimeout accepts (24h), whichever timeout the process that
 // deletes them uses; one second more is the margin. Each Backend does it in
 // a statement of its own after its first release and then after a release
@@ -137,17 +137,24 @@
 // An acquire whose outcome is unknown — its ctx ended during the call, or
 // its reply was lost — is undone by the engine, by owner token. The claim
 // cannot take effect after that undo: pgx sends a cancel request when the
-// ctx ends, and whether or not it arrives, the server aborts the acquire
-// (SQLSTATE 57014) once the claim timeout (WithClaimTimeout, default 2s) has
-// passed since TryAcquire was called; the wait for a pool connection counts
-// against it. Backend is a core.ClaimBounder: ClaimBound is the claim
-// timeout plus one second, after which the engine releases the claim once
-// more (when its TTL is longer), in case it took effect between the ctx's end and the server's
-// timeout (another transaction's row or table lock was in its way, say). A
-// claim that lands late also lives correspondingly less: its expiry counts
-// from the start of its transaction. An acquire held up that long fails with
-// a *pgconn.PgError 57014 and is undone like any other failure; a lower
-// statement_timeout of the role or session is kept.
+// ctx ends, and whether or not it arrives, the server refuses the claim's
+// write once the claim timeout (WithClaimTimeout, default 2s) has passed
+// since TryAcquire was called; the wait for a pool connection counts
+// against it. The statement checks the server's clock after its write (in
+// RETURNING, so after any wait for the row's lock) and raises an error
+// past the bound, which rolls the write back. Backend is a
+// core.ClaimBounder: ClaimBound is the claim timeout plus one second, after
+// which the engine releases the claim once more (when its TTL is longer),
+// in case it took effect between the ctx's end and the bound (another
+// transaction's row or table lock was in its way, say). A claim that lands
+// late also lives correspondingly less: its expiry counts from the start of
+// its transaction. An acquire held up past the bound fails with an error
+// matching ErrClaimTimeout (and core.Unclaimed: nothing was claimed, so the
+// engine owes it no undo); it is never busy. The server does not cut the
+// wait itself short: a claim waiting behind another transaction's row lock
+// waits, and holds its connection, until it gets the row (or pgx's cancel
+// request, sent when the ctx ends, arrives), and is refused then. A
+// statement_timeout of the role or session still applies (SQLSTATE 57014).
 //
 // # Not guaranteed
 //
@@ -168,7 +175,7 @@
 // connection — its query_wait_timeout bounds that), nor an extra round trip before the
 // acquire is sent (the describe of QueryExecModeDescribeExec, the prepare of
 // a statement new to a connection's cache) that takes that long. Nor does it
-// cover a longer commit, which no statement_timeout interrupts: a WAL flush
+// cover a longer commit, which follows the check: a WAL flush
 // stalled on the disk, or with synchronous_standby_names the wait for a
 // standby, can make a claim visible after the undo's repeat, and it is then
 // held until its TTL (WithAsyncCommit waits for neither). Close of the
@@ -264,12 +271,12 @@
 // processes never exceed the limit and are not refused while a permit is
 // free. In detail:
 //
-//   - Acquire sends the claim bound (statement_timeout of half the time left
-//     of the claim timeout, for each of its two statements), then an upsert
-//     of the header that takes its row lock and the next token (the
-//     server's clock in microseconds, or the key's last token + 1 when that
-//     is larger), then the claim, which drops the key's expired permits and
-//     inserts the new one when fewer than n are left. A full semaphore, a
+//   - Acquire sends an upsert of the header that takes its row lock and
+//     the next token (the server's clock in microseconds, or the key's last
+//     token + 1 when that is larger), then the claim, which drops the key's
+//     expired permits and inserts the new one when fewer than n are left;
+//     the permit's insert carries the claim bound, which refuses the whole
+//     transaction past the claim timeout, counted from its start. A full semaphore, a
 //     key held as a mutex or with another limit, and a permit already held
 //     with the same owner token are answered from a read alone: no lock, no
 //     write. A full semaphore answers core.Busy with the permit that expires
@@ -356,9 +363,9 @@
 //	direct, _ := pgx.ParseConfig(os.Getenv("DATABASE_DIRECT_URL")) // the server itself
 //	locker, err := pg.New(ctx, pool, pg.WithListenConfig(direct))  // or pg.WithoutListen()
 //
-// The acquire's batch (its statement_timeout, set for its own transaction,
-// and the claim) is one transaction, so it stays on one server connection
-// and sets nothing on it beyond that transaction.
+// The acquire is one statement (a permit's, one batch), one transaction,
+// so it stays on one server connection and sets nothing on it beyond that
+// transaction.
 //
 // Watch checks its LISTEN connection each time it subscribes: it also
 // listens on a private channel, sends a NOTIFY there through the pool and

@@ -155,14 +155,17 @@ func WithListenConfig(cfg *pgx.ConnConfig) Option {
 
 // WithClaimTimeout sets how long after TryAcquire is called an acquire may
 // still take effect on the server (default DefaultClaimTimeout, 2s; from 10ms
-// to 24h). The acquire runs with statement_timeout set, for its own
-// transaction only, to what is left of d once a pool connection is in hand,
-// so the server aborts a claim held up that long (waiting for a row or table
-// lock, say) with SQLSTATE 57014 instead of applying it after its caller gave
-// up and undid it. When the wait for a pool connection leaves less than half
-// of d, the acquire fails without sending anything. A lower
-// statement_timeout of the role or session is kept. Backend.ClaimBound
-// tells the engine when an ambiguous claim can no longer take effect.
+// to 24h). The acquire's statement is given what is left of d once a pool
+// connection is in hand, and the server refuses its write when its clock,
+// read after the write, is later than that past the start of the
+// statement's transaction, so a claim held up that long (waiting for a row
+// or table lock, say) fails with ErrClaimTimeout, nothing claimed, instead
+// of applying after its caller gave up and undid it. The server does not
+// cut the wait short: the refusal comes when the lock is granted. When the
+// wait for a pool connection leaves less than half of d, the acquire fails
+// without sending anything. A statement_timeout of the role or session
+// still applies. Backend.ClaimBound tells the engine when an ambiguous
+// claim can no longer take effect.
 //
 // Choose d well above the longest healthy acquire (a row read and a write,
 // plus any wait for a concurrent claim of the same key) and below the TTLs in

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dislock/dislock/core"
@@ -12,6 +13,7 @@ import (
 	"github.com/dislock/dislock/internal/prune"
 	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -166,9 +168,28 @@ func (b *Backend) claimConn(ctx context.Context, start time.Time) (*pgxpool.Conn
 	return conn, left, nil
 }
 
+// ErrClaimTimeout is matched (errors.Is) by the error of a TryAcquire that
+// the server refused because its write came later than the claim timeout
+// (WithClaimTimeout) allows: it was held up on the server, waiting for
+// another transaction's lock on its row, say. Nothing was claimed (the
+// error is core.Unclaimed: the engine owes it no undo).
+var ErrClaimTimeout = errors.New("pg: the claim timeout passed on the server")
+
+// claimErr is the error of a claim's statement: ErrClaimTimeout when the
+// server refused the claim past its bound (inBound), else other(err).
+func (b *Backend) claimErr(err error, other func(error) error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, boundPassed) {
+		return core.Unclaimed(fmt.Errorf("%w (WithClaimTimeout, %v) before the claim could take effect: refused, nothing claimed [%w]",
+			ErrClaimTimeout, b.cfg.claimTimeout, err))
+	}
+	return other(err)
+}
+
 // TryAcquire implements core.Backend with one statement (see
-// buildStatements), sent in one batch after the statement that bounds it on
-// the server (see WithClaimTimeout): one round trip, one transaction.
+// buildStatements), which refuses on the server a write that comes later
+// than what is left of the claim timeout (inBound; see WithClaimTimeout):
+// one round trip, one transaction.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if req.Limit > 1 {
 		return b.tryAcquirePermit(ctx, req) // semaphore_lease.go
@@ -191,35 +212,22 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			return core.Lease{}, err
 		}
 	}
-	batch := &pgx.Batch{}
-	batch.Queue(b.stmt.bound, strconv.FormatInt(left.Milliseconds(), 10))
+	var row pgx.Row
 	if b.stmt.queue && req.Waiter != "" {
-		batch.Queue(b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL))
+		row = conn.QueryRow(ctx, b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL), micro(left))
 	} else {
 		// No waiter, or the legacy table, which has no queue.
-		batch.Queue(b.stmt.claim, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt)
+		row = conn.QueryRow(ctx, b.stmt.claim, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, micro(left))
 	}
-	br := conn.SendBatch(ctx, batch)
-	lease, err := b.readAcquire(br, req)
-	// The batch commits at its end: only then has the claim taken effect.
-	// (A busy answer wrote nothing.)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		return core.Lease{}, poolerHint(cerr)
-	}
+	lease, err := b.readAcquire(row, req)
 	b.hints.noteBusy(req, err)
 	return lease, err
 }
 
-// readAcquire reads the acquire's answer from its batch.
-func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (core.Lease, error) {
-	if _, err := br.Exec(); err != nil {
-		return core.Lease{}, poolerHint(err)
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return core.Lease{}, poolerHint(err)
-	}
-	defer rows.Close()
+// readAcquire reads the acquire's answer. Its Scan reads the statement to
+// its end, the commit included: only then has the claim taken effect. (A
+// busy answer wrote nothing.)
+func (b *Backend) readAcquire(row pgx.Row, req core.AcquireRequest) (core.Lease, error) {
 	// One row: the write's outcome, then what the statement's read found
 	// (all NULL when the key had no row).
 	var (
@@ -231,14 +239,8 @@ func (b *Backend) readAcquire(br pgx.BatchResults, req core.AcquireRequest) (cor
 		token, left      *int64
 		acquired, expire pgtype.Timestamptz
 	)
-	if rows.Next() {
-		if err := rows.Scan(&won, &wToken, &wAcq, &wExp, &live, &mine, &owner, &token, &acquired, &expire, &left); err != nil {
-			return core.Lease{}, err
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return core.Lease{}, poolerHint(err)
+	if err := row.Scan(&won, &wToken, &wAcq, &wExp, &live, &mine, &owner, &token, &acquired, &expire, &left); err != nil {
+		return core.Lease{}, b.claimErr(err, poolerHint)
 	}
 	switch {
 	case won:
@@ -375,10 +377,11 @@ func released(key string, live bool) error {
 // when the batch was full). The releases in between, and every acquire, pay
 // nothing.
 const (
-	// pruneAfter is longer than any claim can run on the server: a claim's
-	// statement is cut off by its statement_timeout, at most the longest
-	// claim timeout WithClaimTimeout accepts, whatever the timeout of the
-	// process that prunes. claimSlack is the margin.
+	// pruneAfter is longer than any claim can take to take effect on the
+	// server: a claim's write is refused past its bound (inBound), at most
+	// the longest claim timeout WithClaimTimeout accepts after its
+	// transaction started, whatever the timeout of the process that
+	// prunes. claimSlack is the margin.
 	pruneAfter = sqlbackend.MaxClaimTimeout + claimSlack
 	pruneEvery = time.Minute
 	pruneBatch = 10000

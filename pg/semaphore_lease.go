@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/dislock/dislock/core"
@@ -16,15 +15,9 @@ import (
 // The lease operations on permits: claim, release (or keep) and renewal,
 // each one batch sent in one round trip (statements in semaphore_sql.go).
 
-// semTimeout is what each of an acquire's two statements may take on the
-// server (statement_timeout, restarted by the server for each statement):
-// together no more than what is left of the claim timeout.
-func semTimeout(left time.Duration) string {
-	return strconv.FormatInt(max(left.Milliseconds()/2, 1), 10)
-}
-
-// tryAcquirePermit is TryAcquire for req.Limit > 1: the claim bound, the
-// header lock and the claim in one batch (one round trip, one transaction).
+// tryAcquirePermit is TryAcquire for req.Limit > 1: the header lock and the
+// claim, which carries the claim bound, in one batch (one round trip, one
+// transaction).
 func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	start := time.Now()
 	if err := core.ValidateKey(req.Key); err != nil {
@@ -49,18 +42,17 @@ func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest)
 	defer conn.Release()
 	mark := semMarkOf(req.Limit)
 	batch := &pgx.Batch{}
-	batch.Queue(b.stmt.bound, semTimeout(left))
 	if b.cfg.legacy { // no queue
 		batch.Queue(b.sem.stmt.acquireLock, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt)
-		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner)
+		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner, micro(left))
 	} else {
 		batch.Queue(b.sem.stmt.acquireLock, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL))
-		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner, req.Waiter, micro(req.WaiterTTL), b.notifyChannel())
+		batch.Queue(b.sem.stmt.acquire, req.Key, mark, req.Limit, req.OwnerToken, micro(req.TTL), expireAt, req.Owner, req.Waiter, micro(req.WaiterTTL), b.notifyChannel(), micro(left))
 	}
 	br := conn.SendBatch(ctx, batch)
 	lease, err := b.readPermitAcquire(br, req)
 	if cerr := br.Close(); err == nil && cerr != nil {
-		return core.Lease{}, b.semErr(cerr)
+		return core.Lease{}, b.claimErr(cerr, b.semErr)
 	}
 	return lease, err
 }
@@ -69,12 +61,9 @@ func (b *Backend) readPermitAcquire(br pgx.BatchResults, req core.AcquireRequest
 	if _, err := br.Exec(); err != nil {
 		return core.Lease{}, b.semErr(err)
 	}
-	if _, err := br.Exec(); err != nil {
-		return core.Lease{}, b.semErr(err)
-	}
 	rows, err := br.Query()
 	if err != nil {
-		return core.Lease{}, b.semErr(err)
+		return core.Lease{}, b.claimErr(err, b.semErr)
 	}
 	defer rows.Close()
 	type answer struct {
@@ -99,7 +88,7 @@ func (b *Backend) readPermitAcquire(br pgx.BatchResults, req core.AcquireRequest
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return core.Lease{}, b.semErr(err)
+		return core.Lease{}, b.claimErr(err, b.semErr)
 	}
 	switch {
 	case ans[0].found:

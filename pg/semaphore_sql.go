@@ -101,9 +101,13 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 	// back to the live permits'. Its answer rows, by kind: 0 granted, 1
 	// already held with this owner token, 2 the key's row when it is held
 	// as a mutex or with another limit (holder column), 3 the live permit
-	// that expires first.
-	ahead, setQueue, dequeue, signal, signalled := "", "", "", "", "0::bigint"
+	// that expires first. Its last parameter ($8, or $11 with the queue's)
+	// is the claim's bound: a permit inserted later than that on the
+	// server's clock, counted from the start of the batch's transaction,
+	// fails the whole batch (inBound), header lock included.
+	ahead, setQueue, dequeue, signal, signalled, bound := "", "", "", "", "0::bigint", "$8"
 	if !legacy {
+		bound = "$11"
 		// ahead: the live waiters queued before $8 (all of them when $8
 		// has no live place).
 		live := `(x.e->>'d')::bigint > ` + nowMicros
@@ -138,7 +142,7 @@ RETURNING set_config('%[5]s', '0', true)`, t, newHolder, exp, skip, semSetting)
 	SELECT $1::text, $4::text, $7::text, t.token, now(), %[3]s FROM tok t
 	WHERE t.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mine) AND ($6::timestamptz IS NULL OR $6::timestamptz > clock_timestamp())
 		AND (SELECT count(*) FROM %[2]s WHERE key = $1::text) - (SELECT count(*) FROM reap)%[9]s < $3::int
-	RETURNING token, acquired_at, expire_at
+	RETURNING token, acquired_at, expire_at, %[14]s AS bound
 ), fix AS (
 	UPDATE %[1]s SET expire_at = CASE WHEN EXISTS (SELECT 1 FROM ins) THEN expire_at
 		ELSE coalesce((SELECT max(expire_at) FROM %[2]s WHERE key = $1::text AND expire_at > now()), now()) END%[10]s
@@ -151,7 +155,7 @@ UNION ALL
 SELECT 2, %[6]s, %[7]s, %[8]s, expire_at, %[5]s FROM %[1]s WHERE key = $1::text AND expire_at > now() AND NOT starts_with(%[6]s, $2::text || ':')
 UNION ALL
 (SELECT 3, owner, token, acquired_at, expire_at, %[5]s FROM %[2]s WHERE key = $1::text AND expire_at > now() ORDER BY expire_at, token LIMIT 1)`,
-		t, p, exp, semSetting, remaining, hh(""), tok, acq, ahead, setQueue, dequeue, signal, signalled)
+		t, p, exp, semSetting, remaining, hh(""), tok, acq, ahead, setQueue, dequeue, signal, signalled, inBound(bound))
 
 	// A permit's release, and a ForceRelease, tell the header's first live
 	// waiter (see WatchTurns), and only when one is queued, as a mutex's

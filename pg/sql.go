@@ -7,28 +7,33 @@ import (
 
 // statements holds the SQL of every operation, built once per Backend for its
 // table. Every statement stands alone (autocommit), so it works in any query
-// exec mode and behind transaction poolers; only the acquire is preceded by
-// bound, in one batch that is one implicit transaction and one round trip.
+// exec mode and behind transaction poolers.
 type statements struct {
-	bound, acquire, renew, release, keep, now string
-	claim                                     string // acquire for a caller with no waiter: $1–$5
-	peek                                      string // read of a key's holder: $1 key, $2 owner token
-	inspect, list, forceRelease               string
-	leave                                     string // "" on the legacy table (no queue)
-	prune                                     string // "" on the legacy table (no tokens)
-	queue                                     bool   // the table has the waiters column
+	acquire, renew, release, keep, now string
+	claim                              string // acquire for a caller with no waiter: $1–$5, $6 the bound
+	peek                               string // read of a key's holder: $1 key, $2 owner token
+	inspect, list, forceRelease        string
+	leave                              string // "" on the legacy table (no queue)
+	prune                              string // "" on the legacy table (no tokens)
+	queue                              bool   // the table has the waiters column
 }
 
-// bound sets statement_timeout, for its own transaction only, to $1
-// milliseconds (text), or keeps the current setting when that is lower (and
-// not 0, which means none; the common case, tested first because it is
-// cheapest). Sent in one batch before the acquire, it arms the server's
-// timer for the acquire: the server starts a fresh statement timer for each
-// statement of a pipeline (extended protocol) or of a multi-statement query
-// (simple protocol), and commits or rolls back the whole batch at its end, so
-// no setting outlives it.
-const bound = `SELECT set_config('statement_timeout', CASE WHEN current_setting('statement_timeout') = '0' THEN $1::text
-	ELSE least((extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::bigint, $1::text::bigint)::text END, true)`
+// boundPassed is the text of the error a claim raises when it would take
+// effect past its bound (see inBound).
+const boundPassed = "dislock: the claim timeout passed on the server"
+
+// inBound is a RETURNING column of a claim's write: it raises an error
+// (SQLSTATE 22P02, its message quoting boundPassed) when the server's
+// clock, read after the write, is later than the start of the claim's
+// transaction (now()) plus p microseconds, the time left of the claim
+// timeout. The error aborts the statement and its transaction: the write
+// never takes effect. RETURNING is evaluated for each row written, after
+// any wait for its lock, and only then; a claim that writes nothing needs
+// no bound. (clock_timestamp() is volatile, so the planner cannot fold the
+// CASE, nor the cast of the branch it does not take.)
+func inBound(p string) string {
+	return `(CASE WHEN clock_timestamp() <= now() + ` + p + micros + ` THEN '0' ELSE '` + boundPassed + `' END)::int`
+}
 
 // asyncClause turns synchronous_commit off for the statement's own
 // transaction. It is a conjunct of a WHERE clause that every written row
@@ -159,7 +164,7 @@ func buildStatements(table string, legacy, async bool) statements {
 		insertCols = "key, value, expire_at"
 		insertVals = "$1::text, $3::text || ' ' || $2::text, " + expire
 	}
-	s := statements{bound: bound, queue: queue}
+	s := statements{queue: queue}
 	// Acquire reads the row first (cur) and writes only when that read
 	// says a write is due: the key is missing, or free or expired (and,
 	// with the queue, this caller may take it), or a waiter's place must be
@@ -190,6 +195,12 @@ func buildStatements(table string, legacy, async bool) statements {
 	// line there), which the WHERE's ELSE branch commits without waiting for
 	// the flush (a CASE evaluates only the branch it takes, so a takeover
 	// keeps the Backend's durability).
+	//
+	// A row that w writes (taken, or a place in line) is checked against
+	// the claim's bound in its RETURNING (inBound), once its lock is held
+	// and the row written: a claim that got there too late fails, writing
+	// nothing. (enq writes only a place in line, soft state that no undo
+	// removes either.)
 	//
 	// One row comes back (v LEFT JOIN cur LEFT JOIN w): the write's outcome
 	// (won: this caller holds the row it wrote) and what cur read. No
@@ -259,7 +270,7 @@ func buildStatements(table string, legacy, async bool) statements {
 	if queue {
 		curCols += ", waiters"
 	}
-	acquire := func(take, gate, sets, enq, lost string) string {
+	acquire := func(take, gate, sets, enq, lost, bound string) string {
 		return fmt.Sprintf(`WITH cur AS (
 	SELECT %[2]s FROM %[1]s WHERE key = $1::text
 ), w AS (
@@ -269,20 +280,26 @@ func buildStatements(table string, legacy, async bool) statements {
 	WHERE %[5]s AND (%[6]s)%[7]s
 	ON CONFLICT (key) DO UPDATE SET %[8]s
 	WHERE CASE WHEN %[9]s THEN true%[7]s ELSE %[15]s END
-	RETURNING %[11]s AS won, %[12]s AS token, coalesce(%[13]s, now()) AS acquired_at, l.expire_at
+	RETURNING %[11]s AS won, %[12]s AS token, coalesce(%[13]s, now()) AS acquired_at, l.expire_at, %[16]s AS bound
 )%[10]s
 SELECT coalesce(w.won, false), w.token, w.acquired_at, w.expire_at,
 	c.expire_at > now(), c.holder = $3::text, c.owner, c.token, c.acquired_at, c.expire_at, %[14]s
 FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true LEFT JOIN w ON true`,
 			table, curCols, cols, insertVals, slotOpen, gate, ac, sets, take, enq,
 			won, strings.Replace(token, "token", "l.token", 1), strings.Replace(acquiredAt, "acquired_at", "l.acquired_at", 1),
-			"CASE WHEN c.expire_at > now() THEN "+strings.ReplaceAll(remaining, "expire_at", "c.expire_at")+" END", lost)
+			"CASE WHEN c.expire_at > now() THEN "+strings.ReplaceAll(remaining, "expire_at", "c.expire_at")+" END", lost, inBound(bound))
 	}
-	s.acquire = acquire(take, gate, sets, enq, lost)
+	// The bound (inBound) follows the other parameters: $8 with the
+	// queue's branches, else $6.
+	bound := "$6"
+	if queue {
+		bound = "$8"
+	}
+	s.acquire = acquire(take, gate, sets, enq, lost, bound)
 	s.claim = s.acquire
 	if queue {
 		// claim is acquire for a caller with no waiter ($6 = ''), with
-		// the waiter's branches taken out ($1–$5 only): a free or expired
+		// the waiter's branches taken out ($1–$5, then the bound): a free or expired
 		// row is taken only when no live waiter is queued, and the
 		// takeover empties the queue, which then holds only expired
 		// places; a claim that may not take the row writes nothing. The
@@ -294,7 +311,7 @@ FROM (VALUES (1)) AS v LEFT JOIN cur AS c ON true LEFT JOIN w ON true`,
 		s.claim = acquire("l.expire_at <= now() AND "+slotOpenLocked+" AND "+free("l"),
 			"c.expire_at IS NULL OR (c.expire_at <= now() AND "+free("c")+")",
 			"owner = excluded.owner, holder = excluded.holder, token = greatest("+tokenDefault+", l.token + 1), acquired_at = excluded.acquired_at, expire_at = excluded.expire_at, waiters = NULL",
-			"", "set_config('synchronous_commit', 'off', true) IS NULL")
+			"", "set_config('synchronous_commit', 'off', true) IS NULL", "$6")
 	}
 
 	s.renew = fmt.Sprintf(`UPDATE %[1]s AS l SET expire_at = now() + r.ttl * interval '1 microsecond'
@@ -387,9 +404,10 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`,
 	// prune ($1 the horizon in µs, $2 the most rows to delete) deletes
 	// ended rows (free or expired, nobody live in line) whose token is
 	// older than the horizon. A claim that read the clock before such a
-	// row's token was read has been cut off by its statement_timeout by
-	// then (the horizon is longer than any claim timeout; see pruneAfter),
-	// so every claim that can still insert the key reads a newer clock.
+	// row's token was read can no longer take effect by then (its bound,
+	// inBound, is at most the longest claim timeout, and the horizon is
+	// longer; see pruneAfter), so every claim that can still insert the
+	// key reads a newer clock.
 	// SKIP LOCKED: a row that a claim is taking over right now is left for
 	// the next prune, and the prune waits for no one.
 	s.prune = fmt.Sprintf(`WITH d AS (

@@ -12,8 +12,8 @@ import (
 	"github.com/dislock/dislock/internal/optcheck"
 )
 
-// Limits of WithClaimTimeout. pg's statement_timeout counts whole
-// milliseconds, and half the timeout must be left when the claim is sent.
+// Limits of WithClaimTimeout. Half the timeout must be left when the claim
+// is sent.
 const (
 	MinClaimTimeout = 10 * time.Millisecond
 	MaxClaimTimeout = 24 * time.Hour
