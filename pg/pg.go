@@ -153,17 +153,18 @@ func micro(d time.Duration) int64 { return d.Microseconds() }
 // started at start, and returns it with what is left of the claim timeout:
 // the claim must be over on the server within the claim timeout of the
 // call, and the wait for the connection counts against it. When that wait
-// left less than half of it, the claim is not sent.
+// left less than half of it, the claim is not sent. Either failure sent
+// nothing, so it is core.Unclaimed: the engine owes it no undo.
 func (b *Backend) claimConn(ctx context.Context, start time.Time) (*pgxpool.Conn, time.Duration, error) {
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, core.Unclaimed(err)
 	}
 	left := b.cfg.claimTimeout - time.Since(start)
 	if left < b.cfg.claimTimeout/2 {
 		conn.Release()
-		return nil, 0, fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
-			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout)
+		return nil, 0, core.Unclaimed(fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
+			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout))
 	}
 	return conn, left, nil
 }
