@@ -247,6 +247,7 @@ func Check(h History, cfg Config) Report {
 	healed := false
 	contenders := map[string]bool{}
 	okAfterHeal := map[string]bool{}
+	var pauses []Event // Paused: the process did not run from Sent to At
 	get := func(e Event) *Hold {
 		return holds[e.Hold]
 	}
@@ -324,6 +325,8 @@ func Check(h History, cfg Config) Report {
 				faults[i].end = e.At
 				delete(open, e.Fault)
 			}
+		case Paused:
+			pauses = append(pauses, e)
 		case Healed:
 			healed, healedAt = true, e.At
 		case HeldAfterRun:
@@ -357,20 +360,20 @@ func Check(h History, cfg Config) Report {
 			rep.Violations = append(rep.Violations, Violation{Rule: RuleUnfinished, Key: hd.Key, A: &c,
 				Detail: "the hold has no hold-end: its contender never finished with it"})
 		}
-		if sig := hd.signalled(); cfg.StopSlack > 0 && hd.stopped && hd.StoppedAt > sig+cfg.StopSlack {
+		if sig := hd.signalled(); cfg.StopSlack > 0 && hd.stopped && hd.StoppedAt > sig+cfg.StopSlack+paused(pauses, sig, hd.StoppedAt) {
 			c := *hd
 			rep.Violations = append(rep.Violations, Violation{Rule: RuleSlowStop, Key: hd.Key, A: &c,
-				Detail: fmt.Sprintf("the work stopped %v after the holder had to stop (allowed %v)",
-					(hd.StoppedAt - sig).Round(time.Millisecond), cfg.StopSlack)})
+				Detail: fmt.Sprintf("the work stopped %v after the holder had to stop (allowed %v%s)",
+					(hd.StoppedAt - sig).Round(time.Millisecond), cfg.StopSlack, pausedNote(pauses, sig, hd.StoppedAt))})
 		}
 		// A session whose acquisition took longer than the renew deadline
 		// is born expired; its loss is due at once.
 		due := max(hd.Deadline, hd.OK)
-		if hd.lost && hd.LostAt > due+cfg.LossSlack {
+		if hd.lost && hd.LostAt > due+cfg.LossSlack+paused(pauses, due, hd.LostAt) {
 			c := *hd
 			rep.Violations = append(rep.Violations, Violation{Rule: RuleLossLate, Key: hd.Key, A: &c,
-				Detail: fmt.Sprintf("loss signalled %v after it was due (allowed %v)",
-					(hd.LostAt - due).Round(time.Millisecond), cfg.LossSlack)})
+				Detail: fmt.Sprintf("loss signalled %v after it was due (allowed %v%s)",
+					(hd.LostAt - due).Round(time.Millisecond), cfg.LossSlack, pausedNote(pauses, due, hd.LostAt))})
 		}
 	}
 
@@ -626,4 +629,25 @@ func posText(pos uint64) string {
 		return ""
 	}
 	return fmt.Sprintf(" at store position %d", pos)
+}
+
+// paused returns how long, between from and to, the test process did not
+// run (Paused events): time in which neither the engine nor the work could
+// act, which the lateness rules do not count.
+func paused(pauses []Event, from, to time.Duration) time.Duration {
+	var d time.Duration
+	for _, p := range pauses {
+		if lo, hi := max(p.Sent, from), min(p.At, to); hi > lo {
+			d += hi - lo
+		}
+	}
+	return d
+}
+
+// pausedNote says how much of from..to the process was paused, if any.
+func pausedNote(pauses []Event, from, to time.Duration) string {
+	if d := paused(pauses, from, to); d > 0 {
+		return fmt.Sprintf(", plus %v in which the test process was paused", d.Round(time.Millisecond))
+	}
+	return ""
 }

@@ -229,6 +229,28 @@ func TestCheckLossTiming(t *testing.T) {
 	wantRules(t, Check(b.history(), cfg), RuleLossMissing, RuleUnfinished)
 }
 
+// A pause of the test process (Paused) is not counted against the engine's
+// loss signal or the work's stop; a pause outside their window is.
+func TestCheckPauseNotCounted(t *testing.T) {
+	hist := func(pause ...Event) History {
+		b := &hb{}
+		b.add(Event{At: ms(0), Kind: AcquireStart, Contender: "c1", Key: "k"})
+		b.add(Event{At: ms(5), Kind: AcquireOK, Contender: "c1", Key: "k", Hold: 1, Token: 1, Deadline: ms(1005)})
+		for _, p := range pause {
+			b.add(p)
+		}
+		b.add(Event{At: ms(2100), Kind: WorkStopped, Contender: "c1", Key: "k", Hold: 1, Token: 1})
+		b.add(Event{At: ms(2130), Kind: Lost, Contender: "c1", Key: "k", Hold: 1, Token: 1})
+		b.add(Event{At: ms(2131), Kind: HoldEnd, Contender: "c1", Key: "k", Hold: 1, Deadline: ms(1005)})
+		return b.history()
+	}
+	c := cfg
+	c.StopSlack = ms(300)
+	wantRules(t, Check(hist(), c), RuleSlowStop, RuleLossLate)
+	wantRules(t, Check(hist(Event{At: ms(2090), Kind: Paused, Sent: ms(900)}), c))
+	wantRules(t, Check(hist(Event{At: ms(900), Kind: Paused, Sent: ms(100)}), c), RuleSlowStop, RuleLossLate)
+}
+
 func TestCheckActedOutsideHold(t *testing.T) {
 	b := &hb{}
 	b.hold(1, "c1", "k", 10, 0, 5, 1005, 500)

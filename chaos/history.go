@@ -76,7 +76,48 @@ const (
 	HeldAfterRun Kind = "held-after-run"
 	// Stuck: a contender did not finish in time.
 	Stuck Kind = "stuck"
+	// Paused: the test process did not run from Sent to At: a goroutine
+	// that sleeps pauseTick at a time woke that much late (WatchPauses).
+	// Nothing in the process, the lock engine's timers included, could act
+	// meanwhile, so the rules that bound how late the engine and the work
+	// may act (Config.LossSlack, Config.StopSlack) do not count that time.
+	Paused Kind = "paused"
 )
+
+// pauseTick is how long the goroutine of WatchPauses sleeps at a time;
+// pauseMin is how late it must wake for a Paused event.
+const (
+	pauseTick = 10 * time.Millisecond
+	pauseMin  = 100 * time.Millisecond
+)
+
+// WatchPauses records a Paused event whenever a goroutine that sleeps
+// pauseTick at a time wakes more than pauseMin late (a machine too busy to
+// run the process, a stop of the whole process), until stop is closed; the
+// returned channel is closed when that goroutine has ended.
+func (r *Recorder) WatchPauses(stop <-chan struct{}) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTimer(pauseTick)
+		defer t.Stop()
+		due := time.Now().Add(pauseTick)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			now := time.Now()
+			if now.Sub(due) > pauseMin {
+				r.Add(Event{Kind: Paused, Sent: r.Since(due), At: r.Since(now)})
+			}
+			due = now.Add(pauseTick)
+			t.Reset(pauseTick)
+		}
+	}()
+	return done
+}
 
 // Event is one entry of a History.
 type Event struct {

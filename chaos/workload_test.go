@@ -580,6 +580,8 @@ type crowd struct {
 	stopLoop chan struct{}
 	wg       sync.WaitGroup
 	done     []atomic.Bool
+	unwatch  chan struct{}   // closed by stop: the pause watch ends
+	watched  <-chan struct{} // closed when it has ended
 }
 
 // newRun is a run of cfg on env's keys, its contexts ended by cancel.
@@ -599,7 +601,8 @@ func newRun(t *testing.T, cfg runConfig, env *backendEnv, keys []string, rec *Re
 func (r *run) startCrowd(cancel context.CancelFunc) *crowd {
 	t, cfg, env := r.t, r.cfg, r.env
 	t.Helper()
-	cr := &crowd{r: r, cancel: cancel, stopLoop: make(chan struct{})}
+	cr := &crowd{r: r, cancel: cancel, stopLoop: make(chan struct{}), unwatch: make(chan struct{})}
+	cr.watched = r.rec.WatchPauses(cr.unwatch)
 	for i := range cfg.contenders {
 		name := fmt.Sprintf("%s-c%d", env.name, i)
 		obs := newRecObserver(r.rec, name, r.errs)
@@ -684,6 +687,8 @@ func (cr *crowd) stop() {
 			t.Errorf("%s: close: %v", c.name, err)
 		}
 	}
+	close(cr.unwatch)
+	<-cr.watched
 	held := map[string]core.Info{}
 	for until := time.Now().Add(cfg.ttl + 500*time.Millisecond); ; {
 		clear(held)
