@@ -7,12 +7,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/core/locktest"
 	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -85,6 +88,35 @@ func viaStallProxy(tb testing.TB, cc *pgx.ConnConfig) *testenv.StallProxy {
 		f.Host, f.Port = host, uint16(n)
 	}
 	return p
+}
+
+// A Backend counts on its pool to end calls with their ctx (EndsWithContext,
+// which the rule CallsEndWithContext checks) only when the pool's context
+// watcher cuts a connection at once.
+func TestEndsWithContextFollowsThePoolsWatcher(t *testing.T) {
+	_, table := adminAndTable(t)
+	for _, c := range []struct {
+		name  string
+		delay time.Duration // of a CancelRequestContextWatcherHandler's deadline; < 0: pgx's default watcher
+		want  bool
+	}{
+		{"default", -1, true},
+		{"cancel request, deadline at once", 0, true},
+		{"cancel request, deadline after 5s", 5 * time.Second, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := newBackendPool(t, table, func(cfg *pgxpool.Config) {
+				if c.delay >= 0 {
+					cfg.ConnConfig.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+						return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: c.delay}
+					}
+				}
+			})
+			if got := b.EndsWithContext(); got != c.want {
+				t.Errorf("EndsWithContext() = %v, want %v", got, c.want)
+			}
+		})
+	}
 }
 
 func TestConformance(t *testing.T) {

@@ -36,6 +36,7 @@ type Backend struct {
 
 	pruneDue prune.Schedule // see prune
 	hints    busyHints      // keys found held by others (peek.go)
+	prompt   bool           // the pool's connections cut a call when its ctx ends (cut.go)
 }
 
 var (
@@ -62,7 +63,7 @@ func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backe
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{pool: pool, cfg: cfg, table: cfg.table.Sanitize()}
+	b := &Backend{pool: pool, cfg: cfg, table: cfg.table.Sanitize(), prompt: cutsPromptly(pool)}
 	b.stmt = buildStatements(b.table, cfg.legacy, cfg.asyncCommit)
 	b.sem = newSemaphores(cfg, b.table) // semaphore.go
 	if cfg.autoMigrate {
@@ -272,14 +273,16 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-// EndsWithContext implements core.ContextBound: a call returns soon after
-// its ctx ends, whatever the server does (pgx's default context watcher
-// sets the connection's deadline at once, and the wait for a pool
-// connection watches ctx), so the engine makes claims on the caller's
-// goroutine. A pool whose ConnConfig.BuildContextWatcherHandler waits
-// longer before it cuts a connection (pgconn.CancelRequestContextWatcherHandler
-// with a DeadlineDelay) keeps a caller that much past its ctx.
-func (b *Backend) EndsWithContext() bool { return true }
+// EndsWithContext implements core.ContextBound: with pgx's default
+// context watcher, which sets a connection's deadline as soon as its call's
+// ctx ends, a call returns soon after its ctx ends, whatever the server
+// does (and the wait for a pool connection watches ctx too), so the engine
+// makes claims on the caller's goroutine. A pool whose
+// ConnConfig.BuildContextWatcherHandler waits longer before it cuts a
+// connection (a pgconn.CancelRequestContextWatcherHandler with a
+// DeadlineDelay above 20ms, or a handler of its own) reports false, and
+// the engine hands its claims to a call worker that it can leave behind.
+func (b *Backend) EndsWithContext() bool { return b.prompt }
 
 // claimSlack is what ClaimBound adds to the claim timeout: the time an
 // acquire's packets may take to reach the server after they are sent, and
