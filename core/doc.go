@@ -157,12 +157,13 @@
 // token. A backend whose driver itself ends every call with its ctx
 // (ContextBound: pg, mysqllock, etcdlock, zklock) keeps that bound on its
 // own, and its claims are made on the caller's goroutine; a claim in doubt
-// when ctx ended is undone all the same. The undo of a claim left in doubt and a waiter's leaving the
-// store's queue run in the background too: the caller waits for them only
-// while its ctx lasts (plus the slack). Close waits for all of it (for a
-// store call left running, up to 10s before it closes the backend, and as
-// long again after), so a Close right after an outage can take about two
-// release timeouts: the undo's release in flight, then its last attempt.
+// when ctx ended is undone all the same. The undo of a claim left in doubt
+// and a waiter's leaving the store's queue run in the background too: the
+// caller waits for them only while its ctx lasts (plus the slack). Close
+// waits for all of it (for a store call left running, up to 10s before it
+// closes the backend, and as long again after), so a Close right after an
+// outage can take about two release timeouts: the undo's release in
+// flight, then its last attempt.
 //
 // # Errors
 //

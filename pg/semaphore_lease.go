@@ -20,17 +20,12 @@ import (
 // transaction).
 func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	start := time.Now()
-	if err := core.ValidateKey(req.Key); err != nil {
+	if err := sqlbackend.CheckAcquire(req); err != nil {
 		return core.Lease{}, err
-	}
-	if req.Limit > core.MaxLimit {
-		return core.Lease{}, sqlbackend.InvalidOption("Limit", "must be between 1 and %d, got %d", core.MaxLimit, req.Limit)
 	}
 	var expireAt any
 	if !req.ExpireAt.IsZero() {
 		expireAt = req.ExpireAt
-	} else if req.TTL <= 0 {
-		return core.Lease{}, sqlbackend.InvalidOption("TTL", "must be positive, got %v", req.TTL)
 	}
 	if err := b.semUsable(ctx); err != nil {
 		return core.Lease{}, err

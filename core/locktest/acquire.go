@@ -210,17 +210,15 @@ func testDeadlineKept(t *testing.T, e *env) {
 
 func testEndsWithContext(t *testing.T, e *env) {
 	const rule = "a backend whose calls end with their ctx does so: TryAcquire and Acquire on a store that stopped answering return within core.DeadlineSlack of ctx's end, and a claim the store applied is undone once it answers again"
+	const workers = "the backend's calls are handed to the engine's call workers (not a core.ContextBound)"
 	if e.h.Stall == nil {
-		cb, ok := e.proc(t).fault.Backend.(core.ContextBound)
-		if ok && cb.EndsWithContext() {
+		if endsWithCtx(e.proc(t).fault.Backend) {
 			t.Fatalf("rule %q: the backend says its calls end with their ctx (core.ContextBound), and Harness.Stall is not set to check it", rule)
 		}
-		t.Skip("the backend's calls are handed to the engine's call workers (not a core.ContextBound)")
+		t.Skip(workers)
 	}
 	sb, stall, resume := e.h.Stall(t)
-	if cb, ok := sb.(core.ContextBound); !ok || !cb.EndsWithContext() {
-		t.Skip("the backend's calls are handed to the engine's call workers (not a core.ContextBound)")
-	}
+	skipIf(t, !endsWithCtx(sb), workers)
 	a, b, k := e.procOf(t, newFault(sb)), e.proc(t), e.key(t)
 	t.Cleanup(resume)
 	mustAcquire(t, a, e.key(t)).Release(context.Background()) // connections open

@@ -432,9 +432,13 @@ func (p boundPart) ClaimBound() time.Duration {
 
 // EndsWithContext is the wrapped backend's answer (core.ContextBound),
 // unless the rule makes calls that ignore their ctx (ignoresCtx).
-func (f *faultBackend) EndsWithContext() bool {
-	cb, ok := f.Backend.(core.ContextBound)
-	return ok && cb.EndsWithContext() && !f.ignoresCtx
+func (f *faultBackend) EndsWithContext() bool { return endsWithCtx(f.Backend) && !f.ignoresCtx }
+
+// endsWithCtx reports whether b says its calls end with their ctx
+// (core.ContextBound).
+func endsWithCtx(b core.Backend) bool {
+	cb, ok := b.(core.ContextBound)
+	return ok && cb.EndsWithContext()
 }
 
 // queues reports whether the engine runs the wrapped backend as a

@@ -64,12 +64,15 @@ func Apply[O ~func(C), C interface{ Err() error }](c C, opts []O) error {
 	return c.Err()
 }
 
-// CheckAcquire checks what TryAcquire needs of req: a valid key, a
-// positive TTL unless ExpireAt is set, and a positive WaiterTTL with a
-// Waiter.
+// CheckAcquire checks what TryAcquire needs of req: a valid key, a Limit
+// of at most core.MaxLimit, a positive TTL unless ExpireAt is set, and a
+// positive WaiterTTL with a Waiter.
 func CheckAcquire(req core.AcquireRequest) error {
 	if err := core.ValidateKey(req.Key); err != nil {
 		return err
+	}
+	if req.Limit > core.MaxLimit {
+		return InvalidOption("Limit", "must be between 1 and %d, got %d", core.MaxLimit, req.Limit)
 	}
 	if req.ExpireAt.IsZero() && req.TTL <= 0 {
 		return InvalidOption("TTL", "must be positive, got %v", req.TTL)
