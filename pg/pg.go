@@ -193,9 +193,6 @@ func (b *Backend) claimErr(err error, other func(error) error) error {
 // than what is left of the claim timeout (inBound; see WithClaimTimeout):
 // one round trip, one transaction.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
-	if req.Limit > 1 {
-		return b.tryAcquirePermit(ctx, req) // semaphore_lease.go
-	}
 	start := time.Now()
 	if err := sqlbackend.CheckAcquire(req); err != nil {
 		return core.Lease{}, err
@@ -203,6 +200,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	var expireAt any
 	if !req.ExpireAt.IsZero() {
 		expireAt = req.ExpireAt
+	}
+	if req.Limit > 1 {
+		return b.tryAcquirePermit(ctx, req, start, expireAt) // semaphore_lease.go
 	}
 	conn, left, err := b.claimConn(ctx, start)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -15,18 +14,11 @@ import (
 // The lease operations on permits: claim, release (or keep) and renewal,
 // each one batch sent in one round trip (statements in semaphore_sql.go).
 
-// tryAcquirePermit is TryAcquire for req.Limit > 1: the header lock and the
-// claim, which carries the claim bound, in one batch (one round trip, one
-// transaction).
-func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
-	start := time.Now()
-	if err := sqlbackend.CheckAcquire(req); err != nil {
-		return core.Lease{}, err
-	}
-	var expireAt any
-	if !req.ExpireAt.IsZero() {
-		expireAt = req.ExpireAt
-	}
+// tryAcquirePermit is TryAcquire for req.Limit > 1, checked by TryAcquire,
+// which was called at start (expireAt: req.ExpireAt, or nil): the header
+// lock and the claim, which carries the claim bound, in one batch (one
+// round trip, one transaction).
+func (b *Backend) tryAcquirePermit(ctx context.Context, req core.AcquireRequest, start time.Time, expireAt any) (core.Lease, error) {
 	if err := b.semUsable(ctx); err != nil {
 		return core.Lease{}, err
 	}
