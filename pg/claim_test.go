@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -179,6 +181,23 @@ func claimLeftNothing(t *testing.T, admin *pgxpool.Pool, table string, legacy bo
 	_ = s.Release(ctx)
 }
 
+// The same, for the claim of a key this Backend lately released (one
+// UPDATE of its row): refused past the bound, and nothing is held.
+func TestFreeClaimRefusedPastBound(t *testing.T) {
+	const claimTimeout = 300 * time.Millisecond
+	admin := newPool(t, nil)
+	eachClaimMode(t, admin, func(t *testing.T, m claimMode, table string, legacy bool, unblock func()) {
+		b := newBackendPool(t, table, m.edit, append([]pg.Option{pg.WithClaimTimeout(claimTimeout)}, m.opts...)...)
+		pg.NoteReleased(b, "k")
+		ctx := ctxT(t)
+		claimPastBound(t, claimTimeout, unblock, func() error {
+			_, err := newClient(t, b).TryAcquire(ctx, "k", core.TTL(time.Minute))
+			return err
+		})
+		claimLeftNothing(t, admin, table, legacy, m.opts)
+	})
+}
+
 // Rule: an acquire held up on the server (here by another transaction's lock
 // on the expired row it takes over) past the claim timeout is refused by the
 // server when the wait ends: it fails with pg.ErrClaimTimeout and takes no
@@ -334,6 +353,61 @@ func (l sqlLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatch
 	l <- d.SQL
 }
 func (l sqlLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// Rule: a key this Backend released is claimed by one UPDATE of its row, and a
+// live lease is released by one UPDATE: no read before, no CTE. The
+// tokens still grow. A key another process took since costs that UPDATE
+// once more, then the claim answers busy.
+func TestKeyReleasedHereIsOneUpdateEach(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	log := make(sqlLog, 1000)
+	b := newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.Tracer = log })
+	ctx := ctxT(t)
+	plainUpdate := func(what string, sent []string) {
+		t.Helper()
+		sent = slices.DeleteFunc(sent, func(q string) bool { return strings.Contains(q, "DELETE FROM") }) // the prune after a first release
+		if len(sent) != 1 || !strings.HasPrefix(sent[0], "UPDATE") || strings.Contains(sent[0], "WITH") || strings.Contains(sent[0], "FOR UPDATE") {
+			t.Fatalf("%s sent %q, want one plain UPDATE", what, sent)
+		}
+	}
+	log.drain() // NewBackend's checks of the table
+	var last uint64
+	for i := range 3 {
+		tok := rand.Text()
+		lease, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "me", OwnerToken: tok, TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		if lease.Token <= last {
+			t.Fatalf("claim %d: token %d, not above the last one, %d", i, lease.Token, last)
+		}
+		last = lease.Token
+		sent := log.drain()
+		if i == 0 {
+			if len(sent) != 1 || !strings.HasPrefix(sent[0], "WITH") {
+				t.Fatalf("the first claim of a key sent %q, want the claim", sent)
+			}
+		} else {
+			plainUpdate(fmt.Sprintf("claim %d of a key released here", i), sent)
+		}
+		if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: tok}); err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+		plainUpdate(fmt.Sprintf("release %d of a live lease", i), log.drain())
+	}
+	if _, err := newBackend(t, table).TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "other", OwnerToken: rand.Text(), TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "me", OwnerToken: rand.Text(), TTL: time.Minute})
+	var busy *core.NotAcquiredError
+	if !errors.As(err, &busy) || busy.Holder == nil || busy.Holder.Owner != "other" {
+		t.Fatalf("a claim of a key another process took since: %v, want busy, held by other", err)
+	}
+	if sent := log.drain(); len(sent) != 2 || !strings.HasPrefix(sent[0], "UPDATE") || !strings.HasPrefix(sent[1], "WITH") {
+		t.Fatalf("a claim of a key another process took since sent %q, want the UPDATE, then the claim", sent)
+	}
+}
 
 // Rule: a TryAcquire of a key the Backend last found held by another owner
 // sends one statement, a read that takes no lock, writes nothing and sets

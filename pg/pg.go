@@ -36,7 +36,14 @@ type Backend struct {
 
 	pruneDue prune.Schedule // see prune
 	hints    busyHints      // keys found held by others (peek.go)
-	prompt   bool           // the pool's connections cut a call when its ctx ends (cut.go)
+	// released holds the keys whose lease this Backend lately ended:
+	// their rows are there and, unless someone has claimed them since,
+	// free. A claim of one by a caller that does not wait is first the
+	// UPDATE of claimFree; other keys go to the claim at once, so that a
+	// new key (no row to update) costs one round trip, not two. A busy
+	// answer takes the key out.
+	released sqlbackend.Keys[struct{}]
+	prompt   bool // the pool's connections cut a call when its ctx ends (cut.go)
 }
 
 var (
@@ -191,7 +198,9 @@ func (b *Backend) claimErr(err error, other func(error) error) error {
 // TryAcquire implements core.Backend with one statement (see
 // buildStatements), which refuses on the server a write that comes later
 // than what is left of the claim timeout (inBound; see WithClaimTimeout):
-// one round trip, one transaction.
+// one round trip, one transaction. A claim without a waiter of a key this
+// Backend lately released is first claimFree's UPDATE, with the same
+// bound; the claim follows only when that took nothing.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	start := time.Now()
 	if err := sqlbackend.CheckAcquire(req); err != nil {
@@ -214,6 +223,15 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			return core.Lease{}, err
 		}
 	}
+	if req.Waiter == "" && expireAt == nil && b.stmt.claimFree != "" {
+		if _, ok := b.released.Get(req.Key); ok {
+			lease, err := b.claimFree(ctx, conn, req, left)
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return lease, err
+			}
+			b.released.Delete(req.Key)
+		}
+	}
 	var row pgx.Row
 	if b.stmt.queue && req.Waiter != "" {
 		row = conn.QueryRow(ctx, b.stmt.acquire, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, req.Waiter, micro(req.WaiterTTL), micro(left))
@@ -224,6 +242,24 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	lease, err := b.readAcquire(row, req)
 	b.hints.noteBusy(req, err)
 	return lease, err
+}
+
+// claimFree runs the claimFree statement: the lease, or pgx.ErrNoRows when
+// it took nothing (the claim decides then).
+func (b *Backend) claimFree(ctx context.Context, conn *pgxpool.Conn, req core.AcquireRequest, left time.Duration) (core.Lease, error) {
+	var (
+		token    int64
+		acq, exp pgtype.Timestamptz
+		bound    int
+	)
+	err := conn.QueryRow(ctx, b.stmt.claimFree, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), micro(left)).Scan(&token, &acq, &exp, &bound)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return core.Lease{}, err
+	}
+	if err != nil {
+		return core.Lease{}, b.claimErr(err, poolerHint)
+	}
+	return core.Lease{Token: uint64(token), AcquiredAt: acq.Time, ExpiresAt: exp.Time}, nil
 }
 
 // readAcquire reads the acquire's answer. Its Scan reads the statement to
@@ -341,8 +377,9 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // table, which has no tokens: a delete that notifies every release); or with
 // Keep > 0 an owner-checked update of the expiry. When no live lease of the
 // owner token was found (an expired one is ended all the same) it answers
-// core.Gone. A prune of old ended rows follows it when one is due (see
-// pruneAfter).
+// core.Gone. A live lease is ended by releaseLive's plain UPDATE; the
+// release statement follows only when that found none. A prune of old
+// ended rows follows it when one is due (see pruneAfter).
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Limit > 1 {
 		return b.releasePermit(ctx, req) // semaphore_lease.go
@@ -354,10 +391,21 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		}
 		return released(req.Key, tag.RowsAffected() > 0)
 	}
-	var live bool
-	var n int64
-	if err := b.pool.QueryRow(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()).Scan(&live, &n); err != nil {
+	live := true
+	var quiet bool
+	err := pgx.ErrNoRows
+	if b.stmt.releaseLive != "" {
+		err = b.pool.QueryRow(ctx, b.stmt.releaseLive, req.Key, req.OwnerToken, b.notifyChannel()).Scan(&quiet)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		var n int64
+		err = b.pool.QueryRow(ctx, b.stmt.release, req.Key, req.OwnerToken, b.notifyChannel()).Scan(&live, &n)
+	}
+	if err != nil {
 		return poolerHint(err)
+	}
+	if b.stmt.claimFree != "" {
+		b.released.Put(req.Key, struct{}{}, nil)
 	}
 	b.prune(ctx)
 	return released(req.Key, live)

@@ -11,6 +11,8 @@ import (
 type statements struct {
 	acquire, renew, release, keep, now string
 	claim                              string // acquire for a caller with no waiter: $1–$5, $6 the bound
+	claimFree                          string // claim of a free row nobody waits on: $1–$4, $5 the bound ("" on the legacy table)
+	releaseLive                        string // release of a live lease: release's parameters ("" on the legacy table)
 	peek                               string // read of a key's holder: $1 key, $2 owner token
 	inspect, list, forceRelease        string
 	leave                              string // "" on the legacy table (no queue)
@@ -381,6 +383,33 @@ SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`, table, 
 )
 SELECT coalesce(bool_or(live), false), (SELECT count(*) FROM n) FROM d`,
 		table, end("l"), asyncClause, qHead("l.waiters"), turnPayload("key", "head"))
+
+	// releaseLive is release for a live lease of the owner token: one
+	// UPDATE, with no read before it and no CTE, that ends the row as
+	// release does and tells the first live waiter from its RETURNING. It
+	// returns no row when the owner token holds no live lease there
+	// (expired, another's, gone): release then decides, and answers.
+	// The queue's expressions are behind CASEs that test the column for
+	// NULL first: a CASE evaluates only the branch it takes, and with
+	// nobody in line they would cost a fifth of the pair's server CPU.
+	s.releaseLive = fmt.Sprintf(`UPDATE %[1]s AS l SET owner = '', holder = '', expire_at = '-infinity',
+	waiters = CASE WHEN l.waiters IS NULL THEN NULL ELSE %[2]s END
+WHERE key = $1::text AND holder = $2::text AND expire_at > now()%[3]s
+RETURNING (CASE WHEN l.waiters IS NULL OR $3::text = '' THEN NULL WHEN %[4]s IS NOT NULL THEN pg_notify($3::text, %[5]s) END) IS NULL`,
+		table, qWithout("l.waiters", "''"), asyncClause, qHead("l.waiters"), turnPayload("l.key", qHead("l.waiters")))
+
+	// claimFree is claim for a key whose row is there ($1 key, $2 owner,
+	// $3 owner token, $4 TTL µs, $5 the bound): one UPDATE of the row, with
+	// no read before it, no INSERT and no CTE. It takes the row only when
+	// the row is free or expired and nobody is in line (waiters IS NULL,
+	// so no live waiter is passed over), deciding the token under the
+	// row's lock as a takeover does, and checks the claim's bound as claim
+	// does. It returns no row when the key is held, has a queue, or has
+	// no row: claim then decides, and answers.
+	s.claimFree = fmt.Sprintf(`UPDATE %[1]s AS l SET owner = $2::text, holder = $3::text, token = greatest(%[2]s, l.token + 1),
+	acquired_at = now(), expire_at = now() + $4%[3]s
+WHERE key = $1::text AND expire_at <= now() AND waiters IS NULL%[4]s
+RETURNING l.token, l.acquired_at, l.expire_at, %[5]s`, table, tokenDefault, micros, ac, inBound("$5"))
 
 	// ForceRelease ends the row whoever holds it, keeping the queue and the
 	// token, and tells its first live waiter. (o reads, and locks, the

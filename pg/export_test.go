@@ -1,0 +1,5 @@
+package pg
+
+// NoteReleased makes b take key for one whose lease it lately released, so
+// that its next claim of key without a waiter is claimFree's UPDATE.
+func NoteReleased(b *Backend, key string) { b.released.Put(key, struct{}{}, nil) }
