@@ -75,10 +75,7 @@ var (
 // them first under WithAutoMigrate), so a missing table or procedure is
 // reported here with an error matching ErrSchema that names the fix.
 func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, error) {
-	if db == nil {
-		return nil, sqlbackend.InvalidOption("db", "nil")
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := dbConfig(db, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package mysqllock
 
 import (
+	"database/sql"
 	"fmt"
 	"strings"
 	"time"
@@ -11,12 +12,12 @@ import (
 )
 
 // DefaultTable is the lock table used when WithTable is not given.
-const DefaultTable = "dislock_locks"
+const DefaultTable = sqlbackend.DefaultTable
 
 // DefaultClaimTimeout is the claim timeout used when WithClaimTimeout is not
 // given: far above what a healthy acquire takes, well below the TTLs locks
 // usually have.
-const DefaultClaimTimeout = 2 * time.Second
+const DefaultClaimTimeout = sqlbackend.DefaultClaimTimeout
 
 // maxTableLen leaves room, within MySQL's 64-character identifiers, for
 // the suffixes of the tables and procedures made for a lock table
@@ -39,6 +40,14 @@ func newConfig(opts []Option) (config, error) {
 	c := config{Config: sqlbackend.Config{ClaimTimeout: DefaultClaimTimeout}, table: DefaultTable, watchPoll: defaultWatchPoll, watchLife: watchLife}
 	err := optcheck.Apply(&c, opts)
 	return c, err
+}
+
+// dbConfig is newConfig for NewBackend and Migrate, which need db.
+func dbConfig(db *sql.DB, opts []Option) (config, error) {
+	if db == nil {
+		return config{}, sqlbackend.InvalidOption("db", "nil")
+	}
+	return newConfig(opts)
 }
 
 // WithTable sets the lock table (default "dislock_locks"). A name with a dot

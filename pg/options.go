@@ -9,15 +9,16 @@ import (
 	"github.com/dislock/dislock/internal/optcheck"
 	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DefaultTable is the lock table used when WithTable is not given.
-const DefaultTable = "dislock_locks"
+const DefaultTable = sqlbackend.DefaultTable
 
 // DefaultClaimTimeout is the claim timeout used when WithClaimTimeout is not
 // given: far above what a healthy acquire takes, well below the TTLs locks
 // usually have.
-const DefaultClaimTimeout = 2 * time.Second
+const DefaultClaimTimeout = sqlbackend.DefaultClaimTimeout
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1); longer names
 // would be truncated silently by the server.
@@ -43,6 +44,14 @@ func newConfig(opts []Option) (config, error) {
 	c := config{Config: sqlbackend.Config{ClaimTimeout: DefaultClaimTimeout}, table: pgx.Identifier{DefaultTable}}
 	err := optcheck.Apply(&c, opts)
 	return c, err
+}
+
+// poolConfig is newConfig for NewBackend and Migrate, which need a pool.
+func poolConfig(pool *pgxpool.Pool, opts []Option) (config, error) {
+	if pool == nil {
+		return config{}, sqlbackend.InvalidOption("pool", "nil")
+	}
+	return newConfig(opts)
 }
 
 // WithTable sets the lock table (default "dislock_locks"). A name with a dot

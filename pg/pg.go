@@ -56,10 +56,7 @@ var (
 // WithAutoMigrate), so a missing table, column or privilege is reported here
 // with an error matching ErrSchema that names the table and the fix.
 func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backend, error) {
-	if pool == nil {
-		return nil, sqlbackend.InvalidOption("pool", "nil")
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := poolConfig(pool, opts)
 	if err != nil {
 		return nil, err
 	}

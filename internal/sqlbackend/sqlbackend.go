@@ -12,11 +12,17 @@ import (
 	"github.com/dislock/dislock/internal/optcheck"
 )
 
-// Limits of WithClaimTimeout. Half the timeout must be left when the claim
-// is sent.
+// DefaultTable is both backends' DefaultTable: the lock table used when
+// WithTable is not given.
+const DefaultTable = "dislock_locks"
+
+// The default and the limits of WithClaimTimeout. The default is far above
+// what a healthy acquire takes, well below the TTLs locks usually have.
+// Half the timeout must be left when the claim is sent.
 const (
-	MinClaimTimeout = 10 * time.Millisecond
-	MaxClaimTimeout = 24 * time.Hour
+	DefaultClaimTimeout = 2 * time.Second
+	MinClaimTimeout     = 10 * time.Millisecond
+	MaxClaimTimeout     = 24 * time.Hour
 )
 
 // InvalidOption is the error of the invalid option or argument name: it
