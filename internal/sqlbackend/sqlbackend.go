@@ -12,8 +12,8 @@ import (
 	"github.com/dislock/dislock/internal/optcheck"
 )
 
-// DefaultTable is both backends' DefaultTable: the lock table used when
-// WithTable is not given.
+// DefaultTable is the lock table both backends use when WithTable is not
+// given (pg.DefaultTable, mysqllock.DefaultTable).
 const DefaultTable = "dislock_locks"
 
 // The default and the limits of WithClaimTimeout. The default is far above
