@@ -4,9 +4,9 @@
 // option that records the error, for the constructor that applies the
 // options to report. It is the one copy of core's checked, positive and
 // notNegative for them; core keeps its own, as it imports only the standard
-// library. Errs and Apply are the plumbing every backend's options share
-// (etcdlock, redislock, and pg and mysqllock through internal/sqlbackend,
-// which makes their errors with Invalid too, without a prefix).
+// library. Errs and Apply are the plumbing the options of every package
+// share, the backends' too (pg and mysqllock through internal/sqlbackend,
+// which makes their errors with Invalid, without a prefix).
 package optcheck
 
 import (
