@@ -158,8 +158,15 @@ func parallelContenderFor(tb testing.TB, st *store, which string) *contender {
 func newDislockRedis(tb testing.TB, c redis.UniversalClient, tag string) *core.Client {
 	tb.Helper()
 	l, err := redislock.New(c, redislock.WithPrefix(name("dislock", tag)))
+	return kept(tb, "redislock.New", l, err)
+}
+
+// kept is the end of the newDislock functions: it fails tb with the error
+// of the constructor named what, or returns l, closed when tb ends.
+func kept(tb testing.TB, what string, l *core.Client, err error) *core.Client {
+	tb.Helper()
 	if err != nil {
-		tb.Fatalf("redislock.New: %v", err)
+		tb.Fatalf("%s: %v", what, err)
 	}
 	tb.Cleanup(func() { _ = l.Close() })
 	return l
@@ -174,11 +181,8 @@ func newDislockPG(tb testing.TB, pool *pgxpool.Pool, extra ...pg.Option) *core.C
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, err := pg.New(ctx, pool, opts...)
-	if err != nil {
-		tb.Fatalf("pg.New: %v", err)
-	}
+	l = kept(tb, "pg.New", l, err)
 	dropTableAtExit(pool.Config().ConnString(), table)
-	tb.Cleanup(func() { _ = l.Close() })
 	return l
 }
 

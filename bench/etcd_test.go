@@ -344,11 +344,7 @@ func newDislockEtcd(tb testing.TB, st *store) *core.Client {
 	tb.Helper()
 	cli := etcdClient(tb, st.url, st.etcd)
 	l, err := etcdlock.New(cli, etcdlock.WithPrefix(run.id+"/dislock/"))
-	if err != nil {
-		tb.Fatalf("etcdlock.New: %v", err)
-	}
-	tb.Cleanup(func() { _ = l.Close() })
-	return l
+	return kept(tb, "etcdlock.New", l, err)
 }
 
 // etcdSession is a concurrency.Session (a lease of the given TTL, kept

@@ -265,11 +265,7 @@ func newDislockMySQL(tb testing.TB, db *sql.DB) *core.Client {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, err := mysqllock.New(ctx, db, mysqllock.WithTable(name("dislock")), mysqllock.WithAutoMigrate())
-	if err != nil {
-		tb.Fatalf("mysqllock.New: %v", err)
-	}
-	tb.Cleanup(func() { _ = l.Close() })
-	return l
+	return kept(tb, "mysqllock.New", l, err)
 }
 
 // ---- plain TTL row: INSERT … ON DUPLICATE KEY UPDATE … IF(expired); DELETE ----

@@ -131,11 +131,7 @@ func newDislockZK(tb testing.TB, st *store) *core.Client {
 	defer cancel()
 	l, err := zklock.New(ctx, st.url, zklock.WithRoot("/"+run.id), zklock.WithSessionTimeout(zkSession),
 		zklock.WithDialer(st.zk.Dial), zklock.WithLogger(zktest.Quiet{}))
-	if err != nil {
-		tb.Fatalf("zklock.New: %v", err)
-	}
-	tb.Cleanup(func() { _ = l.Close() })
-	return l
+	return kept(tb, "zklock.New", l, err)
 }
 
 // zkLockContender is go-zookeeper's zk.Lock on c, a lock node per key under

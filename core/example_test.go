@@ -58,11 +58,8 @@ func ExampleDo() {
 // TryDo runs the function only if the lock is free, and skips it when
 // another process holds it. A store that fails is an error, never a skip.
 func ExampleTryDo() {
-	store := memlock.NewStore() // one store, two Lockers that see each other
-	a, _ := store.Locker()
-	b, _ := store.Locker()
-	defer a.Close()
-	defer b.Close()
+	a, b, closeBoth := twoProcesses() // two Lockers that see each other's locks
+	defer closeBoth()
 	ctx := context.Background()
 
 	report := func(ctx context.Context) error {
@@ -84,11 +81,8 @@ func ExampleTryDo() {
 
 // A second process finds the lock busy; the error says who holds it.
 func ExampleLocker_TryAcquire() {
-	store := memlock.NewStore()
-	a, _ := store.Locker()
-	b, _ := store.Locker()
-	defer a.Close()
-	defer b.Close()
+	a, b, closeBoth := twoProcesses() // two Lockers that see each other's locks
+	defer closeBoth()
 	ctx := context.Background()
 
 	s, _ := a.TryAcquire(ctx, "job", core.WithOwner("worker-a"))
@@ -104,11 +98,8 @@ func ExampleLocker_TryAcquire() {
 // ForSlot gives one start per schedule slot across all machines, however
 // their tickers drift.
 func ExampleForSlot() {
-	store := memlock.NewStore()
-	a, _ := store.Locker()
-	b, _ := store.Locker()
-	defer a.Close()
-	defer b.Close()
+	a, b, closeBoth := twoProcesses() // two Lockers that see each other's locks
+	defer closeBoth()
 	ctx := context.Background()
 	everyHour := core.ForSlot(core.Every(time.Hour))
 
@@ -144,11 +135,8 @@ func ExampleCampaignContext() {
 // takes over and the observer hears of it at once.
 func ExampleElection_Observe() {
 	ctx := context.Background()
-	store := memlock.NewStore()
-	a, _ := store.Locker()
-	defer a.Close()
-	b, _ := store.Locker()
-	defer b.Close()
+	a, b, closeBoth := twoProcesses()
+	defer closeBoth()
 
 	first, err := core.CampaignContext(ctx, a, "scheduler-leader", core.WithLockOptions(core.WithOwner("node-a")))
 	if err != nil {
@@ -229,4 +217,17 @@ func ExampleSession_Check() {
 	}
 	fmt.Println("still the holder: sending the payout")
 	// Output: still the holder: sending the payout
+}
+
+// twoProcesses returns two Lockers on one memlock store, which see each
+// other's locks as two processes on one real store do, and a func that
+// closes them (b first).
+func twoProcesses() (a, b *core.Client, closeBoth func()) {
+	store := memlock.NewStore()
+	a, _ = store.Locker()
+	b, _ = store.Locker()
+	return a, b, func() {
+		_ = b.Close()
+		_ = a.Close()
+	}
 }

@@ -2,13 +2,13 @@ package etcdlock
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 )
 
 // DefaultPrefix is the etcd key prefix used unless WithPrefix says otherwise.
@@ -30,12 +30,11 @@ type options struct {
 	prefix     string
 	clientOpts []core.ClientOption
 	maxTxnOps  int
-	errs       []error
+	optcheck.Errs
 }
 
-func invalidOption(name, format string, args ...any) error {
-	return fmt.Errorf("%w: etcdlock.%s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
-}
+// invalidOption returns the error of an invalid value given to option name.
+var invalidOption = optcheck.Prefix("etcdlock.").Invalid
 
 // WithPrefix sets the prefix of every etcd key the backend writes (default
 // "dislock/"): lock k is the etcd key prefix+k. Lockers that should see each
@@ -44,7 +43,7 @@ func invalidOption(name, format string, args ...any) error {
 func WithPrefix(prefix string) Option {
 	return func(o *options) {
 		if prefix == "" {
-			o.errs = append(o.errs, invalidOption("WithPrefix", "empty"))
+			o.RecordErr(invalidOption("WithPrefix", "empty"))
 			return
 		}
 		o.prefix = prefix
@@ -59,7 +58,7 @@ func WithPrefix(prefix string) Option {
 func WithMaxTxnOps(n int) Option {
 	return func(o *options) {
 		if n < 1 {
-			o.errs = append(o.errs, invalidOption("WithMaxTxnOps", "must be at least 1, got %d", n))
+			o.RecordErr(invalidOption("WithMaxTxnOps", "must be at least 1, got %d", n))
 			return
 		}
 		o.maxTxnOps = n
@@ -143,13 +142,8 @@ func NewBackend(cli *clientv3.Client, opts ...Option) (*Backend, error) {
 
 func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) {
 	o := options{prefix: DefaultPrefix, maxTxnOps: defaultMaxTxnOps}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
-	if len(o.errs) > 0 {
-		return nil, o, o.errs[0]
+	if err := optcheck.Apply(&o, opts); err != nil {
+		return nil, o, err
 	}
 	if cli == nil {
 		return nil, o, invalidOption("New", "nil etcd client")

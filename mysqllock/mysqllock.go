@@ -75,15 +75,12 @@ var (
 // them first under WithAutoMigrate), so a missing table or procedure is
 // reported here with an error matching ErrSchema that names the fix.
 func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, error) {
-	if db == nil {
-		return nil, sqlbackend.InvalidOption("db", "nil")
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := dbConfig(db, opts)
 	if err != nil {
 		return nil, err
 	}
 	b := &Backend{db: db, cfg: cfg, n: newNames(cfg.schema, cfg.table)}
-	if cfg.autoMigrate {
+	if cfg.AutoMigrate {
 		if err := b.Migrate(ctx); err != nil {
 			return nil, err
 		}
@@ -127,7 +124,7 @@ func client(b *Backend, err error) (*core.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ownclient.New(b, b.cfg.clientOpts)
+	return ownclient.New(b, b.cfg.ClientOpts)
 }
 
 // Open connects to the server at dsn with a pool of its own and returns a
@@ -254,7 +251,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	// way to the server (past that, the call is abandoned), half for the
 	// procedure, which checks it on the server's clock once it holds the
 	// row's lock.
-	half := b.cfg.claimTimeout / 2
+	half := b.cfg.ClaimTimeout / 2
 	cctx, cancel := context.WithTimeout(ctx, half)
 	defer cancel()
 	var (
@@ -367,7 +364,7 @@ const claimSlack = time.Second
 // ClaimBound implements core.ClaimBounder: the claim timeout (see
 // WithClaimTimeout) plus one second. An acquire that has not taken effect
 // by then, counted from the call to TryAcquire, never will.
-func (b *Backend) ClaimBound() time.Duration { return b.cfg.claimTimeout + claimSlack }
+func (b *Backend) ClaimBound() time.Duration { return b.cfg.ClaimTimeout + claimSlack }
 
 // EndsWithContext implements core.ContextBound: a call returns soon after
 // its ctx ends, whatever the server does (go-sql-driver/mysql closes the

@@ -1,21 +1,23 @@
 package mysqllock
 
 import (
+	"database/sql"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 	"github.com/dislock/dislock/internal/sqlbackend"
 )
 
 // DefaultTable is the lock table used when WithTable is not given.
-const DefaultTable = "dislock_locks"
+const DefaultTable = sqlbackend.DefaultTable
 
 // DefaultClaimTimeout is the claim timeout used when WithClaimTimeout is not
 // given: far above what a healthy acquire takes, well below the TTLs locks
 // usually have.
-const DefaultClaimTimeout = 2 * time.Second
+const DefaultClaimTimeout = sqlbackend.DefaultClaimTimeout
 
 // maxTableLen leaves room, within MySQL's 64-character identifiers, for
 // the suffixes of the tables and procedures made for a lock table
@@ -27,22 +29,25 @@ const maxTableLen = 52
 type Option func(*config)
 
 type config struct {
-	schema, table string // unquoted; schema "" is the connection's database
-	autoMigrate   bool
-	noListen      bool
-	claimTimeout  time.Duration
-	watchPoll     time.Duration
-	watchLife     time.Duration
-	clientOpts    []core.ClientOption
-	sqlbackend.Errs
+	sqlbackend.Config        // the options mysqllock shares with pg
+	schema, table     string // unquoted; schema "" is the connection's database
+	watchPoll         time.Duration
+	watchLife         time.Duration
 }
 
-// newConfig applies opts and reports the first invalid one, with the
-// option plumbing mysqllock shares with pg (internal/sqlbackend).
+// newConfig applies opts and reports the first invalid one.
 func newConfig(opts []Option) (config, error) {
-	c := config{table: DefaultTable, claimTimeout: DefaultClaimTimeout, watchPoll: defaultWatchPoll, watchLife: watchLife}
-	err := sqlbackend.Apply(&c, opts)
+	c := config{Config: sqlbackend.Config{ClaimTimeout: DefaultClaimTimeout}, table: DefaultTable, watchPoll: defaultWatchPoll, watchLife: watchLife}
+	err := optcheck.Apply(&c, opts)
 	return c, err
+}
+
+// dbConfig is newConfig for NewBackend and Migrate, which need db.
+func dbConfig(db *sql.DB, opts []Option) (config, error) {
+	if db == nil {
+		return config{}, sqlbackend.InvalidOption("db", "nil")
+	}
+	return newConfig(opts)
 }
 
 // WithTable sets the lock table (default "dislock_locks"). A name with a dot
@@ -88,7 +93,7 @@ func checkIdent(s string, max int) string {
 // (as Migrate does). Off by default: they are then expected to exist, and
 // their absence is an error naming the fix.
 func WithAutoMigrate() Option {
-	return func(c *config) { c.autoMigrate = true }
+	return func(c *config) { c.AutoMigrate = true }
 }
 
 // WithoutListen turns wake-ups off: waiters poll (core.Backoff, never past
@@ -96,7 +101,7 @@ func WithAutoMigrate() Option {
 // Locker with a waiter keeps one connection of the pool in a wait that a
 // release ends (see the package doc).
 func WithoutListen() Option {
-	return func(c *config) { c.noListen = true }
+	return func(c *config) { c.NoListen = true }
 }
 
 // WithClaimTimeout sets how long after TryAcquire is called an acquire may
@@ -108,15 +113,11 @@ func WithoutListen() Option {
 // anything. Backend.ClaimBound tells the engine when an ambiguous claim can
 // no longer take effect.
 func WithClaimTimeout(d time.Duration) Option {
-	return func(c *config) {
-		if c.ClaimTimeoutOK(d) {
-			c.claimTimeout = d
-		}
-	}
+	return func(c *config) { c.SetClaimTimeout(d) }
 }
 
 // WithClientOptions passes options to core.New when the Locker is built by
 // New or Open. NewBackend ignores them.
 func WithClientOptions(opts ...core.ClientOption) Option {
-	return func(c *config) { c.clientOpts = append(c.clientOpts, opts...) }
+	return func(c *config) { c.ClientOpts = append(c.ClientOpts, opts...) }
 }

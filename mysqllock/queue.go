@@ -56,7 +56,7 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 // defaultWatchPoll. Under WithoutListen it returns core.ErrUnsupported at
 // once.
 func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error {
-	if b.cfg.noListen {
+	if b.cfg.NoListen {
 		return core.ErrUnsupported
 	}
 	conn, err := b.db.Conn(ctx)

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/dislock/dislock/internal/sqlbackend"
 )
 
 // ErrSchema is matched (errors.Is) by the errors NewBackend returns when the
@@ -170,10 +168,7 @@ func SchemaSQL(table string) ([]string, error) {
 // stays the caller's. Concurrent calls from many processes are safe: they
 // serialise on a named lock (GET_LOCK) held for the call.
 func Migrate(ctx context.Context, db *sql.DB, opts ...Option) error {
-	if db == nil {
-		return sqlbackend.InvalidOption("db", "nil")
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := dbConfig(db, opts)
 	if err != nil {
 		return err
 	}

@@ -6,17 +6,19 @@ import (
 	"unicode/utf8"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DefaultTable is the lock table used when WithTable is not given.
-const DefaultTable = "dislock_locks"
+const DefaultTable = sqlbackend.DefaultTable
 
 // DefaultClaimTimeout is the claim timeout used when WithClaimTimeout is not
 // given: far above what a healthy acquire takes, well below the TTLs locks
 // usually have.
-const DefaultClaimTimeout = 2 * time.Second
+const DefaultClaimTimeout = sqlbackend.DefaultClaimTimeout
 
 // maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1); longer names
 // would be truncated silently by the server.
@@ -27,26 +29,29 @@ const maxIdentLen = 63
 type Option func(*config)
 
 type config struct {
-	table        pgx.Identifier
-	autoMigrate  bool
-	asyncCommit  bool
-	unlogged     bool
-	legacy       bool
-	noListen     bool
-	noNotify     bool
-	listenConfig *pgx.ConnConfig
-	pooler       poolerConfig // see pooler.go
-	claimTimeout time.Duration
-	clientOpts   []core.ClientOption
-	sqlbackend.Errs
+	sqlbackend.Config // the options pg shares with mysqllock
+	table             pgx.Identifier
+	asyncCommit       bool
+	unlogged          bool
+	legacy            bool
+	noNotify          bool
+	listenConfig      *pgx.ConnConfig
+	pooler            poolerConfig // see pooler.go
 }
 
-// newConfig applies opts and reports the first invalid one, with the
-// option plumbing pg shares with mysqllock (internal/sqlbackend).
+// newConfig applies opts and reports the first invalid one.
 func newConfig(opts []Option) (config, error) {
-	c := config{table: pgx.Identifier{DefaultTable}, claimTimeout: DefaultClaimTimeout}
-	err := sqlbackend.Apply(&c, opts)
+	c := config{Config: sqlbackend.Config{ClaimTimeout: DefaultClaimTimeout}, table: pgx.Identifier{DefaultTable}}
+	err := optcheck.Apply(&c, opts)
 	return c, err
+}
+
+// poolConfig is newConfig for NewBackend and Migrate, which need a pool.
+func poolConfig(pool *pgxpool.Pool, opts []Option) (config, error) {
+	if pool == nil {
+		return config{}, sqlbackend.InvalidOption("pool", "nil")
+	}
+	return newConfig(opts)
 }
 
 // WithTable sets the lock table (default "dislock_locks"). A name with a dot
@@ -81,7 +86,7 @@ func WithTable(name string) Option {
 // (as Migrate does). Off by default: the table is then expected to exist, and
 // its absence is an error naming the fix.
 func WithAutoMigrate() Option {
-	return func(c *config) { c.autoMigrate = true }
+	return func(c *config) { c.AutoMigrate = true }
 }
 
 // WithAsyncCommit commits every acquire and renewal (releases always are,
@@ -125,7 +130,7 @@ func WithLegacyTable() Option {
 // transaction), where LISTEN is accepted but notifications never arrive, and
 // no direct connection is available for WithListenConfig.
 func WithoutListen() Option {
-	return func(c *config) { c.noListen = true }
+	return func(c *config) { c.NoListen = true }
 }
 
 // WithoutNotify stops releases (and ForceRelease, and Leave) from sending
@@ -172,15 +177,11 @@ func WithListenConfig(cfg *pgx.ConnConfig) Option {
 // use: the engine repeats the undo of an ambiguous claim only when the
 // claim would outlive the bound.
 func WithClaimTimeout(d time.Duration) Option {
-	return func(c *config) {
-		if c.ClaimTimeoutOK(d) {
-			c.claimTimeout = d
-		}
-	}
+	return func(c *config) { c.SetClaimTimeout(d) }
 }
 
 // WithClientOptions passes options to core.New when the Locker is built by
 // New. NewBackend ignores them.
 func WithClientOptions(opts ...core.ClientOption) Option {
-	return func(c *config) { c.clientOpts = append(c.clientOpts, opts...) }
+	return func(c *config) { c.ClientOpts = append(c.ClientOpts, opts...) }
 }

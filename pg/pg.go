@@ -63,17 +63,14 @@ var (
 // WithAutoMigrate), so a missing table, column or privilege is reported here
 // with an error matching ErrSchema that names the table and the fix.
 func NewBackend(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backend, error) {
-	if pool == nil {
-		return nil, sqlbackend.InvalidOption("pool", "nil")
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := poolConfig(pool, opts)
 	if err != nil {
 		return nil, err
 	}
 	b := &Backend{pool: pool, cfg: cfg, table: cfg.table.Sanitize(), prompt: cutsPromptly(pool)}
 	b.stmt = buildStatements(b.table, cfg.legacy, cfg.asyncCommit)
 	b.sem = newSemaphores(cfg, b.table) // semaphore.go
-	if cfg.autoMigrate {
+	if cfg.AutoMigrate {
 		if err := b.Migrate(ctx); err != nil {
 			return nil, err
 		}
@@ -100,7 +97,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*core.Client,
 	if err != nil {
 		return nil, err
 	}
-	return core.New(b, b.cfg.clientOpts...)
+	return core.New(b, b.cfg.ClientOpts...)
 }
 
 // Open connects to the database at connString with a pool of its own and
@@ -114,7 +111,7 @@ func Open(ctx context.Context, connString string, opts ...Option) (*core.Client,
 	if err != nil {
 		return nil, err
 	}
-	return ownclient.New(b, b.cfg.clientOpts)
+	return ownclient.New(b, b.cfg.ClientOpts)
 }
 
 // OpenBackend connects to the database at connString with a pool of its own
@@ -168,11 +165,11 @@ func (b *Backend) claimConn(ctx context.Context, start time.Time) (*pgxpool.Conn
 	if err != nil {
 		return nil, 0, core.Unclaimed(err)
 	}
-	left := b.cfg.claimTimeout - time.Since(start)
-	if left < b.cfg.claimTimeout/2 {
+	left := b.cfg.ClaimTimeout - time.Since(start)
+	if left < b.cfg.ClaimTimeout/2 {
 		conn.Release()
 		return nil, 0, core.Unclaimed(fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
-			time.Since(start).Round(time.Millisecond), b.cfg.claimTimeout))
+			time.Since(start).Round(time.Millisecond), b.cfg.ClaimTimeout))
 	}
 	return conn, left, nil
 }
@@ -190,7 +187,7 @@ func (b *Backend) claimErr(err error, other func(error) error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, boundPassed) {
 		return core.Unclaimed(fmt.Errorf("%w (WithClaimTimeout, %v) before the claim could take effect: refused, nothing claimed [%w]",
-			ErrClaimTimeout, b.cfg.claimTimeout, err))
+			ErrClaimTimeout, b.cfg.ClaimTimeout, err))
 	}
 	return other(err)
 }
@@ -329,7 +326,7 @@ const claimSlack = time.Second
 // WithClaimTimeout) plus one second for the statement's way to the server and
 // its commit. An acquire that has not taken effect by then, counted from the
 // call to TryAcquire, never will.
-func (b *Backend) ClaimBound() time.Duration { return b.cfg.claimTimeout + claimSlack }
+func (b *Backend) ClaimBound() time.Duration { return b.cfg.ClaimTimeout + claimSlack }
 
 // Renew implements core.Backend: one statement for the whole batch.
 func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {

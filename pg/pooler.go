@@ -80,7 +80,7 @@ func WithObserver(o core.Observer) Option {
 		if o == nil {
 			return
 		}
-		c.clientOpts = append(c.clientOpts, core.WithObserver(o))
+		c.ClientOpts = append(c.ClientOpts, core.WithObserver(o))
 		if lo, ok := o.(ListenObserver); ok {
 			c.pooler.observers = append(c.pooler.observers, lo)
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/dislock/dislock/internal/sqlbackend"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -96,10 +95,7 @@ const tokenDefault = `(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 // transaction-scoped advisory lock. It needs the CREATE privilege on the
 // schema.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
-	if pool == nil {
-		return sqlbackend.InvalidOption("pool", "nil")
-	}
-	cfg, err := newConfig(opts)
+	cfg, err := poolConfig(pool, opts)
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 
 // watch is Watch and WatchTurns: fn gets each notification's payload.
 func (b *Backend) watch(ctx context.Context, ready func(), fn func(payload string)) error {
-	if b.cfg.noListen {
+	if b.cfg.NoListen {
 		return core.ErrUnsupported
 	}
 	if b.listen.dead.Load() {

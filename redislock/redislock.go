@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 )
 
 // DefaultPrefix is the Redis key prefix used unless WithPrefix says otherwise.
@@ -35,12 +36,11 @@ type options struct {
 	prefix     string
 	clientOpts []core.ClientOption
 	subTimeout time.Duration
-	errs       []error
+	optcheck.Errs
 }
 
-func invalidOption(name, format string, args ...any) error {
-	return fmt.Errorf("%w: redislock.%s: %s", core.ErrInvalidOption, name, fmt.Sprintf(format, args...))
-}
+// invalidOption returns the error of an invalid value given to option name.
+var invalidOption = optcheck.Prefix("redislock.").Invalid
 
 // WithPrefix sets the prefix of every Redis key and of the release channel
 // (default "dislock"). Lockers that should see each other's locks use the
@@ -50,9 +50,9 @@ func WithPrefix(prefix string) Option {
 	return func(o *options) {
 		switch {
 		case prefix == "":
-			o.errs = append(o.errs, invalidOption("WithPrefix", "empty"))
+			o.RecordErr(invalidOption("WithPrefix", "empty"))
 		case strings.ContainsAny(prefix, "{}"):
-			o.errs = append(o.errs, invalidOption("WithPrefix", "%q contains a brace", prefix))
+			o.RecordErr(invalidOption("WithPrefix", "%q contains a brace", prefix))
 		default:
 			o.prefix = prefix
 		}
@@ -73,7 +73,7 @@ func WithClientOptions(opts ...core.ClientOption) Option {
 func WithSubscribeTimeout(d time.Duration) Option {
 	return func(o *options) {
 		if d <= 0 {
-			o.errs = append(o.errs, invalidOption("WithSubscribeTimeout", "must be positive, got %v", d))
+			o.RecordErr(invalidOption("WithSubscribeTimeout", "must be positive, got %v", d))
 			return
 		}
 		o.subTimeout = d
@@ -128,13 +128,8 @@ func NewBackend(client redis.UniversalClient, opts ...Option) (*Backend, error) 
 
 func newBackend(client redis.UniversalClient, opts []Option) (*Backend, options, error) {
 	o := options{prefix: DefaultPrefix, subTimeout: 5 * time.Second}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
-	if len(o.errs) > 0 {
-		return nil, o, o.errs[0]
+	if err := optcheck.Apply(&o, opts); err != nil {
+		return nil, o, err
 	}
 	if client == nil {
 		return nil, o, invalidOption("New", "nil redis client")

@@ -320,6 +320,41 @@ type verdict struct {
 	names    []string     // the key's children as judged
 }
 
+// childScan is what judge and judgePermit read of a key's children:
+// whether our claim is among them, the claims below it and the holds in
+// force, in the order of the names.
+type childScan struct {
+	found bool
+	lower []child // claims below ours
+	holds []child // holds in force
+}
+
+// scanChildren sorts names, the children of parent, for the claim ours at
+// now (server clock, ms): names that are no child of the recipe are
+// skipped, and holds whose time ran out are deleted on the way.
+func (b *Backend) scanChildren(parent string, names []string, ours child, now int64) childScan {
+	var sc childScan
+	for _, n := range names {
+		c, ok := parseChild(n)
+		if !ok {
+			continue
+		}
+		switch {
+		case n == ours.name:
+			sc.found = true
+		case c.hold:
+			if c.until <= now {
+				b.bgDelete(parent+"/"+n, 0)
+			} else {
+				sc.holds = append(sc.holds, c)
+			}
+		case c.seq < ours.seq:
+			sc.lower = append(sc.lower, c)
+		}
+	}
+	return sc
+}
+
 // judge decides, from the children of parent, whether the claim ours
 // created at server time now holds the lock; when not, it returns the
 // holder when known. As soon as a hold or a lower claim is seen, our claim
@@ -332,32 +367,19 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 	if err != nil {
 		return verdict{}, err
 	}
-	found := false
-	var lower []child
+	sc := b.scanChildren(parent, names, ours, now)
+	if !sc.found {
+		return verdict{gone: true}, nil // deleted meanwhile (force release): not ours
+	}
+	lower := sc.lower
 	var best *child
 	permitHold := 0
-	for _, n := range names {
-		c, ok := parseChild(n)
-		if !ok {
-			continue
+	for i, c := range sc.holds {
+		if c.limit > 0 {
+			permitHold = max(permitHold, c.limit)
+		} else if c.token != ours.token && (best == nil || c.until > best.until) {
+			best = &sc.holds[i]
 		}
-		switch {
-		case n == ours.name:
-			found = true
-		case c.hold:
-			if c.until <= now {
-				b.bgDelete(parent+"/"+n, 0)
-			} else if c.limit > 0 {
-				permitHold = max(permitHold, c.limit)
-			} else if c.token != ours.token && (best == nil || c.until > best.until) {
-				best = &c
-			}
-		case c.seq < ours.seq:
-			lower = append(lower, c)
-		}
-	}
-	if !found {
-		return verdict{gone: true}, nil // deleted meanwhile (force release): not ours
 	}
 	v := verdict{names: names}
 	if permitHold > 0 {

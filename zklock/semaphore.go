@@ -43,32 +43,19 @@ func (b *Backend) judgePermit(ctx context.Context, key, parent string, ours chil
 		return verdict{}, err
 	}
 	regrant := pst != nil && mine > 0 && pst.Mzxid > mine
-	found := false
-	var lower, holds []child
-	mutexHold := false
-	for _, n := range names {
-		c, ok := parseChild(n)
-		if !ok {
-			continue
-		}
-		switch {
-		case n == ours.name:
-			found = true
-		case c.hold:
-			switch {
-			case c.until <= now:
-				b.bgDelete(parent+"/"+n, 0)
-			case c.limit == 0:
-				mutexHold = true
-			default:
-				holds = append(holds, c)
-			}
-		case c.seq < ours.seq:
-			lower = append(lower, c)
-		}
-	}
-	if !found {
+	sc := b.scanChildren(parent, names, ours, now)
+	if !sc.found {
 		return verdict{gone: true}, nil // deleted meanwhile (force release): not ours
+	}
+	lower := sc.lower
+	var holds []child // the permits' holds
+	mutexHold := false
+	for _, h := range sc.holds {
+		if h.limit == 0 {
+			mutexHold = true
+		} else {
+			holds = append(holds, h)
+		}
 	}
 	if mutexHold {
 		return verdict{mismatch: 1}, nil

@@ -37,7 +37,7 @@ type options struct {
 	clientOpts     []core.ClientOption
 	auth           []authCred
 	acl            []zk.ACL
-	errs           []error
+	optcheck.Errs
 }
 
 // authCred is one WithAuth: never formatted into an error or a log line.
@@ -48,10 +48,6 @@ type authCred struct {
 
 // invalidOption returns the error of an invalid value given to option name.
 var invalidOption = optcheck.Prefix("zklock.").Invalid
-
-// RecordErr records the error of an invalid option, for the constructor to
-// report.
-func (o *options) RecordErr(err error) { o.errs = append(o.errs, err) }
 
 // checked is an Option that applies set, or records err when the value
 // given was invalid (optcheck.Checked).
@@ -221,13 +217,8 @@ var (
 
 func resolve(opts []Option) (options, error) {
 	o := options{root: DefaultRoot, sessionTimeout: DefaultSessionTimeout}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
-	if len(o.errs) > 0 {
-		return o, o.errs[0]
+	if err := optcheck.Apply(&o, opts); err != nil {
+		return o, err
 	}
 	if o.acl == nil {
 		o.acl = zk.WorldACL(zk.PermAll)
@@ -455,10 +446,7 @@ func (r *firstRound) failures() string {
 func validRoot(root string) error {
 	var o options
 	WithRoot(root)(&o)
-	if len(o.errs) > 0 {
-		return o.errs[0]
-	}
-	return nil
+	return o.Err()
 }
 
 // NewBackendFromConn returns a Backend on an existing connection. The

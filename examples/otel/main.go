@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/stdout/stdoutmetric"
@@ -31,12 +30,7 @@ import (
 	dlotel "github.com/dislock/dislock/otel"
 )
 
-func main() {
-	if err := run(context.Background(), os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "otel example:", err)
-		os.Exit(1)
-	}
-}
+func main() { exenv.Main("otel example", run) }
 
 func run(ctx context.Context, out io.Writer) (err error) {
 	spans, err := stdouttrace.New(stdouttrace.WithWriter(out), stdouttrace.WithPrettyPrint())

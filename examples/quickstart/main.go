@@ -23,19 +23,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/examples/internal/exenv"
 )
 
-func main() {
-	if err := run(context.Background(), os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "quickstart:", err)
-		os.Exit(1)
-	}
-}
+func main() { exenv.Main("quickstart", run) }
 
 func run(ctx context.Context, out io.Writer) error {
 	lockers, backend, closeAll, err := exenv.Lockers(ctx, 2)

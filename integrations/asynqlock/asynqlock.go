@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/optcheck"
 )
 
 // handOffMargin is how long before the task's deadline a HandOff wait gives
@@ -43,15 +44,10 @@ func New(l core.Locker, opts ...Option) (asynq.MiddlewareFunc, error) {
 		handOffWait:    DefaultHandOffWait,
 	}
 	if l == nil {
-		c.errs = append(c.errs, invalid("Locker", "nil"))
+		c.RecordErr(invalid("Locker", "nil"))
 	}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	if len(c.errs) > 0 {
-		return nil, c.errs[0]
+	if err := optcheck.Apply(&c, opts); err != nil {
+		return nil, err
 	}
 	if c.limit > 1 {
 		if cl, ok := l.(*core.Client); ok {

@@ -38,7 +38,7 @@ type config struct {
 	handOffWait    time.Duration
 	limit          int
 	limitName      string // the option that set limit, for its errors
-	errs           []error
+	optcheck.Errs
 }
 
 // optPrefix names asynqlock in the errors of its options.
@@ -46,9 +46,6 @@ const optPrefix optcheck.Prefix = "asynqlock: "
 
 // invalid returns the error of an invalid value given to option name.
 var invalid = optPrefix.Invalid
-
-// RecordErr records the error of an invalid option, for New to report.
-func (c *config) RecordErr(err error) { c.errs = append(c.errs, err) }
 
 // checked is an Option that applies set, or records err when the value
 // given was invalid (optcheck.Checked).

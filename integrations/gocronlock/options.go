@@ -53,7 +53,7 @@ type config struct {
 	limit          int
 
 	used []usedOption
-	errs []error
+	optcheck.Errs
 }
 
 type usedOption struct {
@@ -77,7 +77,7 @@ func option(name string, s scope, err error, set func(*config)) Option {
 	return func(c *config) {
 		c.use(name, s)
 		if err != nil {
-			c.errs = append(c.errs, err)
+			c.RecordErr(err)
 			return
 		}
 		set(c)
@@ -108,13 +108,8 @@ func resolveConfig(s scope, l core.Locker, opts []Option) (config, error) {
 	if s == forElector {
 		c.jitter = DefaultElectorJitter
 	}
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	if len(c.errs) > 0 {
-		return c, c.errs[0]
+	if err := optcheck.Apply(&c, opts); err != nil {
+		return c, err
 	}
 	for _, u := range c.used {
 		if u.scope&s == 0 {

@@ -4,8 +4,9 @@
 // option that records the error, for the constructor that applies the
 // options to report. It is the one copy of core's checked, positive and
 // notNegative for them; core keeps its own, as it imports only the standard
-// library. internal/sqlbackend makes the errors of pg's and mysqllock's
-// options with Invalid too, without a prefix.
+// library. Errs and Apply are the plumbing the options of every package
+// share, the backends' too (pg and mysqllock through internal/sqlbackend,
+// which makes their errors with Invalid, without a prefix).
 package optcheck
 
 import (
@@ -51,4 +52,31 @@ func Checked[C Recorder](err error, set func(C)) func(C) {
 		return func(c C) { c.RecordErr(err) }
 	}
 	return set
+}
+
+// Errs collects the errors of a package's invalid options, for the
+// constructor that applies them to report the first; the package's config
+// embeds it.
+type Errs struct{ errs []error }
+
+// RecordErr records the error of an invalid option (Recorder).
+func (e *Errs) RecordErr(err error) { e.errs = append(e.errs, err) }
+
+// Err is the first error recorded, nil when there is none.
+func (e *Errs) Err() error {
+	if len(e.errs) > 0 {
+		return e.errs[0]
+	}
+	return nil
+}
+
+// Apply applies opts to c in order, skipping nil ones, and returns the
+// first error they recorded.
+func Apply[O ~func(C), C interface{ Err() error }](c C, opts []O) error {
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
+	}
+	return c.Err()
 }

@@ -1,8 +1,8 @@
 // Package sqlbackend holds what the SQL backends (pg, mysqllock) share
-// beyond core: the plumbing of their options, the limits of their claim
-// timeout, and the checks of an acquire request. Their options differ in
-// what they set, not in how an invalid one is reported: each backend's
-// config embeds Errs, and its newConfig runs Apply.
+// beyond core: the options they both have (Config), the limits of their
+// claim timeout, and the checks of an acquire request. Their other options
+// differ in what they set, not in how an invalid one is reported: each
+// backend's config embeds Config, and so Errs.
 package sqlbackend
 
 import (
@@ -12,11 +12,17 @@ import (
 	"github.com/dislock/dislock/internal/optcheck"
 )
 
-// Limits of WithClaimTimeout. Half the timeout must be left when the claim
-// is sent.
+// DefaultTable is the lock table both backends use when WithTable is not
+// given (pg.DefaultTable, mysqllock.DefaultTable).
+const DefaultTable = "dislock_locks"
+
+// The default and the limits of WithClaimTimeout. The default is far above
+// what a healthy acquire takes, well below the TTLs locks usually have.
+// Half the timeout must be left when the claim is sent.
 const (
-	MinClaimTimeout = 10 * time.Millisecond
-	MaxClaimTimeout = 24 * time.Hour
+	DefaultClaimTimeout = 2 * time.Second
+	MinClaimTimeout     = 10 * time.Millisecond
+	MaxClaimTimeout     = 24 * time.Hour
 )
 
 // InvalidOption is the error of the invalid option or argument name: it
@@ -26,42 +32,33 @@ func InvalidOption(name, format string, args ...any) error {
 	return optcheck.Prefix("").Invalid(name, format, args...)
 }
 
-// Errs collects the errors of a backend's invalid options; the backend's
-// config embeds it.
-type Errs struct{ errs []error }
+// Config is what the options of both SQL backends set alike: each
+// backend's config embeds it, and its newConfig applies the options with
+// optcheck.Apply.
+type Config struct {
+	AutoMigrate  bool                // WithAutoMigrate
+	NoListen     bool                // WithoutListen
+	ClaimTimeout time.Duration       // WithClaimTimeout
+	ClientOpts   []core.ClientOption // WithClientOptions
+	Errs
+}
+
+// SetClaimTimeout is WithClaimTimeout's: it sets ClaimTimeout to d when d
+// is within the option's limits, and records the option's error otherwise.
+func (c *Config) SetClaimTimeout(d time.Duration) {
+	if d < MinClaimTimeout || d > MaxClaimTimeout {
+		c.Invalid("WithClaimTimeout", "must be between %v and %v, got %v", MinClaimTimeout, MaxClaimTimeout, d)
+		return
+	}
+	c.ClaimTimeout = d
+}
+
+// Errs collects the errors of a backend's invalid options.
+type Errs struct{ optcheck.Errs }
 
 // Invalid records the error of the invalid option name (InvalidOption).
 func (e *Errs) Invalid(name, format string, args ...any) {
-	e.errs = append(e.errs, InvalidOption(name, format, args...))
-}
-
-// Err is the first error recorded, nil when there is none.
-func (e *Errs) Err() error {
-	if len(e.errs) > 0 {
-		return e.errs[0]
-	}
-	return nil
-}
-
-// ClaimTimeoutOK reports whether d is within the limits of
-// WithClaimTimeout, and records that option's error when it is not.
-func (e *Errs) ClaimTimeoutOK(d time.Duration) bool {
-	if d < MinClaimTimeout || d > MaxClaimTimeout {
-		e.Invalid("WithClaimTimeout", "must be between %v and %v, got %v", MinClaimTimeout, MaxClaimTimeout, d)
-		return false
-	}
-	return true
-}
-
-// Apply applies opts to c in order, skipping nil ones, and returns the
-// first error they recorded.
-func Apply[O ~func(C), C interface{ Err() error }](c C, opts []O) error {
-	for _, o := range opts {
-		if o != nil {
-			o(c)
-		}
-	}
-	return c.Err()
+	e.RecordErr(InvalidOption(name, format, args...))
 }
 
 // CheckAcquire checks what TryAcquire needs of req: a valid key, a Limit
