@@ -181,33 +181,29 @@ func claimLeftNothing(t *testing.T, admin *pgxpool.Pool, table string, legacy bo
 	_ = s.Release(ctx)
 }
 
-// The same, for the claim of a key this Backend lately released (one
-// UPDATE of its row): refused past the bound, and nothing is held.
-func TestFreeClaimRefusedPastBound(t *testing.T) {
-	const claimTimeout = 300 * time.Millisecond
-	admin := newPool(t, nil)
-	eachClaimMode(t, admin, func(t *testing.T, m claimMode, table string, legacy bool, unblock func()) {
-		b := newBackendPool(t, table, m.edit, append([]pg.Option{pg.WithClaimTimeout(claimTimeout)}, m.opts...)...)
-		pg.NoteReleased(b, "k")
-		ctx := ctxT(t)
-		claimPastBound(t, claimTimeout, unblock, func() error {
-			_, err := newClient(t, b).TryAcquire(ctx, "k", core.TTL(time.Minute))
-			return err
-		})
-		claimLeftNothing(t, admin, table, legacy, m.opts)
-	})
-}
-
 // Rule: an acquire held up on the server (here by another transaction's lock
 // on the expired row it takes over) past the claim timeout is refused by the
 // server when the wait ends: it fails with pg.ErrClaimTimeout and takes no
 // effect, and the key is free for others. In every exec mode and on the
 // legacy table.
-func TestClaimRefusedPastBound(t *testing.T) {
+func TestClaimRefusedPastBound(t *testing.T) { refusedPastBound(t, nil) }
+
+// The same, for the claim of a key this Backend lately released (one
+// UPDATE of its row).
+func TestFreeClaimRefusedPastBound(t *testing.T) {
+	refusedPastBound(t, func(b *pg.Backend) { pg.NoteReleased(b, "k") })
+}
+
+// refusedPastBound checks the rule of TestClaimRefusedPastBound with a
+// Backend that prepare (when not nil) has readied for the claim.
+func refusedPastBound(t *testing.T, prepare func(*pg.Backend)) {
 	const claimTimeout = 300 * time.Millisecond
 	admin := newPool(t, nil)
 	eachClaimMode(t, admin, func(t *testing.T, m claimMode, table string, legacy bool, unblock func()) {
 		b := newBackendPool(t, table, m.edit, append([]pg.Option{pg.WithClaimTimeout(claimTimeout)}, m.opts...)...)
+		if prepare != nil {
+			prepare(b)
+		}
 		ctx := ctxT(t)
 		claimPastBound(t, claimTimeout, unblock, func() error {
 			_, err := newClient(t, b).TryAcquire(ctx, "k", core.TTL(time.Minute))
