@@ -40,28 +40,40 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if req.Waiter != "" && !slot {
 		return b.tryQueued(ctx, req, ttl)
 	}
-	if !permit {
-		// A mutex this backend holds is busy without a request. (A permit
-		// claim goes to the store: another permit may be free, and a
-		// mutex held here is a limit mismatch.)
-		if info, ok := b.knownBusy(req.Key); ok && !slot {
-			return core.Lease{}, core.Busy(req.Key, info)
-		}
-		// One attempt per key at a time from this backend: a second one
-		// could only lose to the first or to the same holder, and its
-		// claim would stand in the first one's way.
-		b.mu.Lock()
-		if b.trying[req.Key] && !slot {
-			b.mu.Unlock()
-			return core.Lease{}, core.Busy(req.Key, nil)
-		}
-		b.trying[req.Key] = true
-		b.mu.Unlock()
-		defer func() {
+	if !permit && !slot {
+		for {
+			// A mutex this backend holds is busy without a request. (A
+			// permit claim goes to the store: another permit may be free,
+			// and a mutex held here is a limit mismatch.)
+			if info, ok := b.knownBusy(req.Key); ok {
+				return core.Lease{}, core.Busy(req.Key, info)
+			}
+			// One attempt per key at a time from this backend: a second
+			// one could only lose to the first or to the same holder, and
+			// its claim would stand in the first one's way. It waits for
+			// the first to end, then asks again: when the first failed
+			// (the store did not answer, say), that is no busy answer.
 			b.mu.Lock()
-			delete(b.trying, req.Key)
+			ahead := b.trying[req.Key]
+			if ahead == nil {
+				done := make(chan struct{})
+				b.trying[req.Key] = done
+				b.mu.Unlock()
+				defer func() {
+					b.mu.Lock()
+					delete(b.trying, req.Key)
+					b.mu.Unlock()
+					close(done)
+				}()
+				break
+			}
 			b.mu.Unlock()
-		}()
+			select {
+			case <-ahead:
+			case <-ctx.Done():
+				return core.Lease{}, core.Unclaimed(ctx.Err())
+			}
+		}
 	}
 	parent := b.keyPath(req.Key)
 	tok := encodeName(req.OwnerToken)
@@ -130,8 +142,10 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		// was already being given up: claim again.
 		b.forget(req.OwnerToken)
 		if err := waitDropped(ctx, v.dropped); err != nil {
+			// The store did not say the key is busy: a failure (the
+			// store or ctx ended the wait), not busy.
 			b.bgDelete(created, sid)
-			return core.Lease{}, core.Busy(req.Key, nil)
+			return core.Lease{}, fmt.Errorf("zklock: claim %q: wait for the deletion of expired claims: %w", req.Key, err)
 		}
 	}
 	if regrant {

@@ -170,7 +170,7 @@ type Backend struct {
 	claims  map[string]*claim        // owner token -> claim made by this backend
 	watches map[string]*watched      // watched claim path -> what is known of it
 	held    map[string]*held         // key -> a lock this backend holds
-	trying  map[string]bool          // keys with an acquisition in flight
+	trying  map[string]chan struct{} // keys with an acquisition in flight: closed when it ends
 	subs    map[int]func(key string) // Watch subscribers
 	nextSub int
 
@@ -504,7 +504,7 @@ func newBackend(root string, acl []zk.ACL) *Backend {
 		claims:  make(map[string]*claim),
 		watches: make(map[string]*watched),
 		held:    make(map[string]*held),
-		trying:  make(map[string]bool),
+		trying:  make(map[string]chan struct{}),
 		subs:    make(map[int]func(string)),
 
 		places:   make(map[string]*place),

@@ -209,7 +209,7 @@ func testDeadlineKept(t *testing.T, e *env) {
 }
 
 func testEndsWithContext(t *testing.T, e *env) {
-	const rule = "a backend whose calls end with their ctx does so: TryAcquire and Acquire on a store that stopped answering return within core.DeadlineSlack of ctx's end, and a claim the store applied is undone once it answers again"
+	const rule = "a backend whose calls end with their ctx does so: TryAcquire and Acquire on a store that stopped answering return within core.DeadlineSlack of ctx's end, with ctx's error (two tries of one key at once too), and a claim the store applied is undone once it answers again"
 	const workers = "the backend's calls are handed to the engine's call workers (not a core.ContextBound)"
 	if e.h.Stall == nil {
 		if endsWithCtx(e.proc(t).fault.Backend) {
@@ -225,9 +225,23 @@ func testEndsWithContext(t *testing.T, e *env) {
 	wait := e.ttl / 2
 	stall()
 	returnsByDeadline(t, rule, "a store that stopped answering", a, k, wait)
+	// Two tries of one key at once from one process: the one that comes
+	// second is not answered busy because the first is on its way.
+	k2 := e.key(t)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := a.l.TryAcquire(ctxT(t, wait), k2, core.TTL(60*time.Second))
+			errs <- err
+		}()
+	}
+	for range 2 {
+		notBusy(t, rule, "one of two tries of a key at once on a store that stopped answering", <-errs, context.DeadlineExceeded)
+	}
 	resume()
 	// A claim the store applied is undone by the engine (else held for 60s).
 	mustUndo(t, rule, "a claim applied while the store did not answer", b, k)
+	mustUndo(t, rule, "a claim of two tries at once applied while the store did not answer", b, k2)
 }
 
 // mustUndo checks that p acquires k within 15s: the claims of k that
