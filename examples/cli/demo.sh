@@ -21,15 +21,17 @@ go -C cmd/dislock build -o "$bin/dislock" .
 go -C examples build -o "$bin/job" ./cli
 
 export LOCK_KEY="demo-$$" LOCK_STRATEGY=schedule,lease CRON_SCHEDULE='* * * * *'
-"$bin/dislock" DATABASE_URL "$bin/job" -work 2s &
+"$bin/dislock" DATABASE_URL "$bin/job" -work 3s &
 first=$!
 # Wait until the first instance holds the lease (status exits 0 when held).
 until "$bin/dislock" status "cronjob-lock:lease:demo-$$" >/dev/null 2>&1; do sleep 0.1; done
 echo "--- second instance, same key (at log level INFO, to say why it does not run):"
 CRONJOB_LOCK_LOG_LEVEL=INFO "$bin/dislock" DATABASE_URL "$bin/job" -work 2s
 echo "--- second instance exited $?"
-echo "--- dislock list cronjob-lock:schedule:demo-$$"
-"$bin/dislock" list cronjob-lock:schedule:demo-$$
+# The lease is held while the first instance works (the schedule lock only
+# until the minute ends, which may come first).
+echo "--- dislock list cronjob-lock:lease:demo-$$"
+"$bin/dislock" list cronjob-lock:lease:demo-$$
 echo "--- third instance, lease only, waits up to 30s for the lease (--wait 30s):"
 LOCK_STRATEGY=lease "$bin/dislock" --wait 30s DATABASE_URL "$bin/job" -work 0s
 echo "--- third instance exited $?"
