@@ -384,8 +384,8 @@ func pgRestartWaiters(t *testing.T, srv *pgServer) {
 		// waiter. Only a poll sent after the release says that the
 		// notification did not come.
 		if got := obs[r.i].Of(key); got != core.WakeNotify {
-			if sent := parked[r.i].lastSent(); !sent.Before(releasedTo) {
-				t.Errorf("waiter %d was woken by %q %v after the release returned, want a notification", r.i, got, sent.Sub(releasedTo))
+			if after, late := parked[r.i].sentSince(releasedTo); late {
+				t.Errorf("waiter %d was woken by %q sent %v after the release returned, want a notification", r.i, got, after)
 			} else {
 				polls++
 			}
@@ -446,11 +446,13 @@ func (b *parkedBackend) TryAcquire(ctx context.Context, req core.AcquireRequest)
 	return l, err
 }
 
-// lastSent is when the last attempt was sent.
-func (b *parkedBackend) lastSent() time.Time {
+// sentSince says how long after t the last attempt was sent, and whether
+// it was sent at t or later.
+func (b *parkedBackend) sentSince(t time.Time) (time.Duration, bool) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.sentAt
+	d := b.sentAt.Sub(t)
+	b.mu.Unlock()
+	return d, d >= 0
 }
 
 func (b *parkedBackend) parkedSince(t time.Time) bool {
