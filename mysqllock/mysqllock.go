@@ -33,14 +33,9 @@ type Backend struct {
 	// claimFree and releaseFree are the plain statements of a free key
 	// nobody waits on (see freeClaimSQL): no CALL, no result set.
 	claimFree, releaseFree *sql.Stmt
-	// released holds the keys whose lease this Backend lately ended:
-	// their rows are there and, unless someone has claimed them since,
-	// free. A claim of such a key by a caller that does not wait is first
-	// the UPDATE of freeClaimSQL; other keys go to the acquire procedure
-	// at once, so that a new key (no row to update) or a key held by
-	// another (answered from a plain read) costs one round trip, not two.
-	// A busy answer takes the key out.
-	released sqlbackend.Keys[struct{}]
+	// released: keys claimed first by freeClaimSQL's UPDATE; the others
+	// go to the acquire procedure at once.
+	released sqlbackend.Released
 	// fast holds the leases that freeClaimSQL claimed and that are not
 	// released yet, by key: the owner token (see releaseFast). A lease
 	// it no longer holds (it was full) is released by the procedure.
@@ -235,7 +230,7 @@ func unclaimed(err error) error {
 // (see procs.go), one round trip and one transaction. A TTL claim of a
 // mutex by a caller that does not wait is first the one UPDATE of
 // freeClaimSQL, which claims the key when it is free and nobody waits on
-// it, when the key is one this Backend lately released (see Backend.released);
+// it, when the key is one this Backend lately released (sqlbackend.Released);
 // the CALL follows only when it did not.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if err := sqlbackend.CheckAcquire(req); err != nil {
@@ -261,7 +256,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		left            sql.NullInt64
 		have            int64
 	)
-	if req.Waiter == "" && limit == 1 && expire == 0 && b.isReleased(req.Key) {
+	if req.Waiter == "" && limit == 1 && expire == 0 && b.released.Has(req.Key) {
 		res, err := b.claimFree.ExecContext(cctx, []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), []byte(req.Key), micro(half))
 		if err != nil {
 			return core.Lease{}, unclaimed(err)
@@ -298,7 +293,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if have > 1 {
 		info.Limit = int(have)
 	}
-	b.released.Delete(req.Key)
+	b.released.Forget(req.Key)
 	return core.Lease{}, core.Busy(req.Key, info)
 }
 
@@ -349,12 +344,6 @@ func (b *Backend) releaseFast(ctx context.Context, req core.ReleaseRequest) (boo
 	}
 	n, err := res.RowsAffected()
 	return err == nil && n == 1, nil
-}
-
-// isReleased reports whether this Backend lately ended a lease of key.
-func (b *Backend) isReleased(key string) bool {
-	_, ok := b.released.Get(key)
-	return ok
 }
 
 // claimSlack is what ClaimBound adds to the claim timeout: the time an
@@ -434,7 +423,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		return err
 	}
 	if req.Keep <= 0 && req.Limit <= 1 {
-		b.released.Put(req.Key, struct{}{}, nil)
+		b.released.Note(req.Key)
 	}
 	b.prune(ctx)
 	if !live {

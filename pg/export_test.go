@@ -2,4 +2,4 @@ package pg
 
 // NoteReleased makes b take key for one whose lease it lately released, so
 // that its next claim of key without a waiter is claimFree's UPDATE.
-func NoteReleased(b *Backend, key string) { b.released.Put(key, struct{}{}, nil) }
+func NoteReleased(b *Backend, key string) { b.released.Note(key) }

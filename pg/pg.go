@@ -34,16 +34,10 @@ type Backend struct {
 	listen  listenState // see pooler.go
 	sem     *semaphores // see semaphore.go
 
-	pruneDue prune.Schedule // see prune
-	hints    busyHints      // keys found held by others (peek.go)
-	// released holds the keys whose lease this Backend lately ended:
-	// their rows are there and, unless someone has claimed them since,
-	// free. A claim of one by a caller that does not wait is first the
-	// UPDATE of claimFree; other keys go to the claim at once, so that a
-	// new key (no row to update) costs one round trip, not two. A busy
-	// answer takes the key out.
-	released sqlbackend.Keys[struct{}]
-	prompt   bool // the pool's connections cut a call when its ctx ends (cut.go)
+	pruneDue prune.Schedule      // see prune
+	hints    busyHints           // keys found held by others (peek.go)
+	released sqlbackend.Released // keys claimed first by claimFree's UPDATE
+	prompt   bool                // the pool's connections cut a call when its ctx ends (cut.go)
 }
 
 var (
@@ -221,12 +215,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		}
 	}
 	if req.Waiter == "" && expireAt == nil && b.stmt.claimFree != "" {
-		if _, ok := b.released.Get(req.Key); ok {
+		if b.released.Has(req.Key) {
 			lease, err := b.claimFree(ctx, conn, req, left)
 			if !errors.Is(err, pgx.ErrNoRows) {
 				return lease, err
 			}
-			b.released.Delete(req.Key)
+			b.released.Forget(req.Key)
 		}
 	}
 	var row pgx.Row
@@ -402,7 +396,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		return poolerHint(err)
 	}
 	if b.stmt.claimFree != "" {
-		b.released.Put(req.Key, struct{}{}, nil)
+		b.released.Note(req.Key)
 	}
 	b.prune(ctx)
 	return released(req.Key, live)

@@ -65,3 +65,25 @@ func (k *Keys[V]) CompareAndDelete(key string, v V) bool {
 	}
 	return false
 }
+
+// Released is the keys whose lease a Backend lately ended. Their rows are
+// still there (a release keeps the row, and its token) and, unless someone
+// claimed them since, free: a claim of one by a caller that does not wait
+// is first the backend's one plain UPDATE of that row, and other keys go
+// to the full claim at once, so that a new key (no row to update) costs one
+// round trip, not two. A backend forgets a key when a claim finds it taken
+// since (pg: whenever the UPDATE took nothing; mysqllock: on a busy
+// answer), until it releases the key again.
+type Released struct{ k Keys[struct{}] }
+
+// Note remembers that key's lease was released here.
+func (r *Released) Note(key string) { r.k.Put(key, struct{}{}, nil) }
+
+// Has reports whether key's lease was lately released here.
+func (r *Released) Has(key string) bool {
+	_, ok := r.k.Get(key)
+	return ok
+}
+
+// Forget forgets key.
+func (r *Released) Forget(key string) { r.k.Delete(key) }
