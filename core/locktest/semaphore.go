@@ -96,6 +96,12 @@ func testSemNeverMore(t *testing.T, e *env) {
 				if errors.Is(err, core.ErrNotAcquired) && (w+r)%2 == 0 {
 					continue // full: the TryAcquire was refused
 				}
+				if errors.Is(err, core.ErrLeaseLost) {
+					// The reply came past the renew deadline (a store
+					// stalled under this load): the engine gave the claim
+					// up and undid it, so it is no holder.
+					continue
+				}
 				if err != nil {
 					errs <- err
 					return
@@ -164,6 +170,9 @@ func testSemNeverMore(t *testing.T, e *env) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+	if acquired == 0 {
+		t.Errorf("rule %q: no acquisition at all", rule)
 	}
 	t.Logf("%d acquisitions, at most %d holders at once", acquired, most)
 }
