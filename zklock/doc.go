@@ -115,14 +115,20 @@
 // in line. The waiter's backend watches the node before its own and tells
 // the engine its turn through WatchTurns when it is first in line; no
 // other process hears of it. When that node was the only one before it and
-// is deleted, nothing can be before it any more, and the grant is one
-// write without a read (a min hold or a slot's hold comes only from that
-// node, in the multi that deletes it, after a write to it, which the
-// watch reports as a data change instead: the waiter reads the children
-// and finds the hold). The
-// grant rewrites the node as a claim ("1\n<ttl>\n<owner>"): that write
-// starts the lease on the server's clock, and the fencing token is the
-// node's czxid, which increases in the order of the line. A place whose
+// is deleted, nothing can be before it any more, and the grant needs no
+// read (a min hold or a slot's hold comes only from that node, in the
+// multi that deletes it, after a write to it, which the watch reports as
+// a data change instead: the waiter reads the children and finds the
+// hold). The grant rewrites the node as a claim ("1\n<ttl>\n<owner>"), so
+// that it is judged by its TTL like any other claim from then on, and the
+// fencing token is the node's czxid, which increases in the order of the
+// line. A mutex's waiting place already holds the key when its grant is
+// decided (it is the lowest node in force, and a place is never judged by
+// a TTL), so that rewrite is sent without waiting for its reply: at its
+// turn the waiter gets the lease without a round trip, and the engine
+// counts the lease from before the rewrite, which the store's TTL counts
+// from. (A permit's grant, and a place that still has a claim's data, wait
+// for the write.) A place whose
 // process died goes with its session; Leave (the Acquire gave up) deletes
 // it, and so does its own backend when its WaiterTTL runs out without an
 // attempt: the waiter behind is told at once, without a poll. Until its

@@ -40,8 +40,9 @@ type place struct {
 	owner       string
 	sid         int64
 	limit       int
-	version     int32 // of the node's data, as this backend last wrote it
-	claimData   bool  // created with a claim's data: rewritten when it waits
+	version     int32  // of the node's data, as this backend last wrote it
+	token       uint64 // the node's czxid, when this backend created it (0: not known)
+	claimData   bool   // created with a claim's data: rewritten when it waits
 	until       time.Time
 	timer       *time.Timer
 	stop        chan struct{} // closed when the place ends
@@ -144,7 +145,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 				return core.Lease{}, err
 			}
 			b.forget(req.OwnerToken) // recorded again once granted
-			pl = b.newPlace(pk, req, &place{path: c.path, name: c.path[len(parent)+1:], sid: c.sid, claimData: !contended}, sent)
+			pl = b.newPlace(pk, req, &place{path: c.path, name: c.path[len(parent)+1:], sid: c.sid, claimData: !contended, token: c.token}, sent)
 			fresh = !contended
 		} else {
 			now = b.serverNow()
@@ -342,14 +343,29 @@ func (b *Backend) adopt(ctx context.Context, pl *place, parent, tok string) erro
 
 // grant makes the place pl the lease of req: the node created by this
 // attempt with claim data holds as it is; a waiting place is rewritten as a
-// claim, which starts its lease now on the server's clock (a watch of the
+// claim, which starts its lease on the server's clock (a watch of the
 // waiter behind sees it: a grant that leaves a permit free passes the
 // turn).
+//
+// A mutex's waiting place whose node this backend made holds the key from
+// its turn on, before the rewrite: it is the lowest node in force (the
+// grant rule found it so, and no node can come before a node that exists),
+// and a waiting place is never judged by a TTL, so no other claim can hold
+// while it stands. Its rewrite is then sent without waiting for the reply
+// (grantAsync), and the lease is handed out at once: the hand-off costs the
+// new holder no round trip. The engine counts the lease from before the
+// rewrite was sent, so the store keeps it at least as long as the engine
+// believes it held. A node that has claim data (a claim kept as a place, or
+// one whose rewrite as a place failed) is judged by its TTL and is rewritten
+// before the grant, as is a permit (its token is its grant's zxid).
 func (b *Backend) grant(ctx context.Context, req core.AcquireRequest, pk string, pl *place, c *claim, fresh bool, ttl time.Duration, sent time.Time) (core.Lease, error) {
 	b.mu.Lock()
 	b.dropPlaceLocked(pk, pl)
 	b.mu.Unlock()
-	if !fresh {
+	if !fresh && req.Limit <= 1 && pl.token != 0 && !pl.claimData {
+		c = &claim{path: pl.path, sid: pl.sid, token: pl.token, acqMs: b.serverNow()}
+		b.grantAsync(pl.path, pl.sid, claimData(ttl, req.Owner), pl.version)
+	} else if !fresh {
 		var st *zk.Stat
 		var err error
 		write := func() { st, err = b.conn.Set(pl.path, claimData(ttl, req.Owner), pl.version) }
@@ -393,6 +409,43 @@ func (b *Backend) grant(ctx context.Context, req core.AcquireRequest, pk string,
 			AcquiredAt: lease.AcquiredAt, ExpiresAt: lease.ExpiresAt}, ttl, sent)
 	}
 	return lease, nil
+}
+
+// grantAsync rewrites the waiting place at p (of session sid, at version)
+// as a claim with data, in the background, trying again a few times when
+// the store does not answer, until the node is rewritten, gone (released,
+// force-released, or gone with its session), or changed since (renewed:
+// a renewal writes claim data too). Until it lands the node is a waiting
+// place, which holds as the lowest node in force while its session lives.
+func (b *Backend) grantAsync(p string, sid int64, data []byte, version int32) {
+	b.spawn(func() {
+		wait := 50 * time.Millisecond
+		for range 8 {
+			if b.conn.SessionID() != sid {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			var st *zk.Stat
+			var err error
+			cerr := b.call(ctx, func() { st, err = b.conn.Set(p, data, version) }, nil)
+			cancel()
+			switch {
+			case errors.Is(cerr, errClosed):
+				return
+			case cerr == nil && err == nil:
+				b.sampleClock(st.Mtime)
+				return
+			case cerr == nil && (errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion)):
+				return
+			}
+			select {
+			case <-b.done:
+				return
+			case <-time.After(wait):
+			}
+			wait *= 2
+		}
+	})
 }
 
 // evaluate decides, from the key's children (names; read when nil),

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -220,5 +221,95 @@ func TestQueueExpiredPlaceSparesTheWaitsNewNode(t *testing.T) {
 	errs, err := b.Renew(ctx, []core.RenewRequest{{Key: req.Key, OwnerToken: req.OwnerToken, TTL: time.Second}})
 	if err != nil || errs[0] != nil {
 		t.Fatalf("renewal of the lease just granted: %v %v: the expired place's deletion took its node", err, errs)
+	}
+}
+
+// TestQueueTurnNeedsNoRoundTrip: a waiter whose place is the next in line
+// gets the lease at its turn without waiting for the store: its place, the
+// lowest node in force, holds from then on, and the rewrite that makes it a
+// claim judged by its TTL goes out without the grant waiting for its reply.
+// Here the store answers nothing to the waiter once its turn has come, and
+// its grant must still return; the rewrite lands on the server meanwhile.
+func TestQueueTurnNeedsNoRoundTrip(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	servers, chroot, err := zklock.ParseServers(connect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewStallProxy(t, "tcp", servers[0])
+	bX := newBackend(t, connect, root)
+	bY := newBackend(t, proxy.Addr()+chroot, root)
+	turn := make(chan struct{})
+	var once sync.Once
+	zklock.SetWatchHook(bY, func(string) func() {
+		// The holder's node is gone: from here on the store's replies
+		// to Y are held back.
+		once.Do(func() {
+			proxy.StallOpen()
+			close(turn)
+		})
+		return func() {}
+	})
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "turn-no-round-trip", time.Second
+	reqX := core.AcquireRequest{Key: key, Owner: "x", OwnerToken: "x-token", TTL: ttl}
+	lx, err := bX.TryAcquire(ctx, reqX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqY := core.AcquireRequest{Key: key, Owner: "y", OwnerToken: "y-token", TTL: ttl, Waiter: "y", WaiterTTL: 30 * time.Second}
+	if _, err := bY.TryAcquire(ctx, reqY); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt while X holds: %v, want busy", err)
+	}
+	if err := bX.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: reqX.OwnerToken, Token: lx.Token}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-turn:
+	case <-ctx.Done():
+		t.Fatal("Y's watch on X's node did not fire when X released")
+	}
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ly, err := bY.TryAcquire(gctx, reqY)
+	cancel()
+	if err != nil {
+		t.Fatalf("Y's attempt at its turn, with the store's replies held back: %v, want the lease", err)
+	}
+	if ly.Token <= lx.Token {
+		t.Fatalf("Y's token %d is not above X's %d", ly.Token, lx.Token)
+	}
+	// The rewrite reached the server although its reply did not come.
+	raw := rawConn(t, connect)
+	keys, _, err := raw.Children(root + "/locks")
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("key containers: %v %v", keys, err)
+	}
+	parent := root + "/locks/" + keys[0]
+	for {
+		names, _, err := raw.Children(parent)
+		if err != nil || len(names) != 1 {
+			t.Fatalf("nodes of the key: %v %v, want Y's alone", names, err)
+		}
+		data, _, ch, err := raw.GetW(parent + "/" + names[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(data) == string(zklock.ClaimData(ttl, "y")) {
+			break
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("Y's node still has %q, want claim data", data)
+		}
+	}
+	proxy.Resume()
+	errs, err := bY.Renew(ctx, []core.RenewRequest{{Key: key, OwnerToken: reqY.OwnerToken, TTL: ttl}})
+	if err != nil || errs[0] != nil {
+		t.Fatalf("renewal of Y's lease: %v %v", err, errs)
+	}
+	if err := bY.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: reqY.OwnerToken, Token: ly.Token}); err != nil {
+		t.Fatal(err)
 	}
 }
