@@ -66,8 +66,13 @@
 //     for the row past its slot's end is refused.
 //   - Fencing tokens are decided under the row's lock: greatest(the
 //     server's clock in microseconds, read then, the row's last token + 1).
-//     A release ends the row (holder ”, expiry 0) rather than deleting it,
-//     so the key's last token stays; ended rows are pruned a day after
+//     A release ends the row rather than deleting it, so the key's last
+//     token stays: a lease's own release sets only its expiry to 0, in
+//     place (a row whose expiry is past is free whatever its holder
+//     columns say, and keeping them spares the server a row rewrite);
+//     the locked release (a key someone may wait on) and ForceRelease
+//     clear the holder columns too.
+//     Ended rows are pruned a day after
 //     their last claim, and a claim that finds no row reads the clock after
 //     that, so tokens increase per key across releases, expiries, permits,
 //     crashes and server restarts, as long as the server's clock is not

@@ -321,11 +321,14 @@ func freeClaimSQL(n names) string {
 // freeReleaseSQL ends the live mutex lease of an owner token (the second
 // argument; the key is the first) nobody waits on, keeping the key's
 // token, its expiry compared with the clock once the row is locked (the
-// statement's start, plus the time SYSDATE says passed since). One row
+// statement's start, plus the time SYSDATE says passed since). It sets the
+// expiry alone: a fixed-size column, changed in place, where clearing the
+// owner and holder too made the server rewrite the row (an expired row is
+// free whatever they say, and the next claim sets them). One row
 // affected: released; none: the release procedure decides (a lease lost,
 // a waiter to tell, a permit).
 func freeReleaseSQL(n names) string {
-	return "UPDATE " + n.table + " SET owner = '', holder = '', expire_at = 0 WHERE `key` = ? AND holder = ? AND waiting = 0" +
+	return "UPDATE " + n.table + " SET expire_at = 0 WHERE `key` = ? AND holder = ? AND waiting = 0" +
 		" AND lim <= 1 AND expire_at > " + nowSQL + " + TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))"
 }
 

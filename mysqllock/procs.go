@@ -362,7 +362,7 @@ proc: BEGIN
 		-- the row is locked (the statement's start, plus the time SYSDATE
 		-- says passed since).
 		SET v_now = {now}, v_sys = SYSDATE(6);
-		UPDATE {T} SET owner = '', holder = '', expire_at = 0
+		UPDATE {T} SET expire_at = 0
 			WHERE ` + "`key`" + ` = p_key AND holder = p_holder AND waiting = 0 AND lim <= 1
 				AND expire_at > v_now + TIMESTAMPDIFF(MICROSECOND, v_sys, SYSDATE(6));
 		IF ROW_COUNT() = 1 THEN

@@ -158,9 +158,17 @@ func TestFreeKeyPairStatements(t *testing.T) {
 	if calls, selects, execs := after[0]-before[0], after[1]-before[1], after[2]-before[2]; calls != 0 || selects != 0 || execs != 2*pairs {
 		t.Errorf("%d claims and releases of a free key: %d CALLs, %d SELECTs, %d statements; want 0, 0, %d", pairs, calls, selects, execs, 2*pairs)
 	}
-	// A release of a lease no longer held still answers so.
-	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: "t1"}); !errors.Is(err, core.ErrLeaseGone) {
-		t.Fatalf("release of an ended lease: %v, want ErrLeaseGone", err)
+	// A release of a lease no longer held still answers so; also of the
+	// last one, whose release left its owner token in the row (it set the
+	// expiry alone), and so does its renewal.
+	for _, tok := range []string{"t1", fmt.Sprint("t", 1+pairs)} {
+		if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: tok}); !errors.Is(err, core.ErrLeaseGone) {
+			t.Fatalf("release of the ended lease %s: %v, want ErrLeaseGone", tok, err)
+		}
+		errs, err := b.Renew(ctx, []core.RenewRequest{{Key: "k", OwnerToken: tok, TTL: time.Minute}})
+		if err != nil || !errors.Is(errs[0], core.ErrLeaseGone) {
+			t.Fatalf("renewal of the ended lease %s: %v %v, want ErrLeaseGone", tok, err, errs)
+		}
 	}
 	// Held by another: the first try finds it so, the next ones are one CALL.
 	held, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "holder", TTL: time.Minute})
