@@ -3,6 +3,7 @@ package zklock
 import (
 	"context"
 	"errors"
+	"path"
 	"sort"
 	"sync"
 	"time"
@@ -592,40 +593,98 @@ func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) 
 		b.spawn(func() { b.evaluate(pl, nil) })
 		return
 	}
-	b.spawn(func() {
-		var ev zk.Event
-		select {
-		case ev = <-ch:
-		case <-pl.stop:
-			return
-		case <-b.done:
-			return
-		}
-		if b.watchHook != nil {
-			defer b.watchHook(p)()
-		}
-		b.mu.Lock()
-		delete(pl.armed, id)
-		pl.settled = false
-		// Only the deletion of the one node before it (as the latest
-		// judgement found) makes the turn certain: a watch armed by an
-		// earlier judgement, on a node that was then one of several
-		// before it, may fire after a later one found a single node left,
-		// which still holds.
-		fast := pl.aloneOn == p && data && ev.Type == zk.EventNodeDeleted
-		pl.fast = fast
-		b.mu.Unlock()
-		if fast {
-			// The one node before it is gone, and no other can come
-			// before it: its turn, and its grant needs no read of the
-			// children. (A hold comes only from that node, in the same
-			// multi as its deletion and after a write to it, which this
-			// watch reports instead: a data change, read again below.)
-			b.tellTurn(pl)
-			return
-		}
-		b.evaluate(pl, nil)
-	})
+	b.spawn(func() { b.followPlace(pl, p, id, data, ch) })
+}
+
+// followPlace waits for the watch ch on p, armed for pl under id, and acts
+// on its event.
+func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.Event) {
+	var ev zk.Event
+	select {
+	case ev = <-ch:
+	case <-pl.stop:
+		return
+	case <-b.done:
+		return
+	}
+	if b.watchHook != nil {
+		defer b.watchHook(p)()
+	}
+	b.mu.Lock()
+	delete(pl.armed, id)
+	pl.settled = false
+	// Only the deletion of the one node before it (as the latest
+	// judgement found) makes the turn certain: a watch armed by an
+	// earlier judgement, on a node that was then one of several
+	// before it, may fire after a later one found a single node left,
+	// which still holds.
+	fast := pl.aloneOn == p && data && ev.Type == zk.EventNodeDeleted
+	pl.fast = fast
+	b.mu.Unlock()
+	if fast {
+		// The one node before it is gone, and no other can come
+		// before it: its turn, and its grant needs no read of the
+		// children. (A hold comes only from that node, in the same
+		// multi as its deletion and after a write to it, which this
+		// watch reports instead: a data change, read again below.)
+		b.tellTurn(pl)
+		return
+	}
+	if data && ev.Type == zk.EventNodeDataChanged && b.behindGranted(pl, p, id) {
+		return
+	}
+	b.evaluate(pl, nil)
+}
+
+// behindGranted handles a data change of p, the node just before the mutex
+// place pl (a data watch is armed on that node only). When p now has a
+// mutex claim's data it was granted, or renewed: it is the lowest node in
+// force, and so the only one before pl (no node can come between them, and
+// a hold comes only from p, with p's deletion). That is what evaluate would
+// find in the children; here the one read that tells it (GetW) also
+// watches p again, and gives the holder's expiry, at which pl's waiter
+// polls. It reports false when p is gone or has other data (a claim
+// rewritten as a waiting place, say): evaluate then reads the children.
+func (b *Backend) behindGranted(pl *place, p, id string) bool {
+	if c, ok := parseChild(path.Base(p)); !ok || c.hold || c.limit > 0 || pl.limit > 1 {
+		return false
+	}
+	pl.evalMu.Lock()
+	defer pl.evalMu.Unlock()
+	select {
+	case <-pl.stop:
+		return true
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var (
+		data []byte
+		st   *zk.Stat
+		ch   <-chan zk.Event
+		err  error
+	)
+	if cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil); cerr != nil || err != nil {
+		return false
+	}
+	ttl, owner, perr := parseData(data)
+	if perr != nil {
+		return false
+	}
+	exp := st.Mtime + ttl
+	left := time.Duration(exp-b.serverNow()) * time.Millisecond
+	info := &core.Info{Key: pl.key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime), ExpiresAt: msTime(exp)}
+	b.mu.Lock()
+	pl.aloneOn = p
+	pl.info, pl.infoEnd = info, time.Now().Add(left)
+	armed := pl.armed[id]
+	pl.armed[id] = true
+	pl.settled = true
+	b.mu.Unlock()
+	if !armed {
+		b.spawn(func() { b.followPlace(pl, p, id, true, ch) })
+	}
+	return true
 }
 
 // tellTurn tells the subscribers (WatchTurns) that it is pl's waiter's

@@ -313,3 +313,85 @@ func TestQueueTurnNeedsNoRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueueNextBehindAGrantReadsOneNode: a waiter whose place is behind a
+// waiting place learns from that place's grant (a data change of the node
+// it watches) that it is next, with one read of that node, which also
+// watches it again; it reads no children. At the next release it gets its
+// turn without a read.
+func TestQueueNextBehindAGrantReadsOneNode(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	var wire wireLog
+	bH, bX := newBackend(t, connect, root), newBackend(t, connect, root)
+	bY := newBackend(t, connect, root, zklock.WithDialer(wire.dialer(0)))
+	handled := make(chan struct{}, 4)
+	zklock.SetWatchHook(bY, func(string) func() { return func() { handled <- struct{}{} } })
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "next-behind-a-grant", time.Second
+	req := func(who string, wait bool) core.AcquireRequest {
+		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl}
+		if wait {
+			r.Waiter, r.WaiterTTL = who, 30*time.Second
+		}
+		return r
+	}
+	lH, err := bH.TryAcquire(ctx, req("h", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		b   *zklock.Backend
+		who string
+	}{{bX, "x"}, {bY, "y"}} {
+		if _, err := w.b.TryAcquire(ctx, req(w.who, true)); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("%s's attempt while H holds: %v, want busy", w.who, err)
+		}
+	}
+	turns := make(chan string, 2)
+	for _, b := range []*zklock.Backend{bX, bY} {
+		go b.WatchTurns(ctx, func() {}, func(_, waiter string) { turns <- waiter })
+	}
+	wire.start()
+	if err := bH.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "h-token", Token: lH.Token}); err != nil {
+		t.Fatal(err)
+	}
+	next := func(want string) {
+		t.Helper()
+		select {
+		case got := <-turns:
+			if got != want {
+				t.Fatalf("turn of %q, want %q", got, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("no turn for %q", want)
+		}
+	}
+	next("x")
+	lX, err := bX.TryAcquire(ctx, req("x", true))
+	if err != nil {
+		t.Fatalf("X at its turn: %v", err)
+	}
+	select { // Y has acted on X's grant
+	case <-handled:
+	case <-ctx.Done():
+		t.Fatal("Y's watch on X did not fire at X's grant")
+	}
+	var ops []int32
+	for _, f := range wire.stop() {
+		if f.write {
+			ops = append(ops, f.op)
+		}
+	}
+	if len(ops) != 1 || ops[0] != opGetData {
+		t.Fatalf("Y's requests after X's grant: opcodes %v, want one getData (%d)", ops, opGetData)
+	}
+	if err := bX.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "x-token", Token: lX.Token}); err != nil {
+		t.Fatal(err)
+	}
+	next("y")
+	lY, err := bY.TryAcquire(ctx, req("y", true))
+	if err != nil || lY.Token <= lX.Token {
+		t.Fatalf("Y at its turn: %+v %v, want a token above X's %d", lY, err, lX.Token)
+	}
+}
