@@ -413,15 +413,18 @@ func (b *Backend) grant(ctx context.Context, req core.AcquireRequest, pk string,
 }
 
 // grantAsync rewrites the waiting place at p (of session sid, at version)
-// as a claim with data, in the background, trying again a few times when
-// the store does not answer, until the node is rewritten, gone (released,
-// force-released, or gone with its session), or changed since (renewed:
-// a renewal writes claim data too). Until it lands the node is a waiting
-// place, which holds as the lowest node in force while its session lives.
+// as a claim with data, in the background, trying again while the store
+// does not answer, until the node is rewritten, gone (released, or gone
+// with its session), or changed since (renewed: a renewal writes claim data
+// too), or the Backend is closed. Until it lands the node is a waiting
+// place, which holds as the lowest node in force while its session lives
+// and is never judged by a TTL; so it does not give up while the session
+// lives, lest a lease its engine lost (the store out of reach past the
+// renew deadline) keep the key as a place after the store is back.
 func (b *Backend) grantAsync(p string, sid int64, data []byte, version int32) {
 	b.spawn(func() {
 		wait := 50 * time.Millisecond
-		for range 8 {
+		for {
 			if b.conn.SessionID() != sid {
 				return
 			}
@@ -436,7 +439,9 @@ func (b *Backend) grantAsync(p string, sid int64, data []byte, version int32) {
 			case cerr == nil && err == nil:
 				b.sampleClock(st.Mtime)
 				return
-			case cerr == nil && (errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion)):
+			case cerr == nil && !errors.Is(err, zk.ErrConnectionClosed):
+				// The server answered (no node, another version, a
+				// refusal), or the client is closing: nothing to retry.
 				return
 			}
 			select {
@@ -444,7 +449,7 @@ func (b *Backend) grantAsync(p string, sid int64, data []byte, version int32) {
 				return
 			case <-time.After(wait):
 			}
-			wait *= 2
+			wait = min(2*wait, time.Second)
 		}
 	})
 }
