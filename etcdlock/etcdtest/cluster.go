@@ -26,6 +26,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // Cluster is a set of embedded etcd members started by Start. Its methods
@@ -113,14 +115,13 @@ func ready(e *embed.Etcd) error {
 	}
 }
 
+// freeAddr is a loopback address for a member to listen on, from ports
+// that no outgoing connection takes while the member is down (see
+// testenv.LoopbackPorts): a member killed and started again gets its port
+// back.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("etcdtest: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))
 }
 
 func (c *Cluster) config(m *Member) *embed.Config {

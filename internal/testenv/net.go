@@ -1,14 +1,109 @@
 package testenv
 
 import (
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 )
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port for a server a test starts (see
+// LoopbackPorts).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	return listen(t).Addr().(*net.TCPAddr).Port
+	ports, err := LoopbackPorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ports[0]
+}
+
+// LoopbackPorts returns n distinct loopback TCP ports that were free a
+// moment ago, for servers a test starts, stops and starts again on the
+// same port. They come from outside the range the kernel hands out for the
+// local end of outgoing connections (and for port 0) when the machine
+// leaves room for that: a port from that range, free while its server is
+// down, can be taken meanwhile by any connection of any process, and the
+// restart then fails ("address already in use"). A port is never handed
+// out twice by one process.
+func LoopbackPorts(n int) ([]int, error) {
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	lo, hi := outsideEphemeral()
+	ports := make([]int, 0, n)
+	for len(ports) < n {
+		p, err := pickPort(lo, hi)
+		if err != nil {
+			return nil, err
+		}
+		ports = append(ports, p)
+	}
+	return ports, nil
+}
+
+var (
+	portsMu   sync.Mutex
+	portsUsed = map[int]bool{}
+)
+
+// pickPort returns a port of [lo, hi) (or, when that is empty, one the
+// kernel chooses) that a listener could bind just now and that this
+// process has not handed out. The caller holds portsMu.
+func pickPort(lo, hi int) (int, error) {
+	if hi-lo >= 1000 {
+		for range 200 {
+			p := lo + rand.IntN(hi-lo)
+			if portsUsed[p] {
+				continue
+			}
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+			if err != nil {
+				continue
+			}
+			l.Close()
+			portsUsed[p] = true
+			return p, nil
+		}
+	}
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !portsUsed[p] {
+			portsUsed[p] = true
+			return p, nil
+		}
+	}
+}
+
+// outsideEphemeral returns the ports below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range) and above 10000, or those above it when
+// that is the larger part; an empty range when the kernel's range is not
+// known.
+func outsideEphemeral() (lo, hi int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0
+	}
+	first, err1 := strconv.Atoi(f[0])
+	last, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return 0, 0
+	}
+	if below, above := first-10000, 65536-(last+1); below >= above {
+		return 10000, first
+	}
+	return last + 1, 65536
 }
 
 // ClosedAddr returns a loopback host:port on which nothing listens: a dial

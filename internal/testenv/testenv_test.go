@@ -1,6 +1,11 @@
 package testenv
 
-import "testing"
+import (
+	"net"
+	"os"
+	"strconv"
+	"testing"
+)
 
 // Rule: the server a keyword/value DISLOCK_TEST_PG names is the one its
 // host and port keywords say, whatever their order and quoting.
@@ -39,5 +44,34 @@ func TestPGParam(t *testing.T) {
 		if got := PGParam(t, c.raw, "search_path", "s"); got != c.want {
 			t.Errorf("PGParam(%q) = %q, want %q", c.raw, got, c.want)
 		}
+	}
+}
+
+// TestLoopbackPortsOutsideEphemeral: the ports for servers that tests stop
+// and start again are distinct, free, and outside the kernel's range for
+// the local ends of outgoing connections when it leaves room.
+func TestLoopbackPortsOutsideEphemeral(t *testing.T) {
+	ports, err := LoopbackPorts(20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := outsideEphemeral()
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if seen[p] {
+			t.Fatalf("port %d handed out twice: %v", p, ports)
+		}
+		seen[p] = true
+		if hi-lo >= 1000 && (p < lo || p >= hi) {
+			t.Errorf("port %d is outside [%d, %d), the ports no outgoing connection takes", p, lo, hi)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Fatalf("port %d: %v", p, err)
+		}
+		l.Close()
+	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil && hi-lo < 1000 {
+		t.Logf("the ephemeral range %q leaves no room: ports from the kernel", b)
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // ClassPath is where the Debian package installs the server.
@@ -104,7 +106,7 @@ func start(e *Ensemble, n int, timeout time.Duration) (*Ensemble, error) {
 	if err := Installed(); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(3 * n)
+	ports, err := testenv.LoopbackPorts(3 * n)
 	if err != nil {
 		return nil, err
 	}
@@ -304,23 +306,4 @@ func (e *Ensemble) Stop() {
 	for _, n := range e.Nodes {
 		n.Kill()
 	}
-}
-
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
