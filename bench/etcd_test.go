@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -143,24 +144,15 @@ func startEtcd() (url string, pid int, err error) {
 // output once it serves, and stops when its standard input ends (the
 // benchmark's exit, or its death).
 func serveEtcd(dir string) int {
-	free := func() (*url.URL, error) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close()
-		return &url.URL{Scheme: "http", Host: l.Addr().String()}, nil
-	}
-	cu, err := free()
+	ports, err := testenv.LoopbackPorts(2)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench etcd:", err)
 		return 1
 	}
-	pu, err := free()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench etcd:", err)
-		return 1
+	at := func(p int) *url.URL {
+		return &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(p))}
 	}
+	cu, pu := at(ports[0]), at(ports[1])
 	cfg := embed.NewConfig()
 	cfg.Name = "bench"
 	cfg.Dir = dir
