@@ -348,9 +348,16 @@ func TestQueueNextBehindAGrantReadsOneNode(t *testing.T) {
 			t.Fatalf("%s's attempt while H holds: %v, want busy", w.who, err)
 		}
 	}
-	turns := make(chan string, 2)
+	turns, ready := make(chan string, 2), make(chan struct{}, 2)
 	for _, b := range []*zklock.Backend{bX, bY} {
-		go b.WatchTurns(ctx, func() {}, func(_, waiter string) { turns <- waiter })
+		go b.WatchTurns(ctx, func() { ready <- struct{}{} }, func(_, waiter string) { turns <- waiter })
+	}
+	for range 2 {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			t.Fatal("the turn subscriptions did not start")
+		}
 	}
 	wire.start()
 	if err := bH.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "h-token", Token: lH.Token}); err != nil {
