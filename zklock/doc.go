@@ -223,7 +223,14 @@
 //     and may be stale at once. Inspect, List, Holders and ForceRelease
 //     each sync the server they ask with the leader first, so that they
 //     see every claim acknowledged before they were called, and write
-//     <root>/clock once to read the server clock.
+//     <root>/clock once to read the server clock. One exception: a waiter
+//     that got a mutex at its turn holds it before the rewrite of its place
+//     as a claim reaches the store (see Waiters in line), and until then a
+//     waiting place is not a holder to these calls. So for about a round
+//     trip after such a hand-off, Inspect and List from another session may
+//     show the key free, and a ForceRelease there finds no holder and leaves
+//     the new one, as if it had come just before that acquisition. No other
+//     claim can be granted meanwhile: the place is the lowest node in force.
 //   - Without WithAuth or WithACL the nodes are open (world:anyone): see
 //     Authentication and ACLs below.
 //   - go-zookeeper v1.0.4 has a data race of its own: after a reconnect in
