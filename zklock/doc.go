@@ -227,7 +227,7 @@
 //     that got a mutex at its turn holds it before the rewrite of its place
 //     as a claim reaches the store (see Waiters in line), and until then a
 //     waiting place is not a holder to these calls. So for about a round
-//     trip after such a hand-off, Inspect and List from another session may
+//     trip after such a hand-off, Inspect and List (from any session) may
 //     show the key free, and a ForceRelease there finds no holder and leaves
 //     the new one, as if it had come just before that acquisition. No other
 //     claim can be granted meanwhile: the place is the lowest node in force.
