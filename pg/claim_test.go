@@ -447,3 +447,92 @@ func TestTryOfKeyHeldElsewhereIsOneRead(t *testing.T) {
 		t.Fatalf("try after the release sent %d statements, want 2 (the read, then the claim)", len(sent))
 	}
 }
+
+// Rule: while a plain try's claim of a key is on its way, a later plain try
+// of that key in the same Backend sends nothing: it waits for that claim,
+// answers busy with the winner's lease when it won, and asks the store
+// itself when it did not, so that a failure is never passed on as busy
+// (here: the server refused the claim).
+func TestPlainTriesShareTheClaimOnItsWay(t *testing.T) {
+	admin := newPool(t, nil)
+	table := newTable(t, admin)
+	log := make(sqlLog, 1000)
+	b := newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.Tracer = log })
+	ctx := ctxT(t)
+	req := func(owner string) core.AcquireRequest {
+		return core.AcquireRequest{Key: "k", Owner: owner, OwnerToken: rand.Text(), TTL: time.Minute}
+	}
+	type answer struct {
+		lease core.Lease
+		err   error
+	}
+	try := func(ctx context.Context, r core.AcquireRequest) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			l, err := b.TryAcquire(ctx, r)
+			ch <- answer{l, err}
+		}()
+		return ch
+	}
+	// sentOne waits until the claim of the first try is on its way (the
+	// row's lock holds it up on the server), then starts the second.
+	sentOne := func(t *testing.T) {
+		t.Helper()
+		if !waitFor(10*time.Second, func() bool { return len(log) >= 1 }) {
+			t.Fatal("the first try sent nothing")
+		}
+	}
+	follows := func(t *testing.T) {
+		t.Helper()
+		if !waitFor(10*time.Second, func() bool { return pg.ClaimWaiters(b, "k") == 1 }) {
+			t.Fatal("the second try does not wait for the first one's claim")
+		}
+	}
+
+	t.Run("won", func(t *testing.T) {
+		unblock := blockExpiredRow(t, admin, table, "k", false)
+		log.drain()
+		first := try(ctx, req("first"))
+		sentOne(t)
+		second := try(ctx, req("second"))
+		follows(t)
+		unblock()
+		a1, a2 := <-first, <-second
+		if a1.err != nil {
+			t.Fatalf("the first try: %v", a1.err)
+		}
+		var busy *core.NotAcquiredError
+		if !errors.As(a2.err, &busy) || busy.Holder == nil || busy.Holder.Owner != "first" || busy.Holder.Token != a1.lease.Token {
+			t.Fatalf("the second try = %v, want busy, held by first with token %d", a2.err, a1.lease.Token)
+		}
+		if sent := log.drain(); len(sent) != 1 {
+			t.Fatalf("the two tries sent %q, want the first one's claim alone", sent)
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		// The first claim waits for the row past its claim timeout,
+		// and the server refuses it: the second try must not take
+		// that for busy.
+		const claimTimeout = 300 * time.Millisecond
+		table := newTable(t, admin)
+		log = make(sqlLog, 1000)
+		b = newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.Tracer = log }, pg.WithClaimTimeout(claimTimeout))
+		unblock := blockExpiredRow(t, admin, table, "k", false)
+		log.drain()
+		first := try(ctx, req("first"))
+		sentOne(t)
+		second := try(ctx, req("second"))
+		follows(t)
+		unblocked := make(chan struct{})
+		time.AfterFunc(claimTimeout+300*time.Millisecond, func() { defer close(unblocked); unblock() })
+		a1, a2 := <-first, <-second
+		<-unblocked
+		if !errors.Is(a1.err, pg.ErrClaimTimeout) {
+			t.Fatalf("the first try, held up past its claim timeout = %v, want pg.ErrClaimTimeout", a1.err)
+		}
+		if errors.Is(a2.err, core.ErrNotAcquired) {
+			t.Fatalf("the second try = %v: the first claim's refusal passed on as busy", a2.err)
+		}
+	})
+}

@@ -50,6 +50,15 @@
 //     read is the whole try; when it finds the key free, the claim follows,
 //     one round trip more. (A key that this Locker's own live session
 //     holds is answered busy by the engine, with no statement at all.)
+//   - A TryAcquire of a key while another TryAcquire of the same key by
+//     this Backend has its claim on the way sends nothing: it waits for
+//     that claim, without a pool connection, and answers busy with the
+//     winner's lease when it won (the key was held from its commit, before
+//     the later try returned). When it did not win (busy, refused, failed),
+//     the later try sends its own claim, so a failure is never passed on
+//     as busy. A hot key that comes free then costs the server one claim
+//     per Backend, where every trying goroutine's claim waited for the
+//     winner's row lock and commit flush, each holding a connection.
 //   - Renewal of every due session of a Locker is one UPDATE … FROM
 //     unnest(…), checked against each session's random owner token; a
 //     session missing from the result is lost at once.

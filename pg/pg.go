@@ -37,6 +37,7 @@ type Backend struct {
 	pruneDue prune.Schedule      // see prune
 	hints    busyHints           // keys found held by others (peek.go)
 	released sqlbackend.Released // keys claimed first by claimFree's UPDATE
+	claims   sqlbackend.Claims   // the plain tries' claims on their way, by key
 	prompt   bool                // the pool's connections cut a call when its ctx ends (cut.go)
 }
 
@@ -191,7 +192,9 @@ func (b *Backend) claimErr(err error, other func(error) error) error {
 // than what is left of the claim timeout (inBound; see WithClaimTimeout):
 // one round trip, one transaction. A claim without a waiter of a key this
 // Backend lately released is first claimFree's UPDATE, with the same
-// bound; the claim follows only when that took nothing.
+// bound; the claim follows only when that took nothing. A plain try of a
+// key whose claim by another plain try of this Backend is on its way
+// waits for that claim instead (sqlbackend.Claims).
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	start := time.Now()
 	if err := sqlbackend.CheckAcquire(req); err != nil {
@@ -204,16 +207,42 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if req.Limit > 1 {
 		return b.tryAcquirePermit(ctx, req, start, expireAt) // semaphore_lease.go
 	}
-	conn, left, err := b.claimConn(ctx, start)
-	if err != nil {
-		return core.Lease{}, err
-	}
-	defer conn.Release()
-	if req.Waiter == "" && b.hints.held(req.Key) {
-		if err := b.peek(ctx, conn, req); err != nil {
+	for {
+		conn, left, err := b.claimConn(ctx, start)
+		if err != nil {
 			return core.Lease{}, err
 		}
+		if req.Waiter == "" && b.hints.held(req.Key) {
+			if err := b.peek(ctx, conn, req); err != nil {
+				conn.Release()
+				return core.Lease{}, err
+			}
+		}
+		if req.Waiter != "" || expireAt != nil {
+			defer conn.Release()
+			return b.claim(ctx, conn, req, left, expireAt)
+		}
+		// A plain try: one claim of a key per Backend at a time
+		// (sqlbackend.Claims).
+		cl, lead := b.claims.Begin(req.Key)
+		if !lead {
+			conn.Release()
+			if err := cl.Wait(ctx, req.Key); err != nil {
+				return core.Lease{}, err
+			}
+			continue
+		}
+		lease, err := b.claim(ctx, conn, req, left, expireAt)
+		conn.Release()
+		b.claims.End(req.Key, cl, req.Owner, err == nil, lease)
+		return lease, err
 	}
+}
+
+// claim sends req's claim on conn: claimFree's UPDATE first for a plain try
+// of a key this Backend lately released, else (or when that took nothing)
+// the claim or, for a waiter, the acquire statement.
+func (b *Backend) claim(ctx context.Context, conn *pgxpool.Conn, req core.AcquireRequest, left time.Duration, expireAt any) (core.Lease, error) {
 	if req.Waiter == "" && expireAt == nil && b.stmt.claimFree != "" {
 		if b.released.Has(req.Key) {
 			lease, err := b.claimFree(ctx, conn, req, left)
