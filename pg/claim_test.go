@@ -337,6 +337,13 @@ func (l sqlLog) drain() (sent []string) {
 	}
 }
 
+// tracedBackend returns a Backend on table with a pool of its own, and the
+// log of the statements that pool sends.
+func tracedBackend(t testing.TB, table string, opts ...pg.Option) (sqlLog, *pg.Backend) {
+	log := make(sqlLog, 1000)
+	return log, newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.Tracer = log }, opts...)
+}
+
 func (l sqlLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	l <- d.SQL
 	return ctx
@@ -357,8 +364,7 @@ func (l sqlLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)
 func TestKeyReleasedHereIsOneUpdateEach(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
-	log := make(sqlLog, 1000)
-	b := newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.Tracer = log })
+	log, b := tracedBackend(t, table)
 	ctx := ctxT(t)
 	plainUpdate := func(what string, sent []string) {
 		t.Helper()
@@ -456,8 +462,7 @@ func TestTryOfKeyHeldElsewhereIsOneRead(t *testing.T) {
 func TestPlainTriesShareTheClaimOnItsWay(t *testing.T) {
 	admin := newPool(t, nil)
 	table := newTable(t, admin)
-	log := make(sqlLog, 1000)
-	b := newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.Tracer = log })
+	log, b := tracedBackend(t, table)
 	ctx := ctxT(t)
 	req := func(owner string) core.AcquireRequest {
 		return core.AcquireRequest{Key: "k", Owner: owner, OwnerToken: rand.Text(), TTL: time.Minute}
@@ -474,28 +479,26 @@ func TestPlainTriesShareTheClaimOnItsWay(t *testing.T) {
 		}()
 		return ch
 	}
-	// sentOne waits until the claim of the first try is on its way (the
-	// row's lock holds it up on the server), then starts the second.
-	sentOne := func(t *testing.T) {
+	// race starts a try of "k", whose row on table another transaction
+	// locks until unblock, and once its claim is on its way (held up by
+	// that lock on the server) a second try, which must wait for it.
+	race := func(t *testing.T, table string) (first, second <-chan answer, unblock func()) {
 		t.Helper()
+		unblock = blockExpiredRow(t, admin, table, "k", false)
+		log.drain()
+		first = try(ctx, req("first"))
 		if !waitFor(10*time.Second, func() bool { return len(log) >= 1 }) {
 			t.Fatal("the first try sent nothing")
 		}
-	}
-	follows := func(t *testing.T) {
-		t.Helper()
+		second = try(ctx, req("second"))
 		if !waitFor(10*time.Second, func() bool { return pg.ClaimWaiters(b, "k") == 1 }) {
 			t.Fatal("the second try does not wait for the first one's claim")
 		}
+		return first, second, unblock
 	}
 
 	t.Run("won", func(t *testing.T) {
-		unblock := blockExpiredRow(t, admin, table, "k", false)
-		log.drain()
-		first := try(ctx, req("first"))
-		sentOne(t)
-		second := try(ctx, req("second"))
-		follows(t)
+		first, second, unblock := race(t, table)
 		unblock()
 		a1, a2 := <-first, <-second
 		if a1.err != nil {
@@ -516,14 +519,8 @@ func TestPlainTriesShareTheClaimOnItsWay(t *testing.T) {
 		// that for busy.
 		const claimTimeout = 300 * time.Millisecond
 		table := newTable(t, admin)
-		log = make(sqlLog, 1000)
-		b = newBackendPool(t, table, func(c *pgxpool.Config) { c.ConnConfig.Tracer = log }, pg.WithClaimTimeout(claimTimeout))
-		unblock := blockExpiredRow(t, admin, table, "k", false)
-		log.drain()
-		first := try(ctx, req("first"))
-		sentOne(t)
-		second := try(ctx, req("second"))
-		follows(t)
+		log, b = tracedBackend(t, table, pg.WithClaimTimeout(claimTimeout))
+		first, second, unblock := race(t, table)
 		unblocked := make(chan struct{})
 		time.AfterFunc(claimTimeout+300*time.Millisecond, func() { defer close(unblocked); unblock() })
 		a1, a2 := <-first, <-second
