@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,6 +105,9 @@ var (
 // of this run only; everything it opens closes at the end of tb.
 func contenderFor(tb testing.TB, st *store, which string) *contender {
 	tb.Helper()
+	if base, ok := strings.CutSuffix(which, "-deadline"); ok {
+		return withDeadline(contenderFor(tb, st, base))
+	}
 	if st.name == "zk" {
 		return zkContenderFor(tb, st, which)
 	}
@@ -138,6 +142,34 @@ func contenderFor(tb testing.TB, st *store, which string) *contender {
 	}
 	tb.Fatalf("no contender %s/%s", st.name, which)
 	return nil
+}
+
+// callDeadline is the timeout withDeadline gives each call.
+const callDeadline = 10 * time.Second
+
+// withDeadline is c with each call (a try, an unlock) made under a ctx
+// that ends callDeadline after it starts, as a caller that bounds every
+// store call writes it: "<contender>-deadline" in contenderFor. Its figure
+// beside c's is what the driver charges for a call whose ctx can end
+// (go-sql-driver/mysql hands such a ctx to a goroutine of the connection
+// that watches it, and takes it back when the call returns).
+func withDeadline(c *contender) *contender {
+	bounded := func(ctx context.Context, fn func(context.Context) error) error {
+		ctx, cancel := context.WithTimeout(ctx, callDeadline)
+		defer cancel()
+		return fn(ctx)
+	}
+	return &contender{try: func(ctx context.Context, key string) (unlockFunc, error) {
+		var u unlockFunc
+		err := bounded(ctx, func(ctx context.Context) (err error) {
+			u, err = c.try(ctx, key)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return bounded(ctx, u) }, nil
+	}}
 }
 
 // parallelContenderFor is contenderFor for a contender that many goroutines
