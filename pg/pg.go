@@ -152,8 +152,10 @@ func micro(d time.Duration) int64 { return d.Microseconds() }
 // claimConn takes a pool connection for a claim (mutex or permit) that
 // started at start, and returns it with what is left of the claim timeout:
 // the claim must be over on the server within the claim timeout of the
-// call, and the wait for the connection counts against it. When that wait
-// left less than half of it, the claim is not sent. Either failure sent
+// call, and the wait for the connection (and a plain try's wait for this
+// Backend's claim of the key on its way, see sqlbackend.Claims) counts
+// against it. When that wait left less than half of it, the claim is not
+// sent. Either failure sent
 // nothing, so it is core.Unclaimed: the engine owes it no undo.
 func (b *Backend) claimConn(ctx context.Context, start time.Time) (*pgxpool.Conn, time.Duration, error) {
 	conn, err := b.pool.Acquire(ctx)
@@ -163,7 +165,7 @@ func (b *Backend) claimConn(ctx context.Context, start time.Time) (*pgxpool.Conn
 	left := b.cfg.ClaimTimeout - time.Since(start)
 	if left < b.cfg.ClaimTimeout/2 {
 		conn.Release()
-		return nil, 0, core.Unclaimed(fmt.Errorf("not sent: the wait for a pool connection took %v, more than half the claim timeout (%v, WithClaimTimeout)",
+		return nil, 0, core.Unclaimed(fmt.Errorf("not sent: %v passed before it could be (the wait for a pool connection, or for this Backend's claim of the key on its way), more than half the claim timeout (%v, WithClaimTimeout)",
 			time.Since(start).Round(time.Millisecond), b.cfg.ClaimTimeout))
 	}
 	return conn, left, nil
