@@ -55,7 +55,7 @@ func BenchmarkClaimBound(b *testing.B) {
 				return rows.Err()
 			}
 			bounded := func(tok string) error {
-				be.hints.note("k", 0) // the claim, not the read of a key known held
+				be.hints.Note("k", 0) // the claim, not the read of a key known held
 				_, err := be.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "me", OwnerToken: tok, TTL: time.Minute})
 				if mode.busy && errors.Is(err, core.ErrNotAcquired) {
 					return nil
@@ -139,7 +139,7 @@ func BenchmarkStatementCPU(b *testing.B) {
 		{"claim+release", cycle("")},
 		{"acquire+release", cycle("w")},
 		{"busy/claim", func() error {
-			be.hints.note("held", 0) // unknown: the claim is sent
+			be.hints.Note("held", 0) // unknown: the claim is sent
 			_, err := be.TryAcquire(ctx, tryHeld)
 			return busy(err)
 		}},

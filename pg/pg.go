@@ -34,11 +34,11 @@ type Backend struct {
 	listen  listenState // see pooler.go
 	sem     *semaphores // see semaphore.go
 
-	pruneDue prune.Schedule      // see prune
-	hints    busyHints           // keys found held by others (peek.go)
-	released sqlbackend.Released // keys claimed first by claimFree's UPDATE
-	claims   sqlbackend.Claims   // the plain tries' claims on their way, by key
-	prompt   bool                // the pool's connections cut a call when its ctx ends (cut.go)
+	pruneDue prune.Schedule       // see prune
+	hints    sqlbackend.BusyHints // keys found held by others (peek.go)
+	released sqlbackend.Released  // keys claimed first by claimFree's UPDATE
+	claims   sqlbackend.Claims    // the plain tries' claims on their way, by key
+	prompt   bool                 // the pool's connections cut a call when its ctx ends (cut.go)
 }
 
 var (
@@ -214,7 +214,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		if err != nil {
 			return core.Lease{}, err
 		}
-		if req.Waiter == "" && b.hints.held(req.Key) {
+		if req.Waiter == "" && b.hints.Held(req.Key) {
 			if err := b.peek(ctx, conn, req); err != nil {
 				conn.Release()
 				return core.Lease{}, err
@@ -262,7 +262,7 @@ func (b *Backend) claim(ctx context.Context, conn *pgxpool.Conn, req core.Acquir
 		row = conn.QueryRow(ctx, b.stmt.claim, req.Key, req.Owner, req.OwnerToken, micro(req.TTL), expireAt, micro(left))
 	}
 	lease, err := b.readAcquire(row, req)
-	b.hints.noteBusy(req, err)
+	b.hints.NoteBusy(req, err)
 	return lease, err
 }
 
