@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -119,18 +120,6 @@ func warm(t *testing.T, pool *pgxpool.Pool, n int) {
 	for _, c := range conns {
 		c.Release()
 	}
-}
-
-// waitFor polls cond every 10ms until it holds or d has passed.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }
 
 // eachClaimMode runs test for each of claimModes, in a subtest with a table
@@ -254,7 +243,7 @@ func TestHeldUpClaimAbortedByServer(t *testing.T) {
 		time.Sleep(time.Until(start.Add(b.ClaimBound())))
 		down.Store(false)
 		unblock()
-		if !waitFor(5*time.Second, func() bool { return running(t, admin, app, false) == 0 }) {
+		if !testenv.WaitFor(5*time.Second, func() bool { return running(t, admin, app, false) == 0 }) {
 			t.Fatalf("the claim still runs on the server %v after the blocker left", time.Since(start).Round(time.Millisecond))
 		}
 		if info, held, err := b.Inspect(ctx, "k"); err != nil || held {
@@ -467,31 +456,22 @@ func TestPlainTriesShareTheClaimOnItsWay(t *testing.T) {
 	req := func(owner string) core.AcquireRequest {
 		return core.AcquireRequest{Key: "k", Owner: owner, OwnerToken: rand.Text(), TTL: time.Minute}
 	}
-	type answer struct {
-		lease core.Lease
-		err   error
-	}
-	try := func(ctx context.Context, r core.AcquireRequest) <-chan answer {
-		ch := make(chan answer, 1)
-		go func() {
-			l, err := b.TryAcquire(ctx, r)
-			ch <- answer{l, err}
-		}()
-		return ch
+	try := func(ctx context.Context, r core.AcquireRequest) <-chan testenv.Result[core.Lease] {
+		return testenv.Async(func() (core.Lease, error) { return b.TryAcquire(ctx, r) })
 	}
 	// race starts a try of "k", whose row on table another transaction
 	// locks until unblock, and once its claim is on its way (held up by
 	// that lock on the server) a second try, which must wait for it.
-	race := func(t *testing.T, table string) (first, second <-chan answer, unblock func()) {
+	race := func(t *testing.T, table string) (first, second <-chan testenv.Result[core.Lease], unblock func()) {
 		t.Helper()
 		unblock = blockExpiredRow(t, admin, table, "k", false)
 		log.drain()
 		first = try(ctx, req("first"))
-		if !waitFor(10*time.Second, func() bool { return len(log) >= 1 }) {
+		if !testenv.WaitFor(10*time.Second, func() bool { return len(log) >= 1 }) {
 			t.Fatal("the first try sent nothing")
 		}
 		second = try(ctx, req("second"))
-		if !waitFor(10*time.Second, func() bool { return pg.ClaimWaiters(b, "k") == 1 }) {
+		if !testenv.WaitFor(10*time.Second, func() bool { return pg.ClaimWaiters(b, "k") == 1 }) {
 			t.Fatal("the second try does not wait for the first one's claim")
 		}
 		return first, second, unblock
@@ -501,12 +481,12 @@ func TestPlainTriesShareTheClaimOnItsWay(t *testing.T) {
 		first, second, unblock := race(t, table)
 		unblock()
 		a1, a2 := <-first, <-second
-		if a1.err != nil {
-			t.Fatalf("the first try: %v", a1.err)
+		if a1.Err != nil {
+			t.Fatalf("the first try: %v", a1.Err)
 		}
 		var busy *core.NotAcquiredError
-		if !errors.As(a2.err, &busy) || busy.Holder == nil || busy.Holder.Owner != "first" || busy.Holder.Token != a1.lease.Token {
-			t.Fatalf("the second try = %v, want busy, held by first with token %d", a2.err, a1.lease.Token)
+		if !errors.As(a2.Err, &busy) || busy.Holder == nil || busy.Holder.Owner != "first" || busy.Holder.Token != a1.V.Token {
+			t.Fatalf("the second try = %v, want busy, held by first with token %d", a2.Err, a1.V.Token)
 		}
 		if sent := log.drain(); len(sent) != 1 {
 			t.Fatalf("the two tries sent %q, want the first one's claim alone", sent)
@@ -525,11 +505,11 @@ func TestPlainTriesShareTheClaimOnItsWay(t *testing.T) {
 		time.AfterFunc(claimTimeout+300*time.Millisecond, func() { defer close(unblocked); unblock() })
 		a1, a2 := <-first, <-second
 		<-unblocked
-		if !errors.Is(a1.err, pg.ErrClaimTimeout) {
-			t.Fatalf("the first try, held up past its claim timeout = %v, want pg.ErrClaimTimeout", a1.err)
+		if !errors.Is(a1.Err, pg.ErrClaimTimeout) {
+			t.Fatalf("the first try, held up past its claim timeout = %v, want pg.ErrClaimTimeout", a1.Err)
 		}
-		if errors.Is(a2.err, core.ErrNotAcquired) {
-			t.Fatalf("the second try = %v: the first claim's refusal passed on as busy", a2.err)
+		if errors.Is(a2.Err, core.ErrNotAcquired) {
+			t.Fatalf("the second try = %v: the first claim's refusal passed on as busy", a2.Err)
 		}
 	})
 }

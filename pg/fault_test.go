@@ -284,7 +284,7 @@ func TestLostReplyReconciled(t *testing.T) {
 	if _, held, err := b.Inspect(ctx, "late"); err != nil || !held {
 		t.Fatalf("the claim applied after the first undo is not held (%v %v): the case is not tested", held, err)
 	}
-	if !waitFor(bounded.ClaimBound()+3*time.Second, func() bool {
+	if !testenv.WaitFor(bounded.ClaimBound()+3*time.Second, func() bool {
 		_, held, err := b.Inspect(ctx, "late")
 		return err == nil && !held
 	}) {
@@ -313,13 +313,13 @@ func TestLostReplyReconciled(t *testing.T) {
 		t.Fatalf("TryAcquire with expiring ctx = %v", err)
 	}
 	unblock()
-	if !waitFor(time.Second, func() bool {
+	if !testenv.WaitFor(time.Second, func() bool {
 		h := rowHolder(t, admin, table, "c", false)
 		return h != "old-token" && h != ""
 	}) {
 		t.Fatalf("the cancelled claim did not take effect when the blocker left: the case is not tested")
 	}
-	if !waitFor(cut.ClaimBound()+3*time.Second, func() bool {
+	if !testenv.WaitFor(cut.ClaimBound()+3*time.Second, func() bool {
 		_, held, err := b.Inspect(ctx, "c")
 		return err == nil && !held
 	}) {

@@ -243,7 +243,7 @@ func TestPgBouncerListenFallback(t *testing.T) {
 		t.Errorf("warning names the connection: %q", out)
 	}
 	// The useless LISTEN connection is closed.
-	if !waitFor(5*time.Second, func() bool { n, open := conns.count(); return n > 0 && open == 0 }) {
+	if !testenv.WaitFor(5*time.Second, func() bool { n, open := conns.count(); return n > 0 && open == 0 }) {
 		n, open := conns.count()
 		t.Errorf("%d connections sent LISTEN, %d of them still open after the fallback", n, open)
 	}
@@ -297,7 +297,7 @@ func TestPgBouncerListenConfig(t *testing.T) {
 		}
 		// The waiter's first attempt is answered busy before the release,
 		// so only a notification (or its poll, 5s later) can wake it.
-		if !waitFor(10*time.Second, func() bool { return w.busy.Load() > busy }) {
+		if !testenv.WaitFor(10*time.Second, func() bool { return w.busy.Load() > busy }) {
 			t.Fatal("the waiter's first attempt never came back busy")
 		}
 		released := time.Now()

@@ -34,3 +34,16 @@ func Receive[T any](t testing.TB, ch <-chan T, d time.Duration, format string, a
 		panic("unreachable")
 	}
 }
+
+// WaitFor polls cond every 10ms until it holds (true) or d has passed
+// (false): for a state that no channel reports, such as a server's view.
+func WaitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
