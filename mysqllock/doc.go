@@ -64,6 +64,17 @@
 //     release are then one statement each, as a plain TTL row's are. A slot's end is
 //     checked on the server's clock under the lock, so a claim that waited
 //     for the row past its slot's end is refused.
+//   - A key found held by another owner, tried again by a caller that does
+//     not wait while that owner's lease has not run out, is first read by
+//     a plain SELECT of its row (no CALL, no lock, no write): while the key
+//     stays held, that read is the whole try; when it finds the key free,
+//     the claim follows.
+//   - A try of a key while another try of the same key by this Backend has
+//     its claim on the way (callers that do not wait, both) sends nothing:
+//     it waits for that claim and answers busy with the winner's lease
+//     when it won; otherwise it sends its own claim, so a failure is never
+//     passed on as busy. A hot key that comes free then costs the server
+//     one claim per Backend.
 //   - Fencing tokens are decided under the row's lock: greatest(the
 //     server's clock in microseconds, read then, the row's last token + 1).
 //     A release ends the row rather than deleting it, so the key's last

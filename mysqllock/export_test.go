@@ -18,3 +18,11 @@ func WatchCalls(b *Backend) int64 { return b.watchCalls.Load() }
 func WithWatchLife(d time.Duration) Option {
 	return func(c *config) { c.watchLife = d }
 }
+
+// ClaimWaiters returns how many tries of key wait for the claim of key
+// that b has on its way.
+func ClaimWaiters(b *Backend, key string) int { return b.claims.Waiting(key) }
+
+// ClaimOnItsWay reports whether b has a plain try's claim of key on its
+// way.
+func ClaimOnItsWay(b *Backend, key string) bool { return b.claims.OnItsWay(key) }

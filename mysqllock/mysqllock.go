@@ -33,9 +33,12 @@ type Backend struct {
 	// claimFree and releaseFree are the plain statements of a free key
 	// nobody waits on (see freeClaimSQL): no CALL, no result set.
 	claimFree, releaseFree *sql.Stmt
+	peekRow                *sql.Stmt // peekSQL
 	// released: keys claimed first by freeClaimSQL's UPDATE; the others
 	// go to the acquire procedure at once.
 	released sqlbackend.Released
+	hints    sqlbackend.BusyHints // keys found held by other owners (peek)
+	claims   sqlbackend.Claims    // the plain tries' claims on their way, by key
 	// fast holds the leases that freeClaimSQL claimed and that are not
 	// released yet, by key: the owner token (see releaseFast). A lease
 	// it no longer holds (it was full) is released by the procedure.
@@ -95,6 +98,7 @@ func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, erro
 		{&b.renew, "CALL " + b.n.proc("renew") + "(?)"},
 		{&b.claimFree, freeClaimSQL(b.n)},
 		{&b.releaseFree, freeReleaseSQL(b.n)},
+		{&b.peekRow, peekSQL(b.n)},
 	} {
 		st, err := db.PrepareContext(ctx, s.sql)
 		if err != nil {
@@ -206,7 +210,7 @@ func (b *Backend) Close() error {
 }
 
 func (b *Backend) closeStmts() {
-	for _, s := range []*sql.Stmt{b.acquire, b.release, b.renew, b.claimFree, b.releaseFree} {
+	for _, s := range []*sql.Stmt{b.acquire, b.release, b.renew, b.claimFree, b.releaseFree, b.peekRow} {
 		if s != nil {
 			s.Close()
 		}
@@ -231,7 +235,10 @@ func unclaimed(err error) error {
 // mutex by a caller that does not wait is first the one UPDATE of
 // freeClaimSQL, which claims the key when it is free and nobody waits on
 // it, when the key is one this Backend lately released (sqlbackend.Released);
-// the CALL follows only when it did not.
+// the CALL follows only when it did not. Such a try of a key found held by
+// another owner lately reads the key's row first (peek), and a try of a
+// key whose claim by another such try of this Backend is on its way waits
+// for that claim (sqlbackend.Claims).
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
 	if err := sqlbackend.CheckAcquire(req); err != nil {
 		return core.Lease{}, err
@@ -249,6 +256,34 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	half := b.cfg.ClaimTimeout / 2
 	cctx, cancel := context.WithTimeout(ctx, half)
 	defer cancel()
+	if req.Waiter != "" || limit > 1 || expire != 0 {
+		return b.claim(cctx, req, limit, expire, half)
+	}
+	// A plain try: a key found held by another owner lately is read
+	// first (sqlbackend.BusyHints), and one claim of a key per Backend is
+	// on its way at a time (sqlbackend.Claims).
+	for {
+		if b.hints.Held(req.Key) {
+			if err := b.peek(cctx, req); err != nil {
+				return core.Lease{}, err
+			}
+		}
+		cl, lead := b.claims.Begin(req.Key)
+		if lead {
+			lease, err := b.claim(cctx, req, limit, expire, half)
+			b.claims.End(req.Key, cl, req.Owner, err == nil, lease)
+			return lease, err
+		}
+		if err := cl.Wait(cctx, req.Key); err != nil {
+			return core.Lease{}, err
+		}
+	}
+}
+
+// claim sends req's claim: freeClaimSQL's UPDATE first for a plain try of
+// a key this Backend lately released, else (or when that took nothing) the
+// acquire procedure's CALL.
+func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, limit int, expire int64, half time.Duration) (core.Lease, error) {
 	var (
 		status          string
 		token, acq, exp sql.NullInt64
@@ -257,7 +292,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		have            int64
 	)
 	if req.Waiter == "" && limit == 1 && expire == 0 && b.released.Has(req.Key) {
-		res, err := b.claimFree.ExecContext(cctx, []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), []byte(req.Key), micro(half))
+		res, err := b.claimFree.ExecContext(ctx, []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), []byte(req.Key), micro(half))
 		if err != nil {
 			return core.Lease{}, unclaimed(err)
 		}
@@ -273,7 +308,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 	if w := b.watching.Load(); w != nil && req.Waiter != "" {
 		watcher = *w
 	}
-	err := b.acquire.QueryRowContext(cctx, []byte(req.Key), []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), expire,
+	err := b.acquire.QueryRowContext(ctx, []byte(req.Key), []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), expire,
 		limit, []byte(req.Waiter), micro(req.WaiterTTL), micro(half), watcher).
 		Scan(&status, &token, &acq, &exp, &owner, &left, &have)
 	if err != nil {
@@ -294,7 +329,46 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		info.Limit = int(have)
 	}
 	b.released.Forget(req.Key)
-	return core.Lease{}, core.Busy(req.Key, info)
+	busy := core.Busy(req.Key, info)
+	if req.Waiter == "" && have <= 1 {
+		b.hints.NoteBusy(req, busy)
+	}
+	return core.Lease{}, busy
+}
+
+// peekSQL reads a key's row alone (no lock, no write): live, whether the
+// holder is the second argument's owner token, the owner, token, times,
+// the time left (µs) and the limit. The key is the first argument.
+func peekSQL(n names) string {
+	return "SELECT expire_at > " + nowSQL + ", holder = ?, owner, token, acquired_at, expire_at, expire_at - " + nowSQL +
+		", lim FROM " + n.table + " WHERE `key` = ?"
+}
+
+// peek reads req's key (a plain try of a key found held lately). It
+// returns the busy answer when a live mutex lease of another owner holds
+// the key, nil when the claim must be sent (the key is free or missing, a
+// semaphore's, or the read found req's own lease), or the read's failure.
+func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) error {
+	var (
+		live, mine                   bool
+		owner                        []byte
+		token, acq, exp, left, limit int64
+	)
+	err := b.peekRow.QueryRowContext(ctx, []byte(req.OwnerToken), []byte(req.Key)).Scan(&live, &mine, &owner, &token, &acq, &exp, &left, &limit)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		b.hints.Note(req.Key, 0)
+		return nil
+	case err != nil:
+		return err
+	case !live || mine || limit > 1:
+		b.hints.Note(req.Key, 0)
+		return nil
+	}
+	busy := core.Busy(req.Key, &core.Info{Key: req.Key, Owner: string(owner), Token: uint64(token), AcquiredAt: fromMicro(acq),
+		ExpiresAt: fromMicro(exp), Remaining: time.Duration(left) * time.Microsecond})
+	b.hints.NoteBusy(req, busy)
+	return busy
 }
 
 // freeClaimSQL claims a free mutex key that nobody waits on for a TTL, in

@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/mysqllock"
 	"github.com/go-sql-driver/mysql"
 )
@@ -115,7 +117,8 @@ func TestOneRequestPerOperation(t *testing.T) {
 // Rule: on a free key that nobody waits on, a claim by a caller that does
 // not wait and its release are one UPDATE each, without a CALL or a
 // SELECT, and each claim's token is strictly above the last; a try of a
-// key held by another is one CALL once the Backend has found it held.
+// key held by another is one plain SELECT (no CALL) once the Backend has
+// found it held.
 func TestFreeKeyPairStatements(t *testing.T) {
 	table := freshTable(t)
 	db := newDB(t)
@@ -170,7 +173,7 @@ func TestFreeKeyPairStatements(t *testing.T) {
 			t.Fatalf("renewal of the ended lease %s: %v %v, want ErrLeaseGone", tok, err, errs)
 		}
 	}
-	// Held by another: the first try finds it so, the next ones are one CALL.
+	// Held by another: the first try finds it so, the next ones read it.
 	held, err := b.TryAcquire(ctx, core.AcquireRequest{Key: "k", Owner: "o", OwnerToken: "holder", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -188,8 +191,8 @@ func TestFreeKeyPairStatements(t *testing.T) {
 	try()
 	try()
 	after = counters()
-	if calls, execs := after[0]-before[0], after[2]-before[2]; calls != 2 || execs != 2 {
-		t.Errorf("2 tries of a held key: %d CALLs, %d statements; want 2, 2", calls, execs)
+	if calls, selects, execs := after[0]-before[0], after[1]-before[1], after[2]-before[2]; calls != 0 || selects != 2 || execs != 2 {
+		t.Errorf("2 tries of a held key: %d CALLs, %d SELECTs, %d statements; want 0, 2, 2", calls, selects, execs)
 	}
 }
 
@@ -219,5 +222,51 @@ func TestReleaseWithWaiterOneRequest(t *testing.T) {
 		if err := other.Leave(ctx, "k", "waiter"+tok); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// Rule: while a plain try's claim of a key is on its way, a later plain try
+// of that key in the same Backend sends nothing: it waits for that claim
+// and answers busy with the winner's lease when it won.
+func TestPlainTriesShareTheClaimOnItsWay(t *testing.T) {
+	admin, table := adminAndTable(t)
+	b := newBackend(t, table)
+	ctx := ctxT(t)
+	req := func(owner string) core.AcquireRequest {
+		return core.AcquireRequest{Key: "k", Owner: owner, OwnerToken: rand.Text(), TTL: time.Minute}
+	}
+	// A key released here, so that the first try claims it with one
+	// UPDATE, which the row's lock holds up on the server.
+	r := req("setup")
+	if _, err := b.TryAcquire(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, core.ReleaseRequest{Key: "k", OwnerToken: r.OwnerToken}); err != nil {
+		t.Fatal(err)
+	}
+	tx := lockRow(t, admin, table, "k")
+	defer tx.Rollback()
+	try := func(r core.AcquireRequest) <-chan testenv.Result[core.Lease] {
+		return testenv.Async(func() (core.Lease, error) { return b.TryAcquire(ctx, r) })
+	}
+	first := try(req("first"))
+	if !testenv.WaitFor(10*time.Second, func() bool { return mysqllock.ClaimOnItsWay(b, "k") }) {
+		t.Fatal("the first try's claim is not on its way")
+	}
+	second := try(req("second"))
+	if !testenv.WaitFor(10*time.Second, func() bool { return mysqllock.ClaimWaiters(b, "k") == 1 }) {
+		t.Fatal("the second try does not wait for the first one's claim")
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	a1 := testenv.Receive(t, first, 10*time.Second, "the first try did not return")
+	a2 := testenv.Receive(t, second, 10*time.Second, "the second try did not return")
+	if a1.Err != nil {
+		t.Fatalf("the first try: %v", a1.Err)
+	}
+	var busy *core.NotAcquiredError
+	if !errors.As(a2.Err, &busy) || busy.Holder == nil || busy.Holder.Owner != "first" || busy.Holder.Token != a1.V.Token {
+		t.Fatalf("the second try = %v, want busy, held by first with token %d", a2.Err, a1.V.Token)
 	}
 }

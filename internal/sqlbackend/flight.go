@@ -98,3 +98,10 @@ func (c *Claims) Waiting(key string) int {
 	}
 	return 0
 }
+
+// OnItsWay reports whether a claim of key is on its way (for tests).
+func (c *Claims) OnItsWay(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[key] != nil
+}
