@@ -360,7 +360,7 @@ func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) error {
 		b.hints.Note(req.Key, 0)
 		return nil
 	case err != nil:
-		return err
+		return core.Unclaimed(err) // a read: nothing was claimed
 	case !live || mine || limit > 1:
 		b.hints.Note(req.Key, 0)
 		return nil

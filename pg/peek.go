@@ -35,7 +35,7 @@ func (b *Backend) peek(ctx context.Context, conn *pgxpool.Conn, req core.Acquire
 		b.hints.Note(req.Key, 0)
 		return nil
 	case err != nil:
-		return poolerHint(err)
+		return core.Unclaimed(poolerHint(err)) // a read: nothing was claimed
 	case !live || mine || semLimit(owner) > 0:
 		b.hints.Note(req.Key, 0)
 		return nil

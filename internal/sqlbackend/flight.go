@@ -69,16 +69,16 @@ func (c *Claims) End(key string, cl *Claim, owner string, won bool, lease core.L
 	close(cl.done)
 }
 
-// Wait waits for cl's answer, or for ctx to end (its error then). It
-// returns the busy answer for key when cl won, and nil when the caller
-// must ask the store itself.
+// Wait waits for cl's answer, or for ctx to end (its error then, as
+// core.Unclaimed: the caller sent nothing). It returns the busy answer for
+// key when cl won, and nil when the caller must ask the store itself.
 func (cl *Claim) Wait(ctx context.Context, key string) error {
 	cl.waiting.Add(1)
 	defer cl.waiting.Add(-1)
 	select {
 	case <-cl.done:
 	case <-ctx.Done():
-		return context.Cause(ctx)
+		return core.Unclaimed(context.Cause(ctx))
 	}
 	if cl.won == nil {
 		return nil
