@@ -270,9 +270,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		}
 		cl, lead := b.claims.Begin(req.Key)
 		if lead {
-			lease, err := b.claim(cctx, req, limit, expire, half)
-			b.claims.End(req.Key, cl, req.Owner, err == nil, lease)
-			return lease, err
+			return b.claims.Lead(req.Key, cl, req.Owner, func() (core.Lease, error) { return b.claim(cctx, req, limit, expire, half) })
 		}
 		if err := cl.Wait(cctx, req.Key); err != nil {
 			return core.Lease{}, err

@@ -234,10 +234,10 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 			}
 			continue
 		}
-		lease, err := b.claim(ctx, conn, req, left, expireAt)
-		conn.Release()
-		b.claims.End(req.Key, cl, req.Owner, err == nil, lease)
-		return lease, err
+		return b.claims.Lead(req.Key, cl, req.Owner, func() (core.Lease, error) {
+			defer conn.Release()
+			return b.claim(ctx, conn, req, left, expireAt)
+		})
 	}
 }
 

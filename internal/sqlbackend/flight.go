@@ -69,6 +69,17 @@ func (c *Claims) End(key string, cl *Claim, owner string, won bool, lease core.L
 	close(cl.done)
 }
 
+// Lead runs claim, the claim cl of key that the caller leads (Begin), and
+// ends cl with its answer (End; won when claim returns no error, for
+// owner), also when claim panics.
+func (c *Claims) Lead(key string, cl *Claim, owner string, claim func() (core.Lease, error)) (lease core.Lease, err error) {
+	won := false
+	defer func() { c.End(key, cl, owner, won, lease) }()
+	lease, err = claim()
+	won = err == nil
+	return lease, err
+}
+
 // Wait waits for cl's answer, or for ctx to end (its error then, as
 // core.Unclaimed: the caller sent nothing). It returns the busy answer for
 // key when cl won, and nil when the caller must ask the store itself.

@@ -45,3 +45,20 @@ func TestClaimsAnswers(t *testing.T) {
 		t.Fatalf("Wait for a claim that did not win = %v, want nil (ask the store)", err)
 	}
 }
+
+// Rule: a claim led with Lead ends, and wakes the tries waiting for it,
+// even when the claim panics; the waiting tries then ask the store.
+func TestClaimsLeadEndsOnPanic(t *testing.T) {
+	var c Claims
+	cl, _ := c.Begin("k")
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = c.Lead("k", cl, "o", func() (core.Lease, error) { panic("claim") })
+	}()
+	if err := cl.Wait(context.Background(), "k"); err != nil {
+		t.Fatalf("Wait for a claim that panicked = %v, want nil (ask the store)", err)
+	}
+	if _, lead := c.Begin("k"); !lead {
+		t.Fatal("a Begin after a claim that panicked follows it")
+	}
+}
