@@ -209,7 +209,7 @@ func testDeadlineKept(t *testing.T, e *env) {
 }
 
 func testEndsWithContext(t *testing.T, e *env) {
-	const rule = "a backend whose calls end with their ctx does so: TryAcquire and Acquire on a store that stopped answering return within core.DeadlineSlack of ctx's end, with ctx's error (two tries of one key at once too), and a claim the store applied is undone once it answers again"
+	const rule = "a backend whose calls end with their ctx does so: TryAcquire and Acquire on a store that stopped answering return within core.DeadlineSlack of ctx's end, with ctx's error (two tries of one key at once too, and a ctx cancelled with no deadline), and a claim the store applied is undone once it answers again"
 	const workers = "the backend's calls are handed to the engine's call workers (not a core.ContextBound)"
 	if e.h.Stall == nil {
 		if endsWithCtx(e.proc(t).fault.Backend) {
@@ -238,10 +238,24 @@ func testEndsWithContext(t *testing.T, e *env) {
 	for range 2 {
 		notBusy(t, rule, "one of two tries of a key at once on a store that stopped answering", <-errs, context.DeadlineExceeded)
 	}
+	// A ctx that is cancelled, with no deadline: a driver that only sets
+	// its connection's deadline from ctx's does not end this call by itself.
+	k3 := e.key(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cut := time.AfterFunc(wait, cancel)
+	defer cut.Stop()
+	start := time.Now()
+	_, err := a.l.TryAcquire(ctx, k3, core.TTL(60*time.Second))
+	if el := time.Since(start); el > wait+core.DeadlineSlack+time.Second {
+		t.Errorf("rule %q: TryAcquire returned %v after its ctx was cancelled", rule, el-wait)
+	}
+	notBusy(t, rule, "TryAcquire on a store that stopped answering, its ctx cancelled", err, context.Canceled)
 	resume()
 	// A claim the store applied is undone by the engine (else held for 60s).
 	mustUndo(t, rule, "a claim applied while the store did not answer", b, k)
 	mustUndo(t, rule, "a claim of two tries at once applied while the store did not answer", b, k2)
+	mustUndo(t, rule, "a claim applied while the store did not answer, its ctx cancelled", b, k3)
 }
 
 // mustUndo checks that p acquires k within 15s: the claims of k that

@@ -54,11 +54,15 @@ func Steal(ctx context.Context, c redis.UniversalClient, prefix, key string) (bo
 	return n == 1, err
 }
 
+// Dial is a client's dialer (the Dialer of go-redis's options); nil is
+// go-redis's own.
+type Dial = func(ctx context.Context, network, addr string) (net.Conn, error)
+
 // Clients returns a newClient for Harness: each call makes a client with
-// mk, closed when the test that asked for it ends.
-func Clients[C redis.UniversalClient](mk func() C) func(t testing.TB) redis.UniversalClient {
-	return func(t testing.TB) redis.UniversalClient {
-		c := mk()
+// mk, which dials with dial, closed when the test that asked for it ends.
+func Clients[C redis.UniversalClient](mk func(dial Dial) C) func(t testing.TB, dial Dial) redis.UniversalClient {
+	return func(t testing.TB, dial Dial) redis.UniversalClient {
+		c := mk(dial)
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
@@ -66,15 +70,22 @@ func Clients[C redis.UniversalClient](mk func() C) func(t testing.TB) redis.Univ
 
 // Harness is the conformance harness of redislock, under prefix, over
 // clients made by newClient, each acting as a separate process; Steal and
-// Delete act through admin. keyPrefix is the harness's KeyPrefix.
-func Harness(keyPrefix, prefix string, admin redis.UniversalClient, newClient func(t testing.TB) redis.UniversalClient) locktest.Harness {
+// Delete act through admin. keyPrefix is the harness's KeyPrefix. Its
+// Stall makes a client whose connections go through a
+// testenv.StallDialer.
+func Harness(keyPrefix, prefix string, admin redis.UniversalClient, newClient func(t testing.TB, dial Dial) redis.UniversalClient) locktest.Harness {
+	newBackend := func(t testing.TB, dial Dial) core.Backend {
+		b, err := redislock.NewBackend(newClient(t, dial), redislock.WithPrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
 	return locktest.Harness{
-		NewBackend: func(t testing.TB) core.Backend {
-			b, err := redislock.NewBackend(newClient(t), redislock.WithPrefix(prefix))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
+		NewBackend: func(t testing.TB) core.Backend { return newBackend(t, nil) },
+		Stall: func(t testing.TB) (core.Backend, func(), func()) {
+			d := testenv.NewStallDialer(t)
+			return newBackend(t, d.Dial), d.Stall, d.Resume
 		},
 		Steal: func(ctx context.Context, key string) error {
 			_, err := Steal(ctx, admin, prefix, key)

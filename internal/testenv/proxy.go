@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"io"
 	"net"
 	"sync"
@@ -191,6 +192,59 @@ func (ps StallProxies) Stall() {
 // Resume resumes each proxy.
 func (ps StallProxies) Resume() {
 	for _, p := range ps {
+		p.Resume()
+	}
+}
+
+// StallDialer dials every address through a StallProxy of its own, made on
+// the first dial of that address: for a client that finds its servers
+// itself (a Redis Cluster or Sentinel client). Stall and Resume act on
+// every proxy, those made later too.
+type StallDialer struct {
+	t       testing.TB
+	mu      sync.Mutex
+	proxies map[string]*StallProxy
+	stalled bool
+}
+
+// NewStallDialer returns a StallDialer whose proxies close when the test
+// ends.
+func NewStallDialer(t testing.TB) *StallDialer {
+	return &StallDialer{t: t, proxies: map[string]*StallProxy{}}
+}
+
+// Dial connects to address's proxy.
+func (d *StallDialer) Dial(ctx context.Context, network, address string) (net.Conn, error) {
+	d.mu.Lock()
+	p := d.proxies[network+" "+address]
+	if p == nil {
+		p = NewStallProxy(d.t, network, address)
+		if d.stalled {
+			p.Stall()
+		}
+		d.proxies[network+" "+address] = p
+	}
+	d.mu.Unlock()
+	var nd net.Dialer
+	return nd.DialContext(ctx, "tcp", p.Addr())
+}
+
+// Stall stalls every proxy, and those made later (StallProxy.Stall).
+func (d *StallDialer) Stall() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stalled = true
+	for _, p := range d.proxies {
+		p.Stall()
+	}
+}
+
+// Resume resumes every proxy.
+func (d *StallDialer) Resume() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stalled = false
+	for _, p := range d.proxies {
 		p.Resume()
 	}
 }
