@@ -84,7 +84,7 @@ func isUnclaimed(err error) bool {
 // ContextBound is implemented by backends whose calls return soon after
 // their ctx ends, whatever the store does: the driver watches ctx and cuts
 // a call that is still waiting for the store (pgx, go-sql-driver/mysql and
-// gRPC do; go-redis waits for its read timeout). When EndsWithContext
+// gRPC do; go-redis by itself waits for its read timeout). When EndsWithContext
 // reports true, the engine makes an acquisition's store calls on the
 // caller's goroutine and counts on the backend for the bound of
 // DeadlineSlack; otherwise it hands each call to a call worker, which it

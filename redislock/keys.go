@@ -26,7 +26,7 @@ var (
 
 const (
 	queueSuffix     = ":q"
-	deadlinesSuffix = ":qd"
+	deadlinesSuffix = queueSuffix + "d" // keys counts on the queue's suffix being its prefix
 )
 
 func escapeKey(key string) string {
@@ -42,10 +42,12 @@ func (b *Backend) lockKey(key string) string {
 }
 
 // keys returns the Redis keys of key: its lock record, its waiter queue and
-// the waiters' deadlines, in the order the scripts take them.
+// the waiters' deadlines, in the order the scripts take them. Each is a
+// prefix of the next, so the three share one string.
 func (b *Backend) keys(key string) []string {
-	lock := b.lockKey(key)
-	return []string{lock, lock + queueSuffix, lock + deadlinesSuffix}
+	d := b.prefix + ":{" + escapeKey(key) + "}" + deadlinesSuffix
+	n := len(d) - len(deadlinesSuffix)
+	return []string{d[:n], d[:n+len(queueSuffix)], d}
 }
 
 // userKey recovers the lock key from a Redis key of a lock record; ok is

@@ -96,6 +96,7 @@ func New(client redis.UniversalClient, opts ...Option) (*core.Client, error) {
 // Most programs use New; NewBackend is for wrapping or composing backends.
 type Backend struct {
 	client     redis.UniversalClient
+	lane       *lane // claims and releases
 	prefix     string
 	channel    string
 	group      grouping
@@ -107,6 +108,8 @@ var (
 	_ core.Watcher = (*Backend)(nil)
 	_ core.Admin   = (*Backend)(nil)
 	_ core.Queuer  = (*Backend)(nil)
+
+	_ core.ContextBound = (*Backend)(nil)
 )
 
 // grouping says which leases one renew script call may cover.
@@ -136,6 +139,7 @@ func newBackend(client redis.UniversalClient, opts []Option) (*Backend, options,
 	}
 	b := &Backend{
 		client:     client,
+		lane:       newLane(client),
 		prefix:     o.prefix,
 		channel:    o.prefix + ":released",
 		subTimeout: o.subTimeout,
@@ -156,7 +160,10 @@ func (b *Backend) Name() string { return "redis" }
 
 // Close implements core.Backend. It does not close the Redis client, which
 // belongs to the caller.
-func (b *Backend) Close() error { return nil }
+func (b *Backend) Close() error {
+	b.lane.close()
+	return nil
+}
 
 // TryAcquire implements core.Backend.
 func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
@@ -183,7 +190,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		// script arguments, and the script knows it has the common case.
 		args = append(args, expireAt, req.Waiter, max(req.WaiterTTL.Milliseconds(), 1))
 	}
-	cmd := acquireScript.claim(ctx, b.client, b.keys(req.Key), args...)
+	cmd := acquireScript.claim(ctx, b.lane, req.OwnerToken, b.keys(req.Key), args...)
 	reply, err := cmd.Result()
 	if isWrongType(err) {
 		return b.heldAsSemaphore(ctx, req) // semaphore.go
@@ -404,7 +411,11 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if req.Keep > 0 {
 		args = append(args, max(req.Keep.Milliseconds(), 1))
 	}
-	n, err := releaseScript.run(ctx, b.client, b.keys(req.Key), args...).Int()
+	if err := b.lane.after(ctx, req.OwnerToken); err != nil {
+		return err
+	}
+	cmd, _ := releaseScript.send(ctx, b.lane, b.keys(req.Key), args, "")
+	n, err := cmd.Int()
 	if isWrongType(err) {
 		// The key holds a semaphore: the token may be one of its permits
 		// (a Release without Limit).
@@ -426,22 +437,54 @@ func releaseResult(key string, n int, err error) error {
 // (on Cluster, the master of the key's slot), so a slot end is computed on
 // the clock of the node that will expire the lock.
 func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
-	c := b.client
-	if cc, ok := b.client.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, b.lockKey(key))
-		if err != nil {
-			return time.Time{}, err
-		}
-		c = node
-	}
 	cmd := redis.NewTimeCmd(ctx, "time")
-	sendOnce(ctx, c, cmd) // a refused connection fails at once
+	var err error
+	if cc, ok := b.client.(*redis.ClusterClient); ok {
+		// The node's client is not the lane's: the call is made on a
+		// goroutine of its own, which the caller leaves when ctx ends.
+		err = untilDone(ctx, func() {
+			node, err := cc.MasterForKey(ctx, b.lockKey(key))
+			if err != nil {
+				cmd.SetErr(err)
+				return
+			}
+			sendOnce(ctx, node, cmd) // a refused connection fails at once
+		})
+	} else {
+		_, err = b.lane.send(ctx, cmd, true, "")
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
 	t, err := cmd.Result()
 	if err != nil {
 		return time.Time{}, authErr(err)
 	}
 	return t, nil
 }
+
+// untilDone runs f on a goroutine of its own and waits until it returns
+// or ctx ends, and then returns ctx's error.
+func untilDone(ctx context.Context, f func()) error {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// EndsWithContext implements core.ContextBound: the claims and clock reads
+// of a *redis.Client, *redis.ClusterClient or *redis.Ring return when their
+// ctx ends, whatever the server does (see lane), so the engine makes them
+// on the caller's goroutine. Other clients report false, and the engine
+// hands their claims to a call worker that it can leave behind.
+func (b *Backend) EndsWithContext() bool { return b.lane.batch }
 
 // Watch implements core.Watcher with one subscription to the release
 // channel ("<prefix>:released"). It returns an error rather than wait when

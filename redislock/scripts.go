@@ -111,18 +111,34 @@ func (s *script) run(ctx context.Context, c redis.Scripter, keys []string, args 
 // failed before it reached the server, the error is marked core.Unclaimed,
 // so that the engine neither waits for nor sends an undo against a server
 // that refused the connection.
-func (s *script) claim(ctx context.Context, c redis.UniversalClient, keys []string, args ...any) *redis.Cmd {
-	cmd := evalCmd(ctx, "evalsha", s.sha, keys, args)
-	unsent := sendOnce(ctx, c, cmd)
-	if isNoScript(cmd.Err()) { // EVALSHA ran nothing
-		cmd = evalCmd(ctx, "eval", s.src, keys, args)
-		unsent = sendOnce(ctx, c, cmd)
-	}
+func (s *script) claim(ctx context.Context, l *lane, token string, keys []string, args ...any) *redis.Cmd {
+	cmd, unsent := s.send(ctx, l, keys, args, token)
 	if unsent {
 		cmd.SetErr(core.Unclaimed(cmd.Err()))
-		return cmd
 	}
-	return authCmd(cmd)
+	return cmd
+}
+
+// send runs s through l (EVALSHA, then EVAL when the server does not know
+// the script), each command sent as sendOnce sends it, and reports whether
+// the call failed before it reached the server. A claim passes its owner
+// token, and is bound to end with ctx (lane.send); any other call passes "".
+func (s *script) send(ctx context.Context, l *lane, keys []string, args []any, claim string) (*redis.Cmd, bool) {
+	bound := claim != ""
+	cmd := evalCmd(ctx, "evalsha", s.sha, keys, args)
+	unsent, err := l.send(ctx, cmd, bound, claim)
+	if err == nil && isNoScript(cmd.Err()) { // EVALSHA ran nothing
+		cmd = evalCmd(ctx, "eval", s.src, keys, args)
+		unsent, err = l.send(ctx, cmd, bound, claim)
+	}
+	if err != nil { // cmd is still on its way in a batch
+		cmd = redis.NewCmd(ctx)
+		cmd.SetErr(err)
+	}
+	if unsent {
+		return cmd, true
+	}
+	return authCmd(cmd), false
 }
 
 // evalCmd is the command EVAL or EVALSHA (name) of payload, as go-redis's

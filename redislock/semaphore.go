@@ -55,7 +55,7 @@ func (b *Backend) semAcquire(ctx context.Context, req core.AcquireRequest) (core
 	ttl := max(req.TTL.Milliseconds(), 1)
 	waiterTTL := max(req.WaiterTTL.Milliseconds(), 1)
 	keys := append(b.semKeys(req.Key), b.lockKey(req.Key)+legacyFenceSuffix)
-	vals, err := semAcquireScript.claim(ctx, b.client, keys, req.OwnerToken, req.Owner,
+	vals, err := semAcquireScript.claim(ctx, b.lane, req.OwnerToken, keys, req.OwnerToken, req.Owner,
 		ttl, expireAt, req.Waiter, waiterTTL, req.Limit, b.channel, req.Key).Slice()
 	if err != nil {
 		return core.Lease{}, err
@@ -156,6 +156,9 @@ func (b *Backend) semRelease(ctx context.Context, req core.ReleaseRequest) error
 	var keep int64
 	if req.Keep > 0 {
 		keep = max(req.Keep.Milliseconds(), 1)
+	}
+	if err := b.lane.after(ctx, req.OwnerToken); err != nil {
+		return err
 	}
 	n, err := semReleaseScript.run(ctx, b.client, b.semKeys(req.Key),
 		req.OwnerToken, keep, b.channel, req.Key).Int()

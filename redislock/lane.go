@@ -1,0 +1,329 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// lane sends the claims, the releases and the clock reads of one Backend.
+//
+// Calls that meet in it share round trips. While calls are on their way,
+// the calls made meanwhile wait in the lane's queue, and a sender sends
+// everything queued as one pipeline: one write and one read for the batch,
+// on both sides of the connection, where a busy client and server spend
+// most of their time on a request's and a reply's system calls. At most
+// maxSenders batches are on their way at once.
+//
+// A call whose caller must get its answer back by ctx's end (a claim or a
+// clock read: go-redis cuts a call at its read timeout, and at ctx's
+// deadline only with ContextTimeoutEnabled, never at a cancel) always goes
+// through a sender, and its caller waits for the reply or for
+// ctx, whichever comes first; the engine then makes claims on the caller's
+// goroutine (core.ContextBound). Any other call made while the lane is idle
+// (a release) is sent at once on its caller's goroutine, so a lone caller
+// pays nothing for the lane.
+//
+// A batch is sent as sendOnce sends a command: its first attempt alone, a
+// call that could not get a connection reported as never sent, and a call
+// that failed in a way go-redis would retry sent again with go-redis's
+// retries. A caller whose ctx ends while its call waits in the queue takes
+// it out: it was never sent. Once taken into a batch, the call is sent; a
+// caller whose ctx ends meanwhile returns at once without its reply, as
+// after a lost connection, and the batch goes on for the others. A release
+// by the owner token of a claim left so waits for the claim's answer
+// (after).
+//
+// Clients other than *redis.Client, *redis.ClusterClient and *redis.Ring
+// do not say whether they retry, so the lane sends each call on its own
+// on its caller's goroutine, and the engine hands claims to its call
+// workers.
+type lane struct {
+	c       redis.UniversalClient
+	batch   bool // c sends pipelines, and honours NoRetry
+	retries bool // c retries a failed command
+
+	mu      sync.Mutex
+	busy    int // senders at work and calls sent directly, not yet answered
+	queue   []*queued
+	wake    chan struct{} // hands the queue to an idle sender
+	stop    chan struct{} // closed by close: idle senders exit
+	stopped bool
+
+	// pending holds, by owner token, the claims on their way whose callers
+	// left them; each channel is closed when its claim is answered.
+	pending  map[string]chan struct{}
+	npending atomic.Int32 // len(pending)
+}
+
+// maxSenders is how many batches a lane has on their way at once: three,
+// so that the server runs one batch while the client reads the replies of
+// another and its callers queue the next, and no more, so that the batches
+// under load are deep enough to share their round trips (64 callers on
+// distinct keys: batches of about 13 calls; the bench's pairs per second
+// were no higher with 1, 2, 4 or 8 senders).
+const maxSenders = 3
+
+// senderIdle is how long a sender waits for work before it exits. Senders
+// outlive their batch so that a call is not made on a goroutine started for
+// it, whose stack would grow anew each time.
+const senderIdle = 100 * time.Millisecond
+
+// queued is a call waiting in a lane's queue.
+type queued struct {
+	ctx      context.Context
+	cmd      redis.Cmder
+	token    string        // the owner token of a claim, else ""
+	done     chan struct{} // receives once cmd holds its outcome
+	taken    bool          // in a batch; l.mu guards it
+	answered bool          // cmd holds its outcome; l.mu guards it
+	left     chan struct{} // its caller left it in a batch (l.mu)
+	unsent   bool
+}
+
+// queuedPool keeps the queued of the calls that got their reply.
+var queuedPool = sync.Pool{New: func() any { return &queued{done: make(chan struct{}, 1)} }}
+
+func newLane(c redis.UniversalClient) *lane {
+	l := &lane{c: c, wake: make(chan struct{}), stop: make(chan struct{}), pending: map[string]chan struct{}{}}
+	switch c := c.(type) {
+	case *redis.Client:
+		l.batch, l.retries = true, c.Options().MaxRetries > 0
+	case *redis.ClusterClient:
+		l.batch, l.retries = true, c.Options().MaxRetries > 0 || c.Options().MaxRedirects > 0
+	case *redis.Ring:
+		l.batch, l.retries = true, c.Options().MaxRetries > 0
+	}
+	return l
+}
+
+// send sends cmd and reports whether it failed before it reached the
+// server, as sendOnce does. bound says that the call must end with ctx
+// (see lane); token is the owner token of a claim, else "". A non-nil
+// error is ctx's, after the call was taken into a batch that is still on
+// its way: cmd then belongs to the batch and must not be read, and a
+// release of token waits for the claim's answer (after).
+func (l *lane) send(ctx context.Context, cmd redis.Cmder, bound bool, token string) (unsent bool, err error) {
+	if !l.batch {
+		return sendOnce(ctx, l.c, cmd), nil
+	}
+	l.mu.Lock()
+	if l.busy == 0 && (!bound || ctx.Done() == nil) {
+		l.busy++
+		l.mu.Unlock()
+		unsent = sendOnce(ctx, l.c, cmd)
+		l.mu.Lock()
+		l.busy--
+		l.startSender()
+		l.mu.Unlock()
+		return unsent, nil
+	}
+	q := queuedPool.Get().(*queued)
+	q.ctx, q.cmd, q.token = ctx, cmd, token
+	l.queue = append(l.queue, q)
+	l.startSender()
+	l.mu.Unlock()
+	select {
+	case <-q.done:
+		return reuse(q), nil
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	switch {
+	case q.answered: // at the same time as ctx's end
+		l.mu.Unlock()
+		<-q.done
+		return reuse(q), nil
+	case q.taken: // q is the batch's now, and is not reused
+		if token != "" {
+			q.left = make(chan struct{})
+			l.pending[token] = q.left
+			l.npending.Add(1)
+		}
+		l.mu.Unlock()
+		return false, ctx.Err()
+	}
+	for i, o := range l.queue {
+		if o == q {
+			l.queue = append(l.queue[:i], l.queue[i+1:]...)
+			break
+		}
+	}
+	l.mu.Unlock()
+	return true, ctx.Err()
+}
+
+// reuse returns q's outcome and puts q back in queuedPool.
+func reuse(q *queued) (unsent bool) {
+	unsent = q.unsent
+	*q = queued{done: q.done}
+	queuedPool.Put(q)
+	return unsent
+}
+
+// after waits until no claim of owner token is on its way whose caller
+// left it (send), or until ctx ends. A release that undoes such a claim
+// then comes after it, and finds what it undoes: a claim still on its way
+// on a connection that is being set up, say, could otherwise be applied
+// after the release that was meant to undo it.
+func (l *lane) after(ctx context.Context, token string) error {
+	if l.npending.Load() == 0 {
+		return nil
+	}
+	l.mu.Lock()
+	left := l.pending[token]
+	l.mu.Unlock()
+	if left == nil {
+		return nil
+	}
+	select {
+	case <-left:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("redislock: the claim of this owner token is still on its way: %w", ctx.Err())
+	}
+}
+
+// startSender sets a sender to work on the queue, when there is one and
+// fewer than maxSenders are at work. l.mu is held.
+func (l *lane) startSender() {
+	if len(l.queue) == 0 || l.busy >= maxSenders {
+		return
+	}
+	l.busy++
+	select {
+	case l.wake <- struct{}{}:
+	default:
+		go l.sender()
+	}
+}
+
+// sender sends the queue, batch after batch, until it is empty, then
+// waits for more until it has been idle for senderIdle or the lane is
+// closed.
+func (l *lane) sender() {
+	var batch []*queued
+	var idle *time.Timer
+	for {
+		l.mu.Lock()
+		batch, l.queue = l.queue, batch[:0]
+		if len(batch) > 0 {
+			for _, q := range batch {
+				q.taken = true
+			}
+			l.mu.Unlock()
+			l.sendBatch(batch)
+			l.mu.Lock()
+			for _, q := range batch {
+				q.answered = true
+				if q.left != nil {
+					delete(l.pending, q.token)
+					l.npending.Add(-1)
+					close(q.left)
+				}
+			}
+			l.mu.Unlock()
+			for i, q := range batch {
+				if q.left == nil {
+					q.done <- struct{}{}
+				}
+				batch[i] = nil
+			}
+			continue
+		}
+		l.busy--
+		stopped := l.stopped
+		l.mu.Unlock()
+		if stopped {
+			return
+		}
+		if idle == nil {
+			idle = time.NewTimer(senderIdle)
+			defer idle.Stop()
+		} else {
+			idle.Reset(senderIdle)
+		}
+		select {
+		case <-l.wake: // busy was counted for this sender
+		case <-idle.C:
+			return
+		case <-l.stop:
+			return
+		}
+	}
+}
+
+// close makes idle senders exit, and busy ones when their queue is empty.
+func (l *lane) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.stopped {
+		l.stopped = true
+		close(l.stop)
+	}
+}
+
+// sendBatch sends the calls of batch, as sendOnce sends a command: as one
+// command when there is one, else in one pipeline (which a Cluster client
+// splits into one pipeline per node). A call whose caller has left is not
+// sent again.
+func (l *lane) sendBatch(batch []*queued) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	l.process(ctx, batch, true)
+	var again []*queued
+	for _, q := range batch {
+		switch err := q.cmd.Err(); {
+		case err == nil:
+		case neverSent(err):
+			q.unsent = true
+		case l.retries && q.ctx.Err() == nil && retriedByDriver(err):
+			again = append(again, q)
+		}
+	}
+	if len(again) > 0 {
+		l.process(ctx, again, false)
+	}
+}
+
+// process sends the calls of batch in one round trip: in one attempt when
+// once is set, else with go-redis's retries.
+func (l *lane) process(ctx context.Context, batch []*queued, once bool) {
+	wrap := func(cmd redis.Cmder) redis.Cmder {
+		if once {
+			return noRetry{cmd}
+		}
+		return cmd
+	}
+	if len(batch) == 1 {
+		_ = l.c.Process(ctx, wrap(batch[0].cmd))
+		return
+	}
+	pipe := l.c.Pipeline()
+	for _, q := range batch {
+		_ = pipe.Process(ctx, wrap(q.cmd))
+	}
+	_, _ = pipe.Exec(ctx) // outcomes are read per command
+}
+
+// batchContext is the context a batch is sent with: not cancelled with
+// any one caller's, and ending at the latest deadline of theirs (none when
+// one of them has none), so that no caller's call is cut short by
+// another's.
+func batchContext(batch []*queued) (context.Context, context.CancelFunc) {
+	var last time.Time
+	for _, q := range batch {
+		d, ok := q.ctx.Deadline()
+		if !ok {
+			return context.WithoutCancel(batch[0].ctx), func() {}
+		}
+		if d.After(last) {
+			last = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), last)
+}

@@ -1,0 +1,220 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dislock/dislock/internal/testenv"
+)
+
+// pipelines records the size of each pipeline a client sends.
+type pipelines struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (p *pipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (p *pipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *pipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if cmds[0].Name() == "incr" { // not the client's connection set-up
+			p.mu.Lock()
+			p.sizes = append(p.sizes, len(cmds))
+			p.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (p *pipelines) seen() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int(nil), p.sizes...)
+}
+
+// stalledLane is a lane over a client of the test server whose connections
+// go through a StallProxy, with an admin client that goes around it.
+func stalledLane(t *testing.T) (*lane, *testenv.StallProxy, *pipelines, *redis.Client) {
+	t.Helper()
+	opt, err := redis.ParseURL(testenv.Redis(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClient(opt)
+	t.Cleanup(func() { admin.Close() })
+	p := testenv.NewStallProxy(t, opt.Network, opt.Addr)
+	o := *opt
+	o.Network, o.Addr = "tcp", p.Addr()
+	// Connections open before the stall: a call is written at once, and
+	// only its reply is held back.
+	o.MinIdleConns = maxSenders + 1
+	c := redis.NewClient(&o)
+	t.Cleanup(func() { c.Close() })
+	if !testenv.WaitFor(10*time.Second, func() bool { return c.PoolStats().IdleConns >= uint32(o.MinIdleConns) }) {
+		t.Fatal("the client did not open its connections")
+	}
+	seen := &pipelines{}
+	c.AddHook(seen)
+	l := newLane(c)
+	t.Cleanup(l.close)
+	return l, p, seen, admin
+}
+
+// queuedLen is the length of l's queue.
+func queuedLen(l *lane) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.queue)
+}
+
+// occupy starts maxSenders calls made by call, one at a time, each taken
+// by a sender of its own once ready reports true, which leaves l's senders
+// all busy and its queue empty.
+func occupy(t *testing.T, l *lane, call func(), ready func(i int) bool) {
+	t.Helper()
+	for i := 1; i <= maxSenders; i++ {
+		go call()
+		if !testenv.WaitFor(10*time.Second, func() bool {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return l.busy == i && len(l.queue) == 0 && ready(i)
+		}) {
+			t.Fatalf("the senders did not take call %d", i)
+		}
+	}
+}
+
+// Calls made while the lane's senders are all busy are sent together, in
+// one pipeline, once a sender is free.
+func TestLaneSharesRoundTrips(t *testing.T) {
+	l, p, seen, admin := stalledLane(t)
+	ctx := context.Background()
+	key := testenv.Name("redislock-lane-")
+	t.Cleanup(func() { admin.Del(context.Background(), key) })
+	const calls = 20
+	p.Stall()
+	var wg sync.WaitGroup
+	errs := make(chan error, calls)
+	call := func() {
+		defer wg.Done()
+		cmd := redis.NewIntCmd(ctx, "incr", key)
+		if unsent, err := l.send(ctx, cmd, true, ""); unsent || err != nil {
+			errs <- fmt.Errorf("send: unsent %v, %v", unsent, err)
+			return
+		}
+		if err := cmd.Err(); err != nil {
+			errs <- err
+		}
+	}
+	wg.Add(calls)
+	occupy(t, l, call, func(int) bool { return true })
+	for range calls - maxSenders {
+		go call()
+	}
+	if !testenv.WaitFor(10*time.Second, func() bool { return queuedLen(l) == calls-maxSenders }) {
+		t.Fatalf("%d calls queued behind %d senders, want %d", queuedLen(l), maxSenders, calls-maxSenders)
+	}
+	p.Resume()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n, err := admin.Get(ctx, key).Int(); err != nil || n != calls {
+		t.Fatalf("the server ran %d of %d calls (%v)", n, calls, err)
+	}
+	sizes := seen.seen()
+	if len(sizes) != 1 || sizes[0] != calls-maxSenders {
+		t.Fatalf("pipelines sent: %v, want one of the %d queued calls", sizes, calls-maxSenders)
+	}
+}
+
+// A caller whose ctx ends while its call waits in the queue takes it out:
+// it is never sent. A caller whose call was sent returns when its ctx ends,
+// and the call still runs.
+func TestLaneCallerLeaves(t *testing.T) {
+	l, p, _, admin := stalledLane(t)
+	key := testenv.Name("redislock-lane-")
+	t.Cleanup(func() { admin.Del(context.Background(), key+":sent", key+":queued") })
+	p.Stall()
+	sent := make(chan error, maxSenders)
+	occupy(t, l, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		unsent, err := l.send(ctx, redis.NewIntCmd(ctx, "incr", key+":sent"), true, "")
+		if unsent {
+			err = fmt.Errorf("a sent call reported unsent (%v)", err)
+		}
+		sent <- err
+	}, func(int) bool { return true })
+	ctx, cancel := context.WithCancel(context.Background())
+	cut := time.AfterFunc(100*time.Millisecond, cancel)
+	defer cut.Stop()
+	cmd := redis.NewIntCmd(ctx, "incr", key+":queued")
+	unsent, err := l.send(ctx, cmd, true, "")
+	if !unsent || !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call that left the queue: unsent %v, %v; want unsent, context.Canceled", unsent, err)
+	}
+	for range maxSenders {
+		if err := <-sent; !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a sent call whose ctx ended = %v, want context.DeadlineExceeded", err)
+		}
+	}
+	p.Resume()
+	ctx = context.Background()
+	if !testenv.WaitFor(10*time.Second, func() bool { return admin.Get(ctx, key+":sent").Val() == fmt.Sprint(maxSenders) }) {
+		t.Fatalf("the sent calls did not run after their callers left: %q", admin.Get(ctx, key+":sent").Val())
+	}
+	if n := admin.Exists(ctx, key+":queued").Val(); n != 0 {
+		t.Fatal("the call that left the queue was sent")
+	}
+}
+
+// Calls that could not get a connection, alone or in a batch, are reported
+// as never sent.
+func TestLaneNeverSent(t *testing.T) {
+	release := make(chan struct{})
+	var dials atomic.Int32
+	c := redis.NewClient(&redis.Options{
+		Addr: "127.0.0.1:1", MaxRetries: -1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			<-release
+			return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("refused")}
+		},
+	})
+	t.Cleanup(func() { c.Close() })
+	l := newLane(c)
+	t.Cleanup(l.close)
+	ctx := context.Background()
+	const calls = 10
+	var wg sync.WaitGroup
+	var sent atomic.Int32
+	call := func() {
+		defer wg.Done()
+		if unsent, err := l.send(ctx, redis.NewCmd(ctx, "ping"), true, ""); !unsent || err != nil {
+			sent.Add(1)
+		}
+	}
+	wg.Add(calls)
+	occupy(t, l, call, func(i int) bool { return dials.Load() == int32(i) })
+	for range calls - maxSenders {
+		go call()
+	}
+	if !testenv.WaitFor(10*time.Second, func() bool { return queuedLen(l) == calls-maxSenders }) {
+		t.Fatalf("%d calls queued, want %d", queuedLen(l), calls-maxSenders)
+	}
+	close(release)
+	wg.Wait()
+	if n := sent.Load(); n != 0 {
+		t.Fatalf("%d of %d calls that got no connection were not reported as never sent", n, calls)
+	}
+}
