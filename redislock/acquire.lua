@@ -25,46 +25,27 @@
 --
 -- A claim is GET, TIME, SET; the waiter queue is read only when the record
 -- says someone may be queued, or when there is no record. The two common
--- cases come first, before the prelude (scripts.go), and take the record
--- apart with one match each, since every Lua operation costs the server
--- about as much as a small command: a plain claim of a key nobody waits
--- for (a tombstone with no flags, or no record and no queue), which
--- formats no number (the token is the TIME reply's digits, and the reply
--- that string), and a try (no waiter id) on a lock whose holder already
--- knows to publish its release.
+-- cases, a plain claim of a key nobody waits for and a try on a lock whose
+-- holder already knows to publish its release, are fast.lua's, before the
+-- prelude (scripts.go).
+local now, t = clock()
 local v = redis.call('GET', KEYS[1])
-local last = v and not ARGV[4] and string.match(v, '^0|(%d+)$')
-
-if last or not v and not ARGV[4] and redis.call('EXISTS', KEYS[2]) == 0 then
-  local t = redis.call('TIME')
-  local s, us = t[1], t[2]
-  if #us < 6 then
-    us = string.sub('00000', #us) .. us
+if not ARGV[4] then
+  local r = fast_claim(KEYS[1], KEYS[2], v, ARGV[1], ARGV[2], ARGV[3], now)
+  if r then
+    return r
   end
-  local now = s .. us
-  -- Both are decimal digits without leading zeros.
-  if last and (#last > #now or #last == #now and last >= now) then
-    local token = string.format('%d', tonumber(last) + 1)
-    redis.call('SET', KEYS[1], '0|' .. token .. '|' .. now .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
-    return {1, token, now}
-  end
-  redis.call('SET', KEYS[1], '0|' .. now .. '|' .. now .. '|' .. ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
-  return now
 end
 if v and (ARGV[5] or '') == '' then
-  -- Held, and flagged REC_NOTIFY already: a try that loses writes
-  -- nothing.
-  local token, acq, otoken, owner = string.match(v, '^[13]|(%d+)|(%d+)|([^|]*)|(.*)$')
-  if otoken and otoken ~= ARGV[1] then
-    local t = redis.call('TIME')
-    return {0, token, acq, redis.call('PTTL', KEYS[1]), t[1], t[2], owner}
+  local r = fast_busy(KEYS[1], v, ARGV[1], t)
+  if r then
+    return r
   end
 end
 --@prelude
 
 local r = rec_parse(v)
 local waiter = ARGV[5] or ''
-local t = redis.call('TIME')
 local nowms, nowus = server_time(t)
 
 if r and r.held then

@@ -58,9 +58,10 @@
 //
 // Every operation is one Lua script, kept as an embedded .lua file (the
 // record format and the queue functions are a prelude shared by all; the
-// common claim, release and losing try come before it, since defining its
-// functions costs the server more than their own work) and run with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart, a
-// failover or SCRIPT FLUSH), inside pipelines too:
+// common claim, release and losing try are fast.lua's and come before it,
+// since defining its functions costs the server more than their own work)
+// and run with EVALSHA, falling back to EVAL on NOSCRIPT (after a restart,
+// a failover or SCRIPT FLUSH), inside pipelines too:
 //
 //   - acquire claims a free key with GET, TIME and SET (7 server commands
 //     for an uncontended acquire + release, EVALSHA included), or answers
@@ -92,7 +93,13 @@
 // server spend most of their time on the system calls of each request and
 // reply, so 64 goroutines on distinct keys send about 13 calls per round
 // trip, and the server's CPU per acquire + release falls below that of a
-// lock that sends one command per round trip. A lone caller pays nothing:
+// lock that sends one command per round trip. On one server (not Cluster
+// or Ring), the common claims and releases of a batch are one script call
+// (batch.lua, which runs fast.lua's cases, with one TIME for all): a
+// script call costs the server about as much as the work of a claim. A
+// call that batch.lua leaves to the general path (a key someone holds or
+// waits for, a lease that is gone) follows on its own script in the next
+// round trip. A lone caller pays nothing:
 // a release then goes out on its own goroutine, and a claim is handed to
 // one of the senders, as it would be to the engine's call workers.
 //

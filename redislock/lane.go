@@ -46,6 +46,7 @@ type lane struct {
 	c       redis.UniversalClient
 	batch   bool // c sends pipelines, and honours NoRetry
 	retries bool // c retries a failed command
+	combine bool // c is one server: fastCalls go in one batch.lua call
 
 	mu      sync.Mutex
 	busy    int // senders at work and calls sent directly, not yet answered
@@ -78,11 +79,22 @@ type queued struct {
 	ctx      context.Context
 	cmd      redis.Cmder
 	token    string        // the owner token of a claim, else ""
+	fast     *fastCall     // the call as batch.lua takes it, or nil
 	done     chan struct{} // receives once cmd holds its outcome
 	taken    bool          // in a batch; l.mu guards it
 	answered bool          // cmd holds its outcome; l.mu guards it
 	left     chan struct{} // its caller left it in a batch (l.mu)
 	unsent   bool
+}
+
+// fastCall is a call that batch.lua can make: a plain claim (kind 'c':
+// owner token, owner, TTL) or a release whose lease's token is known (kind
+// 'r': owner token, fencing token, ""), of the lock at lock whose queue is
+// at queue.
+type fastCall struct {
+	kind        byte
+	lock, queue string
+	a, b, c     any
 }
 
 // queuedPool keeps the queued of the calls that got their reply.
@@ -107,7 +119,7 @@ func newLane(c redis.UniversalClient) *lane {
 // error is ctx's, after the call was taken into a batch that is still on
 // its way: cmd then belongs to the batch and must not be read, and a
 // release of token waits for the claim's answer (after).
-func (l *lane) send(ctx context.Context, cmd redis.Cmder, bound bool, token string) (unsent bool, err error) {
+func (l *lane) send(ctx context.Context, cmd redis.Cmder, bound bool, token string, fast *fastCall) (unsent bool, err error) {
 	if !l.batch {
 		return sendOnce(ctx, l.c, cmd), nil
 	}
@@ -123,7 +135,7 @@ func (l *lane) send(ctx context.Context, cmd redis.Cmder, bound bool, token stri
 		return unsent, nil
 	}
 	q := queuedPool.Get().(*queued)
-	q.ctx, q.cmd, q.token = ctx, cmd, token
+	q.ctx, q.cmd, q.token, q.fast = ctx, cmd, token, fast
 	l.queue = append(l.queue, q)
 	l.startSender()
 	l.mu.Unlock()
@@ -269,41 +281,118 @@ func (l *lane) close() {
 
 // sendBatch sends the calls of batch, as sendOnce sends a command: as one
 // command when there is one, else in one pipeline (which a Cluster client
-// splits into one pipeline per node). A call whose caller has left is not
-// sent again.
+// splits into one pipeline per node). On one server, the common claims and
+// releases of a batch (fastCall) go in one script call (batch.lua), and
+// those it leaves to their own scripts follow in a second round trip. A
+// call whose caller has left is not sent again.
 func (l *lane) sendBatch(batch []*queued) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	l.process(ctx, batch, true)
-	var again []*queued
-	for _, q := range batch {
-		switch err := q.cmd.Err(); {
-		case err == nil:
-		case neverSent(err):
-			q.unsent = true
-		case l.retries && q.ctx.Err() == nil && retriedByDriver(err):
-			again = append(again, q)
+	var fast, rest []*queued
+	if l.combine {
+		for _, q := range batch {
+			if q.fast != nil {
+				fast = append(fast, q)
+			} else {
+				rest = append(rest, q)
+			}
 		}
 	}
+	if len(fast) < 2 {
+		fast, rest = nil, batch
+	}
+	var combined *redis.Cmd
+	if fast != nil {
+		combined = combine(ctx, "evalsha", batchScript.sha, fast)
+	}
+	l.process(ctx, combined, rest, true)
+	if combined != nil && isNoScript(combined.Err()) { // it ran nothing
+		combined = combine(ctx, "eval", batchScript.src, fast)
+		l.process(ctx, combined, nil, true)
+	}
+	var again, alone []*queued
+	classify := func(qs []*queued) {
+		for _, q := range qs {
+			switch err := q.cmd.Err(); {
+			case err == nil:
+			case neverSent(err):
+				q.unsent = true
+			case l.retries && q.ctx.Err() == nil && retriedByDriver(err):
+				again = append(again, q)
+			}
+		}
+	}
+	classify(rest)
+	if combined != nil {
+		replies, err := combined.Slice()
+		switch {
+		case err == nil && len(replies) == len(fast):
+			for i, q := range fast {
+				if replies[i] == nil {
+					alone = append(alone, q) // left to its own script
+				} else {
+					q.cmd.(*redis.Cmd).SetVal(replies[i])
+				}
+			}
+		case err == nil || !neverSent(err) && !retriedByDriver(err):
+			alone = fast // not a reply of batch.lua's: each on its own
+		default:
+			for _, q := range fast {
+				q.cmd.(*redis.Cmd).SetErr(err)
+			}
+			classify(fast)
+		}
+	}
+	if len(alone) > 0 {
+		l.process(ctx, nil, alone, true)
+		classify(alone)
+	}
 	if len(again) > 0 {
-		l.process(ctx, again, false)
+		l.process(ctx, nil, again, false)
 	}
 }
 
-// process sends the calls of batch in one round trip: in one attempt when
-// once is set, else with go-redis's retries.
-func (l *lane) process(ctx context.Context, batch []*queued, once bool) {
+// combine returns the script call (EVALSHA or EVAL, name, of payload) of
+// batch.lua for the fastCalls of the calls in fast.
+func combine(ctx context.Context, name, payload string, fast []*queued) *redis.Cmd {
+	kinds := make([]byte, len(fast))
+	args := make([]any, 0, 4+3*len(fast))
+	args = append(args, name, payload, 2*len(fast))
+	for _, q := range fast {
+		args = append(args, q.fast.lock, q.fast.queue)
+	}
+	args = append(args, "")
+	for i, q := range fast {
+		kinds[i] = q.fast.kind
+		args = append(args, q.fast.a, q.fast.b, q.fast.c)
+	}
+	args[3+2*len(fast)] = string(kinds)
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
+// process sends first (when not nil) and the calls of batch in one round
+// trip: in one attempt when once is set, else with go-redis's retries.
+func (l *lane) process(ctx context.Context, first *redis.Cmd, batch []*queued, once bool) {
 	wrap := func(cmd redis.Cmder) redis.Cmder {
 		if once {
 			return noRetry{cmd}
 		}
 		return cmd
 	}
-	if len(batch) == 1 {
+	switch {
+	case first == nil && len(batch) == 1:
 		_ = l.c.Process(ctx, wrap(batch[0].cmd))
+		return
+	case first != nil && len(batch) == 0:
+		_ = l.c.Process(ctx, wrap(first))
 		return
 	}
 	pipe := l.c.Pipeline()
+	if first != nil {
+		_ = pipe.Process(ctx, wrap(first))
+	}
 	for _, q := range batch {
 		_ = pipe.Process(ctx, wrap(q.cmd))
 	}

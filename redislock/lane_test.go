@@ -12,25 +12,46 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/testenv"
 )
 
-// pipelines records the size of each pipeline a client sends.
+// pipelines records the size of each pipeline a client sends, and the
+// kinds of the batch.lua calls in them.
 type pipelines struct {
-	mu    sync.Mutex
-	sizes []int
+	mu       sync.Mutex
+	sizes    []int
+	combined []string
 }
 
-func (p *pipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (p *pipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *pipelines) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (p *pipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		p.mu.Lock()
+		p.noteCombined(cmd)
+		p.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
 func (p *pipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		p.mu.Lock()
 		if cmds[0].Name() == "incr" { // not the client's connection set-up
-			p.mu.Lock()
 			p.sizes = append(p.sizes, len(cmds))
-			p.mu.Unlock()
 		}
+		p.noteCombined(cmds...)
+		p.mu.Unlock()
 		return next(ctx, cmds)
+	}
+}
+
+// noteCombined records the kinds of the batch.lua calls among cmds; p.mu
+// is held.
+func (p *pipelines) noteCombined(cmds ...redis.Cmder) {
+	for _, c := range cmds {
+		if a := c.Args(); len(a) > 3 && a[1] == batchScript.sha {
+			p.combined = append(p.combined, fmt.Sprint(a[3+a[2].(int)]))
+		}
 	}
 }
 
@@ -43,6 +64,16 @@ func (p *pipelines) seen() []int {
 // stalledLane is a lane over a client of the test server whose connections
 // go through a StallProxy, with an admin client that goes around it.
 func stalledLane(t *testing.T) (*lane, *testenv.StallProxy, *pipelines, *redis.Client) {
+	t.Helper()
+	c, p, seen, admin := stalledClient(t)
+	l := newLane(c)
+	t.Cleanup(l.close)
+	return l, p, seen, admin
+}
+
+// stalledClient is a client of the test server whose connections go
+// through a StallProxy, with an admin client that goes around it.
+func stalledClient(t *testing.T) (*redis.Client, *testenv.StallProxy, *pipelines, *redis.Client) {
 	t.Helper()
 	opt, err := redis.ParseURL(testenv.Redis(t))
 	if err != nil {
@@ -63,9 +94,7 @@ func stalledLane(t *testing.T) (*lane, *testenv.StallProxy, *pipelines, *redis.C
 	}
 	seen := &pipelines{}
 	c.AddHook(seen)
-	l := newLane(c)
-	t.Cleanup(l.close)
-	return l, p, seen, admin
+	return c, p, seen, admin
 }
 
 // queuedLen is the length of l's queue.
@@ -106,7 +135,7 @@ func TestLaneSharesRoundTrips(t *testing.T) {
 	call := func() {
 		defer wg.Done()
 		cmd := redis.NewIntCmd(ctx, "incr", key)
-		if unsent, err := l.send(ctx, cmd, true, ""); unsent || err != nil {
+		if unsent, err := l.send(ctx, cmd, true, "", nil); unsent || err != nil {
 			errs <- fmt.Errorf("send: unsent %v, %v", unsent, err)
 			return
 		}
@@ -149,7 +178,7 @@ func TestLaneCallerLeaves(t *testing.T) {
 	occupy(t, l, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
-		unsent, err := l.send(ctx, redis.NewIntCmd(ctx, "incr", key+":sent"), true, "")
+		unsent, err := l.send(ctx, redis.NewIntCmd(ctx, "incr", key+":sent"), true, "", nil)
 		if unsent {
 			err = fmt.Errorf("a sent call reported unsent (%v)", err)
 		}
@@ -159,7 +188,7 @@ func TestLaneCallerLeaves(t *testing.T) {
 	cut := time.AfterFunc(100*time.Millisecond, cancel)
 	defer cut.Stop()
 	cmd := redis.NewIntCmd(ctx, "incr", key+":queued")
-	unsent, err := l.send(ctx, cmd, true, "")
+	unsent, err := l.send(ctx, cmd, true, "", nil)
 	if !unsent || !errors.Is(err, context.Canceled) {
 		t.Fatalf("a call that left the queue: unsent %v, %v; want unsent, context.Canceled", unsent, err)
 	}
@@ -200,7 +229,7 @@ func TestLaneNeverSent(t *testing.T) {
 	var sent atomic.Int32
 	call := func() {
 		defer wg.Done()
-		if unsent, err := l.send(ctx, redis.NewCmd(ctx, "ping"), true, ""); !unsent || err != nil {
+		if unsent, err := l.send(ctx, redis.NewCmd(ctx, "ping"), true, "", nil); !unsent || err != nil {
 			sent.Add(1)
 		}
 	}
@@ -216,5 +245,115 @@ func TestLaneNeverSent(t *testing.T) {
 	wg.Wait()
 	if n := sent.Load(); n != 0 {
 		t.Fatalf("%d of %d calls that got no connection were not reported as never sent", n, calls)
+	}
+}
+
+// The common claims and releases of a batch go in one batch.lua call, and
+// each gets the answer its own script would give: those that batch.lua
+// leaves to their own scripts (a first try of a key held elsewhere, a
+// release of a lease that is gone) too.
+func TestLaneCombinesCommonCalls(t *testing.T) {
+	c, p, seen, admin := stalledClient(t)
+	prefix := testenv.Name("redislock-lane-")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := admin.Keys(ctx, prefix+":*").Result()
+		if len(keys) > 0 {
+			admin.Del(ctx, keys...)
+		}
+	})
+	b, _, err := newBackend(c, []Option{WithPrefix(prefix)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	other, _, err := newBackend(admin, []Option{WithPrefix(prefix)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	claim := func(b *Backend, key, ot string) (core.Lease, error) {
+		return b.TryAcquire(ctx, core.AcquireRequest{Key: key, OwnerToken: ot, Owner: "test", TTL: time.Minute})
+	}
+	held, err := claim(other, "held", "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, err := claim(b, "mine", "mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	p.Stall()
+	l := b.lane
+	occupied := make(chan error, maxSenders)
+	var n atomic.Int32
+	occupy(t, l, func() {
+		i := n.Add(1)
+		_, err := claim(b, fmt.Sprint("occupy-", i), fmt.Sprint("occupy-", i))
+		occupied <- err
+	}, func(int) bool { return true })
+	type result struct {
+		what  string
+		lease core.Lease
+		err   error
+	}
+	results := make(chan result, 8)
+	calls := map[string]func() (core.Lease, error){
+		"free-1": func() (core.Lease, error) { return claim(b, "free-1", "f1") },
+		"free-2": func() (core.Lease, error) { return claim(b, "free-2", "f2") },
+		"free-3": func() (core.Lease, error) { return claim(b, "free-3", "f3") },
+		"held":   func() (core.Lease, error) { return claim(b, "held", "mine-too") },
+		"release-mine": func() (core.Lease, error) {
+			return core.Lease{}, b.Release(ctx, core.ReleaseRequest{Key: "mine", OwnerToken: "mine", Token: mine.Token})
+		},
+		"release-gone": func() (core.Lease, error) {
+			return core.Lease{}, b.Release(ctx, core.ReleaseRequest{Key: "gone", OwnerToken: "gone", Token: 12345})
+		},
+	}
+	for what, call := range calls {
+		go func() {
+			lease, err := call()
+			results <- result{what, lease, err}
+		}()
+	}
+	if !testenv.WaitFor(10*time.Second, func() bool { return queuedLen(l) == len(calls) }) {
+		t.Fatalf("%d calls queued, want %d", queuedLen(l), len(calls))
+	}
+	p.Resume()
+	for range maxSenders {
+		if err := <-occupied; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range calls {
+		r := <-results
+		var busy *core.NotAcquiredError
+		switch r.what {
+		case "free-1", "free-2", "free-3":
+			if r.err != nil || r.lease.Token == 0 {
+				t.Errorf("%s: %+v, %v; want a lease", r.what, r.lease, r.err)
+			}
+		case "held":
+			if !errors.As(r.err, &busy) || busy.Holder == nil || busy.Holder.Token != held.Token {
+				t.Errorf("held: %v; want busy with the holder's token %d", r.err, held.Token)
+			}
+		case "release-mine":
+			if r.err != nil {
+				t.Errorf("release-mine: %v", r.err)
+			}
+		case "release-gone":
+			if !errors.Is(r.err, core.ErrLeaseGone) {
+				t.Errorf("release-gone: %v; want core.ErrLeaseGone", r.err)
+			}
+		}
+	}
+	if v, _ := admin.Get(ctx, b.lockKey("mine")).Result(); v != fmt.Sprintf("0|%d", mine.Token) {
+		t.Errorf("the released lock's record is %q, want its tombstone", v)
+	}
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	if len(seen.combined) != 1 || len(seen.combined[0]) != len(calls) {
+		t.Fatalf("batch.lua calls: %q; want one of %d calls", seen.combined, len(calls))
 	}
 }

@@ -152,6 +152,7 @@ func newBackend(client redis.UniversalClient, opts []Option) (*Backend, options,
 	default:
 		b.group = groupTag
 	}
+	b.lane.combine = b.group == groupAll
 	return b, o, nil
 }
 
@@ -190,7 +191,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		// script arguments, and the script knows it has the common case.
 		args = append(args, expireAt, req.Waiter, max(req.WaiterTTL.Milliseconds(), 1))
 	}
-	cmd := acquireScript.claim(ctx, b.lane, req.OwnerToken, b.keys(req.Key), args...)
+	keys := b.keys(req.Key)
+	var fast *fastCall
+	if len(args) == 3 {
+		fast = &fastCall{kind: 'c', lock: keys[0], queue: keys[1], a: args[0], b: args[1], c: args[2]}
+	}
+	cmd := acquireScript.claim(ctx, b.lane, req.OwnerToken, fast, keys, args...)
 	reply, err := cmd.Result()
 	if isWrongType(err) {
 		return b.heldAsSemaphore(ctx, req) // semaphore.go
@@ -414,7 +420,12 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	if err := b.lane.after(ctx, req.OwnerToken); err != nil {
 		return err
 	}
-	cmd, _ := releaseScript.send(ctx, b.lane, b.keys(req.Key), args, "")
+	keys := b.keys(req.Key)
+	var fast *fastCall
+	if token != "" && len(args) == 2 {
+		fast = &fastCall{kind: 'r', lock: keys[0], queue: keys[1], a: args[0], b: args[1], c: ""}
+	}
+	cmd, _ := releaseScript.send(ctx, b.lane, keys, args, "", fast)
 	n, err := cmd.Int()
 	if isWrongType(err) {
 		// The key holds a semaphore: the token may be one of its permits
@@ -451,7 +462,7 @@ func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
 			sendOnce(ctx, node, cmd) // a refused connection fails at once
 		})
 	} else {
-		_, err = b.lane.send(ctx, cmd, true, "")
+		_, err = b.lane.send(ctx, cmd, true, "", nil)
 	}
 	if err != nil {
 		return time.Time{}, err

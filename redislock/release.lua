@@ -20,26 +20,11 @@
 -- answered busy). The release channel hears of it only when
 -- the record says someone waits.
 
--- names returns the release channel and the lock's key, read from the
--- record's Redis key "<prefix>:{<k'>}" (keys.go): the prefix has no braces,
--- and k' is the key with "%" written "%25" and "}" written "%7D".
-local function names()
-  local lk = KEYS[1]
-  local i = string.find(lk, '{', 1, true)
-  local k = string.gsub(string.sub(lk, i + 1, -2), '%%7D', '}')
-  return string.sub(lk, 1, i - 2) .. ':released', (string.gsub(k, '%%25', '%%'))
-end
-
 local v = redis.call('GET', KEYS[1])
 if v and not ARGV[3] then
-  -- This lease's, and nobody queued (flags 0, or REC_NOTIFY alone).
-  local f, token, otoken = string.match(v, '^([01])|(%d+)|%d+|([^|]*)|')
-  if token == ARGV[2] and otoken == ARGV[1] then
-    redis.call('SET', KEYS[1], '0|' .. token, 'KEEPTTL', 'XX')
-    if f == '1' then
-      redis.call('PUBLISH', names())
-    end
-    return 1
+  local r = fast_release(KEYS[1], v, ARGV[1], ARGV[2])
+  if r then
+    return r
   end
 end
 --@prelude
@@ -63,13 +48,13 @@ if rec_has(r.flags, REC_QUEUED) then
   local head = queue_ops().head(KEYS[2], KEYS[3], (server_time()))
   if head then
     redis.call('SET', KEYS[1], rec_free(REC_QUEUED, r.token), 'KEEPTTL', 'XX')
-    local channel, key = names()
+    local channel, key = release_names(KEYS[1])
     redis.call('PUBLISH', channel, queue_ops().turn(key, head))
     return 1
   end
 end
 redis.call('SET', KEYS[1], rec_free(0, r.token), 'KEEPTTL', 'XX')
 if rec_has(r.flags, REC_NOTIFY) then
-  redis.call('PUBLISH', names())
+  redis.call('PUBLISH', release_names(KEYS[1]))
 end
 return 1

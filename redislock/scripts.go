@@ -23,6 +23,9 @@ var (
 	queueLua string
 	prelude  = recordLua + "\n" + queueLua + "\n"
 
+	// fast.lua comes before the scripts that take its common cases.
+	//go:embed fast.lua
+	fastLua string
 	//go:embed acquire.lua
 	acquireLua string
 	//go:embed renew.lua
@@ -35,13 +38,16 @@ var (
 	forceReleaseLua string
 	//go:embed leave.lua
 	leaveLua string
+	//go:embed batch.lua
+	batchLua string
 
-	acquireScript      = newScript(acquireLua)
+	acquireScript      = newScript(fastLua + acquireLua)
 	renewScript        = newScript(renewLua)
-	releaseScript      = newScript(releaseLua)
+	releaseScript      = newScript(fastLua + releaseLua)
 	inspectScript      = newScript(inspectLua)
 	forceReleaseScript = newScript(forceReleaseLua)
 	leaveScript        = newScript(leaveLua)
+	batchScript        = bareScript(fastLua + batchLua) // all fast.lua's: no prelude
 )
 
 // Semaphore scripts (semaphore.go): each is sem_common.lua followed by its
@@ -97,6 +103,12 @@ func newScript(src string) *script {
 	return &script{src: src, sha: hex.EncodeToString(sum[:])}
 }
 
+// bareScript returns the script whose body is src, without the prelude.
+func bareScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+}
+
 // run runs s as one command.
 func (s *script) run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
 	cmd := c.EvalSha(ctx, s.sha, keys, args...)
@@ -111,8 +123,8 @@ func (s *script) run(ctx context.Context, c redis.Scripter, keys []string, args 
 // failed before it reached the server, the error is marked core.Unclaimed,
 // so that the engine neither waits for nor sends an undo against a server
 // that refused the connection.
-func (s *script) claim(ctx context.Context, l *lane, token string, keys []string, args ...any) *redis.Cmd {
-	cmd, unsent := s.send(ctx, l, keys, args, token)
+func (s *script) claim(ctx context.Context, l *lane, token string, fast *fastCall, keys []string, args ...any) *redis.Cmd {
+	cmd, unsent := s.send(ctx, l, keys, args, token, fast)
 	if unsent {
 		cmd.SetErr(core.Unclaimed(cmd.Err()))
 	}
@@ -123,13 +135,14 @@ func (s *script) claim(ctx context.Context, l *lane, token string, keys []string
 // the script), each command sent as sendOnce sends it, and reports whether
 // the call failed before it reached the server. A claim passes its owner
 // token, and is bound to end with ctx (lane.send); any other call passes "".
-func (s *script) send(ctx context.Context, l *lane, keys []string, args []any, claim string) (*redis.Cmd, bool) {
+// fast is the call as batch.lua takes it, or nil.
+func (s *script) send(ctx context.Context, l *lane, keys []string, args []any, claim string, fast *fastCall) (*redis.Cmd, bool) {
 	bound := claim != ""
 	cmd := evalCmd(ctx, "evalsha", s.sha, keys, args)
-	unsent, err := l.send(ctx, cmd, bound, claim)
+	unsent, err := l.send(ctx, cmd, bound, claim, fast)
 	if err == nil && isNoScript(cmd.Err()) { // EVALSHA ran nothing
 		cmd = evalCmd(ctx, "eval", s.src, keys, args)
-		unsent, err = l.send(ctx, cmd, bound, claim)
+		unsent, err = l.send(ctx, cmd, bound, claim, nil)
 	}
 	if err != nil { // cmd is still on its way in a batch
 		cmd = redis.NewCmd(ctx)
