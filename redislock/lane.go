@@ -402,8 +402,11 @@ func (l *lane) process(ctx context.Context, first *redis.Cmd, batch []*queued, o
 // batchContext is the context a batch is sent with: not cancelled with
 // any one caller's, and ending at the latest deadline of theirs (none when
 // one of them has none), so that no caller's call is cut short by
-// another's.
+// another's; a batch of one call is sent with its caller's ctx.
 func batchContext(batch []*queued) (context.Context, context.CancelFunc) {
+	if len(batch) == 1 { // its caller's own: it is nobody else's call
+		return batch[0].ctx, func() {}
+	}
 	var last time.Time
 	for _, q := range batch {
 		d, ok := q.ctx.Deadline()
