@@ -414,13 +414,16 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 	// undo releases the claim by owner token, so that nothing stays held
 	// until its TTL; the caller waits for it within bud only.
 	undo := func() { bud.wait(c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)) }
-	lease, err := ctxCall(c, bud, func() (Lease, error) { return c.b.TryAcquire(ctx, req) },
-		func(_ Lease, err error) {
+	var late func(Lease, error) // for a call worker's call that the caller left
+	if !c.endsWithCtx {
+		late = func(_ Lease, err error) {
 			// The caller has left: whatever the store did is undone.
 			if !claimedNothing(err) && !isUnclaimed(err) {
 				c.undo(ctx, key, req.OwnerToken, req.Limit, sent, life)
 			}
-		})
+		}
+	}
+	lease, err := ctxCall(c, bud, func() (Lease, error) { return c.b.TryAcquire(ctx, req) }, late)
 	if err != nil {
 		if claimedNothing(err) {
 			return nil, err
