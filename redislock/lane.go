@@ -56,8 +56,8 @@ type lane struct {
 	stopped bool
 
 	// pending holds, by owner token, the claims on their way whose callers
-	// left them; each channel is closed when its claim is answered.
-	pending  map[string]chan struct{}
+	// left them.
+	pending  map[string]*leftClaims
 	npending atomic.Int32 // len(pending)
 }
 
@@ -83,7 +83,7 @@ type queued struct {
 	done     chan struct{} // receives once cmd holds its outcome
 	taken    bool          // in a batch; l.mu guards it
 	answered bool          // cmd holds its outcome; l.mu guards it
-	left     chan struct{} // its caller left it in a batch (l.mu)
+	left     bool          // its caller left it in a batch (l.mu)
 	unsent   bool
 }
 
@@ -97,11 +97,18 @@ type fastCall struct {
 	a, b, c     any
 }
 
+// leftClaims are the claims of one owner token on their way whose callers
+// left them: done is closed once all n are answered.
+type leftClaims struct {
+	n    int
+	done chan struct{}
+}
+
 // queuedPool keeps the queued of the calls that got their reply.
 var queuedPool = sync.Pool{New: func() any { return &queued{done: make(chan struct{}, 1)} }}
 
 func newLane(c redis.UniversalClient) *lane {
-	l := &lane{c: c, wake: make(chan struct{}), stop: make(chan struct{}), pending: map[string]chan struct{}{}}
+	l := &lane{c: c, wake: make(chan struct{}), stop: make(chan struct{}), pending: map[string]*leftClaims{}}
 	switch c := c.(type) {
 	case *redis.Client:
 		l.batch, l.retries = true, c.Options().MaxRetries > 0
@@ -151,10 +158,15 @@ func (l *lane) send(ctx context.Context, cmd redis.Cmder, bound bool, token stri
 		<-q.done
 		return reuse(q), nil
 	case q.taken: // q is the batch's now, and is not reused
+		q.left = true
 		if token != "" {
-			q.left = make(chan struct{})
-			l.pending[token] = q.left
-			l.npending.Add(1)
+			lc := l.pending[token]
+			if lc == nil {
+				lc = &leftClaims{done: make(chan struct{})}
+				l.pending[token] = lc
+				l.npending.Add(1)
+			}
+			lc.n++
 		}
 		l.mu.Unlock()
 		return false, ctx.Err()
@@ -187,13 +199,13 @@ func (l *lane) after(ctx context.Context, token string) error {
 		return nil
 	}
 	l.mu.Lock()
-	left := l.pending[token]
+	lc := l.pending[token]
 	l.mu.Unlock()
-	if left == nil {
+	if lc == nil {
 		return nil
 	}
 	select {
-	case <-left:
+	case <-lc.done:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("redislock: the claim of this owner token is still on its way: %w", ctx.Err())
@@ -232,15 +244,17 @@ func (l *lane) sender() {
 			l.mu.Lock()
 			for _, q := range batch {
 				q.answered = true
-				if q.left != nil {
-					delete(l.pending, q.token)
-					l.npending.Add(-1)
-					close(q.left)
+				if lc := l.pending[q.token]; q.left && lc != nil {
+					if lc.n--; lc.n == 0 {
+						delete(l.pending, q.token)
+						l.npending.Add(-1)
+						close(lc.done)
+					}
 				}
 			}
 			l.mu.Unlock()
 			for i, q := range batch {
-				if q.left == nil {
+				if !q.left {
 					q.done <- struct{}{}
 				}
 				batch[i] = nil

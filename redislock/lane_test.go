@@ -367,3 +367,37 @@ func TestLaneCombinesCommonCalls(t *testing.T) {
 		t.Fatalf("batch.lua calls: %q, %d by source; want one of %d calls, sent again by source", seen.combined, seen.bySource, len(calls))
 	}
 }
+
+// A release by the owner token of a claim whose caller left it on its way
+// waits for that claim's answer (lane.after).
+func TestLaneReleaseWaitsForLeftClaim(t *testing.T) {
+	l, p, _, admin := stalledLane(t)
+	key := testenv.Name("redislock-lane-")
+	t.Cleanup(func() { admin.Del(context.Background(), key) })
+	p.Stall()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if unsent, err := l.send(ctx, redis.NewIntCmd(ctx, "incr", key), true, "T", nil); unsent || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a claim left on its way: unsent %v, %v; want sent, context.DeadlineExceeded", unsent, err)
+	}
+	if err := l.after(context.Background(), "another"); err != nil {
+		t.Fatalf("a release of another owner token waited: %v", err)
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancelShort()
+	if err := l.after(short, "T"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a release of the left claim's owner token while it is on its way = %v, want to wait until its ctx ends", err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- l.after(context.Background(), "T") }()
+	p.Resume()
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	if n, err := admin.Get(context.Background(), key).Int(); err != nil || n != 1 {
+		t.Fatalf("the left claim ran %d times (%v), want once before the release", n, err)
+	}
+	if n := l.npending.Load(); n != 0 {
+		t.Fatalf("%d owner tokens still pending", n)
+	}
+}
