@@ -99,8 +99,7 @@ func newScript(src string) *script {
 	} else {
 		src = prelude + src
 	}
-	sum := sha1.Sum([]byte(src))
-	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+	return bareScript(src)
 }
 
 // bareScript returns the script whose body is src, without the prelude.
