@@ -79,7 +79,7 @@ type queued struct {
 	ctx      context.Context
 	cmd      redis.Cmder
 	token    string        // the owner token of a claim, else ""
-	fast     *fastCall     // the call as batch.lua takes it, or nil
+	fast     fastCall      // the call as batch.lua takes it (kind 0: none)
 	done     chan struct{} // receives once cmd holds its outcome
 	taken    bool          // in a batch; l.mu guards it
 	answered bool          // cmd holds its outcome; l.mu guards it
@@ -87,7 +87,8 @@ type queued struct {
 	unsent   bool
 }
 
-// fastCall is a call that batch.lua can make: a plain claim (kind 'c':
+// fastCall is a call that batch.lua can make, passed by value so that a
+// call sent on its own allocates nothing for it: a plain claim (kind 'c':
 // owner token, owner, TTL) or a release whose lease's token is known (kind
 // 'r': owner token, fencing token, ""), of the lock at lock whose queue is
 // at queue.
@@ -109,14 +110,7 @@ var queuedPool = sync.Pool{New: func() any { return &queued{done: make(chan stru
 
 func newLane(c redis.UniversalClient) *lane {
 	l := &lane{c: c, wake: make(chan struct{}), stop: make(chan struct{}), pending: map[string]*leftClaims{}}
-	switch c := c.(type) {
-	case *redis.Client:
-		l.batch, l.retries = true, c.Options().MaxRetries > 0
-	case *redis.ClusterClient:
-		l.batch, l.retries = true, c.Options().MaxRetries > 0 || c.Options().MaxRedirects > 0
-	case *redis.Ring:
-		l.batch, l.retries = true, c.Options().MaxRetries > 0
-	}
+	l.batch, l.retries = retryPolicy(c)
 	return l
 }
 
@@ -126,7 +120,7 @@ func newLane(c redis.UniversalClient) *lane {
 // error is ctx's, after the call was taken into a batch that is still on
 // its way: cmd then belongs to the batch and must not be read, and a
 // release of token waits for the claim's answer (after).
-func (l *lane) send(ctx context.Context, cmd redis.Cmder, bound bool, token string, fast *fastCall) (unsent bool, err error) {
+func (l *lane) send(ctx context.Context, cmd redis.Cmder, bound bool, token string, fast fastCall) (unsent bool, err error) {
 	if !l.batch {
 		return sendOnce(ctx, l.c, cmd), nil
 	}
@@ -305,7 +299,7 @@ func (l *lane) sendBatch(batch []*queued) {
 	var fast, rest []*queued
 	if l.combine {
 		for _, q := range batch {
-			if q.fast != nil {
+			if q.fast.kind != 0 {
 				fast = append(fast, q)
 			} else {
 				rest = append(rest, q)
@@ -327,11 +321,10 @@ func (l *lane) sendBatch(batch []*queued) {
 	var again, alone []*queued
 	classify := func(qs []*queued) {
 		for _, q := range qs {
-			switch err := q.cmd.Err(); {
-			case err == nil:
-			case neverSent(err):
+			switch firstAttempt(q.ctx, q.cmd.Err(), l.retries) {
+			case attemptUnsent:
 				q.unsent = true
-			case l.retries && q.ctx.Err() == nil && retriedByDriver(err):
+			case attemptAgain:
 				again = append(again, q)
 			}
 		}

@@ -139,7 +139,7 @@ func TestLaneSharesRoundTrips(t *testing.T) {
 	call := func() {
 		defer wg.Done()
 		cmd := redis.NewIntCmd(ctx, "incr", key)
-		if unsent, err := l.send(ctx, cmd, true, "", nil); unsent || err != nil {
+		if unsent, err := l.send(ctx, cmd, true, "", fastCall{}); unsent || err != nil {
 			errs <- fmt.Errorf("send: unsent %v, %v", unsent, err)
 			return
 		}
@@ -182,7 +182,7 @@ func TestLaneCallerLeaves(t *testing.T) {
 	occupy(t, l, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
-		unsent, err := l.send(ctx, redis.NewIntCmd(ctx, "incr", key+":sent"), true, "", nil)
+		unsent, err := l.send(ctx, redis.NewIntCmd(ctx, "incr", key+":sent"), true, "", fastCall{})
 		if unsent {
 			err = fmt.Errorf("a sent call reported unsent (%v)", err)
 		}
@@ -192,7 +192,7 @@ func TestLaneCallerLeaves(t *testing.T) {
 	cut := time.AfterFunc(100*time.Millisecond, cancel)
 	defer cut.Stop()
 	cmd := redis.NewIntCmd(ctx, "incr", key+":queued")
-	unsent, err := l.send(ctx, cmd, true, "", nil)
+	unsent, err := l.send(ctx, cmd, true, "", fastCall{})
 	if !unsent || !errors.Is(err, context.Canceled) {
 		t.Fatalf("a call that left the queue: unsent %v, %v; want unsent, context.Canceled", unsent, err)
 	}
@@ -233,7 +233,7 @@ func TestLaneNeverSent(t *testing.T) {
 	var sent atomic.Int32
 	call := func() {
 		defer wg.Done()
-		if unsent, err := l.send(ctx, redis.NewCmd(ctx, "ping"), true, "", nil); !unsent || err != nil {
+		if unsent, err := l.send(ctx, redis.NewCmd(ctx, "ping"), true, "", fastCall{}); !unsent || err != nil {
 			sent.Add(1)
 		}
 	}
@@ -377,7 +377,7 @@ func TestLaneReleaseWaitsForLeftClaim(t *testing.T) {
 	p.Stall()
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if unsent, err := l.send(ctx, redis.NewIntCmd(ctx, "incr", key), true, "T", nil); unsent || !errors.Is(err, context.DeadlineExceeded) {
+	if unsent, err := l.send(ctx, redis.NewIntCmd(ctx, "incr", key), true, "T", fastCall{}); unsent || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a claim left on its way: unsent %v, %v; want sent, context.DeadlineExceeded", unsent, err)
 	}
 	if err := l.after(context.Background(), "another"); err != nil {

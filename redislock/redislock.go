@@ -192,9 +192,9 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		args = append(args, expireAt, req.Waiter, max(req.WaiterTTL.Milliseconds(), 1))
 	}
 	keys := b.keys(req.Key)
-	var fast *fastCall
+	var fast fastCall
 	if len(args) == 3 {
-		fast = &fastCall{kind: 'c', lock: keys[0], queue: keys[1], a: args[0], b: args[1], c: args[2]}
+		fast = fastCall{kind: 'c', lock: keys[0], queue: keys[1], a: args[0], b: args[1], c: args[2]}
 	}
 	cmd := acquireScript.claim(ctx, b.lane, req.OwnerToken, fast, keys, args...)
 	reply, err := cmd.Result()
@@ -421,9 +421,9 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		return err
 	}
 	keys := b.keys(req.Key)
-	var fast *fastCall
+	var fast fastCall
 	if token != "" && len(args) == 2 {
-		fast = &fastCall{kind: 'r', lock: keys[0], queue: keys[1], a: args[0], b: args[1], c: ""}
+		fast = fastCall{kind: 'r', lock: keys[0], queue: keys[1], a: args[0], b: args[1], c: ""}
 	}
 	cmd, _ := releaseScript.send(ctx, b.lane, keys, args, "", fast)
 	n, err := cmd.Int()
@@ -462,7 +462,7 @@ func (b *Backend) Now(ctx context.Context, key string) (time.Time, error) {
 			sendOnce(ctx, node, cmd) // a refused connection fails at once
 		})
 	} else {
-		_, err = b.lane.send(ctx, cmd, true, "", nil)
+		_, err = b.lane.send(ctx, cmd, true, "", fastCall{})
 	}
 	if err != nil {
 		return time.Time{}, err

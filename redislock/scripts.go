@@ -122,7 +122,7 @@ func (s *script) run(ctx context.Context, c redis.Scripter, keys []string, args 
 // failed before it reached the server, the error is marked core.Unclaimed,
 // so that the engine neither waits for nor sends an undo against a server
 // that refused the connection.
-func (s *script) claim(ctx context.Context, l *lane, token string, fast *fastCall, keys []string, args ...any) *redis.Cmd {
+func (s *script) claim(ctx context.Context, l *lane, token string, fast fastCall, keys []string, args ...any) *redis.Cmd {
 	cmd, unsent := s.send(ctx, l, keys, args, token, fast)
 	if unsent {
 		cmd.SetErr(core.Unclaimed(cmd.Err()))
@@ -134,14 +134,14 @@ func (s *script) claim(ctx context.Context, l *lane, token string, fast *fastCal
 // the script), each command sent as sendOnce sends it, and reports whether
 // the call failed before it reached the server. A claim passes its owner
 // token, and is bound to end with ctx (lane.send); any other call passes "".
-// fast is the call as batch.lua takes it, or nil.
-func (s *script) send(ctx context.Context, l *lane, keys []string, args []any, claim string, fast *fastCall) (*redis.Cmd, bool) {
+// fast is the call as batch.lua takes it (kind 0: it cannot).
+func (s *script) send(ctx context.Context, l *lane, keys []string, args []any, claim string, fast fastCall) (*redis.Cmd, bool) {
 	bound := claim != ""
 	cmd := evalCmd(ctx, "evalsha", s.sha, keys, args)
 	unsent, err := l.send(ctx, cmd, bound, claim, fast)
 	if err == nil && isNoScript(cmd.Err()) { // EVALSHA ran nothing
 		cmd = evalCmd(ctx, "eval", s.src, keys, args)
-		unsent, err = l.send(ctx, cmd, bound, claim, nil)
+		unsent, err = l.send(ctx, cmd, bound, claim, fastCall{})
 	}
 	if err != nil { // cmd is still on its way in a batch
 		cmd = redis.NewCmd(ctx)
@@ -190,28 +190,55 @@ func (noRetry) NoRetry() bool { return true }
 // attempt: every script of this package is idempotent per owner token.
 // Other clients process cmd as it is, and sendOnce reports false.
 func sendOnce(ctx context.Context, c redis.UniversalClient, cmd redis.Cmder) bool {
-	var retries bool
-	switch c := c.(type) {
-	case *redis.Client:
-		retries = c.Options().MaxRetries > 0
-	case *redis.ClusterClient:
-		retries = c.Options().MaxRetries > 0 || c.Options().MaxRedirects > 0
-	case *redis.Ring:
-		retries = c.Options().MaxRetries > 0
-	default:
+	known, retries := retryPolicy(c)
+	if !known {
 		_ = c.Process(ctx, cmd)
 		return false
 	}
 	err := c.Process(ctx, noRetry{cmd})
-	switch {
-	case err == nil:
-		return false
-	case neverSent(err):
+	switch firstAttempt(ctx, err, retries) {
+	case attemptUnsent:
 		return true
-	case retries && ctx.Err() == nil && retriedByDriver(err):
+	case attemptAgain:
 		_ = c.Process(ctx, cmd)
 	}
 	return false
+}
+
+// retryPolicy reports whether c is a client whose retry loops honour a
+// command's NoRetry (known), and whether it retries a failed command.
+func retryPolicy(c redis.UniversalClient) (known, retries bool) {
+	switch c := c.(type) {
+	case *redis.Client:
+		return true, c.Options().MaxRetries > 0
+	case *redis.ClusterClient:
+		return true, c.Options().MaxRetries > 0 || c.Options().MaxRedirects > 0
+	case *redis.Ring:
+		return true, c.Options().MaxRetries > 0
+	}
+	return false, false
+}
+
+// What a command's first attempt, sent without go-redis's retries, calls
+// for (firstAttempt).
+const (
+	attemptDone   = iota // answered, or failed for good
+	attemptUnsent        // it got no connection: nothing was sent
+	attemptAgain         // send it again, with go-redis's retries
+)
+
+// firstAttempt classifies err, the outcome of a command's first attempt
+// whose caller's ctx is ctx, on a client that retries (retries) or not.
+func firstAttempt(ctx context.Context, err error, retries bool) int {
+	switch {
+	case err == nil:
+		return attemptDone
+	case neverSent(err):
+		return attemptUnsent
+	case retries && ctx.Err() == nil && retriedByDriver(err):
+		return attemptAgain
+	}
+	return attemptDone
 }
 
 // neverSent reports whether err, the failure of one attempt of a command,

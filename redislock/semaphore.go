@@ -55,7 +55,7 @@ func (b *Backend) semAcquire(ctx context.Context, req core.AcquireRequest) (core
 	ttl := max(req.TTL.Milliseconds(), 1)
 	waiterTTL := max(req.WaiterTTL.Milliseconds(), 1)
 	keys := append(b.semKeys(req.Key), b.lockKey(req.Key)+legacyFenceSuffix)
-	vals, err := semAcquireScript.claim(ctx, b.lane, req.OwnerToken, nil, keys, req.OwnerToken, req.Owner,
+	vals, err := semAcquireScript.claim(ctx, b.lane, req.OwnerToken, fastCall{}, keys, req.OwnerToken, req.Owner,
 		ttl, expireAt, req.Waiter, waiterTTL, req.Limit, b.channel, req.Key).Slice()
 	if err != nil {
 		return core.Lease{}, err

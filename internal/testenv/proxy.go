@@ -203,7 +203,8 @@ func (ps StallProxies) Resume() {
 type StallDialer struct {
 	t       testing.TB
 	mu      sync.Mutex
-	proxies map[string]*StallProxy
+	proxies map[string]*StallProxy // by network and address
+	all     StallProxies
 	stalled bool
 }
 
@@ -223,6 +224,7 @@ func (d *StallDialer) Dial(ctx context.Context, network, address string) (net.Co
 			p.Stall()
 		}
 		d.proxies[network+" "+address] = p
+		d.all = append(d.all, p)
 	}
 	d.mu.Unlock()
 	var nd net.Dialer
@@ -234,9 +236,7 @@ func (d *StallDialer) Stall() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.stalled = true
-	for _, p := range d.proxies {
-		p.Stall()
-	}
+	d.all.Stall()
 }
 
 // Resume resumes every proxy.
@@ -244,7 +244,5 @@ func (d *StallDialer) Resume() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.stalled = false
-	for _, p := range d.proxies {
-		p.Resume()
-	}
+	d.all.Resume()
 }
