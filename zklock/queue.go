@@ -22,7 +22,8 @@ var _ core.Queuer = (*Backend)(nil)
 // waiter in, across processes, first come first served. The waiter's
 // backend watches the node before it (a mutex) and tells the waiter its
 // turn when it is first in line; when that node was the only one before it
-// and is deleted, the grant needs no read (see armPlace). A waiter whose process
+// and is deleted while the waiter's own node stands (an exists watch on it
+// has not fired), the grant needs no read (see followPlace). A waiter whose process
 // dies goes with its session; one whose Acquire gave up is deleted (Leave),
 // and one whose Acquire stopped trying is deleted by its own backend when
 // its WaiterTTL runs out: the waiter behind is told at once, without a
@@ -55,7 +56,13 @@ type place struct {
 	armed   map[string]bool
 	aloneOn string // a mutex's place with one node before it and no hold: that node's path
 	fast    bool   // that node was deleted: granted without a read
-	evalMu  sync.Mutex
+	// own is an exists watch on the place's own node, armed while a node
+	// is before it. A grant without a read needs the node to be there still: a
+	// node deleted behind the backend's back (an operator's delete of the
+	// key's nodes, in any order) tells it through own, and the server
+	// sends that event before the event of any later deletion.
+	own    <-chan zk.Event
+	evalMu sync.Mutex
 }
 
 func placeKey(key, waiter string) string { return key + "\x00" + waiter }
@@ -520,6 +527,12 @@ func (b *Backend) evaluate(pl *place, names []string) {
 			pl.aloneOn = parent + "/" + before[0].name
 		}
 		b.mu.Unlock()
+		// Armed once, while the place waits behind others, so that a later
+		// fast grant (see followPlace) costs no request on the way.
+		if len(before) > 0 && !b.armOwn(ctx, pl) {
+			b.tellTurn(pl) // gone, or the store failed: the attempt finds out
+			return
+		}
 		if len(before) > 0 {
 			// A data watch: the node's grant (or renewal) has this place
 			// judged again, so that it knows when it is next (alone).
@@ -601,6 +614,29 @@ func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) 
 	b.spawn(func() { b.followPlace(pl, p, id, data, ch) })
 }
 
+// armOwn makes sure an exists watch on pl's own node is armed (pl.own),
+// and reports whether the node exists and the watch is armed.
+func (b *Backend) armOwn(ctx context.Context, pl *place) bool {
+	b.mu.Lock()
+	armed := pl.own != nil
+	b.mu.Unlock()
+	if armed {
+		return true
+	}
+	var (
+		exists bool
+		ch     <-chan zk.Event
+		err    error
+	)
+	if cerr := b.call(ctx, func() { exists, _, ch, err = b.conn.ExistsW(pl.path) }, nil); cerr != nil || err != nil || !exists {
+		return false
+	}
+	b.mu.Lock()
+	pl.own = ch
+	b.mu.Unlock()
+	return true
+}
+
 // followPlace waits for the watch ch on p, armed for pl under id, and acts
 // on its event.
 func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.Event) {
@@ -623,13 +659,24 @@ func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.E
 	// earlier judgement, on a node that was then one of several
 	// before it, may fire after a later one found a single node left,
 	// which still holds.
-	fast := pl.aloneOn == p && data && ev.Type == zk.EventNodeDeleted
+	fast := pl.aloneOn == p && data && ev.Type == zk.EventNodeDeleted && pl.own != nil
+	if fast {
+		select {
+		case <-pl.own:
+			// The place's own node changed or went before the node
+			// before it did: the children tell.
+			pl.own, fast = nil, false
+		default:
+		}
+	}
 	pl.fast = fast
 	b.mu.Unlock()
 	if fast {
-		// The one node before it is gone, and no other can come
-		// before it: its turn, and its grant needs no read of the
-		// children. (A hold comes only from that node, in the same
+		// The one node before it is gone, no other can come before it,
+		// and its own node is still there (its watch has not fired, and
+		// the server sends the events of one session's watches in the
+		// order of the changes): its turn, and its grant needs no read of
+		// the children. (A hold comes only from that node, in the same
 		// multi as its deletion and after a write to it, which this
 		// watch reports instead: a data change, read again below.)
 		b.tellTurn(pl)
@@ -679,6 +726,9 @@ func (b *Backend) behindGranted(pl *place, p, id string) bool {
 	exp := st.Mtime + ttl
 	left := time.Duration(exp-b.serverNow()) * time.Millisecond
 	info := &core.Info{Key: pl.key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime), ExpiresAt: msTime(exp)}
+	if !b.armOwn(ctx, pl) {
+		return false
+	}
 	b.mu.Lock()
 	pl.aloneOn = p
 	pl.info, pl.infoEnd = info, time.Now().Add(left)

@@ -3,6 +3,7 @@ package zklock_test
 import (
 	"context"
 	"errors"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -171,6 +172,62 @@ func TestQueueGrantWithoutReadOnlyAfterTheNodeBefore(t *testing.T) {
 	}
 	if _, err := bY.TryAcquire(ctx, req("y")); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("Y's attempt while X holds: %v, want busy (granted on V's deletion, with X before it)", err)
+	}
+}
+
+// TestQueueNoGrantOnItsOwnDeletedNode: the nodes of a key are deleted
+// behind the backends' backs, the waiter's own node first and then the
+// holder's, the node just before it. The waiter must not take the deletion
+// of the node before it for its turn on a node that is gone (the node after
+// it would hold at the same time): it queues again, and its lease is a node
+// of the store.
+func TestQueueNoGrantOnItsOwnDeletedNode(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	bX, bY := newBackend(t, connect, root), newBackend(t, connect, root)
+	acted := make(chan struct{}, 4)
+	zklock.SetWatchHook(bY, func(string) func() { return func() { acted <- struct{}{} } })
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "own-node-deleted", time.Second
+	reqX := core.AcquireRequest{Key: key, Owner: "x", OwnerToken: "x-token", TTL: ttl}
+	if _, err := bX.TryAcquire(ctx, reqX); err != nil {
+		t.Fatal(err)
+	}
+	reqY := core.AcquireRequest{Key: key, Owner: "y", OwnerToken: "y-token", TTL: ttl, Waiter: "y", WaiterTTL: 30 * time.Second}
+	if _, err := bY.TryAcquire(ctx, reqY); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt while X holds: %v, want busy", err)
+	}
+	raw := rawConn(t, connect)
+	keys, _, err := raw.Children(root + "/locks")
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("key containers: %v %v", keys, err)
+	}
+	parent := root + "/locks/" + keys[0]
+	names, _, err := raw.Children(parent)
+	if err != nil || len(names) != 2 {
+		t.Fatalf("nodes of the key: %v %v, want X's and Y's", names, err)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i][len(names[i])-10:] < names[j][len(names[j])-10:] })
+	for _, n := range []string{names[1], names[0]} { // Y's, then X's
+		if err := raw.Delete(parent+"/"+n, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-acted:
+	case <-ctx.Done():
+		t.Fatal("Y's watch on X's node did not fire")
+	}
+	ly, err := bY.TryAcquire(ctx, reqY)
+	if err != nil {
+		t.Fatalf("Y's attempt after both nodes went: %v, want the lease", err)
+	}
+	errs, err := bY.Renew(ctx, []core.RenewRequest{{Key: key, OwnerToken: reqY.OwnerToken, TTL: ttl}})
+	if err != nil || errs[0] != nil {
+		t.Fatalf("renewal of Y's lease: %v %v: granted on its deleted node", err, errs)
+	}
+	if err := bY.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: reqY.OwnerToken, Token: ly.Token}); err != nil {
+		t.Fatal(err)
 	}
 }
 
