@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/core"
+	shared "github.com/dislock/dislock/internal/lane"
 	"github.com/dislock/dislock/internal/testenv"
 )
 
@@ -90,7 +91,7 @@ func stalledClient(t *testing.T) (*redis.Client, *testenv.StallProxy, *pipelines
 	o.Network, o.Addr = "tcp", p.Addr()
 	// Connections open before the stall: a call is written at once, and
 	// only its reply is held back.
-	o.MinIdleConns = maxSenders + 1
+	o.MinIdleConns = shared.MaxSenders + 1
 	c := redis.NewClient(&o)
 	t.Cleanup(func() { c.Close() })
 	if !testenv.WaitFor(10*time.Second, func() bool { return c.PoolStats().IdleConns >= uint32(o.MinIdleConns) }) {
@@ -103,22 +104,20 @@ func stalledClient(t *testing.T) (*redis.Client, *testenv.StallProxy, *pipelines
 
 // queuedLen is the length of l's queue.
 func queuedLen(l *lane) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.queue)
+	_, n, _ := l.calls.State()
+	return n
 }
 
-// occupy starts maxSenders calls made by call, one at a time, each taken
+// occupy starts shared.MaxSenders calls made by call, one at a time, each taken
 // by a sender of its own once ready reports true, which leaves l's senders
 // all busy and its queue empty.
 func occupy(t *testing.T, l *lane, call func(), ready func(i int) bool) {
 	t.Helper()
-	for i := 1; i <= maxSenders; i++ {
+	for i := 1; i <= shared.MaxSenders; i++ {
 		go call()
 		if !testenv.WaitFor(10*time.Second, func() bool {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			return l.busy == i && len(l.queue) == 0 && ready(i)
+			busy, queued, _ := l.calls.State()
+			return busy == i && queued == 0 && ready(i)
 		}) {
 			t.Fatalf("the senders did not take call %d", i)
 		}
@@ -149,11 +148,11 @@ func TestLaneSharesRoundTrips(t *testing.T) {
 	}
 	wg.Add(calls)
 	occupy(t, l, call, func(int) bool { return true })
-	for range calls - maxSenders {
+	for range calls - shared.MaxSenders {
 		go call()
 	}
-	if !testenv.WaitFor(10*time.Second, func() bool { return queuedLen(l) == calls-maxSenders }) {
-		t.Fatalf("%d calls queued behind %d senders, want %d", queuedLen(l), maxSenders, calls-maxSenders)
+	if !testenv.WaitFor(10*time.Second, func() bool { return queuedLen(l) == calls-shared.MaxSenders }) {
+		t.Fatalf("%d calls queued behind %d senders, want %d", queuedLen(l), shared.MaxSenders, calls-shared.MaxSenders)
 	}
 	p.Resume()
 	wg.Wait()
@@ -165,8 +164,8 @@ func TestLaneSharesRoundTrips(t *testing.T) {
 		t.Fatalf("the server ran %d of %d calls (%v)", n, calls, err)
 	}
 	sizes := seen.seen()
-	if len(sizes) != 1 || sizes[0] != calls-maxSenders {
-		t.Fatalf("pipelines sent: %v, want one of the %d queued calls", sizes, calls-maxSenders)
+	if len(sizes) != 1 || sizes[0] != calls-shared.MaxSenders {
+		t.Fatalf("pipelines sent: %v, want one of the %d queued calls", sizes, calls-shared.MaxSenders)
 	}
 }
 
@@ -178,7 +177,7 @@ func TestLaneCallerLeaves(t *testing.T) {
 	key := testenv.Name("redislock-lane-")
 	t.Cleanup(func() { admin.Del(context.Background(), key+":sent", key+":queued") })
 	p.Stall()
-	sent := make(chan error, maxSenders)
+	sent := make(chan error, shared.MaxSenders)
 	occupy(t, l, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
@@ -196,14 +195,14 @@ func TestLaneCallerLeaves(t *testing.T) {
 	if !unsent || !errors.Is(err, context.Canceled) {
 		t.Fatalf("a call that left the queue: unsent %v, %v; want unsent, context.Canceled", unsent, err)
 	}
-	for range maxSenders {
+	for range shared.MaxSenders {
 		if err := <-sent; !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("a sent call whose ctx ended = %v, want context.DeadlineExceeded", err)
 		}
 	}
 	p.Resume()
 	ctx = context.Background()
-	if !testenv.WaitFor(10*time.Second, func() bool { return admin.Get(ctx, key+":sent").Val() == fmt.Sprint(maxSenders) }) {
+	if !testenv.WaitFor(10*time.Second, func() bool { return admin.Get(ctx, key+":sent").Val() == fmt.Sprint(shared.MaxSenders) }) {
 		t.Fatalf("the sent calls did not run after their callers left: %q", admin.Get(ctx, key+":sent").Val())
 	}
 	if n := admin.Exists(ctx, key+":queued").Val(); n != 0 {
@@ -239,11 +238,11 @@ func TestLaneNeverSent(t *testing.T) {
 	}
 	wg.Add(calls)
 	occupy(t, l, call, func(i int) bool { return dials.Load() == int32(i) })
-	for range calls - maxSenders {
+	for range calls - shared.MaxSenders {
 		go call()
 	}
-	if !testenv.WaitFor(10*time.Second, func() bool { return queuedLen(l) == calls-maxSenders }) {
-		t.Fatalf("%d calls queued, want %d", queuedLen(l), calls-maxSenders)
+	if !testenv.WaitFor(10*time.Second, func() bool { return queuedLen(l) == calls-shared.MaxSenders }) {
+		t.Fatalf("%d calls queued, want %d", queuedLen(l), calls-shared.MaxSenders)
 	}
 	close(release)
 	wg.Wait()
@@ -296,7 +295,7 @@ func TestLaneCombinesCommonCalls(t *testing.T) {
 
 	p.Stall()
 	l := b.lane
-	occupied := make(chan error, maxSenders)
+	occupied := make(chan error, shared.MaxSenders)
 	var n atomic.Int32
 	occupy(t, l, func() {
 		i := n.Add(1)
@@ -331,7 +330,7 @@ func TestLaneCombinesCommonCalls(t *testing.T) {
 		t.Fatalf("%d calls queued, want %d", queuedLen(l), len(calls))
 	}
 	p.Resume()
-	for range maxSenders {
+	for range shared.MaxSenders {
 		if err := <-occupied; err != nil {
 			t.Fatal(err)
 		}
@@ -397,7 +396,7 @@ func TestLaneReleaseWaitsForLeftClaim(t *testing.T) {
 	if n, err := admin.Get(context.Background(), key).Int(); err != nil || n != 1 {
 		t.Fatalf("the left claim ran %d times (%v), want once before the release", n, err)
 	}
-	if n := l.npending.Load(); n != 0 {
+	if _, _, n := l.calls.State(); n != 0 {
 		t.Fatalf("%d owner tokens still pending", n)
 	}
 }
