@@ -203,7 +203,7 @@ func (c *claim) commit(ctx context.Context, txn func() *etcdserverpb.TxnRequest)
 			kaSent = time.Now()
 			wg.Go(func() { kaErr = c.refresh(ctx) })
 		}
-		resp, err := c.b.txns.send(ctx, txn())
+		resp, err := c.b.txns.send(ctx, c.req.Key, c.req.OwnerToken, txn())
 		wg.Wait()
 		if kaErr != nil && err == nil && resp.Succeeded && ctx.Err() == nil {
 			// The stream failed under the keepalive (another caller ended

@@ -91,7 +91,7 @@ type Backend struct {
 	prefix    string
 	maxTxnOps int
 	ka        *keepalives
-	txns      txnSender
+	txns      *txnSender
 
 	mu        sync.Mutex
 	held      map[string]held                 // by owner token: what this backend acquired
@@ -149,7 +149,7 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
 	stopCtx, stop := context.WithCancel(context.Background())
-	return &Backend{cli: cli, prefix: o.prefix, stopCtx: stopCtx, stop: stop, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli), txns: newTxnSender(cli),
+	return &Backend{cli: cli, prefix: o.prefix, stopCtx: stopCtx, stop: stop, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli), txns: newTxnSender(cli, o.maxTxnOps),
 		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), granting: make(map[int64]*grantCall), views: make(map[string]semView), busy: make(map[string]struct{}),
 		waits: make(map[string]map[string]*ownPlace), wleases: make(map[int64]waiterLease), told: make(map[string]struct{})}, o, nil
 }
@@ -176,6 +176,7 @@ func (b *Backend) Close() error {
 	b.stop()
 	b.bg.Wait()
 	b.ka.close()
+	b.txns.close()
 	b.mu.Lock()
 	for key, m := range b.waits {
 		for waiter := range m {

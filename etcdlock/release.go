@@ -19,6 +19,9 @@ import (
 // to whole seconds): two round trips.
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	ctx = clientv3.WithRequireLeader(ctx)
+	if err := b.txns.after(ctx, req.OwnerToken); err != nil {
+		return err
+	}
 	h, ok := b.lookup(req.OwnerToken)
 	own := ok && h.key == req.Key // the lease is this backend's own record
 	if !own {
@@ -55,7 +58,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		// Delete exactly this incarnation of the key, bound to this
 		// lease, and keep the lease for the next claim.
 		kb := []byte(k)
-		resp, err := b.txns.send(ctx, &etcdserverpb.TxnRequest{
+		resp, err := b.txns.send(ctx, req.Key, "", &etcdserverpb.TxnRequest{
 			Compare: []*etcdserverpb.Compare{compare(etcdserverpb.Compare_LEASE, kb, nil, etcdserverpb.Compare_EQUAL, h.lease),
 				compare(etcdserverpb.Compare_CREATE, kb, nil, etcdserverpb.Compare_EQUAL, h.rev)},
 			Success: []*etcdserverpb.RequestOp{opDelete(kb)},

@@ -2,11 +2,19 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"reflect"
+	"sync"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+
+	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/etcdlock/internal/lanestate"
+	"github.com/dislock/dislock/internal/lane"
 )
 
 // The claim and release transactions are built as etcd's protobuf
@@ -18,15 +26,42 @@ import (
 // not clientv3's (a namespace, a wrapper) gets the same transactions
 // through its KV.
 
-// txnSender sends protobuf transactions for a Backend.
+// txnSender sends protobuf transactions for a Backend, through a lane
+// (internal/lane): transactions made while others are on their way share
+// one round trip and one Raft entry, each as a nested transaction of one
+// that compares nothing. Only transactions on distinct keys are nested in
+// one: a transaction may not write a key twice, and the nested
+// transactions' compares are all made before any of their writes.
 type txnSender struct {
-	cli    *clientv3.Client
-	direct bool              // cli.KV is clientv3's own: call the KV service directly
-	opts   []grpc.CallOption // the call options of cli's own KV
+	cli       *clientv3.Client
+	direct    bool              // cli.KV is clientv3's own: call the KV service directly
+	opts      []grpc.CallOption // the call options of cli's own KV
+	maxTxnOps int
+	lane      *lane.Lane[txnCall] // nil unless direct
 }
 
-func newTxnSender(cli *clientv3.Client) txnSender {
-	s := txnSender{cli: cli, direct: reflect.TypeOf(cli.KV) == reflect.TypeOf(clientv3.NewKV(cli))}
+// txnCall is one transaction in a txnSender's lane, and its outcome.
+type txnCall struct {
+	key  string // the lock's key
+	req  *etcdserverpb.TxnRequest
+	resp *clientv3.TxnResponse
+	err  error
+}
+
+func init() {
+	lanestate.Of = func(backend any) (busy, queued, pending int) {
+		if l := backend.(*Backend).txns.lane; l != nil {
+			return l.State()
+		}
+		return 0, 0, 0
+	}
+}
+
+// maxNested is the most transactions nested in one.
+const maxNested = 32
+
+func newTxnSender(cli *clientv3.Client, maxTxnOps int) *txnSender {
+	s := &txnSender{cli: cli, direct: reflect.TypeOf(cli.KV) == reflect.TypeOf(clientv3.NewKV(cli)), maxTxnOps: maxTxnOps}
 	if s.direct {
 		// clientv3's KV passes the client's call options (wait for ready,
 		// the message size limits of its Config) to every call: read them
@@ -34,6 +69,7 @@ func newTxnSender(cli *clientv3.Client) txnSender {
 		rec := &callOptsRecorder{}
 		_, _ = clientv3.NewKVFromKVClient(rec, cli).Txn(context.Background()).Commit()
 		s.opts = rec.opts
+		s.lane = lane.New(func(ctx context.Context, c *txnCall) { c.resp, c.err = s.sendOne(ctx, c.req) }, s.sendBatch)
 	}
 	return s
 }
@@ -50,20 +86,149 @@ func (r *callOptsRecorder) Txn(_ context.Context, _ *etcdserverpb.TxnRequest, op
 	return &etcdserverpb.TxnResponse{}, nil
 }
 
-// send sends transaction r; its errors are clientv3's.
-func (s txnSender) send(ctx context.Context, r *etcdserverpb.TxnRequest) (*clientv3.TxnResponse, error) {
-	if !s.direct {
+// send sends transaction r, which writes only keys of the lock key (and
+// its permits and queue); token is the owner token of a claim, else "".
+// Its errors are clientv3's. An error of ctx's when r may have been sent
+// leaves a release of token to wait for r's outcome (after).
+func (s *txnSender) send(ctx context.Context, key, token string, r *etcdserverpb.TxnRequest) (*clientv3.TxnResponse, error) {
+	if s.lane == nil {
 		resp, err := s.cli.KV.Do(ctx, clientv3.OpTxn(cmpsOf(r.Compare), opsOf(r.Success), opsOf(r.Failure)))
 		if err != nil {
 			return nil, err
 		}
 		return resp.Txn(), nil
 	}
+	c := s.lane.Get()
+	c.V.key, c.V.req = key, r
+	if err := s.lane.Do(ctx, c, token, true); err != nil {
+		if errors.Is(err, lane.ErrUnsent) {
+			s.lane.Put(c)
+			return nil, core.Unclaimed(ctx.Err())
+		}
+		return nil, ctx.Err()
+	}
+	resp, err := c.V.resp, c.V.err
+	s.lane.Put(c)
+	return resp, err
+}
+
+// after waits until no claim of owner token whose caller left it is on
+// its way (lane.Lane.After).
+func (s *txnSender) after(ctx context.Context, token string) error {
+	if s.lane == nil {
+		return nil
+	}
+	if err := s.lane.After(ctx, token); err != nil {
+		return fmt.Errorf("etcdlock: %w", err)
+	}
+	return nil
+}
+
+func (s *txnSender) close() {
+	if s.lane != nil {
+		s.lane.Close()
+	}
+}
+
+// sendOne sends r on its own, with the KV service's Txn call.
+func (s *txnSender) sendOne(ctx context.Context, r *etcdserverpb.TxnRequest) (*clientv3.TxnResponse, error) {
 	resp, err := etcdserverpb.NewKVClient(s.cli.ActiveConnection()).Txn(ctx, r, s.opts...)
 	if err != nil {
 		return nil, clientv3.ContextError(ctx, err)
 	}
 	return (*clientv3.TxnResponse)(resp), nil
+}
+
+// sendBatch sends the transactions of calls nested in as few transactions
+// as distinct keys and the server's limit of operations allow, one after
+// another in the calls' order.
+func (s *txnSender) sendBatch(ctx context.Context, calls []*lane.Call[txnCall]) {
+	var round, rest []*lane.Call[txnCall]
+	keys := make(map[string]bool, len(calls))
+	for len(calls) > 0 {
+		round, rest = round[:0], rest[:0]
+		clear(keys)
+		need := 0
+		for _, c := range calls {
+			n := max(need, opsNeeded(c.V.req))
+			if keys[c.V.key] || len(round) == maxNested || len(round)+1+n > s.maxTxnOps {
+				rest = append(rest, c)
+				continue
+			}
+			keys[c.V.key], need = true, n
+			round = append(round, c)
+		}
+		s.sendNested(ctx, round)
+		calls = append(calls[:0:0], rest...)
+	}
+}
+
+// sendNested sends the transactions of calls as one. When the server
+// refuses it whole, before it applies anything (a lease of one of them not
+// found, say), each is sent on its own, so that each gets its own answer.
+func (s *txnSender) sendNested(ctx context.Context, calls []*lane.Call[txnCall]) {
+	if len(calls) == 1 {
+		c := &calls[0].V
+		c.resp, c.err = s.sendOne(ctx, c.req)
+		return
+	}
+	ops := make([]*etcdserverpb.RequestOp, len(calls))
+	for i, c := range calls {
+		ops[i] = &etcdserverpb.RequestOp{Request: &etcdserverpb.RequestOp_RequestTxn{RequestTxn: c.V.req}}
+	}
+	resp, err := s.sendOne(ctx, &etcdserverpb.TxnRequest{Success: ops})
+	if err == nil && len(resp.Responses) != len(calls) {
+		err = fmt.Errorf("etcdlock: %d answers to %d nested transactions", len(resp.Responses), len(calls))
+	}
+	switch {
+	case err == nil:
+		for i, c := range calls {
+			sub := resp.Responses[i].GetResponseTxn()
+			if sub == nil {
+				c.V.err = errors.New("etcdlock: a nested transaction without its answer")
+				continue
+			}
+			sub.Header = resp.Header // the nested answers carry none: theirs is the transaction's
+			c.V.resp = (*clientv3.TxnResponse)(sub)
+		}
+	case refusedWhole(err):
+		var wg sync.WaitGroup
+		for _, c := range calls {
+			wg.Go(func() { c.V.resp, c.V.err = s.sendOne(ctx, c.V.req) })
+		}
+		wg.Wait()
+	default:
+		for _, c := range calls {
+			c.V.err = err
+		}
+	}
+}
+
+// refusedWhole reports whether err is the server's refusal of a whole
+// transaction before anything of it was applied, for a reason that one of
+// its nested transactions may have alone.
+func refusedWhole(err error) bool {
+	switch rpctypes.Error(err) {
+	case rpctypes.ErrLeaseNotFound, rpctypes.ErrDuplicateKey, rpctypes.ErrTooManyOps, rpctypes.ErrRequestTooLarge:
+		return true
+	}
+	return false
+}
+
+// opsNeeded is how many operations of the server's limit (--max-txn-ops)
+// r uses with the transactions nested in it: the server allows a nested
+// transaction the limit less the operations of those around it.
+func opsNeeded(r *etcdserverpb.TxnRequest) int {
+	n := max(len(r.Compare), len(r.Success), len(r.Failure))
+	inner := 0
+	for _, ops := range [][]*etcdserverpb.RequestOp{r.Success, r.Failure} {
+		for _, op := range ops {
+			if t := op.GetRequestTxn(); t != nil {
+				inner = max(inner, opsNeeded(t))
+			}
+		}
+	}
+	return n + inner
 }
 
 // claimKeys are the etcd keys a claim's transaction names, sliced from
