@@ -54,7 +54,8 @@ func WithPrefix(prefix string) Option {
 // (default 128, etcd's default --max-txn-ops). Renewing more leases than
 // that sends several transactions at once; on a server started with a
 // larger --max-txn-ops, raise this to match so that a renewal stays one
-// transaction.
+// transaction. It also bounds the claims and releases that share one
+// transaction (see "How calls are sent").
 func WithMaxTxnOps(n int) Option {
 	return func(o *options) {
 		if n < 1 {

@@ -151,7 +151,7 @@ func (s *txnSender) sendBatch(ctx context.Context, calls []*lane.Call[txnCall]) 
 		need := 0
 		for _, c := range calls {
 			n := max(need, opsNeeded(c.V.req))
-			if keys[c.V.key] || len(round) == maxNested || len(round)+1+n > s.maxTxnOps {
+			if keys[c.V.key] || len(round) == maxNested || len(round) > 0 && len(round)+1+n > s.maxTxnOps {
 				rest = append(rest, c)
 				continue
 			}

@@ -51,12 +51,12 @@ func (g *txnGate) intercept(ctx context.Context, method string, req, reply any, 
 
 // laneBackend is a Backend on a client of c whose Txn calls go through a
 // txnGate.
-func laneBackend(t *testing.T, c *etcdtest.Cluster, name string) (*etcdlock.Backend, *txnGate, string) {
+func laneBackend(t *testing.T, c *etcdtest.Cluster, name string, opts ...etcdlock.Option) (*etcdlock.Backend, *txnGate, string) {
 	g := &txnGate{open: make(chan struct{})}
 	cli := etcdtest.NewClient(t, clientv3.Config{Endpoints: c.Endpoints(),
 		DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(g.intercept)}})
 	prefix := uniquePrefix(name)
-	b, err := etcdlock.NewBackend(cli, etcdlock.WithPrefix(prefix))
+	b, err := etcdlock.NewBackend(cli, append([]etcdlock.Option{etcdlock.WithPrefix(prefix)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +238,39 @@ func TestNestedTxnRefusedWhole(t *testing.T) {
 	defer g.mu.Unlock()
 	if len(g.nested) < 4 || g.nested[3] != 3 {
 		t.Errorf("transactions per Txn call: %v, want three nested in the fourth", g.nested)
+	}
+}
+
+// TestNestedTxnsWithinTheOpsLimit: with a limit of operations per
+// transaction (WithMaxTxnOps) too small to nest any two claims, the
+// queued claims go one transaction each.
+func TestNestedTxnsWithinTheOpsLimit(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	ctx := testenv.Context(t, 30*time.Second)
+	b, g, _ := laneBackend(t, c, "opslimit", etcdlock.WithMaxTxnOps(3))
+	occupied := occupy(t, ctx, b, g, 5*time.Second)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		key := "k" + string(rune('0'+i))
+		queue(t, b, i+1, func() {
+			wg.Go(func() {
+				_, errs[i] = b.TryAcquire(ctx, core.AcquireRequest{Key: key, Owner: key, OwnerToken: key, TTL: 5 * time.Second})
+			})
+		})
+	}
+	close(g.open)
+	wg.Wait()
+	occupied()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("claim %d: %v", i, err)
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if want := []int{1, 1, 1, 1, 1, 1}; !equal(g.nested, want) {
+		t.Errorf("transactions per Txn call: %v, want %v", g.nested, want)
 	}
 }
 
