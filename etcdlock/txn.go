@@ -103,7 +103,9 @@ func (s *txnSender) send(ctx context.Context, key, token string, r *etcdserverpb
 	if err := s.lane.Do(ctx, c, token, true); err != nil {
 		if errors.Is(err, lane.ErrUnsent) {
 			s.lane.Put(c)
-			return nil, core.Unclaimed(ctx.Err())
+			if token != "" {
+				return nil, core.Unclaimed(ctx.Err()) // a claim that never left
+			}
 		}
 		return nil, ctx.Err()
 	}
