@@ -215,7 +215,7 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 		for _, k := range keys {
 			// The lock and a semaphore's permits (<prefix><key> NUL <owner
 			// token>) in one transaction, so at one revision: every grant
-			// after it gets a larger create revision, its fencing token.
+			// after it gets a larger mod revision, its fencing token.
 			sent := time.Now()
 			resp, err := adminCli.Txn(ctx).Then(
 				clientv3.OpDelete(eprefix+k, clientv3.WithPrevKV()),
@@ -227,7 +227,7 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 			rm := removal{key: k, sent: sent, done: time.Now(), pos: uint64(resp.Header.Revision)}
 			for _, op := range resp.Responses {
 				for _, kv := range op.GetResponseDeleteRange().GetPrevKvs() {
-					rm.tokens = append(rm.tokens, uint64(kv.CreateRevision))
+					rm.tokens = append(rm.tokens, uint64(kv.ModRevision))
 				}
 			}
 			out = append(out, rm)

@@ -21,9 +21,14 @@ import (
 // lease's granted TTL. It is 0 (unknown) when the lease cannot be read.
 func (b *Backend) holderInfo(ctx context.Context, key string, kv *mvccpb.KeyValue, rec record) *core.Info {
 	now := time.Now()
-	info := &core.Info{Key: key, Owner: rec.Owner, Token: uint64(kv.CreateRevision)}
+	// A lock's token is its key's mod revision: a release that grants
+	// the key puts it over the old one (grant.go). A permit is never put
+	// again while held, and its min hold's move to a lease of its own
+	// keeps its create revision.
+	info := &core.Info{Key: key, Owner: rec.Owner, Token: uint64(kv.ModRevision)}
 	if rec.Limit > 1 {
 		info.Limit = rec.Limit
+		info.Token = uint64(kv.CreateRevision)
 	}
 	if rec.Acquired != 0 {
 		info.AcquiredAt = time.UnixMilli(rec.Acquired)

@@ -62,6 +62,13 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		return core.Lease{}, err
 	}
 	c := &claim{b: b, req: req, seconds: seconds, slot: !req.ExpireAt.IsZero(), leaseOK: true, keys: b.claimKeys(req.Key)}
+	if req.Waiter != "" {
+		if kv := b.takeGrant(req.Key, req.Waiter); kv != nil && c.takeGranted(kv, now) {
+			// A release granted the key to this waiter (grant.go): no
+			// request, not even the refresh of its waiter key's lease.
+			return c.succeed(kv.ModRevision, now), nil
+		}
+	}
 	fresh, err := c.startWait(ctx)
 	if err != nil {
 		return core.Lease{}, err
@@ -259,11 +266,11 @@ func (c *claim) refresh(ctx context.Context) error {
 // succeed records the claim as held with fencing token rev.
 func (c *claim) succeed(rev int64, now time.Time) core.Lease {
 	c.h.rev = rev
+	c.b.keep(c.req, c.h) // before the place goes: a grant the claim took stays (dropWaitLocked)
 	if c.req.Waiter != "" {
 		c.b.dropWait(c.req.Key, c.req.Waiter)
 	}
 	c.b.markFree(c.req.Key)
-	c.b.keep(c.req, c.h)
 	l := c.b.lease(rev, now, c.req)
 	if !c.slot && !c.expires.IsZero() && c.expires.Before(l.ExpiresAt) {
 		l.ExpiresAt = c.expires // the shared lease was not refreshed for this claim
@@ -286,7 +293,7 @@ func (c *claim) own(ctx context.Context, kv *mvccpb.KeyValue, now time.Time) cor
 		}
 	}
 	c.h.lease = kv.Lease
-	return c.succeed(kv.CreateRevision, now)
+	return c.succeed(kv.ModRevision, now)
 }
 
 // giveUp forgets a claim that took nothing. A shared lease stays for the

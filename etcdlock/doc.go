@@ -67,9 +67,12 @@
 //     remaining lease time. A key last seen busy is claimed with reads
 //     first: etcd proposes a transaction that contains a put through Raft
 //     even when its compare fails, a read-only one it does not.
-//   - The fencing token is the key's create_revision. Every new holder must
-//     create the key, at a new, larger store revision, so tokens strictly
-//     increase per key; renewals and minimum holds keep it.
+//   - The fencing token is the key's mod_revision: the revision of the
+//     claim that created it, or of the release that granted it to a waiter
+//     by putting it over the old holder's (below). Every new holder gets
+//     the key at a new, larger store revision, so tokens strictly increase
+//     per key; renewals keep it. A permit's token is its key's
+//     create_revision (a permit is never put again while held).
 //   - Renewal of all of a Locker's sessions is one round trip per renew
 //     interval: a keepalive message per shared lease on the Backend's stream,
 //     sent together with transactions of up to 128 reads each
@@ -84,8 +87,9 @@
 //     ends the stream: a member that hangs without closing the connection
 //     costs one attempt, and the retry goes to another member.
 //   - Release is one transaction that deletes the key if it is still bound
-//     to the session's lease at the session's create_revision; the shared
-//     lease stays. A release that finds the key gone or another's
+//     to the session's lease at the session's token (mod_revision); the
+//     shared lease stays. When the Backend's watch knows the key's first
+//     waiter, the release grants the key to it instead (see Turns below). A release that finds the key gone or another's
 //     changes nothing and answers lost (core.ErrLeaseGone; the engine takes
 //     it as done on a retry), and the comparison on both lease and revision
 //     means it can never delete a newer holder's key.
@@ -97,8 +101,9 @@
 //     its owner token. The lease ID is known before anything is sent, so
 //     even a grant whose reply was lost is revoked.
 //   - A release before a minimum hold ends (core.MinHold) grants a lease of
-//     the remaining hold, moves the key to it with an owner-checked put
-//     that keeps its create_revision: two round trips.
+//     the remaining hold, moves the key to it with an owner-checked put:
+//     two round trips. While the hold lasts, Inspect reports that put's
+//     revision as the key's token.
 //   - Waiters wait in line (core.Queuer). A waiting Acquire's attempt that
 //     is not granted puts, in the same transaction, its waiter key
 //     <prefix> NUL "q" NUL <key> NUL <waiter> bound to the Backend's
@@ -112,9 +117,8 @@
 //     checks its turn atomically: a waiter whose key has create_revision r
 //     requires its key unchanged and every waiter key of the key to have
 //     a create_revision of at least r (a compare over the queue range);
-//     a claim without a place requires the queue empty. A grant deletes
-//     the waiter key in the same transaction, so a hand-off costs the
-//     waiter's put, its claim and the release: three writes. A semaphore
+//     a claim without a place requires the queue empty. A claim deletes
+//     its waiter key in the same transaction. A semaphore
 //     waiter may claim when fewer waiters are before it than permits are
 //     free, as read with the claim's guard (waiters before it only leave).
 //     Leave deletes the waiter key (in the background, until it is
@@ -130,11 +134,26 @@
 //     are behind another's does nothing. Other deletions with the
 //     Locker's waiter first (a permit, a Leave of the waiter before it)
 //     are followed by a read of the key and its queue at the deletion's
-//     revision; when a permit was free then, the first waiter is told. So
-//     a hand-off of a lock across processes costs the release and the
-//     next waiter's claim, and no read. An expiry tells too: the key is
-//     free, and the first waiter need not wait for its poll at the
-//     holder's expiry.
+//     revision; when a permit was free then, the first waiter is told. An
+//     expiry tells too: the key is free, and the first waiter need not
+//     wait for its poll at the holder's expiry.
+//   - A release grants a lock to its first waiter. A plain lock's waiter
+//     key holds the record its lock key would get, with the shared lease
+//     of its TTL and its Backend's id, and every Locker's watch knows each
+//     key's first waiter. The release is then one transaction: if the key
+//     is still the session's, and that waiter key is still there at its
+//     create_revision with none before it, put the lock key as the
+//     waiter's, bound to its lease, and delete its waiter key; else delete
+//     the lock key. (etcd refuses a transaction that deletes a key and
+//     puts it again, so the grant puts over it, and the token is the mod
+//     revision.) The waiter's Locker sees the put on its watch, keeps the
+//     key for the waiter and tells it its turn; its attempt takes the
+//     lease with no request, counting the session from the lease's last
+//     refresh. A hand-off across processes is one write, the release, and
+//     no read: with the waiter's put, two writes per acquisition. A grant
+//     to a waiter that no longer waits is deleted by its Locker,
+//     owner-checked; a release whose waiter's lease is gone (the store
+//     refuses the whole transaction) releases again without the grant.
 //   - Admin: Inspect is a read plus, for a lease lock, a read of its lease;
 //     List reads the prefix in pages of 500; ForceRelease deletes exactly
 //     the incarnation it read (same lease, same create revision) and never

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dislock/dislock/core"
@@ -104,6 +105,9 @@ type Backend struct {
 	waits     map[string]map[string]*ownPlace // by key, then waiter: this backend's waiters in line
 	wleases   map[int64]waiterLease           // by TTL in seconds: the lease waiter keys are bound to
 	told      map[string]struct{}             // waiter keys of this backend's waiters told their turn since their last attempt
+	id        string                          // names this backend's waiters in the grants of releases (grant.go)
+	firsts    map[string]waiterState          // by key: its first waiter, as the watch saw it
+	grants    map[string]*mvccpb.KeyValue     // by waiter key: a release's grant to a waiter of this backend, not taken yet
 
 	// Background deletions of waiter keys (deleteWaiter): Close stops
 	// them (stop) and waits.
@@ -152,7 +156,8 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 	stopCtx, stop := context.WithCancel(context.Background())
 	return &Backend{cli: cli, prefix: o.prefix, stopCtx: stopCtx, stop: stop, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli), txns: newTxnSender(cli, o.maxTxnOps),
 		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), granting: make(map[int64]*grantCall), views: make(map[string]semView), busy: make(map[string]struct{}),
-		waits: make(map[string]map[string]*ownPlace), wleases: make(map[int64]waiterLease), told: make(map[string]struct{})}, o, nil
+		waits: make(map[string]map[string]*ownPlace), wleases: make(map[int64]waiterLease), told: make(map[string]struct{}),
+		id: newBackendID(), firsts: make(map[string]waiterState), grants: make(map[string]*mvccpb.KeyValue)}, o, nil
 }
 
 // Name implements core.Backend.

@@ -13,6 +13,14 @@ type record struct {
 	Acquired   int64  `json:"acquired_ms"`        // acquirer's clock, Unix ms
 	SlotEnd    int64  `json:"slot_end,omitempty"` // slot locks: the slot's end, Unix ms
 	Limit      int    `json:"limit,omitempty"`    // permits: the semaphore's limit
+	// Lease, on a waiter key, is the lease a release that grants the key
+	// to this waiter binds it to (see grant.go).
+	Lease int64 `json:"lease,omitempty"`
+	// Grant, on a lock key that a release granted to a waiter, and on a
+	// waiter key, names the waiter's Backend; Waiter, on such a lock key,
+	// names the waiter.
+	Grant  string `json:"grant,omitempty"`
+	Waiter string `json:"waiter,omitempty"`
 }
 
 func decode(v []byte) (record, bool) {

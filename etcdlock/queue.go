@@ -49,6 +49,7 @@ type wait struct {
 
 // ownPlace is one of this backend's own waiters in a queue.
 type ownPlace struct {
+	token string    // the owner token of its attempts
 	rev   int64     // its waiter key's create revision; 0 when not known
 	until time.Time // local: when its place runs out unless another attempt comes
 	timer *time.Timer
@@ -92,10 +93,11 @@ func (b *Backend) setWait(key, waiter string, w wait) {
 // without a Leave (a Leave lost in an outage, a process that stopped
 // calling) has its key deleted by this backend once until has passed,
 // rather than kept in line by the others' attempts.
-func (b *Backend) keepWait(key, waiter string, until time.Time) {
+func (b *Backend) keepWait(key, waiter, token string, until time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	p := b.placeLocked(key, waiter)
+	p.token = token
 	if !until.After(p.until) {
 		return
 	}
@@ -166,7 +168,20 @@ func (b *Backend) dropWait(key, waiter string) {
 }
 
 func (b *Backend) dropWaitLocked(key, waiter string) {
-	delete(b.told, b.waiterKey(key, waiter))
+	wk := b.waiterKey(key, waiter)
+	delete(b.told, wk)
+	if kv := b.grants[wk]; kv != nil {
+		// Granted to a waiter that no longer waits, unless its claim read
+		// the grant as its own and holds it (succeed keeps it first).
+		delete(b.grants, wk)
+		var token string
+		if p := b.waits[key][waiter]; p != nil {
+			token = p.token
+		}
+		if h, ok := b.held[token]; !ok || h.rev != kv.ModRevision {
+			b.dropGrant(kv)
+		}
+	}
 	if p := b.waits[key][waiter]; p != nil && p.timer != nil {
 		p.timer.Stop()
 	}
@@ -286,7 +301,7 @@ func (c *claim) queueElse() []*etcdserverpb.RequestOp {
 	if c.wkey != "" {
 		wkey := []byte(c.wkey)
 		ops = append(ops, opTxn([]*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, wkey, nil, etcdserverpb.Compare_EQUAL, 0)},
-			[]*etcdserverpb.RequestOp{opPut(wkey, nil, c.wlease)}, nil))
+			[]*etcdserverpb.RequestOp{opPut(wkey, c.waitValue(), c.wlease)}, nil))
 	}
 	return ops
 }
@@ -334,7 +349,7 @@ func (c *claim) startWait(ctx context.Context) (fresh bool, err error) {
 		return false, core.Unclaimed(fmt.Errorf("waiter lease: %w", err))
 	}
 	c.wkey, c.wlease = c.b.waiterKey(c.req.Key, c.req.Waiter), id
-	c.b.keepWait(c.req.Key, c.req.Waiter, sent.Add(max(c.req.WaiterTTL, time.Second)))
+	c.b.keepWait(c.req.Key, c.req.Waiter, c.req.OwnerToken, sent.Add(max(c.req.WaiterTTL, time.Second)))
 	c.wait = c.b.ownWait(c.req.Key, c.req.Waiter)
 	if fresh {
 		c.wait.rev = 0
@@ -381,7 +396,12 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	// queued holds, by key, the waiter keys there now, with their create
 	// revisions.
 	queued := map[string]map[string]int64{}
-	add := func(ekey string, rev int64) {
+	// values holds the waiter keys' values (a waiter's grant, grant.go),
+	// and changed the keys whose line changed, whose first waiter is
+	// recorded again (setFirst) after each watch response.
+	values := map[string][]byte{}
+	changed := map[string]bool{}
+	add := func(ekey string, rev int64, value []byte) {
 		key, _, ok := b.queueKey(ekey)
 		if !ok {
 			return
@@ -390,14 +410,28 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 			queued[key] = map[string]int64{}
 		}
 		queued[key][ekey] = rev
+		values[ekey] = value
+		changed[key] = true
 	}
-	snap, err := b.cli.Get(wctx, b.prefix+queueMark, clientv3.WithRange(b.prefix+queueEnd), clientv3.WithKeysOnly())
+	publish := func() {
+		for key := range changed {
+			b.setFirst(key, queued[key], values)
+		}
+		clear(changed)
+	}
+	defer func() {
+		b.mu.Lock()
+		clear(b.firsts)
+		b.mu.Unlock()
+	}()
+	snap, err := b.cli.Get(wctx, b.prefix+queueMark, clientv3.WithRange(b.prefix+queueEnd))
 	if err != nil {
 		return fmt.Errorf("etcdlock: watch: read the waiters: %w", err)
 	}
 	for _, kv := range snap.Kvs {
-		add(string(kv.Key), kv.CreateRevision)
+		add(string(kv.Key), kv.CreateRevision, kv.Value)
 	}
+	publish()
 	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify(),
 		clientv3.WithRev(snap.Header.Revision+1))
 	for resp := range ch {
@@ -432,10 +466,21 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 			}
 			lastEvent[key] = i
 			if ev.Type != mvccpb.DELETE {
-				if isWaiter && ev.IsCreate() {
-					add(ekey, ev.Kv.CreateRevision)
-				} else if !isWaiter && ekey == b.etcdKey(key) && ev.IsCreate() {
+				switch {
+				case isWaiter && ev.IsCreate():
+					add(ekey, ev.Kv.CreateRevision, ev.Kv.Value)
+				case !isWaiter && ekey == b.etcdKey(key):
+					// Claimed, or granted by a release (a put over the
+					// key): held at that revision.
 					locked[turn{key, ev.Kv.ModRevision}] = true
+					if ev.IsCreate() {
+						break
+					}
+					if rec, ok := decode(ev.Kv.Value); ok && rec.Grant == b.id {
+						if w := b.granted(key, ev.Kv, rec); w != "" {
+							fn(key, w)
+						}
+					}
 				}
 				continue
 			}
@@ -446,6 +491,8 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 						delete(queued, key)
 					}
 				}
+				delete(values, ekey)
+				changed[key] = true
 			} else {
 				b.markFree(key)
 			}
@@ -459,6 +506,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 			ti.lock = ti.lock || (!isWaiter && ekey == b.etcdKey(key))
 			ti.last = i
 		}
+		publish()
 		for _, t := range order {
 			if locked[t] {
 				continue

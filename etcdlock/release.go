@@ -41,7 +41,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			}
 			kv := kvs[0]
 			if rec, ok := decode(kv.Value); ok && rec.OwnerToken == req.OwnerToken {
-				h = held{key: req.Key, ekey: string(kv.Key), lease: kv.Lease, rev: kv.CreateRevision}
+				h = held{key: req.Key, ekey: string(kv.Key), lease: kv.Lease, rev: kv.ModRevision}
 				found = true
 				break
 			}
@@ -58,11 +58,21 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 		// Delete exactly this incarnation of the key, bound to this
 		// lease, and keep the lease for the next claim.
 		kb := []byte(k)
-		resp, err := b.txns.send(ctx, req.Key, "", &etcdserverpb.TxnRequest{
-			Compare: []*etcdserverpb.Compare{compare(etcdserverpb.Compare_LEASE, kb, nil, etcdserverpb.Compare_EQUAL, h.lease),
-				compare(etcdserverpb.Compare_CREATE, kb, nil, etcdserverpb.Compare_EQUAL, h.rev)},
-			Success: []*etcdserverpb.RequestOp{opDelete(kb)},
-		})
+		mine := []*etcdserverpb.Compare{compare(etcdserverpb.Compare_LEASE, kb, nil, etcdserverpb.Compare_EQUAL, h.lease),
+			compare(etcdserverpb.Compare_MOD, kb, nil, etcdserverpb.Compare_EQUAL, h.rev)}
+		var then []*etcdserverpb.RequestOp
+		if k == b.etcdKey(req.Key) {
+			then, _ = b.grantOps(req.Key, kb) // grant.go
+		}
+		granting := then != nil
+		if !granting {
+			then = []*etcdserverpb.RequestOp{opDelete(kb)}
+		}
+		resp, err := b.txns.send(ctx, req.Key, "", &etcdserverpb.TxnRequest{Compare: mine, Success: then})
+		if err != nil && granting && isLeaseNotFound(err) {
+			// The waiter's lease is gone: release without the grant.
+			resp, err = b.txns.send(ctx, req.Key, "", &etcdserverpb.TxnRequest{Compare: mine, Success: []*etcdserverpb.RequestOp{opDelete(kb)}})
+		}
 		if err != nil {
 			return err
 		}
@@ -91,7 +101,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 	}
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.LeaseValue(k), "=", h.lease),
-			clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev)).
+			clientv3.Compare(clientv3.ModRevision(k), "=", h.rev)).
 		Then(clientv3.OpPut(k, "", clientv3.WithIgnoreValue(), clientv3.WithLease(clientv3.LeaseID(keep)))).
 		Commit()
 	if err != nil {
@@ -140,7 +150,7 @@ func (b *Backend) undo(ctx context.Context, req core.ReleaseRequest, h held) err
 		kv := resp.Kvs[0]
 		if rec, ok := decode(kv.Value); ok && rec.OwnerToken == req.OwnerToken && kv.Lease == h.lease {
 			if _, err := b.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(h.ekey), "=", kv.CreateRevision)).
+				If(clientv3.Compare(clientv3.ModRevision(h.ekey), "=", kv.ModRevision)).
 				Then(clientv3.OpDelete(h.ekey)).Commit(); err != nil {
 				return err
 			}

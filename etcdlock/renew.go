@@ -113,7 +113,7 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 			results[i] = core.Gone(reqs[i].Key, "lease expired or revoked")
 		case kv == nil:
 			results[i] = core.Gone(reqs[i].Key, "key deleted")
-		case kv.Lease != h.lease || kv.CreateRevision != h.rev:
+		case kv.Lease != h.lease || kv.ModRevision != h.rev:
 			results[i] = core.Gone(reqs[i].Key, "held by another owner")
 		}
 		if results[i] != nil {
@@ -179,14 +179,14 @@ func (b *Backend) sweep(ctx context.Context, wg *sync.WaitGroup, now time.Time) 
 				}
 				if len(resp.Kvs) > 0 {
 					if rec, ok := decode(resp.Kvs[0].Value); ok && rec.OwnerToken == o.token {
-						rev = resp.Kvs[0].CreateRevision
+						rev = resp.Kvs[0].ModRevision
 					}
 				}
 			}
 			if rev != 0 {
 				if _, err := b.cli.Txn(ctx).
 					If(clientv3.Compare(clientv3.LeaseValue(h.ekey), "=", h.lease),
-						clientv3.Compare(clientv3.CreateRevision(h.ekey), "=", rev)).
+						clientv3.Compare(clientv3.ModRevision(h.ekey), "=", rev)).
 					Then(clientv3.OpDelete(h.ekey)).Commit(); err != nil {
 					return
 				}

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/dislock/dislock/core"
-	"github.com/dislock/dislock/etcdlock/internal/lanestate"
 	"github.com/dislock/dislock/internal/lane"
 )
 
@@ -46,15 +45,6 @@ type txnCall struct {
 	req  *etcdserverpb.TxnRequest
 	resp *clientv3.TxnResponse
 	err  error
-}
-
-func init() {
-	lanestate.Of = func(backend any) (busy, queued, pending int) {
-		if l := backend.(*Backend).txns.lane; l != nil {
-			return l.State()
-		}
-		return 0, 0, 0
-	}
 }
 
 // maxNested is the most transactions nested in one.

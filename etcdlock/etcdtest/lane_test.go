@@ -15,7 +15,7 @@ import (
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
-	"github.com/dislock/dislock/etcdlock/internal/lanestate"
+	"github.com/dislock/dislock/etcdlock/internal/state"
 	"github.com/dislock/dislock/internal/lane"
 	"github.com/dislock/dislock/internal/testenv"
 )
@@ -26,7 +26,8 @@ import (
 type txnGate struct {
 	mu      sync.Mutex
 	nested  []int
-	armed   atomic.Bool
+	armed   atomic.Bool // record, and hold the first calls
+	count   atomic.Bool // record only
 	holding atomic.Int32
 	open    chan struct{}
 }
@@ -38,7 +39,7 @@ func (g *txnGate) intercept(ctx context.Context, method string, req, reply any, 
 			n = len(r.Success)
 		}
 		g.mu.Lock()
-		if g.armed.Load() {
+		if g.armed.Load() || g.count.Load() {
 			g.nested = append(g.nested, n)
 		}
 		g.mu.Unlock()
@@ -87,8 +88,8 @@ func occupy(t *testing.T, ctx context.Context, b *etcdlock.Backend, g *txnGate, 
 // queue starts f and waits until b's lane has n calls queued.
 func queue(t *testing.T, b *etcdlock.Backend, n int, f func()) {
 	go f()
-	if !testenv.WaitFor(10*time.Second, func() bool { _, q, _ := lanestate.Of(b); return q == n }) {
-		_, q, _ := lanestate.Of(b)
+	if !testenv.WaitFor(10*time.Second, func() bool { _, q, _ := state.Lane(b); return q == n }) {
+		_, q, _ := state.Lane(b)
 		t.Fatalf("%d calls queued, want %d", q, n)
 	}
 }
