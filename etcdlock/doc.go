@@ -126,7 +126,7 @@
 //   - Turns come from one watch per Locker on the prefix, with
 //     WithRequireLeader (a member cut off from its cluster ends the watch
 //     instead of going quiet, and the Locker polls until the watch is
-//     back) and the previous values of deleted keys. It starts right
+//     back), without the previous values of changed keys. It starts right
 //     after a read of every waiter key under the prefix and follows their
 //     creations and deletions, so each Locker knows every key's line. The
 //     release (or expiry, or ForceRelease) of a lock whose first waiter is

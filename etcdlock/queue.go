@@ -375,7 +375,8 @@ func (b *Backend) Leave(ctx context.Context, key, waiter string) error {
 }
 
 // WatchTurns implements core.Queuer with one watch on the prefix that
-// reports deletions, with the deleted key's previous value: a lock or a
+// reports deletions (without their previous values, which it needs not: a
+// watcher's previous value costs the server a read per event): a lock or a
 // permit released, forced or expired, or a waiter that left, was granted
 // or expired.
 //
@@ -432,7 +433,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		add(string(kv.Key), kv.CreateRevision, kv.Value)
 	}
 	publish()
-	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify(),
+	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify(),
 		clientv3.WithRev(snap.Header.Revision+1))
 	for resp := range ch {
 		if err := resp.Err(); err != nil {

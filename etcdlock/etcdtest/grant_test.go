@@ -32,7 +32,10 @@ func grantSetup(t *testing.T, c *etcdtest.Cluster, name, key string) (holder, wa
 	wctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{}, 2)
 	done := make(chan struct{}, 2)
-	go func() { holder.WatchTurns(wctx, func() { ready <- struct{}{} }, func(string, string) {}); done <- struct{}{} }()
+	go func() {
+		holder.WatchTurns(wctx, func() { ready <- struct{}{} }, func(string, string) {})
+		done <- struct{}{}
+	}()
 	go func() {
 		waiter.WatchTurns(wctx, func() { ready <- struct{}{} }, func(_, w string) { turns <- w })
 		done <- struct{}{}
@@ -84,7 +87,7 @@ func TestReleaseGrantsTheFirstWaiter(t *testing.T) {
 	g.mu.Lock()
 	calls := len(g.nested)
 	g.mu.Unlock()
-	g.count.Store(true) // count the waiter's Txn calls from here on
+	g.count.Store(true)           // count the waiter's Txn calls from here on
 	wreq.OwnerToken = "w-token-2" // each attempt has an owner token of its own
 	l, err := waiter.TryAcquire(ctx, wreq)
 	if err != nil {
