@@ -19,7 +19,7 @@ import (
 // key the record its lock key would get, with the shared lease of its TTL
 // it would bind it to (record.Lease) and its Backend's id (record.Grant).
 // Every Backend's watch follows the waiter keys under the prefix, and so
-// knows the first waiter of each key (firstWaiter). The release of a lock
+// knows the first waiter of each key (setFirst). The release of a lock
 // whose key has one is then: if the key is still this session's, and if
 // that waiter key is still there at its create revision with none before
 // it, put the lock key as the waiter's, bound to its lease, and delete its
@@ -29,12 +29,16 @@ import (
 // created by a claim has equal create and mod revisions).
 //
 // The waiter's Backend sees the put on its watch. When the record names it
-// and the waiter still waits there, it keeps the key for the waiter's next
-// attempt, which takes it without a request (takeGrant), and tells the
-// waiter its turn. The store keeps the key until the lease expires: the
-// lease's last refresh plus its TTL, which the attempt gives the engine
-// as the session's expiry. A grant for a waiter that no longer waits, or
-// on a lease this Backend no longer tracks, is deleted, owner-checked.
+// (record.Grant, on one of its shared leases) and the waiter it names
+// (record.Waiter) still waits there, it keeps the key for the waiter's
+// next attempt, which takes it without a request (takeGrant), and tells
+// the waiter its turn. The store keeps the key until the lease expires:
+// the lease's last refresh plus its TTL, which the attempt gives the
+// engine as the session's expiry. A grant for a waiter that no longer
+// waits is deleted, owner-checked, as is one whose lease the Backend no
+// longer tracks when the waiter takes it. (The record keeps the owner
+// token of the attempt that queued the waiter: each attempt has its own,
+// so grants are matched by waiter.)
 //
 // A release whose waiter's lease is gone from the store (LeaseNotFound:
 // the whole transaction was refused) releases again without the grant.
