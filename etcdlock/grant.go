@@ -92,20 +92,20 @@ func (b *Backend) setFirst(key string, line map[string]int64, values map[string]
 
 // grantOps returns the operations of a release of lock key kb that grant
 // it to key's first waiter, if one is known; otherwise nil.
-func (b *Backend) grantOps(key string, kb []byte) (ops []*etcdserverpb.RequestOp, lease int64) {
+func (b *Backend) grantOps(key string, kb []byte) []*etcdserverpb.RequestOp {
 	b.mu.Lock()
 	w, ok := b.firsts[key]
 	b.mu.Unlock()
 	if !ok {
-		return nil, 0
+		return nil
 	}
 	_, waiter, ok := b.queueKey(w.ekey)
 	if !ok {
-		return nil, 0
+		return nil
 	}
 	v, err := json.Marshal(record{Owner: w.rec.Owner, OwnerToken: w.rec.OwnerToken, Acquired: time.Now().UnixMilli(), Grant: w.rec.Grant, Waiter: waiter})
 	if err != nil {
-		return nil, 0
+		return nil
 	}
 	qlo, qhi := b.queueRange(key)
 	wk := []byte(w.ekey)
@@ -113,7 +113,7 @@ func (b *Backend) grantOps(key string, kb []byte) (ops []*etcdserverpb.RequestOp
 		[]*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, wk, nil, etcdserverpb.Compare_EQUAL, w.rev),
 			compare(etcdserverpb.Compare_CREATE, []byte(qlo), []byte(qhi), etcdserverpb.Compare_GREATER, w.rev-1)},
 		[]*etcdserverpb.RequestOp{opPut(kb, v, w.rec.Lease), opDelete(wk)},
-		[]*etcdserverpb.RequestOp{opDelete(kb)})}, w.rec.Lease
+		[]*etcdserverpb.RequestOp{opDelete(kb)})}
 }
 
 // granted handles a put over a lock key whose record names this Backend:

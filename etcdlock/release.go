@@ -62,7 +62,7 @@ func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
 			compare(etcdserverpb.Compare_MOD, kb, nil, etcdserverpb.Compare_EQUAL, h.rev)}
 		var then []*etcdserverpb.RequestOp
 		if k == b.etcdKey(req.Key) {
-			then, _ = b.grantOps(req.Key, kb) // grant.go
+			then = b.grantOps(req.Key, kb) // grant.go
 		}
 		granting := then != nil
 		if !granting {

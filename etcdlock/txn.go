@@ -135,11 +135,9 @@ func (s *txnSender) sendOne(ctx context.Context, r *etcdserverpb.TxnRequest) (*c
 // as distinct keys and the server's limit of operations allow, one after
 // another in the calls' order.
 func (s *txnSender) sendBatch(ctx context.Context, calls []*lane.Call[txnCall]) {
-	var round, rest []*lane.Call[txnCall]
-	keys := make(map[string]bool, len(calls))
 	for len(calls) > 0 {
-		round, rest = round[:0], rest[:0]
-		clear(keys)
+		var round, rest []*lane.Call[txnCall]
+		keys := make(map[string]bool, len(calls))
 		need := 0
 		for _, c := range calls {
 			n := max(need, opsNeeded(c.V.req))
@@ -151,7 +149,7 @@ func (s *txnSender) sendBatch(ctx context.Context, calls []*lane.Call[txnCall]) 
 			round = append(round, c)
 		}
 		s.sendNested(ctx, round)
-		calls = append(calls[:0:0], rest...)
+		calls = rest
 	}
 }
 

@@ -3,6 +3,7 @@ package etcdtest_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,6 +95,20 @@ func queue(t *testing.T, b *etcdlock.Backend, n int, f func()) {
 	}
 }
 
+// claimQueued queues the claims reqs of b one after another behind the
+// claims occupy held, opens the gate and returns each claim's error.
+func claimQueued(t *testing.T, ctx context.Context, b *etcdlock.Backend, g *txnGate, occupied func(), reqs []core.AcquireRequest) []error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(reqs))
+	for i, r := range reqs {
+		queue(t, b, i+1, func() { wg.Go(func() { _, errs[i] = b.TryAcquire(ctx, r) }) })
+	}
+	close(g.open)
+	wg.Wait()
+	occupied()
+	return errs
+}
+
 // TestTxnsThatMeetShareOneEntry: while a backend's transactions are on
 // their way, the claims and releases made meanwhile on distinct keys go as
 // one transaction, one Raft entry, and each gets its own answer: free keys
@@ -179,7 +194,7 @@ func TestTxnsThatMeetShareOneEntry(t *testing.T) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	want := []int{1, 1, 1, len(free) + 2, 1}
-	if len(g.nested) < len(want) || !equal(g.nested[:len(want)], want) {
+	if len(g.nested) < len(want) || !slices.Equal(g.nested[:len(want)], want) {
 		t.Errorf("transactions per Txn call: %v, want %v first", g.nested, want)
 	}
 }
@@ -216,14 +231,7 @@ func TestNestedTxnRefusedWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	occupied := occupy(t, ctx, b, g, 5*time.Second)
-	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	for i, r := range []core.AcquireRequest{req("a1", 5*time.Second), req("b1", 10*time.Second), req("a2", 5*time.Second)} {
-		queue(t, b, i+1, func() { wg.Go(func() { _, errs[i] = b.TryAcquire(ctx, r) }) })
-	}
-	close(g.open)
-	wg.Wait()
-	occupied()
+	errs := claimQueued(t, ctx, b, g, occupied, []core.AcquireRequest{req("a1", 5*time.Second), req("b1", 10*time.Second), req("a2", 5*time.Second)})
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("claim %d: %v", i, err)
@@ -250,39 +258,18 @@ func TestNestedTxnsWithinTheOpsLimit(t *testing.T) {
 	ctx := testenv.Context(t, 30*time.Second)
 	b, g, _ := laneBackend(t, c, "opslimit", etcdlock.WithMaxTxnOps(3))
 	occupied := occupy(t, ctx, b, g, 5*time.Second)
-	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	for i := range errs {
-		key := "k" + string(rune('0'+i))
-		queue(t, b, i+1, func() {
-			wg.Go(func() {
-				_, errs[i] = b.TryAcquire(ctx, core.AcquireRequest{Key: key, Owner: key, OwnerToken: key, TTL: 5 * time.Second})
-			})
-		})
+	var reqs []core.AcquireRequest
+	for _, key := range []string{"k0", "k1", "k2"} {
+		reqs = append(reqs, core.AcquireRequest{Key: key, Owner: key, OwnerToken: key, TTL: 5 * time.Second})
 	}
-	close(g.open)
-	wg.Wait()
-	occupied()
-	for i, err := range errs {
+	for i, err := range claimQueued(t, ctx, b, g, occupied, reqs) {
 		if err != nil {
 			t.Errorf("claim %d: %v", i, err)
 		}
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if want := []int{1, 1, 1, 1, 1, 1}; !equal(g.nested, want) {
+	if want := []int{1, 1, 1, 1, 1, 1}; !slices.Equal(g.nested, want) {
 		t.Errorf("transactions per Txn call: %v, want %v", g.nested, want)
 	}
-}
-
-func equal(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
