@@ -106,7 +106,10 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		if err := node.Restart(); err != nil {
 			return err
 		}
-		return ens.WaitServing(30 * time.Second)
+		if err := ens.WaitServing(30 * time.Second); err != nil {
+			return err
+		}
+		return awaitSession(direct, root, 30*time.Second)
 	})}
 	env.close = func() {
 		_ = admin.Close()
@@ -116,6 +119,28 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 		}
 	}
 	return env
+}
+
+// awaitSession returns once conn, the harness's own connection to the
+// server (not through the proxy), answers a read again: after a restart the
+// client redials only every second, and a request queued before it has
+// redialled fails with zk.ErrNoServer, so a delete-locks fault right after
+// the restart would find no server. A read that fails for the dial only is
+// sent again until timeout.
+func awaitSession(conn *zk.Conn, path string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		_, _, err := conn.Exists(path)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, zk.ErrNoServer) && !errors.Is(err, zk.ErrConnectionClosed) {
+			return fmt.Errorf("the harness's connection after the restart: %w", err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the harness's connection has no session %v after the restart: %w", timeout, err)
+		}
+	}
 }
 
 func TestChaosZooKeeper(t *testing.T) {
