@@ -1,6 +1,9 @@
 package mysqllock
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // ProcNames are the suffixes of the procedures Migrate installs.
 var ProcNames = procNames
@@ -26,3 +29,14 @@ func ClaimWaiters(b *Backend, key string) int { return b.claims.Waiting(key) }
 // ClaimOnItsWay reports whether b has a plain try's claim of key on its
 // way.
 func ClaimOnItsWay(b *Backend, key string) bool { return b.claims.OnItsWay(key) }
+
+// LaneBatches is how many CALLs of the batch procedure b's lane made.
+func LaneBatches(b *Backend) int64 { return b.batches.Load() }
+
+// CallBatch calls b's batch procedure with items, its JSON argument, and
+// the claims' bound half, and returns its answer.
+func CallBatch(ctx context.Context, b *Backend, items string, half time.Duration) (string, error) {
+	var out string
+	err := b.batch.QueryRowContext(ctx, items, micro(half)).Scan(&out)
+	return out, err
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dislock/dislock/core"
+	shared "github.com/dislock/dislock/internal/lane"
 	"github.com/dislock/dislock/internal/ownclient"
 	"github.com/dislock/dislock/internal/prune"
 	"github.com/dislock/dislock/internal/sqlbackend"
@@ -34,6 +35,11 @@ type Backend struct {
 	// nobody waits on (see freeClaimSQL): no CALL, no result set.
 	claimFree, releaseFree *sql.Stmt
 	peekRow                *sql.Stmt // peekSQL
+	batch                  *sql.Stmt // the batch procedure's CALL (lane.go)
+	// lane sends claimFree's and releaseFree's statements: those that
+	// meet share a CALL of the batch procedure (lane.go).
+	lane    *shared.Lane[laneCall]
+	batches atomic.Int64 // CALLs of the batch procedure (for tests)
 	// released: keys claimed first by freeClaimSQL's UPDATE; the others
 	// go to the acquire procedure at once.
 	released sqlbackend.Released
@@ -78,6 +84,7 @@ func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, erro
 		return nil, err
 	}
 	b := &Backend{db: db, cfg: cfg, n: newNames(cfg.schema, cfg.table)}
+	b.lane = b.newLane()
 	if cfg.AutoMigrate {
 		if err := b.Migrate(ctx); err != nil {
 			return nil, err
@@ -99,6 +106,7 @@ func NewBackend(ctx context.Context, db *sql.DB, opts ...Option) (*Backend, erro
 		{&b.claimFree, freeClaimSQL(b.n)},
 		{&b.releaseFree, freeReleaseSQL(b.n)},
 		{&b.peekRow, peekSQL(b.n)},
+		{&b.batch, "CALL " + b.n.proc("batch") + "(?, ?)"},
 	} {
 		st, err := db.PrepareContext(ctx, s.sql)
 		if err != nil {
@@ -201,6 +209,7 @@ func (b *Backend) Name() string { return "mysql" }
 // Close implements core.Backend. It closes the pool only when Open made it.
 func (b *Backend) Close() error {
 	b.closeOnce.Do(func() {
+		b.lane.Close()
 		b.closeStmts()
 		if b.ownDB {
 			b.db.Close()
@@ -210,7 +219,7 @@ func (b *Backend) Close() error {
 }
 
 func (b *Backend) closeStmts() {
-	for _, s := range []*sql.Stmt{b.acquire, b.release, b.renew, b.claimFree, b.releaseFree, b.peekRow} {
+	for _, s := range []*sql.Stmt{b.acquire, b.release, b.renew, b.claimFree, b.releaseFree, b.peekRow, b.batch} {
 		if s != nil {
 			s.Close()
 		}
@@ -290,16 +299,16 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, limit int,
 		have            int64
 	)
 	if req.Waiter == "" && limit == 1 && expire == 0 && b.released.Has(req.Key) {
-		res, err := b.claimFree.ExecContext(ctx, []byte(req.Owner), []byte(req.OwnerToken), micro(req.TTL), []byte(req.Key), micro(half))
-		if err != nil {
+		n, tok, err := b.exec(ctx, laneCall{key: req.Key, owner: req.Owner, holder: req.OwnerToken, ttl: micro(req.TTL), half: micro(half)})
+		switch {
+		case errors.Is(err, shared.ErrUnsent):
+			return core.Lease{}, core.Unclaimed(err)
+		case err != nil:
 			return core.Lease{}, unclaimed(err)
-		}
-		if n, err := res.RowsAffected(); err == nil && n == 1 {
-			if tok, err := res.LastInsertId(); err == nil && tok > 0 {
-				// The token is the server's clock of the claim.
-				b.fast.Put(req.Key, req.OwnerToken, nil)
-				return core.Lease{Token: uint64(tok), AcquiredAt: fromMicro(tok), ExpiresAt: fromMicro(tok + micro(req.TTL))}, nil
-			}
+		case n == 1 && tok > 0:
+			// The token is the server's clock of the claim.
+			b.fast.Put(req.Key, req.OwnerToken, nil)
+			return core.Lease{Token: uint64(tok), AcquiredAt: fromMicro(tok), ExpiresAt: fromMicro(tok + micro(req.TTL))}, nil
 		}
 	}
 	watcher := "" // not NULL: the column is NOT NULL
@@ -413,12 +422,11 @@ func (b *Backend) releaseFast(ctx context.Context, req core.ReleaseRequest) (boo
 	if !b.fast.CompareAndDelete(req.Key, req.OwnerToken) || req.Keep > 0 || req.Limit > 1 {
 		return false, nil
 	}
-	res, err := b.releaseFree.ExecContext(ctx, []byte(req.Key), []byte(req.OwnerToken))
+	n, _, err := b.exec(ctx, laneCall{release: true, key: req.Key, holder: req.OwnerToken})
 	if err != nil {
 		return false, err
 	}
-	n, err := res.RowsAffected()
-	return err == nil && n == 1, nil
+	return n == 1, nil
 }
 
 // claimSlack is what ClaimBound adds to the claim timeout: the time an
@@ -490,6 +498,9 @@ func (b *Backend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error,
 // When no live lease of the owner token was found it answers core.Gone. A
 // prune of old ended rows follows it when one is due (see pruneAfter).
 func (b *Backend) Release(ctx context.Context, req core.ReleaseRequest) error {
+	if err := b.afterClaims(ctx, req.OwnerToken); err != nil {
+		return err
+	}
 	live, err := b.releaseFast(ctx, req)
 	if err == nil && !live {
 		err = b.release.QueryRowContext(ctx, []byte(req.Key), []byte(req.OwnerToken), micro(req.Keep), max(req.Limit, 1)).Scan(&live)

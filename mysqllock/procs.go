@@ -34,7 +34,7 @@ const nowSQL = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(
 const procVersion = "dislock mysqllock 3"
 
 // procNames are the suffixes of the procedures, in install order.
-var procNames = []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune", "watch"}
+var procNames = []string{"turn", "wake", "place", "acquire", "release", "renew", "leave", "force", "prune", "watch", "batch"}
 
 var procBodies = map[string]string{
 	// turn tells the first live waiter of p_key it may claim now: a row in
@@ -626,6 +626,62 @@ END`,
 	// expired permits and places, turns older than a minute and the
 	// watchers whose connection is gone. Its row:
 	// how many lock rows it deleted.
+	// batch runs the plain statements of a lane's batch (lane.go) in one
+	// transaction, item by item in the order given: a release (r = 1) is
+	// freeReleaseSQL's UPDATE, a claim freeClaimSQL's, with its bound on
+	// the wait for row locks counted from the CALL's start. It answers
+	// "<rows>:<token>," for each item, in order. When the bound has passed
+	// by the commit of a batch with claims, it rolls back and answers ''
+	// (no item changed anything).
+	"batch": `(IN p_items LONGTEXT, IN p_half BIGINT)
+BEGIN
+	DECLARE v_start DATETIME(6);
+	DECLARE v_r, v_done, v_claims INT DEFAULT 0;
+	DECLARE v_k VARCHAR(1024) CHARACTER SET utf8mb4;
+	DECLARE v_o VARCHAR(1024) CHARACTER SET utf8mb4;
+	DECLARE v_h VARCHAR(255) CHARACTER SET utf8mb4;
+	DECLARE v_t, v_n BIGINT;
+	DECLARE v_out LONGTEXT DEFAULT '';
+	DECLARE c CURSOR FOR SELECT i.r, i.k, i.o, i.h, i.t FROM JSON_TABLE(p_items, '$[*]' COLUMNS (r INT PATH '$.r',
+		k VARCHAR(1024) CHARACTER SET utf8mb4 PATH '$.k', o VARCHAR(1024) CHARACTER SET utf8mb4 PATH '$.o',
+		h VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.h', t BIGINT PATH '$.t')) AS i;
+	DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+	{begin}
+	SET v_start = SYSDATE(6);
+	OPEN c;
+	items: LOOP
+		FETCH c INTO v_r, v_k, v_o, v_h, v_t;
+		IF v_done = 1 THEN
+			LEAVE items;
+		END IF;
+		IF v_r = 1 THEN
+			UPDATE {T} SET expire_at = 0 WHERE ` + "`key`" + ` = CAST(v_k AS BINARY) AND holder = CAST(v_h AS BINARY)
+				AND waiting = 0 AND lim <= 1 AND expire_at > {now} + TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6));
+			SET v_out = CONCAT(v_out, ROW_COUNT(), ':0,');
+		ELSE
+			SET v_claims = v_claims + 1;
+			UPDATE {T} SET owner = CAST(v_o AS BINARY), holder = CAST(v_h AS BINARY), token = LAST_INSERT_ID({now}),
+				acquired_at = {now}, expire_at = {now} + v_t
+				WHERE ` + "`key`" + ` = CAST(v_k AS BINARY) AND token < {now} AND expire_at <= {now} AND waiting = 0 AND lim <= 1
+				AND TIMESTAMPDIFF(MICROSECOND, v_start, SYSDATE(6)) <= p_half;
+			SET v_n = ROW_COUNT();
+			IF v_n = 1 THEN
+				SET v_out = CONCAT(v_out, '1:', LAST_INSERT_ID(), ',');
+			ELSE
+				SET v_out = CONCAT(v_out, v_n, ':0,');
+			END IF;
+		END IF;
+	END LOOP;
+	CLOSE c;
+	IF v_claims > 0 AND TIMESTAMPDIFF(MICROSECOND, v_start, SYSDATE(6)) > p_half THEN
+		ROLLBACK;
+		SELECT '';
+	ELSE
+		COMMIT;
+		SELECT v_out;
+	END IF;
+END`,
+
 	"prune": `(IN p_horizon BIGINT, IN p_batch INT)
 BEGIN
 	DECLARE v_now, v_n BIGINT;
