@@ -70,7 +70,7 @@ func TestStatementsThatMeetShareACall(t *testing.T) {
 
 // Rule: the batch procedure answers each item as its statement alone
 // would, in order; and a batch whose claims have waited for row locks
-// longer than their bound is rolled back whole: it answers ” and changes
+// longer than their bound is rolled back whole: it answers an empty string and changes
 // nothing, so that each of its callers goes on to the procedure that
 // decides.
 func TestBatchProcedure(t *testing.T) {
