@@ -1,6 +1,7 @@
 package zklock
 
 import (
+	"context"
 	"time"
 
 	"github.com/dislock/dislock/core"
@@ -40,4 +41,10 @@ func SetExpireHook(b *Backend, fn func() func()) { b.expireHook = fn }
 // after req.WaiterTTL.
 func UncertainPlace(b *Backend, req core.AcquireRequest) {
 	b.newPlace(placeKey(req.Key, req.Waiter), req, &place{}, time.Now())
+}
+
+// ArmOwn arms on the node at path the watch a waiting place keeps on its
+// own node, and reports whether it was armed (the node exists).
+func ArmOwn(ctx context.Context, b *Backend, path string) bool {
+	return b.armOwn(ctx, &place{path: path})
 }

@@ -22,7 +22,7 @@ var _ core.Queuer = (*Backend)(nil)
 // waiter in, across processes, first come first served. The waiter's
 // backend watches the node before it (a mutex) and tells the waiter its
 // turn when it is first in line; when that node was the only one before it
-// and is deleted while the waiter's own node stands (an exists watch on it
+// and is deleted while the waiter's own node stands (a data watch on it
 // has not fired), the grant needs no read (see followPlace). A waiter whose process
 // dies goes with its session; one whose Acquire gave up is deleted (Leave),
 // and one whose Acquire stopped trying is deleted by its own backend when
@@ -56,7 +56,7 @@ type place struct {
 	armed   map[string]bool
 	aloneOn string // a mutex's place with one node before it and no hold: that node's path
 	fast    bool   // that node was deleted: granted without a read
-	// own is an exists watch on the place's own node, armed while a node
+	// own is a data watch on the place's own node, armed while a node
 	// is before it. A grant without a read needs the node to be there still: a
 	// node deleted behind the backend's back (an operator's delete of the
 	// key's nodes, in any order) tells it through own, and the server
@@ -614,8 +614,12 @@ func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) 
 	b.spawn(func() { b.followPlace(pl, p, id, data, ch) })
 }
 
-// armOwn makes sure an exists watch on pl's own node is armed (pl.own),
-// and reports whether the node exists and the watch is armed.
+// armOwn makes sure a data watch on pl's own node is armed (pl.own), which
+// its change or deletion fires, and reports whether the node exists and
+// the watch is armed. (A data watch, not an exists watch: on a node
+// already gone, an exists watch would wait for its creation, which never
+// comes for a sequential node, and stay registered until the session
+// ends; getData sets no watch on a missing node.)
 func (b *Backend) armOwn(ctx context.Context, pl *place) bool {
 	b.mu.Lock()
 	armed := pl.own != nil
@@ -624,11 +628,10 @@ func (b *Backend) armOwn(ctx context.Context, pl *place) bool {
 		return true
 	}
 	var (
-		exists bool
-		ch     <-chan zk.Event
-		err    error
+		ch  <-chan zk.Event
+		err error
 	)
-	if cerr := b.call(ctx, func() { exists, _, ch, err = b.conn.ExistsW(pl.path) }, nil); cerr != nil || err != nil || !exists {
+	if cerr := b.call(ctx, func() { _, _, ch, err = b.conn.GetW(pl.path) }, nil); cerr != nil || err != nil {
 		return false
 	}
 	b.mu.Lock()

@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/internal/testenv"
+	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/zklock"
 )
 
@@ -457,5 +462,59 @@ func TestQueueNextBehindAGrantReadsOneNode(t *testing.T) {
 	lY, err := bY.TryAcquire(ctx, req("y", true))
 	if err != nil || lY.Token <= lX.Token {
 		t.Fatalf("Y at its turn: %+v %v, want a token above X's %d", lY, err, lX.Token)
+	}
+}
+
+// TestOwnWatchOnAGoneNode: the watch a waiting place keeps on its own node
+// is one that a node already gone does not keep on the server (an exists
+// watch would wait there for a creation that never comes to a sequential
+// node, until the session ends). Not parallel: it counts the watches of
+// the package's own server, which no other test uses meanwhile.
+func TestOwnWatchOnAGoneNode(t *testing.T) {
+	ens := ensemble(t, 1)
+	connect := ens.Connect()
+	b := newBackend(t, connect, testRoot())
+	raw := rawConn(t, connect)
+	ctx := ctxT(t, 30*time.Second)
+	watches := func() int {
+		t.Helper()
+		out, err := zktest.FourLetter(ens.Nodes[0].Addr(), "mntr")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(out) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "zk_watch_count"); ok {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		t.Fatalf("no zk_watch_count in mntr: %q", out)
+		return 0
+	}
+	path := testRoot() + "-own"
+	if _, err := raw.Create(path, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	before := watches()
+	if !zklock.ArmOwn(ctx, b, path) {
+		t.Fatal("own watch on an existing node: not armed")
+	}
+	if got := watches(); got != before+1 {
+		t.Fatalf("server watches after the own watch on an existing node: %d, want %d", got, before+1)
+	}
+	if err := raw.Delete(path, -1); err != nil { // fires it
+		t.Fatal(err)
+	}
+	if got := watches(); got != before {
+		t.Fatalf("server watches after the node's deletion: %d, want %d", got, before)
+	}
+	if zklock.ArmOwn(ctx, b, path) {
+		t.Fatal("own watch on a deleted node: armed")
+	}
+	if got := watches(); got != before {
+		t.Errorf("server watches after the own watch on a deleted node: %d, want %d (a watch left waiting for the node's creation)", got, before)
 	}
 }
