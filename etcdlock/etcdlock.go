@@ -106,6 +106,7 @@ type Backend struct {
 	wleases   map[int64]waiterLease           // by TTL in seconds: the lease waiter keys are bound to
 	told      map[string]struct{}             // waiter keys of this backend's waiters told their turn since their last attempt
 	id        string                          // names this backend's waiters in the grants of releases (grant.go)
+	idJSON    []byte                          // id as a JSON string, as a grant's record has it
 	firsts    map[string]waiterState          // by key: its first waiter, as the watch saw it
 	grants    map[string]*mvccpb.KeyValue     // by waiter key: a release's grant to a waiter of this backend, not taken yet
 
@@ -154,10 +155,11 @@ func newBackend(cli *clientv3.Client, opts []Option) (*Backend, options, error) 
 		return nil, o, invalidOption("New", "nil etcd client")
 	}
 	stopCtx, stop := context.WithCancel(context.Background())
+	id := newBackendID()
 	return &Backend{cli: cli, prefix: o.prefix, stopCtx: stopCtx, stop: stop, maxTxnOps: o.maxTxnOps, ka: newKeepalives(cli), txns: newTxnSender(cli, o.maxTxnOps),
 		held: make(map[string]held), current: make(map[int64]*shared), leaseByID: make(map[int64]*shared), granting: make(map[int64]*grantCall), views: make(map[string]semView), busy: make(map[string]struct{}),
 		waits: make(map[string]map[string]*ownPlace), wleases: make(map[int64]waiterLease), told: make(map[string]struct{}),
-		id: newBackendID(), firsts: make(map[string]waiterState), grants: make(map[string]*mvccpb.KeyValue)}, o, nil
+		id: id, idJSON: []byte(`"` + id + `"`), firsts: make(map[string]waiterState), grants: make(map[string]*mvccpb.KeyValue)}, o, nil
 }
 
 // Name implements core.Backend.

@@ -43,11 +43,14 @@ import (
 // A release whose waiter's lease is gone from the store (LeaseNotFound:
 // the whole transaction was refused) releases again without the grant.
 
-// waiterState is the first waiter of a key, as a Backend's watch saw it.
+// waiterState is the first waiter of a key, as a Backend's watch saw it:
+// its waiter key, create revision and value, which is decoded only by a
+// release that grants (every Backend's watch follows every line, and all
+// but the holder's would decode it for nothing).
 type waiterState struct {
-	ekey string
-	rev  int64
-	rec  record
+	ekey  string
+	rev   int64
+	value []byte
 }
 
 // newBackendID returns a random id for a Backend's grants.
@@ -78,16 +81,18 @@ func (b *Backend) setFirst(key string, line map[string]int64, values map[string]
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if first == "" {
+	if first == "" || len(values[first]) == 0 {
 		delete(b.firsts, key)
 		return
 	}
-	rec, ok := decode(values[first])
-	if !ok || rec.Lease == 0 || rec.Grant == "" {
-		delete(b.firsts, key)
-		return
-	}
-	b.firsts[key] = waiterState{ekey: first, rev: rev, rec: rec}
+	b.firsts[key] = waiterState{ekey: first, rev: rev, value: values[first]}
+}
+
+// grantRecord is the record a release grants w's key with, when w's value
+// has one (a plain lock's waiter: see waitValue).
+func (w waiterState) grantRecord() (record, bool) {
+	rec, ok := decode(w.value)
+	return rec, ok && rec.Lease != 0 && rec.Grant != ""
 }
 
 // grantOps returns the operations of a release of lock key kb that grant
@@ -103,7 +108,11 @@ func (b *Backend) grantOps(key string, kb []byte) []*etcdserverpb.RequestOp {
 	if !ok {
 		return nil
 	}
-	v, err := json.Marshal(record{Owner: w.rec.Owner, OwnerToken: w.rec.OwnerToken, Acquired: time.Now().UnixMilli(), Grant: w.rec.Grant, Waiter: waiter})
+	rec, ok := w.grantRecord()
+	if !ok {
+		return nil
+	}
+	v, err := json.Marshal(record{Owner: rec.Owner, OwnerToken: rec.OwnerToken, Acquired: time.Now().UnixMilli(), Grant: rec.Grant, Waiter: waiter})
 	if err != nil {
 		return nil
 	}
@@ -112,7 +121,7 @@ func (b *Backend) grantOps(key string, kb []byte) []*etcdserverpb.RequestOp {
 	return []*etcdserverpb.RequestOp{opTxn(
 		[]*etcdserverpb.Compare{compare(etcdserverpb.Compare_CREATE, wk, nil, etcdserverpb.Compare_EQUAL, w.rev),
 			compare(etcdserverpb.Compare_CREATE, []byte(qlo), []byte(qhi), etcdserverpb.Compare_GREATER, w.rev-1)},
-		[]*etcdserverpb.RequestOp{opPut(kb, v, w.rec.Lease), opDelete(wk)},
+		[]*etcdserverpb.RequestOp{opPut(kb, v, rec.Lease), opDelete(wk)},
 		[]*etcdserverpb.RequestOp{opDelete(kb)})}
 }
 

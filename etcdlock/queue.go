@@ -1,6 +1,7 @@
 package etcdlock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -475,6 +476,11 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 					// key): held at that revision.
 					locked[turn{key, ev.Kv.ModRevision}] = true
 					if ev.IsCreate() {
+						break
+					}
+					// A grant names its Backend (record.Grant): the value
+					// is decoded only when it has this one's id.
+					if !bytes.Contains(ev.Kv.Value, b.idJSON) {
 						break
 					}
 					if rec, ok := decode(ev.Kv.Value); ok && rec.Grant == b.id {

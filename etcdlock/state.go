@@ -15,7 +15,7 @@ func init() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		w, ok := b.firsts[key]
-		if !ok {
+		if _, grant := w.grantRecord(); !ok || !grant {
 			return "", false
 		}
 		_, waiter, _ := b.queueKey(w.ekey)
