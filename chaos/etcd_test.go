@@ -242,7 +242,12 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 		_, err := probe.Get(clientv3.WithRequireLeader(ctx), eprefix+"probe")
 		return err
 	}
-	env.faults = []faultDef{killRestart("etcd-kill-restart", false, m.kill, m.start)}
+	env.faults = []faultDef{killRestart("etcd-kill-restart", false, m.kill, func() error {
+		if err := m.start(); err != nil {
+			return err
+		}
+		return awaitEtcd(adminCli, eprefix+"probe", 30*time.Second)
+	})}
 	env.close = func() {
 		_ = admin.Close()
 		_ = adminCli.Close()
@@ -250,6 +255,25 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 		closeReg()
 	}
 	return env
+}
+
+// awaitEtcd returns once cli, the harness's own client (not through the
+// proxy), answers a read again after a restart: its connection may still
+// wait out gRPC's reconnect backoff, and a delete-locks fault drawn right
+// after the restart must not fail for it (as awaitSession on ZooKeeper).
+func awaitEtcd(cli *clientv3.Client, key string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := cli.Get(clientv3.WithRequireLeader(ctx), key)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the harness's etcd client after the restart: %w", err)
+		}
+	}
 }
 
 func TestChaosEtcd(t *testing.T) {
