@@ -105,9 +105,10 @@ func TestBatchProcedure(t *testing.T) {
 	}
 
 	// Past the bound: "locked" is locked by another transaction for
-	// longer than the claims' bound.
+	// longer than the claims' bound (ten times as long, so that the CALL
+	// still waits past the bound if it starts late on a busy machine).
 	tx := lockRow(t, admin, table, "locked")
-	unlock := time.AfterFunc(600*time.Millisecond, func() { _ = tx.Rollback() })
+	unlock := time.AfterFunc(2*time.Second, func() { _ = tx.Rollback() })
 	defer unlock.Stop()
 	if out := batch(200*time.Millisecond, item(false, "free", "c1"), item(false, "locked", "c2")); out != "" {
 		t.Errorf("batch whose claim waited past its bound: answer %q, want '' (rolled back)", out)

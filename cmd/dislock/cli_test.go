@@ -381,6 +381,28 @@ func waitGone(t *testing.T, pid int, timeout time.Duration) {
 	}
 }
 
+// waitExec waits until process pid runs the program name (its exec is
+// done), where /proc tells; elsewhere it returns at once.
+func waitExec(t *testing.T, pid int, name string, timeout time.Duration) {
+	t.Helper()
+	if _, err := os.Stat("/proc/self/comm"); err != nil {
+		return // no /proc here
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		switch {
+		case err == nil && strings.TrimSpace(string(comm)) == name:
+			return
+		case err != nil && processGone(pid):
+			t.Fatalf("process %d is gone before it ran %s", pid, name)
+		case time.Now().After(deadline):
+			t.Fatalf("process %d did not run %s within %v", pid, name, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func noSentinel(t *testing.T, p *proc) {
 	t.Helper()
 	if out := p.output(); strings.Contains(out, sentinel) {
@@ -604,13 +626,22 @@ func TestSignals(t *testing.T) {
 				env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease")
 				name := sigName(sig)
 				// The shell's trap records the signal, stops the sleep (which
-				// ignores SIGINT, as background jobs of sh do) and exits 5.
-				script := fmt.Sprintf(`trap 'echo %s > %s; kill $pid; exit 5' %s; sleep 300 & pid=$!; echo $pid > %s; wait; exit 9`, name, got, name, ready)
+				// ignores SIGINT, as background jobs of sh do), waits for it
+				// and exits 5. (Without the wait the command exits while its
+				// child may still be dying, which on a busy machine can take
+				// longer than dislock lets a group outlive its leader before
+				// it says so.)
+				script := fmt.Sprintf(`trap 'echo %s > %s; kill $pid; wait $pid; exit 5' %s; sleep 300 & pid=$!; echo $pid > %s; wait; exit 9`, name, got, name, ready)
 				p := start(t, env, urlVar, "sh", "-c", script)
 				pid, err := strconv.Atoi(waitFile(t, ready, 20*time.Second))
 				if err != nil {
 					t.Fatal(err)
 				}
+				// The shell writes the pid once it has forked the sleep,
+				// which may not have exec'd yet: a signal before the exec
+				// would reach the shell's trap handler in the child, and
+				// the sleep would run on.
+				waitExec(t, pid, "sleep", 20*time.Second)
 				p.cmd.Process.Signal(sig)
 				if code := p.wait(t, 20*time.Second); code != 5 {
 					t.Fatalf("exit %d, want the command's 5: %s", code, p.output())
