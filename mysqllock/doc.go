@@ -172,6 +172,13 @@
 //
 // # Upgrading
 //
+// This release adds one procedure, <table>_batch (the plain statements that
+// meet share its CALL), at the same version: NewBackend on procedures
+// migrated by an earlier release fails with ErrSchema saying that it does
+// not exist and naming the fix; Migrate (or WithAutoMigrate) creates it and
+// leaves the other procedures as they are, and processes of the earlier
+// release go on working beside this one.
+//
 // Version 3 of the procedures (this one) changes what <table>_watch
 // sends (a loop of result sets instead of one wait) and keeps the tables
 // of version 2: Migrate (or WithAutoMigrate) replaces the procedures, and
