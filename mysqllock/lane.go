@@ -3,6 +3,7 @@ package mysqllock
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/dislock/dislock/core"
 	shared "github.com/dislock/dislock/internal/lane"
 )
 
@@ -103,26 +105,18 @@ func (b *Backend) afterClaims(ctx context.Context, token string) error {
 
 // sendOne sends v's statement on its own.
 func (b *Backend) sendOne(ctx context.Context, v *laneCall) {
-	var (
-		res interface{ RowsAffected() (int64, error) }
-		err error
-	)
+	var res sql.Result
 	if v.release {
-		res, err = b.releaseFree.ExecContext(ctx, []byte(v.key), []byte(v.holder))
+		res, v.err = b.releaseFree.ExecContext(ctx, []byte(v.key), []byte(v.holder))
 	} else {
-		var r interface {
-			RowsAffected() (int64, error)
-			LastInsertId() (int64, error)
-		}
-		r, err = b.claimFree.ExecContext(ctx, []byte(v.owner), []byte(v.holder), v.ttl, []byte(v.key), v.half)
-		if err == nil {
-			v.token, _ = r.LastInsertId()
-			res = r
-		}
+		res, v.err = b.claimFree.ExecContext(ctx, []byte(v.owner), []byte(v.holder), v.ttl, []byte(v.key), v.half)
 	}
-	v.err = err
-	if err == nil {
-		v.rows, _ = res.RowsAffected()
+	if v.err != nil {
+		return
+	}
+	v.rows, _ = res.RowsAffected()
+	if !v.release {
+		v.token, _ = res.LastInsertId()
 	}
 }
 
@@ -145,7 +139,7 @@ func (b *Backend) sendBatch(ctx context.Context, calls []*queued) {
 	for _, q := range calls {
 		if !q.V.release {
 			if err := q.Ctx().Err(); err != nil {
-				q.V.err = err // its caller left: not sent, nothing claimed
+				q.V.err = core.Unclaimed(err) // its caller left: not sent
 				continue
 			}
 			if d, ok := q.Ctx().Deadline(); ok && (first.IsZero() || d.Before(first)) {
