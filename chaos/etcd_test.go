@@ -22,6 +22,7 @@ import (
 
 	"github.com/dislock/dislock/core"
 	"github.com/dislock/dislock/etcdlock"
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // etcdMemberEnv, set in a child process's environment, makes the test
@@ -262,18 +263,17 @@ func etcdSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendE
 // wait out gRPC's reconnect backoff, and a delete-locks fault drawn right
 // after the restart must not fail for it (as awaitSession on ZooKeeper).
 func awaitEtcd(cli *clientv3.Client, key string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
+	var err error
+	testenv.WaitFor(timeout, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := cli.Get(clientv3.WithRequireLeader(ctx), key)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the harness's etcd client after the restart: %w", err)
-		}
+		defer cancel()
+		_, err = cli.Get(clientv3.WithRequireLeader(ctx), key)
+		return err == nil
+	})
+	if err != nil {
+		return fmt.Errorf("the harness's etcd client after the restart: %w", err)
 	}
+	return nil
 }
 
 func TestChaosEtcd(t *testing.T) {

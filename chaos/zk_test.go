@@ -14,6 +14,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/internal/testenv"
 	"github.com/dislock/dislock/internal/zktest"
 	"github.com/dislock/dislock/zklock"
 )
@@ -128,19 +129,15 @@ func zkSetup(t *testing.T, h *Harness, keys []string, prefix string) *backendEnv
 // the restart would find no server. A read that fails for the dial only is
 // sent again until timeout.
 func awaitSession(conn *zk.Conn, path string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		_, _, err := conn.Exists(path)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, zk.ErrNoServer) && !errors.Is(err, zk.ErrConnectionClosed) {
-			return fmt.Errorf("the harness's connection after the restart: %w", err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the harness's connection has no session %v after the restart: %w", timeout, err)
-		}
+	var err error
+	testenv.WaitFor(timeout, func() bool {
+		_, _, err = conn.Exists(path)
+		return !errors.Is(err, zk.ErrNoServer) && !errors.Is(err, zk.ErrConnectionClosed)
+	})
+	if err != nil {
+		return fmt.Errorf("the harness's connection after the restart: %w", err)
 	}
+	return nil
 }
 
 func TestChaosZooKeeper(t *testing.T) {

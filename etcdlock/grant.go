@@ -72,13 +72,7 @@ func (c *claim) waitValue() []byte {
 // setFirst records the first waiter of key among line (waiter keys by
 // create revision, with their values), or none.
 func (b *Backend) setFirst(key string, line map[string]int64, values map[string][]byte) {
-	var first string
-	var rev int64
-	for ekey, r := range line {
-		if first == "" || r < rev {
-			first, rev = ekey, r
-		}
-	}
+	first, rev := firstIn(line)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if first == "" || len(values[first]) == 0 {

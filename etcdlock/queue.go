@@ -541,6 +541,18 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 	return errors.New("etcdlock: watch: closed")
 }
 
+// firstIn returns the waiter key of line (waiter keys by create revision)
+// with the lowest create revision, and that revision; "" when line is
+// empty.
+func firstIn(line map[string]int64) (ekey string, rev int64) {
+	for k, r := range line {
+		if ekey == "" || r < rev {
+			ekey, rev = k, r
+		}
+	}
+	return ekey, rev
+}
+
 // queueEnd ends the etcd key range of every waiter key under the prefix:
 // [prefix+queueMark, prefix+queueEnd).
 const queueEnd = "\x00q\x01"
@@ -551,15 +563,7 @@ const queueEnd = "\x00q\x01"
 // it yet is queued after the deletion being handled, and its own attempt
 // sees the key as it is then.
 func (b *Backend) firstOwn(key string, queued map[string]int64) string {
-	var (
-		firstKey string
-		firstRev int64
-	)
-	for ekey, rev := range queued {
-		if firstKey == "" || rev < firstRev {
-			firstKey, firstRev = ekey, rev
-		}
-	}
+	firstKey, _ := firstIn(queued)
 	if firstKey == "" {
 		return ""
 	}

@@ -197,8 +197,8 @@ func (b *Backend) sendBatch(ctx context.Context, calls []*queued) {
 }
 
 // readBatch reads the batch procedure's answer into sent: for each item,
-// in order, "<rows>:<token>," (all "0:0," when the batch passed its claims'
-// bound and was rolled back).
+// in order, "<rows>:<token>,"; an empty answer when the batch passed its
+// claims' bound and was rolled back (nothing changed: rows 0 for each).
 func readBatch(out string, sent []*queued) error {
 	if out == "" {
 		return nil

@@ -230,10 +230,11 @@ func micro(d time.Duration) int64 { return d.Microseconds() }
 
 func fromMicro(us int64) time.Time { return time.UnixMicro(us) }
 
-// unclaimed marks a failure to reach the server at all: nothing was sent.
+// unclaimed marks a failure to reach the server at all, or a statement its
+// caller left in the lane before it was sent: nothing was sent.
 func unclaimed(err error) error {
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, shared.ErrUnsent) {
 		return core.Unclaimed(err)
 	}
 	return err
@@ -301,8 +302,6 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, limit int,
 	if req.Waiter == "" && limit == 1 && expire == 0 && b.released.Has(req.Key) {
 		n, tok, err := b.exec(ctx, laneCall{key: req.Key, owner: req.Owner, holder: req.OwnerToken, ttl: micro(req.TTL), half: micro(half)})
 		switch {
-		case errors.Is(err, shared.ErrUnsent):
-			return core.Lease{}, core.Unclaimed(err)
 		case err != nil:
 			return core.Lease{}, unclaimed(err)
 		case n == 1 && tok > 0:
@@ -394,9 +393,16 @@ func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) error {
 // a waiter, a semaphore's, or its token is not below the clock, and the
 // acquire procedure decides.
 func freeClaimSQL(n names) string {
-	return "UPDATE " + n.table + " SET owner = ?, holder = ?, token = LAST_INSERT_ID(" + nowSQL + "), acquired_at = " + nowSQL +
-		", expire_at = " + nowSQL + " + ? WHERE `key` = ? AND token < " + nowSQL + " AND expire_at <= " + nowSQL +
-		" AND waiting = 0 AND lim <= 1 AND TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) <= ?"
+	return freeClaim(n.table, "?", "?", "?", "?", "TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) <= ?")
+}
+
+// freeClaim is freeClaimSQL's UPDATE of table with the expressions of the
+// owner, the owner token, the TTL (µs) and the key, and the condition that
+// bounds its wait for the row's lock; the batch procedure runs it too.
+func freeClaim(table, owner, holder, ttl, key, bound string) string {
+	return "UPDATE " + table + " SET owner = " + owner + ", holder = " + holder + ", token = LAST_INSERT_ID(" + nowSQL +
+		"), acquired_at = " + nowSQL + ", expire_at = " + nowSQL + " + " + ttl + " WHERE `key` = " + key +
+		" AND token < " + nowSQL + " AND expire_at <= " + nowSQL + " AND waiting = 0 AND lim <= 1 AND " + bound
 }
 
 // freeReleaseSQL ends the live mutex lease of an owner token (the second
@@ -408,8 +414,12 @@ func freeClaimSQL(n names) string {
 // free whatever they say, and the next claim sets them). One row
 // affected: released; none: the release procedure decides (a lease lost,
 // a waiter to tell, a permit).
-func freeReleaseSQL(n names) string {
-	return "UPDATE " + n.table + " SET expire_at = 0 WHERE `key` = ? AND holder = ? AND waiting = 0" +
+func freeReleaseSQL(n names) string { return freeRelease(n.table, "?", "?") }
+
+// freeRelease is freeReleaseSQL's UPDATE of table with the expressions of
+// the key and the owner token; the batch procedure runs it too.
+func freeRelease(table, key, holder string) string {
+	return "UPDATE " + table + " SET expire_at = 0 WHERE `key` = " + key + " AND holder = " + holder + " AND waiting = 0" +
 		" AND lim <= 1 AND expire_at > " + nowSQL + " + TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))"
 }
 

@@ -655,15 +655,12 @@ BEGIN
 			LEAVE items;
 		END IF;
 		IF v_r = 1 THEN
-			UPDATE {T} SET expire_at = 0 WHERE ` + "`key`" + ` = CAST(v_k AS BINARY) AND holder = CAST(v_h AS BINARY)
-				AND waiting = 0 AND lim <= 1 AND expire_at > {now} + TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6));
+			` + freeRelease("{T}", "CAST(v_k AS BINARY)", "CAST(v_h AS BINARY)") + `;
 			SET v_out = CONCAT(v_out, ROW_COUNT(), ':0,');
 		ELSE
 			SET v_claims = v_claims + 1;
-			UPDATE {T} SET owner = CAST(v_o AS BINARY), holder = CAST(v_h AS BINARY), token = LAST_INSERT_ID({now}),
-				acquired_at = {now}, expire_at = {now} + v_t
-				WHERE ` + "`key`" + ` = CAST(v_k AS BINARY) AND token < {now} AND expire_at <= {now} AND waiting = 0 AND lim <= 1
-				AND TIMESTAMPDIFF(MICROSECOND, v_start, SYSDATE(6)) <= p_half;
+			` + freeClaim("{T}", "CAST(v_o AS BINARY)", "CAST(v_h AS BINARY)", "v_t", "CAST(v_k AS BINARY)",
+		"TIMESTAMPDIFF(MICROSECOND, v_start, SYSDATE(6)) <= p_half") + `;
 			SET v_n = ROW_COUNT();
 			IF v_n = 1 THEN
 				SET v_out = CONCAT(v_out, '1:', LAST_INSERT_ID(), ',');
