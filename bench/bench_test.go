@@ -425,7 +425,10 @@ var handoffContenders = map[string][]string{
 // would be), wait for one key, hold it 1 ms, release it and queue again once
 // another has taken it. Latency is from
 // the start of Release to the return of the next holder's acquire; p50-x-rtt
-// and p99-x-rtt divide it by the mean raw round trip. reqs/acq counts the
+// and p99-x-rtt divide it by the mean raw round trip. cpu-µs/acq is the
+// process's CPU time per acquisition, all 16 contenders together (their
+// store clients included, not the store): on a machine whose cores the
+// store shares, a client's CPU slows the store's answers. reqs/acq counts the
 // client's commands (Redis) or statements (PostgreSQL, MySQL) per
 // acquisition, polling included; steady-reqs/acq the same between the same
 // acquisitions as steady-srv-writes/acq below (each contender's first wait,
@@ -485,6 +488,7 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 		writes0 = st.writes()
 	}
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	for g := range waiters {
 		wg.Go(func() {
 			// fail records err and lets the others finish.
@@ -561,7 +565,7 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	// Counted before the closing round trips, which go through the
 	// counted pool on some stores (mysql) and are no requests of the
 	// hand-off.
-	reqsN := reqs()
+	reqsN, cpuN := reqs(), cpuTime()
 	if st.sent != nil {
 		logPerAcquisition(b, "", b.N, sent0, st.sent())
 		if steadySent1 != nil {
@@ -570,12 +574,14 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	}
 	rtt := (rttBefore + meanRTT(ctx, b, st.rt, 250)) / 2 // round trips before and after
 	slices.Sort(samples)
-	p50, p99 := percentile(samples, 50), percentile(samples, 99)
+	p50, p90, p99 := percentile(samples, 50), percentile(samples, 90), percentile(samples, 99)
 	b.ReportMetric(ms(p50), "p50-ms")
+	b.ReportMetric(ms(p90), "p90-ms")
 	b.ReportMetric(ms(p99), "p99-ms")
 	b.ReportMetric(float64(p50)/float64(rtt), "p50-x-rtt")
 	b.ReportMetric(float64(p99)/float64(rtt), "p99-x-rtt")
 	b.ReportMetric(float64(reqsN-reqs0)/float64(b.N), "reqs/acq")
+	b.ReportMetric(float64((cpuN-cpu0).Microseconds())/float64(b.N), "cpu-µs/acq")
 	if steadyReqs1 > 0 {
 		b.ReportMetric(float64(steadyReqs1-steadyReqs0)/float64(b.N-2*waiters), "steady-reqs/acq")
 	}
