@@ -28,7 +28,10 @@ func FreePort(t testing.TB) int {
 // leaves room for that: a port from that range, free while its server is
 // down, can be taken meanwhile by any connection of any process, and the
 // restart then fails ("address already in use"). A port is never handed
-// out twice by one process.
+// out twice on one machine while the process that got it runs: test
+// processes (go test runs packages at once) reserve each port they take
+// (reservePort), so that two of them never pick the same one in the moment
+// between the check and the server's bind.
 func LoopbackPorts(n int) ([]int, error) {
 	portsMu.Lock()
 	defer portsMu.Unlock()
@@ -50,22 +53,16 @@ var (
 )
 
 // pickPort returns a port of [lo, hi) (or, when that is empty, one the
-// kernel chooses) that a listener could bind just now and that this
-// process has not handed out. The caller holds portsMu.
+// kernel chooses) that a listener could bind just now and that no process
+// has handed out: this one (portsUsed) or another that still runs
+// (reservePort). The caller holds portsMu.
 func pickPort(lo, hi int) (int, error) {
 	if hi-lo >= 1000 {
 		for range 200 {
 			p := lo + rand.IntN(hi-lo)
-			if portsUsed[p] {
-				continue
+			if !portsUsed[p] && take(p) {
+				return p, nil
 			}
-			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-			if err != nil {
-				continue
-			}
-			l.Close()
-			portsUsed[p] = true
-			return p, nil
 		}
 	}
 	for {
@@ -75,11 +72,28 @@ func pickPort(lo, hi int) (int, error) {
 		}
 		p := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if !portsUsed[p] {
-			portsUsed[p] = true
+		if !portsUsed[p] && take(p) {
 			return p, nil
 		}
 	}
+}
+
+// take reserves port p for this process and reports whether a listener
+// could bind it just now; a port it cannot bind is let go again. The
+// caller holds portsMu.
+func take(p int) bool {
+	release, ok := reservePort(p)
+	if !ok {
+		return false
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	if err != nil {
+		release()
+		return false
+	}
+	l.Close()
+	portsUsed[p] = true
+	return true
 }
 
 // outsideEphemeral returns the ports below the kernel's ephemeral range
