@@ -313,16 +313,15 @@ func expectCode(t *testing.T, p *proc, want int) {
 // waitFile waits until path exists and returns its content.
 func waitFile(t *testing.T, path string, timeout time.Duration) string {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if b, err := os.ReadFile(path); err == nil && len(b) > 0 && bytes.HasSuffix(b, []byte("\n")) {
-			return strings.TrimSpace(string(b))
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear within %v", path, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var content string
+	if !testenv.WaitFor(timeout, func() bool {
+		b, err := os.ReadFile(path)
+		content = string(b)
+		return err == nil && len(b) > 0 && bytes.HasSuffix(b, []byte("\n"))
+	}) {
+		t.Fatalf("%s did not appear within %v", path, timeout)
 	}
+	return strings.TrimSpace(content)
 }
 
 // readPIDs reads the process IDs a command wrote to path (waitFile); the
@@ -371,13 +370,9 @@ func processGone(pid int) bool {
 
 func waitGone(t *testing.T, pid int, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !processGone(pid) {
-		if time.Now().After(deadline) {
-			syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("process %d still alive after %v", pid, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testenv.WaitFor(timeout, func() bool { return processGone(pid) }) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("process %d still alive after %v", pid, timeout)
 	}
 }
 
@@ -600,12 +595,8 @@ func TestLeaseLossContinue(t *testing.T) {
 		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", "RUN_LOCK_TTL_SECONDS=3", "LOCK_LEASE_INTERVAL=0.3", "LOCK_ON_LEASE_LOSS=continue")
 		p := startHolding(t, env, "while [ ! -e "+stop+" ]; do sleep 0.05; done; exit 4")
 		f.steal(t, leasePrefix+key)
-		deadline := time.Now().Add(10 * time.Second)
-		for !strings.Contains(p.stderr.String(), "lease lost") {
-			if time.Now().After(deadline) {
-				t.Fatalf("no loss logged: %s", p.output())
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !testenv.WaitFor(10*time.Second, func() bool { return strings.Contains(p.stderr.String(), "lease lost") }) {
+			t.Fatalf("no loss logged: %s", p.output())
 		}
 		os.WriteFile(stop, nil, 0o600)
 		if code := p.wait(t, 20*time.Second); code != 4 {

@@ -139,11 +139,8 @@ func TestWait(t *testing.T) {
 
 		marker := filepath.Join(dir, "ran")
 		waiter := start(t, append(env, "LOCK_WAIT_SECONDS=30", "CRONJOB_LOCK_LOG_LEVEL=DEBUG"), urlVar, "touch", marker)
-		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(waiter.stderr.String(), "waiting for the lock"); {
-			if time.Now().After(deadline) {
-				t.Fatalf("the waiter did not start waiting: %s", waiter.output())
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !testenv.WaitFor(20*time.Second, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for the lock") }) {
+			t.Fatalf("the waiter did not start waiting: %s", waiter.output())
 		}
 		if exists(marker) {
 			t.Fatalf("the waiter ran while the lease was held: %s", waiter.output())
@@ -179,13 +176,11 @@ func TestWaitInLine(t *testing.T) {
 	queue := redistest.LockKey("dislock", leasePrefix+key) + ":q"
 	inLine := func(n int64) {
 		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if got, _ := client.ZCard(context.Background(), queue).Result(); got >= n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("fewer than %d waiters in line", n)
-			}
+		if !testenv.WaitFor(20*time.Second, func() bool {
+			got, _ := client.ZCard(context.Background(), queue).Result()
+			return got >= n
+		}) {
+			t.Fatalf("fewer than %d waiters in line", n)
 		}
 	}
 	dir := t.TempDir()
