@@ -99,12 +99,8 @@ func (f *fixture) collect(t *testing.T) metricdata.ResourceMetrics {
 // Session.Done closes (Lost) or on the renewer goroutine (RenewEnd) need it.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !testenv.WaitFor(5*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 

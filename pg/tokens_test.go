@@ -266,20 +266,15 @@ func lockRow(t *testing.T, admin *pgxpool.Pool, table, key string) pgx.Tx {
 // waitLockWait waits until a statement on table waits for a row lock.
 func waitLockWait(t *testing.T, admin *pgxpool.Pool, table string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !testenv.WaitFor(10*time.Second, func() bool {
 		var n int
 		if err := admin.QueryRow(ctxT(t), `SELECT count(*) FROM pg_stat_activity
 	WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, table).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no claim waits for the row's lock")
-		}
-		time.Sleep(5 * time.Millisecond)
+		return n > 0
+	}) {
+		t.Fatal("no claim waits for the row's lock")
 	}
 }
 

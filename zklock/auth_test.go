@@ -188,12 +188,8 @@ func TestAuthAfterReconnect(t *testing.T) {
 	acquire("a")
 	sid := b.Conn().SessionID()
 	d.drop()
-	deadline := time.Now().Add(15 * time.Second)
-	for d.dials.Load() < 2 || b.Conn().State() != zk.StateHasSession {
-		if time.Now().After(deadline) {
-			t.Fatal("no reconnection after the drop")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testenv.WaitFor(15*time.Second, func() bool { return d.dials.Load() >= 2 && b.Conn().State() == zk.StateHasSession }) {
+		t.Fatal("no reconnection after the drop")
 	}
 	if b.Conn().SessionID() != sid {
 		t.Fatal("the drop ended the session; the test needs a reconnection within it")

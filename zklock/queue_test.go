@@ -66,9 +66,8 @@ func TestWaitersOfOneLockerWaitInLine(t *testing.T) {
 			w.Release(context.Background())
 		}()
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for b.n.Load() < waiters+1 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	if !testenv.WaitFor(20*time.Second, func() bool { return b.n.Load() >= waiters+1 }) {
+		t.Fatalf("%d attempts, want each of the %d waiters' first and the holder's", b.n.Load(), waiters)
 	}
 	// Over a window shorter than a queued wait's refresh (a third of the
 	// engine's 2 s queue TTL), the waiters in line make no attempt; a spin
