@@ -383,18 +383,14 @@ func waitExec(t *testing.T, pid int, name string, timeout time.Duration) {
 	if _, err := os.Stat("/proc/self/comm"); err != nil {
 		return // no /proc here
 	}
-	deadline := time.Now().Add(timeout)
-	for {
+	if !testenv.WaitFor(timeout, func() bool {
 		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		switch {
-		case err == nil && strings.TrimSpace(string(comm)) == name:
-			return
-		case err != nil && processGone(pid):
+		if err != nil && processGone(pid) {
 			t.Fatalf("process %d is gone before it ran %s", pid, name)
-		case time.Now().After(deadline):
-			t.Fatalf("process %d did not run %s within %v", pid, name, timeout)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return err == nil && strings.TrimSpace(string(comm)) == name
+	}) {
+		t.Fatalf("process %d did not run %s within %v", pid, name, timeout)
 	}
 }
 

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -50,6 +51,7 @@ func LoopbackPorts(n int) ([]int, error) {
 var (
 	portsMu   sync.Mutex
 	portsUsed = map[int]bool{}
+	reserved  []io.Closer // the locks of the ports this process took (reservePort)
 )
 
 // pickPort returns a port of [lo, hi) (or, when that is empty, one the
@@ -82,17 +84,22 @@ func pickPort(lo, hi int) (int, error) {
 // could bind it just now; a port it cannot bind is let go again. The
 // caller holds portsMu.
 func take(p int) bool {
-	release, ok := reservePort(p)
+	lock, ok := reservePort(p)
 	if !ok {
 		return false
 	}
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 	if err != nil {
-		release()
+		if lock != nil {
+			lock.Close()
+		}
 		return false
 	}
 	l.Close()
 	portsUsed[p] = true
+	if lock != nil {
+		reserved = append(reserved, lock) // kept open: p stays this process's
+	}
 	return true
 }
 

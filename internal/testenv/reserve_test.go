@@ -34,8 +34,10 @@ func TestPortsReservedAcrossProcesses(t *testing.T) {
 	portsMu.Lock()
 	var spare int
 	for p := ports[2] + 1; p < 65536 && spare == 0; p++ {
-		if release, ok := reservePort(p); ok && !portsUsed[p] {
-			release() // reserved once, let go again
+		if lock, ok := reservePort(p); ok && !portsUsed[p] {
+			if lock != nil {
+				lock.Close() // reserved once, let go again
+			}
 			spare = p
 		}
 	}
