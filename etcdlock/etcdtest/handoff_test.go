@@ -35,6 +35,34 @@ func (r *turnReads) option() grpc.DialOption {
 	})
 }
 
+// createdWatches counts the watches that the server of one client has
+// confirmed (a watch response marked Created): a Locker's watch of the
+// line is up once its client has one.
+type createdWatches struct{ n atomic.Int64 }
+
+func (w *createdWatches) option() grpc.DialOption {
+	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return &createdStream{ClientStream: s, w: w}, nil
+	})
+}
+
+type createdStream struct {
+	grpc.ClientStream
+	w *createdWatches
+}
+
+func (s *createdStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if r, ok := m.(*etcdserverpb.WatchResponse); ok && err == nil && r.Created {
+		s.w.n.Add(1)
+	}
+	return err
+}
+
 // TestHandoffNoRead checks that the release of a lock with waiters of
 // several processes in line costs no read: the Locker whose waiter is
 // next knows it from its watch, which follows the line, and tells it; the
@@ -50,9 +78,10 @@ func TestHandoffNoRead(t *testing.T) {
 	ttl := core.TTL(30 * time.Second)
 	const n = 4
 	waiters := make([]*core.Client, n)
+	watches := make([]createdWatches, n)
 	for i := range waiters {
 		cfg := clientv3.Config{Endpoints: c.Endpoints(), Logger: zap.NewNop()}
-		cfg.DialOptions = append(cfg.DialOptions, reads.option())
+		cfg.DialOptions = append(cfg.DialOptions, reads.option(), watches[i].option())
 		waiters[i] = newLocker(t, etcdtest.NewClient(t, cfg), prefix)
 	}
 	held, err := holder.TryAcquire(testenv.Context(t, 10*time.Second), "k", ttl)
@@ -88,7 +117,17 @@ func TestHandoffNoRead(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // every Locker's watch is up
+	up := testenv.WaitFor(10*time.Second, func() bool {
+		for i := range watches {
+			if watches[i].n.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if !up {
+		t.Fatal("the waiting Lockers' watches not all up within 10s")
+	}
 	r0 := reads.n.Load()
 	if err := held.Release(testenv.Context(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
