@@ -426,7 +426,11 @@ func TestWatchFailsWithoutPubSub(t *testing.T) {
 	ctx := testenv.Context(t, 10*time.Second)
 	s := testenv.Hold(t, ctx, l1, "poll")
 	got := testenv.AcquireAsync(ctx, l2, "poll")
-	time.Sleep(100 * time.Millisecond) // let the waiter find the lock busy
+	// The waiter finds the lock busy and takes its place in line.
+	queue, _ := redislock.QueueKeys(prefix, "poll")
+	if !testenv.WaitFor(5*time.Second, func() bool { return c.ZCard(ctx, queue).Val() > 0 }) {
+		t.Fatalf("rule %q: the waiter not in line within 5s", rule)
+	}
 	start := time.Now()
 	s.Release(ctx)
 	if r := <-got; r.Err != nil {
