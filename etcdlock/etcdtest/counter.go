@@ -4,14 +4,17 @@ import (
 	"context"
 	"sync/atomic"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 )
 
 // Counter counts what the etcd clients it is dialled into send: unary
 // calls, streams opened, and messages sent on open streams (lease
-// keepalives, watch requests). Add DialOptions to a client's config.
+// keepalives, watch requests); and the watches their server confirmed
+// (a watch response marked Created). Add DialOptions to a client's config.
 type Counter struct {
 	Unary, Streams, StreamMsgs atomic.Int64
+	Watches                    atomic.Int64
 }
 
 // Requests is the unary calls and the streams opened so far.
@@ -46,4 +49,12 @@ type countingStream struct {
 func (s *countingStream) SendMsg(m any) error {
 	s.c.StreamMsgs.Add(1)
 	return s.ClientStream.SendMsg(m)
+}
+
+func (s *countingStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if w, ok := m.(*etcdserverpb.WatchResponse); ok && err == nil && w.Created {
+		s.c.Watches.Add(1)
+	}
+	return err
 }

@@ -283,8 +283,8 @@ func TestCompaction(t *testing.T) {
 	cli := c.Client(t)
 	prefix := uniquePrefix("compact")
 	a := newLocker(t, c.Client(t), prefix, core.WithDefaults(core.TTL(time.Second)))
-	var bWatch createdWatches
-	bCli := etcdtest.NewClient(t, clientv3.Config{Endpoints: c.Endpoints(), DialOptions: []grpc.DialOption{bWatch.option()}})
+	var bWatch etcdtest.Counter
+	bCli := etcdtest.NewClient(t, clientv3.Config{Endpoints: c.Endpoints(), DialOptions: bWatch.DialOptions()})
 	b := newLocker(t, bCli, prefix, core.WithDefaults(core.TTL(time.Second)))
 	var last uint64
 	for range 20 {
@@ -303,7 +303,7 @@ func TestCompaction(t *testing.T) {
 		got <- s2
 	}()
 	// The waiter's watch is up before the compaction, which it outlives.
-	if !testenv.WaitFor(10*time.Second, func() bool { return bWatch.n.Load() > 0 }) {
+	if !testenv.WaitFor(10*time.Second, func() bool { return bWatch.Watches.Load() > 0 }) {
 		t.Fatal("the waiter's watch not up within 10s")
 	}
 	resp, err := cli.Get(testenv.Context(t, 5*time.Second), "compaction")

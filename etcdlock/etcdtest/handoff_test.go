@@ -35,34 +35,6 @@ func (r *turnReads) option() grpc.DialOption {
 	})
 }
 
-// createdWatches counts the watches that the server of one client has
-// confirmed (a watch response marked Created): a Locker's watch of the
-// line is up once its client has one.
-type createdWatches struct{ n atomic.Int64 }
-
-func (w *createdWatches) option() grpc.DialOption {
-	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		s, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return &createdStream{ClientStream: s, w: w}, nil
-	})
-}
-
-type createdStream struct {
-	grpc.ClientStream
-	w *createdWatches
-}
-
-func (s *createdStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if r, ok := m.(*etcdserverpb.WatchResponse); ok && err == nil && r.Created {
-		s.w.n.Add(1)
-	}
-	return err
-}
-
 // TestHandoffNoRead checks that the release of a lock with waiters of
 // several processes in line costs no read: the Locker whose waiter is
 // next knows it from its watch, which follows the line, and tells it; the
@@ -78,10 +50,11 @@ func TestHandoffNoRead(t *testing.T) {
 	ttl := core.TTL(30 * time.Second)
 	const n = 4
 	waiters := make([]*core.Client, n)
-	watches := make([]createdWatches, n)
+	watches := make([]etcdtest.Counter, n) // a Locker's watch of the line is up once its client has one
 	for i := range waiters {
 		cfg := clientv3.Config{Endpoints: c.Endpoints(), Logger: zap.NewNop()}
-		cfg.DialOptions = append(cfg.DialOptions, reads.option(), watches[i].option())
+		cfg.DialOptions = append(cfg.DialOptions, reads.option())
+		cfg.DialOptions = append(cfg.DialOptions, watches[i].DialOptions()...)
 		waiters[i] = newLocker(t, etcdtest.NewClient(t, cfg), prefix)
 	}
 	held, err := holder.TryAcquire(testenv.Context(t, 10*time.Second), "k", ttl)
@@ -119,7 +92,7 @@ func TestHandoffNoRead(t *testing.T) {
 	}
 	up := testenv.WaitFor(10*time.Second, func() bool {
 		for i := range watches {
-			if watches[i].n.Load() == 0 {
+			if watches[i].Watches.Load() == 0 {
 				return false
 			}
 		}
