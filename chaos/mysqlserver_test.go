@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // mysqlServer is a private MariaDB (or MySQL) server for the chaos and
@@ -79,7 +81,7 @@ func startMySQLServer(t testing.TB, required bool) *mysqlServer {
 		"--skip-test-db"}, s.serverArgs()...)
 	cmd := exec.Command(install, args...)
 	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	testenv.DieWithParent(cmd)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
@@ -144,7 +146,7 @@ func (s *mysqlServer) start() error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = log, log // files: no copying goroutines
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	testenv.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start mariadbd: %w", err)
 	}
