@@ -455,7 +455,6 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		}
 		turns := map[turn]*turnInfo{}
 		var order []turn
-		locked := map[turn]bool{}    // a lock key created: held at that revision
 		heldAt := map[string]int64{} // the latest revision of this response at which a key's lock key was put
 		lastEvent := map[string]int{}
 		for i, ev := range resp.Events {
@@ -475,7 +474,6 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 				case !isWaiter && ekey == b.etcdKey(key):
 					// Claimed, or granted by a release (a put over the
 					// key): held at that revision.
-					locked[turn{key, ev.Kv.ModRevision}] = true
 					heldAt[key] = max(heldAt[key], ev.Kv.ModRevision)
 					if ev.IsCreate() {
 						break
@@ -517,7 +515,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		}
 		publish()
 		for _, t := range order {
-			if locked[t] || heldAt[t.key] > t.rev {
+			if heldAt[t.key] >= t.rev {
 				// Held at that revision, or again at a later one of this
 				// response (the first waiter claimed it meanwhile): this
 				// deletion's turn is over, and the next release tells.

@@ -53,8 +53,7 @@ func TestHandoffNoRead(t *testing.T) {
 	watches := make([]etcdtest.Counter, n) // a Locker's watch of the line is up once its client has one
 	for i := range waiters {
 		cfg := clientv3.Config{Endpoints: c.Endpoints(), Logger: zap.NewNop()}
-		cfg.DialOptions = append(cfg.DialOptions, reads.option())
-		cfg.DialOptions = append(cfg.DialOptions, watches[i].DialOptions()...)
+		cfg.DialOptions = append(watches[i].DialOptions(), reads.option())
 		waiters[i] = newLocker(t, etcdtest.NewClient(t, cfg), prefix)
 	}
 	held, err := holder.TryAcquire(testenv.Context(t, 10*time.Second), "k", ttl)
