@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-
-	"github.com/dislock/dislock/internal/testenv"
 )
 
 // mysqlServer is a private MariaDB (or MySQL) server for the chaos and
@@ -81,7 +79,7 @@ func startMySQLServer(t testing.TB, required bool) *mysqlServer {
 		"--skip-test-db"}, s.serverArgs()...)
 	cmd := exec.Command(install, args...)
 	cmd.Dir = dir
-	testenv.DieWithParent(cmd)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
@@ -146,7 +144,7 @@ func (s *mysqlServer) start() error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = log, log // files: no copying goroutines
-	testenv.DieWithParent(cmd)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start mariadbd: %w", err)
 	}

@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/dislock/dislock/internal/testenv"
 )
 
 // pgWalWriterDelay is the private server's wal_writer_delay (PostgreSQL's
@@ -97,8 +95,7 @@ func startPGServer(t testing.TB) *pgServer {
 	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres", "-A", "trust",
 		"-E", "UTF8", "--no-sync", "--no-instructions")
 	initdb.Dir = root
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	testenv.DieWithParent(initdb)
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
@@ -121,8 +118,7 @@ func (s *pgServer) start() error {
 		"-c", "max_connections=80", "-c", "shared_buffers=32MB",
 		"-c", "wal_writer_delay="+strconv.Itoa(int(pgWalWriterDelay/time.Millisecond))+"ms")
 	cmd.Dir = s.root
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
-	testenv.DieWithParent(cmd)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := s.launch(cmd, filepath.Join(s.root, "postgres.log")); err != nil {
 		return err
 	}

@@ -8,13 +8,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dislock/dislock/internal/redistest"
-	"github.com/dislock/dislock/internal/testenv"
 )
 
 // redisProc is one redis-server process (a data node or a sentinel) of a
@@ -47,7 +47,7 @@ func (p *redisProc) addr() string { return net.JoinHostPort("127.0.0.1", strconv
 func (p *redisProc) start() error {
 	cmd := exec.Command("redis-server", p.args...)
 	cmd.Dir = p.dir
-	testenv.DieWithParent(cmd)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.launch(cmd, filepath.Join(p.dir, "stdout.log")); err != nil {
 		return err
 	}

@@ -146,7 +146,6 @@ pidfile =
 	}
 	out := &testenv.SyncBuffer{}
 	cmd := exec.Command(bin, args...)
-	testenv.DieWithParent(cmd)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, err

@@ -172,7 +172,6 @@ func (n *Node) start() error {
 	}
 	args = append(args, "-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", filepath.Join(n.dir, "zoo.cfg"))
 	cmd := exec.Command("java", args...)
-	testenv.DieWithParent(cmd)
 	cmd.Dir = n.dir
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
