@@ -305,12 +305,14 @@ func TestQueueTurnNeedsNoRoundTrip(t *testing.T) {
 	var once sync.Once
 	zklock.SetWatchHook(bY, func(string) func() {
 		// The holder's node is gone: from here on the store's replies
-		// to Y are held back.
+		// to Y are held back. The turn is told once Y has acted on the
+		// event (the returned func runs then), not when it arrives.
+		done := func() {}
 		once.Do(func() {
 			proxy.StallOpen()
-			close(turn)
+			done = func() { close(turn) }
 		})
-		return func() {}
+		return done
 	})
 	ctx := ctxT(t, 30*time.Second)
 	const key, ttl = "turn-no-round-trip", time.Second
