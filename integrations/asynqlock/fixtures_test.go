@@ -47,11 +47,14 @@ func lockers(t *testing.T) (*memlock.Store, core.Locker, core.Locker) {
 
 // heldElsewhere returns a session on key of one of two Lockers on one
 // in-memory store (lockers), and the other: key is held by another process
-// than l.
+// than l. The session is released when the test ends, after the cleanups
+// registered later have run (a server that e.serve started is shut down
+// first, so no task of its runs once the key is free).
 func heldElsewhere(t *testing.T, key string) (core.Session, core.Locker) {
 	t.Helper()
 	_, holder, l := lockers(t)
 	s := testenv.Hold(t, context.Background(), holder, key)
+	t.Cleanup(func() { s.Release(context.Background()) })
 	return s, l
 }
 

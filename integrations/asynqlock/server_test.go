@@ -152,7 +152,6 @@ func TestServers_Policies(t *testing.T) {
 		t.Run(c.p.String(), func(t *testing.T) {
 			e := newEnv(t)
 			s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
-			defer s.Release(context.Background())
 			ran := make(chan time.Time, 1)
 			e.serve(wired(), asynqlock.MustNew(l, asynqlock.OnBusy(c.p)), func(context.Context, *asynq.Task) error {
 				ran <- time.Now()
@@ -354,8 +353,7 @@ func TestServers_HandOffWaitFreesSmallServer(t *testing.T) {
 // that the deadline does not turn the wait into a failure that uses a retry.
 func TestServers_HandOffStopsBeforeDeadline(t *testing.T) {
 	e := newEnv(t)
-	s, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
-	defer s.Release(context.Background())
+	_, l := heldElsewhere(t, asynqlock.DefaultPrefix+"job")
 	busy := make(chan error, 100)
 	cfg := wired()
 	cfg.ErrorHandler = busyCounter(busy)
