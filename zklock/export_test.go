@@ -21,6 +21,10 @@ var (
 // has been. Set it before b's first acquire.
 func SetWatchHook(b *Backend, fn func(path string) func()) { b.watchHook = fn }
 
+// SetEvaluateHook makes fn run when one of b's places is judged, before
+// the judgement's store calls. Set it before b's first acquire.
+func SetEvaluateHook(b *Backend, fn func()) { b.evaluateHook = fn }
+
 // EvaluatePlace judges waiter's place on key again from a fresh read of the
 // key's children, as a watch that fires or an attempt does.
 func EvaluatePlace(b *Backend, key, waiter string) {

@@ -227,7 +227,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 			pl.info, pl.infoEnd = nil, time.Time{}
 		}
 		b.mu.Unlock()
-		b.evaluate(pl, v.names)
+		b.evaluateIn(ctx, pl, v.names) // within the caller's ctx
 		return core.Lease{}, core.Busy(req.Key, v.info)
 	}
 }
@@ -463,18 +463,31 @@ func (b *Backend) grantAsync(p string, sid int64, data []byte, version int32) {
 
 // evaluate decides, from the key's children (names; read when nil),
 // whether it is pl's turn, tells its waiter when it is, and
-// otherwise watches what must change first.
+// otherwise watches what must change first. Its store calls are bounded by
+// the backend's own time (a watch fired, say); an attempt evaluates its
+// place within its caller's ctx (evaluateIn).
 func (b *Backend) evaluate(pl *place, names []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b.evaluateIn(ctx, pl, names)
+}
+
+// evaluateIn is evaluate with its store calls within ctx. A watch that ctx
+// cut short is armed again in the background (see armPlace); a place whose
+// own node it could not watch is told its turn, so that its waiter's next
+// attempt judges the line afresh.
+func (b *Backend) evaluateIn(ctx context.Context, pl *place, names []string) {
 	pl.evalMu.Lock()
 	defer pl.evalMu.Unlock()
+	if b.evaluateHook != nil {
+		b.evaluateHook()
+	}
 	select {
 	case <-pl.stop:
 		return
 	default:
 	}
 	parent := b.keyPath(pl.key)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if names == nil {
 		var err error
 		names, err = b.children(ctx, parent, false)

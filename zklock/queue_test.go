@@ -519,3 +519,44 @@ func TestOwnWatchOnAGoneNode(t *testing.T) {
 		t.Errorf("server watches after the own watch on a deleted node: %d, want %d (a watch left waiting for the node's creation)", got, before)
 	}
 }
+
+// TestQueueBusyKeepsDeadline: a waiting attempt that finds the key busy
+// watches its place within its caller's ctx. Here the store's replies to
+// the waiter are held back from the moment its place is judged, after the
+// store's busy answer: the attempt returns busy at its ctx's end, not when
+// the backend's own bound or the session's receive timeout runs out.
+func TestQueueBusyKeepsDeadline(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	servers, chroot, err := zklock.ParseServers(connect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewStallProxy(t, "tcp", servers[0])
+	bX := newBackend(t, connect, root)
+	// A long session: the client drops a stalled connection only after
+	// two thirds of it.
+	bY := newBackend(t, proxy.Addr()+chroot, root, zklock.WithSessionTimeout(15*time.Second))
+	var once sync.Once
+	zklock.SetEvaluateHook(bY, func() { once.Do(proxy.StallOpen) })
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "busy-keeps-deadline", time.Second
+	if _, err := bX.TryAcquire(ctx, core.AcquireRequest{Key: key, Owner: "x", OwnerToken: "x-token", TTL: ttl}); err != nil {
+		t.Fatal(err)
+	}
+	const d = 200 * time.Millisecond
+	yctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	start := time.Now()
+	_, err = bY.TryAcquire(yctx, core.AcquireRequest{Key: key, Owner: "y", OwnerToken: "y-token", TTL: ttl, Waiter: "y", WaiterTTL: 30 * time.Second})
+	took := time.Since(start)
+	proxy.Resume()
+	if !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt while X holds: %v, want busy", err)
+	}
+	// Without the caller's ctx, the watches' calls wait 10 s for replies
+	// held back (the client's receive timeout is 10 s as well).
+	if took > d+3*time.Second {
+		t.Fatalf("Y's attempt with a %v ctx returned after %v", d, took)
+	}
+}

@@ -191,6 +191,9 @@ type Backend struct {
 	// expireHook, set by tests, runs before the deletion of an expired
 	// place's node; the function it returns runs once it is done.
 	expireHook func() func()
+	// evaluateHook, set by tests, runs when a place is judged (evaluate),
+	// before any store call of the judgement.
+	evaluateHook func()
 }
 
 // claim is a lock node this backend created and still tracks.
