@@ -773,7 +773,7 @@ func hold(b *testing.B, s, which string) {
 		if s == "redis" {
 			l = newDislockRedis(b, st.rdb, "")
 		} else if s == "mysql" {
-			l = newDislockMySQL(b, st.db)
+			l = newDislockMySQL(b, st.newDB())
 		} else {
 			l = newDislockPG(b, st.pool)
 		}

@@ -47,9 +47,10 @@ type store struct {
 	rt   roundTrip
 	pool *pgxpool.Pool
 	db   *sql.DB // MySQL
-	// newDB opens another MySQL pool of the same size on the same counted
-	// connector: a dislock contender's own, as a process of its own has
-	// (its waiters pin two connections each, see mysqllock's doc).
+	// newDB opens another MySQL pool of the same size on the same
+	// counters, of mysqllock.Connector (as mysqllock.Open makes its pool):
+	// a dislock contender's own, as a process of its own has (its waiters
+	// pin two connections each, see mysqllock's doc).
 	newDB func() *sql.DB
 	rdb   *redis.Client
 	// serverCPU returns the server's CPU time so far: Redis's (INFO cpu),

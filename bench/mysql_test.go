@@ -55,18 +55,27 @@ func mysqlStoreKinds(tb testing.TB, n *atomic.Int64, kinds *statementKinds) *sto
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var c driver.Connector = conn
+	// dislock's pools are made as mysqllock.Open makes its own: with
+	// mysqllock.Connector, whose statements end with their ctx by a cut of
+	// their socket instead of the driver's watcher goroutine.
+	own, err := mysqllock.Connector(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var c, ownC driver.Connector = conn, own
 	if n != nil {
 		c = countingConnector{Connector: conn, n: n, kinds: kinds}
+		ownC = countingConnector{Connector: own, n: n, kinds: kinds}
 	}
-	newDB := func() *sql.DB {
+	open := func(c driver.Connector) *sql.DB {
 		db := sql.OpenDB(c)
 		db.SetMaxOpenConns(mysqlConns)
 		db.SetMaxIdleConns(mysqlConns)
 		tb.Cleanup(func() { _ = db.Close() })
 		return db
 	}
-	db := newDB()
+	newDB := func() *sql.DB { return open(ownC) }
+	db := open(c)
 	if err := db.Ping(); err != nil {
 		tb.Fatalf("mysql ping: %v", err)
 	}

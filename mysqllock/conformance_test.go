@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,9 +15,14 @@ import (
 )
 
 // harness runs the conformance suite on a fresh table; opts configure every
-// Backend.
+// Backend. Every other Backend is on a pool of mysqllock.Connector (as
+// Open's), the others on the driver's own, so that each rule with more than
+// one process runs on both; a stalled store is one of Connector's, whose
+// cut of a statement at its ctx's end those rules check
+// (TestStatementEndsWithContext checks the driver's own beside it).
 func harness(admin *sql.DB, table string, opts ...mysqllock.Option) locktest.Harness {
 	q := "`" + table + "`"
+	var n atomic.Int64
 	return locktest.Harness{
 		// Every write is a durable commit (an fsync: MySQL has no
 		// per-transaction relaxation, unlike pg's releases), in a
@@ -25,10 +31,16 @@ func harness(admin *sql.DB, table string, opts ...mysqllock.Option) locktest.Har
 		// renew deadline. TTL/3 stays above such a round trip.
 		TTL: time.Second,
 		NewBackend: func(tb testing.TB) core.Backend {
+			if n.Add(1)%2 == 0 {
+				db := mysqltest.ConnectorDB(tb)
+				db.SetMaxOpenConns(6)
+				db.SetMaxIdleConns(6)
+				return backendOn(tb, db, table, opts...)
+			}
 			return newBackend(tb, table, opts...)
 		},
 		Stall: func(tb testing.TB) (core.Backend, func(), func()) {
-			db, p := mysqltest.StalledDB(tb)
+			db, p := mysqltest.StalledConnectorDB(tb)
 			return backendOn(tb, db, table, opts...), p.Stall, p.Resume
 		},
 		Steal: func(ctx context.Context, key string) error {

@@ -140,7 +140,9 @@ func client(b *Backend, err error) (*core.Client, error) {
 // mysql://user:password@host:port/dbname?param=value (port 3306 by
 // default; the parameters are go-sql-driver's), or a go-sql-driver DSN,
 // user:password@tcp(host:port)/dbname?param=value. Neither the DSN nor its
-// password appears in an error it returns.
+// password appears in an error it returns. The pool's connections come
+// from Connector: a statement whose ctx ends is cut short by closing its
+// socket, without a goroutine hand-off per statement.
 func Open(ctx context.Context, dsn string, opts ...Option) (*core.Client, error) {
 	return client(OpenBackend(ctx, dsn, opts...))
 }
@@ -151,7 +153,7 @@ func OpenBackend(ctx context.Context, dsn string, opts ...Option) (*Backend, err
 	if err != nil {
 		return nil, err
 	}
-	conn, err := mysql.NewConnector(mc)
+	conn, err := Connector(mc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: DSN: cannot be used", core.ErrInvalidOption)
 	}
