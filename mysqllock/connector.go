@@ -29,10 +29,13 @@ import (
 //
 // It applies to the statements that do not open a transaction or return
 // rows (ExecContext, of a connection or a prepared statement); the others
-// are sent as the driver sends them. Only connections dialed over "tcp"
-// (and "tcp4", "tcp6") or "unix" without a DialFunc of cfg's are
-// handled so; on a connection cfg dials otherwise every statement is sent
-// as the driver sends it. cfg is not changed.
+// are sent as the driver sends them. It dials "tcp" (and "tcp4", "tcp6")
+// and "unix" addresses itself, as the driver does by default: a dial
+// function registered for one of those networks with
+// mysql.RegisterDialContext is not used. A cfg with a DialFunc, or with
+// another network (one registered with RegisterDialContext), is dialed as
+// the driver dials it, and its statements are all sent as the driver
+// sends them. cfg is not changed.
 func Connector(cfg *mysql.Config) (driver.Connector, error) {
 	cfg = cfg.Clone()
 	own := cfg.DialFunc == nil
