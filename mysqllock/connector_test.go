@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -36,9 +37,11 @@ func (l *lines) all() []string {
 // Rule: a statement whose ctx ends while the server works on it returns at
 // ctx's end with ctx's error, on a pool of Connector as on one of the
 // driver's own, plain or prepared; its connection is not used again, and
-// the pool goes on with a new one. Connector's cut is not logged.
+// the pool goes on with a new one. Connector's cut is not logged. A config
+// with a dial function of its own is left to the driver, whose cut it
+// gets.
 func TestStatementEndsWithContext(t *testing.T) {
-	for _, via := range []string{"driver", "Connector"} {
+	for _, via := range []string{"driver", "Connector", "Connector, own dial"} {
 		t.Run(via, func(t *testing.T) {
 			t.Parallel()
 			mc, err := mysqllock.ParseDSN(testenv.MySQL(t))
@@ -48,9 +51,16 @@ func TestStatementEndsWithContext(t *testing.T) {
 			var log lines
 			mc.Logger = &log
 			var db *sql.DB
-			if via == "Connector" {
+			switch via {
+			case "Connector":
 				db = mysqltest.OpenWith(t, mc, mysqllock.Connector)
-			} else {
+			case "Connector, own dial":
+				mc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+					var d net.Dialer
+					return d.DialContext(ctx, network, addr)
+				}
+				db = mysqltest.OpenWith(t, mc, mysqllock.Connector)
+			default:
 				db = mysqltest.OpenWith(t, mc, nil)
 			}
 			db.SetMaxOpenConns(1)
