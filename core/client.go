@@ -200,7 +200,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 		}
 		return acquireFailed(ctx, key, attempts > 0, busy, busyAt, waited, failure)
 	}
-	if ctx.Err() != nil {
+	if ctxEnded(ctx) {
 		return nil, ended(nil) // ctx is over: not worth a round trip
 	}
 	if cfg.jitter > 0 {
@@ -246,7 +246,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, mode Mo
 			busy, busyAt = b, time.Now()
 			failure = nil
 		}
-		if b == nil && opCtx.Err() != nil {
+		if b == nil && ctxEnded(opCtx) {
 			// Cut short by ctx or Close: the attempt got no word from the
 			// store, so the last word decides; when there was none, this
 			// attempt's failure is the report.
@@ -334,6 +334,19 @@ func (x closingCtx) Err() error            { return x.closing.Err() }
 // AfterFunc lets a context derived from x follow it without a goroutine
 // of its own (see context.AfterFunc).
 func (x closingCtx) AfterFunc(f func()) func() bool { return context.AfterFunc(x.closing, f) }
+
+// ctxEnded reports whether ctx has ended, or its deadline has passed and
+// its timer has not ended it yet: the runtime may run a deadline's timer
+// some milliseconds late on a loaded machine, while a store call bounded
+// by the same deadline (a dial, a socket's read) has already failed with a
+// timeout of its own.
+func ctxEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
 
 // neverEnds reports whether ctx has no deadline and can never be cancelled.
 func neverEnds(ctx context.Context) bool {

@@ -225,12 +225,17 @@ func (e *acquireError) Error() string {
 
 func (e *acquireError) Unwrap() error { return e.err }
 
-// endedBy is ctx's error, with its cause when that says more; Canceled
-// when ctx has not ended (the acquisition was cut short by other means).
+// endedBy is ctx's error, with its cause when that says more:
+// DeadlineExceeded when ctx's deadline has passed and its timer has not
+// ended it yet (see ctxEnded), and Canceled when ctx has not ended (the
+// acquisition was cut short by other means).
 func endedBy(ctx context.Context) error {
 	err := ctx.Err()
 	if err == nil {
 		err = context.Canceled
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			err = context.DeadlineExceeded // passed, its timer not run yet (see ctxEnded)
+		}
 	}
 	if cause := context.Cause(ctx); cause != nil && cause != err {
 		err = fmt.Errorf("%w: %w", err, cause)

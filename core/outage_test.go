@@ -389,3 +389,48 @@ func TestClaimOnCallerGoroutine(t *testing.T) {
 		})
 	}
 }
+
+// lateCtx is a context whose deadline (dl) passes without its timer
+// ending it, as a loaded machine can run a deadline's timer late.
+type lateCtx struct {
+	context.Context
+	dl time.Time
+}
+
+func (c lateCtx) Deadline() (time.Time, bool) { return c.dl, true }
+
+// timeoutBackend's claims take a second and fail with a timeout of their
+// own, as a dial bounded by the caller's deadline does when it passes.
+type timeoutBackend struct{ core.Backend }
+
+var errDialTimeout = errors.New("dial tcp 127.0.0.1:1: i/o timeout")
+
+func (timeoutBackend) TryAcquire(context.Context, core.AcquireRequest) (core.Lease, error) {
+	time.Sleep(time.Second)
+	return core.Lease{}, errDialTimeout
+}
+
+// A claim that fails once the caller's deadline has passed reports the
+// deadline beside the store's failure, even when the ctx's timer has not
+// ended the ctx yet; and a ctx whose deadline has passed costs no round
+// trip.
+func TestDeadlinePassedBeforeItsTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClient(t, timeoutBackend{memlock.NewStore().Backend()})
+		for _, acquire := range []func(context.Context, string, ...core.Option) (core.Session, error){c.TryAcquire, c.Acquire} {
+			ctx := lateCtx{context.WithoutCancel(context.Background()), time.Now().Add(500 * time.Millisecond)}
+			start := time.Now()
+			_, err := acquire(ctx, "k")
+			notBusy(t, "an acquisition failed at its deadline", err, context.DeadlineExceeded, errDialTimeout)
+			if took := time.Since(start); took != time.Second {
+				t.Errorf("the acquisition returned after %v, want its one claim's 1s", took)
+			}
+			start = time.Now()
+			_, err = acquire(ctx, "k")
+			notBusy(t, "an acquisition after its deadline", err, context.DeadlineExceeded)
+			if took := time.Since(start); took != 0 {
+				t.Errorf("an acquisition after its deadline took %v, want no claim", took)
+			}
+		}
+	})
+}
