@@ -36,7 +36,7 @@ func (l *lines) all() []string {
 
 // Rule: a statement whose ctx ends while the server works on it returns at
 // ctx's end with ctx's error, on a pool of Connector as on one of the
-// driver's own, plain or prepared; its connection is not used again, and
+// driver's own, plain or prepared, with rows or without; its connection is not used again, and
 // the pool goes on with a new one. Connector's cut is not logged. A config
 // with a dial function of its own is left to the driver, whose cut it
 // gets.
@@ -74,17 +74,25 @@ func TestStatementEndsWithContext(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer stmt.Close()
+			query, err := db.PrepareContext(ctx, "SELECT SLEEP(?)")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer query.Close()
+			var slept int
 			for _, run := range []struct {
 				name string
-				exec func(context.Context) (sql.Result, error)
+				exec func(context.Context) error
 			}{
-				{"plain", func(ctx context.Context) (sql.Result, error) { return db.ExecContext(ctx, "DO SLEEP(10)") }},
-				{"prepared", func(ctx context.Context) (sql.Result, error) { return stmt.ExecContext(ctx, 10) }},
+				{"plain", func(ctx context.Context) error { _, err := db.ExecContext(ctx, "DO SLEEP(10)"); return err }},
+				{"prepared", func(ctx context.Context) error { _, err := stmt.ExecContext(ctx, 10); return err }},
+				{"query", func(ctx context.Context) error { return db.QueryRowContext(ctx, "SELECT SLEEP(10)").Scan(&slept) }},
+				{"prepared query", func(ctx context.Context) error { return query.QueryRowContext(ctx, 10).Scan(&slept) }},
 			} {
 				const d = 200 * time.Millisecond
 				sctx, cancel := context.WithTimeout(ctx, d)
 				start := time.Now()
-				_, err := run.exec(sctx)
+				err := run.exec(sctx)
 				took := time.Since(start)
 				cancel()
 				if !errors.Is(err, context.DeadlineExceeded) {
