@@ -294,13 +294,7 @@ func TestQueueExpiredPlaceSparesTheWaitsNewNode(t *testing.T) {
 func TestQueueTurnNeedsNoRoundTrip(t *testing.T) {
 	t.Parallel()
 	connect, root := singleConnect(t), testRoot()
-	servers, chroot, err := zklock.ParseServers(connect)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewStallProxy(t, "tcp", servers[0])
-	bX := newBackend(t, connect, root)
-	bY := newBackend(t, proxy.Addr()+chroot, root)
+	bX, bY, proxy := behindProxy(t, connect, root)
 	turn := make(chan struct{})
 	var once sync.Once
 	zklock.SetWatchHook(bY, func(string) func() {
@@ -528,15 +522,9 @@ func TestOwnWatchOnAGoneNode(t *testing.T) {
 func TestQueueBusyKeepsDeadline(t *testing.T) {
 	t.Parallel()
 	connect, root := singleConnect(t), testRoot()
-	servers, chroot, err := zklock.ParseServers(connect)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewStallProxy(t, "tcp", servers[0])
-	bX := newBackend(t, connect, root)
-	// A long session: the client drops a stalled connection only after
-	// two thirds of it.
-	bY := newBackend(t, proxy.Addr()+chroot, root, zklock.WithSessionTimeout(15*time.Second))
+	// A long session for Y: the client drops a stalled connection only
+	// after two thirds of it.
+	bX, bY, proxy := behindProxy(t, connect, root, zklock.WithSessionTimeout(15*time.Second))
 	var once sync.Once
 	zklock.SetEvaluateHook(bY, func() { once.Do(proxy.StallOpen) })
 	ctx := ctxT(t, 30*time.Second)
@@ -548,7 +536,7 @@ func TestQueueBusyKeepsDeadline(t *testing.T) {
 	yctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	start := time.Now()
-	_, err = bY.TryAcquire(yctx, core.AcquireRequest{Key: key, Owner: "y", OwnerToken: "y-token", TTL: ttl, Waiter: "y", WaiterTTL: 30 * time.Second})
+	_, err := bY.TryAcquire(yctx, core.AcquireRequest{Key: key, Owner: "y", OwnerToken: "y-token", TTL: ttl, Waiter: "y", WaiterTTL: 30 * time.Second})
 	took := time.Since(start)
 	proxy.Resume()
 	if !errors.Is(err, core.ErrNotAcquired) {
@@ -559,4 +547,16 @@ func TestQueueBusyKeepsDeadline(t *testing.T) {
 	if took > d+3*time.Second {
 		t.Fatalf("Y's attempt with a %v ctx returned after %v", d, took)
 	}
+}
+
+// behindProxy returns two backends on connect under root: X, and Y, whose
+// replies the StallProxy it also returns can hold back; opts are Y's.
+func behindProxy(t *testing.T, connect, root string, opts ...zklock.Option) (x, y *zklock.Backend, proxy *testenv.StallProxy) {
+	t.Helper()
+	servers, chroot, err := zklock.ParseServers(connect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy = testenv.NewStallProxy(t, "tcp", servers[0])
+	return newBackend(t, connect, root), newBackend(t, proxy.Addr()+chroot, root, opts...), proxy
 }
