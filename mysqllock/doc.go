@@ -13,8 +13,8 @@
 // statements of SchemaSQL. No DSN is ever formatted into an error.
 //
 // Open's pool comes from Connector, which a program that makes its own
-// pool can use too (sql.OpenDB(c)): a plain statement whose ctx ends is
-// cut short by closing its connection's socket, where go-sql-driver/mysql
+// pool can use too (sql.OpenDB(c)): a statement that returns no rows and
+// whose ctx ends is cut short by closing its connection's socket, where go-sql-driver/mysql
 // hands every statement whose ctx can end to its connection's watcher
 // goroutine and takes it back at the end. Every statement of the engine
 // has a ctx that can end (the caller's deadline, the claim's bound, the
