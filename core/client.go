@@ -340,10 +340,10 @@ func (x closingCtx) AfterFunc(f func()) func() bool { return context.AfterFunc(x
 // some milliseconds late on a loaded machine, while a store call bounded
 // by the same deadline (a dial, a socket's read) has already failed with a
 // timeout of its own.
-func ctxEnded(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
+func ctxEnded(ctx context.Context) bool { return ctx.Err() != nil || deadlinePassed(ctx) }
+
+// deadlinePassed reports whether ctx has a deadline and it has passed.
+func deadlinePassed(ctx context.Context) bool {
 	dl, ok := ctx.Deadline()
 	return ok && !time.Now().Before(dl)
 }

@@ -233,8 +233,8 @@ func endedBy(ctx context.Context) error {
 	err := ctx.Err()
 	if err == nil {
 		err = context.Canceled
-		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
-			err = context.DeadlineExceeded // passed, its timer not run yet (see ctxEnded)
+		if deadlinePassed(ctx) {
+			err = context.DeadlineExceeded // its timer not run yet (see ctxEnded)
 		}
 	}
 	if cause := context.Cause(ctx); cause != nil && cause != err {

@@ -40,7 +40,7 @@ func harness(admin *sql.DB, table string, opts ...mysqllock.Option) locktest.Har
 			return newBackend(tb, table, opts...)
 		},
 		Stall: func(tb testing.TB) (core.Backend, func(), func()) {
-			db, p := mysqltest.StalledConnectorDB(tb)
+			db, p := mysqltest.StalledDB(tb)
 			return backendOn(tb, db, table, opts...), p.Stall, p.Resume
 		},
 		Steal: func(ctx context.Context, key string) error {

@@ -110,32 +110,31 @@ type conn struct {
 	cut atomic.Bool // nc was closed by a ctx that ended
 }
 
-// bounded runs f, a statement on c, with a ctx that cannot end, and closes
+// exec runs f, a statement on c, with a ctx that cannot end, and closes
 // c's socket if ctx ends first. The statement's result stands when it
 // came before the cut; otherwise its error is ctx's.
-func bounded[T any](c *conn, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
+func (c *conn) exec(ctx context.Context, f func(context.Context) (driver.Result, error)) (driver.Result, error) {
 	if ctx.Done() == nil {
 		return f(ctx)
 	}
 	if err := ctx.Err(); err != nil {
-		var zero T
-		return zero, err
+		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() {
 		c.cut.Store(true)
 		c.nc.Close()
 	})
-	v, err := f(context.WithoutCancel(ctx))
+	r, err := f(context.WithoutCancel(ctx))
 	if !stop() && err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			err = cerr
 		}
 	}
-	return v, err
+	return r, err
 }
 
 func (c *conn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	return bounded(c, ctx, func(ctx context.Context) (driver.Result, error) {
+	return c.exec(ctx, func(ctx context.Context) (driver.Result, error) {
 		return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 	})
 }
@@ -183,7 +182,7 @@ type stmt struct {
 }
 
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	return bounded(s.c, ctx, func(ctx context.Context) (driver.Result, error) {
+	return s.c.exec(ctx, func(ctx context.Context) (driver.Result, error) {
 		return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 	})
 }

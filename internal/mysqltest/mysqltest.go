@@ -30,25 +30,17 @@ func DB(t testing.TB) (string, *sql.DB) {
 // cut of their socket instead of the driver's watcher goroutine.
 func ConnectorDB(t testing.TB) *sql.DB {
 	t.Helper()
-	return openVia(t, parse(t, testenv.MySQL(t)), mysqllock.Connector)
+	return OpenWith(t, parse(t, testenv.MySQL(t)), mysqllock.Connector)
 }
 
-// StalledDB is DB through a testenv.StallProxy, which it also returns.
+// StalledDB is ConnectorDB's pool through a testenv.StallProxy, which it
+// also returns.
 func StalledDB(t testing.TB) (*sql.DB, *testenv.StallProxy) {
 	t.Helper()
 	mc := parse(t, testenv.MySQL(t))
 	p := testenv.NewStallProxy(t, mc.Net, mc.Addr)
 	mc.Net, mc.Addr = "tcp", p.Addr()
-	return open(t, mc), p
-}
-
-// StalledConnectorDB is StalledDB with ConnectorDB's pool.
-func StalledConnectorDB(t testing.TB) (*sql.DB, *testenv.StallProxy) {
-	t.Helper()
-	mc := parse(t, testenv.MySQL(t))
-	p := testenv.NewStallProxy(t, mc.Net, mc.Addr)
-	mc.Net, mc.Addr = "tcp", p.Addr()
-	return openVia(t, mc, mysqllock.Connector), p
+	return OpenWith(t, mc, mysqllock.Connector), p
 }
 
 func parse(t testing.TB, u string) *mysql.Config {
@@ -63,7 +55,7 @@ func parse(t testing.TB, u string) *mysql.Config {
 // open returns a pool on mc, closed when the test ends.
 func open(t testing.TB, mc *mysql.Config) *sql.DB {
 	t.Helper()
-	return openVia(t, mc, mysql.NewConnector)
+	return OpenWith(t, mc, nil)
 }
 
 // OpenWith returns a pool on mc from connector (the driver's own when
@@ -73,13 +65,6 @@ func OpenWith(t testing.TB, mc *mysql.Config, connector func(*mysql.Config) (dri
 	if connector == nil {
 		connector = mysql.NewConnector
 	}
-	return openVia(t, mc, connector)
-}
-
-// openVia returns a pool on the connector that connector makes of mc,
-// closed when the test ends.
-func openVia(t testing.TB, mc *mysql.Config, connector func(*mysql.Config) (driver.Connector, error)) *sql.DB {
-	t.Helper()
 	conn, err := connector(mc)
 	if err != nil {
 		t.Fatal(err)
