@@ -464,17 +464,6 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	}
 	rttBefore := meanRTT(ctx, b, st.rt, 250)
 
-	var (
-		mu         sync.Mutex
-		turn       = sync.NewCond(&mu)
-		acquired   int // acquisitions so far
-		releasedAt time.Time
-		samples    = make([]time.Duration, 0, b.N)
-		remaining  atomic.Int64
-		wg         sync.WaitGroup
-		errs       = make([]error, waiters)
-	)
-	remaining.Store(int64(b.N))
 	reqs0 := reqs()
 	var sent0 map[string]int64
 	if st.sent != nil {
@@ -487,79 +476,40 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 	if st.writes != nil {
 		writes0 = st.writes()
 	}
+	// at records the counts at the first and last acquisition of the
+	// steady state (see the doc above).
+	at := func(acquired int) {
+		if b.N <= 4*waiters {
+			return
+		}
+		switch acquired {
+		case waiters:
+			// Every goroutine has acquired once: the first use
+			// of the key by each contender is behind.
+			steadyReqs0 = reqs()
+			if st.writes != nil {
+				steady0 = st.writes()
+			}
+			if st.sent != nil {
+				steadySent0 = st.sent()
+			}
+		case b.N - waiters:
+			// The goroutines still queue again (the last ones
+			// do not): as many waiters in line as at steady0.
+			steadyReqs1 = reqs()
+			if st.writes != nil {
+				steady1 = st.writes()
+			}
+			if st.sent != nil {
+				steadySent1 = st.sent()
+			}
+		}
+	}
 	b.ResetTimer()
 	cpu0 := cpuTime()
-	for g := range waiters {
-		wg.Go(func() {
-			// fail records err and lets the others finish.
-			fail := func(err error) {
-				errs[g] = err
-				mu.Lock()
-				acquired = b.N
-				turn.Broadcast()
-				mu.Unlock()
-			}
-			for remaining.Add(-1) >= 0 {
-				u, err := cs[g].wait(ctx, key)
-				if err != nil {
-					fail(err)
-					return
-				}
-				now := time.Now()
-				mu.Lock()
-				if !releasedAt.IsZero() {
-					samples = append(samples, now.Sub(releasedAt))
-				}
-				acquired++
-				mine := acquired
-				if b.N > 4*waiters {
-					switch acquired {
-					case waiters:
-						// Every goroutine has acquired once: the first use
-						// of the key by each contender is behind.
-						steadyReqs0 = reqs()
-						if st.writes != nil {
-							steady0 = st.writes()
-						}
-						if st.sent != nil {
-							steadySent0 = st.sent()
-						}
-					case b.N - waiters:
-						// The goroutines still queue again (the last ones
-						// do not): as many waiters in line as at steady0.
-						steadyReqs1 = reqs()
-						if st.writes != nil {
-							steady1 = st.writes()
-						}
-						if st.sent != nil {
-							steadySent1 = st.sent()
-						}
-					}
-				}
-				turn.Broadcast()
-				mu.Unlock()
-				time.Sleep(holdFor)
-				mu.Lock()
-				releasedAt = time.Now()
-				mu.Unlock()
-				if err := u(ctx); err != nil {
-					fail(err)
-					return
-				}
-				// Join the back of the queue: wait until someone else has
-				// taken the lock, so that every sample is a hand-off from
-				// one holder to a waiter, never a holder taking it again.
-				mu.Lock()
-				for acquired == mine && acquired < b.N {
-					turn.Wait()
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	samples, err := handoffs(ctx, cs, key, b.N, at)
 	b.StopTimer()
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		b.Fatal(err)
 	}
 	// Counted before the closing round trips, which go through the
@@ -592,6 +542,75 @@ func handoff(b *testing.B, st *store, which string, reqs func() int64) {
 			b.ReportMetric(float64(steady1-steady0)/float64(b.N-2*waiters), "steady-srv-writes/acq")
 		}
 	}
+}
+
+// handoffs runs n acquisitions of key by the contenders cs, each on a
+// goroutine of its own that waits for the key, holds it holdFor, releases
+// it and queues again once another has taken it. It returns the latency of
+// each hand-off (from the start of a Release to the return of the next
+// holder's acquire: n-1 of them), in their order. at, when not nil, is called after
+// each acquisition with the number so far, in their order.
+func handoffs(ctx context.Context, cs []*contender, key string, n int, at func(acquired int)) ([]time.Duration, error) {
+	var (
+		mu         sync.Mutex
+		turn       = sync.NewCond(&mu)
+		acquired   int // acquisitions so far
+		releasedAt time.Time
+		samples    = make([]time.Duration, 0, n)
+		remaining  atomic.Int64
+		wg         sync.WaitGroup
+		errs       = make([]error, len(cs))
+	)
+	remaining.Store(int64(n))
+	for g := range cs {
+		wg.Go(func() {
+			// fail records err and lets the others finish.
+			fail := func(err error) {
+				errs[g] = err
+				mu.Lock()
+				acquired = n
+				turn.Broadcast()
+				mu.Unlock()
+			}
+			for remaining.Add(-1) >= 0 {
+				u, err := cs[g].wait(ctx, key)
+				if err != nil {
+					fail(err)
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				if !releasedAt.IsZero() {
+					samples = append(samples, now.Sub(releasedAt))
+				}
+				acquired++
+				mine := acquired
+				if at != nil {
+					at(acquired)
+				}
+				turn.Broadcast()
+				mu.Unlock()
+				time.Sleep(holdFor)
+				mu.Lock()
+				releasedAt = time.Now()
+				mu.Unlock()
+				if err := u(ctx); err != nil {
+					fail(err)
+					return
+				}
+				// Join the back of the queue: wait until someone else has
+				// taken the lock, so that every sample is a hand-off from
+				// one holder to a waiter, never a holder taking it again.
+				mu.Lock()
+				for acquired == mine && acquired < n {
+					turn.Wait()
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return samples, errors.Join(errs...)
 }
 
 // logPerAcquisition logs the requests per acquisition by kind (command or

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -25,7 +26,8 @@ var versusAlso = map[string]string{"mysql": "ttlrow-deadline"}
 // dislock's figure divided by the peer's: for "uncontended", the time of
 // one acquire + release (at most 1: as fast as the peer or faster); for
 // "distinct", the rate of acquire + release pairs of 64 goroutines on
-// distinct keys (at least 1).
+// distinct keys (at least 1); for "handoff" (etcd and ZooKeeper, see
+// versusHandoff), the hand-off's p50 and p99 (at most 1).
 func BenchmarkVersus(b *testing.B) {
 	for _, s := range stores {
 		for _, peer := range []string{versusPeers[s], versusAlso[s]} {
@@ -34,8 +36,71 @@ func BenchmarkVersus(b *testing.B) {
 			}
 			b.Run(s+"/uncontended-vs-"+peer, func(b *testing.B) { versusUncontended(b, s, peer) })
 			b.Run(s+"/distinct-vs-"+peer, func(b *testing.B) { versusDistinct(b, s, peer) })
+			if versusHandoffs[s] {
+				b.Run(s+"/handoff-vs-"+peer, func(b *testing.B) { versusHandoff(b, s, peer) })
+			}
 		}
 	}
+}
+
+// versusHandoffs are the stores whose peer is the store's own queue recipe
+// (etcd's concurrency.Mutex, zk.Lock): its waiters are told their turn, as
+// dislock's are, and the hand-off's latency is the comparison. (The other
+// stores' peers poll; BenchmarkHandoff shows them.)
+var versusHandoffs = map[string]bool{"etcd": true, "zk": true}
+
+// versusHandoffRound is the number of hand-offs of each contender in a
+// round of versusHandoff.
+const versusHandoffRound = 100
+
+// versusHandoff is BenchmarkVersus's pair of dislock and peer on store s
+// handing one key over among 16 goroutines (BenchmarkHandoff's loop), in
+// alternating rounds of versusHandoffRound hand-offs, b.N of each in all.
+// A round starts with every goroutine queueing at once; its first 16
+// hand-offs are left out. One round of each before the timed ones warms up
+// the server (a JVM compiles its request paths in the first seconds) and
+// the clients.
+func versusHandoff(b *testing.B, s, peer string) {
+	st, _ := counted(b, s)
+	ctx := bg(b)
+	var (
+		sets    [2][]*contender
+		keys    [2]string
+		samples [2][]time.Duration
+	)
+	for i, which := range []string{"dislock", peer} {
+		sets[i] = make([]*contender, waiters)
+		for g := range sets[i] {
+			sets[i][g] = contenderFor(b, st, which)
+		}
+		keys[i] = name(which, "versus-handoff")
+		if _, err := handoffs(ctx, sets[i], keys[i], versusHandoffRound, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for done := 0; done < b.N; done += versusHandoffRound {
+		n := min(versusHandoffRound, b.N-done)
+		for i := range sets {
+			got, err := handoffs(ctx, sets[i], keys[i], n+waiters+1, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			samples[i] = append(samples[i], got[waiters:]...)
+		}
+	}
+	b.StopTimer()
+	var p50, p99 [2]time.Duration
+	for i := range samples {
+		slices.Sort(samples[i])
+		p50[i], p99[i] = percentile(samples[i], 50), percentile(samples[i], 99)
+	}
+	b.ReportMetric(ms(p50[0]), "p50-ms")
+	b.ReportMetric(ms(p99[0]), "p99-ms")
+	b.ReportMetric(ms(p50[1]), "peer-p50-ms")
+	b.ReportMetric(ms(p99[1]), "peer-p99-ms")
+	b.ReportMetric(float64(p50[0])/float64(p50[1]), "p50-x-peer")
+	b.ReportMetric(float64(p99[0])/float64(p99[1]), "p99-x-peer")
 }
 
 // versusDistinct is BenchmarkVersus's pair of dislock and peer on store s
