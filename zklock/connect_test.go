@@ -3,6 +3,7 @@ package zklock_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +176,34 @@ func TestNewTakesURL(t *testing.T) {
 		if !errors.Is(err, core.ErrInvalidOption) || strings.Contains(err.Error(), urlSecret) {
 			t.Errorf("New(%q) = %v, want ErrInvalidOption without the URL", bad, err)
 		}
+	}
+}
+
+// TestRepliesReadWhole: a reply is read from the socket in one read (a
+// buffer under the client), not its length and then its body.
+func TestRepliesReadWhole(t *testing.T) {
+	t.Parallel()
+	var wire wireLog
+	b := newBackend(t, singleConnect(t), testRoot(), zklock.WithDialer(wire.dialer(0)))
+	ctx := ctxT(t, 30*time.Second)
+	const n = 20
+	wire.start()
+	for i := range n {
+		if _, _, err := b.Inspect(ctx, "replies-read-whole-"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var writes, reads int
+	for _, f := range wire.stop() {
+		if f.write {
+			writes++
+		} else {
+			reads++
+		}
+	}
+	// Unbuffered, every reply would take two reads; a ping's reply may
+	// come in between.
+	if writes < n || reads > writes+2 {
+		t.Errorf("%d requests, %d reads of the socket: want one read per reply", writes, reads)
 	}
 }

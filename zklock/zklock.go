@@ -1,6 +1,7 @@
 package zklock
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -421,7 +422,7 @@ func (r *firstRound) dial(network, address string, timeout time.Duration) (net.C
 	if err == nil {
 		r.dialed = true
 		delete(r.errs, address)
-		return c, nil
+		return &bufConn{Conn: c, r: bufio.NewReaderSize(c, 16<<10)}, nil
 	}
 	if _, seen := r.errs[address]; !seen {
 		r.order = append(r.order, address)
@@ -745,3 +746,14 @@ func (b *Backend) ensurePath(ctx context.Context, p string) error {
 	}
 	return nil
 }
+
+// bufConn reads its connection through a buffer. The client reads each
+// packet as its length and then its body; through the buffer one read of
+// the socket brings both (and any packet behind them), which halves the
+// reads of a session: a request's reply, a watch's event.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufConn) Read(p []byte) (int, error) { return c.r.Read(p) }
