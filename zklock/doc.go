@@ -114,12 +114,16 @@
 // processes, in the order they came; a TryAcquire comes after every waiter
 // in line. The waiter's backend watches the node before its own and tells
 // the engine its turn through WatchTurns when it is first in line; no
-// other process hears of it. When that node was the only one before it and
-// is deleted, nothing can be before it any more, and the grant needs no
-// read (a min hold or a slot's hold comes only from that node, in the
-// multi that deletes it, after a write to it, which the watch reports as
-// a data change instead: the waiter reads the children and finds the
-// hold). The grant rewrites the node as a claim ("1\n<ttl>\n<owner>"), so
+// other process hears of it. A place behind another waiting place reads
+// only the children and sets that watch: the place right behind the holder
+// reads the holder (its owner and lease end, which its waiter's busy
+// answers name and at whose expiry it polls), so a waiter further back is
+// answered busy without a holder until it is next. When the node before
+// it was the only one and is deleted, nothing can be before it any more,
+// and the grant needs no read (a min hold or a slot's hold comes only
+// from that node, in the multi that deletes it, after a write to it,
+// which the watch reports as a data change instead: the waiter reads the
+// children and finds the hold). The grant rewrites the node as a claim ("1\n<ttl>\n<owner>"), so
 // that it is judged by its TTL like any other claim from then on, and the
 // fencing token is the node's czxid, which increases in the order of the
 // line. A mutex's waiting place already holds the key when its grant is

@@ -219,7 +219,7 @@ func (c *wireConn) Read(p []byte) (int, error) {
 // phaseSamples are the phases of the hand-offs recorded.
 type phaseSamples struct{ send, event, react, rtt, ret, total []time.Duration }
 
-const opDelete, opGetData = 2, 4
+const opExists, opDelete, opGetData, opGetChildren2 = 3, 2, 4, 12
 
 // add splits one hand-off from the holder's connection h to the waiter's
 // w: the delete's write, the waiter's first read after it (the event), its

@@ -53,11 +53,12 @@ type place struct {
 	settled bool       // watches armed and nothing fired since
 	info    *core.Info // the holder the last judgement named
 	infoEnd time.Time  // local: when that holder's lease runs out
+	unread  bool       // judged behind a waiting place: the holder not read
 	armed   map[string]bool
 	aloneOn string // a mutex's place with one node before it and no hold: that node's path
 	fast    bool   // that node was deleted: granted without a read
-	// own is a data watch on the place's own node, armed while a node
-	// is before it. A grant without a read needs the node to be there still: a
+	// own is a data watch on the place's own node, armed once the place
+	// is next to the holder. A grant without a read needs the node to be there still: a
 	// node deleted behind the backend's back (an operator's delete of the
 	// key's nodes, in any order) tells it through own, and the server
 	// sends that event before the event of any later deletion.
@@ -97,11 +98,12 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 	}
 	if pl != nil {
 		b.refreshLocked(pl, sent.Add(req.WaiterTTL))
-		if pl.settled && pl.path != "" && req.Limit <= 1 && (pl.info == nil || time.Until(pl.infoEnd) > 0) {
+		if pl.settled && pl.path != "" && req.Limit <= 1 && !(pl.unread && pl.aloneOn != "") && (pl.info == nil || time.Until(pl.infoEnd) > 0) {
 			// The node before it is still there (its watch has not
 			// fired): still busy, without a request. The holder's expiry
-			// (infoEnd) is checked on the store. (A semaphore's waiter may
-			// be let in by a release its watches do not see.)
+			// (infoEnd) is checked on the store; a place that came next
+			// to a holder it has not read reads it. (A semaphore's waiter
+			// may be let in by a release its watches do not see.)
 			var info *core.Info
 			if pl.info != nil {
 				i := *pl.info
@@ -172,7 +174,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 					}
 					v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit, mine)
 				} else {
-					v, err = b.judge(ctx, req.Key, parent, ours, now, noDrop)
+					v, err = b.judge(ctx, req.Key, parent, ours, now, noDrop, true)
 				}
 				if err != nil || !v.retry {
 					break
@@ -220,7 +222,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 				}
 			}
 		}
-		pl.info = v.info
+		pl.info, pl.unread = v.info, v.unread
 		if v.info != nil && v.info.Remaining > 0 {
 			pl.infoEnd = sent.Add(v.info.Remaining)
 		} else {
@@ -540,9 +542,11 @@ func (b *Backend) evaluateIn(ctx context.Context, pl *place, names []string) {
 			pl.aloneOn = parent + "/" + before[0].name
 		}
 		b.mu.Unlock()
-		// Armed once, while the place waits behind others, so that a later
-		// fast grant (see followPlace) costs no request on the way.
-		if len(before) > 0 && !b.armOwn(ctx, pl) {
+		// Armed once the place is next (see also behindGranted), so that
+		// its fast grant (see followPlace) costs no request on the way. A
+		// place further back needs none yet: its first node before it
+		// must be granted or gone before it is next.
+		if len(before) == 1 && !b.armOwn(ctx, pl) {
 			b.tellTurn(pl) // gone, or the store failed: the attempt finds out
 			return
 		}
@@ -711,7 +715,8 @@ func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.E
 // a hold comes only from p, with p's deletion). That is what evaluate would
 // find in the children; here the one read that tells it (GetW) also
 // watches p again, and gives the holder's expiry, at which pl's waiter
-// polls. It reports false when p is gone or has other data (a claim
+// polls; the watch on pl's own node (see place.own) is armed in the same
+// round trip. It reports false when p is gone or has other data (a claim
 // rewritten as a waiting place, say): evaluate then reads the children.
 func (b *Backend) behindGranted(pl *place, p, id string) bool {
 	if c, ok := parseChild(path.Base(p)); !ok || c.hold || c.limit > 0 || pl.limit > 1 {
@@ -732,7 +737,10 @@ func (b *Backend) behindGranted(pl *place, p, id string) bool {
 		ch   <-chan zk.Event
 		err  error
 	)
-	if cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil); cerr != nil || err != nil {
+	own := make(chan bool, 1)
+	go func() { own <- b.armOwn(ctx, pl) }() // in the same round trip
+	cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil)
+	if !<-own || cerr != nil || err != nil {
 		return false
 	}
 	ttl, owner, perr := parseData(data)
@@ -742,12 +750,9 @@ func (b *Backend) behindGranted(pl *place, p, id string) bool {
 	exp := st.Mtime + ttl
 	left := time.Duration(exp-b.serverNow()) * time.Millisecond
 	info := &core.Info{Key: pl.key, Owner: owner, Token: ClaimToken(data, st), AcquiredAt: msTime(st.Ctime), ExpiresAt: msTime(exp)}
-	if !b.armOwn(ctx, pl) {
-		return false
-	}
 	b.mu.Lock()
 	pl.aloneOn = p
-	pl.info, pl.infoEnd = info, time.Now().Add(left)
+	pl.info, pl.infoEnd, pl.unread = info, time.Now().Add(left), false
 	armed := pl.armed[id]
 	pl.armed[id] = true
 	pl.settled = true

@@ -371,12 +371,13 @@ func TestQueueTurnNeedsNoRoundTrip(t *testing.T) {
 	}
 }
 
-// TestQueueNextBehindAGrantReadsOneNode: a waiter whose place is behind a
+// TestQueueNextBehindAGrantReadsTwoNodes: a waiter whose place is behind a
 // waiting place learns from that place's grant (a data change of the node
 // it watches) that it is next, with one read of that node, which also
-// watches it again; it reads no children. At the next release it gets its
-// turn without a read.
-func TestQueueNextBehindAGrantReadsOneNode(t *testing.T) {
+// watches it again, and one of its own node, which watches it (sent
+// together); it reads no children. At the next release it gets its turn
+// without a read.
+func TestQueueNextBehindAGrantReadsTwoNodes(t *testing.T) {
 	t.Parallel()
 	connect, root := singleConnect(t), testRoot()
 	var wire wireLog
@@ -447,8 +448,8 @@ func TestQueueNextBehindAGrantReadsOneNode(t *testing.T) {
 			ops = append(ops, f.op)
 		}
 	}
-	if len(ops) != 1 || ops[0] != opGetData {
-		t.Fatalf("Y's requests after X's grant: opcodes %v, want one getData (%d)", ops, opGetData)
+	if len(ops) != 2 || ops[0] != opGetData || ops[1] != opGetData {
+		t.Fatalf("Y's requests after X's grant: opcodes %v, want two getData (%d)", ops, opGetData)
 	}
 	if err := bX.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "x-token", Token: lX.Token}); err != nil {
 		t.Fatal(err)
@@ -559,4 +560,70 @@ func behindProxy(t *testing.T, connect, root string, opts ...zklock.Option) (x, 
 	}
 	proxy = testenv.NewStallProxy(t, "tcp", servers[0])
 	return newBackend(t, connect, root), newBackend(t, proxy.Addr()+chroot, root, opts...), proxy
+}
+
+// TestQueueBackPlaceReadsNoHolder: a waiting attempt whose place is behind
+// another waiting place creates its node, reads the children and watches
+// the node before its own: it reads neither the holder (the place right
+// behind the holder judges it) nor its own node, and its busy answer names
+// no holder. When the place before it leaves, it is next: its next attempt
+// reads the holder and names it.
+func TestQueueBackPlaceReadsNoHolder(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	var wire wireLog
+	// Sessions long enough for a lease that outlasts the test on a slow
+	// machine (no engine renews it here).
+	long := zklock.WithSessionTimeout(30 * time.Second)
+	bH, bX := newBackend(t, connect, root, long), newBackend(t, connect, root, long)
+	bY := newBackend(t, connect, root, long, zklock.WithDialer(wire.dialer(0)))
+	handled := make(chan struct{}, 4)
+	zklock.SetWatchHook(bY, func(string) func() { return func() { handled <- struct{}{} } })
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "back-place-reads-no-holder", 15 * time.Second
+	req := func(who string) core.AcquireRequest {
+		return core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl, Waiter: who, WaiterTTL: 30 * time.Second}
+	}
+	if _, err := bH.TryAcquire(ctx, core.AcquireRequest{Key: key, Owner: "h", OwnerToken: "h-token", TTL: ttl}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bX.TryAcquire(ctx, req("x")); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("X's attempt while H holds: %v, want busy", err)
+	}
+	wire.start()
+	_, err := bY.TryAcquire(ctx, req("y"))
+	var na *core.NotAcquiredError
+	if !errors.As(err, &na) {
+		t.Fatalf("Y's waiting attempt behind X: %v, want busy", err)
+	}
+	if na.Holder != nil {
+		t.Errorf("Y's busy answer behind X names a holder: %+v, want none (not read)", na.Holder)
+	}
+	count := map[int32]int{}
+	for _, f := range wire.stop() {
+		if f.write {
+			count[f.op]++
+		}
+	}
+	// (A claim of Y's: a multi, and a rewrite as a waiting place when the
+	// backend did not yet know the key busy.)
+	if count[opGetData] != 0 || count[opGetChildren2] != 1 || count[opExists] != 1 {
+		t.Errorf("Y's requests behind X, by opcode: %v, want no getData (%d), one getChildren2 (%d) and one exists (%d)",
+			count, opGetData, opGetChildren2, opExists)
+	}
+	if err := bX.Leave(ctx, key, "x"); err != nil {
+		t.Fatal(err)
+	}
+	select { // Y has acted on X's deletion: it is next behind H
+	case <-handled:
+	case <-ctx.Done():
+		t.Fatal("Y's watch on X did not fire at X's deletion")
+	}
+	_, err = bY.TryAcquire(ctx, req("y"))
+	if !errors.As(err, &na) {
+		t.Fatalf("Y's attempt next behind H: %v, want busy", err)
+	}
+	if na.Holder == nil || na.Holder.Owner != "h" || na.Holder.Remaining <= 0 {
+		t.Fatalf("Y's busy answer next behind H: %+v, want H with time left", na.Holder)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -119,7 +120,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core
 		if permit {
 			v, err = b.judgePermit(ctx, req.Key, parent, ours, now, req.Limit, int64(c.token))
 		} else {
-			v, err = b.judge(ctx, req.Key, parent, ours, now, func() <-chan error { return b.dropAsync(created) })
+			v, err = b.judge(ctx, req.Key, parent, ours, now, func() <-chan error { return b.dropAsync(created) }, false)
 		}
 		if err != nil {
 			// The engine releases the claim by its owner token.
@@ -332,6 +333,7 @@ type verdict struct {
 	gone     bool         // our claim is gone (force release)
 	regrant  bool         // a permit: another grant may have come after our claim
 	names    []string     // the key's children as judged
+	unread   bool         // busy behind a waiting place: the holder was not read
 }
 
 // childScan is what judge and judgePermit read of a key's children:
@@ -375,8 +377,11 @@ func (b *Backend) scanChildren(parent string, names []string, ours child, now in
 // is given up (drop), in parallel with reading the holder, so that it
 // blocks other acquirers as briefly as possible. Claims below ours whose TTL
 // ran out without a renewal are deleted (guarded by their version, so a
-// renewal in between wins); holds that ended are deleted.
-func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now int64, drop func() <-chan error) (verdict, error) {
+// renewal in between wins); holds that ended are deleted. A queued place
+// (a waiting Acquire's node) with more than one mutex claim below it reads
+// none of them: it is busy (unread), and the place right behind the holder
+// judges the holder.
+func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now int64, drop func() <-chan error, queued bool) (verdict, error) {
 	names, _, err := b.childrenStat(ctx, parent)
 	if err != nil {
 		return verdict{}, err
@@ -419,6 +424,13 @@ func (b *Backend) judge(ctx context.Context, key, parent string, ours child, now
 		return v, nil
 	}
 	v.dropped = drop()
+	if queued && len(lower) > 1 && !slices.ContainsFunc(lower, func(c child) bool { return c.limit > 0 }) {
+		// A waiting place behind another: the place right behind the
+		// holder judges the holder (its lease's end, its data), and
+		// this one waits for its turn without a read of it.
+		v.unread = true
+		return v, nil
+	}
 	sort.Slice(lower, func(i, j int) bool { return lower[i].seq < lower[j].seq })
 	for _, l := range lower {
 		p := parent + "/" + l.name
@@ -480,7 +492,8 @@ func (b *Backend) childrenStat(ctx context.Context, parent string) ([]string, *z
 	return names, st, err
 }
 
-// getW reads node p and sets a watch on it, within ctx.
+// getW reads node p within ctx, and sets a watch on it when a Watch
+// subscriber would be told of its deletion (see armWatch).
 func (b *Backend) getW(ctx context.Context, p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
 	var (
 		data []byte
@@ -488,7 +501,14 @@ func (b *Backend) getW(ctx context.Context, p string) ([]byte, *zk.Stat, <-chan 
 		ch   <-chan zk.Event
 		err  error
 	)
-	if cerr := b.call(ctx, func() { data, st, ch, err = b.conn.GetW(p) }, nil); cerr != nil {
+	b.mu.Lock()
+	watch := len(b.subs) > 0
+	b.mu.Unlock()
+	read := func() { data, st, err = b.conn.Get(p) }
+	if watch {
+		read = func() { data, st, ch, err = b.conn.GetW(p) }
+	}
+	if cerr := b.call(ctx, read, nil); cerr != nil {
 		return nil, nil, nil, cerr
 	}
 	return data, st, ch, err
