@@ -522,3 +522,57 @@ func TestRenewalOfSpreadLeasesIsOneCall(t *testing.T) {
 		}
 	})
 }
+
+// slowFailBackend fails its first renewal call after wait (a bound of the
+// backend's own, shorter than the engine's) and records the send time of
+// every renewal call.
+type slowFailBackend struct {
+	*memlock.Backend
+	wait time.Duration
+	mu   sync.Mutex
+	sent []time.Time
+	done []time.Time
+}
+
+func (b *slowFailBackend) Renew(ctx context.Context, reqs []core.RenewRequest) ([]error, error) {
+	b.mu.Lock()
+	b.sent = append(b.sent, time.Now())
+	first := len(b.sent) == 1
+	b.mu.Unlock()
+	if first {
+		time.Sleep(b.wait)
+		b.mu.Lock()
+		b.done = append(b.done, time.Now())
+		b.mu.Unlock()
+		return nil, errors.New("rpc error: code = Unavailable desc = connection reset by peer")
+	}
+	return b.Backend.Renew(ctx, reqs)
+}
+
+// Retries of a renewal are spaced from the failed call's send: a call that
+// failed after a wait longer than the retry delay (a backend's own attempt
+// bound, a connection's timeout) is retried at once, so that a retry still
+// fits before the renew deadline when the next attempt is slow too.
+func TestRenewalRetrySpacedFromSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := memlock.NewStore()
+		// TTL 30s: renewals every 10s, the engine's bound on the first
+		// call 5s, retries 1.5s to 4.5s apart; the call fails after 4.8s.
+		fb := &slowFailBackend{Backend: st.Backend(), wait: 4800 * time.Millisecond}
+		c := newClient(t, fb, core.WithDefaults(core.TTL(30*time.Second)))
+		s := hold(t, c, "k")
+		time.Sleep(15 * time.Second)
+		fb.mu.Lock()
+		sent, done := fb.sent, fb.done
+		fb.mu.Unlock()
+		if len(sent) < 2 || len(done) != 1 {
+			t.Fatalf("renewal calls sent at %v, failed at %v: want the failed call and its retry", sent, done)
+		}
+		if gap := sent[1].Sub(done[0]); gap != 0 {
+			t.Errorf("retry sent %v after the failed call returned, %v after its send; want at once", gap, sent[1].Sub(sent[0]))
+		}
+		if s.Err() != nil {
+			t.Fatal(s.Err())
+		}
+	})
+}

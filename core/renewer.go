@@ -261,18 +261,19 @@ func (c *Client) finishBatch(b *renewBatch) {
 			s.nextRenew = b.sent.Add(s.interval)
 		case errors.Is(err, ErrLeaseLost):
 		default:
-			// Outcome unknown: retry until the deadline — at once after a
-			// call that hung (its wait is spent), else soon, jittered — in
-			// a smaller group when the whole call failed, so that whatever
-			// failed it cannot fail the others again.
+			// Outcome unknown: retry until the deadline — soon after the
+			// failed call's send, jittered, and so at once after a call
+			// that took as long (it hung until a bound of its own or of
+			// the backend's, its wait is spent) — in a smaller group when
+			// the whole call failed, so that whatever failed it cannot
+			// fail the others again.
 			s.failures++
 			if ways > 0 {
 				s.group = c.groupSeq - uint64(i%ways)
 			}
-			if b.timedOut {
+			s.nextRenew = b.sent.Add(retryDelay(s.ttl))
+			if b.timedOut || s.nextRenew.Before(now) {
 				s.nextRenew = now
-			} else {
-				s.nextRenew = now.Add(retryDelay(s.ttl))
 			}
 		}
 		s.mu.Unlock()
@@ -282,7 +283,8 @@ func (c *Client) finishBatch(b *renewBatch) {
 	}
 }
 
-// retryDelay spaces renewal retries about TTL/10 apart, jittered ±50%.
+// retryDelay spaces renewal retries about TTL/10 apart, send to send,
+// jittered ±50%.
 func retryDelay(ttl time.Duration) time.Duration {
 	base := ttl / 10
 	if base < time.Millisecond {
