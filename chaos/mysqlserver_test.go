@@ -4,13 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,8 +28,7 @@ type mysqlServer struct {
 	port   int
 	asRoot bool
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
+	child
 }
 
 // mysqlBins finds mariadb-install-db and the server binary.
@@ -79,8 +75,7 @@ func startMySQLServer(t testing.TB, required bool) *mysqlServer {
 		"--skip-test-db"}, s.serverArgs()...)
 	cmd := exec.Command(install, args...)
 	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := runOutput(cmd); err != nil {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
 	if err := s.start(); err != nil {
@@ -132,25 +127,15 @@ func (s *mysqlServer) open(c *mysql.Config) *sql.DB {
 }
 
 func (s *mysqlServer) start() error {
-	log, err := os.OpenFile(filepath.Join(s.dir, "mariadbd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	args := append([]string{"--no-defaults", "--datadir=" + s.data, "--port=" + strconv.Itoa(s.port),
 		"--bind-address=127.0.0.1", "--socket=" + filepath.Join(s.dir, "mysqld.sock"),
 		"--pid-file=" + filepath.Join(s.dir, "mysqld.pid"), "--innodb-flush-log-at-trx-commit=1",
 		"--max-connections=200"}, s.serverArgs()...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
-	cmd.Stdout, cmd.Stderr = log, log // files: no copying goroutines
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start mariadbd: %w", err)
+	if err := s.launch(cmd, filepath.Join(s.dir, "mariadbd.log")); err != nil {
+		return err
 	}
-	s.mu.Lock()
-	s.cmd = cmd
-	s.mu.Unlock()
 	return s.waitReady(30 * time.Second)
 }
 
@@ -159,7 +144,7 @@ func (s *mysqlServer) start() error {
 func (s *mysqlServer) waitReady(within time.Duration) error {
 	c := s.config(sentinelPW)
 	c.DBName = "" // not yet created at the first start
-	for deadline := time.Now().Add(within); ; {
+	return s.waitUp(within, 50*time.Millisecond, "mariadbd (log: "+filepath.Join(s.dir, "mariadbd.log")+")", func() error {
 		var err error
 		for _, pass := range []string{sentinelPW, ""} { // before and after the set-up
 			c.Passwd = pass
@@ -172,29 +157,10 @@ func (s *mysqlServer) waitReady(within time.Duration) error {
 				return nil
 			}
 		}
-		s.mu.Lock()
-		cmd := s.cmd
-		s.mu.Unlock()
-		if cmd != nil && cmd.ProcessState == nil && syscall.Kill(cmd.Process.Pid, 0) != nil {
-			return fmt.Errorf("mariadbd exited at start (log: %s)", filepath.Join(s.dir, "mariadbd.log"))
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("mariadbd not ready within %v: %v (log: %s)", within, err, filepath.Join(s.dir, "mariadbd.log"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // crash kills the server with SIGKILL, as a machine crash does (what was
 // written to the OS survives, the buffer pool does not), and waits for it.
-func (s *mysqlServer) crash() {
-	s.mu.Lock()
-	cmd := s.cmd
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-}
+func (s *mysqlServer) crash() { s.kill() }

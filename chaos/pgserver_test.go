@@ -95,8 +95,8 @@ func startPGServer(t testing.TB) *pgServer {
 	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres", "-A", "trust",
 		"-E", "UTF8", "--no-sync", "--no-instructions")
 	initdb.Dir = root
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL}
-	if out, err := initdb.CombinedOutput(); err != nil {
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := runOutput(initdb); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
 	if err := s.start(); err != nil {
@@ -118,7 +118,7 @@ func (s *pgServer) start() error {
 		"-c", "max_connections=80", "-c", "shared_buffers=32MB",
 		"-c", "wal_writer_delay="+strconv.Itoa(int(pgWalWriterDelay/time.Millisecond))+"ms")
 	cmd.Dir = s.root
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
 	if err := s.launch(cmd, filepath.Join(s.root, "postgres.log")); err != nil {
 		return err
 	}

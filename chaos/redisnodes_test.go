@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,7 +46,6 @@ func (p *redisProc) addr() string { return net.JoinHostPort("127.0.0.1", strconv
 func (p *redisProc) start() error {
 	cmd := exec.Command("redis-server", p.args...)
 	cmd.Dir = p.dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.launch(cmd, filepath.Join(p.dir, "stdout.log")); err != nil {
 		return err
 	}
