@@ -1,19 +1,18 @@
 package chaos
 
 import (
-	"errors"
+	"bytes"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/dislock/dislock/internal/deathsig"
 	"github.com/dislock/dislock/internal/testenv"
 )
 
@@ -113,16 +112,9 @@ type child struct {
 }
 
 // launch starts cmd with its output appended to the file logPath (a file,
-// not a writer: os/exec starts no copying goroutines), and with SIGKILL as
-// its parent-death signal, so that no server outlives a test process that
-// crashed or timed out.
-//
-// Linux sends the parent-death signal when the thread that forked the
-// process exits, not when the process does, and the Go runtime ends a
-// thread when a goroutine locked to it returns without unlocking. So the
-// fork happens on a thread locked to the goroutine that waits for the
-// process, until the process has exited: the runtime never retires it
-// meanwhile.
+// not a writer: os/exec starts no copying goroutines), with SIGKILL as its
+// parent-death signal, so that no server outlives a test process that
+// crashed or timed out (see deathsig.Start).
 func (c *child) launch(cmd *exec.Cmd, logPath string) error {
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -130,23 +122,15 @@ func (c *child) launch(cmd *exec.Cmd, logPath string) error {
 	}
 	defer log.Close()
 	cmd.Stdout, cmd.Stderr = log, log
-	dieWithParent(cmd)
-	started := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-		close(done)
-	}()
-	if err := <-started; err != nil {
+	waited, err := deathsig.Start(cmd)
+	if err != nil {
 		return fmt.Errorf("start %s: %w", filepath.Base(cmd.Path), err)
 	}
+	done := make(chan struct{})
+	go func() {
+		<-waited
+		close(done)
+	}()
 	c.mu.Lock()
 	c.cmd, c.done = cmd, done
 	c.mu.Unlock()
@@ -154,32 +138,16 @@ func (c *child) launch(cmd *exec.Cmd, logPath string) error {
 }
 
 // runOutput runs cmd to its end, as CombinedOutput does, with SIGKILL as
-// its parent-death signal, forked on a thread locked until it ends (see
-// launch).
+// its parent-death signal (see deathsig.Start).
 func runOutput(cmd *exec.Cmd) ([]byte, error) {
-	dieWithParent(cmd)
-	type result struct {
-		out []byte
-		err error
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	waited, err := deathsig.Start(cmd)
+	if err != nil {
+		return nil, err
 	}
-	res := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		out, err := cmd.CombinedOutput()
-		res <- result{out, err}
-	}()
-	r := <-res
-	return r.out, r.err
-}
-
-// dieWithParent sets SIGKILL as cmd's parent-death signal, keeping its
-// other attributes.
-func dieWithParent(cmd *exec.Cmd) {
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	err = <-waited
+	return out.Bytes(), err
 }
 
 // exited is closed when the process last launched has exited.
@@ -231,47 +199,4 @@ func (c *child) take() (cmd *exec.Cmd, done <-chan struct{}) {
 	cmd, done = c.cmd, c.done
 	c.cmd = nil
 	return cmd, done
-}
-
-// TestLaunchSurvivesThreadExit: a server launched from a goroutine that
-// locked its thread and ends without unlocking it (the runtime then ends
-// the thread, which would fire a parent-death signal set on a fork from
-// it) keeps running.
-func TestLaunchSurvivesThreadExit(t *testing.T) {
-	var c child
-	res := make(chan error)
-	held := make(chan struct{})
-	defer close(held)
-	launched, mainThread := false, errors.New("main thread")
-	for range 10 {
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-			if syscall.Gettid() == syscall.Getpid() {
-				// The runtime never ends the main thread: keep it busy
-				// until the test ends, and try again on another thread.
-				res <- mainThread
-				<-held
-				runtime.UnlockOSThread()
-				return
-			}
-			res <- c.launch(exec.Command("sleep", "30"), filepath.Join(t.TempDir(), "sleep.log"))
-		}()
-		err := <-res
-		if err == nil {
-			launched = true
-			break
-		}
-		if err != mainThread {
-			t.Fatal(err)
-		}
-	}
-	if !launched {
-		t.Fatal("every attempt ran on the main thread")
-	}
-	defer c.kill()
-	select {
-	case <-c.exited():
-		t.Fatal("the server died after the launching goroutine's thread ended")
-	case <-time.After(500 * time.Millisecond):
-	}
 }

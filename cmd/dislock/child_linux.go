@@ -6,9 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
 	"syscall"
 	"unsafe"
+
+	"github.com/dislock/dislock/internal/deathsig"
 )
 
 // startChild starts cmd in its own process group, with SIGKILL as its
@@ -20,38 +21,24 @@ import (
 // still works. The parent-death signal lets the kernel kill the command
 // instead. It goes to the command only, not to the rest of its process
 // group: a shell that execs its last command passes it on, but processes the
-// command started in the background survive (see the package doc).
-//
-// Linux sends the parent-death signal when the thread that forked the child
-// exits, not when the process does. The Go runtime ends a thread when a
-// goroutine locked to it returns without unlocking, so a goroutine of
-// dislock or of a library could retire the forking thread long before
-// dislock exits, and the kernel would kill a healthy command. So the fork
-// happens on a thread locked to this goroutine, which stays locked, waiting
-// for the command, until the command has been reaped: no other goroutine
-// runs on that thread meanwhile, and the runtime never retires it.
+// command started in the background survive (see the package doc). The
+// fork happens on a thread that no goroutine can retire meanwhile (see
+// deathsig.Start).
 //
 // With fg, the command's group becomes the foreground group of the terminal
 // on standard input (see foregroundTerminal).
 func startChild(cmd *exec.Cmd, fg bool) (<-chan struct{}, error) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Foreground: fg, Ctty: 0}
-	started := make(chan error, 1)
-	waited := make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-		close(waited)
-	}()
-	if err := <-started; err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Foreground: fg, Ctty: 0}
+	waited, err := deathsig.Start(cmd)
+	if err != nil {
 		return nil, err
 	}
-	return waited, nil
+	done := make(chan struct{})
+	go func() {
+		<-waited
+		close(done)
+	}()
+	return done, nil
 }
 
 // becomeSubreaper makes dislock the reaper of the command's orphans: a

@@ -2,8 +2,8 @@
 
 package main
 
-// The command as a child of dislock on Linux (child_linux.go): it survives
-// the forking thread, gets the terminal's foreground, and is the one the
+// The command as a child of dislock on Linux (child_linux.go): it runs in
+// its own group, gets the terminal's foreground, and is the one the
 // shell's job control (SIGTSTP, SIGCONT) pauses and resumes.
 
 import (
@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,55 +19,24 @@ import (
 	"unsafe"
 )
 
-// The parent-death signal fires when the forking thread exits. A goroutine
-// that starts the command from a thread it locked, then ends without
-// unlocking it, makes the runtime end that thread: the command must survive.
-func TestStartChildSurvivesThreadExit(t *testing.T) {
+// The command runs in a process group of its own, with SIGKILL as its
+// parent-death signal (which survives the forking thread's end: see
+// internal/deathsig).
+func TestStartChildOwnGroup(t *testing.T) {
 	cmd := exec.Command("sleep", "30")
-	type result struct {
-		mainThread bool
-		waited     <-chan struct{}
-		err        error
-	}
-	res := make(chan result)
-	held := make(chan struct{})
-	defer close(held)
-	var r result
-	for range 10 {
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-			if syscall.Gettid() == syscall.Getpid() {
-				// The runtime never ends the main thread: keep it busy
-				// until the test ends, and try again on another thread.
-				res <- result{mainThread: true}
-				<-held
-				runtime.UnlockOSThread()
-				return
-			}
-			waited, err := startChild(cmd, false)
-			res <- result{waited: waited, err: err}
-		}()
-		if r = <-res; !r.mainThread {
-			break
-		}
-	}
-	if r.mainThread {
-		t.Fatal("every attempt ran on the main thread")
-	}
-	if r.err != nil {
-		t.Fatal(r.err)
+	waited, err := startChild(cmd, false)
+	if err != nil {
+		t.Fatal(err)
 	}
 	defer func() {
 		cmd.Process.Kill()
-		<-r.waited
+		<-waited
 	}()
-	select {
-	case <-r.waited:
-		t.Fatalf("the command died after the starting goroutine's thread ended: %v", cmd.ProcessState)
-	case <-time.After(500 * time.Millisecond):
-	}
 	if pgid, err := syscall.Getpgid(cmd.Process.Pid); err != nil || pgid != cmd.Process.Pid {
 		t.Errorf("the command is not in its own process group: pgid %d, %v", pgid, err)
+	}
+	if sig := cmd.SysProcAttr.Pdeathsig; sig != syscall.SIGKILL {
+		t.Errorf("parent-death signal %v, want SIGKILL", sig)
 	}
 }
 
