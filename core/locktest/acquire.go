@@ -111,8 +111,50 @@ func testAcquireCtx(t *testing.T, e *env) {
 		}
 		b.fault.mu.Unlock()
 	}
-	s2 := mustAcquire(t, c, k)
+	s2 := acquireAfterCut(t, e, c, k, b, s)
 	s2.Release(context.Background())
+}
+
+// acquireAfterCut acquires key through c once held has been released, where
+// the wait of w for key ended with its ctx. An acquire of w's that the ctx
+// cut short may still take effect on the store after w's Acquire returned
+// (a statement held up in a pooler's queue reaches the server after the
+// release): the engine undoes it, once more after the backend's claim
+// bound, and, never renewed, it runs out within the TTL. So when c finds key
+// held by another than held, and w sent such an acquire, c waits for the
+// key until that acquire can no longer take effect plus the TTL. A key
+// still held by held, or held longer, fails the rule.
+func acquireAfterCut(t *testing.T, e *env, c *proc, key string, w *proc, held core.Session) core.Session {
+	t.Helper()
+	const rule = "Acquire honours ctx: it returns ErrNotAcquired joined with ctx.Err() and leaves nothing held"
+	ctx := ctxT(t, 10*time.Second)
+	s, err := c.l.TryAcquire(ctx, key)
+	if err == nil {
+		return s
+	}
+	if errors.Is(err, core.ErrLeaseLost) {
+		return mustAcquire(t, c, key) // a reply past the renew deadline: try again
+	}
+	var na *core.NotAcquiredError
+	sent, cut := w.fault.lastCut(key)
+	if !errors.As(err, &na) || !cut || (na.Holder != nil && na.Holder.Token == held.Token()) {
+		t.Fatalf("rule %q: TryAcquire(%q) after the holder's release: %v (holder's token %d; the wait sent an acquire its ctx cut short: %v)",
+			rule, key, err, held.Token(), cut)
+	}
+	bound := time.Duration(0)
+	if cb, ok := w.fault.Backend.(core.ClaimBounder); ok {
+		bound = cb.ClaimBound()
+	}
+	until := sent.Add(bound).Add(e.ttl + time.Second)
+	t.Logf("TryAcquire(%q) after the holder's release: %v; the wait's acquire sent at %v was cut short by its ctx: waiting until %v",
+		key, err, sent.Format(time.StampMilli), until.Format(time.StampMilli))
+	wctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	s, err = c.l.Acquire(wctx, key)
+	if err != nil {
+		t.Fatalf("rule %q: the key is still held after the cut acquire's claim bound and TTL: %v", rule, err)
+	}
+	return s
 }
 
 // notBusy fails t unless err is a failure matching every error in want,

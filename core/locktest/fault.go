@@ -89,6 +89,7 @@ type turnSeen struct {
 type sentAcquire struct {
 	key, waiter    string
 	busy           bool
+	cut            bool // ended by its ctx without an answer: the store may still apply it
 	sent, answered time.Time
 }
 
@@ -140,6 +141,19 @@ func (f *faultBackend) queuedSince(t time.Time) bool {
 		}
 	}
 	return false
+}
+
+// lastCut returns the send time of the latest acquire of key that its ctx
+// ended without an answer (see sentAcquire.cut), and whether there was one.
+func (f *faultBackend) lastCut(key string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.sent) - 1; i >= 0; i-- {
+		if a := f.sent[i]; a.key == key && a.cut {
+			return a.sent, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // busySince reports whether an acquire was answered busy at or after t.
@@ -210,7 +224,8 @@ func (f *faultBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) 
 	lease, err := f.Backend.TryAcquire(ctx, req)
 	busy := errors.Is(err, core.ErrNotAcquired)
 	f.mu.Lock()
-	f.sent = append(f.sent, sentAcquire{key: req.Key, waiter: req.Waiter, busy: busy, sent: sentAt, answered: time.Now()})
+	cut := err != nil && !busy && ctx.Err() != nil
+	f.sent = append(f.sent, sentAcquire{key: req.Key, waiter: req.Waiter, busy: busy, cut: cut, sent: sentAt, answered: time.Now()})
 	f.mu.Unlock()
 	if busy {
 		f.busies.Add(1)
