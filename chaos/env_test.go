@@ -108,7 +108,7 @@ func startRedis(t testing.TB, pass string) *redisProc {
 type child struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
+	done <-chan error // gives Wait's result, then is closed, when the process has exited
 }
 
 // launch starts cmd with its output appended to the file logPath (a file,
@@ -126,13 +126,8 @@ func (c *child) launch(cmd *exec.Cmd, logPath string) error {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", filepath.Base(cmd.Path), err)
 	}
-	done := make(chan struct{})
-	go func() {
-		<-waited
-		close(done)
-	}()
 	c.mu.Lock()
-	c.cmd, c.done = cmd, done
+	c.cmd, c.done = cmd, waited
 	c.mu.Unlock()
 	return nil
 }
@@ -150,8 +145,9 @@ func runOutput(cmd *exec.Cmd) ([]byte, error) {
 	return out.Bytes(), err
 }
 
-// exited is closed when the process last launched has exited.
-func (c *child) exited() <-chan struct{} {
+// exited gives Wait's result and is then closed, when the process last
+// launched has exited.
+func (c *child) exited() <-chan error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.done
@@ -193,7 +189,7 @@ func (c *child) kill() *exec.Cmd {
 
 // take returns the running process and its done channel, to stop it, and
 // forgets them; cmd is nil when none runs.
-func (c *child) take() (cmd *exec.Cmd, done <-chan struct{}) {
+func (c *child) take() (cmd *exec.Cmd, done <-chan error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cmd, done = c.cmd, c.done

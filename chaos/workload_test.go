@@ -782,21 +782,17 @@ func checkNoSecret(t *testing.T, what string, sinks ...string) {
 // a store and is the test tool's, not dislock's.
 var toxiproxyStuck = goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run")
 
-// serverWaiters ignore the goroutines that wait for a private server's
-// process (deathsig.Start's, and child.launch's, which turns its result
-// into the child's done channel): a server restarted during a run (a
-// kill-and-restart fault) keeps running, with its waiters, until the test
-// ends and stops it.
-var serverWaiters = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/dislock/dislock/internal/deathsig.Start.func1"),
-	goleak.IgnoreAnyFunction("github.com/dislock/dislock/chaos.(*child).launch.func1"),
-}
+// serverWaiter ignores the goroutine that waits for a private server's
+// process (deathsig.Start's, for child.launch): a server restarted during
+// a run (a kill-and-restart fault) keeps running, with its waiter, until
+// the test ends and stops it.
+var serverWaiter = goleak.IgnoreAnyFunction("github.com/dislock/dislock/internal/deathsig.Start.func1")
 
 // findLeaks waits up to 10s for the run's goroutines to end (closed
 // connections wind down asynchronously) and reports those still running.
 func findLeaks(opts ...goleak.Option) error {
 	var err error
-	opts = append(append(opts, toxiproxyStuck), serverWaiters...)
+	opts = append(opts, toxiproxyStuck, serverWaiter)
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
 		if err = goleak.Find(opts...); err == nil {
 			return nil
