@@ -130,12 +130,13 @@ func (b *Backend) follow(p string, w *watched, ch <-chan zk.Event) {
 const echoDelay = 2 * time.Millisecond
 
 // echo tells subscribers of a release this backend made, unless a watch of
-// its own on the node will.
+// its own on the node will, or nobody subscribes (a Locker follows turns).
 func (b *Backend) echo(key, p string) {
 	b.mu.Lock()
 	_, watched := b.watches[p]
+	none := len(b.subs) == 0
 	b.mu.Unlock()
-	if watched {
+	if watched || none {
 		return
 	}
 	b.spawn(func() {
