@@ -112,7 +112,11 @@
 // it waits: its sequence number is its place in line, and the rule above
 // (the lowest in force hold) lets exactly the next one in, across
 // processes, in the order they came; a TryAcquire comes after every waiter
-// in line. The waiter's backend watches the node before its own and tells
+// in line. A backend that knows the key busy (it holds it, has a place in
+// its line, or was answered busy within the last second) makes a mutex
+// waiter's place with a plain create and the waiting data, not the claim's
+// multi: its fencing token, the node's czxid, comes with the read that
+// watches the node once it is next. The waiter's backend watches the node before its own and tells
 // the engine its turn through WatchTurns when it is first in line; no
 // other process hears of it. A place behind another waiting place reads
 // only the children and sets that watch: the place right behind the holder

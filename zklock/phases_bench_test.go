@@ -219,7 +219,7 @@ func (c *wireConn) Read(p []byte) (int, error) {
 // phaseSamples are the phases of the hand-offs recorded.
 type phaseSamples struct{ send, event, react, rtt, ret, total []time.Duration }
 
-const opExists, opDelete, opGetData, opGetChildren2 = 3, 2, 4, 12
+const opCreate, opDelete, opExists, opGetData, opSetData, opGetChildren2, opMulti = 1, 2, 3, 4, 5, 12, 14
 
 // add splits one hand-off from the holder's connection h to the waiter's
 // w: the delete's write, the waiter's first read after it (the event), its

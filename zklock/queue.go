@@ -3,6 +3,7 @@ package zklock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path"
 	"sort"
 	"sync"
@@ -147,7 +148,12 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 			if contended {
 				data = waitData(req.Owner)
 			}
-			c, now, only, err = b.claim(ctx, req, parent, tok, ttl, data)
+			if contended && req.Limit <= 1 {
+				c, err = b.enqueue(ctx, req, parent, tok, data)
+				now = b.serverNow()
+			} else {
+				c, now, only, err = b.claim(ctx, req, parent, tok, ttl, data)
+			}
 			if err != nil {
 				// The node may exist: remember the place as uncertain,
 				// so that the next attempt or Leave finds it by name.
@@ -232,6 +238,58 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 		b.evaluateIn(ctx, pl, v.names) // within the caller's ctx
 		return core.Lease{}, core.Busy(req.Key, v.info)
 	}
+}
+
+// enqueue creates a mutex's waiting place for req (data: waitData) with a
+// plain create: unlike a claim, it needs neither the server's time nor the
+// fencing token at once. Its token, the node's czxid, comes with the read
+// that watches the node once it is next (armOwn), before a grant without a
+// read can hand it out.
+func (b *Backend) enqueue(ctx context.Context, req core.AcquireRequest, parent, tok string, data []byte) (*claim, error) {
+	sid := b.conn.SessionID()
+	if !b.knownParent(parent) {
+		if err := b.ensureParent(ctx, parent); err != nil {
+			return nil, core.Unclaimed(fmt.Errorf("create %s: %w", parent, err))
+		}
+	}
+	var (
+		p   string
+		err error
+	)
+	for attempt := 0; ; attempt++ {
+		cerr := b.call(ctx, func() {
+			p, err = b.conn.Create(parent+"/"+claimName(tok, req.Limit), data, zk.FlagEphemeralSequential, b.acl)
+		}, func() {
+			// The caller gave up: take back a place the server made.
+			if err == nil {
+				b.bgDelete(p, sid)
+			}
+		})
+		if cerr != nil {
+			return nil, cerr
+		}
+		if errors.Is(err, zk.ErrNoNode) && attempt < 2 {
+			if err := b.ensureParent(ctx, parent); err != nil {
+				return nil, fmt.Errorf("create %s: %w", parent, err)
+			}
+			continue
+		}
+		break
+	}
+	if err != nil {
+		return nil, err
+	}
+	b.markParent(parent)
+	after := b.conn.SessionID()
+	if sid == 0 {
+		sid = after // no session yet when it was queued: it went out in the first one
+	}
+	if sid == 0 || after != sid {
+		// The node may belong to a session that ended meanwhile.
+		b.bgDelete(p, sid)
+		return nil, errors.New("the ZooKeeper session changed during the acquire")
+	}
+	return &claim{key: req.Key, path: p, owner: req.Owner, sid: sid, limit: req.Limit}, nil
 }
 
 // newPlace records pl as the place of the wait pk (replacing any), until
@@ -371,9 +429,10 @@ func (b *Backend) adopt(ctx context.Context, pl *place, parent, tok string) erro
 func (b *Backend) grant(ctx context.Context, req core.AcquireRequest, pk string, pl *place, c *claim, fresh bool, ttl time.Duration, sent time.Time) (core.Lease, error) {
 	b.mu.Lock()
 	b.dropPlaceLocked(pk, pl)
+	token := pl.token // armOwn may have learnt it
 	b.mu.Unlock()
-	if !fresh && req.Limit <= 1 && pl.token != 0 && !pl.claimData {
-		c = &claim{path: pl.path, sid: pl.sid, token: pl.token, acqMs: b.serverNow()}
+	if !fresh && req.Limit <= 1 && token != 0 && !pl.claimData {
+		c = &claim{path: pl.path, sid: pl.sid, token: token, acqMs: b.serverNow()}
 		b.grantAsync(pl.path, pl.sid, claimData(ttl, req.Owner), pl.version)
 	} else if !fresh {
 		var st *zk.Stat
@@ -645,14 +704,18 @@ func (b *Backend) armOwn(ctx context.Context, pl *place) bool {
 		return true
 	}
 	var (
+		st  *zk.Stat
 		ch  <-chan zk.Event
 		err error
 	)
-	if cerr := b.call(ctx, func() { _, _, ch, err = b.conn.GetW(pl.path) }, nil); cerr != nil || err != nil {
+	if cerr := b.call(ctx, func() { _, st, ch, err = b.conn.GetW(pl.path) }, nil); cerr != nil || err != nil {
 		return false
 	}
 	b.mu.Lock()
 	pl.own = ch
+	if pl.token == 0 && pl.version >= 0 {
+		pl.token = uint64(st.Czxid) // a place made by enqueue
+	}
 	b.mu.Unlock()
 	return true
 }

@@ -291,17 +291,35 @@ func TestQueueExpiredPlaceSparesTheWaitsNewNode(t *testing.T) {
 // claim judged by its TTL goes out without the grant waiting for its reply.
 // Here the store answers nothing to the waiter once its turn has come, and
 // its grant must still return; the rewrite lands on the server meanwhile.
+// The lease's token is the place's czxid, also for a place made by a plain
+// create (a backend that knows the key busy: the multi that stamps a claim
+// with the server's time is not needed), whose token comes with the read
+// that watches it.
 func TestQueueTurnNeedsNoRoundTrip(t *testing.T) {
 	t.Parallel()
+	for _, known := range []bool{false, true} {
+		t.Run(map[bool]string{false: "first-attempt", true: "key-known-busy"}[known], func(t *testing.T) {
+			t.Parallel()
+			testTurnNeedsNoRoundTrip(t, known)
+		})
+	}
+}
+
+func testTurnNeedsNoRoundTrip(t *testing.T, known bool) {
 	connect, root := singleConnect(t), testRoot()
-	bX, bY, proxy := behindProxy(t, connect, root)
+	var wire wireLog
+	bX, bY, proxy := behindProxy(t, connect, root, zklock.WithDialer(wire.dialer(0)))
 	turn := make(chan struct{})
 	var once sync.Once
+	var armed atomic.Bool
 	zklock.SetWatchHook(bY, func(string) func() {
 		// The holder's node is gone: from here on the store's replies
 		// to Y are held back. The turn is told once Y has acted on the
 		// event (the returned func runs then), not when it arrives.
 		done := func() {}
+		if !armed.Load() {
+			return done
+		}
 		once.Do(func() {
 			proxy.StallOpen()
 			done = func() { close(turn) }
@@ -316,8 +334,33 @@ func TestQueueTurnNeedsNoRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	reqY := core.AcquireRequest{Key: key, Owner: "y", OwnerToken: "y-token", TTL: ttl, Waiter: "y", WaiterTTL: 30 * time.Second}
+	if known {
+		// An earlier wait of Y's on the key, given up: Y knows it busy.
+		early := reqY
+		early.Waiter, early.OwnerToken = "y0", "y0-token"
+		if _, err := bY.TryAcquire(ctx, early); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("Y's earlier attempt while X holds: %v, want busy", err)
+		}
+		if err := bY.Leave(ctx, key, early.Waiter); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wire.start()
+	armed.Store(true)
 	if _, err := bY.TryAcquire(ctx, reqY); !errors.Is(err, core.ErrNotAcquired) {
 		t.Fatalf("Y's attempt while X holds: %v, want busy", err)
+	}
+	if known {
+		count := map[int32]int{}
+		for _, f := range wire.stop() {
+			if f.write {
+				count[f.op]++
+			}
+		}
+		if count[opCreate] != 1 || count[opMulti] != 0 || count[opSetData] != 0 {
+			t.Errorf("Y's place on a key it knows busy, writes by opcode: %v, want one create (%d), no multi (%d) and no setData (%d)",
+				count, opCreate, opMulti, opSetData)
+		}
 	}
 	if err := bX.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: reqX.OwnerToken, Token: lx.Token}); err != nil {
 		t.Fatal(err)
@@ -348,9 +391,12 @@ func TestQueueTurnNeedsNoRoundTrip(t *testing.T) {
 		if err != nil || len(names) != 1 {
 			t.Fatalf("nodes of the key: %v %v, want Y's alone", names, err)
 		}
-		data, _, ch, err := raw.GetW(parent + "/" + names[0])
+		data, st, ch, err := raw.GetW(parent + "/" + names[0])
 		if err != nil {
 			t.Fatal(err)
+		}
+		if ly.Token != uint64(st.Czxid) {
+			t.Fatalf("Y's token %d, want its node's czxid %d", ly.Token, st.Czxid)
 		}
 		if string(data) == string(zklock.ClaimData(ttl, "y")) {
 			break
