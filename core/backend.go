@@ -141,6 +141,11 @@ type AcquireRequest struct {
 	// says so in Lease (see there). 0: the store keeps the claim for TTL.
 	// The engine sets it to half the renew interval; slot claims have none.
 	Slack time.Duration
+	// MinHold is the session's min hold (WithMinHold): its release may
+	// keep the lock (ReleaseRequest.Keep) until up to MinHold after the
+	// acquisition. 0: its release never keeps it, so that a backend may
+	// tell the waiters behind that its release frees the key at once.
+	MinHold time.Duration
 }
 
 // Lease is what a successful TryAcquire returns.

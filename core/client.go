@@ -400,6 +400,7 @@ func (c *Client) attempt(bud *budget, userCtx context.Context, key string, cfg c
 		// most half a renew interval, so the first renewal still comes at
 		// least half an interval after the claim.
 		req.Slack = cfg.renewInterval / 2
+		req.MinHold = cfg.minHold // a slot's session never releases
 	}
 	if cfg.limit > 1 {
 		req.Limit = cfg.limit

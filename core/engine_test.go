@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -620,6 +621,54 @@ func TestTryAcquireOfKeyHeldHereAsksNoStore(t *testing.T) {
 		<-again.Done()
 		if calls, err := tries(0); calls != 1 || !errors.Is(err, core.ErrNotAcquired) {
 			t.Errorf("TryAcquire after the session was lost: %d store calls, %v; want 1, busy", calls, err)
+		}
+	})
+}
+
+// minHoldBackend wraps a memlock handle and records the MinHold of every
+// claim.
+type minHoldBackend struct {
+	*memlock.Backend
+	mu  sync.Mutex
+	got []time.Duration
+}
+
+func (b *minHoldBackend) TryAcquire(ctx context.Context, req core.AcquireRequest) (core.Lease, error) {
+	b.mu.Lock()
+	b.got = append(b.got, req.MinHold)
+	b.mu.Unlock()
+	return b.Backend.TryAcquire(ctx, req)
+}
+
+// A claim tells the backend the session's min hold, so that a store can
+// tell the waiters behind a holder whether its release frees the key at
+// once; a slot's claim tells none (its session never releases).
+func TestClaimCarriesMinHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &minHoldBackend{Backend: memlock.NewStore().Backend()}
+		l := newClient(t, b)
+		for key, opts := range map[string][]core.Option{
+			"plain":    nil,
+			"min-hold": {core.MinHold(time.Minute)},
+			"slot":     {core.MinHold(time.Minute), core.ForSlot(core.Every(time.Hour))},
+		} {
+			b.mu.Lock()
+			b.got = nil
+			b.mu.Unlock()
+			s := hold(t, l, key, opts...)
+			if err := s.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			b.mu.Lock()
+			got := b.got
+			b.mu.Unlock()
+			want := time.Duration(0)
+			if key == "min-hold" {
+				want = time.Minute
+			}
+			if len(got) != 1 || got[0] != want {
+				t.Errorf("%s: claims sent with MinHold %v, want one with %v", key, got, want)
+			}
 		}
 	})
 }
