@@ -118,16 +118,25 @@
 // multi: its fencing token, the node's czxid, comes with the read that
 // watches the node once it is next. The waiter's backend watches the node before its own and tells
 // the engine its turn through WatchTurns when it is first in line; no
-// other process hears of it. A place behind another waiting place reads
-// only the children and sets that watch: the place right behind the holder
-// reads the holder (its owner and lease end, which its waiter's busy
-// answers name and at whose expiry it polls), so a waiter further back is
-// answered busy without a holder until it is next. When the node before
-// it was the only one and is deleted, nothing can be before it any more,
-// and the grant needs no read (a min hold or a slot's hold comes only
-// from that node, in the multi that deletes it, after a write to it,
-// which the watch reports as a data change instead: the waiter reads the
-// children and finds the hold). The grant rewrites the node as a claim ("1\n<ttl>\n<owner>"), so
+// other process hears of it. A place reads the children once, and then
+// watches, in one round trip, its own node and the node before it: its
+// data, which that node's grant changes, and its deletion (a child watch,
+// which only a deletion fires). The place right behind the holder reads
+// the holder (its owner and lease end, which its waiter's busy answers
+// name and at whose expiry it polls), so a waiter further back is answered
+// busy without a holder until it is next. A place learns that it is next
+// from the grant of the node before it. When that node was a waiting
+// place whose waiter has no min hold, written "2\nn\n<owner>" (never
+// kept: its release leaves no hold behind), the grant's data change tells
+// it all, with no read; otherwise ("2\n0\n<owner>", as a place with a
+// min hold, or one written by an older version) it reads that node, which
+// watches it again. When the node before it was the only one and is
+// deleted, nothing can be before it any more, and the grant needs no read
+// (a min hold or a slot's hold comes only from that node, in the multi
+// that deletes it, after a write to it, which the data watch reports as a
+// data change instead: the waiter reads the children and finds the hold;
+// only for a node never kept does the child watch report the deletion).
+// The grant rewrites the node as a claim ("1\n<ttl>\n<owner>"), so
 // that it is judged by its TTL like any other claim from then on, and the
 // fencing token is the node's czxid, which increases in the order of the
 // line. A mutex's waiting place already holds the key when its grant is

@@ -3,6 +3,7 @@ package zklock
 import (
 	"errors"
 	"fmt"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -210,7 +211,22 @@ func ClaimToken(data []byte, st *zk.Stat) uint64 {
 }
 
 // waitData is the data of a waiting place in line.
-func waitData(owner string) []byte { return []byte("2\n0\n" + owner) }
+func waitData(owner string, minHold time.Duration) []byte {
+	if minHold <= 0 {
+		return []byte("2\n" + neverKept + "\n" + owner)
+	}
+	return []byte("2\n0\n" + owner)
+}
+
+// neverKept marks the data of a waiting place whose holder's release never
+// keeps the lock (no min hold): its deletion after its grant frees the key
+// at once, with no hold left behind. A place written without it ("0", as
+// older versions write every place) may be kept.
+const neverKept = "n"
+
+// isNeverKept reports whether b is the data of a waiting place that is
+// never kept.
+func isNeverKept(b []byte) bool { return string(b[:min(len(b), 4)]) == "2\n"+neverKept+"\n" }
 
 // isWaitData reports whether b is the data of a waiting place.
 func isWaitData(b []byte) bool { return len(b) >= 2 && b[0] == '2' && b[1] == '\n' }
@@ -231,3 +247,9 @@ func parseData(b []byte) (n int64, owner string, err error) {
 }
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms) }
+
+// isHold reports whether p is the path of a hold node.
+func isHold(p string) bool {
+	c, ok := parseChild(path.Base(p))
+	return ok && c.hold
+}

@@ -24,7 +24,12 @@ var _ core.Queuer = (*Backend)(nil)
 // backend watches the node before it (a mutex) and tells the waiter its
 // turn when it is first in line; when that node was the only one before it
 // and is deleted while the waiter's own node stands (a data watch on it
-// has not fired), the grant needs no read (see followPlace). A waiter whose process
+// has not fired), the grant needs no read (see followPlace). The place
+// learns that it is next from the grant of the node before it; when that
+// node is a waiting place that is never kept (see neverKept), from the
+// grant's data change alone, with no read, and a child watch on the node,
+// armed with its data watch, tells of its deletion (see armPred). A
+// waiter whose process
 // dies goes with its session; one whose Acquire gave up is deleted (Leave),
 // and one whose Acquire stopped trying is deleted by its own backend when
 // its WaiterTTL runs out: the waiter behind is told at once, without a
@@ -57,9 +62,15 @@ type place struct {
 	unread  bool       // judged behind a waiting place: the holder not read
 	armed   map[string]bool
 	aloneOn string // a mutex's place with one node before it and no hold: that node's path
-	fast    bool   // that node was deleted: granted without a read
-	// own is a data watch on the place's own node, armed once the place
-	// is next to the holder. A grant without a read needs the node to be there still: a
+	// noKeep is the node before a mutex's place, when it was a waiting
+	// place that is never kept as its watch was armed: its next data
+	// change is its grant, after which pl is next without a read.
+	noKeep string
+	gone   string // a node whose deletion a watch reported (both its watches may)
+	fast   bool   // that node was deleted: granted without a read
+	// own is a data watch on the place's own node, armed with the
+	// watches on the node before it (armPred). A grant without a read
+	// needs the node to be there still: a
 	// node deleted behind the backend's back (an operator's delete of the
 	// key's nodes, in any order) tells it through own, and the server
 	// sends that event before the event of any later deletion.
@@ -146,7 +157,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 		if pl == nil {
 			data := claimData(ttl, req.Owner)
 			if contended {
-				data = waitData(req.Owner)
+				data = waitData(req.Owner, req.MinHold)
 			}
 			if contended && req.Limit <= 1 {
 				c, err = b.enqueue(ctx, req, parent, tok, data)
@@ -210,7 +221,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 		if pl.claimData {
 			var st *zk.Stat
 			var serr error
-			if cerr := b.call(ctx, func() { st, serr = b.conn.Set(pl.path, waitData(req.Owner), pl.version) }, nil); cerr != nil {
+			if cerr := b.call(ctx, func() { st, serr = b.conn.Set(pl.path, waitData(req.Owner, req.MinHold), pl.version) }, nil); cerr != nil {
 				return core.Lease{}, cerr
 			}
 			if serr != nil {
@@ -583,7 +594,7 @@ func (b *Backend) evaluateIn(ctx context.Context, pl *place, names []string) {
 	}
 	sort.Slice(before, func(i, j int) bool { return before[i].seq < before[j].seq })
 	var watch []string // nodes whose deletion may make it pl's turn
-	var dataWatch string
+	var dataWatch, pred string
 	limit := max(pl.limit, 1)
 	if limit == 1 {
 		if len(before) == 0 && len(holds) == 0 {
@@ -601,18 +612,10 @@ func (b *Backend) evaluateIn(ctx context.Context, pl *place, names []string) {
 			pl.aloneOn = parent + "/" + before[0].name
 		}
 		b.mu.Unlock()
-		// Armed once the place is next (see also behindGranted), so that
-		// its fast grant (see followPlace) costs no request on the way. A
-		// place further back needs none yet: its first node before it
-		// must be granted or gone before it is next.
-		if len(before) == 1 && !b.armOwn(ctx, pl) {
-			b.tellTurn(pl) // gone, or the store failed: the attempt finds out
-			return
-		}
 		if len(before) > 0 {
-			// A data watch: the node's grant (or renewal) has this place
-			// judged again, so that it knows when it is next (alone).
-			dataWatch = before[len(before)-1].name
+			// The node just before it: its grant (or renewal) tells this
+			// place that it is next (see armPred).
+			pred = parent + "/" + before[len(before)-1].name
 		} else {
 			watch = holds
 		}
@@ -646,6 +649,10 @@ func (b *Backend) evaluateIn(ctx context.Context, pl *place, names []string) {
 	// store (the busy answer's remaining time).
 	pl.settled = len(holds) == 0
 	b.mu.Unlock()
+	if pred != "" && !b.armPred(ctx, pl, pred) {
+		b.tellTurn(pl) // gone, or the store failed: the attempt finds out
+		return
+	}
 	if dataWatch != "" {
 		b.armPlace(ctx, pl, parent+"/"+dataWatch, true)
 	}
@@ -658,6 +665,14 @@ func (b *Backend) evaluateIn(ctx context.Context, pl *place, names []string) {
 // or a child watch, which only the deletion of a node without children
 // fires (not the renewals of a claim). When it fires, pl is evaluated again.
 func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) {
+	if !b.tryArm(ctx, pl, p, data) {
+		b.spawn(func() { b.evaluate(pl, nil) })
+	}
+}
+
+// tryArm is armPlace without the evaluation when p is gone already or
+// the store failed, which it reports as false.
+func (b *Backend) tryArm(ctx context.Context, pl *place, p string, data bool) bool {
 	b.mu.Lock()
 	id := p
 	if data {
@@ -665,29 +680,57 @@ func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) 
 	}
 	if pl.armed[id] {
 		b.mu.Unlock()
-		return
+		return true
 	}
 	pl.armed[id] = true
 	b.mu.Unlock()
-	var ch <-chan zk.Event
-	var err error
-	exists := true
+	var (
+		ch   <-chan zk.Event
+		err  error
+		node []byte
+	)
 	if cerr := b.call(ctx, func() {
 		if data {
-			exists, _, ch, err = b.conn.ExistsW(p)
+			// (A read, not an exists watch, which on a node gone already
+			// would wait for its creation until the session ends.)
+			node, _, ch, err = b.conn.GetW(p)
 		} else {
 			_, _, ch, err = b.conn.ChildrenW(p)
 		}
-	}, nil); cerr != nil || err != nil || !exists {
+	}, nil); cerr != nil || err != nil {
 		// Gone already (or the store failed): evaluate again.
 		b.mu.Lock()
 		delete(pl.armed, id)
 		pl.settled = false
 		b.mu.Unlock()
-		b.spawn(func() { b.evaluate(pl, nil) })
-		return
+		return false
+	}
+	if data && isNeverKept(node) {
+		b.mu.Lock()
+		pl.noKeep = p
+		b.mu.Unlock()
 	}
 	b.spawn(func() { b.followPlace(pl, p, id, data, ch) })
+	return true
+}
+
+// armPred arms, for the mutex place pl, the watches on p, the node just
+// before it, and the one on its own node (armOwn), all in one round trip:
+// a data watch on p, which p's grant or renewal fires (when p was a
+// waiting place that is never kept, its grant makes pl next without a
+// read; otherwise pl reads p, see behindGranted), and a child watch on p,
+// which only p's deletion fires (its data watch may be spent by the grant
+// by then). It reports whether pl's own node is watched: false when it is
+// gone or the store failed.
+func (b *Backend) armPred(ctx context.Context, pl *place, p string) bool {
+	own, deletion := make(chan bool, 1), make(chan bool, 1)
+	go func() { own <- b.armOwn(ctx, pl) }()
+	go func() { deletion <- b.tryArm(ctx, pl, p, false) }()
+	if !b.tryArm(ctx, pl, p, true) || !<-deletion {
+		// Gone already (or the store failed): evaluate again, once.
+		b.spawn(func() { b.evaluate(pl, nil) })
+	}
+	return <-own
 }
 
 // armOwn makes sure a data watch on pl's own node is armed (pl.own), which
@@ -731,18 +774,49 @@ func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.E
 	case <-b.done:
 		return
 	}
+	b.mu.Lock()
+	delete(pl.armed, id)
+	// The deletion of the node before a mutex's place is its data watch's
+	// to report (see armPred), unless the data watch was spent on the
+	// grant of a place never kept; and both may report it.
+	ignore := !data && pl.limit <= 1 && !isHold(p) && !(pl.aloneOn == p && pl.noKeep == p)
+	if !ignore && ev.Type == zk.EventNodeDeleted {
+		ignore = pl.gone == p
+		pl.gone = p
+	}
+	b.mu.Unlock()
+	if ignore {
+		return
+	}
 	if b.watchHook != nil {
 		defer b.watchHook(p)()
 	}
 	b.mu.Lock()
-	delete(pl.armed, id)
+	if data && ev.Type == zk.EventNodeDataChanged && pl.noKeep == p && pl.limit <= 1 && pl.own != nil && pl.armed[p] {
+		select {
+		case <-pl.own:
+			pl.own = nil // its own node changed or went first: the children tell
+		default:
+			// p, a waiting place that is never kept, was granted (a
+			// waiting place's data changes only then): it holds, so
+			// it is the only node before pl, and its deletion, which
+			// the child watch on it reports, leaves no hold behind.
+			// pl is next without a read; the holder is read at its
+			// waiter's next poll.
+			pl.aloneOn, pl.info, pl.infoEnd, pl.unread = p, nil, time.Time{}, true
+			b.mu.Unlock()
+			return
+		}
+	}
 	pl.settled = false
 	// Only the deletion of the one node before it (as the latest
 	// judgement found) makes the turn certain: a watch armed by an
 	// earlier judgement, on a node that was then one of several
 	// before it, may fire after a later one found a single node left,
-	// which still holds.
-	fast := pl.aloneOn == p && data && ev.Type == zk.EventNodeDeleted && pl.own != nil
+	// which still holds. The child watch on that node tells of its
+	// deletion only when it is never kept (its data watch may be spent
+	// on its grant): the data watch tells of a keep first.
+	fast := pl.aloneOn == p && ev.Type == zk.EventNodeDeleted && pl.own != nil && (data || pl.noKeep == p)
 	if fast {
 		select {
 		case <-pl.own:
@@ -772,14 +846,15 @@ func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.E
 }
 
 // behindGranted handles a data change of p, the node just before the mutex
-// place pl (a data watch is armed on that node only). When p now has a
+// place pl, when p may be kept or was not a waiting place as its watch was
+// armed (see armPred for one that is never kept). When p now has a
 // mutex claim's data it was granted, or renewed: it is the lowest node in
 // force, and so the only one before pl (no node can come between them, and
 // a hold comes only from p, with p's deletion). That is what evaluate would
 // find in the children; here the one read that tells it (GetW) also
 // watches p again, and gives the holder's expiry, at which pl's waiter
 // polls; the watch on pl's own node (see place.own) is armed in the same
-// round trip. It reports false when p is gone or has other data (a claim
+// round trip when it is not armed yet. It reports false when p is gone or has other data (a claim
 // rewritten as a waiting place, say): evaluate then reads the children.
 func (b *Backend) behindGranted(pl *place, p, id string) bool {
 	if c, ok := parseChild(path.Base(p)); !ok || c.hold || c.limit > 0 || pl.limit > 1 {

@@ -3,6 +3,7 @@ package zklock_test
 import (
 	"context"
 	"errors"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -417,14 +418,25 @@ func testTurnNeedsNoRoundTrip(t *testing.T, known bool) {
 	}
 }
 
-// TestQueueNextBehindAGrantReadsTwoNodes: a waiter whose place is behind a
-// waiting place learns from that place's grant (a data change of the node
-// it watches) that it is next, with one read of that node, which also
-// watches it again, and one of its own node, which watches it (sent
-// together); it reads no children. At the next release it gets its turn
-// without a read.
-func TestQueueNextBehindAGrantReadsTwoNodes(t *testing.T) {
+// TestQueueNextBehindAGrant: a waiter whose place is behind a waiting
+// place learns from that place's grant (a data change of the node it
+// watches) that it is next. When that place is never kept (its waiter has
+// no min hold), the grant tells it all: it sends nothing, and the child
+// watch it armed on that node tells of its deletion. When the place may be
+// kept, it reads that node (which watches it again, so that a keep's write
+// before the deletion is seen), and no children. Either way it gets its
+// turn at the next release and the lease without a read.
+func TestQueueNextBehindAGrant(t *testing.T) {
 	t.Parallel()
+	for _, minHold := range []time.Duration{0, time.Minute} {
+		t.Run(map[bool]string{true: "never-kept", false: "may-be-kept"}[minHold == 0], func(t *testing.T) {
+			t.Parallel()
+			testNextBehindAGrant(t, minHold)
+		})
+	}
+}
+
+func testNextBehindAGrant(t *testing.T, minHold time.Duration) {
 	connect, root := singleConnect(t), testRoot()
 	var wire wireLog
 	bH, bX := newBackend(t, connect, root), newBackend(t, connect, root)
@@ -434,7 +446,7 @@ func TestQueueNextBehindAGrantReadsTwoNodes(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	const key, ttl = "next-behind-a-grant", time.Second
 	req := func(who string, wait bool) core.AcquireRequest {
-		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl}
+		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl, MinHold: minHold}
 		if wait {
 			r.Waiter, r.WaiterTTL = who, 30*time.Second
 		}
@@ -452,33 +464,12 @@ func TestQueueNextBehindAGrantReadsTwoNodes(t *testing.T) {
 			t.Fatalf("%s's attempt while H holds: %v, want busy", w.who, err)
 		}
 	}
-	turns, ready := make(chan string, 2), make(chan struct{}, 2)
-	for _, b := range []*zklock.Backend{bX, bY} {
-		go b.WatchTurns(ctx, func() { ready <- struct{}{} }, func(_, waiter string) { turns <- waiter })
-	}
-	for range 2 {
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			t.Fatal("the turn subscriptions did not start")
-		}
-	}
+	turns := watchTurns(t, ctx, bX, bY)
 	wire.start()
 	if err := bH.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "h-token", Token: lH.Token}); err != nil {
 		t.Fatal(err)
 	}
-	next := func(want string) {
-		t.Helper()
-		select {
-		case got := <-turns:
-			if got != want {
-				t.Fatalf("turn of %q, want %q", got, want)
-			}
-		case <-ctx.Done():
-			t.Fatalf("no turn for %q", want)
-		}
-	}
-	next("x")
+	nextTurn(t, ctx, turns, "x")
 	lX, err := bX.TryAcquire(ctx, req("x", true))
 	if err != nil {
 		t.Fatalf("X at its turn: %v", err)
@@ -494,14 +485,23 @@ func TestQueueNextBehindAGrantReadsTwoNodes(t *testing.T) {
 			ops = append(ops, f.op)
 		}
 	}
-	if len(ops) != 2 || ops[0] != opGetData || ops[1] != opGetData {
-		t.Fatalf("Y's requests after X's grant: opcodes %v, want two getData (%d)", ops, opGetData)
+	if minHold == 0 && len(ops) != 0 {
+		t.Fatalf("Y's requests after the grant of X, never kept: opcodes %v, want none", ops)
+	}
+	if minHold > 0 && (len(ops) != 1 || ops[0] != opGetData) {
+		t.Fatalf("Y's requests after the grant of X, which may be kept: opcodes %v, want one getData (%d)", ops, opGetData)
 	}
 	if err := bX.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "x-token", Token: lX.Token}); err != nil {
 		t.Fatal(err)
 	}
-	next("y")
+	nextTurn(t, ctx, turns, "y")
+	wire.start()
 	lY, err := bY.TryAcquire(ctx, req("y", true))
+	for _, f := range wire.stop() {
+		if f.write && f.op != opSetData {
+			t.Errorf("Y's grant at its turn sent opcode %d, want only its rewrite (%d)", f.op, opSetData)
+		}
+	}
 	if err != nil || lY.Token <= lX.Token {
 		t.Fatalf("Y at its turn: %+v %v, want a token above X's %d", lY, err, lX.Token)
 	}
@@ -609,10 +609,10 @@ func behindProxy(t *testing.T, connect, root string, opts ...zklock.Option) (x, 
 }
 
 // TestQueueBackPlaceReadsNoHolder: a waiting attempt whose place is behind
-// another waiting place creates its node, reads the children and watches
-// the node before its own: it reads neither the holder (the place right
-// behind the holder judges it) nor its own node, and its busy answer names
-// no holder. When the place before it leaves, it is next: its next attempt
+// another waiting place creates its node, reads the children, and watches
+// the node before its own (its data and its deletion) and its own node:
+// it does not read the holder (the place right behind the holder judges
+// it), and its busy answer names no holder. When the place before it leaves, it is next: its next attempt
 // reads the holder and names it.
 func TestQueueBackPlaceReadsNoHolder(t *testing.T) {
 	t.Parallel()
@@ -653,8 +653,8 @@ func TestQueueBackPlaceReadsNoHolder(t *testing.T) {
 	}
 	// (A claim of Y's: a multi, and a rewrite as a waiting place when the
 	// backend did not yet know the key busy.)
-	if count[opGetData] != 0 || count[opGetChildren2] != 1 || count[opExists] != 1 {
-		t.Errorf("Y's requests behind X, by opcode: %v, want no getData (%d), one getChildren2 (%d) and one exists (%d)",
+	if count[opGetData] != 2 || count[opGetChildren2] != 2 || count[opExists] != 0 {
+		t.Errorf("Y's requests behind X, by opcode: %v, want two getData (%d: X's node and its own), two getChildren2 (%d: the key's, and X's for its deletion) and no exists (%d)",
 			count, opGetData, opGetChildren2, opExists)
 	}
 	if err := bX.Leave(ctx, key, "x"); err != nil {
@@ -671,5 +671,111 @@ func TestQueueBackPlaceReadsNoHolder(t *testing.T) {
 	}
 	if na.Holder == nil || na.Holder.Owner != "h" || na.Holder.Remaining <= 0 {
 		t.Fatalf("Y's busy answer next behind H: %+v, want H with time left", na.Holder)
+	}
+}
+
+// TestQueueKeptAfterAQueuedGrant: a waiter whose holder was itself a
+// waiting place with a min hold, and whose release keeps the lock, stays
+// out until the hold ends: its watch on that holder's node sees the keep's
+// write before the deletion (its place said it may be kept), and the child
+// watch on the node does not tell of the deletion as a turn.
+func TestQueueKeptAfterAQueuedGrant(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	bH, bX, bY := newBackend(t, connect, root), newBackend(t, connect, root), newBackend(t, connect, root)
+	acted := make(chan string, 16)
+	zklock.SetWatchHook(bY, func(p string) func() { return func() { acted <- p } })
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "kept-after-a-queued-grant", time.Second
+	req := func(who string, wait bool, minHold time.Duration) core.AcquireRequest {
+		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl, MinHold: minHold}
+		if wait {
+			r.Waiter, r.WaiterTTL = who, 30*time.Second
+		}
+		return r
+	}
+	lH, err := bH.TryAcquire(ctx, req("h", false, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bX.TryAcquire(ctx, req("x", true, time.Minute)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("X's attempt while H holds: %v, want busy", err)
+	}
+	if _, err := bY.TryAcquire(ctx, req("y", true, 0)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt behind X: %v, want busy", err)
+	}
+	turns := watchTurns(t, ctx, bX, bY)
+	if err := bH.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "h-token", Token: lH.Token}); err != nil {
+		t.Fatal(err)
+	}
+	nextTurn(t, ctx, turns, "x")
+	lX, err := bX.TryAcquire(ctx, req("x", true, time.Minute))
+	if err != nil {
+		t.Fatalf("X at its turn: %v", err)
+	}
+	xNode := func() string {
+		t.Helper()
+		for {
+			select {
+			case p := <-acted: // Y has acted on X's grant
+				if strings.Contains(path.Base(p), "-x-") {
+					return p
+				}
+			case <-ctx.Done():
+				t.Fatal("Y's watch on X did not fire at X's grant")
+			}
+		}
+	}()
+	if err := bX.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "x-token", Token: lX.Token, Keep: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	select { // Y has acted on the keep
+	case p := <-acted:
+		if p != xNode {
+			t.Fatalf("Y acted on %s, want X's node %s", p, xNode)
+		}
+	case <-ctx.Done():
+		t.Fatal("Y's watch on X did not fire at X's keep")
+	}
+	select {
+	case got := <-turns:
+		t.Fatalf("turn of %q while X's release keeps the lock", got)
+	default:
+	}
+	_, err = bY.TryAcquire(ctx, req("y", true, 0))
+	var na *core.NotAcquiredError
+	if !errors.As(err, &na) {
+		t.Fatalf("Y's attempt while X's release keeps the lock: %v, want busy", err)
+	}
+}
+
+// watchTurns subscribes to the turns of the waiters of bs (WatchTurns) and
+// returns them, once every subscription is in place.
+func watchTurns(t *testing.T, ctx context.Context, bs ...*zklock.Backend) <-chan string {
+	t.Helper()
+	turns, ready := make(chan string, 16), make(chan struct{}, len(bs))
+	for _, b := range bs {
+		go b.WatchTurns(ctx, func() { ready <- struct{}{} }, func(_, waiter string) { turns <- waiter })
+	}
+	for range bs {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			t.Fatal("the turn subscriptions did not start")
+		}
+	}
+	return turns
+}
+
+// nextTurn fails unless the next turn told is want's.
+func nextTurn(t *testing.T, ctx context.Context, turns <-chan string, want string) {
+	t.Helper()
+	select {
+	case got := <-turns:
+		if got != want {
+			t.Fatalf("turn of %q, want %q", got, want)
+		}
+	case <-ctx.Done():
+		t.Fatalf("no turn for %q", want)
 	}
 }
