@@ -108,8 +108,9 @@
 // The Backend is a core.Queuer, the recipe's way. A waiting Acquire keeps
 // its claim node from one attempt to the next, named l-<waiter>-NNNNNNNNNN
 // (the engine's Waiter, the same on all its attempts, so that a create whose
-// reply was lost is found by its name), with the data "2\n0\n<owner>" while
-// it waits: its sequence number is its place in line, and the rule above
+// reply was lost is found by its name), with the data "2\n0\n<owner>"
+// ("2\nn\n<owner>" when its waiter has no min hold, below) while it
+// waits: its sequence number is its place in line, and the rule above
 // (the lowest in force hold) lets exactly the next one in, across
 // processes, in the order they came; a TryAcquire comes after every waiter
 // in line. A backend that knows the key busy (it holds it, has a place in
