@@ -726,7 +726,7 @@ func (b *Backend) armPred(ctx context.Context, pl *place, p string) bool {
 	own, deletion := make(chan bool, 1), make(chan bool, 1)
 	go func() { own <- b.armOwn(ctx, pl) }()
 	go func() { deletion <- b.tryArm(ctx, pl, p, false) }()
-	if !b.tryArm(ctx, pl, p, true) || !<-deletion {
+	if data := b.tryArm(ctx, pl, p, true); !<-deletion || !data {
 		// Gone already (or the store failed): evaluate again, once.
 		b.spawn(func() { b.evaluate(pl, nil) })
 	}
