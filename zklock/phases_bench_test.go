@@ -181,6 +181,18 @@ func (l *wireLog) stop() []wireFrame {
 	return l.frames
 }
 
+// stopCounts stops recording and returns the requests written since
+// start, counted by opcode.
+func (l *wireLog) stopCounts() map[int32]int {
+	count := map[int32]int{}
+	for _, f := range l.stop() {
+		if f.write {
+			count[f.op]++
+		}
+	}
+	return count
+}
+
 func (l *wireLog) record(conn int, write bool, op int32) {
 	l.mu.Lock()
 	if !l.base.IsZero() {

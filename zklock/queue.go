@@ -3,7 +3,6 @@ package zklock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path"
 	"sort"
 	"sync"
@@ -257,48 +256,11 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 // that watches the node once it is next (armOwn), before a grant without a
 // read can hand it out.
 func (b *Backend) enqueue(ctx context.Context, req core.AcquireRequest, parent, tok string, data []byte) (*claim, error) {
-	sid := b.conn.SessionID()
-	if !b.knownParent(parent) {
-		if err := b.ensureParent(ctx, parent); err != nil {
-			return nil, core.Unclaimed(fmt.Errorf("create %s: %w", parent, err))
-		}
-	}
-	var (
-		p   string
-		err error
-	)
-	for attempt := 0; ; attempt++ {
-		cerr := b.call(ctx, func() {
-			p, err = b.conn.Create(parent+"/"+claimName(tok, req.Limit), data, zk.FlagEphemeralSequential, b.acl)
-		}, func() {
-			// The caller gave up: take back a place the server made.
-			if err == nil {
-				b.bgDelete(p, sid)
-			}
-		})
-		if cerr != nil {
-			return nil, cerr
-		}
-		if errors.Is(err, zk.ErrNoNode) && attempt < 2 {
-			if err := b.ensureParent(ctx, parent); err != nil {
-				return nil, fmt.Errorf("create %s: %w", parent, err)
-			}
-			continue
-		}
-		break
-	}
+	p, sid, err := b.createUnder(ctx, parent, func() (string, error) {
+		return b.conn.Create(parent+"/"+claimName(tok, req.Limit), data, zk.FlagEphemeralSequential, b.acl)
+	})
 	if err != nil {
 		return nil, err
-	}
-	b.markParent(parent)
-	after := b.conn.SessionID()
-	if sid == 0 {
-		sid = after // no session yet when it was queued: it went out in the first one
-	}
-	if sid == 0 || after != sid {
-		// The node may belong to a session that ended meanwhile.
-		b.bgDelete(p, sid)
-		return nil, errors.New("the ZooKeeper session changed during the acquire")
 	}
 	return &claim{key: req.Key, path: p, owner: req.Owner, sid: sid, limit: req.Limit}, nil
 }

@@ -352,12 +352,7 @@ func testTurnNeedsNoRoundTrip(t *testing.T, known bool) {
 		t.Fatalf("Y's attempt while X holds: %v, want busy", err)
 	}
 	if known {
-		count := map[int32]int{}
-		for _, f := range wire.stop() {
-			if f.write {
-				count[f.op]++
-			}
-		}
+		count := wire.stopCounts()
 		if count[opCreate] != 1 || count[opMulti] != 0 || count[opSetData] != 0 {
 			t.Errorf("Y's place on a key it knows busy, writes by opcode: %v, want one create (%d), no multi (%d) and no setData (%d)",
 				count, opCreate, opMulti, opSetData)
@@ -645,12 +640,7 @@ func TestQueueBackPlaceReadsNoHolder(t *testing.T) {
 	if na.Holder != nil {
 		t.Errorf("Y's busy answer behind X names a holder: %+v, want none (not read)", na.Holder)
 	}
-	count := map[int32]int{}
-	for _, f := range wire.stop() {
-		if f.write {
-			count[f.op]++
-		}
-	}
+	count := wire.stopCounts()
 	// (A claim of Y's: a multi, and a rewrite as a waiting place when the
 	// backend did not yet know the key busy.)
 	if count[opGetData] != 2 || count[opGetChildren2] != 2 || count[opExists] != 0 {

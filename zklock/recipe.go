@@ -243,51 +243,77 @@ func waitDropped(ctx context.Context, dropped <-chan error) error {
 // claim creates the claim node of req and records it. It returns the server
 // time of the creation and whether the claim is the key's only child.
 func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, tok string, ttl time.Duration, data []byte) (*claim, int64, bool, error) {
-	sid := b.conn.SessionID()
 	sent := time.Now()
-	var (
-		res []zk.MultiResponse
-		err error
-	)
+	var res []zk.MultiResponse
+	p, sid, err := b.createUnder(ctx, parent, func() (string, error) {
+		var err error
+		res, err = b.conn.Multi(
+			&zk.CreateRequest{Path: parent + "/" + claimName(tok, req.Limit), Data: data, Acl: b.acl, Flags: zk.FlagEphemeralSequential},
+			&zk.SetDataRequest{Path: parent, Data: nil, Version: -1},
+		)
+		if err != nil || len(res) != 2 {
+			return "", err
+		}
+		return res[0].String, nil
+	})
+	if err != nil {
+		return nil, 0, false, err
+	}
+	if res[1].Stat == nil {
+		return nil, 0, false, errors.New("unexpected multi reply")
+	}
+	st := res[1].Stat
+	b.sampleClock(st.Mtime)
+	c := &claim{key: req.Key, path: p, owner: req.Owner, sid: sid, token: uint64(st.Mzxid), acqMs: st.Mtime, acqLocal: sent,
+		limit: req.Limit}
+	b.mu.Lock()
+	b.claims[req.OwnerToken] = c
+	b.mu.Unlock()
+	return c, st.Mtime, st.NumChildren == 1, nil
+}
+
+// createUnder sends create, a request that makes one node under the key's
+// container node parent and returns its path. A container this backend has
+// not used lately is created first (a node that exists already fails, at
+// no harm), rather than let create fail for the lack of it and send it
+// again; one missing all the same is created and create sent again. A node
+// made for a caller that gave up is deleted, and so is one whose session
+// ended meanwhile (an error). It returns the node's path and session.
+func (b *Backend) createUnder(ctx context.Context, parent string, create func() (string, error)) (string, int64, error) {
+	sid := b.conn.SessionID()
 	if !b.knownParent(parent) {
-		// A key this backend has not used: create its container first
-		// (a node that exists already fails, at no harm), rather than let
-		// the claim fail for the lack of it and send it again.
 		if err := b.ensureParent(ctx, parent); err != nil {
-			return nil, 0, false, core.Unclaimed(fmt.Errorf("create %s: %w", parent, err))
+			return "", 0, core.Unclaimed(fmt.Errorf("create %s: %w", parent, err))
 		}
 	}
+	var (
+		p   string
+		err error
+	)
 	for attempt := 0; ; attempt++ {
-		cerr := b.call(ctx, func() {
-			res, err = b.conn.Multi(
-				&zk.CreateRequest{Path: parent + "/" + claimName(tok, req.Limit), Data: data, Acl: b.acl, Flags: zk.FlagEphemeralSequential},
-				&zk.SetDataRequest{Path: parent, Data: nil, Version: -1},
-			)
-		}, func() {
-			// The caller gave up: take back a claim the server made.
-			if err == nil && len(res) == 2 {
-				b.bgDelete(res[0].String, sid)
+		cerr := b.call(ctx, func() { p, err = create() }, func() {
+			// The caller gave up: take back a node the server made.
+			if err == nil && p != "" {
+				b.bgDelete(p, sid)
 			}
 		})
 		if cerr != nil {
-			return nil, 0, false, cerr
+			return "", 0, cerr
 		}
-		if err != nil && errors.Is(err, zk.ErrNoNode) && len(res) == 2 && attempt < 2 {
+		if errors.Is(err, zk.ErrNoNode) && attempt < 2 {
 			if err := b.ensureParent(ctx, parent); err != nil {
-				return nil, 0, false, fmt.Errorf("create %s: %w", parent, err)
+				return "", 0, fmt.Errorf("create %s: %w", parent, err)
 			}
 			continue
 		}
 		break
 	}
+	if err == nil && p == "" {
+		err = errors.New("unexpected create reply")
+	}
 	if err != nil {
-		return nil, 0, false, err
+		return "", 0, err
 	}
-	if len(res) != 2 || res[1].Stat == nil {
-		return nil, 0, false, errors.New("unexpected multi reply")
-	}
-	st := res[1].Stat
-	b.sampleClock(st.Mtime)
 	b.markParent(parent)
 	after := b.conn.SessionID()
 	if sid == 0 {
@@ -295,19 +321,13 @@ func (b *Backend) claim(ctx context.Context, req core.AcquireRequest, parent, to
 		// first one.
 		sid = after
 	}
-	c := &claim{key: req.Key, path: res[0].String, owner: req.Owner, sid: sid, token: uint64(st.Mzxid), acqMs: st.Mtime, acqLocal: sent,
-		limit: req.Limit}
-	b.mu.Lock()
-	b.claims[req.OwnerToken] = c
-	b.mu.Unlock()
 	if sid == 0 || after != sid {
-		// The claim may belong to a session that ended meanwhile; never
+		// The node may belong to a session that ended meanwhile; never
 		// hand it out.
-		b.forget(req.OwnerToken)
-		b.bgDelete(c.path, sid)
-		return nil, 0, false, errors.New("the ZooKeeper session changed during the acquire")
+		b.bgDelete(p, sid)
+		return "", 0, errors.New("the ZooKeeper session changed during the acquire")
 	}
-	return c, st.Mtime, st.NumChildren == 1, nil
+	return p, sid, nil
 }
 
 // dropAsync starts deleting our own claim at p and returns its outcome.

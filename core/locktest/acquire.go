@@ -111,7 +111,7 @@ func testAcquireCtx(t *testing.T, e *env) {
 		}
 		b.fault.mu.Unlock()
 	}
-	s2 := acquireAfterCut(t, e, c, k, b, s)
+	s2 := acquireAfterCut(t, e, rule, c, k, b, s)
 	s2.Release(context.Background())
 }
 
@@ -124,9 +124,8 @@ func testAcquireCtx(t *testing.T, e *env) {
 // held by another than held, and w sent such an acquire, c waits for the
 // key until that acquire can no longer take effect plus the TTL. A key
 // still held by held, or held longer, fails the rule.
-func acquireAfterCut(t *testing.T, e *env, c *proc, key string, w *proc, held core.Session) core.Session {
+func acquireAfterCut(t *testing.T, e *env, rule string, c *proc, key string, w *proc, held core.Session) core.Session {
 	t.Helper()
-	const rule = "Acquire honours ctx: it returns ErrNotAcquired joined with ctx.Err() and leaves nothing held"
 	ctx := ctxT(t, 10*time.Second)
 	s, err := c.l.TryAcquire(ctx, key)
 	if err == nil {
