@@ -52,3 +52,9 @@ func UncertainPlace(b *Backend, req core.AcquireRequest) {
 func ArmOwn(ctx context.Context, b *Backend, path string) bool {
 	return b.armOwn(ctx, &place{path: path})
 }
+
+// SetArmHook makes fn run before one of b's places arms a watch on path (a
+// data watch when data, else a child watch; the watch on its own node is a
+// data watch); the function fn returns runs once the store answered and
+// the watch is recorded. Set it before b's first acquire.
+func SetArmHook(b *Backend, fn func(path string, data bool) func()) { b.armHook = fn }

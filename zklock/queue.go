@@ -56,6 +56,7 @@ type place struct {
 
 	// Guarded by Backend.mu.
 	settled bool       // watches armed and nothing fired since
+	told    bool       // told its turn since its waiter's last attempt began (see tellTurn)
 	info    *core.Info // the holder the last judgement named
 	infoEnd time.Time  // local: when that holder's lease runs out
 	unread  bool       // judged behind a waiting place: the holder not read
@@ -109,6 +110,7 @@ func (b *Backend) tryQueued(ctx context.Context, req core.AcquireRequest, ttl ti
 	}
 	if pl != nil {
 		b.refreshLocked(pl, sent.Add(req.WaiterTTL))
+		pl.told = false // a turn from now on is news to the waiter
 		if pl.settled && pl.path != "" && req.Limit <= 1 && !(pl.unread && pl.aloneOn != "") && (pl.info == nil || time.Until(pl.infoEnd) > 0) {
 			// The node before it is still there (its watch has not
 			// fired): still busy, without a request. The holder's expiry
@@ -627,22 +629,26 @@ func (b *Backend) evaluateIn(ctx context.Context, pl *place, names []string) {
 // or a child watch, which only the deletion of a node without children
 // fires (not the renewals of a claim). When it fires, pl is evaluated again.
 func (b *Backend) armPlace(ctx context.Context, pl *place, p string, data bool) {
-	if !b.tryArm(ctx, pl, p, data) {
+	if ok, _ := b.tryArm(ctx, pl, p, data); !ok {
 		b.spawn(func() { b.evaluate(pl, nil) })
 	}
 }
 
 // tryArm is armPlace without the evaluation when p is gone already or
-// the store failed, which it reports as false.
-func (b *Backend) tryArm(ctx context.Context, pl *place, p string, data bool) bool {
+// the store failed, which it reports as false. For a data watch it also
+// reports whether p is a waiting place that is never kept (see
+// isNeverKept): as read now, or, when the watch was armed already, as
+// recorded then (pl.noKeep).
+func (b *Backend) tryArm(ctx context.Context, pl *place, p string, data bool) (armed, neverKept bool) {
 	b.mu.Lock()
 	id := p
 	if data {
 		id += "\x00d"
 	}
 	if pl.armed[id] {
+		neverKept = pl.noKeep == p
 		b.mu.Unlock()
-		return true
+		return true, neverKept
 	}
 	pl.armed[id] = true
 	b.mu.Unlock()
@@ -651,6 +657,9 @@ func (b *Backend) tryArm(ctx context.Context, pl *place, p string, data bool) bo
 		err  error
 		node []byte
 	)
+	if b.armHook != nil {
+		defer b.armHook(p, data)()
+	}
 	if cerr := b.call(ctx, func() {
 		if data {
 			// (A read, not an exists watch, which on a node gone already
@@ -665,34 +674,45 @@ func (b *Backend) tryArm(ctx context.Context, pl *place, p string, data bool) bo
 		delete(pl.armed, id)
 		pl.settled = false
 		b.mu.Unlock()
-		return false
-	}
-	if data && isNeverKept(node) {
-		b.mu.Lock()
-		pl.noKeep = p
-		b.mu.Unlock()
+		return false, false
 	}
 	b.spawn(func() { b.followPlace(pl, p, id, data, ch) })
-	return true
+	return true, data && isNeverKept(node)
 }
 
 // armPred arms, for the mutex place pl, the watches on p, the node just
 // before it, and the one on its own node (armOwn), all in one round trip:
-// a data watch on p, which p's grant or renewal fires (when p was a
-// waiting place that is never kept, its grant makes pl next without a
-// read; otherwise pl reads p, see behindGranted), and a child watch on p,
-// which only p's deletion fires (its data watch may be spent by the grant
-// by then). It reports whether pl's own node is watched: false when it is
-// gone or the store failed.
+// a data watch on p, which p's grant or renewal fires, and a child watch
+// on p, which only p's deletion fires. When both are armed and p is a
+// waiting place that is never kept, p's grant makes pl next without a
+// read, and the child watch reports p's deletion after the grant spent the
+// data watch (pl.noKeep); otherwise the data watch alone follows p, and pl
+// reads p at its grant (see behindGranted). It reports whether pl's own
+// node is watched: false when it is gone or the store failed.
+//
+// When the data watch could not be armed (p is gone, or the store failed)
+// pl is evaluated again, once. When only the child watch could not (p was
+// deleted between the two requests, say), the data watch, armed while p
+// stood, reports p's change or deletion: a second evaluation would tell
+// pl's turn a second time.
 func (b *Backend) armPred(ctx context.Context, pl *place, p string) bool {
 	own, deletion := make(chan bool, 1), make(chan bool, 1)
 	go func() { own <- b.armOwn(ctx, pl) }()
-	go func() { deletion <- b.tryArm(ctx, pl, p, false) }()
-	if data := b.tryArm(ctx, pl, p, true); !<-deletion || !data {
-		// Gone already (or the store failed): evaluate again, once.
+	go func() { ok, _ := b.tryArm(ctx, pl, p, false); deletion <- ok }()
+	data, neverKept := b.tryArm(ctx, pl, p, true)
+	del := <-deletion
+	b.mu.Lock()
+	pl.noKeep = ""
+	if data && del && neverKept {
+		pl.noKeep = p
+	}
+	b.mu.Unlock()
+	ok := <-own
+	if ok && !data {
+		// (When pl's own node is not watched, its caller tells the turn.)
 		b.spawn(func() { b.evaluate(pl, nil) })
 	}
-	return <-own
+	return ok
 }
 
 // armOwn makes sure a data watch on pl's own node is armed (pl.own), which
@@ -713,6 +733,9 @@ func (b *Backend) armOwn(ctx context.Context, pl *place) bool {
 		ch  <-chan zk.Event
 		err error
 	)
+	if b.armHook != nil {
+		defer b.armHook(pl.path, true)()
+	}
 	if cerr := b.call(ctx, func() { _, st, ch, err = b.conn.GetW(pl.path) }, nil); cerr != nil || err != nil {
 		return false
 	}
@@ -864,10 +887,27 @@ func (b *Backend) behindGranted(pl *place, p, id string) bool {
 }
 
 // tellTurn tells the subscribers (WatchTurns) that it is pl's waiter's
-// turn.
+// turn, unless pl has ended, or pl is a mutex's place whose waiter was told
+// already and has not tried since: once first, a mutex's place stays first
+// until its waiter tries, so two reports of one change (a watch that fired
+// and a judgement under way when it did, say) are one turn. (A semaphore's
+// first waiter is told once per permit freed, see core.Queuer.)
 func (b *Backend) tellTurn(pl *place) {
 	b.mu.Lock()
 	pl.settled = false
+	select {
+	case <-pl.stop:
+		// Granted, left or expired meanwhile (an evaluation under way
+		// as its waiter's attempt took it): no turn is its.
+		b.mu.Unlock()
+		return
+	default:
+	}
+	if pl.told && pl.limit <= 1 {
+		b.mu.Unlock()
+		return
+	}
+	pl.told = true
 	fns := make([]func(string, string), 0, len(b.turnSubs))
 	for _, fn := range b.turnSubs {
 		fns = append(fns, fn)

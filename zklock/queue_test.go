@@ -769,3 +769,182 @@ func nextTurn(t *testing.T, ctx context.Context, turns <-chan string, want strin
 		t.Fatalf("no turn for %q", want)
 	}
 }
+
+// TestQueueArmRacesTheNodeBefore: a waiting place arms a data watch and a
+// child watch on the node before it, in two requests; that node may change
+// or go between them. The place is told its turn once, whichever watch the
+// store armed: a second turn would be one behind at every turn after.
+//   - deleted: the holder released between the two requests; the data
+//     watch, armed while the node stood, reports the deletion alone.
+//   - granted-then-deleted: the waiting place before it was granted and
+//     released between them; the data watch reports the grant, and the
+//     deletion, which no child watch reports, is still its turn.
+func TestQueueArmRacesTheNodeBefore(t *testing.T) {
+	t.Parallel()
+	for _, granted := range []bool{false, true} {
+		t.Run(map[bool]string{false: "deleted", true: "granted-then-deleted"}[granted], func(t *testing.T) {
+			t.Parallel()
+			testArmRacesTheNodeBefore(t, granted)
+		})
+	}
+}
+
+func testArmRacesTheNodeBefore(t *testing.T, granted bool) {
+	connect, root := singleConnect(t), testRoot()
+	bH, bX, bY := newBackend(t, connect, root), newBackend(t, connect, root), newBackend(t, connect, root)
+	ctx := ctxT(t, 30*time.Second)
+	key := "arm-races-the-node-before-" + strconv.FormatBool(granted)
+	const ttl = time.Second
+	req := func(who string, wait bool) core.AcquireRequest {
+		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl}
+		if wait {
+			r.Waiter, r.WaiterTTL = who, 30*time.Second
+		}
+		return r
+	}
+	lH, err := bH.TryAcquire(ctx, req("h", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if granted {
+		if _, err := bX.TryAcquire(ctx, req("x", true)); !errors.Is(err, core.ErrNotAcquired) {
+			t.Fatalf("X's attempt while H holds: %v, want busy", err)
+		}
+	}
+	turns := watchTurns(t, ctx, bX, bY)
+	// Y's places are judged at their attempts and, in granted-then-deleted,
+	// once more when the grant's read finds X's node gone: a judgement
+	// more, started by the arming, may tell Y's turn again, unless Y's
+	// grant ended its place first.
+	var judged atomic.Int64
+	zklock.SetEvaluateHook(bY, func() { judged.Add(1) })
+	// (Told as the event fires: Y acts on it once its judgement, waiting
+	// in the hook below, is done.)
+	fired := make(chan string, 16)
+	zklock.SetWatchHook(bY, func(p string) func() { fired <- p; return func() {} })
+	// Y's first arming on the node before it: the child watch waits for
+	// the data watch's answer, then the node changes and goes.
+	// The watch on Y's own node is armed first too: a deletion reported
+	// before it is, is judged again (and told once).
+	var firstChild atomic.Bool
+	armed := make(chan string, 16)
+	zklock.SetArmHook(bY, func(p string, data bool) func() {
+		if data {
+			return func() {
+				select {
+				case armed <- path.Base(p):
+				default: // (only the first few are waited for)
+				}
+			}
+		}
+		if !firstChild.CompareAndSwap(false, true) {
+			return func() {}
+		}
+		for own, before := false, false; !own || !before; {
+			select {
+			case n := <-armed:
+				own = own || strings.Contains(n, "-y-")
+				before = before || !strings.Contains(n, "-y-")
+			case <-ctx.Done():
+				t.Error("Y's data watches were not armed")
+				return func() {}
+			}
+		}
+		if !granted {
+			if err := bH.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "h-token", Token: lH.Token}); err != nil {
+				t.Error(err)
+			}
+			return func() {}
+		}
+		if err := bH.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "h-token", Token: lH.Token}); err != nil {
+			t.Error(err)
+		}
+		if got := <-turns; got != "x" {
+			t.Errorf("turn of %q, want x's", got)
+		}
+		lX, err := bX.TryAcquire(ctx, req("x", true))
+		if err != nil {
+			t.Errorf("X at its turn: %v", err)
+			return func() {}
+		}
+		select {
+		case <-fired:
+		case <-ctx.Done():
+			t.Error("Y's watch on X did not fire at X's grant")
+		}
+		if err := bX.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "x-token", Token: lX.Token}); err != nil {
+			t.Error(err)
+		}
+		return func() {}
+	})
+	if _, err := bY.TryAcquire(ctx, req("y", true)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt behind the node before it: %v, want busy", err)
+	}
+	nextTurn(t, ctx, turns, "y")
+	lY, err := bY.TryAcquire(ctx, req("y", true))
+	if err != nil {
+		t.Fatalf("Y at its turn: %v", err)
+	}
+	// A turn told twice would come before z's.
+	if _, err := bY.TryAcquire(ctx, req("z", true)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Z's attempt while Y holds: %v, want busy", err)
+	}
+	if err := bY.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "y-token", Token: lY.Token}); err != nil {
+		t.Fatal(err)
+	}
+	nextTurn(t, ctx, turns, "z")
+	bY.Close() // every judgement of Y's places is over
+	want := map[bool]int64{false: 2, true: 3}[granted]
+	if got := judged.Load(); got != want {
+		t.Errorf("Y's places (y, then z) were judged %d times, want %d", got, want)
+	}
+}
+
+// TestQueueTurnToldOnce: a place told its turn is not told again until its
+// waiter tries: a judgement that finds it first once more (one under way as
+// a watch fired, say) tells nothing, and the turn after is the next
+// waiter's.
+func TestQueueTurnToldOnce(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	bH, bY := newBackend(t, connect, root), newBackend(t, connect, root)
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "turn-told-once", time.Second
+	req := func(who string, wait bool) core.AcquireRequest {
+		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl}
+		if wait {
+			r.Waiter, r.WaiterTTL = who, 30*time.Second
+		}
+		return r
+	}
+	lH, err := bH.TryAcquire(ctx, req("h", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bY.TryAcquire(ctx, req("y", true)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt while H holds: %v, want busy", err)
+	}
+	turns := watchTurns(t, ctx, bY)
+	if err := bH.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "h-token", Token: lH.Token}); err != nil {
+		t.Fatal(err)
+	}
+	nextTurn(t, ctx, turns, "y")
+	// (Turns are told synchronously, within the judgement.)
+	zklock.EvaluatePlace(bY, key, "y")
+	select {
+	case got := <-turns:
+		t.Fatalf("turn of %q again before its waiter tried", got)
+	default:
+	}
+	lY, err := bY.TryAcquire(ctx, req("y", true))
+	if err != nil {
+		t.Fatalf("Y at its turn: %v", err)
+	}
+	if _, err := bY.TryAcquire(ctx, req("z", true)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Z's attempt while Y holds: %v, want busy", err)
+	}
+	if err := bY.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "y-token", Token: lY.Token}); err != nil {
+		t.Fatal(err)
+	}
+	nextTurn(t, ctx, turns, "z")
+}

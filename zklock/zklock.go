@@ -195,6 +195,10 @@ type Backend struct {
 	// evaluateHook, set by tests, runs when a place is judged (evaluate),
 	// before any store call of the judgement.
 	evaluateHook func()
+	// armHook, set by tests, runs before a waiting place's watch on path
+	// is armed (a data watch when data; its own node's too); the function
+	// it returns runs once the store answered and the watch is recorded.
+	armHook func(path string, data bool) func()
 }
 
 // claim is a lock node this backend created and still tracks.
