@@ -3,7 +3,6 @@ package etcdlock
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -434,15 +433,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		add(string(kv.Key), kv.CreateRevision, kv.Value)
 	}
 	publish()
-	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify(),
-		clientv3.WithRev(snap.Header.Revision+1))
-	for resp := range ch {
-		if err := resp.Err(); err != nil {
-			return fmt.Errorf("etcdlock: watch: %w", err)
-		}
-		if resp.Created {
-			ready()
-		}
+	return b.watchPrefix(ctx, snap.Header.Revision+1, false, ready, func(events []*mvccpb.Event) {
 		// One turn per key and revision with deletions: a lock or permit
 		// released, or a waiter out of line.
 		type turn struct {
@@ -457,7 +448,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 		var order []turn
 		heldAt := map[string]int64{} // the latest revision of this response at which a key's lock key was put
 		lastEvent := map[string]int{}
-		for i, ev := range resp.Events {
+		for i, ev := range events {
 			ekey := string(ev.Kv.Key)
 			key, _, isWaiter := b.queueKey(ekey)
 			if !isWaiter {
@@ -537,11 +528,7 @@ func (b *Backend) WatchTurns(ctx context.Context, ready func(), fn func(key, wai
 				b.tellTurns(wctx, t.key, t.rev, fn)
 			}
 		}
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return errors.New("etcdlock: watch: closed")
+	})
 }
 
 // firstIn returns the waiter key of line (waiter keys by create revision)

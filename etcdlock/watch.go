@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -14,17 +17,8 @@ import (
 // It requires a leader, so a member cut off from the cluster ends the watch
 // instead of going silent, and the engine falls back to polling.
 func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	ch := b.cli.Watch(wctx, b.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-	for resp := range ch {
-		if err := resp.Err(); err != nil {
-			return fmt.Errorf("etcdlock: watch: %w", err)
-		}
-		if resp.Created {
-			ready()
-		}
-		for _, ev := range resp.Events {
+	return b.watchPrefix(ctx, 0, true, ready, func(events []*mvccpb.Event) {
+		for _, ev := range events {
 			if ev.Type == mvccpb.DELETE {
 				if key, ok := b.lockKey(string(ev.Kv.Key)); ok {
 					b.markFree(key) // the next claim writes at once
@@ -32,9 +26,80 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 				}
 			}
 		}
-	}
+	})
+}
+
+// watchPrefix watches every key under the prefix from revision rev (0:
+// from now; noPut: deletions only), requiring a leader, and gives fn the
+// events of each watch response, in order; ready is called once the watch
+// is in place. It returns when ctx ends or the watch fails or is cancelled
+// (a compaction, say): the caller falls back to polling.
+//
+// With clientv3's own Watcher the watch is one gRPC stream of the Watch
+// service on the client's connection, read by the goroutine that calls fn:
+// clientv3's Watcher passes each response through three goroutines of its
+// own before its reader gets it, and every Locker of a line reads every
+// hand-off's events, at the moment of the hand-off. A client whose Watcher
+// is not clientv3's (a namespace, a wrapper) is watched through it.
+func (b *Backend) watchPrefix(ctx context.Context, rev int64, noPut bool, ready func(), fn func([]*mvccpb.Event)) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	err := b.watchVia(wctx, rev, noPut, ready, fn)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return errors.New("etcdlock: watch: closed")
+	return err
 }
+
+func (b *Backend) watchVia(ctx context.Context, rev int64, noPut bool, ready func(), fn func([]*mvccpb.Event)) error {
+	if !b.txns.direct || reflect.TypeOf(b.cli.Watcher) != ownWatcherType {
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify()}
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		if noPut {
+			opts = append(opts, clientv3.WithFilterPut())
+		}
+		for resp := range b.cli.Watch(ctx, b.prefix, opts...) {
+			if err := resp.Err(); err != nil {
+				return fmt.Errorf("etcdlock: watch: %w", err)
+			}
+			if resp.Created {
+				ready()
+			}
+			fn(resp.Events)
+		}
+		return errors.New("etcdlock: watch: closed")
+	}
+	stream, err := etcdserverpb.NewWatchClient(b.cli.ActiveConnection()).Watch(ctx, b.txns.opts...)
+	if err != nil {
+		return fmt.Errorf("etcdlock: watch: %w", rpctypes.Error(err))
+	}
+	create := &etcdserverpb.WatchCreateRequest{Key: []byte(b.prefix), RangeEnd: []byte(clientv3.GetPrefixRangeEnd(b.prefix)), StartRevision: rev}
+	if noPut {
+		create.Filters = []etcdserverpb.WatchCreateRequest_FilterType{etcdserverpb.WatchCreateRequest_NOPUT}
+	}
+	if err := stream.Send(&etcdserverpb.WatchRequest{RequestUnion: &etcdserverpb.WatchRequest_CreateRequest{CreateRequest: create}}); err != nil {
+		return fmt.Errorf("etcdlock: watch: %w", rpctypes.Error(err))
+	}
+	for {
+		resp, err := stream.Recv()
+		switch {
+		case err != nil:
+			return fmt.Errorf("etcdlock: watch: %w", rpctypes.Error(err))
+		case resp.CompactRevision != 0:
+			return fmt.Errorf("etcdlock: watch: %w", rpctypes.ErrCompacted)
+		case resp.Canceled:
+			return fmt.Errorf("etcdlock: watch: cancelled: %s", resp.CancelReason)
+		}
+		if resp.Created {
+			ready()
+		}
+		if len(resp.Events) > 0 {
+			fn(resp.Events)
+		}
+	}
+}
+
+// ownWatcherType is the type of clientv3's own Watcher.
+var ownWatcherType = reflect.TypeOf(clientv3.NewWatchFromWatchClient(nil, nil))
