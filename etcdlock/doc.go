@@ -1,7 +1,10 @@
 // Package etcdlock is the etcd backend of dislock, on the official client
 // (go.etcd.io/etcd/client/v3).
 //
-//	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+//	cli, err := clientv3.New(clientv3.Config{
+//		Endpoints:   []string{"127.0.0.1:2379"},
+//		DialOptions: etcdlock.StaticWindows(),
+//	})
 //	...
 //	locker, err := etcdlock.New(cli)
 //	...
@@ -12,7 +15,11 @@
 //
 // The client stays the caller's: closing the Locker does not close it.
 // ParseURL reads etcd://host:port[,host:port] and etcds:// URLs into a
-// client configuration. The package is its own Go module, so that programs
+// client configuration. Its configurations have StaticWindows, fixed gRPC
+// flow-control windows, which a configuration of your own should have too:
+// with gRPC's default window estimate a client sends the server a ping for
+// nearly every watch event it receives, and every Locker waiting on a key
+// receives each of its hand-offs. The package is its own Go module, so that programs
 // using only the other dislock backends do not get gRPC in their module
 // graph. It works with etcd 3.4 or later servers; 3.7 or later is
 // recommended (see below). Its tests run an embedded etcd v3.7.3, on one

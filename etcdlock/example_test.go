@@ -74,7 +74,10 @@ func Example_cluster() {
 }
 
 func lockOnCluster(ctx context.Context) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"etcd1:2379", "etcd2:2379", "etcd3:2379"}})
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{"etcd1:2379", "etcd2:2379", "etcd3:2379"},
+		DialOptions: etcdlock.StaticWindows(), // no gRPC ping per watch event (ParseURL sets it)
+	})
 	if err != nil {
 		return err
 	}

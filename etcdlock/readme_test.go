@@ -11,7 +11,7 @@ import (
 // which the compiler checks.
 func TestReadmeSnippet(t *testing.T) {
 	readme := testenv.ReadFile(t, "../README.md")
-	const first = `cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"etcd1:2379"`
+	const first = "cli, err := clientv3.New(clientv3.Config{\n\tEndpoints:   []string{\"etcd1:2379\""
 	i := strings.Index(readme, first)
 	if i < 0 {
 		t.Fatal("README has no etcd snippet")

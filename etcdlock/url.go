@@ -9,6 +9,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // ParseURL reads an etcd URL into a client configuration:
@@ -75,5 +76,18 @@ func ParseURL(raw string) (clientv3.Config, error) {
 		cfg.Password, _ = user.Password()
 	}
 	cfg.DialTimeout = 5 * time.Second
+	cfg.DialOptions = append(cfg.DialOptions, StaticWindows()...)
 	return cfg, nil
+}
+
+// StaticWindows returns the gRPC dial options of a client for locks: fixed
+// flow-control windows (4 MiB a stream, 16 MiB a connection) instead of
+// gRPC's estimate of the link's bandwidth-delay product. That estimate
+// pings the server at every message that arrives after the last ping's
+// answer: on a connection of small messages spaced in time, a lock
+// client's, that is a write and one more read for every watch event and
+// reply. ParseURL's configurations have them; add them to the DialOptions
+// of a clientv3.Config of your own.
+func StaticWindows() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithStaticStreamWindowSize(4 << 20), grpc.WithStaticConnWindowSize(16 << 20)}
 }
