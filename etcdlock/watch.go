@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Watch implements core.Watcher with one watch on the prefix that reports
@@ -32,8 +35,8 @@ func (b *Backend) Watch(ctx context.Context, ready func(), fn func(key string)) 
 // watchPrefix watches every key under the prefix from revision rev (0:
 // from now; noPut: deletions only), requiring a leader, and gives fn the
 // events of each watch response, in order; ready is called once the watch
-// is in place. It returns when ctx ends or the watch fails or is cancelled
-// (a compaction, say): the caller falls back to polling.
+// is in place. It returns when ctx ends, the leader is lost or the watch is
+// cancelled (a compaction, say): the caller falls back to polling.
 //
 // With clientv3's own Watcher the watch is one gRPC stream of the Watch
 // service on the client's connection, read by the goroutine that calls fn:
@@ -71,33 +74,81 @@ func (b *Backend) watchVia(ctx context.Context, rev int64, noPut bool, ready fun
 		}
 		return errors.New("etcdlock: watch: closed")
 	}
+	// next is the revision to watch from: rev, then the one after the
+	// last event read. A stream that breaks (the connection lost, the
+	// member gone) is opened again from there, as clientv3's Watcher does:
+	// no event is missed (a grant, say, which only its waiter's watch
+	// reports). A lost leader, a compaction or a cancellation ends the
+	// watch.
+	next, ready1 := rev, ready
+	wait := 50 * time.Millisecond
+	for {
+		err := b.watchStream(ctx, next, noPut, func() {
+			ready1()
+			ready1 = func() {}
+			wait = 50 * time.Millisecond
+		}, func(resp *etcdserverpb.WatchResponse) {
+			if next == 0 && resp.Created {
+				next = resp.Header.Revision + 1 // from now: what comes after the watch's start
+			}
+			if n := len(resp.Events); n > 0 {
+				next = resp.Events[n-1].Kv.ModRevision + 1
+				fn(resp.Events)
+			}
+		})
+		var se *streamError
+		if !errors.As(err, &se) || ctx.Err() != nil || errors.Is(rpctypes.Error(se.err), rpctypes.ErrNoLeader) {
+			return err
+		}
+		if c := status.Code(se.err); c != codes.Unavailable && c != codes.Internal {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// streamError is a watch stream that broke: opened, sent to or read from.
+type streamError struct{ err error }
+
+func (e *streamError) Error() string { return "etcdlock: watch: " + rpctypes.Error(e.err).Error() }
+func (e *streamError) Unwrap() error { return rpctypes.Error(e.err) }
+
+// watchStream opens one watch stream from revision rev (0: from now) and
+// gives fn its responses until it breaks (a *streamError), is cancelled
+// or compacted, or ctx ends. created is called at its creation.
+func (b *Backend) watchStream(ctx context.Context, rev int64, noPut bool, created func(), fn func(*etcdserverpb.WatchResponse)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	stream, err := etcdserverpb.NewWatchClient(b.cli.ActiveConnection()).Watch(ctx, b.txns.opts...)
 	if err != nil {
-		return fmt.Errorf("etcdlock: watch: %w", rpctypes.Error(err))
+		return &streamError{err}
 	}
 	create := &etcdserverpb.WatchCreateRequest{Key: []byte(b.prefix), RangeEnd: []byte(clientv3.GetPrefixRangeEnd(b.prefix)), StartRevision: rev}
 	if noPut {
 		create.Filters = []etcdserverpb.WatchCreateRequest_FilterType{etcdserverpb.WatchCreateRequest_NOPUT}
 	}
 	if err := stream.Send(&etcdserverpb.WatchRequest{RequestUnion: &etcdserverpb.WatchRequest_CreateRequest{CreateRequest: create}}); err != nil {
-		return fmt.Errorf("etcdlock: watch: %w", rpctypes.Error(err))
+		return &streamError{err}
 	}
 	for {
 		resp, err := stream.Recv()
 		switch {
 		case err != nil:
-			return fmt.Errorf("etcdlock: watch: %w", rpctypes.Error(err))
+			return &streamError{err}
 		case resp.CompactRevision != 0:
 			return fmt.Errorf("etcdlock: watch: %w", rpctypes.ErrCompacted)
 		case resp.Canceled:
 			return fmt.Errorf("etcdlock: watch: cancelled: %s", resp.CancelReason)
 		}
 		if resp.Created {
-			ready()
+			created()
 		}
-		if len(resp.Events) > 0 {
-			fn(resp.Events)
-		}
+		fn(resp)
 	}
 }
 
