@@ -1,12 +1,12 @@
 package etcdtest_test
 
 import (
+	"context"
 	"io"
 	"net"
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/client/v3/namespace"
 
 	"github.com/dislock/dislock/core"
+	"github.com/dislock/dislock/etcdlock"
 	"github.com/dislock/dislock/etcdlock/etcdtest"
 	"github.com/dislock/dislock/internal/testenv"
 )
@@ -80,12 +81,11 @@ func clientWatchers() int {
 	return n
 }
 
-// TestWatchResumesAfterAReset: a Locker's watch stream whose connection
+// TestWatchResumesAfterAReset: a Backend's watch stream whose connection
 // breaks is opened again from the revision after the last event it read,
-// so that what happened meanwhile is not missed: here the release that
-// grants the key to the waiter while its client cannot reach the server.
-// (Its attempts poll every 20 s, and a missed grant is not read by an
-// attempt: only the resumed watch gets the waiter the key in time.)
+// as clientv3's Watcher does, so that what happened while it was down is
+// reported, and the watch goes on: here a release (a lock key deleted)
+// while the client could not reach the server.
 func TestWatchResumesAfterAReset(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	prefix := uniquePrefix("resume")
@@ -93,59 +93,50 @@ func TestWatchResumesAfterAReset(t *testing.T) {
 	var cnt etcdtest.Counter
 	cli := etcdtest.NewClient(t, clientv3.Config{Endpoints: []string{proxy.addr()}, DialOptions: cnt.DialOptions()})
 	admin := c.Client(t)
-	var hcnt etcdtest.Counter
-	hcli := etcdtest.NewClient(t, clientv3.Config{Endpoints: c.Endpoints(), DialOptions: hcnt.DialOptions()})
-	holder, waiter, third := newLocker(t, hcli, prefix), newLocker(t, cli, prefix), newLocker(t, c.Client(t), prefix)
-	ctx := testenv.Context(t, 30*time.Second)
-	s := testenv.Hold(t, ctx, holder, "k")
-	// The holder's Locker waits on another key too: its watch follows the
-	// lines under the prefix, and its release grants k to k's first waiter.
-	s2 := testenv.Hold(t, ctx, third, "other")
-	defer s2.Release(ctx)
+	b, err := etcdlock.NewBackend(cli, etcdlock.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx, cancel := context.WithCancel(testenv.Context(t, 30*time.Second))
+	defer cancel()
+	if _, err := admin.Put(ctx, prefix+"k", "{}"); err != nil {
+		t.Fatal(err)
+	}
+	ready, freed, ended := make(chan struct{}, 1), make(chan string, 4), make(chan error, 1)
 	go func() {
-		if o, err := holder.Acquire(ctx, "other"); err == nil {
-			o.Release(ctx)
-		}
+		ended <- b.Watch(ctx, func() { ready <- struct{}{} }, func(key string) { freed <- key })
 	}()
-	got := make(chan error, 1)
-	var token atomic.Uint64
-	go func() {
-		w, err := waiter.Acquire(ctx, "k", core.Backoff(20*time.Second, 20*time.Second))
-		if err == nil {
-			token.Store(w.Token())
-			err = w.Release(ctx)
-		}
-		got <- err
-	}()
-	// The waiter is in line (its key written) and both watches are up.
-	if !testenv.WaitFor(10*time.Second, func() bool {
-		resp, err := admin.Get(ctx, prefix+"\x00q\x00k\x00", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		return cnt.Watches.Load() > 0 && hcnt.Watches.Load() > 0 && err == nil && resp.Count == 1
-	}) {
-		t.Fatal("the waiter not in line with the watches up within 10s")
+	select {
+	case <-ready:
+	case err := <-ended:
+		t.Fatalf("Watch = %v before it was up", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch not up within 10s")
 	}
 	proxy.setDown(true)
 	proxy.reset()
-	if err := s.Release(ctx); err != nil {
+	if _, err := admin.Delete(ctx, prefix+"k"); err != nil {
 		t.Fatal(err)
 	}
 	proxy.setDown(false)
 	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("the waiter after the release: %v", err)
+	case key := <-freed:
+		if key != "k" {
+			t.Fatalf("freed %q, want k", key)
 		}
-	case <-time.After(8 * time.Second):
-		t.Fatal("the waiter did not get the key within 8s of a release made while its connection was down")
+	case err := <-ended:
+		t.Fatalf("Watch = %v after a reset, want it to go on", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the deletion made while the connection was down was not reported within 10s")
 	}
-	// The release granted the key: it wrote over it, and the waiter's
-	// token is that write's revision.
-	hist, err := admin.Get(ctx, prefix+"k", clientv3.WithRev(int64(token.Load())))
-	if err != nil || len(hist.Kvs) != 1 || hist.Kvs[0].CreateRevision != int64(s.Token()) {
-		t.Fatalf("the key as the waiter got it: %v %v, want the holder's key written over", hist, err)
-	}
-	if n := cnt.Watches.Load(); n < 2 {
+	if n := cnt.Watches.Load(); n != 2 {
 		t.Errorf("%d watches created, want the first and the one that resumed it", n)
+	}
+	select {
+	case <-ready:
+		t.Error("ready told again: the watch was started over, not resumed")
+	default:
 	}
 }
 
