@@ -44,8 +44,8 @@ func (b *Backend) knownBusy(key string) bool {
 // It returns done when the key is still held by another owner (a full
 // semaphore of the same limit: the claim is then busy), or held with
 // another limit (a limit mismatch). Anything else — the key free, a permit
-// or record of this owner token, an ended slot — is left to the claim,
-// which reads it again.
+// or record of this owner token, an ended slot, a grant to the claim's
+// waiter — is left to the claim, which reads it again.
 func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) (done bool, err error) {
 	k := b.etcdKey(req.Key)
 	lo, hi := b.permitRange(req.Key)
@@ -65,7 +65,7 @@ func (b *Backend) peek(ctx context.Context, req core.AcquireRequest) (done bool,
 			return false, nil
 		}
 		rec, ok := decode(kvs[0].Value)
-		if !ok || rec.OwnerToken == req.OwnerToken || rec.slotOver(now) {
+		if !ok || rec.OwnerToken == req.OwnerToken || rec.slotOver(now) || (req.Waiter != "" && rec.Grant == b.id && rec.Waiter == req.Waiter) {
 			return false, nil
 		}
 		return true, core.Busy(req.Key, b.holderInfo(ctx, req.Key, kvs[0], rec))

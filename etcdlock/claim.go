@@ -396,6 +396,14 @@ func (c *claim) mutex(ctx context.Context, value []byte, now time.Time) (core.Le
 			}
 			continue
 		}
+		if ok && c.req.Waiter != "" && cur.Grant == b.id && cur.Waiter == c.req.Waiter && kv.ModRevision != kv.CreateRevision && c.takeGranted(kv, now) {
+			// A release granted the key to this waiter while this
+			// Backend's watch was not running (a lost leader ends it):
+			// the attempt takes it, as the watch's turn would have. The
+			// transaction queued the waiter again: that place goes.
+			b.deleteWaiter(key, c.req.Waiter, c.wait.rev)
+			return c.succeed(kv.ModRevision, now), nil
+		}
 		// Busy: keep the unused lease for the next claim (or revoke it) and
 		// say who holds the key.
 		wait := c.giveUp(ctx)

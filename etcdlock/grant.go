@@ -36,7 +36,10 @@ import (
 // the lease's last refresh plus its TTL, which the attempt gives the
 // engine as the session's expiry. A grant for a waiter that no longer
 // waits is deleted, owner-checked, as is one whose lease the Backend no
-// longer tracks when the waiter takes it. (The record keeps the owner
+// longer tracks when the waiter takes it. A grant the watch did not report
+// (it was not running then: a lost leader ends it) is taken by the
+// waiter's next attempt, which finds the key granted to it; its event, if
+// it comes after, leaves the lock its Backend holds. (The record keeps the owner
 // token of the attempt that queued the waiter: each attempt has its own,
 // so grants are matched by waiter.)
 //
@@ -134,11 +137,26 @@ func (b *Backend) granted(key string, kv *mvccpb.KeyValue, rec record) (waiter s
 		return ""
 	}
 	if b.waits[key][rec.Waiter] == nil {
-		b.dropGrant(kv)
+		if !b.holdsLocked(key, kv.ModRevision) {
+			// (A grant that an attempt found and took before its event
+			// came is this Backend's lock: it stays.)
+			b.dropGrant(kv)
+		}
 		return ""
 	}
 	b.grants[b.waiterKey(key, rec.Waiter)] = kv
 	return rec.Waiter
+}
+
+// holdsLocked reports whether one of this Backend's sessions holds key at
+// revision rev.
+func (b *Backend) holdsLocked(key string, rev int64) bool {
+	for _, h := range b.held {
+		if h.key == key && h.rev == rev {
+			return true
+		}
+	}
+	return false
 }
 
 // takeGrant returns the grant kept for waiter on key, if any.
