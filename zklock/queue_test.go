@@ -440,13 +440,7 @@ func testNextBehindAGrant(t *testing.T, minHold time.Duration) {
 	zklock.SetWatchHook(bY, func(string) func() { return func() { handled <- struct{}{} } })
 	ctx := ctxT(t, 30*time.Second)
 	const key, ttl = "next-behind-a-grant", time.Second
-	req := func(who string, wait bool) core.AcquireRequest {
-		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl, MinHold: minHold}
-		if wait {
-			r.Waiter, r.WaiterTTL = who, 30*time.Second
-		}
-		return r
-	}
+	req := func(who string, wait bool) core.AcquireRequest { return ownerReq(key, who, ttl, minHold, wait) }
 	lH, err := bH.TryAcquire(ctx, req("h", false))
 	if err != nil {
 		t.Fatal(err)
@@ -678,11 +672,7 @@ func TestQueueKeptAfterAQueuedGrant(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	const key, ttl = "kept-after-a-queued-grant", time.Second
 	req := func(who string, wait bool, minHold time.Duration) core.AcquireRequest {
-		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl, MinHold: minHold}
-		if wait {
-			r.Waiter, r.WaiterTTL = who, 30*time.Second
-		}
-		return r
+		return ownerReq(key, who, ttl, minHold, wait)
 	}
 	lH, err := bH.TryAcquire(ctx, req("h", false, 0))
 	if err != nil {
@@ -737,6 +727,16 @@ func TestQueueKeptAfterAQueuedGrant(t *testing.T) {
 	if !errors.As(err, &na) {
 		t.Fatalf("Y's attempt while X's release keeps the lock: %v, want busy", err)
 	}
+}
+
+// ownerReq is an AcquireRequest of key by owner who (owner token who +
+// "-token"), waiting in line as waiter who when wait (WaiterTTL 30 s).
+func ownerReq(key, who string, ttl, minHold time.Duration, wait bool) core.AcquireRequest {
+	r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl, MinHold: minHold}
+	if wait {
+		r.Waiter, r.WaiterTTL = who, 30*time.Second
+	}
+	return r
 }
 
 // watchTurns subscribes to the turns of the waiters of bs (WatchTurns) and
@@ -795,13 +795,7 @@ func testArmRacesTheNodeBefore(t *testing.T, granted bool) {
 	ctx := ctxT(t, 30*time.Second)
 	key := "arm-races-the-node-before-" + strconv.FormatBool(granted)
 	const ttl = time.Second
-	req := func(who string, wait bool) core.AcquireRequest {
-		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl}
-		if wait {
-			r.Waiter, r.WaiterTTL = who, 30*time.Second
-		}
-		return r
-	}
+	req := func(who string, wait bool) core.AcquireRequest { return ownerReq(key, who, ttl, 0, wait) }
 	lH, err := bH.TryAcquire(ctx, req("h", false))
 	if err != nil {
 		t.Fatal(err)
@@ -910,13 +904,7 @@ func TestQueueTurnToldOnce(t *testing.T) {
 	bH, bY := newBackend(t, connect, root), newBackend(t, connect, root)
 	ctx := ctxT(t, 30*time.Second)
 	const key, ttl = "turn-told-once", time.Second
-	req := func(who string, wait bool) core.AcquireRequest {
-		r := core.AcquireRequest{Key: key, Owner: who, OwnerToken: who + "-token", TTL: ttl}
-		if wait {
-			r.Waiter, r.WaiterTTL = who, 30*time.Second
-		}
-		return r
-	}
+	req := func(who string, wait bool) core.AcquireRequest { return ownerReq(key, who, ttl, 0, wait) }
 	lH, err := bH.TryAcquire(ctx, req("h", false))
 	if err != nil {
 		t.Fatal(err)
