@@ -328,6 +328,14 @@ func (c *Cluster) Restart(i int) {
 	}
 }
 
+// CutClients resets the connections of member i's clients (through
+// ClientURL) and refuses new ones, the member running: a cut between the
+// clients and the member. MendClients lets them connect again.
+func (c *Cluster) CutClients(i int) { c.members[i].front.setDown(true) }
+
+// MendClients undoes CutClients(i).
+func (c *Cluster) MendClients(i int) { c.members[i].front.setDown(false) }
+
 // Partition cuts member i off from every other member, in both directions.
 // Its clients still reach it.
 func (c *Cluster) Partition(i int) { c.cut(i, true) }

@@ -2,11 +2,8 @@ package etcdtest_test
 
 import (
 	"context"
-	"io"
-	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -89,10 +86,9 @@ func clientWatchers() int {
 func TestWatchResumesAfterAReset(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	prefix := uniquePrefix("resume")
-	proxy := newResetProxy(t, strings.TrimPrefix(c.DirectEndpoints()[0], "http://"))
 	var cnt etcdtest.Counter
-	cli := etcdtest.NewClient(t, clientv3.Config{Endpoints: []string{proxy.addr()}, DialOptions: cnt.DialOptions()})
-	admin := c.Client(t)
+	cli := etcdtest.NewClient(t, clientv3.Config{Endpoints: c.Endpoints(), DialOptions: cnt.DialOptions()})
+	admin := etcdtest.NewClient(t, clientv3.Config{Endpoints: c.DirectEndpoints()})
 	b, err := etcdlock.NewBackend(cli, etcdlock.WithPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
@@ -114,12 +110,11 @@ func TestWatchResumesAfterAReset(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the watch not up within 10s")
 	}
-	proxy.setDown(true)
-	proxy.reset()
+	c.CutClients(0)
 	if _, err := admin.Delete(ctx, prefix+"k"); err != nil {
 		t.Fatal(err)
 	}
-	proxy.setDown(false)
+	c.MendClients(0)
 	select {
 	case key := <-freed:
 		if key != "k" {
@@ -137,69 +132,5 @@ func TestWatchResumesAfterAReset(t *testing.T) {
 	case <-ready:
 		t.Error("ready told again: the watch was started over, not resumed")
 	default:
-	}
-}
-
-// resetProxy is a TCP proxy to upstream whose connections a test can reset
-// and which can refuse new ones meanwhile.
-type resetProxy struct {
-	l     net.Listener
-	mu    sync.Mutex
-	down  bool
-	conns []net.Conn
-}
-
-func newResetProxy(t *testing.T, upstream string) *resetProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &resetProxy{l: l}
-	t.Cleanup(func() { l.Close(); p.reset() })
-	go func() {
-		for {
-			down, err := l.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			if p.down {
-				p.mu.Unlock()
-				down.Close()
-				continue
-			}
-			p.mu.Unlock()
-			up, err := net.Dial("tcp", upstream)
-			if err != nil {
-				down.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, down, up)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(down, up); down.Close() }()
-			go func() { _, _ = io.Copy(up, down); up.Close() }()
-		}
-	}()
-	return p
-}
-
-func (p *resetProxy) addr() string { return p.l.Addr().String() }
-
-func (p *resetProxy) setDown(down bool) {
-	p.mu.Lock()
-	p.down = down
-	p.mu.Unlock()
-}
-
-// reset closes every connection open now.
-func (p *resetProxy) reset() {
-	p.mu.Lock()
-	conns := p.conns
-	p.conns = nil
-	p.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
 	}
 }
