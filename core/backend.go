@@ -249,7 +249,9 @@ type Queuer interface {
 	Watcher
 	// WatchTurns is Watch for a Queuer: fn gets the key and the waiter whose
 	// turn it is (empty when the store did not say: any waiter may try).
-	// The engine calls WatchTurns instead of Watch.
+	// The engine calls WatchTurns instead of Watch. fn must return at once
+	// without blocking: a backend may call it on the goroutine that reads
+	// the store's replies, which wait behind it.
 	WatchTurns(ctx context.Context, ready func(), fn func(key, waiter string)) error
 	// Leave takes waiter out of key's queue: its Acquire gave up or failed.
 	// When waiter was first in line and the key can be claimed, the next

@@ -23,7 +23,8 @@ var _ core.Queuer = (*Backend)(nil)
 // backend watches the node before it (a mutex) and tells the waiter its
 // turn when it is first in line; when that node was the only one before it
 // and is deleted while the waiter's own node stands (a data watch on it
-// has not fired), the grant needs no read (see followPlace). The place
+// has not fired), the grant needs no read (see followPlace), and the turn
+// is told as the deletion's event arrives (see onEvent). The place
 // learns that it is next from the grant of the node before it; when that
 // node is a waiting place that is never kept (see neverKept), from the
 // grant's data change alone, with no read, and a child watch on the node,
@@ -65,9 +66,13 @@ type place struct {
 	// noKeep is the node before a mutex's place, when it was a waiting
 	// place that is never kept as its watch was armed: its next data
 	// change is its grant, after which pl is next without a read.
+	// Backend.noKeepOn maps it back to pl, for onEvent.
 	noKeep string
 	gone   string // a node whose deletion a watch reported (both its watches may)
 	fast   bool   // that node was deleted: granted without a read
+	// granted is the node before the place whose grant onEvent acted on,
+	// until followPlace gets the event (see onEvent).
+	granted string
 	// own is a data watch on the place's own node, armed with the
 	// watches on the node before it (armPred). A grant without a read
 	// needs the node to be there still: a
@@ -333,6 +338,7 @@ func (b *Backend) dropPlaceLocked(pk string, pl *place) {
 	if b.places[pk] == pl {
 		delete(b.places, pk)
 	}
+	b.setNoKeepLocked(pl, "")
 	select {
 	case <-pl.stop:
 	default:
@@ -702,9 +708,9 @@ func (b *Backend) armPred(ctx context.Context, pl *place, p string) bool {
 	data, neverKept := b.tryArm(ctx, pl, p, true)
 	del := <-deletion
 	b.mu.Lock()
-	pl.noKeep = ""
+	b.setNoKeepLocked(pl, "")
 	if data && del && neverKept {
-		pl.noKeep = p
+		b.setNoKeepLocked(pl, p)
 	}
 	b.mu.Unlock()
 	ok := <-own
@@ -749,7 +755,7 @@ func (b *Backend) armOwn(ctx context.Context, pl *place) bool {
 }
 
 // followPlace waits for the watch ch on p, armed for pl under id, and acts
-// on its event.
+// on its event, unless onEvent acted on it already.
 func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.Event) {
 	var ev zk.Event
 	select {
@@ -761,6 +767,12 @@ func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.E
 	}
 	b.mu.Lock()
 	delete(pl.armed, id)
+	// onEvent may have acted on the event already: on the grant of a
+	// place never kept, or on its deletion (pl.gone).
+	handled := data && ev.Type == zk.EventNodeDataChanged && pl.granted == p
+	if handled {
+		pl.granted = ""
+	}
 	// The deletion of the node before a mutex's place is its data watch's
 	// to report (see armPred), unless the data watch was spent on the
 	// grant of a place never kept; and both may report it.
@@ -770,28 +782,19 @@ func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.E
 		pl.gone = p
 	}
 	b.mu.Unlock()
-	if ignore {
+	if handled && b.watchHook != nil {
+		b.watchHook(p)()
+	}
+	if handled || ignore {
 		return
 	}
 	if b.watchHook != nil {
 		defer b.watchHook(p)()
 	}
 	b.mu.Lock()
-	if data && ev.Type == zk.EventNodeDataChanged && pl.noKeep == p && pl.limit <= 1 && pl.own != nil && pl.armed[p] {
-		select {
-		case <-pl.own:
-			pl.own = nil // its own node changed or went first: the children tell
-		default:
-			// p, a waiting place that is never kept, was granted (a
-			// waiting place's data changes only then): it holds, so
-			// it is the only node before pl, and its deletion, which
-			// the child watch on it reports, leaves no hold behind.
-			// pl is next without a read; the holder is read at its
-			// waiter's next poll.
-			pl.aloneOn, pl.info, pl.infoEnd, pl.unread = p, nil, time.Time{}, true
-			b.mu.Unlock()
-			return
-		}
+	if data && ev.Type == zk.EventNodeDataChanged && b.nextToGrantLocked(pl, p) {
+		b.mu.Unlock()
+		return
 	}
 	pl.settled = false
 	// Only the deletion of the one node before it (as the latest
@@ -828,6 +831,103 @@ func (b *Backend) followPlace(pl *place, p, id string, data bool, ch <-chan zk.E
 		return
 	}
 	b.evaluate(pl, nil)
+}
+
+// nextToGrantLocked acts on a data change of p, the node just before the
+// mutex place pl, when p was a waiting place that is never kept as the
+// watches on it were armed (pl.noKeep), and the child watch on it still is.
+// A waiting place's data changes only at its grant: p holds, so it is the
+// only node before pl, and its deletion, which the child watch on it
+// reports, leaves no hold behind. pl is then next without a read; the
+// holder is read at its waiter's next attempt. It reports whether pl is;
+// not when pl's own node changed or went first (pl.own fired), which the
+// children tell.
+func (b *Backend) nextToGrantLocked(pl *place, p string) bool {
+	if pl.noKeep != p || pl.limit > 1 || pl.own == nil || !pl.armed[p] {
+		return false
+	}
+	select {
+	case <-pl.own:
+		pl.own = nil
+		return false
+	default:
+	}
+	pl.aloneOn, pl.info, pl.infoEnd, pl.unread = p, nil, time.Time{}, true
+	return true
+}
+
+// setNoKeepLocked sets pl.noKeep to p ("": none) and keeps b.noKeepOn,
+// by which onEvent finds pl, in step.
+func (b *Backend) setNoKeepLocked(pl *place, p string) {
+	if pl.noKeep != "" && b.noKeepOn[pl.noKeep] == pl {
+		delete(b.noKeepOn, pl.noKeep)
+	}
+	pl.noKeep = p
+	if p != "" {
+		b.noKeepOn[p] = pl
+	}
+}
+
+// onEvent is the session's event callback: go-zookeeper calls it on its
+// receive loop with each event, in the server's order, before the
+// watches' channels get it. For a mutex's place whose node before it is a
+// waiting place that is never kept (pl.noKeep), it acts on that node's
+// events as they arrive, as followPlace would without a read: its grant
+// makes the place next (nextToGrantLocked), and its deletion then is the
+// place's turn, told here, when no event of the place's own node came
+// first. That spares a hand-off the wake of followPlace's goroutines, and
+// the events' order is the server's: a grant rewritten just before its
+// release is still seen first. followPlace then finds the events handled
+// (pl.granted, pl.gone) and drops them; it acts on every other event. (A
+// Backend on a caller's connection has no callback: followPlace acts on
+// every event.)
+//
+// It must not block: the session's replies wait behind it. It takes b.mu,
+// which is never held across a store call, and the subscribers' turn
+// functions run here as they do on followPlace's goroutine.
+func (b *Backend) onEvent(ev zk.Event) {
+	if ev.Type != zk.EventNodeDataChanged && ev.Type != zk.EventNodeDeleted {
+		return
+	}
+	p := ev.Path
+	b.mu.Lock()
+	pl := b.noKeepOn[p]
+	if pl == nil {
+		b.mu.Unlock()
+		return
+	}
+	select {
+	case <-pl.stop:
+		b.mu.Unlock()
+		return
+	default:
+	}
+	if ev.Type == zk.EventNodeDataChanged {
+		// (The data watch on p is spent by this event: none other
+		// follows it.)
+		if pl.armed[p+"\x00d"] && b.nextToGrantLocked(pl, p) {
+			pl.granted = p
+		}
+		b.mu.Unlock()
+		return
+	}
+	delete(b.noKeepOn, p) // (a sequential node's name is never used again)
+	turn := pl.limit <= 1 && pl.noKeep == p && pl.aloneOn == p && pl.gone != p && pl.armed[p] && pl.own != nil
+	if turn {
+		select {
+		case <-pl.own:
+			// Its own node changed or went first: the children tell.
+			pl.own, turn = nil, false
+		default:
+		}
+	}
+	if turn {
+		pl.gone, pl.settled, pl.fast = p, false, true
+	}
+	b.mu.Unlock()
+	if turn {
+		b.tellTurn(pl)
+	}
 }
 
 // behindGranted handles a data change of p, the node just before the mutex

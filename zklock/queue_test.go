@@ -770,6 +770,24 @@ func nextTurn(t *testing.T, ctx context.Context, turns <-chan string, want strin
 	}
 }
 
+// takeThenPassOn has waiter y of b take the key at its turn, and release
+// it with waiter z behind it; it fails unless the next turn told is z's (a
+// turn of y's told twice would come first).
+func takeThenPassOn(t *testing.T, ctx context.Context, b *zklock.Backend, turns <-chan string, req func(who string, wait bool) core.AcquireRequest) {
+	t.Helper()
+	lY, err := b.TryAcquire(ctx, req("y", true))
+	if err != nil {
+		t.Fatalf("Y at its turn: %v", err)
+	}
+	if _, err := b.TryAcquire(ctx, req("z", true)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Z's attempt while Y holds: %v, want busy", err)
+	}
+	if err := b.Release(ctx, core.ReleaseRequest{Key: req("y", true).Key, OwnerToken: "y-token", Token: lY.Token}); err != nil {
+		t.Fatal(err)
+	}
+	nextTurn(t, ctx, turns, "z")
+}
+
 // TestQueueArmRacesTheNodeBefore: a waiting place arms a data watch and a
 // child watch on the node before it, in two requests; that node may change
 // or go between them. The place is told its turn once, whichever watch the
@@ -875,18 +893,7 @@ func testArmRacesTheNodeBefore(t *testing.T, granted bool) {
 		t.Fatalf("Y's attempt behind the node before it: %v, want busy", err)
 	}
 	nextTurn(t, ctx, turns, "y")
-	lY, err := bY.TryAcquire(ctx, req("y", true))
-	if err != nil {
-		t.Fatalf("Y at its turn: %v", err)
-	}
-	// A turn told twice would come before z's.
-	if _, err := bY.TryAcquire(ctx, req("z", true)); !errors.Is(err, core.ErrNotAcquired) {
-		t.Fatalf("Z's attempt while Y holds: %v, want busy", err)
-	}
-	if err := bY.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "y-token", Token: lY.Token}); err != nil {
-		t.Fatal(err)
-	}
-	nextTurn(t, ctx, turns, "z")
+	takeThenPassOn(t, ctx, bY, turns, req)
 	bY.Close() // every judgement of Y's places is over
 	want := map[bool]int64{false: 2, true: 3}[granted]
 	if got := judged.Load(); got != want {
@@ -924,15 +931,72 @@ func TestQueueTurnToldOnce(t *testing.T) {
 		t.Fatalf("turn of %q again before its waiter tried", got)
 	default:
 	}
-	lY, err := bY.TryAcquire(ctx, req("y", true))
+	takeThenPassOn(t, ctx, bY, turns, req)
+}
+
+// TestQueueTurnToldOnTheReceiveLoop: a waiting place behind a waiting
+// place that is never kept learns that it is next from that place's grant,
+// and its turn from its deletion, as the events arrive on the session's
+// receive loop: not from the goroutines that follow the watches, which are
+// held up here from the start. The turn is told once.
+func TestQueueTurnToldOnTheReceiveLoop(t *testing.T) {
+	t.Parallel()
+	connect, root := singleConnect(t), testRoot()
+	bX, bV, bY := newBackend(t, connect, root), newBackend(t, connect, root), newBackend(t, connect, root)
+	unstall := make(chan struct{})
+	var once sync.Once
+	resume := func() { once.Do(func() { close(unstall) }) }
+	defer resume()
+	zklock.SetWatchHook(bY, func(string) func() {
+		<-unstall // Y's watches' goroutines act on nothing until then
+		return func() {}
+	})
+	ctx := ctxT(t, 30*time.Second)
+	const key, ttl = "turn-on-receive-loop", time.Second
+	req := func(who string, wait bool) core.AcquireRequest { return ownerReq(key, who, ttl, 0, wait) }
+	lX, err := bX.TryAcquire(ctx, req("x", false))
 	if err != nil {
-		t.Fatalf("Y at its turn: %v", err)
-	}
-	if _, err := bY.TryAcquire(ctx, req("z", true)); !errors.Is(err, core.ErrNotAcquired) {
-		t.Fatalf("Z's attempt while Y holds: %v, want busy", err)
-	}
-	if err := bY.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "y-token", Token: lY.Token}); err != nil {
 		t.Fatal(err)
 	}
-	nextTurn(t, ctx, turns, "z")
+	turnsV, turnsY := watchTurns(t, ctx, bV), watchTurns(t, ctx, bY)
+	if _, err := bV.TryAcquire(ctx, req("v", true)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("V's attempt while X holds: %v, want busy", err)
+	}
+	if _, err := bY.TryAcquire(ctx, req("y", true)); !errors.Is(err, core.ErrNotAcquired) {
+		t.Fatalf("Y's attempt while X holds: %v, want busy", err)
+	}
+	if err := bX.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "x-token", Token: lX.Token}); err != nil {
+		t.Fatal(err)
+	}
+	nextTurn(t, ctx, turnsV, "v")
+	// V's grant rewrites its node, which is first now; its release, sent
+	// once the rewrite has landed, deletes it.
+	raw := rawConn(t, connect)
+	names, _, err := raw.Children(bV.KeyPath(key))
+	if err != nil || len(names) != 2 {
+		t.Fatalf("the key's nodes: %v %v, want V's and Y's", names, err)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i][len(names[i])-10:] < names[j][len(names[j])-10:] })
+	_, _, rewritten, err := raw.GetW(bV.KeyPath(key) + "/" + names[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	lV, err := bV.TryAcquire(ctx, req("v", true))
+	if err != nil {
+		t.Fatalf("V at its turn: %v", err)
+	}
+	select {
+	case ev := <-rewritten:
+		if ev.Type != zk.EventNodeDataChanged {
+			t.Fatalf("V's node after its grant: %v, want its data changed", ev.Type)
+		}
+	case <-ctx.Done():
+		t.Fatal("V's grant did not rewrite its node")
+	}
+	if err := bV.Release(ctx, core.ReleaseRequest{Key: key, OwnerToken: "v-token", Token: lV.Token}); err != nil {
+		t.Fatal(err)
+	}
+	nextTurn(t, ctx, turnsY, "y")
+	resume()
+	takeThenPassOn(t, ctx, bY, turnsY, req)
 }

@@ -176,6 +176,7 @@ type Backend struct {
 	nextSub int
 
 	places   map[string]*place                // placeKey(key, waiter) -> its place in line
+	noKeepOn map[string]*place                // a place's noKeep node -> the place (see onEvent)
 	leaving  map[string]chan struct{}         // placeKey -> closed once the expired place's node is deleted
 	turnSubs map[int]func(key, waiter string) // WatchTurns subscribers
 	busyAt   map[string]time.Time             // key -> when an attempt last found it busy
@@ -187,7 +188,8 @@ type Backend struct {
 
 	// watchHook, set by tests before the first acquire, is called when a
 	// waiting place's watch on path fires, before the event is acted on;
-	// the function it returns is called once it has been.
+	// the function it returns is called once it has been. (A turn that
+	// onEvent told is not the watch's to act on.)
 	watchHook func(path string) func()
 	// expireHook, set by tests, runs before the deletion of an expired
 	// place's node; the function it returns runs once it is done.
@@ -346,7 +348,7 @@ func dial(ctx context.Context, connect string, opts []Option) (*Backend, options
 	}})
 	tries := newFirstRound(o.dialer)
 	conn, _, err := zk.Connect(servers, o.sessionTimeout, zk.WithLogInfo(true), logger,
-		zk.WithDialer(tries.dial), zk.WithHostProvider(tries))
+		zk.WithDialer(tries.dial), zk.WithHostProvider(tries), zk.WithEventCallback(b.onEvent))
 	if err != nil {
 		return nil, o, fmt.Errorf("zklock: connect: %w", err)
 	}
@@ -516,6 +518,7 @@ func newBackend(root string, acl []zk.ACL) *Backend {
 		subs:    make(map[int]func(string)),
 
 		places:   make(map[string]*place),
+		noKeepOn: make(map[string]*place),
 		leaving:  make(map[string]chan struct{}),
 		turnSubs: make(map[int]func(string, string)),
 		busyAt:   make(map[string]time.Time),
