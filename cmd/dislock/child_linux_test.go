@@ -128,14 +128,29 @@ func waitState(t *testing.T, pid int, want string, timeout time.Duration) {
 
 // SIGTSTP sent to dislock pauses the command, not dislock: the lease stays
 // renewed past its TTL, so no other run starts; SIGCONT resumes the command.
+//
+// The command waits without forking: it reads a line from a named pipe.
+// (A shell that polls with sleep vforks it: a stop that catches the child
+// between its vfork and its exec leaves the shell waiting for it in state
+// D, not T, until SIGCONT.)
 func TestStopSignalKeepsLease(t *testing.T) {
 	const ttl = 3 * time.Second
 	forEachBackend(t, func(t *testing.T, f *fixture) {
 		dir := t.TempDir()
-		ready, stop, finished, second := filepath.Join(dir, "ready"), filepath.Join(dir, "stop"), filepath.Join(dir, "finished"), filepath.Join(dir, "second")
+		ready, resume, finished, second := filepath.Join(dir, "ready"), filepath.Join(dir, "resume"), filepath.Join(dir, "finished"), filepath.Join(dir, "second")
+		if err := syscall.Mkfifo(resume, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			// A writer still waiting for the command to open the pipe
+			// (the test failed before it did) gets a reader.
+			if r, err := os.OpenFile(resume, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+				r.Close()
+			}
+		})
 		key := f.newKey(t)
 		env := f.baseEnv("LOCK_KEY="+key, "LOCK_STRATEGY=lease", fmt.Sprintf("RUN_LOCK_TTL_SECONDS=%d", int(ttl/time.Second)))
-		p := start(t, env, urlVar, "sh", "-c", fmt.Sprintf("echo $$ > %s; while [ ! -e %s ]; do sleep 0.05; done; echo done > %s", ready, stop, finished))
+		p := start(t, env, urlVar, "sh", "-c", fmt.Sprintf("echo $$ > %s; read line < %s; echo done > %s", ready, resume, finished))
 		pid, err := strconv.Atoi(waitFile(t, ready, 20*time.Second))
 		if err != nil {
 			t.Fatal(err)
@@ -155,10 +170,22 @@ func TestStopSignalKeepsLease(t *testing.T) {
 		if exists(second) {
 			t.Fatal("another run started while the command was paused")
 		}
-		os.WriteFile(stop, nil, 0o600)
 		p.cmd.Process.Signal(syscall.SIGCONT)
+		// The command, resumed, opens the pipe: it gets its line.
+		wrote := make(chan error, 1)
+		go func() {
+			w, err := os.OpenFile(resume, os.O_WRONLY, 0)
+			if err == nil {
+				_, err = w.WriteString("go\n")
+				w.Close()
+			}
+			wrote <- err
+		}()
 		if code := p.wait(t, 20*time.Second); code != 0 {
 			t.Fatalf("exit %d, want 0: %s", code, p.output())
+		}
+		if err := <-wrote; err != nil {
+			t.Fatalf("write the command its line: %v", err)
 		}
 		if waitFile(t, finished, time.Second) != "done" {
 			t.Fatal("the command did not finish after SIGCONT")
