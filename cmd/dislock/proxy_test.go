@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"sync"
 	"testing"
+
+	"github.com/dislock/dislock/internal/testenv"
 )
 
 // cutProxy forwards TCP connections to target until cut, which closes the
@@ -21,7 +23,7 @@ type cutProxy struct {
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
 	p := &cutProxy{}
-	p.ln = forward(t, target, func(c, s net.Conn) {
+	p.ln = testenv.Forward(t, "tcp", target, func(c, s net.Conn) {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
@@ -30,31 +32,6 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 	})
 	t.Cleanup(p.cut)
 	return p
-}
-
-// forward listens on a loopback port and, for every connection to it, dials
-// target and hands both connections to serve (the client's first), until
-// the listener is closed.
-func forward(t *testing.T, target string, serve func(client, server net.Conn)) net.Listener {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			serve(c, s)
-		}
-	}()
-	return ln
 }
 
 func (p *cutProxy) cut() {

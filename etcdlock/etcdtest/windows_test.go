@@ -68,27 +68,12 @@ func TestParseURLClientSendsNoPingPerMessage(t *testing.T) {
 // (not acknowledgements) its clients send; it returns its address.
 func pingCounter(t *testing.T, upstream string, pings *atomic.Int64) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testenv.Forward(t, "tcp", upstream, func(down, up net.Conn) {
+		t.Cleanup(func() { down.Close(); up.Close() })
+		go func() { _, _ = io.Copy(down, up); down.Close() }()
+		go func() { countPings(io.TeeReader(down, up), pings); up.Close() }()
+	})
 	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			down, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", upstream)
-			if err != nil {
-				down.Close()
-				continue
-			}
-			t.Cleanup(func() { down.Close(); up.Close() })
-			go func() { _, _ = io.Copy(down, up); down.Close() }()
-			go func() { countPings(io.TeeReader(down, up), pings); up.Close() }()
-		}
-	}()
 	return l.Addr().String()
 }
 

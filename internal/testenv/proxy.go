@@ -29,11 +29,22 @@ type stallConn struct {
 // or "unix", as net.Dial takes them), not stalled. It listens on TCP.
 func NewStallProxy(t testing.TB, network, address string) *StallProxy {
 	t.Helper()
+	p := &StallProxy{}
+	p.ln = Forward(t, network, address, p.serve)
+	t.Cleanup(p.close)
+	return p
+}
+
+// Forward listens on a loopback TCP port and, for every connection to it,
+// dials address on network and hands both connections to serve (the
+// client's first), until the listener is closed: the caller closes it.
+// serve runs on the accepting goroutine; it starts its own to copy.
+func Forward(t testing.TB, network, address string, serve func(client, server net.Conn)) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &StallProxy{ln: ln}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -45,11 +56,10 @@ func NewStallProxy(t testing.TB, network, address string) *StallProxy {
 				c.Close()
 				continue
 			}
-			p.serve(c, s)
+			serve(c, s)
 		}
 	}()
-	t.Cleanup(p.close)
-	return p
+	return ln
 }
 
 // Addr is the host:port clients connect to.
